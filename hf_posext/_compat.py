@@ -1,0 +1,67 @@
+"""Everything that depends on the transformers version, in one place.
+
+hf-posext plugs into transformers 5.x through its documented extension points:
+
+* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its
+  ``__init__`` (and again by ``@dynamic_rope_update`` when ``"dynamic" in rope_type``);
+* ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
+  config is validated (transformers only *warns* for a type it has no validator for);
+* rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.nn as nn
+from transformers import modeling_rope_utils
+from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+RopeInitFn = Callable[..., Any]
+Validator = Callable[[dict[str, Any]], None]
+
+
+def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator) -> None:
+    """Make ``rope_type`` loadable by every transformers model with a rotary embedding.
+
+    Args:
+        rope_type: the name written to ``config.rope_parameters["rope_type"]``.
+        init_fn: ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)``.
+        validate: called with the rope parameters dict when a config is validated; raises on bad values.
+    """
+    existing = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(rope_type)
+    if existing is not None and existing is not init_fn:
+        raise ValueError(f"rope_type {rope_type!r} is already registered by {existing.__module__}")
+    modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] = init_fn
+
+    def validator(self, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
+        validate(rope_parameters)
+
+    setattr(RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", validator)
+
+
+def is_registered_rope_type(rope_type: str) -> bool:
+    return rope_type == "default" or rope_type in modeling_rope_utils.ROPE_INIT_FUNCTIONS
+
+
+def rotary_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every rotary embedding that reads the config's rope type."""
+    for name, module in model.named_modules():
+        if hasattr(module, "inv_freq") and hasattr(module, "rope_type") and hasattr(module, "config"):
+            yield name, module
+
+
+def replace_module(model: nn.Module, qualified_name: str, new: nn.Module) -> None:
+    parent_name, _, child = qualified_name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def rebuild_rotary(module: nn.Module) -> nn.Module:
+    """A fresh rotary module of the same class built from ``module.config`` (patched by then).
+
+    The new ``inv_freq`` stays in fp32 on the old module's device whatever the model dtype.
+    """
+    new = type(module)(config=module.config)
+    return new.to(device=module.inv_freq.device)

@@ -1,0 +1,170 @@
+"""The method registry and the config base class every method derives from.
+
+A method is a frozen dataclass registered under a lower-case name with :func:`register`.
+Its fields are the method's hyper-parameters, validated in ``__post_init__`` so that a bad
+value fails at construction with a message naming it. What a method does to a model is
+split in two, so that a config object alone can be patched before any weights exist:
+
+* :meth:`PositionMethod.rope_parameters` returns the ``rope_parameters`` dict a transformers
+  config should carry (a native ``rope_type`` wherever transformers has one, so vanilla
+  transformers and vLLM load the checkpoint);
+* :meth:`PositionMethod.max_position_embeddings` returns the context the patched config
+  advertises.
+
+Methods that need more than new rotary frequencies (ALiBi, absolute encodings) override
+:meth:`PositionMethod.patch_modules`, which the adapter calls after the config is patched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class BaseRope:
+    """What a model's rotary embedding was before any hf-posext patch.
+
+    Attributes:
+        rope_parameters: the checkpoint's own ``rope_parameters`` (``rope_type="default"``).
+        max_position_embeddings: the checkpoint's own ``config.max_position_embeddings``.
+        original_max_position_embeddings: the pretraining context, ``L_orig`` in the papers.
+        rotary_dim: the number of rotated channels per head, ``d`` in the papers.
+    """
+
+    rope_parameters: dict[str, Any]
+    max_position_embeddings: int
+    original_max_position_embeddings: int
+    rotary_dim: int
+
+    @property
+    def theta(self) -> float:
+        return float(self.rope_parameters["rope_theta"])
+
+
+@dataclass(frozen=True)
+class PositionMethod:
+    """Base class of every method's config.
+
+    Args:
+        factor: context scale ``s`` >= 1; the patched model reads ``s * L_orig`` tokens.
+            ``factor=1`` leaves the model's position encoding untouched.
+        original_max_position_embeddings: the pretraining context ``L_orig``. ``None`` takes it
+            from the checkpoint (its ``original_max_position_embeddings`` if it has one, else
+            ``max_position_embeddings``).
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    #: Whether the method recomputes its frequencies from the current sequence length.
+    dynamic: ClassVar[bool] = False
+
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        factor = self.factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
+            raise ValueError(f"{self.name}: factor must be a finite number >= 1, got {factor!r}")
+        if factor < 1:
+            raise ValueError(
+                f"{self.name}: factor must be >= 1 (a factor below 1 would shrink the context), got {factor!r}"
+            )
+        object.__setattr__(self, "factor", float(factor))
+        length = self.original_max_position_embeddings
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ValueError(
+                f"{self.name}: original_max_position_embeddings must be a positive int or None, got {length!r}"
+            )
+
+    def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        """The ``rope_parameters`` a config patched with this method carries."""
+        raise NotImplementedError
+
+    def max_position_embeddings(self, base: BaseRope) -> int:
+        """The context length the patched config advertises.
+
+        Static methods reach ``factor * L_orig``. Dynamic methods keep ``L_orig``: transformers
+        starts recomputing frequencies only once a sequence outgrows ``max_position_embeddings``,
+        so raising it would silently switch dynamic scaling off (REFERENCE.md's pitfall).
+        """
+        if self.dynamic:
+            return base.original_max_position_embeddings
+        return int(round(self.factor * base.original_max_position_embeddings))
+
+    def patch_modules(self, model: nn.Module) -> None:
+        """Module surgery beyond rebuilding the rotary embedding; none for RoPE methods."""
+
+    def unpatch_modules(self, model: nn.Module) -> None:
+        """Undo :meth:`patch_modules`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.name, **dataclasses.asdict(self)}
+
+
+_REGISTRY: dict[str, type[PositionMethod]] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(name: str, *, aliases: tuple[str, ...] = ()):
+    """Class decorator adding a method config to the registry under ``name`` (and ``aliases``).
+
+    Raises:
+        ValueError: if the name or an alias is taken or not lower-case.
+    """
+
+    def wrap(cls: type[PositionMethod]) -> type[PositionMethod]:
+        for key in (name, *aliases):
+            if key != key.lower():
+                raise ValueError(f"method names are lower-case, got {key!r}")
+            if key in _REGISTRY or key in _ALIASES:
+                raise ValueError(f"method name {key!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        for alias in aliases:
+            _ALIASES[alias] = name
+        return cls
+
+    return wrap
+
+
+def available_methods() -> list[str]:
+    """The registered method names (aliases excluded), sorted."""
+    return sorted(_REGISTRY)
+
+
+def method_class(name: str) -> type[PositionMethod]:
+    """The config class registered under ``name`` or one of its aliases.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    key = _ALIASES.get(name, name) if isinstance(name, str) else name
+    if key not in _REGISTRY:
+        known = ", ".join(available_methods())
+        aliases = ", ".join(f"{a} (= {n})" for a, n in sorted(_ALIASES.items()))
+        raise ValueError(f"unknown method {name!r}; available methods: {known}; aliases: {aliases}")
+    return _REGISTRY[key]
+
+
+def make_method(method: str | PositionMethod, **kwargs: Any) -> PositionMethod:
+    """Build a method config from a name and keyword arguments, or pass a config through.
+
+    Raises:
+        ValueError: for an unknown method or an argument the method does not take.
+    """
+    if isinstance(method, PositionMethod):
+        if kwargs:
+            return dataclasses.replace(method, **kwargs)
+        return method
+    cls = method_class(method)
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"method {cls.name!r} does not take {unknown}; its arguments are: {', '.join(allowed)}")
+    return cls(**kwargs)

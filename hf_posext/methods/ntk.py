@@ -1,0 +1,54 @@
+"""NTK-aware scaling, static and dynamic.
+
+NTK-aware (bloc97, 2023; formalised in the YaRN paper, arXiv 2309.00071, section 3.1, eq. 16):
+instead of dividing positions, raise the rotary base so that the lowest frequency is
+interpolated by s while the highest is nearly untouched:
+
+    theta' = theta * s^(d / (d - 2))          d = rotary dimension
+
+With that base the model is just a default-RoPE model, so the static method writes a native
+``rope_type="default"`` config with the raised ``rope_theta``: every runtime loads it.
+
+Dynamic NTK (emozilla, 2023; YaRN paper section 3.3) recomputes the base from the current
+length L once L > L_orig:
+
+    theta'(L) = theta * (s * L / L_orig - (s - 1))^(d / (d - 2))
+
+which is transformers' native ``rope_type="dynamic"``. transformers reads L_orig from
+``config.max_position_embeddings``, so the patched config keeps that at L_orig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .base import BaseRope, PositionMethod, register
+
+
+def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
+    """The NTK-aware base ``theta * s^(d / (d - 2))`` (YaRN paper, eq. 16)."""
+    return theta * factor ** (rotary_dim / (rotary_dim - 2))
+
+
+@register("ntk", aliases=("ntk_aware",))
+@dataclass(frozen=True)
+class NTKConfig(PositionMethod):
+    """Static NTK-aware: rope base raised to theta * s^(d/(d-2)) (native ``default``)."""
+
+    paper = "bloc97 2023; YaRN paper arXiv:2309.00071 sec. 3.1"
+
+    def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        return {**base.rope_parameters, "rope_theta": ntk_theta(base.theta, self.factor, base.rotary_dim)}
+
+
+@register("dynamic_ntk", aliases=("dynamic",))
+@dataclass(frozen=True)
+class DynamicNTKConfig(PositionMethod):
+    """Dynamic NTK: NTK base recomputed from the current length (native ``dynamic``)."""
+
+    paper = "emozilla 2023; YaRN paper arXiv:2309.00071 sec. 3.3"
+    dynamic = True
+
+    def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        return {**base.rope_parameters, "rope_type": "dynamic", "factor": self.factor}

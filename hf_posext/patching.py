@@ -1,0 +1,218 @@
+"""Adapters: patch a transformers model (or its config) in place with a position method.
+
+This is the only module that performs model surgery. A patch
+
+1. records what the checkpoint had (:class:`~hf_posext.methods.base.BaseRope`) in
+   ``config.hf_posext``, so that re-patching starts again from the original and never stacks,
+   and :func:`unpatch_model` restores it;
+2. writes the method's ``rope_parameters`` and advertised context into the config;
+3. rebuilds every rotary module from the patched config (transformers reads the rope type in
+   the rotary module's ``__init__``), keeping the original modules for :func:`unpatch_model`;
+4. lets the method do any further surgery (:meth:`PositionMethod.patch_modules`).
+
+The forward code of the model is never replaced, so future model classes that keep
+transformers' rotary contract keep working.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Literal, TypeVar
+
+import torch.nn as nn
+from transformers import PreTrainedConfig
+
+from . import _compat
+from .methods.base import BaseRope, PositionMethod, make_method, method_class
+from .methods.yarn import rotary_dim_of
+
+#: ``config.model_type`` values hf-posext is tested on.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+#: The config attribute holding what a patch did; saved in config.json with the checkpoint.
+CONFIG_KEY = "hf_posext"
+
+_ORIGINAL_MODULES = "_hf_posext_original_modules"
+
+MethodName = Literal["linear", "pi", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn"]
+ModelOrConfig = TypeVar("ModelOrConfig", nn.Module, PreTrainedConfig)
+
+
+def _config_of(model: nn.Module | PreTrainedConfig) -> PreTrainedConfig:
+    if isinstance(model, PreTrainedConfig):
+        return model
+    config = getattr(model, "config", None)
+    if not isinstance(config, PreTrainedConfig):
+        raise TypeError(
+            f"expected a transformers model or config, got {type(model).__name__} without a PreTrainedConfig"
+        )
+    return config
+
+
+def _check_architecture(config: PreTrainedConfig) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"unsupported architecture {model_type!r}; hf-posext supports: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if config.nested_rope_parameter_keys(config.rope_parameters or {}):
+        raise ValueError(f"per-layer-type rope parameters are not supported (model_type={model_type!r})")
+
+
+def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool) -> BaseRope:
+    """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``."""
+    record = getattr(config, CONFIG_KEY, None)
+    if record is not None:
+        rope_parameters = copy.deepcopy(record["base_rope_parameters"])
+        max_positions = int(record["base_max_position_embeddings"])
+        original = int(record["base_original_max_position_embeddings"])
+    else:
+        current = dict(config.rope_parameters or {})
+        rope_type = current.get("rope_type", current.get("type", "default"))
+        max_positions = int(config.max_position_embeddings)
+        original = int(
+            current.get("original_max_position_embeddings")
+            or getattr(config, "original_max_position_embeddings", None)
+            or max_positions
+        )
+        if rope_type != "default" and not override:
+            raise ValueError(
+                f"this checkpoint already uses rope_type={rope_type!r} ({current}); hf-posext extends plain-RoPE "
+                f"checkpoints. Pass override=True to replace its scaling with {method.name!r} on top of plain RoPE "
+                f"with rope_theta={current.get('rope_theta')} and original context {original}."
+            )
+        rope_parameters = {"rope_type": "default", "rope_theta": current.get("rope_theta", config.default_theta)}
+        if "partial_rotary_factor" in current:
+            rope_parameters["partial_rotary_factor"] = current["partial_rotary_factor"]
+    if method.original_max_position_embeddings is not None:
+        original = method.original_max_position_embeddings
+    return BaseRope(
+        rope_parameters=rope_parameters,
+        max_position_embeddings=max_positions,
+        original_max_position_embeddings=original,
+        rotary_dim=rotary_dim_of(config, rope_parameters),
+    )
+
+
+def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bool) -> None:
+    _check_architecture(config)
+    base = _base_rope(config, method, override)
+    if method.factor == 1:
+        rope_parameters, max_positions = dict(base.rope_parameters), base.max_position_embeddings
+    else:
+        rope_parameters, max_positions = method.rope_parameters(base), method.max_position_embeddings(base)
+    config.rope_parameters = rope_parameters
+    config.max_position_embeddings = max_positions
+    setattr(
+        config,
+        CONFIG_KEY,
+        {
+            **method.to_dict(),
+            "original_max_position_embeddings": base.original_max_position_embeddings,
+            "context_length": int(round(method.factor * base.original_max_position_embeddings)),
+            "base_rope_parameters": base.rope_parameters,
+            "base_max_position_embeddings": base.max_position_embeddings,
+            "base_original_max_position_embeddings": base.original_max_position_embeddings,
+        },
+    )
+    config.validate_rope()
+
+
+def _swap_rotary_modules(model: nn.Module) -> None:
+    """Rebuild rotary modules from the (patched) config; keep the very first ones for unpatch."""
+    originals = model.__dict__.setdefault(_ORIGINAL_MODULES, {})
+    found = False
+    for name, module in list(_compat.rotary_modules(model)):
+        found = True
+        originals.setdefault(name, module)
+        _compat.replace_module(model, name, _compat.rebuild_rotary(module))
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no rotary embedding module that hf-posext can patch")
+
+
+def patch_model(
+    model: ModelOrConfig,
+    method: MethodName | str | PositionMethod,
+    factor: float | None = None,
+    original_max_position_embeddings: int | None = None,
+    *,
+    override: bool = False,
+    **kwargs: Any,
+) -> ModelOrConfig:
+    """Patch ``model`` in place with a position-encoding method and return it.
+
+    Patching again replaces the previous patch: every patch starts from the checkpoint's own
+    rope parameters, recorded in ``config.hf_posext``.
+
+    Args:
+        model: a Llama, Mistral, Qwen2 or Qwen3 model, or its config (to build a model from).
+        method: a name from :func:`available_methods` or a method config object.
+        factor: the context scale s >= 1; ``None`` keeps the config object's (or the default 1).
+        original_max_position_embeddings: the pretraining context; default: the checkpoint's.
+        override: replace a scaling the checkpoint already ships (``llama3``, ``yarn``...).
+        **kwargs: the method's own arguments, e.g. ``beta_fast`` for YaRN.
+
+    Returns:
+        The same object, patched.
+
+    Raises:
+        ValueError: an unknown method or argument, a bad value, an unsupported architecture,
+            or a checkpoint with its own rope scaling when ``override`` is False.
+
+    Example:
+        >>> model = hf_posext.patch_model(model, "yarn", factor=4)   # 4k -> 16k
+    """
+    if factor is not None:
+        kwargs["factor"] = factor
+    if original_max_position_embeddings is not None:
+        kwargs["original_max_position_embeddings"] = original_max_position_embeddings
+    config = _config_of(model)
+    spec = make_method(method, **kwargs)
+    _patch_config(config, spec, override)
+    if isinstance(model, nn.Module):
+        _swap_rotary_modules(model)
+        spec.patch_modules(model)
+    return model
+
+
+def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
+    """Undo :func:`patch_model`: the checkpoint's own rope parameters and rotary modules come back.
+
+    Raises:
+        ValueError: if ``model`` carries no hf-posext patch.
+    """
+    config = _config_of(model)
+    record = getattr(config, CONFIG_KEY, None)
+    if record is None:
+        raise ValueError(f"{type(model).__name__} carries no hf-posext patch to undo")
+    fields = {f.name for f in dataclasses.fields(method_class(record["method"]))}
+    spec = make_method(record["method"], **{k: v for k, v in record.items() if k in fields})
+    config.rope_parameters = copy.deepcopy(record["base_rope_parameters"])
+    config.max_position_embeddings = int(record["base_max_position_embeddings"])
+    delattr(config, CONFIG_KEY)
+    if isinstance(model, nn.Module):
+        spec.unpatch_modules(model)
+        originals = model.__dict__.pop(_ORIGINAL_MODULES, {})
+        for name, module in list(_compat.rotary_modules(model)):
+            original = originals.get(name)
+            restored = original.to(device=module.inv_freq.device) if original is not None else None
+            _compat.replace_module(model, name, restored or _compat.rebuild_rotary(module))
+    return model
+
+
+def patch_info(model: nn.Module | PreTrainedConfig) -> dict[str, Any]:
+    """What position encoding ``model`` carries.
+
+    Returns:
+        ``{"method": name or None, "rope_parameters": ..., "max_position_embeddings": ...}`` plus,
+        for a patched model, the method's arguments, ``original_max_position_embeddings`` and
+        the ``context_length`` the patch reaches.
+    """
+    config = _config_of(model)
+    record = copy.deepcopy(getattr(config, CONFIG_KEY, None) or {})
+    info: dict[str, Any] = {"method": record.pop("method", None)}
+    info.update({k: v for k, v in record.items() if not k.startswith("base_")})
+    info["rope_parameters"] = copy.deepcopy(config.rope_parameters)
+    info["max_position_embeddings"] = config.max_position_embeddings
+    return info
