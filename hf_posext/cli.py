@@ -1,0 +1,90 @@
+"""The ``hf-posext`` command line.
+
+    hf-posext methods                                        # list the methods
+    hf-posext patch path/to/llama out/llama-16k --method yarn --factor 4
+
+Each sub-command lives in the module that holds its logic and exposes
+``add_parser(subparsers)``, which registers the parser and sets ``func`` to the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from .methods import available_methods, method_class
+
+
+def _methods(args: argparse.Namespace) -> int:
+    for name in available_methods():
+        cls = method_class(name)
+        summary = (cls.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:<14} {summary}  [{cls.paper}]")
+    return 0
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _patch(args: argparse.Namespace) -> int:
+    from .io import extend_checkpoint
+
+    extra = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        extra[key.replace("-", "_")] = _parse_value(value)
+    if args.original_max_position_embeddings is not None:
+        extra["original_max_position_embeddings"] = args.original_max_position_embeddings
+    out = extend_checkpoint(
+        args.model, args.output_dir, args.method, args.factor, override=args.override, **extra
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-posext", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("methods", help="list the position-encoding methods")
+    p.set_defaults(func=_methods)
+
+    p = sub.add_parser("patch", help="write a checkpoint with an extended context (weights untouched)")
+    p.add_argument("model", help="checkpoint folder or Hub id")
+    p.add_argument("output_dir")
+    p.add_argument("--method", required=True, help=f"one of: {', '.join(available_methods())}")
+    p.add_argument("--factor", type=float, required=True, help="context scale s >= 1")
+    p.add_argument("--original-max-position-embeddings", type=int, default=None)
+    p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32")
+    p.set_defaults(func=_patch)
+
+    for module in _SUBCOMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+#: Modules defining a sub-command next to its logic, each with ``add_parser(subparsers)``.
+_SUBCOMMAND_MODULES: tuple[str, ...] = ()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"hf-posext: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Checkpoint files: atomic directory writes, model cards, and config-only extension.
+
+Nothing here loads weights: :func:`extend_checkpoint` copies a checkpoint's files byte for byte
+and rewrites only ``config.json`` and ``README.md``, so extending a 70B model takes seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData, snapshot_download
+from transformers import AutoConfig
+
+from .patching import patch_info, patch_model
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path``; on success it replaces ``path`` in one rename.
+
+    A crash (or an exception) inside the block leaves ``path`` as it was: either the previous
+    complete checkpoint or nothing. The temporary folder is removed on failure.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:
+    """A Hub model card (README.md with YAML metadata) describing the patch ``config`` carries.
+
+    Args:
+        config: a patched transformers config.
+        base_model: the Hub id or path of the checkpoint that was extended.
+        extra: more ``key: value`` lines for the card's table (data, steps, final loss, eval...).
+    """
+    info = patch_info(config)
+    method = info["method"] or "none"
+    original = info.get("original_max_position_embeddings")
+    context = info.get("context_length")
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        base_model=base_model if base_model and not os.path.isdir(base_model) else None,
+        tags=["hf-posext", "long-context", method],
+    )
+    rows = {
+        "method": method,
+        "factor": info.get("factor"),
+        "original context": original,
+        "extended context": context,
+        "rope_parameters": f"`{info['rope_parameters']}`",
+        **(extra or {}),
+    }
+    table = "\n".join(f"| {key} | {value} |" for key, value in rows.items())
+    body = (
+        f"# {method} context extension\n\n"
+        f"This checkpoint is {base_model or 'a model'} with its context extended from {original} to {context} "
+        f"tokens by [hf-posext](https://pypi.org/project/hf-posext/) (`{method}`, factor {info.get('factor')}).\n\n"
+        f"| | |\n|---|---|\n{table}\n\n"
+        "Native rope types (`linear`, `dynamic`, `yarn`, and NTK as `default` with a raised `rope_theta`) load "
+        "in vanilla transformers and vLLM; custom types (`hf_posext_*`) need `import hf_posext` first.\n"
+    )
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+
+
+CONFIG_ONLY_FILES = ("config.json", "README.md")
+
+
+def extend_checkpoint(
+    source: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    method: str,
+    factor: float,
+    **kwargs: Any,
+) -> Path:
+    """Write ``source`` with its config extended by ``method`` to ``output_dir``; weights untouched.
+
+    Args:
+        source: a local checkpoint folder or a Hub id (downloaded through huggingface_hub).
+        output_dir: the new checkpoint folder, written atomically.
+        method, factor, **kwargs: as for :func:`hf_posext.patch_model`.
+
+    Returns:
+        ``output_dir`` as a Path.
+    """
+    source_dir = Path(source)
+    if not source_dir.is_dir():
+        source_dir = Path(snapshot_download(str(source)))
+    if not (source_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{source_dir} has no config.json: not a transformers checkpoint")
+    config = AutoConfig.from_pretrained(source_dir)
+    patch_model(config, method, factor=factor, **kwargs)
+    with atomic_directory(output_dir) as tmp:
+        for item in source_dir.iterdir():
+            if item.name in CONFIG_ONLY_FILES or item.name.startswith("."):
+                continue
+            if item.is_dir():
+                shutil.copytree(item, tmp / item.name)
+            else:
+                shutil.copy2(item, tmp / item.name)
+        config.save_pretrained(tmp)
+        model_card(config, base_model=str(source)).save(tmp / "README.md")
+    return Path(output_dir)
