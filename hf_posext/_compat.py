@@ -11,12 +11,15 @@ hf-posext plugs into transformers 5.x through its documented extension points:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.nn as nn
 from transformers import modeling_rope_utils
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 RopeInitFn = Callable[..., Any]
 Validator = Callable[[dict[str, Any]], None]
@@ -65,3 +68,27 @@ def rebuild_rotary(module: nn.Module) -> nn.Module:
     """
     new = type(module)(config=module.config)
     return new.to(device=module.inv_freq.device)
+
+
+def rope_init_function(rope_type: str) -> RopeInitFn:
+    """transformers' ``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` for ``rope_type``."""
+    return modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
+
+
+def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask_like: str) -> None:
+    """Register ``attention_fn`` as ``config._attn_implementation = name``, masked like ``mask_like``.
+
+    Without an ``AttentionMaskInterface`` entry transformers silently builds no causal mask at all.
+    """
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_like])
+
+
+def attention_function(implementation: str, module: nn.Module) -> Callable[..., Any]:
+    """The attention function ``module`` would call for ``config._attn_implementation = implementation``.
+
+    ``"eager"`` is not in transformers' registry: each model file defines its own ``eager_attention_forward``.
+    """
+    if implementation == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
