@@ -1,0 +1,23 @@
+"""Evaluation: perplexity against context length, passkey retrieval, and result files.
+
+Every function works on an in-memory model, so a notebook can call them directly; the
+``hf-posext eval ppl|passkey`` commands (:mod:`hf_posext.eval.cli`) wrap them for checkpoints.
+"""
+
+from .data import encode_documents, load_texts, stdlib_files
+from .passkey import PasskeyResult, build_prompt, parse_answer, passkey_accuracy
+from .perplexity import PerplexityPoint, sliding_window_perplexity, sliding_windows, truncated_perplexity
+
+__all__ = [
+    "PasskeyResult",
+    "PerplexityPoint",
+    "build_prompt",
+    "encode_documents",
+    "load_texts",
+    "parse_answer",
+    "passkey_accuracy",
+    "sliding_window_perplexity",
+    "sliding_windows",
+    "stdlib_files",
+    "truncated_perplexity",
+]

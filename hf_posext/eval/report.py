@@ -1,0 +1,169 @@
+"""Result files: JSON, CSV, markdown tables, PNG plots, and the environment they were made in.
+
+matplotlib is optional (``pip install hf-posext[plot]``); without it the plots are skipped
+with a warning and every other file is still written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def environment() -> dict[str, Any]:
+    """Hardware and versions, recorded next to every result."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def write_json(path: str | os.PathLike, payload: Any) -> Path:
+    """Write ``payload`` as indented JSON (atomically: a crash never leaves half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write dict rows as CSV, columns in first-seen order."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def format_value(value: float | None, digits: int = 3) -> str:
+    """A table cell: 3 significant digits, ``-`` for missing, ``inf`` for overflow."""
+    if value is None:
+        return "-"
+    if math.isinf(value) or math.isnan(value):
+        return str(value)
+    return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; numbers formatted by :func:`format_value`."""
+    cells = [[format_value(c) if isinstance(c, float) or c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    lines = ["| " + " | ".join(str(h).ljust(w) for h, w in zip(header, widths)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.warn("matplotlib is not installed; skipping the plot (pip install hf-posext[plot])", stacklevel=3)
+        return None
+    return plt
+
+
+def plot_curves(
+    path: str | os.PathLike,
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    title: str,
+    xlabel: str = "context length (tokens)",
+    ylabel: str = "perplexity",
+    vline: float | None = None,
+    logy: bool = True,
+) -> Path | None:
+    """One line per name (``{name: (xs, ys)}``), log2 x axis; ``vline`` marks the training length.
+
+    Returns:
+        The PNG's path, or ``None`` when matplotlib is missing.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, (xs, ys) in curves.items():
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    if vline is not None:
+        ax.axvline(vline, color="grey", linestyle="--", linewidth=1, label="training length")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmaps(
+    path: str | os.PathLike,
+    grids: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[Sequence[float]]]],
+    *,
+    title: str,
+) -> Path | None:
+    """Passkey accuracy heat-maps, one panel per name: ``{name: (lengths, depths, acc[depth][length])}``.
+
+    Returns:
+        The PNG's path, or ``None`` when matplotlib is missing.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(1, len(grids), figsize=(1.2 + 3.6 * len(grids), 3.6), squeeze=False)
+    image = None
+    for ax, (name, (lengths, depths, acc)) in zip(axes[0], grids.items()):
+        image = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+        ax.set(title=name, xlabel="prompt length (tokens)", ylabel="key depth")
+        for i, row in enumerate(acc):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7)
+    fig.suptitle(title)
+    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
