@@ -1,0 +1,240 @@
+"""``hf-posext eval ppl|passkey``: evaluate a checkpoint, optionally patched, against context length.
+
+    hf-posext eval ppl path/to/model --data stdlib --lengths 2048,4096,8192 --method none,yarn --factor 4
+    hf-posext eval ppl path/to/model --data docs/ --lengths 4096,8192 --mode sliding --stride 256
+    hf-posext eval passkey path/to/model --lengths 4096,8192,16384 --trials 10 --method yarn --factor 4
+
+Each writes ``ppl.{json,csv,png}`` or ``passkey.{json,csv,png}`` under ``--out``. Results are
+saved after every method, and a rerun with the same settings skips the methods already done.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .report import environment, markdown_table, plot_curves, plot_heatmaps, write_csv, write_json
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
+    return values
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implementation: str | None = None):
+    """Load a causal LM and its tokenizer for evaluation (eval mode, on ``device``).
+
+    Args:
+        path: checkpoint folder or Hub id.
+        dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16`` or ``float16``.
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``...
+        attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None``: transformers' default.
+
+    Raises:
+        ValueError: an unknown dtype.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+class _Patched:
+    """``with _Patched(model, "yarn", factor=4):`` patches for the block; ``"none"`` leaves the model alone."""
+
+    def __init__(self, model: Any, method: str, factor: float | None, extra: dict[str, Any]) -> None:
+        self.model, self.method, self.factor, self.extra = model, method, factor, extra
+
+    def __enter__(self) -> dict[str, Any]:
+        from ..patching import patch_info, patch_model
+
+        if self.method != "none":
+            patch_model(self.model, self.method, factor=self.factor, **self.extra)
+        return patch_info(self.model)
+
+    def __exit__(self, *exc: Any) -> None:
+        from ..patching import unpatch_model
+
+        if self.method != "none":
+            unpatch_model(self.model)
+
+
+def _extra(items: list[str] | None) -> dict[str, Any]:
+    from ..cli import _parse_value
+
+    extra = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        extra[key.replace("-", "_")] = _parse_value(value)
+    return extra
+
+
+def _previous(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Results of an earlier run with identical settings (resume), else nothing."""
+    import json
+
+    if not path.exists():
+        return {}
+    previous = json.loads(path.read_text())
+    return previous.get("results", {}) if previous.get("settings") == settings else {}
+
+
+def _ppl(args: argparse.Namespace) -> int:
+    from .data import encode_documents, load_texts
+    from .perplexity import sliding_window_perplexity, truncated_perplexity
+
+    methods = _names(args.method)
+    modes = ["truncated", "sliding"] if args.mode == "both" else [args.mode]
+    extra = _extra(args.set)
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress")}
+    out = Path(args.out)
+    results = _previous(out / "ppl.json", settings)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    docs = encode_documents(load_texts(args.data, split=args.split, text_column=args.text_column), tokenizer)
+    for method in methods:
+        for mode in modes:
+            key = f"{method}/{mode}"
+            if key in results:
+                print(f"{key}: done in an earlier run, skipped")
+                continue
+            with _Patched(model, method, args.factor, extra) as info:
+                if mode == "truncated":
+                    points = truncated_perplexity(
+                        model, docs, args.lengths, score_last=args.score_last, max_documents=args.max_documents,
+                        batch_size=args.batch_size, progress=not args.no_progress,
+                    )
+                else:
+                    points = sliding_window_perplexity(
+                        model, docs, args.lengths, args.stride, max_documents=args.max_documents,
+                        progress=not args.no_progress,
+                    )
+            results[key] = {"patch": info, "points": [p.to_dict() for p in points]}
+            write_json(out / "ppl.json", {"settings": settings, "results": results, "environment": environment()})
+    rows = [{"method": k.split("/")[0], "mode": k.split("/")[1], **p} for k, r in results.items() for p in r["points"]]
+    write_csv(out / "ppl.csv", rows)
+    lengths = sorted(args.lengths)
+    table = markdown_table(
+        ["method/mode", *map(str, lengths)],
+        [[k, *[{p["length"]: p["perplexity"] for p in r["points"]}.get(n) for n in lengths]] for k, r in results.items()],
+    )
+    plot_curves(
+        out / "ppl.png",
+        {k: ([p["length"] for p in r["points"]], [p["perplexity"] for p in r["points"]]) for k, r in results.items()},
+        title=f"{Path(args.model).name}: perplexity vs context",
+        vline=getattr(model.config, "max_position_embeddings", None),
+    )
+    print(table)
+    print(f"wrote {out / 'ppl.json'}, {out / 'ppl.csv'}, {out / 'ppl.png'}")
+    return 0
+
+
+def _passkey(args: argparse.Namespace) -> int:
+    from .passkey import passkey_accuracy
+
+    methods = _names(args.method)
+    extra = _extra(args.set)
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress")}
+    out = Path(args.out)
+    results = _previous(out / "passkey.json", settings)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    for method in methods:
+        if method in results:
+            print(f"{method}: done in an earlier run, skipped")
+            continue
+        with _Patched(model, method, args.factor, extra) as info:
+            result = passkey_accuracy(
+                model, tokenizer, args.lengths, args.depths, args.trials, seed=args.seed, progress=not args.no_progress
+            )
+        results[method] = {"patch": info, **result.to_dict()}
+        write_json(out / "passkey.json", {"settings": settings, "results": results, "environment": environment()})
+    write_csv(
+        out / "passkey.csv",
+        [
+            {"method": m, "length": n, "prompt_tokens": r["prompt_tokens"][j], "depth": d, "accuracy": r["accuracy"][i][j]}
+            for m, r in results.items()
+            for i, d in enumerate(r["depths"])
+            for j, n in enumerate(r["lengths"])
+        ],
+    )
+    plot_heatmaps(
+        out / "passkey.png",
+        {m: (r["lengths"], r["depths"], r["accuracy"]) for m, r in results.items()},
+        title=f"{Path(args.model).name}: passkey retrieval",
+    )
+    print(markdown_table(["method", *map(str, args.lengths)], [[m, *r["accuracy_by_length"]] for m, r in results.items()]))
+    print(f"wrote {out / 'passkey.json'}, {out / 'passkey.csv'}, {out / 'passkey.png'}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, default_out: str) -> None:
+    p.add_argument("model", help="checkpoint folder or Hub id (with its tokenizer)")
+    p.add_argument("--lengths", type=_ints, required=True, help="comma-separated context lengths, e.g. 2048,4096,8192")
+    p.add_argument("--method", default="none",
+                   help="comma-separated methods to compare, 'none' = the checkpoint as is (default: none)")
+    p.add_argument("--factor", type=float, default=None, help="context scale s for --method")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    p.add_argument("--attn-implementation", default=None, help="sdpa, eager, flash_attention_2 ...")
+    p.add_argument("--out", default=default_out, help=f"output folder (default: ./{default_out})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``hf-posext eval ppl`` and ``hf-posext eval passkey``."""
+    parser = subparsers.add_parser("eval", help="perplexity or passkey retrieval against context length")
+    sub = parser.add_subparsers(dest="eval_command", required=True)
+
+    p = sub.add_parser("ppl", help="perplexity against context length (JSON, CSV, PNG)")
+    _common(p, "eval_ppl")
+    p.add_argument("--data", nargs="+", default=["stdlib"],
+                   help="files, folders, 'stdlib' (held-out stdlib sources) or one dataset name (default: stdlib)")
+    p.add_argument("--split", default="test", help="dataset split, or the stdlib split (default: test)")
+    p.add_argument("--text-column", default="text", help="dataset column with the text (default: text)")
+    p.add_argument("--mode", default="truncated", choices=["truncated", "sliding", "both"],
+                   help="truncated: first L tokens of each document, one forward; sliding: windows of L with --stride")
+    p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256, as YaRN)")
+    p.add_argument("--score-last", type=int, default=None, help="truncated mode: score only the last N tokens")
+    p.add_argument("--max-documents", type=int, default=20, help="documents per length (default 20)")
+    p.add_argument("--batch-size", type=int, default=1, help="truncated mode: documents per forward")
+    p.set_defaults(func=_ppl)
+
+    p = sub.add_parser("passkey", help="passkey retrieval accuracy by length and key depth (JSON, CSV, heat-map PNG)")
+    _common(p, "eval_passkey")
+    p.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="key depths in [0, 1]")
+    p.add_argument("--trials", type=int, default=5, help="prompts per (length, depth) (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the keys")
+    p.set_defaults(func=_passkey)
+
+
+__all__ = ["add_parser", "load_model"]
