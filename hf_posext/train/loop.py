@@ -1,0 +1,526 @@
+"""The fine-tune loop: patch -> data -> train -> save, through accelerate on one or many devices.
+
+:func:`train` runs the YaRN recipe (arXiv 2309.00071, section 4) for any registered position
+method. The same code runs on a laptop CPU, one GPU, DDP, FSDP2, DeepSpeed ZeRO-3 and FSDP2
+with context parallelism; the distribution strategy comes from the ``accelerate launch``
+config (examples/accelerate/*.yaml), never from this module.
+
+What it guarantees:
+
+* every bad setting, a missing dataset, a sequence longer than the patched model takes, an
+  unknown method and LoRA targets the model lacks fail before the first optimizer step;
+* ``checkpointing_steps`` saves model, optimizer, scheduler, every process's RNG and the data
+  position atomically; a run resumed from step ``k`` ends with the weights an uninterrupted run
+  reaches (bit for bit in fp32 on CPU, where kernels are deterministic);
+* the final checkpoint (safetensors, config with the extended rope parameters, tokenizer, model
+  card, ``train_results.json``) is written to a temporary folder and renamed into place; LoRA
+  runs are merged, so it loads in vanilla transformers.
+
+Library use (``scripts/finetune.py`` is a thin wrapper)::
+
+    from hf_posext.train.config import TrainConfig
+    from hf_posext.train.loop import train
+    result = train(TrainConfig(model="out/tiny-llama", method="yarn", factor=4,
+                               dataset=["notes.txt"], output_dir="out/tiny-yarn"))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.optimization import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+
+from .. import io as posext_io
+from ..patching import patch_info, patch_model
+from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig
+from .data import check_dataset, is_local_dataset, load_blocks, micro_batch_indices, take_blocks
+from .lora import apply_lora, check_lora_targets
+from .pose import pose_position_ids
+
+#: Settings that must not change between a run and its resumption (they change the result).
+RESUME_INVARIANTS = (
+    "model", "method", "factor", "dataset", "dataset_split", "text_field", "seq_len", "max_train_steps",
+    "learning_rate", "lr_scheduler", "warmup_steps", "global_batch_size", "micro_batch_size", "lora",
+    "lora_rank", "lora_alpha", "lora_target_modules", "pose", "pose_window", "pose_chunks", "eval_blocks", "seed",
+    "method_kwargs",
+)
+
+StepCallback = Callable[[TrainProgress], None]
+
+
+@dataclass
+class TrainResult:
+    """What a finished run produced.
+
+    Attributes:
+        output_dir: the final checkpoint folder.
+        steps: optimizer steps taken in total (over all resumptions).
+        tokens: training tokens seen in total.
+        final_loss: mean training loss of the last step.
+        losses: mean training loss of every step.
+        eval: held-out loss and perplexity before and after training (``eval_blocks > 0``).
+        model: the trained model on this process (a PEFT model for LoRA runs), for inspection.
+    """
+
+    output_dir: Path
+    steps: int
+    tokens: int
+    final_loss: float
+    losses: list[float]
+    eval: dict[str, float] = field(default_factory=dict)
+    model: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Lengths and batch arithmetic of a run, derived from the config and the patched model."""
+
+    original_context: int
+    context: int
+    seq_len: int
+    window: int
+    accumulation: int
+    dp_size: int
+    dp_rank: int
+
+
+def resolve_mixed_precision(choice: str) -> str | None:
+    """``auto``: the launcher's setting if any, else bf16 on an accelerator that has it, else fp32.
+
+    Returns None to let ``Accelerator`` read the launcher's setting.
+    """
+    if choice != "auto":
+        return choice
+    if os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        return None
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator:
+    """An ``Accelerator`` for ``config``; the strategy (DDP, FSDP2, ...) comes from the launcher."""
+    kwargs: dict[str, Any] = {"gradient_accumulation_steps": accumulation}
+    mixed = resolve_mixed_precision(config.mixed_precision)
+    if mixed is not None:
+        kwargs["mixed_precision"] = mixed
+    if config.report_to != "none":
+        kwargs["log_with"] = config.report_to
+        kwargs["project_dir"] = str(config.checkpoint_path / "logs")
+    return Accelerator(**kwargs)
+
+
+def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
+    """``(size, rank)`` of the data-parallel group: context/tensor-parallel peers share a batch."""
+    pc = accelerator.parallelism_config
+    if pc is not None and pc.non_data_parallel_size > 1:
+        if pc.data_parallel_size == 1:
+            return 1, 0
+        return pc.data_parallel_size, accelerator.torch_device_mesh["dp"].get_local_rank()
+    return accelerator.num_processes, accelerator.process_index
+
+
+def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank: int, cp_size: int = 1) -> Plan:
+    """Check lengths and batch sizes against the patched ``model``; raise before training.
+
+    Raises:
+        ValueError: a sequence the patched model cannot take, a PoSE window longer than the
+            sequence, or a global batch the processes and micro-batches do not divide.
+    """
+    info = patch_info(model)
+    original = int(info.get("original_max_position_embeddings") or model.config.max_position_embeddings)
+    context = int(info.get("context_length") or model.config.max_position_embeddings)
+    seq_len = config.seq_len or context
+    if seq_len > context:
+        raise ValueError(
+            f"seq_len={seq_len} exceeds the {context} tokens {config.model!r} takes with {config.method!r} "
+            f"at factor {config.factor:g} (original context {original}); use seq_len <= {context} or a larger factor"
+        )
+    window = seq_len
+    if config.pose:
+        window = config.pose_window or min(original, seq_len)
+        if window > seq_len:
+            raise ValueError(f"pose_window={window} exceeds seq_len={seq_len}; PoSE trains a shorter window")
+        if config.pose_chunks > window:
+            raise ValueError(f"pose_chunks={config.pose_chunks} exceeds the PoSE window of {window} tokens")
+    per_step = config.micro_batch_size * dp_size
+    if config.global_batch_size % per_step:
+        raise ValueError(
+            f"global_batch_size={config.global_batch_size} is not a multiple of micro_batch_size x data-parallel "
+            f"processes = {config.micro_batch_size} x {dp_size}; pick a global batch divisible by {per_step}"
+        )
+    if cp_size > 1 and window % (2 * cp_size):
+        raise ValueError(
+            f"context parallelism over {cp_size} devices needs a sequence length divisible by {2 * cp_size} "
+            f"(load balancing splits it in 2 x cp_size pieces); got {window}"
+        )
+    return Plan(original, context, seq_len, window, config.global_batch_size // per_step, dp_size, dp_rank)
+
+
+def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]:
+    """The checkpoint in fp32 (master weights; autocast gives bf16 compute), patched, and its tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer of {config.model!r} has no EOS token, needed to separate documents")
+    model = AutoModelForCausalLM.from_pretrained(
+        config.model, dtype=torch.float32, attn_implementation=config.attn_implementation
+    )
+    patch_model(model, config.method, factor=config.factor, **config.method_kwargs)
+    return model, tokenizer
+
+
+def forward_loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                 pose: bool = False, accelerator: Accelerator | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``input_ids`` ``[batch, seq]`` at ``position_ids``.
+
+    Labels are shifted here rather than inside the model, so that context parallelism can shard
+    inputs and labels alike (accelerate's CP guide); the last position has no target.
+    """
+    shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
+    kwargs: dict[str, Any] = {}
+    if pose:
+        # Skipped positions would otherwise be read as packed-sequence boundaries (see pose.py).
+        kwargs["attention_mask"] = torch.ones_like(input_ids)
+    buffers = [input_ids, position_ids, shift_labels]
+    cp = accelerator is not None and accelerator.parallelism_config is not None and \
+        accelerator.parallelism_config.cp_enabled
+    if cp:
+        with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
+                                                no_restore_buffers=set(buffers)):
+            return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
+                         shift_labels=shift_labels, use_cache=False, **kwargs).loss
+    return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
+                 shift_labels=shift_labels, use_cache=False, **kwargs).loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, blocks: np.ndarray, accelerator: Accelerator, dp_size: int, dp_rank: int,
+             micro_batch_size: int = 1) -> dict[str, float]:
+    """Mean loss and perplexity of ``blocks`` (full length, contiguous positions), over all processes.
+
+    Every process runs the same number of forwards (sharded models need that); the padding
+    repeats a block with weight 0.
+    """
+    model.eval()
+    count = len(blocks)
+    per_rank = math.ceil(count / dp_size)
+    total = torch.zeros(2, device=accelerator.device, dtype=torch.float64)
+    for start in range(0, per_rank, micro_batch_size):
+        slots = [dp_rank * per_rank + i for i in range(start, min(start + micro_batch_size, per_rank))]
+        weights = [1.0 if slot < count else 0.0 for slot in slots]
+        input_ids = take_blocks(blocks, [slot % count for slot in slots]).to(accelerator.device)
+        positions = torch.arange(input_ids.shape[1], device=accelerator.device).expand_as(input_ids)
+        with accelerator.autocast():
+            logits = model(input_ids=input_ids, position_ids=positions, use_cache=False).logits.float()
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none"
+        ).mean(dim=1)
+        weight = torch.tensor(weights, device=nll.device, dtype=torch.float64)
+        total += torch.stack([(nll.double() * weight).sum(), weight.sum()])
+    total = accelerator.reduce(total, reduction="sum")
+    model.train()
+    loss = float(total[0] / total[1])
+    return {"loss": loss, "perplexity": math.exp(loss)}
+
+
+def _check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
+    current = config.to_dict()
+    changed = [key for key in RESUME_INVARIANTS if key in saved and saved[key] != current[key]]
+    if changed:
+        details = "; ".join(f"{key}: {saved[key]!r} -> {current[key]!r}" for key in changed)
+        raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details})")
+
+
+class _RunConfig:
+    """The run's settings, saved with every training state and checked on resume."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_resume_config(state, self.config)
+
+
+def merged_state_dict(state_dict: dict[str, torch.Tensor], peft_config: Any, adapter: str = "default"
+                      ) -> dict[str, torch.Tensor]:
+    """A PEFT LoRA model's full state dict folded into the base model's keys and weights.
+
+    ``W' = W + (B @ A) * alpha / r`` for every adapted linear layer and the trained copy of every
+    ``modules_to_save`` module. This works on a gathered state dict, which is all FSDP and ZeRO-3
+    hand the main process; ``tests/test_train_lora.py`` checks it against PEFT's own
+    ``merge_and_unload``.
+    """
+    if getattr(peft_config, "use_dora", False) or getattr(peft_config, "use_rslora", False):
+        raise ValueError("merging DoRA / rsLoRA adapters from a state dict is not supported")
+    scaling = peft_config.lora_alpha / peft_config.r
+    prefix = "base_model.model."
+    out: dict[str, torch.Tensor] = {}
+    lora_a, lora_b = {}, {}
+    for key, value in state_dict.items():
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        if ".original_module." in name:
+            continue
+        if f".lora_A.{adapter}." in name:
+            lora_a[name.replace(f".lora_A.{adapter}.weight", "")] = value
+            continue
+        if f".lora_B.{adapter}." in name:
+            lora_b[name.replace(f".lora_B.{adapter}.weight", "")] = value
+            continue
+        name = name.replace(f".modules_to_save.{adapter}.", ".").replace(".base_layer.", ".")
+        out[name] = value
+    for layer, a in lora_a.items():
+        weight = out[f"{layer}.weight"]
+        delta = (lora_b[layer].float() @ a.float()) * scaling
+        out[f"{layer}.weight"] = (weight.float() + delta).to(weight.dtype)
+    return out
+
+
+def _save_dtype(config: TrainConfig, model: PreTrainedModel) -> torch.dtype:
+    if config.save_dtype != "auto":
+        return getattr(torch, config.save_dtype)
+    # The checkpoint's own dtype as loaded: a bf16 Hub model is saved in bf16 again.
+    dtype = getattr(model.config, "dtype", None) or getattr(model.config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def save_final(
+    accelerator: Accelerator,
+    model: nn.Module,
+    tokenizer: Any,
+    config: TrainConfig,
+    plan: Plan,
+    progress: TrainProgress,
+    eval_results: dict[str, float],
+    save_dtype: torch.dtype,
+) -> Path:
+    """Gather the weights and write the Hub-ready checkpoint atomically (main process writes)."""
+    state_dict = accelerator.get_state_dict(model)
+    unwrapped = accelerator.unwrap_model(model)
+    output_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        base = unwrapped
+        if config.lora:
+            state_dict = merged_state_dict(state_dict, unwrapped.peft_config["default"])
+            base = unwrapped.get_base_model()
+        state_dict = {k: v.detach().to("cpu", save_dtype) for k, v in state_dict.items()}
+        base.config.use_cache = True
+        base.config.dtype = save_dtype
+        results = {
+            "base_model": config.model,
+            "method": config.method,
+            "factor": config.factor,
+            "original_context": plan.original_context,
+            "context": plan.context,
+            "seq_len": plan.seq_len,
+            "window": plan.window,
+            "steps": progress.step,
+            "tokens": progress.tokens,
+            "final_loss": progress.losses[-1] if progress.losses else None,
+            "losses": progress.losses,
+            "eval": eval_results,
+            "config": config.to_dict(),
+        }
+        with posext_io.atomic_directory(output_dir) as tmp:
+            base.save_pretrained(tmp, state_dict=state_dict)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
+            card_for(base.config, config, plan, progress, eval_results).save(tmp / "README.md")
+    accelerator.wait_for_everyone()
+    return output_dir
+
+
+def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: TrainProgress,
+             eval_results: dict[str, float]):
+    """The model card of a fine-tuned checkpoint: the patch plus data, steps, loss and eval."""
+    extra: dict[str, Any] = {
+        "data": ", ".join(config.dataset) if not is_local_dataset(config.dataset) else "local files",
+        "training sequence length": plan.seq_len,
+        "steps": progress.step,
+        "training tokens": progress.tokens,
+        "final training loss": f"{progress.losses[-1]:.4f}" if progress.losses else "n/a",
+        "recipe": (f"lr {config.learning_rate:g}, {config.lr_scheduler} schedule, {config.warmup_steps} warm-up steps, "
+                   f"AdamW betas ({config.adam_beta1}, {config.adam_beta2}), weight decay {config.weight_decay:g}, "
+                   f"global batch {config.global_batch_size}"),
+    }
+    if config.lora:
+        extra["LoRA"] = f"r={config.lora_rank}, alpha={config.lora_alpha}, targets {', '.join(config.lora_target_modules)} (merged)"
+    if config.pose:
+        extra["PoSE"] = f"{plan.window}-token windows, {config.pose_chunks} chunks, positions up to {plan.seq_len}"
+    for phase in ("before", "after"):
+        if phase in eval_results:
+            extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"
+    base = config.model if not os.path.isdir(config.model) else None
+    card = posext_io.model_card(model_config, base_model=base, extra=extra)
+    if not is_local_dataset(config.dataset):
+        card.data.datasets = list(config.dataset)
+    return card
+
+
+def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainResult:
+    """Fine-tune ``config.model`` with ``config.method`` and write the extended checkpoint.
+
+    Args:
+        config: the run's settings (validated on construction).
+        callbacks: called on every process after each optimizer step (and checkpoint) with the
+            run's progress; e.g. to log elsewhere or to stop a job.
+
+    Returns:
+        A :class:`TrainResult`; the checkpoint is in ``config.output_dir``.
+
+    Raises:
+        FileNotFoundError: missing dataset files or a missing ``resume`` path.
+        ValueError: an unknown method, a sequence the patched model cannot take, LoRA targets
+            the model lacks, a global batch the processes do not divide, or a resume whose
+            settings differ from the saved run's. All before the first step.
+    """
+    check_dataset(config.dataset, config.dataset_split)
+    resume_from: Path | None = None
+    if config.resume and config.resume != "latest":
+        resume_from = Path(config.resume)
+        if not resume_from.is_dir():
+            raise FileNotFoundError(f"resume: {str(resume_from)!r} is not a training state folder")
+    elif config.resume == "latest":
+        resume_from = latest_checkpoint(config.checkpoint_path)
+
+    accelerator = build_accelerator(config)
+    set_seed(config.seed)
+    model, tokenizer = load_model_and_tokenizer(config)
+    pc = accelerator.parallelism_config
+    cp_size = pc.cp_size if pc is not None else 1
+    if cp_size > 1 and config.pose:
+        raise ValueError("PoSE needs an attention mask, which context parallelism (causal SDPA only) cannot take")
+    dp_size, dp_rank = data_parallel_layout(accelerator)
+    plan = plan_run(config, model, dp_size, dp_rank, cp_size)
+    accelerator.gradient_accumulation_steps = plan.accumulation
+    if config.lora:
+        check_lora_targets(model, config.lora_target_modules)
+    save_dtype = _save_dtype(config, model)
+
+    with accelerator.main_process_first():
+        max_blocks = None
+        if not is_local_dataset(config.dataset):
+            # Stream an HF dataset only as far as the run consumes it.
+            max_blocks = config.max_train_steps * config.global_batch_size + config.eval_blocks
+        blocks = load_blocks(config.dataset, tokenizer, plan.window, split=config.dataset_split,
+                             text_field=config.text_field, max_blocks=max_blocks, cache_dir=config.cache_dir)
+    eval_blocks = blocks[len(blocks) - config.eval_blocks:] if config.eval_blocks else None
+    train_blocks = blocks[: len(blocks) - config.eval_blocks]
+    if config.eval_blocks and len(train_blocks) == 0:
+        raise ValueError(f"eval_blocks={config.eval_blocks} leaves no training data out of {len(blocks)} blocks")
+    batches = micro_batch_indices(len(train_blocks), config.micro_batch_size, dp_size, dp_rank, config.seed)
+    next(batches)  # fails here, before training, when there is less than one micro-batch of data
+
+    if config.activation_checkpointing:
+        model.activation_checkpointing_enable()
+    model.config.use_cache = False
+    if config.lora:
+        model = apply_lora(model, config.lora_target_modules, config.lora_rank, config.lora_alpha,
+                           config.lora_dropout)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+                                  eps=config.adam_epsilon, weight_decay=config.weight_decay)
+    if config.lr_scheduler == "linear":
+        scheduler = get_linear_schedule_with_warmup(optimizer, config.warmup_steps, config.max_train_steps)
+    else:
+        scheduler = get_constant_schedule_with_warmup(optimizer, config.warmup_steps)
+    ds_plugin = accelerator.state.deepspeed_plugin
+    if ds_plugin is not None:
+        # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here.
+        ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.micro_batch_size
+    # The scheduler is deliberately not prepared: accelerate would step it once per process.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    progress = TrainProgress()
+    accelerator.register_for_checkpointing(scheduler, progress, _RunConfig(config))
+
+    if resume_from is not None:
+        load_checkpoint(accelerator, resume_from)
+        accelerator.print(f"resumed from {resume_from} at step {progress.step}")
+    elif config.resume == "latest":
+        accelerator.print(f"no training state in {config.checkpoint_path}: starting from step 0")
+    if config.report_to != "none":
+        accelerator.init_trackers("hf_posext_finetune", config={k: str(v) for k, v in config.to_dict().items()})
+
+    if eval_blocks is not None and progress.step == 0:
+        progress.eval["before"] = evaluate(model, eval_blocks, accelerator, dp_size, dp_rank,
+                                           config.micro_batch_size)["perplexity"]
+
+    batches = micro_batch_indices(len(train_blocks), config.micro_batch_size, dp_size, dp_rank, config.seed,
+                                  start=progress.micro_step)
+    tokens_per_step = config.global_batch_size * plan.window
+    model.train()
+    bar = tqdm(total=config.max_train_steps, initial=progress.step, desc="fine-tuning", unit="step",
+               disable=not accelerator.is_local_main_process, dynamic_ncols=True)
+    started, first_step = time.perf_counter(), progress.step
+    while progress.step < config.max_train_steps:
+        step_loss = torch.zeros((), device=accelerator.device)
+        for _ in range(plan.accumulation):
+            input_ids = take_blocks(train_blocks, next(batches)).to(accelerator.device)
+            if config.pose:
+                # Seeded by the data position, so a resumed run draws the same positions.
+                generator = torch.Generator().manual_seed(config.seed * 1_000_003 + progress.micro_step * 4099 + dp_rank)
+                positions = pose_position_ids(plan.window, plan.seq_len, config.pose_chunks,
+                                              batch_size=input_ids.shape[0], generator=generator)
+                positions = positions.to(accelerator.device)
+            else:
+                positions = torch.arange(plan.window, device=accelerator.device).expand_as(input_ids).contiguous()
+            with accelerator.accumulate(model):
+                loss = forward_loss(model, input_ids, positions, pose=config.pose, accelerator=accelerator)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and config.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            progress.micro_step += 1
+            step_loss += loss.detach().float() / plan.accumulation
+        scheduler.step()
+        progress.step += 1
+        progress.tokens += tokens_per_step
+        mean_loss = float(accelerator.reduce(step_loss, reduction="mean"))
+        progress.losses.append(mean_loss)
+        elapsed = time.perf_counter() - started
+        tokens_per_s = (progress.step - first_step) * tokens_per_step / max(elapsed, 1e-9)
+        bar.update(1)
+        bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+        if config.report_to != "none":
+            accelerator.log({"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0],
+                             "train/tokens_per_s": tokens_per_s}, step=progress.step)
+        if config.checkpointing_steps and progress.step % config.checkpointing_steps == 0:
+            save_checkpoint(accelerator, config.checkpoint_path, progress.step, keep=config.checkpoints_total_limit)
+        for callback in callbacks:
+            callback(progress)
+    bar.close()
+
+    eval_results = dict(progress.eval)
+    if eval_blocks is not None:
+        eval_results["after"] = evaluate(model, eval_blocks, accelerator, dp_size, dp_rank,
+                                         config.micro_batch_size)["perplexity"]
+    output_dir = save_final(accelerator, model, tokenizer, config, plan, progress, eval_results, save_dtype)
+    if config.report_to != "none":
+        accelerator.end_training()
+    return TrainResult(
+        output_dir=output_dir,
+        steps=progress.step,
+        tokens=progress.tokens,
+        final_loss=progress.losses[-1],
+        losses=list(progress.losses),
+        eval=eval_results,
+        model=accelerator.unwrap_model(model),
+    )

@@ -1,0 +1,96 @@
+"""LoRA for context extension, the LongLoRA way (Chen et al. 2023, arXiv 2309.12307, section 3.3).
+
+LongLoRA found that low-rank adapters on the attention projections alone do not extend the
+context well, and that also training the embeddings and the normalization layers closes most
+of the gap to full fine-tuning at a small parameter cost (their "LoRA+"). :func:`apply_lora`
+does that through PEFT: LoRA on ``q/k/v/o_proj`` plus every embedding and norm module as a
+``modules_to_save`` copy; :func:`merge_lora` folds everything back into a plain transformers
+model so the saved checkpoint needs neither PEFT nor hf-posext.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn as nn
+from peft import LoraConfig, PeftModel, get_peft_model
+
+
+def _is_norm(module: nn.Module) -> bool:
+    name = type(module).__name__
+    return isinstance(module, nn.LayerNorm) or name.endswith(("RMSNorm", "LayerNorm"))
+
+
+def trainable_extras(model: nn.Module) -> list[str]:
+    """Short names (last path component) of the input embedding and every norm module.
+
+    PEFT matches ``modules_to_save`` entries against the end of module paths, so one short name
+    (``input_layernorm``) selects that norm in every layer.
+    """
+    embedding = model.get_input_embeddings()
+    names = set()
+    for qualified, module in model.named_modules():
+        if module is embedding or _is_norm(module):
+            names.add(qualified.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def check_lora_targets(model: nn.Module, target_modules: Sequence[str]) -> None:
+    """Raise before training if a LoRA target names no linear layer of ``model``.
+
+    Raises:
+        ValueError: naming the missing targets and the linear layers the model has.
+    """
+    linear_names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    missing = [target for target in target_modules if target not in linear_names]
+    if missing:
+        raise ValueError(
+            f"LoRA target modules {missing} are not linear layers of {type(model).__name__}; "
+            f"its linear layers are: {', '.join(sorted(linear_names))} (set --lora-target-modules)"
+        )
+
+
+def apply_lora(
+    model: nn.Module,
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    rank: int = 8,
+    alpha: int = 16,
+    dropout: float = 0.0,
+    train_embeddings_and_norms: bool = True,
+) -> PeftModel:
+    """Wrap ``model`` in LoRA adapters, with embeddings and norms trainable (LongLoRA).
+
+    Args:
+        model: a transformers causal LM (patched already).
+        target_modules: short names of the linear layers to adapt.
+        rank, alpha, dropout: LoRA's ``r``, ``lora_alpha`` and ``lora_dropout``.
+        train_embeddings_and_norms: also train the input embedding and every norm.
+
+    Returns:
+        The PEFT model; only adapters (and the extras) require grad.
+
+    Raises:
+        ValueError: a target module the model does not have.
+    """
+    check_lora_targets(model, target_modules)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    extras = trainable_extras(model) if train_embeddings_and_norms else []
+    if tied and extras:
+        # A trainable copy of a tied embedding would untie it from the output head, and the merged
+        # checkpoint would silently differ from what was trained; keep the embedding frozen then.
+        embedding_name = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
+        extras = [name for name in extras if name != embedding_name.rsplit(".", 1)[-1]]
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        modules_to_save=extras or None,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def merge_lora(model: PeftModel) -> nn.Module:
+    """The base transformers model with adapters merged and trained copies swapped in."""
+    return model.merge_and_unload()
