@@ -104,6 +104,9 @@ def extend_checkpoint(
     """
     source_dir = Path(source)
     if not source_dir.is_dir():
+        text = str(source)
+        if text.startswith((".", "/", "~")) or text.count("/") != 1:  # a Hub id is "owner/name"
+            raise FileNotFoundError(f"no checkpoint folder at {text} (and it is not a Hub id owner/name)")
         source_dir = Path(snapshot_download(str(source)))
     if not (source_dir / "config.json").is_file():
         raise FileNotFoundError(f"{source_dir} has no config.json: not a transformers checkpoint")
