@@ -1,0 +1,109 @@
+"""Forward time of a patched model over the same model built natively by transformers.
+
+For each method, two models with identical weights and identical ``rope_parameters``:
+
+* ``patched``: an unpatched model passed through ``hf_posext.patch_model``;
+* ``native``: ``AutoModelForCausalLM.from_config`` on the patched config with the
+  ``hf_posext`` record removed, i.e. what transformers alone builds from that config.
+
+Timings are interleaved (native, patched, native, ...) and the ratio of medians is reported,
+so machine noise hits both sides alike. Target: ratio <= 1.02 (patching costs nothing at run time).
+
+    python benchmarks/bench_patch_overhead.py                 # ~1 min on 2 CPU cores
+    python benchmarks/bench_patch_overhead.py --lengths 512 2048 --repeats 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import hf_posext
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def build_pair(method: str, factor: float, original: int):
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=original,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    patched = AutoModelForCausalLM.from_config(config).eval()
+    hf_posext.patch_model(patched, method, factor=factor)
+    native_config = copy.deepcopy(patched.config)
+    del native_config.hf_posext
+    native = AutoModelForCausalLM.from_config(native_config).eval()
+    native.load_state_dict(patched.state_dict())
+    return native, patched
+
+
+@torch.no_grad()
+def seconds(model, ids) -> float:
+    start = time.perf_counter()
+    model(ids)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", nargs="+", default=["linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn"])
+    parser.add_argument("--factor", type=float, default=8)
+    parser.add_argument("--original", type=int, default=256)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+
+    rows = []
+    for method in args.methods:
+        native, patched = build_pair(method, args.factor, args.original)
+        for length in args.lengths:
+            ids = torch.randint(0, 512, (1, length), generator=torch.Generator().manual_seed(length))
+            seconds(native, ids), seconds(patched, ids)  # warm-up
+            native_times, patched_times = [], []
+            for _ in range(args.repeats):
+                native_times.append(seconds(native, ids))
+                patched_times.append(seconds(patched, ids))
+            ratio = statistics.median(patched_times) / statistics.median(native_times)
+            rows.append(
+                {
+                    "method": method,
+                    "length": length,
+                    "native_ms": 1000 * statistics.median(native_times),
+                    "patched_ms": 1000 * statistics.median(patched_times),
+                    "ratio": ratio,
+                }
+            )
+            print(f"{method:<13} L={length:<5} native {rows[-1]['native_ms']:8.1f} ms  "
+                  f"patched {rows[-1]['patched_ms']:8.1f} ms  ratio {ratio:.3f}")
+    RESULTS.mkdir(exist_ok=True)
+    meta = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "factor": args.factor,
+        "original": args.original,
+    }
+    (RESULTS / "patch_overhead.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    worst = max(row["ratio"] for row in rows)
+    print(f"worst ratio {worst:.3f} (target <= 1.02); written to {RESULTS / 'patch_overhead.json'}")
+
+
+if __name__ == "__main__":
+    main()
