@@ -8,6 +8,9 @@ documents span many blocks. :func:`load_blocks` does exactly that for
   in ``text_field``), folders (every ``.txt``/``.jsonl`` below them) and glob patterns (any
   matched file; files other than ``.jsonl`` are read as plain text, so
   ``'/usr/lib/python3.11/**/*.py'`` trains on source code);
+* ``stdlib``: the Python standard library's sources in the split ``dataset_split`` names
+  (:func:`hf_posext.eval.data.stdlib_files`; ``train`` here, its held-out ``test`` split is what
+  ``hf-posext eval`` scores), real text that every machine has, for offline runs;
 * an HF dataset name (needs the ``datasets`` package), streamed and tokenized only as far as
   the run needs.
 
@@ -35,6 +38,8 @@ import torch
 from tqdm.auto import tqdm
 
 LOCAL_SUFFIXES = (".txt", ".jsonl")
+#: ``dataset`` value selecting the Python standard library's sources.
+STDLIB = "stdlib"
 _TOKENIZE_BATCH = 256
 _CACHE_VERSION = 1
 
@@ -46,7 +51,8 @@ def default_cache_dir() -> Path:
 
 def _looks_local(item: str) -> bool:
     return (
-        any(ch in item for ch in "*?[")
+        item == STDLIB
+        or any(ch in item for ch in "*?[")
         or item.startswith((".", "/", "~"))
         or item.endswith(LOCAL_SUFFIXES)
         or os.path.exists(item)
@@ -54,8 +60,8 @@ def _looks_local(item: str) -> bool:
     )
 
 
-def resolve_local_files(items: Iterable[str]) -> list[Path]:
-    """Expand files, folders and globs into a sorted list of files (order fixes the data).
+def resolve_local_files(items: Iterable[str], split: str = "train") -> list[Path]:
+    """Expand files, folders, globs and ``stdlib`` into a sorted list of files (order fixes the data).
 
     Raises:
         FileNotFoundError: for an item that names no file, listing what was looked for.
@@ -63,7 +69,11 @@ def resolve_local_files(items: Iterable[str]) -> list[Path]:
     files: list[Path] = []
     for item in items:
         expanded = os.path.expanduser(item)
-        if any(ch in expanded for ch in "*?["):
+        if item == STDLIB:
+            from ..eval.data import stdlib_files
+
+            matched = stdlib_files(split if split in ("train", "test", "all") else "train")
+        elif any(ch in expanded for ch in "*?["):
             matched = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
         elif os.path.isdir(expanded):
             matched = sorted(p for p in Path(expanded).rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
@@ -102,7 +112,7 @@ def check_dataset(items: list[str], split: str = "train") -> None:
         ImportError: an HF dataset name without the ``datasets`` package.
     """
     if is_local_dataset(items):
-        resolve_local_files(items)
+        resolve_local_files(items, split)
         return
     try:
         import datasets  # noqa: F401
@@ -156,7 +166,7 @@ def _fingerprint(items: list[str], split: str, text_field: str, tokenizer: Any, 
     parts: list[Any] = [_CACHE_VERSION, split, text_field, block_len, max_blocks,
                         tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)]
     if is_local_dataset(items):
-        for path in resolve_local_files(items):
+        for path in resolve_local_files(items, split):
             stat = path.stat()
             parts.append((str(path.resolve()), stat.st_size, stat.st_mtime_ns))
     else:
@@ -248,7 +258,7 @@ def load_blocks(
     path = cache / f"blocks-{key}.npy"
     if not path.is_file():
         if is_local_dataset(dataset):
-            documents = iter_local_documents(resolve_local_files(dataset), text_field)
+            documents = iter_local_documents(resolve_local_files(dataset, split), text_field)
         else:
             documents = _iter_hub_documents(dataset[0], split, text_field)
         blocks = _tokenize_to_blocks(documents, tokenizer, block_len, max_blocks, desc="tokenizing")
