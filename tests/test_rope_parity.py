@@ -151,3 +151,20 @@ def test_dynamic_yarn_init_function_contract():
         assert mscale == pytest.approx(expected_mscale)
     config.rope_parameters["attention_factor"] = 1.25
     assert compute_dynamic_yarn_parameters(config, seq_len=4 * L_ORIG)[1] == 1.25
+
+
+def test_yarn_blends_frequencies_and_sharpens_attention():
+    """ERRATA points 1-2: per-pair scales run monotonically from 1 (fast pairs) to s (slow pairs),
+    and the q.k logits grow by mscale^2 = 1.296 at s=4.
+
+    Note: the paper's eq. 18 ramps linearly in the turn count r_i, which gives pair 26 of d=128
+    at s=4, L=4096 the 1.67x of ERRATA point 1; the authors' code and transformers ramp linearly
+    in the pair index between floored/ceiled bounds, giving that pair 1.25x. hf-posext follows
+    the code, so its checkpoints mean the same in transformers and vLLM.
+    """
+    freqs = yarn_inv_freq(THETA, 128, 4.0, 4096)
+    scales = hf_posext.methods.yarn.default_inv_freq(THETA, 128) / freqs
+    assert scales[0].item() == pytest.approx(1.0) and scales[-1].item() == pytest.approx(4.0)
+    assert bool((scales[1:] >= scales[:-1] - 1e-6).all())
+    assert scales[26].item() == pytest.approx(1 / ((6 / 26) / 4 + (20 / 26)), rel=1e-5)  # ramp over pairs 20..46
+    assert hf_posext.methods.yarn.yarn_mscale(4.0) ** 2 == pytest.approx(1.296, abs=0.001)
