@@ -1,0 +1,219 @@
+"""End-to-end runs of the fine-tune recipe on a tiny local model (CPU, fp32, a few seconds each).
+
+Covers the issue's acceptance: the saved checkpoint reloads in vanilla transformers (a fresh
+interpreter that never imports hf_posext) with identical logits and the extended config; a run
+killed (SIGKILL) after a checkpoint and resumed ends bit-identical to an uninterrupted run; the
+LoRA path's merged checkpoint reproduces the PEFT model's logits; bad input fails before training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_posext.train.checkpointing import latest_checkpoint, list_checkpoints
+from hf_posext.train.config import TrainConfig
+from hf_posext.train.loop import merged_state_dict, train
+from hf_posext.train.tiny import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+ORIGINAL_CONTEXT = 32
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A tiny Llama with a 32-token context, a Qwen3, and real text (two stdlib modules)."""
+    root = tmp_path_factory.mktemp("train")
+    make_tiny_model(root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1,
+                    max_position_embeddings=ORIGINAL_CONTEXT)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = (stdlib / "textwrap.py").read_text() + (stdlib / "glob.py").read_text()
+    (root / "data.txt").write_text(text)
+    return root
+
+
+def config(assets: Path, out: Path, **overrides) -> TrainConfig:
+    values = dict(
+        model=str(assets / "llama"), method="yarn", factor=2, dataset=[str(assets / "data.txt")],
+        output_dir=str(out / "model"), max_train_steps=6, learning_rate=3e-3, warmup_steps=1,
+        global_batch_size=4, micro_batch_size=2, mixed_precision="no", cache_dir=str(assets / "cache"),
+        activation_checkpointing=True, seed=7,
+    )
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def vanilla_logits(model_dir: Path, input_ids: torch.Tensor, out_file: Path) -> tuple[torch.Tensor, dict]:
+    """Logits and config from a fresh interpreter that loads ``model_dir`` without hf_posext."""
+    torch.save(input_ids, out_file.with_suffix(".in.pt"))
+    code = textwrap.dedent(f"""
+        import sys, json, torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(model_dir)!r}).eval()
+        with torch.no_grad():
+            logits = model(torch.load({str(out_file.with_suffix(".in.pt"))!r})).logits
+        assert "hf_posext" not in sys.modules, "the checkpoint must load without hf_posext"
+        torch.save(logits, {str(out_file)!r})
+        print(json.dumps(model.config.rope_parameters))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return torch.load(out_file), json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_run_saves_hub_ready_checkpoint_that_reloads_in_vanilla_transformers(assets, tmp_path):
+    result = train(config(assets, tmp_path, eval_blocks=4, checkpointing_steps=3))
+    out = Path(result.output_dir)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md", "config.json", "generation_config.json", "model.safetensors",
+        "tokenizer.json", "tokenizer_config.json", "train_results.json",
+    ]
+    assert result.steps == 6 and len(result.losses) == 6
+    assert sum(result.losses[-2:]) < sum(result.losses[:2])  # loss falls
+    assert result.eval["after"] < result.eval["before"]
+    # Two training states (steps 3 and 6), each complete, no temporary folder left behind.
+    assert [step for step, _ in list_checkpoints(tmp_path / "model-checkpoints")] == [3, 6]
+    assert not [p for p in (tmp_path / "model-checkpoints").iterdir() if p.name.startswith(".")]
+
+    input_ids = torch.randint(0, 256, (1, 2 * ORIGINAL_CONTEXT), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = result.model.eval()(input_ids).logits
+    logits, rope = vanilla_logits(out, input_ids, tmp_path / "logits.pt")
+    assert torch.equal(logits, expected)
+    assert rope == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                    "original_max_position_embeddings": ORIGINAL_CONTEXT, "beta_fast": 32.0, "beta_slow": 1.0}
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["max_position_embeddings"] == 2 * ORIGINAL_CONTEXT
+    assert saved["hf_posext"]["method"] == "yarn" and saved["use_cache"] is True
+
+    card = (out / "README.md").read_text()
+    for line in ("- hf-posext", "| method | yarn |", "| factor | 2.0 |", f"| original context | {ORIGINAL_CONTEXT} |",
+                 f"| extended context | {2 * ORIGINAL_CONTEXT} |", "| steps | 6 |",
+                 f"| final training loss | {result.final_loss:.4f} |",
+                 f"held-out perplexity at {2 * ORIGINAL_CONTEXT} tokens, after training | {result.eval['after']:.3f} |"):
+        assert line in card
+    results = json.loads((out / "train_results.json").read_text())
+    assert results["losses"] == result.losses and results["tokens"] == 6 * 4 * 2 * ORIGINAL_CONTEXT
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+from hf_posext.train.config import TrainConfig
+from hf_posext.train.loop import train
+
+def kill_at(progress):
+    if progress.step == {kill_step}:
+        os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no cleanup, no exception handlers
+
+train(TrainConfig(**{values!r}), callbacks=[kill_at])
+"""
+
+
+def test_killed_and_resumed_run_ends_bit_identical(assets, tmp_path):
+    reference = train(config(assets, tmp_path / "straight", checkpointing_steps=2))
+    expected = load_file(Path(reference.output_dir) / "model.safetensors")
+
+    crashed = config(assets, tmp_path / "crashed", checkpointing_steps=2)
+    script = KILL_SCRIPT.format(kill_step=5, values=crashed.to_dict())
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert not Path(crashed.output_dir).exists()
+    # Killed after step 5: the newest complete state is step 4, one step of work is lost.
+    assert latest_checkpoint(crashed.checkpoint_path).name == "step_00000004"
+
+    resumed = train(config(assets, tmp_path / "crashed", checkpointing_steps=2, resume="latest"))
+    assert resumed.losses == reference.losses
+    got = load_file(Path(resumed.output_dir) / "model.safetensors")
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+
+
+def test_resume_refuses_changed_settings(assets, tmp_path):
+    train(config(assets, tmp_path, max_train_steps=2, warmup_steps=0, checkpointing_steps=2))
+    with pytest.raises(ValueError, match=r"learning_rate: 0.003 -> 0.001"):
+        train(config(assets, tmp_path, max_train_steps=2, warmup_steps=0, learning_rate=1e-3, resume="latest"))
+
+
+def test_lora_merged_checkpoint_reproduces_peft_logits(assets, tmp_path):
+    result = train(config(assets, tmp_path, lora=True, lora_rank=4, learning_rate=1e-2, max_train_steps=4,
+                          activation_checkpointing=False))
+    peft_model = result.model.eval()
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert any("lora_A" in n for n in trainable)
+    assert any("embed_tokens.modules_to_save" in n for n in trainable)  # LongLoRA: embeddings and norms
+    assert any("input_layernorm.modules_to_save" in n for n in trainable)
+    assert not any(n.endswith("mlp.up_proj.weight") for n in trainable)
+    input_ids = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = peft_model(input_ids).logits
+    logits, rope = vanilla_logits(Path(result.output_dir), input_ids, tmp_path / "logits.pt")
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    assert rope["rope_type"] == "yarn"
+    # The adapters really changed the model: the merged weights differ from the base checkpoint.
+    base = load_file(assets / "llama" / "model.safetensors")
+    merged = load_file(Path(result.output_dir) / "model.safetensors")
+    assert merged.keys() == base.keys()
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(merged["model.norm.weight"], base["model.norm.weight"])
+
+
+def test_state_dict_merge_matches_peft_merge_and_unload(assets):
+    from transformers import AutoModelForCausalLM
+
+    from hf_posext.train.lora import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(assets / "llama")
+    peft_model = apply_lora(model, rank=4, alpha=8)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in peft_model.parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn_like(param))
+    ours = merged_state_dict(peft_model.state_dict(), peft_model.peft_config["default"])
+    reference = peft_model.merge_and_unload().state_dict()
+    assert ours.keys() == reference.keys()
+    for name in reference:
+        torch.testing.assert_close(ours[name], reference[name], rtol=0, atol=1e-6)
+
+
+def test_pose_run_trains_a_short_window_for_the_long_context(assets, tmp_path):
+    result = train(config(assets, tmp_path, pose=True, factor=4, pose_window=ORIGINAL_CONTEXT, max_train_steps=3))
+    saved = json.loads((Path(result.output_dir) / "train_results.json").read_text())
+    assert (saved["window"], saved["seq_len"], saved["context"]) == (ORIGINAL_CONTEXT, 4 * ORIGINAL_CONTEXT,
+                                                                    4 * ORIGINAL_CONTEXT)
+    assert result.tokens == 3 * 4 * ORIGINAL_CONTEXT
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"dataset": ["missing/notes.txt"]}, FileNotFoundError, "missing/notes.txt"),
+        ({"seq_len": 65}, ValueError, r"seq_len=65 exceeds the 64 tokens"),
+        ({"method": "rotary-magic"}, ValueError, r"unknown method 'rotary-magic'.*yarn"),
+        ({"lora": True, "lora_target_modules": ["query_key_value"]}, ValueError,
+         r"\['query_key_value'\] are not linear layers.*q_proj"),
+        ({"global_batch_size": 3}, ValueError, "global_batch_size=3 is not a multiple"),
+        ({"pose": True, "pose_window": 80, "seq_len": 64}, ValueError, "pose_window=80 exceeds seq_len=64"),
+        ({"resume": "nowhere/step_00000002"}, FileNotFoundError, "nowhere/step_00000002"),
+    ],
+)
+def test_bad_input_fails_before_training(assets, tmp_path, monkeypatch, overrides, error, match):
+    def no_training(*args, **kwargs):
+        raise AssertionError("an optimizer was built: the error came too late")
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_training)
+    with pytest.raises(error, match=match):
+        train(config(assets, tmp_path, **overrides))
+    assert not (tmp_path / "model").exists()
+    assert not (tmp_path / "model-checkpoints").exists()
