@@ -3,16 +3,19 @@
     import hf_posext
     hf_posext.patch_model(model, "yarn", factor=4)   # a 4k Llama now reads 16k tokens
 
-Importing the package registers its custom rope types with transformers and does nothing else.
+Importing the package registers its custom rope types and attention with transformers and does nothing else.
 """
 
 from ._registration import register_all as _register_all
 from .methods import (
+    AlibiConfig,
     DynamicNTKConfig,
     DynamicYarnConfig,
+    LearnedConfig,
     LinearConfig,
     NTKConfig,
     PositionMethod,
+    SinusoidalConfig,
     YarnConfig,
     available_methods,
 )
@@ -24,11 +27,14 @@ _register_all()
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "AlibiConfig",
     "DynamicNTKConfig",
     "DynamicYarnConfig",
+    "LearnedConfig",
     "LinearConfig",
     "NTKConfig",
     "PositionMethod",
+    "SinusoidalConfig",
     "YarnConfig",
     "__version__",
     "available_methods",

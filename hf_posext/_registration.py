@@ -1,11 +1,18 @@
-"""Registers hf-posext's custom rope types with transformers (run once on ``import hf_posext``)."""
+"""Registers hf-posext's custom rope types and attention with transformers (run once on ``import hf_posext``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch.nn as nn
+
 from . import _compat
+from .attention import register_attention
+from .methods.alibi import NO_ROPE_TYPE, compute_no_rope_parameters, validate_no_rope_parameters
 from .methods.yarn import DYNAMIC_YARN_ROPE_TYPE, DynamicYarnConfig, compute_dynamic_yarn_parameters
+from .patching import on_submodule_registered
+
+_model_init_hook = None
 
 _VALIDATED_KEYS = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"}
 
@@ -19,3 +26,10 @@ def _validate_dynamic_yarn(rope_parameters: dict[str, Any]) -> None:
 
 def register_all() -> None:
     _compat.register_rope_type(DYNAMIC_YARN_ROPE_TYPE, compute_dynamic_yarn_parameters, _validate_dynamic_yarn)
+    _compat.register_rope_type(NO_ROPE_TYPE, compute_no_rope_parameters, validate_no_rope_parameters)
+    register_attention()
+    global _model_init_hook
+    if _model_init_hook is None:
+        # Lets a model built from a saved ALiBi / absolute-encoding config (from_pretrained) get
+        # its position modules back before the weights are loaded; see on_submodule_registered.
+        _model_init_hook = nn.modules.module.register_module_module_registration_hook(on_submodule_registered)

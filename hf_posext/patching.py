@@ -35,7 +35,9 @@ CONFIG_KEY = "hf_posext"
 
 _ORIGINAL_MODULES = "_hf_posext_original_modules"
 
-MethodName = Literal["linear", "pi", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn"]
+MethodName = Literal[
+    "linear", "pi", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn", "alibi", "sinusoidal", "learned"
+]
 ModelOrConfig = TypeVar("ModelOrConfig", nn.Module, PreTrainedConfig)
 
 
@@ -98,7 +100,7 @@ def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool)
 def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bool) -> None:
     _check_architecture(config)
     base = _base_rope(config, method, override)
-    if method.factor == 1:
+    if method.factor == 1 and method.scales_rope:
         rope_parameters, max_positions = dict(base.rope_parameters), base.max_position_embeddings
     else:
         rope_parameters, max_positions = method.rope_parameters(base), method.max_position_embeddings(base)
@@ -110,12 +112,15 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
         {
             **method.to_dict(),
             "original_max_position_embeddings": base.original_max_position_embeddings,
-            "context_length": int(round(method.factor * base.original_max_position_embeddings)),
+            "context_length": (
+                int(round(method.factor * base.original_max_position_embeddings)) if method.scales_rope else max_positions
+            ),
             "base_rope_parameters": base.rope_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
             "base_original_max_position_embeddings": base.original_max_position_embeddings,
         },
     )
+    method.patch_config(config)
     config.validate_rope()
 
 
@@ -169,11 +174,41 @@ def patch_model(
         kwargs["original_max_position_embeddings"] = original_max_position_embeddings
     config = _config_of(model)
     spec = make_method(method, **kwargs)
+    previous_record = getattr(config, CONFIG_KEY, None)
+    if previous_record is not None:
+        # A re-patch starts from the checkpoint: undo what the previous method did beyond rope
+        # parameters (ALiBi's attention implementation, absolute encodings' position table).
+        previous = _method_from_record(previous_record)
+        previous.unpatch_config(config, previous_record)
+        if isinstance(model, nn.Module):
+            previous.unpatch_modules(model)
     _patch_config(config, spec, override)
     if isinstance(model, nn.Module):
         _swap_rotary_modules(model)
         spec.patch_modules(model)
     return model
+
+
+def _method_from_record(record: dict[str, Any]) -> PositionMethod:
+    fields = {f.name for f in dataclasses.fields(method_class(record["method"]))}
+    return make_method(record["method"], **{k: v for k, v in record.items() if k in fields})
+
+
+def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) -> None:
+    """torch's global module-registration hook: redo a method's surgery on models built from a patched config.
+
+    ``from_pretrained`` builds a plain ``LlamaModel`` (etc.) from the saved config. When such a base
+    model registers ``embed_tokens`` and its config carries an hf-posext record, the method's
+    :meth:`~PositionMethod.on_model_init` runs (absolute encodings re-create their position table
+    there, so the saved table is loaded into it). Everything else returns at the first check.
+    """
+    if name != "embed_tokens" or not isinstance(submodule, nn.Embedding):
+        return None
+    record = getattr(getattr(parent, "config", None), CONFIG_KEY, None)
+    if not isinstance(record, dict) or "method" not in record:
+        return None
+    _method_from_record(record).on_model_init(parent)
+    return None
 
 
 def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
@@ -186,10 +221,10 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         raise ValueError(f"{type(model).__name__} carries no hf-posext patch to undo")
-    fields = {f.name for f in dataclasses.fields(method_class(record["method"]))}
-    spec = make_method(record["method"], **{k: v for k, v in record.items() if k in fields})
+    spec = _method_from_record(record)
     config.rope_parameters = copy.deepcopy(record["base_rope_parameters"])
     config.max_position_embeddings = int(record["base_max_position_embeddings"])
+    spec.unpatch_config(config, record)
     delattr(config, CONFIG_KEY)
     if isinstance(model, nn.Module):
         spec.unpatch_modules(model)

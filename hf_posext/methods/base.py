@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch.nn as nn
+    from transformers import PreTrainedConfig
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class PositionMethod:
     paper: ClassVar[str] = ""
     #: Whether the method recomputes its frequencies from the current sequence length.
     dynamic: ClassVar[bool] = False
+    #: Whether the method rescales RoPE (then ``factor=1`` keeps the checkpoint's rope parameters);
+    #: methods that replace RoPE (ALiBi, absolute encodings) set it to False.
+    scales_rope: ClassVar[bool] = True
 
     factor: float = 1.0
     original_max_position_embeddings: int | None = None
@@ -102,6 +106,20 @@ class PositionMethod:
 
     def unpatch_modules(self, model: nn.Module) -> None:
         """Undo :meth:`patch_modules`."""
+
+    def patch_config(self, config: PreTrainedConfig) -> None:
+        """Config changes beyond ``rope_parameters`` (``config.hf_posext`` is already written)."""
+
+    def unpatch_config(self, config: PreTrainedConfig, record: dict[str, Any]) -> None:
+        """Undo :meth:`patch_config`; ``record`` is the ``config.hf_posext`` being removed."""
+
+    def on_model_init(self, base_model: nn.Module) -> None:
+        """Redo :meth:`patch_modules` on a base model being built from an already-patched config.
+
+        Called (through :func:`hf_posext.patching.on_submodule_registered`) while the base model
+        (``LlamaModel``...) registers ``embed_tokens`` in its ``__init__``, i.e. when
+        ``from_pretrained`` rebuilds a saved checkpoint, before its weights are loaded.
+        """
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.name, **dataclasses.asdict(self)}
