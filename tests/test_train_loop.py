@@ -28,6 +28,17 @@ from hf_posext.train.tiny import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ORIGINAL_CONTEXT = 32
+#: One intra-op thread: on a small shared CPU, OpenMP threads fighting over busy cores make these
+#: tiny matmuls ~40x slower. Subprocesses get the same setting, so results compare bit for bit.
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +77,8 @@ def vanilla_logits(model_dir: Path, input_ids: torch.Tensor, out_file: Path) -> 
         torch.save(logits, {str(out_file)!r})
         print(json.dumps(model.config.rope_parameters))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
+                          env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-2000:]
     return torch.load(out_file), json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -125,7 +137,8 @@ def test_killed_and_resumed_run_ends_bit_identical(assets, tmp_path):
 
     crashed = config(assets, tmp_path / "crashed", checkpointing_steps=2)
     script = KILL_SCRIPT.format(kill_step=5, values=crashed.to_dict())
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          env=SUBPROCESS_ENV)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert not Path(crashed.output_dir).exists()
     # Killed after step 5: the newest complete state is step 4, one step of work is lost.
