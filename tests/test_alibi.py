@@ -343,11 +343,11 @@ def test_bf16_error_is_comparable_to_the_native_models(backend):
 def test_a_tiny_alibi_model_learns():
     torch.manual_seed(0)
     model = alibi_model(heads=4, kv_heads=2).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     # a periodic sequence: predictable only from what came a fixed distance before
-    ids = (torch.arange(48) % 7 + 3)[None].repeat(4, 1)
+    ids = (torch.arange(28) % 7 + 3)[None].repeat(2, 1)
     losses = []
-    for _ in range(25):
+    for _ in range(10):
         loss = model(ids, labels=ids).loss
         optimizer.zero_grad()
         loss.backward()
