@@ -120,7 +120,23 @@ def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator
     if config.report_to != "none":
         kwargs["log_with"] = config.report_to
         kwargs["project_dir"] = str(config.checkpoint_path / "logs")
-    return Accelerator(**kwargs)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and not _has_accelerator():
+        # Under torchrun on a machine without accelerators, accelerate only goes multi-process
+        # (gloo) when told it runs on CPU; otherwise every rank silently trains alone.
+        kwargs["cpu"] = True
+    accelerator = Accelerator(**kwargs)
+    if accelerator.num_processes != launched:
+        raise RuntimeError(
+            f"launched with WORLD_SIZE={launched} but accelerate runs {accelerator.num_processes} process(es); "
+            "start multi-process runs with accelerate launch or torchrun"
+        )
+    return accelerator
+
+
+def _has_accelerator() -> bool:
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) or \
+        torch.backends.mps.is_available()
 
 
 def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
