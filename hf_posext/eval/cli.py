@@ -136,7 +136,7 @@ def _ppl(args: argparse.Namespace) -> int:
                 else:
                     points = sliding_window_perplexity(
                         model, docs, args.lengths, args.stride, max_documents=args.max_documents,
-                        progress=not args.no_progress,
+                        document_tokens=args.document_tokens, progress=not args.no_progress,
                     )
             results[key] = {"patch": info, "points": [p.to_dict() for p in points]}
             write_json(out / "ppl.json", {"settings": settings, "results": results, "environment": environment()})
@@ -224,6 +224,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--mode", default="truncated", choices=["truncated", "sliding", "both"],
                    help="truncated: first L tokens of each document, one forward; sliding: windows of L with --stride")
     p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256, as YaRN)")
+    p.add_argument("--document-tokens", type=int, default=None,
+                   help="sliding mode: read the first N tokens of each document (default: the longest length)")
     p.add_argument("--score-last", type=int, default=None, help="truncated mode: score only the last N tokens")
     p.add_argument("--max-documents", type=int, default=20, help="documents per length (default 20)")
     p.add_argument("--batch-size", type=int, default=1, help="truncated mode: documents per forward")

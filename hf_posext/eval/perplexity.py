@@ -218,8 +218,11 @@ def sliding_windows(n_tokens: int, window: int, stride: int) -> Iterator[tuple[i
     and scores the targets ``[end_{k-1}, end_k)`` (``end_{-1} = 1``: the first token has no
     context), so every token from the second on is scored exactly once.
     """
-    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
-        raise ValueError(f"stride must be an int in [1, window={window}], got {stride!r}")
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride < window:
+        raise ValueError(
+            f"stride must be an int in [1, window - 1 = {window - 1}] (windows must overlap, or the first token "
+            f"of each window would be scored without context), got {stride!r}"
+        )
     scored_until, begin = 1, 0
     while scored_until < n_tokens:
         end = min(begin + window, n_tokens)
@@ -244,11 +247,13 @@ def sliding_window_perplexity(
         model: a causal LM.
         documents: token ids, ``[seq]`` each.
         lengths: the window sizes L.
-        stride: how far a window advances, 1 <= stride <= min(lengths); every scored token sees at
+        stride: how far a window advances, 1 <= stride < min(lengths); every scored token sees at
             least L - stride tokens of context (YaRN: 256).
         same_documents: use only documents of at least ``max(lengths)`` tokens at every length.
         max_documents: read at most this many (eligible) documents.
-        document_tokens: cut each document to this many tokens first (bounds the cost of long ones).
+        document_tokens: cut each document to this many tokens first (>= max(lengths)). ``None``
+            cuts to ``max(lengths)``: every window size then scores the very same tokens, and the
+            cost stays bounded however long the documents are.
         progress: show a tqdm bar.
 
     Returns:
@@ -258,11 +263,14 @@ def sliding_window_perplexity(
         ValueError: a bad length or stride, or no document long enough.
     """
     lengths = _check_lengths(lengths)
-    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= lengths[0]:
-        raise ValueError(f"stride must be an int in [1, {lengths[0]}] (at most the shortest window), got {stride!r}")
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride < lengths[0]:
+        raise ValueError(
+            f"stride must be an int in [1, {lengths[0] - 1}] (below the shortest window, so that windows overlap "
+            f"and every scored token has context), got {stride!r}"
+        )
     if document_tokens is not None and (isinstance(document_tokens, bool) or not isinstance(document_tokens, int) or document_tokens < lengths[-1]):
         raise ValueError(f"document_tokens must be an int >= the longest window {lengths[-1]} or None, got {document_tokens!r}")
-    docs = [_as_1d(d)[:document_tokens] for d in documents]
+    docs = [_as_1d(d)[: document_tokens or lengths[-1]] for d in documents]
     chosen = {
         length: _select(docs, lengths[-1] if same_documents else length, max_documents) for length in lengths
     }
