@@ -1,0 +1,89 @@
+"""Recipe settings: defaults are the YaRN paper's, YAML and flags agree, bad values are named."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hf_posext import available_methods
+from hf_posext.train.cli import build_parser, config_from_args
+from hf_posext.train.config import TrainConfig
+
+REQUIRED = dict(model="m", output_dir="o", dataset=["d.txt"])
+
+
+def test_defaults_are_the_yarn_recipe():
+    config = TrainConfig(**REQUIRED)
+    assert (config.max_train_steps, config.learning_rate, config.warmup_steps, config.lr_scheduler) == (
+        400, 2e-5, 20, "linear")
+    assert (config.adam_beta1, config.adam_beta2, config.weight_decay, config.global_batch_size) == (
+        0.9, 0.95, 0.0, 64)
+    assert config.mixed_precision == "auto" and config.activation_checkpointing
+    assert str(config.checkpoint_path) == "o-checkpoints"
+
+
+def test_issue_flags_exist():
+    flags = {opt for action in build_parser()._actions for opt in action.option_strings}
+    for flag in ("--model", "--method", "--factor", "--dataset", "--seq-len", "--max-train-steps", "--output-dir",
+                 "--checkpointing-steps", "--resume", "--lora", "--pose", "--config"):
+        assert flag in flags
+
+
+def test_every_setting_is_a_flag():
+    flags = {opt for action in build_parser()._actions for opt in action.option_strings}
+    for item in dataclasses.fields(TrainConfig):
+        flag = "--method-arg" if item.name == "method_kwargs" else "--" + item.name.replace("_", "-")
+        assert flag in flags, item.name
+
+
+def test_flags_win_over_yaml(tmp_path):
+    (tmp_path / "run.yaml").write_text(
+        "model: tiny\nmethod: ntk\nfactor: 8\ndataset: a.txt\noutput-dir: out\nmax_train_steps: 7\nwarmup-steps: 2\n"
+        "lora: true\nmethod_kwargs: {}\n"
+    )
+    config = config_from_args(["--config", str(tmp_path / "run.yaml"), "--factor", "4", "--no-lora",
+                               "--dataset", "b.txt", "c.jsonl", "--resume", "--method-arg", "beta_fast=64"])
+    assert (config.model, config.method, config.factor, config.max_train_steps) == ("tiny", "ntk", 4.0, 7)
+    assert config.dataset == ["b.txt", "c.jsonl"] and config.lora is False
+    assert config.resume == "latest" and config.method_kwargs == {"beta_fast": 64}
+    assert config_from_args(["--config", str(tmp_path / "run.yaml"), "--resume", "ck/step_00000002"]).resume == (
+        "ck/step_00000002")
+
+
+@pytest.mark.parametrize("method", available_methods())
+def test_every_registered_method_is_accepted(method):
+    assert TrainConfig(method=method, **REQUIRED).method == method
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"method": "rope-magic"}, r"unknown method 'rope-magic'; available methods: .*yarn"),
+        ({"factor": 0.5}, r"factor must be >= 1.*0.5"),
+        ({"max_train_steps": 0}, r"max_train_steps must be an integer >= 1, got 0"),
+        ({"seq_len": 1}, r"seq_len must be an integer >= 2, got 1"),
+        ({"warmup_steps": 500}, r"warmup_steps=500 exceeds max_train_steps=400"),
+        ({"learning_rate": -1.0}, r"learning_rate must be a positive number, got -1.0"),
+        ({"adam_beta2": 1.0}, r"adam_beta2 must be in \[0, 1\), got 1.0"),
+        ({"lr_scheduler": "cosine"}, r"lr_scheduler must be one of linear, constant; got 'cosine'"),
+        ({"mixed_precision": "fp8"}, r"mixed_precision must be one of auto, no, bf16, fp16; got 'fp8'"),
+        ({"pose": True, "seq_len": 64, "pose_window": 128}, r"pose_window=128 exceeds seq_len=64"),
+        ({"dataset": []}, r"dataset is required"),
+        ({"model": ""}, r"model is required"),
+    ],
+)
+def test_bad_settings_are_named(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{**REQUIRED, **overrides})
+
+
+def test_unknown_yaml_key_is_named(tmp_path):
+    (tmp_path / "bad.yaml").write_text("model: m\noutput_dir: o\ndataset: d.txt\nlearning-rat: 1e-4\n")
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['learning_rat'\]"):
+        config_from_args(["--config", str(tmp_path / "bad.yaml")])
+
+
+def test_missing_yaml_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        config_from_args(["--config", str(tmp_path / "nope.yaml")])

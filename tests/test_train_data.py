@@ -1,0 +1,158 @@
+"""Training data (blocks, cache, sharding, resumable order) and PoSE position ids."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hf_posext.train.data import check_dataset, load_blocks, micro_batch_indices, resolve_local_files
+from hf_posext.train.pose import pose_position_ids
+from hf_posext.train.tokenizer import BOS_ID, EOS_ID, byte_tokenizer
+from models import tiny_model
+
+
+class CountingTokenizer:
+    """The byte tokenizer, counting how many texts it is asked to encode."""
+
+    def __init__(self):
+        self.inner = byte_tokenizer()
+        self.texts = 0
+        self.bos_token_id, self.eos_token_id = self.inner.bos_token_id, self.inner.eos_token_id
+        self.backend_tokenizer = self.inner.backend_tokenizer
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __call__(self, texts, **kwargs):
+        self.texts += len(texts)
+        return self.inner(texts, **kwargs)
+
+
+def reference_stream(documents: list[str]) -> list[int]:
+    """BOS + bytes + EOS per document, concatenated: the YaRN recipe, written out by hand."""
+    stream: list[int] = []
+    for doc in documents:
+        stream += [BOS_ID, *doc.encode("utf-8"), EOS_ID]
+    return stream
+
+
+def test_blocks_concatenate_documents_with_bos_eos_and_drop_the_tail(tmp_path):
+    (tmp_path / "a.txt").write_text("first document ✓")
+    (tmp_path / "b.jsonl").write_text(
+        json.dumps({"text": "second", "id": 1}) + "\n\n" + json.dumps({"text": "third one"}) + "\n"
+    )
+    blocks = load_blocks([str(tmp_path)], byte_tokenizer(), 8, cache_dir=tmp_path / "cache")
+    stream = reference_stream(["first document ✓", "second", "third one"])
+    assert blocks.shape == (len(stream) // 8, 8)
+    assert blocks.reshape(-1).tolist() == stream[: len(stream) // 8 * 8]
+
+
+def test_second_load_reads_the_cache_and_a_changed_file_invalidates_it(tmp_path):
+    data = tmp_path / "notes.txt"
+    data.write_text("x" * 100)
+    tok = CountingTokenizer()
+    first = np.array(load_blocks([str(data)], tok, 16, cache_dir=tmp_path / "cache"))
+    assert tok.texts == 1
+    again = load_blocks([str(data)], tok, 16, cache_dir=tmp_path / "cache")
+    assert tok.texts == 1 and np.array_equal(first, again)
+    data.write_text("y" * 100)
+    changed = load_blocks([str(data)], tok, 16, cache_dir=tmp_path / "cache")
+    assert tok.texts == 2 and changed[0, 1] == ord("y")
+    # Another block length is another cache entry.
+    assert load_blocks([str(data)], tok, 32, cache_dir=tmp_path / "cache").shape == (3, 32)
+
+
+def test_glob_and_stdlib_sources(tmp_path):
+    (tmp_path / "m.py").write_text("pass\n")
+    assert resolve_local_files([str(tmp_path / "*.py")]) == [tmp_path / "m.py"]
+    train_files = resolve_local_files(["stdlib"], split="train")
+    test_files = resolve_local_files(["stdlib"], split="test")
+    assert train_files and test_files and not set(train_files) & set(test_files)
+
+
+@pytest.mark.parametrize("item", ["missing/notes.txt", "/nowhere/*.jsonl", "./no-such-folder"])
+def test_missing_local_data_is_named(tmp_path, item):
+    with pytest.raises(FileNotFoundError, match=item.replace("*", r"\*").replace(".", r"\.")):
+        check_dataset([item])
+
+
+def test_bad_jsonl_line_is_named(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl:2: no string field 'text'"):
+        load_blocks([str(tmp_path / "d.jsonl")], byte_tokenizer(), 4, cache_dir=tmp_path)
+
+
+def test_too_little_data_for_one_block(tmp_path):
+    (tmp_path / "short.txt").write_text("abc")
+    with pytest.raises(ValueError, match="fewer than 64 tokens"):
+        load_blocks([str(tmp_path / "short.txt")], byte_tokenizer(), 64, cache_dir=tmp_path)
+
+
+def take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+def test_processes_get_disjoint_slices_covering_each_epoch():
+    n, micro, procs = 23, 2, 3
+    per_epoch = n // (micro * procs)
+    shards = [take(micro_batch_indices(n, micro, procs, p, seed=5), per_epoch) for p in range(procs)]
+    seen = [i for shard in shards for batch in shard for i in batch]
+    assert len(seen) == len(set(seen)) == per_epoch * micro * procs
+    # Global micro-batch k is one contiguous run of the epoch's permutation, split by rank.
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(5 * 1_000_003)).tolist()
+    assert shards[0][1] + shards[1][1] + shards[2][1] == order[6:12]
+
+
+def test_resumed_order_equals_the_uninterrupted_order():
+    full = take(micro_batch_indices(10, 2, 2, 1, seed=0), 12)  # 2.4 epochs
+    for start in (0, 1, 2, 5, 7):
+        assert take(micro_batch_indices(10, 2, 2, 1, seed=0, start=start), 12 - start) == full[start:]
+    assert full[:2] != full[2:4] or full[:2] != full[4:6]  # later epochs are reshuffled, not repeated
+
+
+def test_fewer_blocks_than_one_micro_batch():
+    with pytest.raises(ValueError, match="holds 3 blocks, fewer than one micro-batch"):
+        next(micro_batch_indices(3, 2, 2, 0, seed=0))
+
+
+@pytest.mark.parametrize(("window", "target", "chunks"), [(16, 64, 2), (16, 16, 2), (32, 256, 4), (8, 100, 1)])
+def test_pose_positions_follow_the_paper(window, target, chunks):
+    generator = torch.Generator().manual_seed(0)
+    positions = pose_position_ids(window, target, chunks, batch_size=64, generator=generator)
+    assert positions.shape == (64, window)
+    assert positions[:, 0].eq(0).all()  # u_0 = 0: the first chunk starts at position 0
+    steps = positions.diff(dim=1)
+    assert (steps >= 1).all() and (positions < target).all()
+    jumps = (steps > 1).sum(dim=1)
+    assert (jumps <= chunks - 1).all()  # contiguous content within a chunk, one skip between chunks
+    if target > window and chunks > 1:
+        assert positions.max() > 0.8 * target  # the skips do reach the far end of the target context
+
+
+def test_pose_rejects_a_window_longer_than_the_target():
+    with pytest.raises(ValueError, match="window 65 exceeds the target context 64"):
+        pose_position_ids(65, 64)
+
+
+def test_skipped_positions_need_the_explicit_attention_mask():
+    """Without a mask transformers reads a position jump as a new packed document (pose.py).
+
+    It does so only without a KV cache, i.e. in training, hence ``use_cache=False`` as in the loop.
+    """
+    model = tiny_model("llama", max_positions=256)
+    input_ids = torch.randint(0, 90, (1, 24), generator=torch.Generator().manual_seed(0))
+    positions = torch.cat([torch.arange(12), torch.arange(12) + 100]).unsqueeze(0)
+    other = input_ids.clone()
+    other[0, :12] = (other[0, :12] + 1) % 90  # change only the first chunk
+    with torch.no_grad():
+        mask = torch.ones_like(input_ids)
+        masked = model(input_ids, position_ids=positions, attention_mask=mask, use_cache=False).logits
+        masked_other = model(other, position_ids=positions, attention_mask=mask, use_cache=False).logits
+        unmasked = model(input_ids, position_ids=positions, use_cache=False).logits
+        unmasked_other = model(other, position_ids=positions, use_cache=False).logits
+    # With the mask the second chunk attends to the first; without it, it does not.
+    assert not torch.allclose(masked[0, 12:], masked_other[0, 12:])
+    assert torch.equal(unmasked[0, 12:], unmasked_other[0, 12:])
