@@ -1,0 +1,165 @@
+"""Publish an extended checkpoint to the Hugging Face Hub: ``hf-posext push DIR REPO_ID``.
+
+    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k            # public
+    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k --private
+    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k --dry-run  # list, upload nothing
+
+The token comes from where huggingface_hub looks for it (``HF_TOKEN``, then the token saved by
+``hf auth login``); there is deliberately no ``--token`` flag, since a token on the command line
+ends up in shell history and process lists, and the token is never printed.
+
+Only a complete checkpoint is pushed (``config.json``, safetensors weights, a ``README.md``
+model card, as ``scripts/finetune.py`` and ``hf-posext patch`` write them), and only its own
+files: training states, temporary folders of an interrupted save and hidden files stay local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import HfApi, get_token
+
+#: Folder and file names that are never uploaded (training states, interrupted saves, caches).
+EXCLUDED_PARTS = ("__pycache__",)
+EXCLUDED_SUFFIXES = (".tmp", ".lock")
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What :func:`push_to_hub` uploaded (or would upload, for a dry run).
+
+    Attributes:
+        repo_id: the Hub repository.
+        files: the uploaded paths, relative to the checkpoint folder, sorted.
+        url: the commit URL, or None for a dry run.
+    """
+
+    repo_id: str
+    files: list[str]
+    url: str | None
+
+
+def _excluded(relative: Path) -> bool:
+    for part in relative.parts:
+        if part.startswith(".") or part in EXCLUDED_PARTS or part.endswith("-checkpoints"):
+            return True
+        if part.startswith("step_") and part[5:].isdigit():
+            return True
+    return relative.name.endswith(EXCLUDED_SUFFIXES)
+
+
+def checkpoint_files(folder: str | os.PathLike) -> list[str]:
+    """The files of the checkpoint in ``folder`` that belong on the Hub, as sorted relative paths.
+
+    Raises:
+        FileNotFoundError: ``folder`` is missing or lacks ``config.json``, safetensors weights
+            or a ``README.md`` model card.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {str(root)!r} does not exist")
+    files = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and not _excluded(p.relative_to(root))
+    )
+    missing = [name for name in ("config.json", "README.md") if name not in files]
+    if not any(name.endswith(".safetensors") for name in files):
+        missing.append("*.safetensors weights")
+    if missing:
+        raise FileNotFoundError(
+            f"{str(root)!r} is not a complete checkpoint: missing {', '.join(missing)} "
+            "(write one with scripts/finetune.py or hf-posext patch)"
+        )
+    return files
+
+
+def _commit_message(folder: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    record = config.get("hf_posext") or {}
+    if not record:
+        return "Upload checkpoint with hf-posext"
+    return (f"Upload {record.get('method')} x{record.get('factor')} checkpoint "
+            f"({record.get('original_max_position_embeddings')} -> {record.get('context_length')} tokens) with hf-posext")
+
+
+def push_to_hub(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    dry_run: bool = False,
+    endpoint: str | None = None,
+) -> PushResult:
+    """Create ``repo_id`` if needed and upload the checkpoint in ``folder`` in one commit.
+
+    Args:
+        folder: a checkpoint written by the fine-tune recipe or ``hf-posext patch``.
+        repo_id: ``owner/name`` on the Hub.
+        private: create the repository private (an existing repository keeps its visibility).
+        revision: the branch to commit to; default the main branch.
+        commit_message: default: method, factor and contexts from the checkpoint's config.
+        dry_run: only check the folder and list the files; needs no token and no network.
+        endpoint: a Hub endpoint other than huggingface.co (default: ``HF_ENDPOINT`` or the Hub).
+
+    Returns:
+        A :class:`PushResult`.
+
+    Raises:
+        FileNotFoundError: an incomplete checkpoint.
+        ValueError: a repository id that is not ``owner/name``, or no token found.
+    """
+    folder = Path(folder)
+    files = checkpoint_files(folder)
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(f"repo_id must be 'owner/name', got {repo_id!r}")
+    if dry_run:
+        return PushResult(repo_id, files, None)
+    token = get_token()
+    if token is None:
+        raise ValueError("no Hugging Face token found: set HF_TOKEN or run `hf auth login` (needs write access)")
+    api = HfApi(endpoint=endpoint, token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    if revision is not None:
+        api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
+        revision=revision,
+        # The exact list, so that upload_folder's own filtering cannot add a training state.
+        allow_patterns=files,
+        commit_message=commit_message or _commit_message(folder),
+    )
+    return PushResult(repo_id, files, str(getattr(commit, "commit_url", commit)))
+
+
+def _push(args: argparse.Namespace) -> int:
+    result = push_to_hub(args.folder, args.repo_id, private=args.private, revision=args.revision,
+                         commit_message=args.commit_message, dry_run=args.dry_run)
+    for name in result.files:
+        print(f"  {name}")
+    if result.url is None:
+        print(f"dry run: would upload {len(result.files)} files to {result.repo_id}")
+    else:
+        print(f"uploaded {len(result.files)} files to https://huggingface.co/{result.repo_id} ({result.url})")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``hf-posext push``."""
+    p = subparsers.add_parser("push", help="upload an extended checkpoint to the Hugging Face Hub",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", help="checkpoint folder (from scripts/finetune.py or hf-posext patch)")
+    p.add_argument("repo_id", help="owner/name on the Hub")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--revision", default=None, help="branch to commit to (created if missing)")
+    p.add_argument("--commit-message", default=None)
+    p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
+    p.set_defaults(func=_push)
