@@ -15,15 +15,26 @@ length L once L > L_orig:
     theta'(L) = theta * (s * L / L_orig - (s - 1))^(d / (d - 2))
 
 which is transformers' native ``rope_type="dynamic"``. transformers reads L_orig from
-``config.max_position_embeddings``, so the patched config keeps that at L_orig.
+``config.max_position_embeddings``, so the patched config keeps that at L_orig. With
+``exact_cache=True`` (the default) :mod:`hf_posext.dynamic_cache` keeps cached generation equal to
+a forward pass; ``False`` keeps transformers' stale-key behaviour (issue 25104).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import BaseRope, PositionMethod, register
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+
+def check_exact_cache(method: PositionMethod) -> None:
+    """Raise ``ValueError`` unless ``method.exact_cache`` is a bool."""
+    if not isinstance(method.exact_cache, bool):
+        raise ValueError(f"{method.name}: exact_cache must be True or False, got {method.exact_cache!r}")
 
 
 def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
@@ -45,10 +56,33 @@ class NTKConfig(PositionMethod):
 @register("dynamic_ntk", aliases=("dynamic",))
 @dataclass(frozen=True)
 class DynamicNTKConfig(PositionMethod):
-    """Dynamic NTK: NTK base recomputed from the current length (native ``dynamic``)."""
+    """Dynamic NTK: NTK base recomputed from the current length (native ``dynamic``).
+
+    Args:
+        exact_cache: keep KV-cached decoding equal to a forward pass at every step
+            (:mod:`hf_posext.dynamic_cache`); ``False`` is transformers' behaviour, whose cache keeps
+            keys rotated with stale frequencies.
+    """
 
     paper = "emozilla 2023; YaRN paper arXiv:2309.00071 sec. 3.3"
     dynamic = True
 
+    exact_cache: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_exact_cache(self)
+
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_type": "dynamic", "factor": self.factor}
+
+    def patch_modules(self, model: nn.Module) -> None:
+        if self.exact_cache:
+            from ..dynamic_cache import enable_exact_dynamic_cache  # lazy: dynamic_cache imports methods
+
+            enable_exact_dynamic_cache(model)
+
+    def unpatch_modules(self, model: nn.Module) -> None:
+        from ..dynamic_cache import disable_exact_dynamic_cache
+
+        disable_exact_dynamic_cache(model)

@@ -1,0 +1,267 @@
+"""Exact dynamic scaling with a KV cache (hf_posext.dynamic_cache).
+
+References: transformers' own full forward (the same as hf-posext's definition at the last
+position of a one-layer model), a slow per-row loop written from the definition below, and
+the property that cached decoding equals a forward pass at every step.
+
+Definition under test: the token at position i attends with the frequencies for length i + 1;
+its query and every key it attends to are rotated with them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from models import tiny_model, tokens
+from transformers import AutoModelForCausalLM, modeling_rope_utils
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+import hf_posext
+from hf_posext import dynamic_cache
+
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+METHODS = ("dynamic_ntk", "dynamic_yarn")
+L_ORIG = 16  # tiny original context: 3x is 48 tokens (mistral's sliding window is 32)
+FACTOR = 4
+TOL = 2e-5  # fp32: measured differences are ~5e-7; native's stale keys are >1e-2 off
+
+
+def patched(arch="llama", method="dynamic_yarn", exact_cache=True, **kwargs):
+    model = tiny_model(arch, max_positions=L_ORIG, **kwargs)
+    return hf_posext.patch_model(model, method, factor=FACTOR, exact_cache=exact_cache)
+
+
+@torch.no_grad()
+def cached_step_logits(model, ids, prompt):
+    """Logits of every decoding step: a ``prompt``-token prefill, then one token at a time with the cache.
+
+    Returns ``[batch, seq - prompt + 1, vocab]``: row t predicts token ``prompt + t``.
+    """
+    out = model(ids[:, :prompt], use_cache=True)
+    cache, steps = out.cache, [out.logits[:, -1]]
+    for t in range(prompt, ids.shape[1]):
+        out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        cache = out.cache
+        steps.append(out.logits[:, -1])
+    return torch.stack(steps[:-1], dim=1)
+
+
+@torch.no_grad()
+def prefix_logits(model, ids, length):
+    return model(ids[:, :length], use_cache=False).logits[:, -1]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_decoding_equals_full_forward_to_3x(arch, method):
+    model = patched(arch, method)
+    ids = tokens(3 * L_ORIG)
+    prompt = 4
+    steps = cached_step_logits(model, ids, prompt)
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits[:, prompt - 1 : -1]
+    # Causal definition: one forward over all 3x tokens holds every step's full-forward logits ...
+    torch.testing.assert_close(steps, full, rtol=0, atol=TOL)
+    # ... and each of its rows is the last row of a forward over that prefix alone.
+    for length in (L_ORIG - 1, L_ORIG + 1, 2 * L_ORIG + 3, 3 * L_ORIG - 1):
+        torch.testing.assert_close(steps[:, length - prompt], prefix_logits(model, ids, length), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_native_dynamic_cache_is_not_exact(arch, method):
+    # Why this feature exists (transformers issue 25104): transformers rotates each key once,
+    # with the scale of the step that produced it, so past L_orig its cache holds stale keys and
+    # cached decoding no longer equals the forward pass over the same prefix.
+    # The references come from a second model, lengths in increasing order: transformers' rotary
+    # module is stateful (it only grows, and its reset below L_orig keeps YaRN's grown mscale).
+    reference = patched(arch, method, exact_cache=False)
+    ids = tokens(3 * L_ORIG)
+    lengths = (L_ORIG - 1, 2 * L_ORIG + 3, 3 * L_ORIG - 1)
+    expected = {length: prefix_logits(reference, ids, length) for length in lengths}
+    prompt = 4
+    steps = cached_step_logits(patched(arch, method, exact_cache=False), ids, prompt)
+    gaps = {length: (steps[:, length - prompt] - expected[length]).abs().max().item() for length in lengths}
+    assert gaps[L_ORIG - 1] < TOL  # still exact while no scaling happened
+    assert gaps[2 * L_ORIG + 3] > 100 * TOL and gaps[3 * L_ORIG - 1] > 100 * TOL, gaps
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("arch", ("llama", "qwen3"))
+def test_one_layer_equals_transformers_full_forward(arch, method):
+    # With one layer nothing but the rotation depends on the scale, so the last position of
+    # transformers' own full forward (its rope functions, its mscale) is the reference.
+    exact = patched(arch, method, layers=1)
+    native = patched(arch, method, exact_cache=False, layers=1)
+    ids = tokens(3 * L_ORIG)
+    steps = cached_step_logits(exact, ids, 4)
+    for length in (L_ORIG - 2, L_ORIG + 1, 2 * L_ORIG, 3 * L_ORIG - 1):
+        torch.testing.assert_close(steps[:, length - 4], prefix_logits(native, ids, length), rtol=0, atol=TOL)
+
+
+def slow_attention(rope, query, key, value, positions, padding, scaling):
+    """The definition, one query row at a time, with transformers' rope function and rotation."""
+    init = modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope.rope_type]
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = torch.zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+    for b in range(query.shape[0]):
+        for i in range(query.shape[2]):
+            if not padding[b, i]:
+                continue
+            inv_freq, factor = init(rope.config, None, seq_len=int(positions[b, i]) + 1)
+            angles = positions[b, : i + 1, None].float() * inv_freq
+            emb = torch.cat((angles, angles), dim=-1)
+            cos, sin = (emb.cos() * factor)[None], (emb.sin() * factor)[None]
+            q, k = apply_rotary_pos_emb(query[b : b + 1, :, : i + 1], key[b : b + 1, :, : i + 1], cos, sin)
+            scores = (q[0, :, i : i + 1] @ k[0].transpose(-1, -2)) * scaling
+            scores = scores.masked_fill(~padding[b, : i + 1], float("-inf"))
+            out[b, i] = (scores.softmax(-1) @ value[b, :, : i + 1])[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("kernel", ("eager", "sdpa"))
+def test_multi_row_attention_matches_slow_reference(method, kernel):
+    model = patched(method=method, attn_implementation=kernel)
+    attention = model.model.layers[0].self_attn
+    rope = getattr(attention, dynamic_cache._STATE)
+    generator = torch.Generator().manual_seed(0)
+    seq, heads, kv_heads, dim = 3 * L_ORIG, 4, 2, 32
+    query = torch.randn(2, heads, seq, dim, generator=generator)
+    key = torch.randn(2, kv_heads, seq, dim, generator=generator)
+    value = torch.randn(2, kv_heads, seq, dim, generator=generator)
+    padding = torch.ones(2, seq, dtype=torch.bool)
+    padding[1, :5] = False  # row 1 is left-padded: its positions start 5 rows later
+    positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    allowed = causal[None] & padding[:, None, :]
+    mask = torch.zeros(2, 1, seq, seq).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    rope.begin_forward(positions, batch=2)
+    assert len(rope.plan()[1]) > 1  # the multi-call path: the rows need many frequency sets
+    out, _ = dynamic_cache.exact_dynamic_attention(attention, query, key, value, mask, scaling=dim**-0.5)
+    expected = slow_attention(rope, query, key, value, positions, padding, dim**-0.5)
+    torch.testing.assert_close(out[padding], expected[padding], rtol=0, atol=1e-5)
+    # sdpa's "plain causal" mask is None: the rows are sliced, so the wrapper must build it.
+    if kernel == "sdpa":
+        rope.begin_forward(positions[:1], batch=1)
+        out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:1], key[:1], value[:1], None, scaling=dim**-0.5)
+        torch.testing.assert_close(out[0], expected[0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sdpa_generate_matches_full_forward(method):
+    model = patched(method=method, attn_implementation="sdpa")
+    ids = tokens(4)
+    with torch.no_grad():
+        out = model.generate(
+            ids, max_new_tokens=3 * L_ORIG - 4, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+        full = model(out.sequences[:, :-1], use_cache=False).logits[:, 3:]
+    torch.testing.assert_close(torch.stack(out.logits, dim=1), full, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ("llama", "mistral"))
+def test_left_padded_batched_generate_equals_each_alone(arch):
+    model = patched(arch)
+    ids = tokens(8, batch=2)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, :3] = 0
+    new = 3 * L_ORIG - 8
+    kwargs = dict(max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        batched = model.generate(ids, attention_mask=attention_mask, **kwargs)
+        for row, start in ((0, 0), (1, 3)):
+            alone = model.generate(ids[row : row + 1, start:], **kwargs)
+            torch.testing.assert_close(
+                torch.stack(batched.logits, 1)[row], torch.stack(alone.logits, 1)[0], rtol=0, atol=TOL
+            )
+            assert torch.equal(batched.sequences[row, 8:], alone.sequences[0, 8 - start :])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_new_shorter_sequence_starts_from_scratch(method):
+    model, fresh = patched(method=method), patched(method=method)
+    native, native_fresh = patched(method=method, exact_cache=False), patched(method=method, exact_cache=False)
+    long_ids, short_ids = tokens(3 * L_ORIG, seed=2), tokens(2 * L_ORIG, seed=3)
+    cached_step_logits(model, long_ids, 4)
+    cached_step_logits(native, long_ids, 4)
+    with torch.no_grad():
+        # exact: nothing is remembered between sequences, shorter or not
+        torch.testing.assert_close(model(short_ids).logits, fresh(short_ids).logits, rtol=0, atol=0)
+        torch.testing.assert_close(
+            model(short_ids[:, :L_ORIG]).logits, tiny_model(max_positions=L_ORIG)(short_ids[:, :L_ORIG]).logits,
+            rtol=0, atol=TOL,
+        )
+        # transformers only resets below L_orig: a 2x sequence after a 3x one keeps the 3x scale
+        assert not torch.allclose(native(short_ids).logits, native_fresh(short_ids).logits, atol=1e-3)
+
+
+def test_unpatch_and_repatch_restore_everything():
+    model = tiny_model(max_positions=L_ORIG)
+    ids = tokens(3 * L_ORIG)
+    with torch.no_grad():
+        before = model(ids).logits
+        hf_posext.patch_model(model, "dynamic_ntk", factor=FACTOR)
+        assert model.config._attn_implementation == "hf_posext_exact_dynamic_eager"
+        hf_posext.patch_model(model, "yarn", factor=FACTOR)  # a re-patch undoes the exact machinery
+        assert model.config._attn_implementation == "eager"
+        static = model(ids).logits
+        assert torch.equal(static, hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "yarn", factor=FACTOR)(ids).logits)
+        hf_posext.patch_model(model, "dynamic_yarn", factor=FACTOR)
+        hf_posext.unpatch_model(model)
+        assert model.config._attn_implementation == "eager"
+        assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in model.modules())
+        assert torch.equal(model(ids).logits, before)
+
+
+def test_factor_one_and_exact_cache_false_leave_attention_alone():
+    for kwargs in (dict(factor=1), dict(factor=FACTOR, exact_cache=False)):
+        model = hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "dynamic_ntk", **kwargs)
+        assert model.config._attn_implementation == "eager"
+        assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in model.modules())
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_exact_cache_value_is_named(method):
+    with pytest.raises(ValueError, match="exact_cache must be True or False, got 'yes'"):
+        hf_posext.patch_model(tiny_model(max_positions=L_ORIG), method, factor=FACTOR, exact_cache="yes")
+
+
+def test_unsupported_kernel_and_kernel_swap_raise():
+    model = tiny_model(max_positions=L_ORIG)
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match=r"supports attn_implementation in \('eager', 'sdpa'\), got 'flex_attention'"):
+        hf_posext.patch_model(model, "dynamic_ntk", factor=FACTOR)
+    model = patched()
+    model.config._attn_implementation = "sdpa"  # behind the patch's back: the rotation would be lost
+    with pytest.raises(ValueError, match="attn_implementation was changed to 'sdpa'"):
+        model(tokens(4))
+
+
+def test_saved_checkpoint_loads_in_vanilla_transformers_and_repatches(tmp_path):
+    model = patched(method="dynamic_ntk")
+    ids = tokens(3 * L_ORIG)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_type"] == "dynamic"  # native: vanilla transformers loads it
+    assert "hf_posext_exact" not in json.dumps(saved)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert loaded.model.rotary_emb.rope_type == "dynamic"
+    hf_posext.patch_model(loaded, "dynamic_ntk", factor=FACTOR)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_frequency_length_saturates_for_yarn_only():
+    yarn = getattr(patched(method="dynamic_yarn").model.layers[0].self_attn, dynamic_cache._STATE)
+    ntk = getattr(patched(method="dynamic_ntk").model.layers[0].self_attn, dynamic_cache._STATE)
+    lengths = torch.tensor([1, L_ORIG, L_ORIG + 1, FACTOR * L_ORIG, 10 * L_ORIG])
+    assert yarn.frequency_length(lengths).tolist() == [L_ORIG, L_ORIG, L_ORIG + 1, FACTOR * L_ORIG, FACTOR * L_ORIG]
+    assert ntk.frequency_length(lengths).tolist() == [L_ORIG, L_ORIG, L_ORIG + 1, FACTOR * L_ORIG, 10 * L_ORIG]
+    # the saturated length really has the frequencies of every longer one
+    far, cap = yarn.frequencies(10 * L_ORIG, torch.device("cpu")), yarn.frequencies(FACTOR * L_ORIG, "cpu")
+    assert torch.equal(far[0], cap[0]) and math.isclose(far[1], cap[1])
