@@ -171,6 +171,11 @@ def _lr_at(step: int, config: TinyLMConfig) -> float:
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+#: Longest input a from-scratch ``learned`` model accepts, in multiples of its training length:
+#: its table rows beyond ``seq_len`` are never trained, which is the baseline's point.
+LEARNED_TABLE_MULTIPLE = 16
+
+
 def build_model(config: TinyLMConfig) -> PreTrainedModel:
     """A freshly initialised tiny model (seeded), with its position method applied."""
     torch.manual_seed(config.seed)
@@ -178,16 +183,19 @@ def build_model(config: TinyLMConfig) -> PreTrainedModel:
     if config.position != "rope":
         from ..patching import patch_model
 
-        patch_model(model, config.position)
+        extra = {"max_length": LEARNED_TABLE_MULTIPLE * config.seq_len} if config.position == "learned" else {}
+        patch_model(model, config.position, **extra)
     return model
 
 
 def _load(path: Path, config: TinyLMConfig) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
-    if config.position != "rope":
-        from ..patching import patch_model
-
-        patch_model(model, config.position)
+    # A non-RoPE model needs no re-patch: `import hf_posext` rebuilds ALiBi attention and
+    # absolute tables from config.json as the checkpoint loads (and re-patching would
+    # re-initialise a learned table).
+    model = AutoModelForCausalLM.from_pretrained(path)
+    method = getattr(model.config, "hf_posext", {}).get("method") if config.position != "rope" else None
+    if config.position != "rope" and method != config.position:
+        raise RuntimeError(f"{path} reloaded with position method {method!r}, expected {config.position!r}")
     return model.eval()
 
 
