@@ -1,0 +1,184 @@
+"""Throughput and peak memory of the fine-tune recipe against a plain transformers ``Trainer``.
+
+Both fine-tune the same YaRN-patched model on the same blocks of the same data with the same
+settings (fp32, AdamW betas (0.9, 0.95), linear schedule, micro-batch, gradient accumulation,
+activation checkpointing); only the training loop differs. Each measured run is its own
+subprocess, so peak memory (the peak resident set above the run's starting point, after
+imports) is not polluted by the other; runs alternate recipe/Trainer and the median of the
+repeats is reported as ratios from one invocation (throughput: recipe / Trainer, target >= 1;
+memory: recipe / Trainer, target <= 1). Tokens/s counts the steps after the first (warm-up).
+
+    python benchmarks/bench_train.py                       # ~3 min on 2 CPU cores
+    python benchmarks/bench_train.py --repeats 1 --steps 4 # quick look
+    python benchmarks/bench_train.py --threads 2 --seq-len 2048
+
+Writes ``benchmarks/results/bench_train.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def run_recipe(args: argparse.Namespace, workdir: Path) -> dict:
+    from hf_posext.train.config import TrainConfig
+    from hf_posext.train.loop import train
+
+    stamps: list[float] = []
+    start_rss = rss_mib()
+    train(TrainConfig(
+        model=str(workdir / "model"), method="yarn", factor=args.factor, dataset=[str(workdir / "data.txt")],
+        output_dir=str(workdir / "out-recipe"), max_train_steps=args.steps, learning_rate=2e-5, warmup_steps=1,
+        global_batch_size=args.global_batch, micro_batch_size=args.micro_batch, mixed_precision="no",
+        cache_dir=str(workdir / "cache"), activation_checkpointing=True, attn_implementation="sdpa",
+    ), callbacks=[lambda progress: stamps.append(time.perf_counter())])
+    return {"stamps": stamps, "peak_mib": peak_rss_mib() - start_rss}
+
+
+def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+
+    import hf_posext
+    from hf_posext.train.data import load_blocks
+
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *unused, **kwargs):
+            stamps.append(time.perf_counter())
+
+    class Blocks(torch.utils.data.Dataset):
+        def __init__(self, blocks):
+            self.blocks = blocks
+
+        def __len__(self):
+            return len(self.blocks)
+
+        def __getitem__(self, i):
+            ids = torch.from_numpy(self.blocks[i].astype("int64"))
+            return {"input_ids": ids, "labels": ids}
+
+    start_rss = rss_mib()
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
+    model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32, attn_implementation="sdpa")
+    hf_posext.patch_model(model, "yarn", factor=args.factor)
+    blocks = load_blocks([str(workdir / "data.txt")], tokenizer, args.seq_len, cache_dir=workdir / "cache")
+    training_args = TrainingArguments(
+        output_dir=str(workdir / "out-trainer"), max_steps=args.steps, learning_rate=2e-5, warmup_steps=1,
+        lr_scheduler_type="linear", adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=args.global_batch // args.micro_batch, gradient_checkpointing=True,
+        use_cpu=True, report_to=[], save_strategy="no", logging_steps=10**6, dataloader_num_workers=0,
+        disable_tqdm=True, seed=42,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks), callbacks=[Stamp()])
+    trainer.train()
+    # The recipe's run includes writing the final checkpoint, so the baseline's does too.
+    trainer.save_model(str(workdir / "out-trainer" / "final"))
+    tokenizer.save_pretrained(str(workdir / "out-trainer" / "final"))
+    return {"stamps": stamps, "peak_mib": peak_rss_mib() - start_rss}
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    workdir = Path(args.workdir)
+    result = (run_recipe if args.child == "recipe" else run_trainer)(args, workdir)
+    stamps = result["stamps"]
+    tokens_per_step = args.global_batch * args.seq_len
+    result["tokens_per_s"] = tokens_per_step * (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    print("RESULT " + json.dumps({k: v for k, v in result.items() if k != "stamps"}))
+
+
+def prepare(args: argparse.Namespace, workdir: Path) -> None:
+    import sysconfig
+
+    from hf_posext.train.tiny import make_tiny_model
+
+    make_tiny_model(workdir / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 32,
+                    num_kv_heads=max(1, args.hidden // 64), max_position_embeddings=args.seq_len // args.factor)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join((stdlib / name).read_text() for name in ("typing.py", "argparse.py", "functools.py"))
+    (workdir / "data.txt").write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--factor", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--global-batch", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of each run")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_train.json"))
+    parser.add_argument("--child", choices=["recipe", "trainer"], help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    from tqdm.auto import tqdm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        prepare(args, workdir)
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_POSEXT_CACHE": str(workdir / "cache")}
+        passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                       if k not in ("child", "workdir", "out", "repeats")]
+        runs: dict[str, list[dict]] = {"recipe": [], "trainer": []}
+        order = ["recipe", "trainer"] * args.repeats
+        for name in tqdm(order, desc="runs"):
+            done = subprocess.run([sys.executable, __file__, f"--child={name}", f"--workdir={workdir}", *passthrough],
+                                  capture_output=True, text=True, env=env, cwd=ROOT)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} run failed:\n{done.stderr[-3000:]}")
+            line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+            runs[name].append(json.loads(line[len("RESULT "):]))
+
+    summary = {name: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                      "peak_mib": statistics.median(r["peak_mib"] for r in rs)} for name, rs in runs.items()}
+    report = {
+        "setup": {k: v for k, v in vars(args).items() if k not in ("child", "workdir", "out")},
+        "runs": runs,
+        "median": summary,
+        "throughput_ratio": summary["recipe"]["tokens_per_s"] / summary["trainer"]["tokens_per_s"],
+        "memory_ratio": summary["recipe"]["peak_mib"] / summary["trainer"]["peak_mib"],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'':10} {'tokens/s':>10} {'peak MiB':>10}")
+    for name, values in summary.items():
+        print(f"{name:10} {values['tokens_per_s']:10.0f} {values['peak_mib']:10.1f}")
+    print(f"throughput recipe/Trainer = {report['throughput_ratio']:.3f} (target >= 1)")
+    print(f"peak memory recipe/Trainer = {report['memory_ratio']:.3f} (target <= 1)")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
