@@ -124,13 +124,19 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
     config.validate_rope()
 
 
-def _swap_rotary_modules(model: nn.Module) -> None:
-    """Rebuild rotary modules from the (patched) config; keep the very first ones for unpatch."""
+def _swap_rotary_modules(model: nn.Module, keep_originals: bool) -> None:
+    """Rebuild rotary modules from the (patched) config.
+
+    Args:
+        keep_originals: the current modules are the checkpoint's own (the model was not patched
+            before), so keep them for :func:`unpatch_model` to put back bit for bit.
+    """
     originals = model.__dict__.setdefault(_ORIGINAL_MODULES, {})
     found = False
     for name, module in list(_compat.rotary_modules(model)):
         found = True
-        originals.setdefault(name, module)
+        if keep_originals:
+            originals.setdefault(name, module)
         _compat.replace_module(model, name, _compat.rebuild_rotary(module))
     if not found:
         raise ValueError(f"{type(model).__name__} has no rotary embedding module that hf-posext can patch")
@@ -184,7 +190,7 @@ def patch_model(
             previous.unpatch_modules(model)
     _patch_config(config, spec, override)
     if isinstance(model, nn.Module):
-        _swap_rotary_modules(model)
+        _swap_rotary_modules(model, keep_originals=previous_record is None)
         spec.patch_modules(model)
     return model
 
