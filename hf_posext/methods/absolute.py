@@ -114,6 +114,8 @@ def _add_positions(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tu
         kwargs = {**dict(zip(names, args)), **kwargs}
     embeds = kwargs.get("inputs_embeds")
     if embeds is None:
+        if kwargs.get("input_ids") is None:
+            return (), kwargs  # the model's own "specify input_ids or inputs_embeds" error follows
         embeds = module.embed_tokens(kwargs["input_ids"])
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0

@@ -1,0 +1,238 @@
+"""Time and peak memory of every ALiBi attention path against RoPE + SDPA on the same model.
+
+One forward (inference, batch 1) per path and length on a small Llama built from a config
+(no weights needed); every ratio is against the plain RoPE + SDPA model measured in the same run.
+The point to check: FlexAttention's memory grows about linearly with the length (the bias is a
+score modifier, never a tensor), while the SDPA path materialises a [batch, heads, L, L] bias and
+grows quadratically. The growth exponent between consecutive lengths is reported per path.
+
+Peak memory on CPU comes from the PyTorch profiler's allocator events (allocations minus frees,
+in time order, during one forward after a warm-up; compile-time memory is not counted). On CUDA
+it is ``torch.cuda.max_memory_allocated``. Quadratic paths stop at the first length whose
+projected peak (4x the previous one) exceeds ``--memory-budget-gib``.
+
+Run (CPU, about 10 minutes on 2 cores)::
+
+    .venv/bin/python benchmarks/bench_alibi.py
+    .venv/bin/python benchmarks/bench_alibi.py --lengths 256 512 --repeats 1   # a quick smoke run
+    .venv/bin/python benchmarks/bench_alibi.py --device cuda --dtype bfloat16 --lengths 4096 16384 65536
+
+It writes ``benchmarks/results/alibi.json`` and ``benchmarks/results/alibi.md`` (``--output`` to
+change the stem); ``--resume`` keeps the rows a previous run of the same settings wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_posext
+from hf_posext.attention import alibi as alibi_attention
+
+PATHS = ("rope_sdpa", "alibi_eager", "alibi_sdpa", "alibi_flex", "alibi_flash")
+QUADRATIC = {"alibi_eager", "alibi_sdpa"}
+RESULTS = Path(__file__).parent / "results"
+
+
+def build(path: str, args: argparse.Namespace) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=args.heads * args.head_dim,
+        intermediate_size=2 * args.heads * args.head_dim,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=max(args.lengths),
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval().to(device=args.device, dtype=getattr(torch, args.dtype))
+    if path != "rope_sdpa":
+        hf_posext.patch_model(model, "alibi", backend=path.removeprefix("alibi_"))
+    return model
+
+
+def available(path: str, args: argparse.Namespace) -> str | None:
+    """Why ``path`` cannot run here, or None."""
+    if path == "alibi_flash" and not (args.device == "cuda" and alibi_attention.flash_attn_available()):
+        return "needs flash_attn on CUDA"
+    if path == "alibi_flex" and not alibi_attention.flex_attention_available():
+        return "needs torch.nn.attention.flex_attention"
+    return None
+
+
+def peak_bytes(run, device: str) -> int:
+    """Peak bytes allocated above the starting point while ``run()`` executes."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    # Each op event carries the bytes it allocated (self), "[memory]" events carry the frees.
+    changes = sorted(
+        (event.time_range.start, event.self_cpu_memory_usage)
+        for event in prof.events()
+        if event.self_cpu_memory_usage
+    )
+    current = peak = 0
+    for _, change in changes:
+        current += change
+        peak = max(peak, current)
+    return peak
+
+
+def measure(model, length: int, args: argparse.Namespace) -> dict[str, float]:
+    ids = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)).to(args.device)
+
+    def run():
+        with torch.no_grad():
+            model(ids, use_cache=False, logits_to_keep=1)
+
+    def synced():
+        run()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    synced()  # warm-up: compiles the flex path for this shape
+    wall, cpu = [], []
+    for _ in range(args.repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        synced()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return {
+        "time_s": statistics.median(wall),
+        "cpu_s": statistics.median(cpu),
+        "peak_mib": peak_bytes(run, args.device) / 2**20,
+    }
+
+
+def growth(rows: list[dict], path: str) -> list[float]:
+    """log(peak2 / peak1) / log(L2 / L1) between consecutive lengths: ~1 linear, ~2 quadratic."""
+    points = sorted((r["length"], r["peak_mib"]) for r in rows if r["path"] == path and r.get("peak_mib"))
+    return [
+        round(math.log(m2 / m1) / math.log(l2 / l1), 2) for (l1, m1), (l2, m2) in zip(points, points[1:]) if m1 > 0
+    ]
+
+
+def markdown(result: dict) -> str:
+    settings = result["settings"]
+    lines = [
+        "# ALiBi attention paths vs RoPE + SDPA",
+        "",
+        f"Llama, {settings['layers']} layers, {settings['heads']} query / {settings['kv_heads']} kv heads of "
+        f"{settings['head_dim']}, batch 1, one forward without cache, {settings['dtype']} on {settings['device']} "
+        f"({result['machine']}); median of {settings['repeats']}. Ratios: path / RoPE+SDPA at the same length "
+        "(time ratio from CPU time on CPU, wall time on CUDA).",
+        "",
+        "| path | length | wall (s) | CPU (s) | peak (MiB) | time ratio | memory ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        if "skipped" in row:
+            lines.append(f"| {row['path']} | {row['length']} | - | - | - | - | {row['skipped']} |")
+            continue
+        lines.append(
+            f"| {row['path']} | {row['length']} | {row['time_s']:.3f} | {row['cpu_s']:.3f} | {row['peak_mib']:.1f} | "
+            f"{row.get('time_ratio', float('nan')):.2f} | {row.get('memory_ratio', float('nan')):.2f} |"
+        )
+    lines += ["", "Memory growth exponent between consecutive lengths (1 = linear, 2 = quadratic):", ""]
+    for path, exponents in result["memory_growth"].items():
+        lines.append(f"- {path}: {exponents}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--memory-budget-gib", type=float, default=6.0)
+    parser.add_argument("--output", default=str(RESULTS / "alibi"), help="path stem for .json and .md")
+    parser.add_argument("--resume", action="store_true", help="keep rows of a previous run with the same settings")
+    args = parser.parse_args(argv)
+    for length in args.lengths:
+        if length < 1:
+            parser.error(f"--lengths must be positive, got {length}")
+    if args.heads % args.kv_heads:
+        parser.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("output", "resume", "paths", "memory_budget_gib")}
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done: dict[tuple[str, int], dict] = {}
+    if args.resume and out.with_suffix(".json").is_file():
+        previous = json.loads(out.with_suffix(".json").read_text())
+        if previous.get("settings") == settings:
+            done = {(r["path"], r["length"]): r for r in previous["rows"]}
+
+    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    rows = []
+    jobs = [(p, n) for p in args.paths for n in sorted(args.lengths)]
+    over_budget: set[str] = set()
+    models: dict[str, LlamaForCausalLM] = {}
+    for path, length in tqdm(jobs, desc="bench_alibi"):
+        if (path, length) in done:
+            rows.append(done[(path, length)])
+            continue
+        reason = available(path, args)
+        if reason is None and path in over_budget:
+            reason = f"projected peak over {args.memory_budget_gib} GiB"
+        if reason is not None:
+            rows.append({"path": path, "length": length, "skipped": reason})
+            continue
+        if path not in models:
+            models = {path: build(path, args)}  # one model at a time
+        row = {"path": path, "length": length, **measure(models[path], length, args)}
+        rows.append(row)
+        if path in QUADRATIC and 4 * row["peak_mib"] > args.memory_budget_gib * 1024:
+            over_budget.add(path)
+        write(out, settings, machine, rows)
+    return write(out, settings, machine, rows)
+
+
+def write(out: Path, settings: dict, machine: str, rows: list[dict]) -> dict:
+    native = {r["length"]: r for r in rows if r["path"] == "rope_sdpa" and "time_s" in r}
+    for row in rows:
+        base = native.get(row["length"])
+        if base is not None and "time_s" in row:
+            # On a shared CPU the process's CPU time is steadier than wall time; ratios use it there.
+            key = "cpu_s" if settings["device"] == "cpu" else "time_s"
+            row["time_ratio"] = row[key] / base[key]
+            row["memory_ratio"] = row["peak_mib"] / base["peak_mib"] if base["peak_mib"] else float("nan")
+    paths = sorted({r["path"] for r in rows})
+    result = {
+        "settings": settings,
+        "machine": machine,
+        "torch": torch.__version__,
+        "rows": rows,
+        "memory_growth": {p: growth(rows, p) for p in paths},
+    }
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
