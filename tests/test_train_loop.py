@@ -230,3 +230,20 @@ def test_bad_input_fails_before_training(assets, tmp_path, monkeypatch, override
         train(config(assets, tmp_path, **overrides))
     assert not (tmp_path / "model").exists()
     assert not (tmp_path / "model-checkpoints").exists()
+
+
+def test_finetune_script_runs_from_flags(assets, tmp_path, capsys):
+    import runpy
+
+    script = runpy.run_path(str(ROOT / "scripts" / "finetune.py"))
+    code = script["main"]([
+        "--model", str(assets / "llama"), "--method", "linear", "--factor", "2", "--dataset", str(assets / "data.txt"),
+        "--output-dir", str(tmp_path / "out"), "--max-train-steps", "2", "--warmup-steps", "0",
+        "--global-batch-size", "2", "--micro-batch-size", "2", "--mixed-precision", "no",
+        "--cache-dir", str(assets / "cache"),
+    ])
+    assert code == 0
+    assert f"wrote {tmp_path / 'out'} (2 steps" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]["rope_type"] == "linear"
+    assert "| data | local files: data.txt |" in (tmp_path / "out" / "README.md").read_text()
+    assert script["main"](["--config", str(tmp_path / "missing.yaml")]) == 2

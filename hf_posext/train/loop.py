@@ -363,11 +363,20 @@ def save_final(
     return output_dir
 
 
+def _describe_data(config: TrainConfig) -> str:
+    if not is_local_dataset(config.dataset):
+        return f"{config.dataset[0]} ({config.dataset_split} split)"
+    if config.dataset == ["stdlib"]:
+        return f"Python standard library sources ({config.dataset_split} split)"
+    names = [Path(item).name for item in config.dataset]
+    return "local files: " + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: TrainProgress,
              eval_results: dict[str, float]):
     """The model card of a fine-tuned checkpoint: the patch plus data, steps, loss and eval."""
     extra: dict[str, Any] = {
-        "data": ", ".join(config.dataset) if not is_local_dataset(config.dataset) else "local files",
+        "data": _describe_data(config),
         "training sequence length": plan.seq_len,
         "steps": progress.step,
         "training tokens": progress.tokens,
