@@ -1,4 +1,19 @@
 """The YaRN-style fine-tune recipe: patch -> data -> train -> save, on one or many devices.
 
-Library code behind ``scripts/finetune.py``; see :func:`hf_posext.train.loop.train`.
+Library code behind ``scripts/finetune.py`` (a thin wrapper); nothing here runs on import.
+
+* :mod:`.config` - :class:`~.config.TrainConfig`, the settings (YaRN paper defaults), checked early;
+* :mod:`.cli` - the flags, generated from ``TrainConfig`` (a YAML file takes the same keys);
+* :mod:`.data` - documents -> BOS/EOS-separated, fixed-length, cached blocks; resumable order;
+* :mod:`.loop` - :func:`~.loop.train` through accelerate (CPU, one GPU, DDP, FSDP2, ZeRO-3, CP);
+* :mod:`.checkpointing` - atomic, resumable training states;
+* :mod:`.lora` - LongLoRA-style PEFT LoRA plus trainable embeddings and norms, merged on save;
+* :mod:`.pose` - PoSE skip-wise position ids (train a long context with short windows);
+* :mod:`.tokenizer`, :mod:`.tiny` - a byte-level tokenizer and tiny local checkpoints for
+  offline smoke runs and tests.
+
+Laptop run (about a minute on two CPU cores)::
+
+    python scripts/make_tiny_model.py out/tiny-llama --max-position-embeddings 64
+    python scripts/finetune.py --config examples/finetune_tiny.yaml
 """

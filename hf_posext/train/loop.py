@@ -472,6 +472,8 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
         ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.micro_batch_size
     # The scheduler is deliberately not prepared: accelerate would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)
+    # FSDP2 swaps parameters for sharded ones in prepare(): clip the ones that are trained now.
+    params = [p for p in model.parameters() if p.requires_grad]
     progress = TrainProgress()
     accelerator.register_for_checkpointing(scheduler, progress, _RunConfig(config))
 
