@@ -158,8 +158,13 @@ def stdlib_corpus(split: str = "train", max_bytes: int | None = None) -> torch.T
 
 
 def _passkey_sequence(rng: random.Random, seq_len: int, tokenizer: PreTrainedTokenizerFast, fillers: int) -> torch.Tensor:
+    """A passkey prompt without the task line (it alone is ~150 bytes) and its answer, PAD-filled.
+
+    The filler length and key depth are drawn at random, so the model practises retrieval at
+    every distance up to ``seq_len``; PAD positions are masked out of the loss.
+    """
     key = rng.randint(*KEY_RANGE)
-    text = build_prompt(key, fillers, rng.random()) + f" {key}."
+    text = build_prompt(key, rng.randint(0, fillers), rng.random(), task="") + f" {key}."
     ids = tokenizer.encode(text)[:seq_len]
     return torch.tensor(ids + [PAD_ID] * (seq_len - len(ids)), dtype=torch.long)
 
@@ -238,7 +243,7 @@ def pretrain(
     corpus = stdlib_corpus("train", config.max_train_bytes)
     if corpus.numel() <= config.seq_len:
         raise ValueError(f"the training corpus has {corpus.numel()} tokens, fewer than seq_len={config.seq_len}")
-    fillers = fit_filler(tokenizer, config.seq_len - 8) if config.passkey_fraction > 0 else 0
+    fillers = fit_filler(tokenizer, config.seq_len - 8, task="") if config.passkey_fraction > 0 else 0
     t0 = time.perf_counter()
     bar = tqdm(range(start, config.steps), desc=f"pretrain tiny {config.position} L={config.seq_len}", disable=not progress,
                initial=start, total=config.steps)

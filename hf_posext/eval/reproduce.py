@@ -1,0 +1,321 @@
+"""A laptop-sized reproduction of the ALiBi and YaRN papers' main comparisons, in shape.
+
+Three experiments on byte-level Llamas trained from scratch on the Python standard library
+(:mod:`hf_posext.eval.tinylm`), all at the same short training length L_train:
+
+1. **from scratch** (ALiBi paper, figure 1): RoPE, ALiBi, sinusoidal and learned absolute
+   positions, trained with identical settings, evaluated from 1x to 16x L_train;
+2. **extension** (YaRN paper, tables 1-2 and figure 2): the RoPE model extended by every method
+   without fine-tuning, then PI (linear), NTK and YaRN fine-tuned for the same number of steps
+   through the recipe's library code (:func:`hf_posext.train.loop.train`), a scaled-down YaRN
+   recipe: s = 8, fine-tuned on sequences of s/2 x L_train (YaRN's s = 32 model saw 64k of its
+   128k), then evaluated up to 2s x L_train;
+3. **passkey** (the seed note's claim): RoPE and ALiBi models trained at L_train with part of
+   every batch being passkey prompts, evaluated at longer lengths with RoPE + YaRN and with ALiBi.
+
+Every experiment's results are written to ``<out>/<experiment>.json`` as soon as they exist and
+reused by a rerun with the same settings, so an interrupted reproduction resumes; trained models
+are cached (``cache_dir``). :func:`write_report` turns the JSON files into ``README.md`` tables
+and PNG plots. ``scripts/reproduce.py`` is the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..methods import available_methods
+from ..patching import patch_model, unpatch_model
+from .data import stdlib_files
+from .passkey import passkey_accuracy
+from .perplexity import truncated_perplexity
+from .report import environment, markdown_table, plot_curves, plot_heatmaps, write_json
+from .tinylm import TinyLMConfig, pretrain
+
+EXPERIMENTS = ("scratch", "extension", "passkey")
+
+
+@dataclass(frozen=True)
+class ReproConfig:
+    """Sizes of the reproduction (see :data:`FULL` and :data:`QUICK`).
+
+    Args:
+        model: the pretraining run shared by every from-scratch model (only ``position`` varies).
+        positions: position encodings trained from scratch in experiment 1.
+        multiples: evaluation lengths as multiples of L_train.
+        documents: held-out stdlib files per evaluation.
+        factor: the extension factor s of experiment 2.
+        finetune_methods: methods fine-tuned in experiment 2 (equal steps each).
+        finetune_multiple: fine-tuning sequence length as a multiple of L_train.
+        finetune_steps, finetune_batch, finetune_lr, finetune_warmup: the scaled-down recipe.
+        finetune_bytes: bytes of stdlib training text given to the recipe.
+        passkey_model: the pretraining run of experiment 3 (its ``position`` varies).
+        passkey_multiples: passkey prompt lengths as multiples of its L_train.
+        passkey_depths, passkey_trials: the grid of experiment 3.
+    """
+
+    model: TinyLMConfig = TinyLMConfig()
+    positions: tuple[str, ...] = ("rope", "alibi", "sinusoidal", "learned")
+    multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
+    documents: int = 24
+    factor: float = 8.0
+    finetune_methods: tuple[str, ...] = ("linear", "ntk", "yarn")
+    finetune_multiple: int = 4
+    finetune_steps: int = 100
+    finetune_batch: int = 8
+    finetune_lr: float = 1e-3
+    finetune_warmup: int = 10
+    finetune_bytes: int = 4_000_000
+    passkey_model: TinyLMConfig = TinyLMConfig(seq_len=256, batch_size=16, steps=800, passkey_fraction=0.5)
+    passkey_multiples: tuple[int, ...] = (1, 2, 4, 8)
+    passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    passkey_trials: int = 4
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+FULL = ReproConfig()
+QUICK = ReproConfig(
+    model=TinyLMConfig(seq_len=32, steps=20, batch_size=8, hidden_size=32, num_layers=2, num_heads=2, warmup_steps=4,
+                       max_train_bytes=1_000_000),
+    documents=2,
+    multiples=(1, 2, 4),
+    factor=4.0,
+    finetune_multiple=2,
+    finetune_steps=3,
+    finetune_batch=2,
+    finetune_warmup=1,
+    finetune_bytes=200_000,
+    passkey_model=TinyLMConfig(seq_len=128, steps=10, batch_size=4, hidden_size=32, num_layers=2, num_heads=2,
+                               warmup_steps=2, max_train_bytes=1_000_000, passkey_fraction=0.5),
+    passkey_multiples=(1, 2),
+    passkey_depths=(0.0, 1.0),
+    passkey_trials=1,
+)
+
+
+def _documents(tokenizer: Any, min_tokens: int, count: int) -> list[torch.Tensor]:
+    from ..demo import held_out_documents
+
+    return held_out_documents(tokenizer, min_tokens, count)
+
+
+class _Stage:
+    """One experiment's JSON file: results saved as they come, reused when the settings match."""
+
+    def __init__(self, out: Path, name: str, settings: dict[str, Any]) -> None:
+        self.path, self.settings = out / f"{name}.json", json.loads(json.dumps(settings, default=str))
+        previous = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.results: dict[str, Any] = previous.get("results", {}) if previous.get("settings") == self.settings else {}
+        self.seconds = previous.get("seconds", 0.0) if self.results else 0.0
+        self.start = time.perf_counter()
+
+    def get(self, key: str, compute: Callable[[], Any]) -> Any:
+        if key not in self.results:
+            self.results[key] = compute()
+            self.save()
+        return self.results[key]
+
+    def save(self) -> None:
+        write_json(self.path, {"settings": self.settings, "results": self.results, "environment": environment(),
+                               "seconds": round(self.seconds + time.perf_counter() - self.start, 1)})
+
+
+def _ppl_rows(model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int) -> dict[str, list[dict[str, Any]]]:
+    """Both metrics: the last ``n_scored`` tokens of cuts ending together, and all tokens of the first L."""
+    last = truncated_perplexity(model, docs, lengths, score_last=n_scored, end_at=lengths[-1], progress=False)
+    whole = truncated_perplexity(model, docs, lengths, progress=False)
+    return {"last": [p.to_dict() for p in last], "all": [p.to_dict() for p in whole]}
+
+
+def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
+    """Experiment 1: every position encoding trained from scratch, evaluated up to max(multiples) x L_train."""
+    stage = _Stage(out, "scratch", {"config": dataclasses.asdict(config)})
+    lengths = [m * config.model.seq_len for m in config.multiples]
+    for position in config.positions:
+        if position != "rope" and position not in available_methods():
+            continue
+
+        def compute(position: str = position) -> dict[str, Any]:
+            model, tokenizer, info = pretrain(dataclasses.replace(config.model, position=position), cache_dir,
+                                              progress=progress)
+            docs = _documents(tokenizer, lengths[-1] + 1, config.documents)
+            return {"train": info, **_ppl_rows(model, docs, lengths, config.model.seq_len - 1)}
+
+        stage.get(position, compute)
+    return stage.results
+
+
+def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
+    """Experiment 2: the RoPE model extended to s x L_train by every method, then PI/NTK/YaRN fine-tuned."""
+    from ..train.config import TrainConfig
+    from ..train.loop import train
+    from .tinylm import DEFAULT_CACHE_DIR
+
+    stage = _Stage(out, "extension", {"config": dataclasses.asdict(config)})
+    train_len = config.model.seq_len
+    lengths = [m * train_len for m in config.multiples]
+    model, tokenizer, _ = pretrain(config.model, cache_dir, progress=progress)
+    docs = _documents(tokenizer, lengths[-1] + 1, config.documents)
+    rope_methods = [m for m in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn") if m in available_methods()]
+
+    def evaluate(method: str | None) -> dict[str, Any]:
+        if method is not None:
+            extra = {"exact_cache": False} if method.startswith("dynamic") else {}
+            patch_model(model, method, factor=config.factor, **extra)
+        try:
+            return _ppl_rows(model, docs, lengths, train_len - 1)
+        finally:
+            if method is not None:
+                unpatch_model(model)
+
+    stage.get("none", lambda: evaluate(None))
+    for method in rope_methods:
+        stage.get(f"{method}", lambda method=method: evaluate(method))
+
+    root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    base_dir = root / f"tinylm-{config.model.key()}"
+    data = out / "work" / "finetune_data.txt"
+    if not data.exists():
+        data.parent.mkdir(parents=True, exist_ok=True)
+        text, total = [], 0
+        for path in stdlib_files("train"):
+            chunk = path.read_bytes().decode("utf-8", errors="replace")
+            text.append(chunk)
+            total += len(chunk)
+            if total >= config.finetune_bytes:
+                break
+        data.write_text("\n".join(text))
+
+    def finetune(method: str) -> dict[str, Any]:
+        from transformers import AutoModelForCausalLM
+
+        output = out / "work" / f"finetuned-{method}"
+        start = time.perf_counter()
+        result = train(TrainConfig(
+            model=str(base_dir), method=method, factor=config.factor, output_dir=str(output), dataset=[str(data)],
+            seq_len=config.finetune_multiple * train_len, max_train_steps=config.finetune_steps,
+            learning_rate=config.finetune_lr, warmup_steps=config.finetune_warmup, weight_decay=0.0,
+            adam_beta1=0.9, adam_beta2=0.95, global_batch_size=config.finetune_batch,
+            micro_batch_size=config.finetune_batch, mixed_precision="no", activation_checkpointing=False,
+            attn_implementation="sdpa", cache_dir=str(out / "work" / "blocks"), seed=0,
+        ))
+        seconds = time.perf_counter() - start
+        tuned = AutoModelForCausalLM.from_pretrained(output, attn_implementation="sdpa").eval()
+        rows = _ppl_rows(tuned, docs, lengths, train_len - 1)
+        return {"train": {"steps": result.steps, "tokens": result.tokens, "final_loss": result.final_loss,
+                          "seconds": round(seconds, 1)}, **rows}
+
+    for method in config.finetune_methods:
+        if method in available_methods():
+            stage.get(f"{method} + fine-tune", lambda method=method: finetune(method))
+    return stage.results
+
+
+def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
+    """Experiment 3: retrieval-trained RoPE and ALiBi models, passkey accuracy beyond L_train."""
+    stage = _Stage(out, "passkey", {"config": dataclasses.asdict(config)})
+    base = config.passkey_model
+    lengths = [m * base.seq_len for m in config.passkey_multiples]
+    runs: list[tuple[str, str, str | None]] = [("rope", "rope (none)", None), ("rope", "rope + yarn", "yarn")]
+    if "alibi" in available_methods():
+        runs.append(("alibi", "alibi", None))
+    for position, name, method in runs:
+
+        def compute(position: str = position, method: str | None = method) -> dict[str, Any]:
+            model, tokenizer, info = pretrain(dataclasses.replace(base, position=position), cache_dir, progress=progress)
+            result = {"train": info, "results": []}
+            for length in lengths:
+                # Static YaRN is set to each prompt length (s = L / L_train), as a user would for that context.
+                factor = length / base.seq_len
+                if method is not None:
+                    patch_model(model, method, factor=factor)
+                try:
+                    cell = passkey_accuracy(model, tokenizer, [length], config.passkey_depths, config.passkey_trials,
+                                            task="", progress=progress)
+                finally:
+                    if method is not None:
+                        unpatch_model(model)
+                result["results"].append({"factor": factor, **cell.to_dict()})
+            return result
+
+        stage.get(name, compute)
+    return stage.results
+
+
+def _curve(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    return [r["length"] for r in rows], [r["perplexity"] for r in rows]
+
+
+def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: float) -> str:
+    """``README.md`` (tables, protocol, environment, the command) and the PNG plots from the JSON files."""
+    train_len = config.model.seq_len
+    lengths = [m * train_len for m in config.multiples]
+    header = ["model"] + [f"{n} ({m}x)" for n, m in zip(lengths, config.multiples)]
+    parts = [f"# Laptop-sized reproduction\n\nMade by `{command}` in {wall_seconds / 60:.1f} min of wall time.\n"]
+    env = environment()
+    parts.append(f"Hardware and versions: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads), "
+                 f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}.\n")
+    parts.append(
+        f"Models: byte-level Llama, {config.model.hidden_size} wide, {config.model.num_layers} layers, "
+        f"{config.model.num_heads} heads, trained for {config.model.steps} steps of {config.model.batch_size} x "
+        f"{train_len} bytes of the Python standard library (seed {config.model.seed}). Metric: perplexity per byte on "
+        f"{config.documents} held-out stdlib files; **last** = the same last {train_len - 1} bytes of each file's first "
+        f"{lengths[-1]} bytes, read with L bytes of context; **all** = every byte of the first L bytes (the YaRN "
+        "repo's truncated protocol).\n"
+    )
+    scratch_path, ext_path, pk_path = (out / f"{n}.json" for n in EXPERIMENTS)
+    if scratch_path.exists():
+        scratch = json.loads(scratch_path.read_text())["results"]
+        for metric in ("last", "all"):
+            parts.append(f"## 1. Trained from scratch at {train_len} bytes ({metric})\n")
+            parts.append(markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in scratch.items()]) + "\n")
+        plot_curves(out / "scratch.png", {k: _curve(v["last"]) for k, v in scratch.items()},
+                    title=f"trained from scratch at {train_len} bytes (last {train_len - 1} bytes)", vline=train_len)
+        parts.append("![from scratch](scratch.png)\n")
+    if ext_path.exists():
+        ext = json.loads(ext_path.read_text())["results"]
+        for metric in ("last", "all"):
+            parts.append(f"## 2. RoPE model extended to s = {config.factor:g} ({metric})\n")
+            parts.append(markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in ext.items()]) + "\n")
+        tuned = {k: v["train"] for k, v in ext.items() if "train" in v}
+        if tuned:
+            parts.append(
+                f"Fine-tuned: {config.finetune_steps} steps of {config.finetune_batch} x "
+                f"{config.finetune_multiple * train_len} bytes, lr {config.finetune_lr:g}, warm-up {config.finetune_warmup}, "
+                "AdamW (0.9, 0.95), no weight decay, via `hf_posext.train.loop.train`; "
+                + "; ".join(f"{k}: final loss {v['final_loss']:.3f} in {v['seconds']} s" for k, v in tuned.items()) + ".\n"
+            )
+        plot_curves(out / "extension.png", {k: _curve(v["last"]) for k, v in ext.items()},
+                    title=f"RoPE model extended to s = {config.factor:g}", vline=train_len)
+        parts.append("![extension](extension.png)\n")
+    if pk_path.exists():
+        pk = json.loads(pk_path.read_text())["results"]
+        base = config.passkey_model
+        pk_lengths = [m * base.seq_len for m in config.passkey_multiples]
+        parts.append(f"## 3. Passkey retrieval, trained at {base.seq_len} bytes\n")
+        parts.append(
+            f"Models trained {base.steps} steps of {base.batch_size} x {base.seq_len} bytes, "
+            f"{base.passkey_fraction:.0%} of sequences being passkey prompts (no task line) ending with the answer. "
+            f"Accuracy over depths {list(config.passkey_depths)}, {config.passkey_trials} keys each; "
+            "RoPE + YaRN uses s = L / L_train.\n"
+        )
+        rows = [[name, *[r["accuracy_by_length"][0] for r in v["results"]]] for name, v in pk.items()]
+        parts.append(markdown_table(["model", *[f"{n} ({m}x)" for n, m in zip(pk_lengths, config.passkey_multiples)]], rows) + "\n")
+        plot_heatmaps(
+            out / "passkey.png",
+            {name: (pk_lengths, v["results"][0]["depths"],
+                    [[r["accuracy"][d][0] for r in v["results"]] for d in range(len(v["results"][0]["depths"]))])
+             for name, v in pk.items()},
+            title=f"passkey retrieval (trained at {base.seq_len} bytes)",
+        )
+        parts.append("![passkey](passkey.png)\n")
+    text = "\n".join(parts)
+    (out / "README.md").write_text(text)
+    return text
