@@ -93,36 +93,41 @@ ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 _STATE = "_hf_posext_exact_dynamic"
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` the way Llama, Mistral and Qwen do (``rotate_half`` pairs i and i + d/2).
+    """Rotate ``x`` the way Llama, Mistral and Qwen do: channel i pairs with i + rotary_dim / 2.
+
+    Bit for bit transformers' ``x * cos + rotate_half(x) * sin``, written on the half tables so
+    that a decoding step, which re-rotates the whole key cache, makes fewer passes over it.
 
     Args:
         x: ``[batch, heads, seq, head_dim]``.
-        cos, sin: ``[batch or 1, seq, rotary_dim]``; channels past ``rotary_dim`` are left as they are.
+        cos, sin: half tables ``[batch or 1, seq, rotary_dim // 2]``; channels past ``rotary_dim``
+            are left as they are.
 
     Returns:
         ``[batch, heads, seq, head_dim]``, same dtype as ``x``.
     """
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rotary_dim = cos.shape[-1]
-    if rotary_dim == x.shape[-1]:
-        return (x * cos) + (_rotate_half(x) * sin)
-    rotated, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    return torch.cat(((rotated * cos) + (_rotate_half(rotated) * sin), rest), dim=-1)
+    return _rotate(x, cos.unsqueeze(1), sin.unsqueeze(1))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rotary` with tables that already broadcast against ``x`` (last dim rotary_dim // 2)."""
+    half = cos.shape[-1]
+    first, second = x[..., :half], x[..., half : 2 * half]
+    parts = [first * cos - second * sin, second * cos + first * sin]
+    if 2 * half < x.shape[-1]:
+        parts.append(x[..., 2 * half :])
+    return torch.cat(parts, dim=-1)
 
 
 def cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, scaling: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables as transformers' rotary modules build them, one frequency set per batch row.
+    """Half cos/sin tables as transformers' rotary modules build them, one frequency set per batch row.
 
     The angles and the cos/sin are computed in fp32 whatever ``dtype`` (positions beyond 256 are
-    not integers in bf16), in the same order of operations as transformers, then cast.
+    not integers in bf16), with the same operations as transformers, then cast. transformers
+    duplicates the angles before the cos; the halves hold the same values at half the cost.
 
     Args:
         positions: ``[batch, seq]`` integer positions.
@@ -131,23 +136,43 @@ def cos_sin(
         dtype: the dtype of the queries and keys.
 
     Returns:
-        ``(cos, sin)``, each ``[batch, seq, rotary_dim]`` in ``dtype``.
+        ``(cos, sin)``, each ``[batch, seq, rotary_dim // 2]`` in ``dtype``.
     """
     freqs = positions[..., None].float() * inv_freq[:, None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
     scale = scaling[:, None, None]
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    return (freqs.cos() * scale).to(dtype), (freqs.sin() * scale).to(dtype)
+
+
+#: Elements of rotated-key copies the row-wise path may build at once, and of cos/sin tables a
+#: forward may keep for its layers (beyond that they are recomputed per layer).
+_ROWWISE_BUDGET = 1 << 24
+_TABLE_BUDGET = 1 << 25
 
 
 @dataclass
 class _Call:
-    """One kernel call of a forward: query rows ``[start, stop)`` rotated with one frequency set per batch row."""
+    """One kernel call: query rows ``[start, stop)`` rotated with one frequency set per batch row."""
 
     start: int
     stop: int
     inv_freq: torch.Tensor  # [batch or 1, rotary_dim // 2], fp32
     scaling: torch.Tensor  # [batch or 1], fp32
     rows: torch.Tensor | None  # [batch, stop - start] bool: the rows this call answers for; None = all
+
+
+@dataclass
+class _RowWise:
+    """Query rows that each need their own frequencies (lengths between L_orig and saturation).
+
+    They are attended in chunks, every (batch, row) as its own single-query problem, so that a
+    prompt past L_orig costs a few kernel calls rather than one per row.
+    """
+
+    start: int
+    stop: int
+    inv_freq: torch.Tensor  # [batch, seq, rotary_dim // 2], fp32: each row's own frequencies
+    scaling: torch.Tensor  # [batch, seq], fp32
+    rows: torch.Tensor  # [batch, seq] bool: the rows this path answers for
 
 
 class ExactDynamicRope:
@@ -177,63 +202,85 @@ class ExactDynamicRope:
             self.original = int(params["original_max_position_embeddings"])
             # s(L) = min(factor, L / L_orig) stops changing at the first L with L / L_orig >= factor
             self.saturation = math.ceil(float(params["factor"]) * self.original)
-        self._calls: list[_Call] | None = None
+        self._frequencies: dict[tuple[int, str], tuple[torch.Tensor, float]] = {}
         self._positions: torch.Tensor | None = None
+        self._calls: list[_Call] = []
+        self._rowwise: _RowWise | None = None
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._table_elements = 0
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
         """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""
         return lengths.clamp(min=self.original, max=self.saturation)
 
-    def frequencies(self, length: int, device: torch.device) -> tuple[torch.Tensor, float]:
+    def frequencies(self, length: int, device: torch.device | str) -> tuple[torch.Tensor, float]:
         """``(inv_freq [rotary_dim // 2] fp32, cos/sin multiplier)`` for a sequence of ``length`` tokens."""
-        inv_freq, scaling = self._init_fn(self.config, device, seq_len=int(length))
-        return inv_freq.to(device=device, dtype=torch.float32), float(scaling)
+        key = (int(length), str(device))
+        if key not in self._frequencies:
+            if len(self._frequencies) >= 64:  # decoding asks for a new length per step: keep the recent ones
+                self._frequencies.pop(next(iter(self._frequencies)))
+            inv_freq, scaling = self._init_fn(self.config, device, seq_len=int(length))
+            self._frequencies[key] = (inv_freq.to(device=device, dtype=torch.float32), float(scaling))
+        return self._frequencies[key]
 
     def begin_forward(self, position_ids: torch.Tensor, batch: int) -> None:
         """Plan the kernel calls of a forward from its ``position_ids`` ``[batch or 1, seq]``."""
         positions = position_ids.expand(batch, -1)
         device = positions.device
         lengths = self.frequency_length(positions + 1)
-        distinct = torch.unique(lengths).tolist()
         seq = positions.shape[1]
-        if len(distinct) == 1 or bool((lengths == lengths[:, :1]).all()):
+        self._positions, self._calls, self._rowwise = positions, [], None
+        self._tables, self._table_elements = {}, 0
+        if seq == 1 or bool((lengths == lengths[:, :1]).all()):
             # One frequency set per row (decoding, or a prompt within one regime): one kernel call.
-            by_length = {length: self.frequencies(length, device) for length in distinct}
-            per_row = [by_length[length] for length in lengths[:, 0].tolist()]
+            per_row = [self.frequencies(length, device) for length in lengths[:, 0].tolist()]
             inv_freq = torch.stack([f for f, _ in per_row])
             scaling = torch.tensor([s for _, s in per_row], dtype=torch.float32, device=device)
-            calls = [_Call(0, seq, inv_freq, scaling, None)]
-        else:
-            calls = []
-            for length in distinct:
-                rows = lengths == length
-                touched = rows.any(dim=0).nonzero().flatten().tolist()
-                start, stop = touched[0], touched[-1] + 1
-                inv_freq, scaling = self.frequencies(length, device)
-                scale = torch.tensor([scaling], dtype=torch.float32, device=device)
-                calls.append(_Call(start, stop, inv_freq[None], scale, rows[:, start:stop]))
-        self._positions = positions
-        self._calls = calls
-        self._tables = {}
+            self._calls = [_Call(0, seq, inv_freq, scaling, None)]
+            return
+        # Lengths up to L_orig (and, for YaRN, from saturation on) share one frequency set: one
+        # multi-row kernel call each. Every length in between belongs to a single position.
+        shared = torch.zeros_like(lengths, dtype=torch.bool)
+        for length in (self.original, self.saturation):
+            rows = lengths == length
+            touched = rows.any(dim=0).nonzero().flatten().tolist() if length is not None else []
+            if not touched:
+                continue
+            start, stop = touched[0], touched[-1] + 1
+            inv_freq, scaling = self.frequencies(length, device)
+            scale = torch.tensor([scaling], dtype=torch.float32, device=device)
+            self._calls.append(_Call(start, stop, inv_freq[None], scale, rows[:, start:stop]))
+            shared |= rows
+        own = ~shared
+        touched = own.any(dim=0).nonzero().flatten().tolist()
+        if touched:
+            distinct, index = torch.unique(lengths, return_inverse=True)
+            table = [self.frequencies(length, device) for length in distinct.tolist()]
+            inv_freq = torch.stack([f for f, _ in table])[index]
+            scaling = torch.tensor([s for _, s in table], dtype=torch.float32, device=device)[index]
+            self._rowwise = _RowWise(touched[0], touched[-1] + 1, inv_freq, scaling, own)
 
-    def plan(self) -> tuple[torch.Tensor, list[_Call]]:
-        """``(query positions [batch, seq], calls)`` of the current forward."""
-        if self._calls is None or self._positions is None:
+    def plan(self) -> tuple[torch.Tensor, list[_Call], _RowWise | None]:
+        """``(query positions [batch, seq], multi-row calls, row-wise rows)`` of the current forward."""
+        if self._positions is None:
             raise RuntimeError(
                 "exact dynamic attention ran before the model's rotary embedding: call the model, not a bare layer"
             )
-        return self._positions, self._calls
+        return self._positions, self._calls, self._rowwise
 
-    def tables(
-        self, index: int, kind: str, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of call ``index`` for ``positions``, computed once per forward and shared by the layers."""
-        key = (index, kind, positions.shape[-1], dtype)
-        if key not in self._tables:
-            call = self._calls[index]
-            self._tables[key] = cos_sin(positions, call.inv_freq, call.scaling, dtype)
-        return self._tables[key]
+    def tables(self, key: tuple, build: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin tables under ``key``, built by ``build()`` once per forward and shared by the layers.
+
+        Past ``_TABLE_BUDGET`` elements a forward stops keeping them (a long prompt's row-wise
+        tables would not fit) and they are rebuilt per layer.
+        """
+        if key in self._tables:
+            return self._tables[key]
+        cos, sin = build()
+        if self._table_elements + 2 * cos.numel() <= _TABLE_BUDGET:
+            self._tables[key] = (cos, sin)
+            self._table_elements += 2 * cos.numel()
+        return cos, sin
 
 
 class ExactDynamicRotaryEmbedding(nn.Module):
@@ -333,26 +380,38 @@ def exact_dynamic_attention(
             f"rather than setting attn_implementation={ATTENTION_PREFIX}... by hand"
         )
     kernel = _compat.attention_function(rope.kernel, module)
-    positions, calls = rope.plan()
+    positions, calls, rowwise = rope.plan()
     batch, _, seq, _ = query.shape
     kv_len = key.shape[2]
     if positions.shape != (batch, seq):
         raise ValueError(f"the forward was planned for positions {tuple(positions.shape)}, the layer got {seq} rows")
     key_positions = _key_positions(positions, kv_len)
     dtype = query.dtype
-    if len(calls) == 1:
-        q_cos, q_sin = rope.tables(0, "q", positions, dtype)
-        k_cos, k_sin = rope.tables(0, "k", key_positions, dtype)
+    if rowwise is None and len(calls) == 1 and calls[0].rows is None:
+        call = calls[0]
+        q_cos, q_sin = rope.tables(("q", 0), lambda: cos_sin(positions, call.inv_freq, call.scaling, dtype))
+        k_cos, k_sin = rope.tables(("k", 0, kv_len), lambda: cos_sin(key_positions, call.inv_freq, call.scaling, dtype))
         return kernel(
             module, apply_rotary(query, q_cos, q_sin), apply_rotary(key, k_cos, k_sin), value, attention_mask, **kwargs
         )
     past = kv_len - seq
     output = query.new_zeros(batch, seq, query.shape[1], value.shape[-1])
-    weights = None
+    weights: list[torch.Tensor | None] = [None]
+
+    def merge(start: int, stop: int, rows: torch.Tensor, out: torch.Tensor, part: torch.Tensor | None) -> None:
+        """Keep ``out`` (``[batch, stop - start, heads, head_dim]``) for the ``rows`` this call answers for."""
+        output[:, start:stop] = torch.where(rows[:, :, None, None], out, output[:, start:stop])
+        if part is not None:  # eager's attention weights, [batch, heads, stop - start, keys]
+            if weights[0] is None:
+                weights[0] = part.new_zeros(batch, part.shape[1], seq, kv_len)
+            target = weights[0][:, :, start:stop, : part.shape[-1]]
+            target.copy_(torch.where(rows[:, None, :, None], part, target))
+
     for index, call in enumerate(calls):
         keys = past + call.stop
-        q_cos, q_sin = rope.tables(index, "q", positions[:, call.start : call.stop], dtype)
-        k_cos, k_sin = rope.tables(index, "k", key_positions[:, :keys], dtype)
+        q_pos, k_pos = positions[:, call.start : call.stop], key_positions[:, :keys]
+        q_cos, q_sin = rope.tables(("q", index), lambda: cos_sin(q_pos, call.inv_freq, call.scaling, dtype))
+        k_cos, k_sin = rope.tables(("k", index, kv_len), lambda: cos_sin(k_pos, call.inv_freq, call.scaling, dtype))
         out, part = kernel(
             module,
             apply_rotary(query[:, :, call.start : call.stop], q_cos, q_sin),
@@ -361,14 +420,66 @@ def exact_dynamic_attention(
             _rows_mask(attention_mask, call.start, call.stop, keys, past, dtype, query.device),
             **kwargs,
         )
-        rows = call.rows[:, :, None, None]
-        output[:, call.start : call.stop] = torch.where(rows, out, output[:, call.start : call.stop])
+        merge(call.start, call.stop, call.rows, out, part)
+    if rowwise is not None:
+        _attend_rowwise(rope, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise,
+                        merge, kwargs)
+    return output, weights[0]
+
+
+def _attend_rowwise(
+    rope: ExactDynamicRope,
+    kernel: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    rowwise: _RowWise,
+    merge: Any,
+    kwargs: dict[str, Any],
+) -> None:
+    """Attend rows that each need their own frequencies, a chunk of rows per kernel call.
+
+    Each (batch, row) of a chunk becomes one single-query item of a ``batch * chunk`` kernel
+    call, with its own copy of the keys rotated by its frequencies.
+    """
+    batch, heads, seq, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    past = kv_len - seq
+    chunk = max(1, _ROWWISE_BUDGET // max(1, batch * kv_heads * kv_len * dim))
+    for start in range(rowwise.start, rowwise.stop, chunk):
+        stop = min(start + chunk, rowwise.stop)
+        rows, keys = stop - start, past + stop
+        inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
+
+        def build_q(inv_freq=inv_freq, scaling=scaling, start=start, stop=stop):
+            freqs = positions[:, start:stop, None].float() * inv_freq  # [batch, rows, rotary_dim // 2]
+            scale = scaling[..., None]
+            return (freqs.cos() * scale).to(query.dtype), (freqs.sin() * scale).to(query.dtype)
+
+        def build_k(inv_freq=inv_freq, scaling=scaling, keys=keys):
+            freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
+            scale = scaling[..., None, None]
+            return (freqs.cos() * scale).to(key.dtype), (freqs.sin() * scale).to(key.dtype)
+
+        q_cos, q_sin = rope.tables(("q-row", start), build_q)
+        k_cos, k_sin = rope.tables(("k-row", start, kv_len), build_k)
+        q = apply_rotary(query[:, :, start:stop], q_cos, q_sin)  # [batch, heads, rows, dim]
+        q = q.transpose(1, 2).reshape(batch * rows, heads, 1, dim)
+        # every row's own rotation of the keys: [batch, rows, kv_heads, keys, dim]
+        k = _rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None]).reshape(batch * rows, kv_heads, keys, dim)
+        v = value[:, None, :, :keys].expand(batch, rows, kv_heads, keys, value.shape[-1])
+        v = v.reshape(batch * rows, kv_heads, keys, value.shape[-1])
+        mask = _rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)
+        mask = mask.expand(batch, -1, -1, -1).transpose(1, 2).reshape(batch * rows, mask.shape[1], 1, keys)
+        out, part = kernel(module, q, k, v, mask, **kwargs)
+        out = out.reshape(batch, rows, heads, out.shape[-1])
         if part is not None:
-            if weights is None:
-                weights = part.new_zeros(batch, part.shape[1], seq, kv_len)
-            target = weights[:, :, call.start : call.stop, :keys]
-            weights[:, :, call.start : call.stop, :keys] = torch.where(rows.transpose(1, 2), part, target)
-    return output, weights
+            part = part.reshape(batch, rows, part.shape[1], keys).transpose(1, 2)
+        merge(start, stop, rowwise.rows[:, start:stop], out, part)
 
 
 def _attention_modules(model: nn.Module) -> list[nn.Module]:

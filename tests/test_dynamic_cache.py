@@ -141,10 +141,14 @@ def test_multi_row_attention_matches_slow_reference(method, kernel):
     allowed = causal[None] & padding[:, None, :]
     mask = torch.zeros(2, 1, seq, seq).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
     rope.begin_forward(positions, batch=2)
-    assert len(rope.plan()[1]) > 1  # the multi-call path: the rows need many frequency sets
-    out, _ = dynamic_cache.exact_dynamic_attention(attention, query, key, value, mask, scaling=dim**-0.5)
+    _, shared_calls, rowwise = rope.plan()
+    assert shared_calls and rowwise is not None  # rows up to L_orig share a call, later ones go row-wise
+    out, weights = dynamic_cache.exact_dynamic_attention(attention, query, key, value, mask, scaling=dim**-0.5)
     expected = slow_attention(rope, query, key, value, positions, padding, dim**-0.5)
     torch.testing.assert_close(out[padding], expected[padding], rtol=0, atol=1e-5)
+    if kernel == "eager":  # the weights are reassembled from both paths: every real row sums to 1
+        sums = weights.sum(-1).transpose(1, 2)[padding]
+        torch.testing.assert_close(sums, torch.ones_like(sums))
     # sdpa's "plain causal" mask is None: the rows are sliced, so the wrapper must build it.
     if kernel == "sdpa":
         rope.begin_forward(positions[:1], batch=1)

@@ -1,0 +1,159 @@
+"""Decode speed of exact dynamic scaling (hf_posext.dynamic_cache) against the static method of the same factor.
+
+Every configuration decodes the last ``--new-tokens`` tokens up to ``factor * L_orig`` with a KV
+cache, on the same random-weight Llama, in one process; runs are interleaved (``--repeats``
+rounds) so that machine load hits all of them alike, and the best round of each is kept. The
+ratios are against the static method measured in the same run:
+
+* ``dynamic_ntk`` (exact) vs ``ntk`` (static NTK-aware at ``factor``);
+* ``dynamic_yarn`` (exact) vs ``yarn`` (static YaRN at ``factor``);
+* transformers' own dynamic path (``exact_cache=False``, stale cached keys) for reference.
+
+The prompt (``factor * L_orig - new_tokens`` tokens) is prefilled once per model and its
+time reported; every round decodes from that cache and crops it back.
+
+Prefill time is reported too: a prompt longer than ``L_orig`` costs the exact path one kernel
+call per distinct length (see the module docs).
+
+Run (CPU, about a minute on 2 cores)::
+
+    .venv/bin/python benchmarks/bench_dynamic_decode.py --out benchmarks/results/dynamic_decode.json
+
+Laptop-sized smoke run::
+
+    .venv/bin/python benchmarks/bench_dynamic_decode.py --hidden 128 --layers 2 --original-length 64 --new-tokens 16
+
+GPU (bf16)::
+
+    python benchmarks/bench_dynamic_decode.py --device cuda --dtype bfloat16 --hidden 4096 --heads 32 \\
+        --kv-heads 8 --layers 4 --original-length 4096 --new-tokens 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_posext
+
+#: (label, method, exact_cache or None for static methods, label of the static baseline)
+RUNS = (
+    ("ntk (static)", "ntk", None, None),
+    ("dynamic_ntk exact", "dynamic_ntk", True, "ntk (static)"),
+    ("dynamic_ntk transformers", "dynamic_ntk", False, "ntk (static)"),
+    ("yarn (static)", "yarn", None, None),
+    ("dynamic_yarn exact", "dynamic_yarn", True, "yarn (static)"),
+    ("dynamic_yarn transformers", "dynamic_yarn", False, "yarn (static)"),
+)
+
+
+def build(args: argparse.Namespace, method: str, exact_cache: bool | None) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=3 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.original_length,
+        attn_implementation=args.attention,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval().to(device=args.device, dtype=getattr(torch, args.dtype))
+    kwargs = {} if exact_cache is None else {"exact_cache": exact_cache}
+    return hf_posext.patch_model(model, method, factor=args.factor, **kwargs)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def prefill(model: LlamaForCausalLM, prompt: torch.Tensor, device: str) -> tuple[float, Any, torch.Tensor]:
+    """``(seconds, cache, next token [batch, 1])`` of the forward over ``prompt`` ``[batch, seq]``."""
+    sync(device)
+    start = time.perf_counter()
+    out = model(prompt, use_cache=True)
+    sync(device)
+    return time.perf_counter() - start, out.cache, out.logits[:, -1:].argmax(-1)
+
+
+@torch.inference_mode()
+def decode(model: LlamaForCausalLM, cache: Any, token: torch.Tensor, new_tokens: int, device: str) -> float:
+    """Seconds to decode ``new_tokens`` greedily after the prefilled ``cache``, which is cropped back after."""
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        out = model(token, cache=cache, use_cache=True)
+        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+    sync(device)
+    seconds = time.perf_counter() - start
+    cache.crop(-new_tokens)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--original-length", type=int, default=256, help="L_orig")
+    parser.add_argument("--factor", type=float, default=4.0)
+    parser.add_argument("--new-tokens", type=int, default=64, help="decoded tokens, ending at factor * L_orig")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--attention", default="sdpa", choices=("sdpa", "eager"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+
+    total = int(args.factor * args.original_length)
+    if args.new_tokens >= total:
+        raise ValueError(f"--new-tokens must be below factor * L_orig = {total}, got {args.new_tokens}")
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, args.vocab, (args.batch, total - args.new_tokens), generator=generator)
+    prompt = prompt.to(args.device)
+    models = {label: build(args, method, exact) for label, method, exact, _ in RUNS}
+    # The prompt is prefilled once per model (a prompt past L_orig is the exact path's slow part);
+    # each round then decodes from a copy of that state (the cache is cropped back after a round).
+    prefilled = {label: prefill(model, prompt, args.device) for label, model in models.items()}
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(args.repeats):
+        for label, model in models.items():
+            seconds_prefill, cache, token = prefilled[label]
+            seconds = decode(model, cache, token, args.new_tokens, args.device)
+            best[label] = (seconds_prefill, min(seconds, best.get(label, (0, seconds))[1]))
+
+    results = []
+    for label, method, exact, baseline in RUNS:
+        prefill_s, seconds = best[label]
+        row = {
+            "label": label,
+            "method": method,
+            "exact_cache": exact,
+            "decode_tokens_per_s": args.batch * args.new_tokens / seconds,
+            "prefill_s": prefill_s,
+        }
+        if baseline is not None:
+            row["decode_ratio_vs_static"] = best[baseline][1] / seconds
+            row["prefill_ratio_vs_static"] = best[baseline][0] / prefill_s
+        results.append(row)
+        ratio = f"  {row['decode_ratio_vs_static']:.3f}x static" if baseline else ""
+        print(f"{label:28s} {row['decode_tokens_per_s']:9.1f} tok/s  prefill {prefill_s:7.3f} s{ratio}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
