@@ -210,6 +210,7 @@ def pretrain(
     *,
     progress: bool = True,
     retrain: bool = False,
+    checkpoint_every: int = 100,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
     """Train (or load from the cache) a tiny byte-level model on the stdlib's training files.
 
@@ -219,6 +220,7 @@ def pretrain(
             ``cache_dir/tinylm-<config.key()>/``.
         progress: show a tqdm bar with the loss.
         retrain: ignore a cached model and train again.
+        checkpoint_every: save a resumable training state every this many steps.
 
     Returns:
         ``(model in eval mode, byte tokenizer, info)`` where info holds the config, the final
@@ -266,7 +268,7 @@ def pretrain(
         optimizer.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        if (step + 1) % 100 == 0 and step + 1 < config.steps:
+        if (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
             root.mkdir(parents=True, exist_ok=True)
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1,
                         "elapsed": elapsed + time.perf_counter() - t0, "losses": losses}, resume)
