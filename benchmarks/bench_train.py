@@ -103,6 +103,13 @@ def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
 def child(args: argparse.Namespace) -> None:
     import torch
 
+    # Both kinds of run import everything either uses before their starting point is taken, so
+    # that module memory (Trainer's imports are large) counts in neither peak.
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    from transformers import Trainer, TrainingArguments  # noqa: F401
+
+    import hf_posext.train.loop  # noqa: F401
+
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir)
     result = (run_recipe if args.child == "recipe" else run_trainer)(args, workdir)
