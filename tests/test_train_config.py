@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from hf_posext import available_methods
+from hf_posext.methods import method_class
 from hf_posext.train.cli import build_parser, config_from_args
 from hf_posext.train.config import TrainConfig
 
@@ -39,12 +40,12 @@ def test_every_setting_is_a_flag():
 
 def test_flags_win_over_yaml(tmp_path):
     (tmp_path / "run.yaml").write_text(
-        "model: tiny\nmethod: ntk\nfactor: 8\ndataset: a.txt\noutput-dir: out\nmax_train_steps: 7\nwarmup-steps: 2\n"
+        "model: tiny\nmethod: yarn\nfactor: 8\ndataset: a.txt\noutput-dir: out\nmax_train_steps: 7\nwarmup-steps: 2\n"
         "lora: true\nmethod_kwargs: {}\n"
     )
     config = config_from_args(["--config", str(tmp_path / "run.yaml"), "--factor", "4", "--no-lora",
                                "--dataset", "b.txt", "c.jsonl", "--resume", "--method-arg", "beta_fast=64"])
-    assert (config.model, config.method, config.factor, config.max_train_steps) == ("tiny", "ntk", 4.0, 7)
+    assert (config.model, config.method, config.factor, config.max_train_steps) == ("tiny", "yarn", 4.0, 7)
     assert config.dataset == ["b.txt", "c.jsonl"] and config.lora is False
     assert config.resume == "latest" and config.method_kwargs == {"beta_fast": 64}
     assert config_from_args(["--config", str(tmp_path / "run.yaml"), "--resume", "ck/step_00000002"]).resume == (
@@ -53,7 +54,8 @@ def test_flags_win_over_yaml(tmp_path):
 
 @pytest.mark.parametrize("method", available_methods())
 def test_every_registered_method_is_accepted(method):
-    assert TrainConfig(method=method, **REQUIRED).method == method
+    factor = 16 if method_class(method).scales_rope else 1  # methods that replace RoPE take factor 1
+    assert TrainConfig(method=method, factor=factor, **REQUIRED).method == method
 
 
 @pytest.mark.parametrize(
@@ -87,3 +89,11 @@ def test_unknown_yaml_key_is_named(tmp_path):
 def test_missing_yaml_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         config_from_args(["--config", str(tmp_path / "nope.yaml")])
+
+
+def test_method_arguments_are_checked_by_the_method():
+    with pytest.raises(ValueError, match=r"method 'yarn' does not take \['beta_fastest'\]"):
+        TrainConfig(method="yarn", method_kwargs={"beta_fastest": 3}, **REQUIRED)
+    if "alibi" in available_methods():
+        with pytest.raises(ValueError, match="alibi: factor must be 1"):
+            TrainConfig(method="alibi", factor=4, **REQUIRED)

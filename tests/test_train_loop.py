@@ -247,3 +247,11 @@ def test_finetune_script_runs_from_flags(assets, tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]["rope_type"] == "linear"
     assert "| data | local files: data.txt |" in (tmp_path / "out" / "README.md").read_text()
     assert script["main"](["--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+@pytest.mark.skipif("alibi" not in __import__("hf_posext").available_methods(), reason="ALiBi not registered")
+def test_alibi_fine_tunes_beyond_the_original_context(assets, tmp_path):
+    result = train(config(assets, tmp_path, method="alibi", factor=1, seq_len=2 * ORIGINAL_CONTEXT, max_train_steps=3))
+    saved = json.loads((Path(result.output_dir) / "config.json").read_text())
+    assert saved["hf_posext"]["method"] == "alibi"
+    assert result.tokens == 3 * 4 * 2 * ORIGINAL_CONTEXT and result.losses[-1] < result.losses[0]

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..methods import method_class
+from ..methods import make_method, method_class
 
 Scheduler = Literal["linear", "constant"]
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
@@ -190,6 +190,8 @@ class TrainConfig:
             )
         if not isinstance(self.method_kwargs, dict):
             raise ValueError(f"method_kwargs must be a mapping of method arguments, got {self.method_kwargs!r}")
+        # The method's own checks (ALiBi takes factor 1 only, unknown arguments...), before any model loads.
+        make_method(self.method, factor=self.factor, **self.method_kwargs)
 
     @property
     def checkpoint_path(self) -> Path:

@@ -26,6 +26,7 @@ Library use (``scripts/finetune.py`` is a thin wrapper)::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +46,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.optimization import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from .. import io as posext_io
+from ..methods import method_class
 from ..patching import patch_info, patch_model
 from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig
@@ -160,7 +162,11 @@ def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank:
     original = int(info.get("original_max_position_embeddings") or model.config.max_position_embeddings)
     context = int(info.get("context_length") or model.config.max_position_embeddings)
     seq_len = config.seq_len or context
-    if seq_len > context:
+    spec = method_class(config.method)
+    # Methods that replace RoPE (ALiBi, sinusoidal) have no table to outgrow, so fine-tuning them
+    # beyond the original context is the point; a learned position table does have a length.
+    bounded = spec.scales_rope or "max_length" in {f.name for f in dataclasses.fields(spec)}
+    if bounded and seq_len > context:
         raise ValueError(
             f"seq_len={seq_len} exceeds the {context} tokens {config.model!r} takes with {config.method!r} "
             f"at factor {config.factor:g} (original context {original}); use seq_len <= {context} or a larger factor"
