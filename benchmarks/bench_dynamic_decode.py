@@ -2,7 +2,9 @@
 
 Every configuration decodes the last ``--new-tokens`` tokens up to ``factor * L_orig`` with a KV
 cache, on the same random-weight Llama, in one process; runs are interleaved (``--repeats``
-rounds) so that machine load hits all of them alike, and the best round of each is kept. The
+rounds) so that machine load hits all of them alike, and the best round of each is kept. On CPU
+the clock is the process's CPU time with one torch thread, so that other jobs on the machine do
+not decide the ratio; on a GPU it is wall time. The
 ratios are against the static method measured in the same run:
 
 * ``dynamic_ntk`` (exact) vs ``ntk`` (static NTK-aware at ``factor``);
@@ -75,26 +77,31 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def clock(device: str) -> float:
+    """CPU time of this process on CPU (robust to other jobs sharing the cores), wall time on a GPU."""
+    return time.process_time() if device == "cpu" else time.perf_counter()
+
+
 @torch.inference_mode()
 def prefill(model: LlamaForCausalLM, prompt: torch.Tensor, device: str) -> tuple[float, Any, torch.Tensor]:
     """``(seconds, cache, next token [batch, 1])`` of the forward over ``prompt`` ``[batch, seq]``."""
     sync(device)
-    start = time.perf_counter()
+    start = clock(device)
     out = model(prompt, use_cache=True)
     sync(device)
-    return time.perf_counter() - start, out.cache, out.logits[:, -1:].argmax(-1)
+    return clock(device) - start, out.cache, out.logits[:, -1:].argmax(-1)
 
 
 @torch.inference_mode()
 def decode(model: LlamaForCausalLM, cache: Any, token: torch.Tensor, new_tokens: int, device: str) -> float:
     """Seconds to decode ``new_tokens`` greedily after the prefilled ``cache``, which is cropped back after."""
     sync(device)
-    start = time.perf_counter()
+    start = clock(device)
     for _ in range(new_tokens):
         out = model(token, cache=cache, use_cache=True)
         cache, token = out.cache, out.logits[:, -1:].argmax(-1)
     sync(device)
-    seconds = time.perf_counter() - start
+    seconds = clock(device) - start
     cache.crop(-new_tokens)
     return seconds
 
@@ -114,8 +121,10 @@ def main() -> None:
     parser.add_argument("--attention", default="sdpa", choices=("sdpa", "eager"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable CPU-time numbers)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     total = int(args.factor * args.original_length)
     if args.new_tokens >= total:

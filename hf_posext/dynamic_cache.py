@@ -40,25 +40,30 @@ Design
   contiguous, most recent window), so their positions follow from the new tokens' ``position_ids``;
   left-padded batches work because each row keeps its own positions.
 * Decoding (one new token per row, or any forward in which each row needs one frequency set) is a
-  single kernel call. A forward in which rows need several frequency sets (a prompt longer than
-  ``L_orig`` without cache) calls the kernel once per distinct length, on the rows that need it,
-  with the mask sliced to those rows.
+  single kernel call. In a forward whose rows need many frequency sets (a prompt longer than
+  ``L_orig``), the rows up to ``L_orig`` (and, for YaRN, from ``factor * L_orig`` on) share one
+  call; every row in between is its own single-query problem, and chunks of such rows go to the
+  kernel as one batch, each with its own rotated copy of the keys.
 * Nothing is kept between forwards: frequencies follow from the positions of each call. A new,
   shorter sequence (a fresh cache) starts again from plain RoPE, and its logits equal those of a
-  freshly patched model whatever ran before. (transformers only resets below ``L_orig``: a 2x
-  sequence after a 3x one keeps the 3x frequencies.)
+  freshly patched model whatever ran before. (transformers only resets below ``L_orig``, and then
+  keeps YaRN's grown mscale: a 2x sequence after a 3x one keeps the 3x frequencies.)
 
 Trade-offs
 ----------
-* Decoding re-rotates the whole key cache at every step (one elementwise pass over the keys per
-  layer, with cos/sin tables built once per step and shared by the layers). That is the price of
-  exactness without drift: re-rotating the stored keys in place by ``p * (theta_new - theta_old)``
-  would accumulate one rounding per step (visible in bf16 after a few hundred steps); keeping
-  pre-RoPE keys does not. See ``benchmarks/bench_dynamic_decode.py`` for the cost.
-* A prompt longer than ``L_orig`` costs one kernel call per distinct length beyond ``L_orig`` in
-  its prefill (O(prompt - L_orig) calls per layer); below ``L_orig`` it is one call.
-* Supported kernels: ``eager`` and ``sdpa``. A cache must return its keys as a contiguous window
-  ending at the newest token (``DynamicCache``, sliding or not; not ``StaticCache``).
+* Decoding re-rotates the whole key cache at every step: about one extra read and write of the
+  keys per layer (cos/sin tables are built once per step and shared by the layers). That is the
+  price of exactness without drift: re-rotating the stored keys in place by
+  ``p * (theta_new - theta_old)`` would accumulate one rounding per step (visible in bf16 after a
+  few hundred steps); keeping pre-RoPE keys does not. The cost grows with the key cache relative to
+  the weights (long contexts, many KV heads); ``benchmarks/bench_dynamic_decode.py`` measures it.
+  A kernel that rotates keys as it reads them would remove it; none is used here.
+* Prefill past ``L_orig`` does O(prompt^2 * head_dim) elementwise work for the rows' own key
+  rotations (attention itself is O(prompt^2 * head_dim) too, but as a matmul), so long prompts
+  prefill several times slower than with transformers' rule.
+* Every forward reads its lengths back to the host (one sync), so it does not capture in CUDA
+  graphs. Supported kernels: ``eager`` and ``sdpa``. A cache must return its keys as a contiguous
+  window ending at the newest token (``DynamicCache``, sliding or not; not ``StaticCache``).
 * Loading a saved checkpoint with vanilla transformers gives transformers' behaviour (the config
   only carries the native rope type); call :func:`hf_posext.patch_model` again for the exact one.
 * ``exact_cache=False`` on :class:`~hf_posext.DynamicNTKConfig` / :class:`~hf_posext.DynamicYarnConfig`
@@ -121,7 +126,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: torch.Tensor | None, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Half cos/sin tables as transformers' rotary modules build them, one frequency set per batch row.
 
@@ -132,15 +137,18 @@ def cos_sin(
     Args:
         positions: ``[batch, seq]`` integer positions.
         inv_freq: ``[batch or 1, rotary_dim // 2]`` fp32 frequencies.
-        scaling: ``[batch or 1]`` fp32 cos/sin multiplier (YaRN's mscale; 1 for NTK).
+        scaling: ``[batch or 1]`` fp32 cos/sin multiplier (YaRN's mscale), or ``None`` when all are 1.
         dtype: the dtype of the queries and keys.
 
     Returns:
         ``(cos, sin)``, each ``[batch, seq, rotary_dim // 2]`` in ``dtype``.
     """
     freqs = positions[..., None].float() * inv_freq[:, None, :]
-    scale = scaling[:, None, None]
-    return (freqs.cos() * scale).to(dtype), (freqs.sin() * scale).to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    if scaling is not None:  # None: every multiplier is 1 (NTK), and x * 1 == x
+        scale = scaling[:, None, None]
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
 
 
 #: Elements of rotated-key copies the row-wise path may build at once, and of cos/sin tables a
@@ -156,7 +164,7 @@ class _Call:
     start: int
     stop: int
     inv_freq: torch.Tensor  # [batch or 1, rotary_dim // 2], fp32
-    scaling: torch.Tensor  # [batch or 1], fp32
+    scaling: torch.Tensor | None  # [batch or 1], fp32; None when every multiplier is 1
     rows: torch.Tensor | None  # [batch, stop - start] bool: the rows this call answers for; None = all
 
 
@@ -173,6 +181,13 @@ class _RowWise:
     inv_freq: torch.Tensor  # [batch, seq, rotary_dim // 2], fp32: each row's own frequencies
     scaling: torch.Tensor  # [batch, seq], fp32
     rows: torch.Tensor  # [batch, seq] bool: the rows this path answers for
+
+
+def _multipliers(values: list[float], device: torch.device) -> torch.Tensor | None:
+    """The cos/sin multipliers as a ``[len(values)]`` fp32 tensor, or ``None`` when all are 1."""
+    if all(value == 1.0 for value in values):
+        return None
+    return torch.tensor(values, dtype=torch.float32, device=device)
 
 
 class ExactDynamicRope:
@@ -208,6 +223,8 @@ class ExactDynamicRope:
         self._rowwise: _RowWise | None = None
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._table_elements = 0
+        self._memo: dict[tuple, Any] = {}
+        self._kernels: dict[type, Any] = {}
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
         """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""
@@ -230,12 +247,12 @@ class ExactDynamicRope:
         lengths = self.frequency_length(positions + 1)
         seq = positions.shape[1]
         self._positions, self._calls, self._rowwise = positions, [], None
-        self._tables, self._table_elements = {}, 0
+        self._tables, self._table_elements, self._memo = {}, 0, {}
         if seq == 1 or bool((lengths == lengths[:, :1]).all()):
             # One frequency set per row (decoding, or a prompt within one regime): one kernel call.
             per_row = [self.frequencies(length, device) for length in lengths[:, 0].tolist()]
             inv_freq = torch.stack([f for f, _ in per_row])
-            scaling = torch.tensor([s for _, s in per_row], dtype=torch.float32, device=device)
+            scaling = _multipliers([s for _, s in per_row], device)
             self._calls = [_Call(0, seq, inv_freq, scaling, None)]
             return
         # Lengths up to L_orig (and, for YaRN, from saturation on) share one frequency set: one
@@ -248,8 +265,7 @@ class ExactDynamicRope:
                 continue
             start, stop = touched[0], touched[-1] + 1
             inv_freq, scaling = self.frequencies(length, device)
-            scale = torch.tensor([scaling], dtype=torch.float32, device=device)
-            self._calls.append(_Call(start, stop, inv_freq[None], scale, rows[:, start:stop]))
+            self._calls.append(_Call(start, stop, inv_freq[None], _multipliers([scaling], device), rows[:, start:stop]))
             shared |= rows
         own = ~shared
         touched = own.any(dim=0).nonzero().flatten().tolist()
@@ -267,6 +283,19 @@ class ExactDynamicRope:
                 "exact dynamic attention ran before the model's rotary embedding: call the model, not a bare layer"
             )
         return self._positions, self._calls, self._rowwise
+
+    def kernel_for(self, module: nn.Module) -> Any:
+        """The wrapped kernel's attention function for ``module`` (looked up once per module class)."""
+        kind = type(module)
+        if kind not in self._kernels:
+            self._kernels[kind] = _compat.attention_function(self.kernel, module)
+        return self._kernels[kind]
+
+    def memo(self, key: tuple, build: Any) -> Any:
+        """``build()``, once per forward (for small per-forward values shared by the layers)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     def tables(self, key: tuple, build: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin tables under ``key``, built by ``build()`` once per forward and shared by the layers.
@@ -379,13 +408,13 @@ def exact_dynamic_attention(
             f"{type(module).__name__} is not set up for exact dynamic attention; use hf_posext.patch_model "
             f"rather than setting attn_implementation={ATTENTION_PREFIX}... by hand"
         )
-    kernel = _compat.attention_function(rope.kernel, module)
+    kernel = rope.kernel_for(module)
     positions, calls, rowwise = rope.plan()
     batch, _, seq, _ = query.shape
     kv_len = key.shape[2]
     if positions.shape != (batch, seq):
         raise ValueError(f"the forward was planned for positions {tuple(positions.shape)}, the layer got {seq} rows")
-    key_positions = _key_positions(positions, kv_len)
+    key_positions = rope.memo(("key positions", kv_len), lambda: _key_positions(positions, kv_len))
     dtype = query.dtype
     if rowwise is None and len(calls) == 1 and calls[0].rows is None:
         call = calls[0]

@@ -269,3 +269,17 @@ def test_frequency_length_saturates_for_yarn_only():
     # the saturated length really has the frequencies of every longer one
     far, cap = yarn.frequencies(10 * L_ORIG, torch.device("cpu")), yarn.frequencies(FACTOR * L_ORIG, "cpu")
     assert torch.equal(far[0], cap[0]) and math.isclose(far[1], cap[1])
+
+
+def test_rotation_is_transformers_rotation_bit_for_bit():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 7, 32, generator=generator)
+    inv_freq, _ = modeling_rope_utils.ROPE_INIT_FUNCTIONS["dynamic"](
+        patched(method="dynamic_ntk").config, None, seq_len=3 * L_ORIG
+    )
+    positions = torch.tensor([[0, 5, 17, 31, 40, 47, 900], [3, 4, 5, 6, 7, 8, 9]])
+    cos, sin = dynamic_cache.cos_sin(positions, inv_freq[None], torch.tensor([1.3]), torch.float32)
+    angles = positions[..., None].float() * inv_freq
+    emb = torch.cat((angles, angles), dim=-1)
+    expected, _ = apply_rotary_pos_emb(x, x, emb.cos() * 1.3, emb.sin() * 1.3)
+    assert torch.equal(dynamic_cache.apply_rotary(x, cos, sin), expected)
