@@ -13,6 +13,7 @@ hardware, versions, wall time, this command) and PNG plots. Trained models are c
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -30,9 +31,17 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS), help="experiments to run")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: the pipeline in seconds")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rebuild README.md and the plots from the JSON files (e.g. after running "
+                             "experiments as parallel --only processes); wall time = the experiments' own")
     args = parser.parse_args()
     config = QUICK if args.quick else FULL
     out = Path(args.out)
+    if args.report_only:
+        seconds = sum(json.loads(p.read_text()).get("seconds", 0.0) for p in out.glob("*.json")
+                      if p.stem in EXPERIMENTS)
+        print(write_report(config, out, "python scripts/reproduce.py --only <each experiment>", seconds))
+        return 0
     start = time.perf_counter()
     for name in args.only:
         print(f"== {name}", flush=True)
