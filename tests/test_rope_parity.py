@@ -21,6 +21,10 @@ HEAD_DIMS = [32, 64, 128]
 L_ORIG = 64
 THETA = 10000.0
 TOL = 1e-5
+# Dynamic methods default to exact KV-cache semantics (hf_posext.dynamic_cache), under which each
+# token uses the frequencies of its own prefix length. Parity with transformers (one scale s(L) for
+# every position of a length-L forward) is the ``exact_cache=False`` behaviour.
+TRANSFORMERS_SEMANTICS = {"dynamic_ntk": {"exact_cache": False}, "dynamic_yarn": {"exact_cache": False}}
 
 
 def native_rope(method: str, factor: float, head_dim: int) -> tuple[dict, int]:
@@ -57,7 +61,7 @@ def test_patched_logits_equal_native(arch, head_dim, method):
     for factor in FACTORS:
         patched = tiny_model(arch, head_dim=head_dim, max_positions=L_ORIG)
         native = native_model(arch, method, factor, head_dim, patched.state_dict())
-        hf_posext.patch_model(patched, method, factor=factor)
+        hf_posext.patch_model(patched, method, factor=factor, **TRANSFORMERS_SEMANTICS.get(method, {}))
         with torch.no_grad():
             error = (patched(ids).logits - native(ids).logits).abs().max().item()
         assert error <= TOL, f"{arch} {method} factor={factor} head_dim={head_dim}: max |diff| {error:.2e}"
@@ -119,7 +123,9 @@ def with_frequencies(model, freqs, mscale):
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_dynamic_yarn_equals_paper_reference(arch, head_dim):
-    """A fresh forward over L tokens uses s(L) = min(factor, max(1, L / L_orig)).
+    """A fresh forward over L tokens uses s(L) = min(factor, max(1, L / L_orig)) at every position
+    (transformers' semantics, ``exact_cache=False``; the exact-cache semantics are tested in
+    test_dynamic_cache.py).
 
     The reference's float64 frequencies differ from any fp32 computation by rounding, which long
     positions amplify; the tolerance is the error transformers' own static ``yarn`` at s(L) shows
@@ -128,7 +134,9 @@ def test_dynamic_yarn_equals_paper_reference(arch, head_dim):
     factor = 4
     for length in [L_ORIG // 2, L_ORIG, L_ORIG + 1, 3 * L_ORIG, 5 * L_ORIG]:
         ids = tokens(length)
-        patched = hf_posext.patch_model(tiny_model(arch, head_dim=head_dim, max_positions=L_ORIG), "dynamic_yarn", factor=factor)
+        patched = hf_posext.patch_model(
+            tiny_model(arch, head_dim=head_dim, max_positions=L_ORIG), "dynamic_yarn", factor=factor, exact_cache=False
+        )
         scale = min(factor, max(1.0, length / L_ORIG))
         reference = with_frequencies(tiny_model(arch, head_dim=head_dim, max_positions=L_ORIG), *paper_yarn(THETA, head_dim, scale, L_ORIG))
         tolerance = TOL
