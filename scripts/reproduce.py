@@ -5,8 +5,8 @@
     python scripts/reproduce.py --quick --out /tmp/repro         # seconds, for CI
     CUDA_VISIBLE_DEVICES=0 python scripts/reproduce.py           # same script; sizes are CPU-sized anyway
 
-Writes ``benchmarks/results/{scratch,extension,passkey}.json``, ``README.md`` (tables, protocol,
-hardware, versions, wall time, this command) and PNG plots. Trained models are cached under
+Writes ``benchmarks/results/{scratch,extension,passkey}.json``, ``reproduction.md`` (tables, protocol,
+hardware, versions, wall time, this command) and repro_*.png plots. Trained models are cached under
 ``~/.cache/hf_posext`` (or ``--cache-dir``); a rerun reuses finished experiments.
 """
 
@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: the pipeline in seconds")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--report-only", action="store_true",
-                        help="only rebuild README.md and the plots from the JSON files (e.g. after running "
+                        help="only rebuild reproduction.md and the plots from the JSON files (e.g. after running "
                              "experiments as parallel --only processes); wall time = the experiments' own")
     args = parser.parse_args()
     config = QUICK if args.quick else FULL

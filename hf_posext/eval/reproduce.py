@@ -15,7 +15,7 @@ Three experiments on byte-level Llamas trained from scratch on the Python standa
 
 Every experiment's results are written to ``<out>/<experiment>.json`` as soon as they exist and
 reused by a rerun with the same settings, so an interrupted reproduction resumes; trained models
-are cached (``cache_dir``). :func:`write_report` turns the JSON files into ``README.md`` tables
+are cached (``cache_dir``). :func:`write_report` turns the JSON files into ``reproduction.md`` tables
 and PNG plots. ``scripts/reproduce.py`` is the command line.
 """
 
@@ -254,7 +254,7 @@ def _curve(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
 
 
 def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: float) -> str:
-    """``README.md`` (tables, protocol, environment, the command) and the PNG plots from the JSON files."""
+    """``reproduction.md`` (tables, protocol, environment, the command) and the PNG plots from the JSON files."""
     train_len = config.model.seq_len
     lengths = [m * train_len for m in config.multiples]
     header = ["model"] + [f"{n} ({m}x)" for n, m in zip(lengths, config.multiples)]
@@ -276,9 +276,9 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
         for metric in ("last", "all"):
             parts.append(f"## 1. Trained from scratch at {train_len} bytes ({metric})\n")
             parts.append(markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in scratch.items()]) + "\n")
-        plot_curves(out / "scratch.png", {k: _curve(v["last"]) for k, v in scratch.items()},
+        plot_curves(out / "repro_scratch.png", {k: _curve(v["last"]) for k, v in scratch.items()},
                     title=f"trained from scratch at {train_len} bytes (last {train_len - 1} bytes)", vline=train_len)
-        parts.append("![from scratch](scratch.png)\n")
+        parts.append("![from scratch](repro_scratch.png)\n")
     if ext_path.exists():
         ext = json.loads(ext_path.read_text())["results"]
         for metric in ("last", "all"):
@@ -292,9 +292,9 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
                 "AdamW (0.9, 0.95), no weight decay, via `hf_posext.train.loop.train`; "
                 + "; ".join(f"{k}: final loss {v['final_loss']:.3f} in {v['seconds']} s" for k, v in tuned.items()) + ".\n"
             )
-        plot_curves(out / "extension.png", {k: _curve(v["last"]) for k, v in ext.items()},
+        plot_curves(out / "repro_extension.png", {k: _curve(v["last"]) for k, v in ext.items()},
                     title=f"RoPE model extended to s = {config.factor:g}", vline=train_len)
-        parts.append("![extension](extension.png)\n")
+        parts.append("![extension](repro_extension.png)\n")
     if pk_path.exists():
         pk = json.loads(pk_path.read_text())["results"]
         base = config.passkey_model
@@ -309,13 +309,13 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
         rows = [[name, *[r["accuracy_by_length"][0] for r in v["results"]]] for name, v in pk.items()]
         parts.append(markdown_table(["model", *[f"{n} ({m}x)" for n, m in zip(pk_lengths, config.passkey_multiples)]], rows) + "\n")
         plot_heatmaps(
-            out / "passkey.png",
+            out / "repro_passkey.png",
             {name: (pk_lengths, v["results"][0]["depths"],
                     [[r["accuracy"][d][0] for r in v["results"]] for d in range(len(v["results"][0]["depths"]))])
              for name, v in pk.items()},
             title=f"passkey retrieval (trained at {base.seq_len} bytes)",
         )
-        parts.append("![passkey](passkey.png)\n")
+        parts.append("![passkey](repro_passkey.png)\n")
     text = "\n".join(parts)
-    (out / "README.md").write_text(text)
+    (out / "reproduction.md").write_text(text)
     return text
