@@ -65,14 +65,17 @@ def config(assets: Path, out: Path, **overrides) -> TrainConfig:
 
 
 def vanilla_logits(model_dir: Path, input_ids: torch.Tensor, out_file: Path) -> tuple[torch.Tensor, dict]:
-    """Logits and config from a fresh interpreter that loads ``model_dir`` without hf_posext."""
+    """Logits and config from a fresh interpreter that loads ``model_dir`` (and its tokenizer)
+    without hf_posext."""
     torch.save(input_ids, out_file.with_suffix(".in.pt"))
     code = textwrap.dedent(f"""
         import sys, json, torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({str(model_dir)!r}).eval()
         with torch.no_grad():
             logits = model(torch.load({str(out_file.with_suffix(".in.pt"))!r})).logits
+        tokenizer = AutoTokenizer.from_pretrained({str(model_dir)!r})
+        assert tokenizer("héllo").input_ids == [256, *"héllo".encode()], "the byte tokenizer travels along"
         assert "hf_posext" not in sys.modules, "the checkpoint must load without hf_posext"
         torch.save(logits, {str(out_file)!r})
         print(json.dumps(model.config.rope_parameters))

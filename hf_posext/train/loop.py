@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.optimization import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
@@ -334,8 +334,12 @@ def save_final(
     save_dtype: torch.dtype,
 ) -> Path:
     """Gather the weights and write the Hub-ready checkpoint atomically (main process writes)."""
-    state_dict = accelerator.get_state_dict(model)
     unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        state_dict = accelerator.get_state_dict(model)  # gathers the shards on the main process
+    else:
+        # The live tensors: get_state_dict would clone every weight (a second model in memory).
+        state_dict = unwrapped.state_dict()
     output_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         base = unwrapped
@@ -513,7 +517,8 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
                                               batch_size=input_ids.shape[0], generator=generator)
                 positions = positions.to(accelerator.device)
             else:
-                positions = torch.arange(plan.window, device=accelerator.device).expand_as(input_ids).contiguous()
+                # One row broadcast over the batch, as transformers does without position ids.
+                positions = torch.arange(plan.window, device=accelerator.device).unsqueeze(0)
             with accelerator.accumulate(model):
                 loss = forward_loss(model, input_ids, positions, pose=config.pose, accelerator=accelerator)
                 accelerator.backward(loss)
@@ -541,6 +546,10 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
             callback(progress)
     bar.close()
 
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        # AdamW's states (twice the trained weights) are done with: free them before the weights
+        # are gathered for saving, when host memory is tightest.
+        optimizer.optimizer.state.clear()
     eval_results = dict(progress.eval)
     if eval_blocks is not None:
         eval_results["after"] = evaluate(model, eval_blocks, accelerator, dp_size, dp_rank,
