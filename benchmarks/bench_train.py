@@ -3,8 +3,8 @@
 Both fine-tune the same YaRN-patched model on the same blocks of the same data with the same
 settings (fp32, AdamW betas (0.9, 0.95), linear schedule, micro-batch, gradient accumulation,
 activation checkpointing); only the training loop differs. Each measured run is its own
-subprocess, so peak memory (the peak resident set above the run's starting point, after
-imports) is not polluted by the other; runs alternate recipe/Trainer and the median of the
+subprocess, so peak memory (the peak resident set above Python + torch, each approach's own
+imports included) is not polluted by the other; runs alternate recipe/Trainer and the median of the
 repeats is reported as ratios from one invocation (throughput: recipe / Trainer, target >= 1;
 memory: recipe / Trainer, target <= 1). Tokens/s counts the steps after the first (warm-up).
 
@@ -45,14 +45,13 @@ def run_recipe(args: argparse.Namespace, workdir: Path) -> dict:
     from hf_posext.train.loop import train
 
     stamps: list[float] = []
-    start_rss = rss_mib()
     train(TrainConfig(
         model=str(workdir / "model"), method="yarn", factor=args.factor, dataset=[str(workdir / "data.txt")],
         output_dir=str(workdir / "out-recipe"), max_train_steps=args.steps, learning_rate=2e-5, warmup_steps=1,
         global_batch_size=args.global_batch, micro_batch_size=args.micro_batch, mixed_precision="no",
         cache_dir=str(workdir / "cache"), activation_checkpointing=True, attn_implementation="sdpa",
     ), callbacks=[lambda progress: stamps.append(time.perf_counter())])
-    return {"stamps": stamps, "peak_mib": peak_rss_mib() - start_rss}
+    return {"stamps": stamps}
 
 
 def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
@@ -79,7 +78,6 @@ def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
             ids = torch.from_numpy(self.blocks[i].astype("int64"))
             return {"input_ids": ids, "labels": ids}
 
-    start_rss = rss_mib()
     tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
     model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32, attn_implementation="sdpa")
     hf_posext.patch_model(model, "yarn", factor=args.factor)
@@ -97,22 +95,19 @@ def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
     # The recipe's run includes writing the final checkpoint, so the baseline's does too.
     trainer.save_model(str(workdir / "out-trainer" / "final"))
     tokenizer.save_pretrained(str(workdir / "out-trainer" / "final"))
-    return {"stamps": stamps, "peak_mib": peak_rss_mib() - start_rss}
+    return {"stamps": stamps}
 
 
 def child(args: argparse.Namespace) -> None:
     import torch
 
-    # Both kinds of run import everything either uses before their starting point is taken, so
-    # that module memory (Trainer's imports are large) counts in neither peak.
-    import transformers.models.llama.modeling_llama  # noqa: F401
-    from transformers import Trainer, TrainingArguments  # noqa: F401
-
-    import hf_posext.train.loop  # noqa: F401
-
     torch.set_num_threads(args.threads)
+    # The common starting point: Python and torch. Everything after, each approach's own imports
+    # included, is what fine-tuning with it costs.
+    start_rss = rss_mib()
     workdir = Path(args.workdir)
     result = (run_recipe if args.child == "recipe" else run_trainer)(args, workdir)
+    result["peak_mib"] = peak_rss_mib() - start_rss
     stamps = result["stamps"]
     tokens_per_step = args.global_batch * args.seq_len
     result["tokens_per_s"] = tokens_per_step * (len(stamps) - 1) / (stamps[-1] - stamps[0])
