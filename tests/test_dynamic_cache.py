@@ -283,3 +283,16 @@ def test_rotation_is_transformers_rotation_bit_for_bit():
     emb = torch.cat((angles, angles), dim=-1)
     expected, _ = apply_rotary_pos_emb(x, x, emb.cos() * 1.3, emb.sin() * 1.3)
     assert torch.equal(dynamic_cache.apply_rotary(x, cos, sin), expected)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_chunked_prefill_with_cache_equals_full_forward(method):
+    # Several new tokens on top of a cache (chunked prefill, assisted decoding) take the
+    # multi-row path with past keys: their positions follow the cache's.
+    model = patched("mistral", method)
+    ids = tokens(3 * L_ORIG)
+    with torch.no_grad():
+        full = model(ids).logits
+        first = model(ids[:, : L_ORIG + 5], use_cache=True)
+        second = model(ids[:, L_ORIG + 5 :], cache=first.cache, use_cache=True)
+    torch.testing.assert_close(torch.cat((first.logits, second.logits), dim=1), full, rtol=0, atol=TOL)
