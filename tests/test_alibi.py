@@ -297,14 +297,19 @@ def greedy_without_cache(model, ids, steps):
     return ids
 
 
-@pytest.mark.parametrize("arch,backend", [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("mistral", "sdpa")])
-def test_cached_generation_equals_full_forward_greedy(arch, backend):
+@pytest.mark.parametrize(
+    "arch,backend,cache",
+    [("llama", "sdpa", None), ("llama", "eager", None), ("qwen3", "sdpa", None), ("mistral", "sdpa", None),
+     ("llama", "sdpa", "static")],
+)
+def test_cached_generation_equals_full_forward_greedy(arch, backend, cache):
     # Mistral's window (2 * max_positions = 16 tokens) is shorter than prompt + generation, so
-    # the sliding-window cache drops keys while decoding.
+    # the sliding-window cache drops keys while decoding. A static cache's key buffer is longer
+    # than what has been written, so distances must come from its offsets, not from shapes.
     model = alibi_model(arch, backend=backend, max_positions=8)
     model.generation_config.eos_token_id = None
     prompt = tokens(14, batch=1)
-    cached = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    cached = model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, cache_implementation=cache)
     assert torch.equal(cached, greedy_without_cache(model, prompt, 10))
 
 
