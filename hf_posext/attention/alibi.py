@@ -62,6 +62,11 @@ NATIVE_TO_BACKEND = {
     "flash_attention_3": "flash",
 }
 
+#: Compile ``flex_attention`` and the block mask (the point of the path: fused, no L x L tensor).
+#: Set to False to debug, or in tests: uncompiled, PyTorch evaluates the same score_mod and
+#: mask_mod on materialised [batch, heads, q, kv] scores, in seconds instead of a minute of compiling.
+FLEX_COMPILE = True
+
 
 def flash_attn_available() -> bool:
     """Whether the ``flash_attn`` package (which has ``alibi_slopes``) is importable."""
@@ -280,11 +285,6 @@ def sdpa_alibi(
     )
     return out.transpose(1, 2).contiguous(), None
 
-
-#: Compile ``flex_attention`` and the block mask (the point of the path: fused, no L x L tensor).
-#: Set to False to debug, or in tests: uncompiled, PyTorch evaluates the same score_mod and
-#: mask_mod on materialised [batch, heads, q, kv] scores, in seconds instead of a minute of compiling.
-FLEX_COMPILE = True
 
 _compiled_flex = None
 
