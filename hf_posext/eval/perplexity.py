@@ -14,6 +14,12 @@ Both return the corpus perplexity exp(total NLL / scored tokens), token-weighted
 by default use the same documents at every length (the ones long enough for the longest), so
 that a curve compares contexts, not document mixes.
 
+Lengths are evaluated in increasing order. That matters for transformers' own dynamic rope types
+(``dynamic_ntk`` / ``dynamic_yarn`` patched with ``exact_cache=False``): their rotary module keeps
+the frequencies of the longest sequence it has seen and resets only below L_orig, so a second
+evaluation of the same patched model would start with stale frequencies. Patch afresh for each
+evaluation (the CLI, the demo and the reproduction do).
+
 Example (a notebook, any causal LM)::
 
     from hf_posext.eval import encode_documents, load_texts, truncated_perplexity

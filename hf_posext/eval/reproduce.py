@@ -25,7 +25,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,6 @@ class ReproConfig:
     passkey_multiples: tuple[int, ...] = (1, 2, 4, 8)
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     passkey_trials: int = 4
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 FULL = ReproConfig()
@@ -106,6 +105,12 @@ def _documents(tokenizer: Any, min_tokens: int, count: int) -> list[torch.Tensor
     return held_out_documents(tokenizer, min_tokens, count)
 
 
+def _settings(config: ReproConfig, *names: str) -> dict[str, Any]:
+    """The fields an experiment depends on: changing another experiment's sizes keeps its results."""
+    return {name: dataclasses.asdict(getattr(config, name)) if dataclasses.is_dataclass(getattr(config, name))
+            else getattr(config, name) for name in names}
+
+
 class _Stage:
     """One experiment's JSON file: results saved as they come, reused when the settings match."""
 
@@ -127,16 +132,22 @@ class _Stage:
                                "seconds": round(self.seconds + time.perf_counter() - self.start, 1)})
 
 
-def _ppl_rows(model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int) -> dict[str, list[dict[str, Any]]]:
-    """Both metrics: the last ``n_scored`` tokens of cuts ending together, and all tokens of the first L."""
-    last = truncated_perplexity(model, docs, lengths, score_last=n_scored, end_at=lengths[-1], progress=False)
-    whole = truncated_perplexity(model, docs, lengths, progress=False)
-    return {"last": [p.to_dict() for p in last], "all": [p.to_dict() for p in whole]}
+def _ppl_rows(model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int, metric: str) -> list[dict[str, Any]]:
+    """``last``: the last ``n_scored`` tokens of cuts ending together; ``all``: every token of the first L."""
+    if metric == "last":
+        points = truncated_perplexity(model, docs, lengths, score_last=n_scored, end_at=lengths[-1], progress=False)
+    else:
+        points = truncated_perplexity(model, docs, lengths, progress=False)
+    return [p.to_dict() for p in points]
+
+
+def _both_metrics(model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int) -> dict[str, Any]:
+    return {metric: _ppl_rows(model, docs, lengths, n_scored, metric) for metric in ("last", "all")}
 
 
 def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 1: every position encoding trained from scratch, evaluated up to max(multiples) x L_train."""
-    stage = _Stage(out, "scratch", {"config": dataclasses.asdict(config)})
+    stage = _Stage(out, "scratch", _settings(config, "model", "multiples", "documents"))
     lengths = [m * config.model.seq_len for m in config.multiples]
     for position in config.positions:
         if position != "rope" and position not in available_methods():
@@ -146,7 +157,7 @@ def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress
             model, tokenizer, info = pretrain(dataclasses.replace(config.model, position=position), cache_dir,
                                               progress=progress)
             docs = _documents(tokenizer, lengths[-1] + 1, config.documents)
-            return {"train": info, **_ppl_rows(model, docs, lengths, config.model.seq_len - 1)}
+            return {"train": info, **_both_metrics(model, docs, lengths, config.model.seq_len - 1)}
 
         stage.get(position, compute)
     return stage.results
@@ -158,7 +169,9 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
     from ..train.loop import train
     from .tinylm import DEFAULT_CACHE_DIR
 
-    stage = _Stage(out, "extension", {"config": dataclasses.asdict(config)})
+    stage = _Stage(out, "extension", _settings(config, "model", "multiples", "documents", "factor", "finetune_multiple",
+                                               "finetune_steps", "finetune_batch", "finetune_lr", "finetune_warmup",
+                                               "finetune_bytes"))
     train_len = config.model.seq_len
     lengths = [m * train_len for m in config.multiples]
     model, tokenizer, _ = pretrain(config.model, cache_dir, progress=progress)
@@ -166,14 +179,20 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
     rope_methods = [m for m in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn") if m in available_methods()]
 
     def evaluate(method: str | None) -> dict[str, Any]:
-        if method is not None:
-            extra = {"exact_cache": False} if method.startswith("dynamic") else {}
-            patch_model(model, method, factor=config.factor, **extra)
-        try:
-            return _ppl_rows(model, docs, lengths, train_len - 1)
-        finally:
+        rows = {}
+        for metric in ("last", "all"):
+            # A fresh patch per pass: transformers' dynamic rotary keeps the frequencies of the
+            # longest sequence seen (it resets only below L_orig), so a second pass starting short
+            # would run with the previous pass's s(2048). Within a pass lengths only grow.
             if method is not None:
-                unpatch_model(model)
+                extra = {"exact_cache": False} if method.startswith("dynamic") else {}
+                patch_model(model, method, factor=config.factor, **extra)
+            try:
+                rows[metric] = _ppl_rows(model, docs, lengths, train_len - 1, metric)
+            finally:
+                if method is not None:
+                    unpatch_model(model)
+        return rows
 
     stage.get("none", lambda: evaluate(None))
     for method in rope_methods:
@@ -208,7 +227,7 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
         ))
         seconds = time.perf_counter() - start
         tuned = AutoModelForCausalLM.from_pretrained(output, attn_implementation="sdpa").eval()
-        rows = _ppl_rows(tuned, docs, lengths, train_len - 1)
+        rows = _both_metrics(tuned, docs, lengths, train_len - 1)
         return {"train": {"steps": result.steps, "tokens": result.tokens, "final_loss": result.final_loss,
                           "seconds": round(seconds, 1)}, **rows}
 
@@ -220,7 +239,8 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
 
 def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 3: retrieval-trained RoPE and ALiBi models, passkey accuracy beyond L_train."""
-    stage = _Stage(out, "passkey", {"config": dataclasses.asdict(config)})
+    stage = _Stage(out, "passkey", _settings(config, "passkey_model", "passkey_multiples", "passkey_depths",
+                                             "passkey_trials"))
     base = config.passkey_model
     lengths = [m * base.seq_len for m in config.passkey_multiples]
     runs: list[tuple[str, str, str | None]] = [("rope", "rope (none)", None), ("rope", "rope + yarn", "yarn")]
