@@ -17,6 +17,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from transformers import AutoConfig
 
+from .methods import method_class
 from .patching import patch_info, patch_model
 
 
@@ -54,6 +55,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
     """
     info = patch_info(config)
     method = info["method"] or "none"
+    scales_rope = info["method"] is None or method_class(method).scales_rope
     original = info.get("original_max_position_embeddings")
     context = info.get("context_length")
     data = ModelCardData(
@@ -62,19 +64,22 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         base_model=base_model if base_model and not os.path.isdir(base_model) else None,
         tags=["hf-posext", "long-context", method],
     )
-    rows = {
-        "method": method,
-        "factor": info.get("factor"),
-        "original context": original,
-        "extended context": context,
-        "rope_parameters": f"`{info['rope_parameters']}`",
-        **(extra or {}),
-    }
+    skip = {"method", "rope_parameters", "context_length", "max_position_embeddings", "original_max_position_embeddings"}
+    if not scales_rope:
+        skip.add("factor")
+    arguments = {k: v for k, v in info.items() if k not in skip and v is not None}
+    context_rows = {"original context": original, "extended context": context} if scales_rope else {}
+    rows = {"method": method, **context_rows, **arguments, "rope_parameters": f"`{info['rope_parameters']}`", **(extra or {})}
     table = "\n".join(f"| {key} | {value} |" for key, value in rows.items())
+    what = (
+        f"with its context extended from {original} to {context} tokens"
+        if scales_rope
+        else f"with its position encoding replaced by `{method}`"
+    )
     body = (
-        f"# {method} context extension\n\n"
-        f"This checkpoint is {base_model or 'a model'} with its context extended from {original} to {context} "
-        f"tokens by [hf-posext](https://pypi.org/project/hf-posext/) (`{method}`, factor {info.get('factor')}).\n\n"
+        f"# {method}: {base_model or 'model'}\n\n"
+        f"This checkpoint is {base_model or 'a model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "
+        f"(`{method}`).\n\n"
         f"| | |\n|---|---|\n{table}\n\n"
         "Native rope types (`linear`, `dynamic`, `yarn`, and NTK as `default` with a raised `rope_theta`) load "
         "in vanilla transformers and vLLM; custom types (`hf_posext_*`) need `import hf_posext` first.\n"
