@@ -90,7 +90,9 @@ def test_passkey_task_sequences_fit_and_end_with_the_answer():
     tok = byte_tokenizer()
     fillers = fit_filler(tok, 120, task="")
     for seed in range(5):
-        seq = tinylm._passkey_sequence(random.Random(seed), 128, tok, fillers)
+        seq, labels = tinylm._passkey_sequence(random.Random(seed), 128, tok, fillers)
         text = tok.decode([i for i in seq.tolist() if i != PAD_ID], skip_special_tokens=True)
         key = text.split("The pass key is ")[1].split(".")[0]
         assert seq.numel() == 128 and text.endswith(f"The pass key is {key}.")
+        scored = [i for i in labels.tolist() if i != -100]
+        assert tok.decode(scored) == f" {key}."  # only the answer is scored

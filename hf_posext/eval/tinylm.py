@@ -115,7 +115,8 @@ class TinyLMConfig:
             **dataclasses.asdict(self),
             "python": platform.python_version(),
             "transformers": transformers.__version__.split(".")[0],
-            "format": 1,
+            # 2: passkey sequences are scored on their answer only (models trained before are stale).
+            "format": 2 if self.passkey_fraction > 0 else 1,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -157,16 +158,25 @@ def stdlib_corpus(split: str = "train", max_bytes: int | None = None) -> torch.T
     return torch.cat(chunks)
 
 
-def _passkey_sequence(rng: random.Random, seq_len: int, tokenizer: PreTrainedTokenizerFast, fillers: int) -> torch.Tensor:
+def _passkey_sequence(
+    rng: random.Random, seq_len: int, tokenizer: PreTrainedTokenizerFast, fillers: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A passkey prompt without the task line (it alone is ~150 bytes) and its answer, PAD-filled.
 
     The filler length and key depth are drawn at random, so the model practises retrieval at
-    every distance up to ``seq_len``; PAD positions are masked out of the loss.
+    every distance up to ``seq_len``. Only the answer is scored (labels are -100 elsewhere): the
+    key's own digits are random, and their irreducible loss would drown the copying signal.
+
+    Returns:
+        ``(input_ids [seq_len], labels [seq_len])``.
     """
     key = rng.randint(*KEY_RANGE)
-    text = build_prompt(key, rng.randint(0, fillers), rng.random(), task="") + f" {key}."
-    ids = tokenizer.encode(text)[:seq_len]
-    return torch.tensor(ids + [PAD_ID] * (seq_len - len(ids)), dtype=torch.long)
+    prompt = tokenizer.encode(build_prompt(key, rng.randint(0, fillers), rng.random(), task=""))
+    answer = tokenizer.encode(f" {key}.", add_special_tokens=False)
+    ids = (prompt + answer)[:seq_len]
+    labels = ([-100] * len(prompt) + answer)[:seq_len]
+    pad = seq_len - len(ids)
+    return (torch.tensor(ids + [PAD_ID] * pad, dtype=torch.long), torch.tensor(labels + [-100] * pad, dtype=torch.long))
 
 
 def _lr_at(step: int, config: TinyLMConfig) -> float:
@@ -255,10 +265,10 @@ def pretrain(
         rng = random.Random(config.seed * 1_000_003 + step)
         offsets = torch.randint(0, corpus.numel() - config.seq_len, (config.batch_size,), generator=gen)
         batch = torch.stack([corpus[o : o + config.seq_len] for o in offsets.tolist()])
+        labels = batch.clone()
         n_passkey = sum(rng.random() < config.passkey_fraction for _ in range(config.batch_size))
         for row in range(n_passkey):
-            batch[row] = _passkey_sequence(rng, config.seq_len, tokenizer, fillers)
-        labels = batch.masked_fill(batch == PAD_ID, -100)
+            batch[row], labels[row] = _passkey_sequence(rng, config.seq_len, tokenizer, fillers)
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config)
         loss = model(input_ids=batch, labels=labels).loss
