@@ -64,8 +64,12 @@ Trade-offs
 * Every forward reads its lengths back to the host (one sync), so it does not capture in CUDA
   graphs. Supported kernels: ``eager`` and ``sdpa``. A cache must return its keys as a contiguous
   window ending at the newest token (``DynamicCache``, sliding or not; not ``StaticCache``).
-* Loading a saved checkpoint with vanilla transformers gives transformers' behaviour (the config
-  only carries the native rope type); call :func:`hf_posext.patch_model` again for the exact one.
+* A saved checkpoint records the patch in ``config.hf_posext`` but never the wrapper's name.
+  ``from_pretrained`` after ``import hf_posext`` makes it exact again while it builds the model
+  (:meth:`~hf_posext.methods.base.PositionMethod.on_rotary_init`), wrapping the kernel transformers
+  resolves: ``attn_implementation="eager"`` or ``"sdpa"`` as passed, sdpa by default; any other
+  raises. Vanilla transformers loads dynamic NTK with its own behaviour (the config carries the
+  native ``dynamic`` type) and refuses dynamic YaRN, whose rope type is hf-posext's.
 * ``exact_cache=False`` on :class:`~hf_posext.DynamicNTKConfig` / :class:`~hf_posext.DynamicYarnConfig`
   keeps transformers' behaviour, for parity with numbers measured that way.
 
@@ -516,20 +520,17 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if hasattr(m, "k_proj") and hasattr(m, "layer_idx")]
 
 
-def enable_exact_dynamic_cache(model: nn.Module) -> None:
-    """Make a model patched with ``dynamic_ntk`` / ``dynamic_yarn`` exact with a KV cache (see module docs).
+def _install(model: nn.Module) -> ExactDynamicRope | None:
+    """Attach a new :class:`ExactDynamicRope` to ``model``'s attention and select the wrapper kernel.
 
-    A no-op when the config's rope type is not dynamic (``factor=1`` patches plain RoPE).
-    Called by :func:`hf_posext.patch_model` for ``exact_cache=True``.
-
-    Raises:
-        ValueError: an attention implementation other than ``eager``/``sdpa``, or no attention modules.
+    ``None`` (nothing done) when the config's rope type is not dynamic. The rotary modules are
+    left to the caller.
     """
-    disable_exact_dynamic_cache(model)
     config = model.config
     if (config.rope_parameters or {}).get("rope_type") not in EXACT_ROPE_TYPES:
-        return
-    kernel = config._attn_implementation or "eager"
+        return None
+    # A config that already names the wrapper (a model built from a patched model's config) wraps its kernel.
+    kernel = (config._attn_implementation or "eager").removeprefix(ATTENTION_PREFIX)
     if kernel not in SUPPORTED_KERNELS:
         raise ValueError(
             f"exact_cache=True supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load the model "
@@ -540,11 +541,43 @@ def enable_exact_dynamic_cache(model: nn.Module) -> None:
         raise ValueError(f"{type(model).__name__} has no attention module (with k_proj and layer_idx) to patch")
     rope = ExactDynamicRope(config, kernel)
     _compat.register_attention_wrapper(rope.attention_name, exact_dynamic_attention, mask_like=kernel)
-    for name, rotary in list(_compat.rotary_modules(model)):
-        _compat.replace_module(model, name, ExactDynamicRotaryEmbedding(rotary, rope))
     for module in attention:
         setattr(module, _STATE, rope)
     config._attn_implementation = rope.attention_name
+    return rope
+
+
+def enable_exact_dynamic_cache(model: nn.Module) -> None:
+    """Make a model patched with ``dynamic_ntk`` / ``dynamic_yarn`` exact with a KV cache (see module docs).
+
+    A no-op when the config's rope type is not dynamic (``factor=1`` patches plain RoPE).
+    Called by :func:`hf_posext.patch_model` for ``exact_cache=True``.
+
+    Raises:
+        ValueError: an attention implementation other than ``eager``/``sdpa``, or no attention modules.
+    """
+    disable_exact_dynamic_cache(model)
+    rope = _install(model)
+    if rope is None:
+        return
+    for name, rotary in list(_compat.rotary_modules(model)):
+        _compat.replace_module(model, name, ExactDynamicRotaryEmbedding(rotary, rope))
+
+
+def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
+    """The stand-in a base model being built from a ``dynamic_*`` config with ``exact_cache=True`` registers.
+
+    Called while the base model registers ``rotary`` in its ``__init__`` (``from_pretrained`` of a
+    saved checkpoint), after its attention layers exist and transformers has resolved
+    ``config._attn_implementation``: the exact wrapper of that kernel replaces it, so that
+    ``attn_implementation="eager"`` or ``"sdpa"`` passed to ``from_pretrained`` selects the
+    matching wrapper. ``None`` when the rope type is not dynamic.
+
+    Raises:
+        ValueError: as :func:`enable_exact_dynamic_cache`.
+    """
+    rope = _install(base_model)
+    return None if rope is None else ExactDynamicRotaryEmbedding(rotary, rope)
 
 
 def disable_exact_dynamic_cache(model: nn.Module) -> None:

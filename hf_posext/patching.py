@@ -200,20 +200,31 @@ def _method_from_record(record: dict[str, Any]) -> PositionMethod:
     return make_method(record["method"], **{k: v for k, v in record.items() if k in fields})
 
 
-def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) -> None:
+def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) -> nn.Module | None:
     """torch's global module-registration hook: redo a method's surgery on models built from a patched config.
 
     ``from_pretrained`` builds a plain ``LlamaModel`` (etc.) from the saved config. When such a base
     model registers ``embed_tokens`` and its config carries an hf-posext record, the method's
     :meth:`~PositionMethod.on_model_init` runs (absolute encodings re-create their position table
-    there, so the saved table is loaded into it). Everything else returns at the first check.
+    there, so the saved table is loaded into it). When it first registers ``rotary_emb``, the
+    module :meth:`~PositionMethod.on_rotary_init` returns is registered instead (exact dynamic
+    scaling puts its stand-in there). Everything else returns at the first check.
     """
-    if name != "embed_tokens" or not isinstance(submodule, nn.Embedding):
+    if name == "embed_tokens" and isinstance(submodule, nn.Embedding):
+        at_rotary = False
+    elif name == "rotary_emb" and name not in parent._modules:
+        # Only the first registration (the model's __init__): patch_model's own swaps of an
+        # existing rotary module must not be wrapped again.
+        at_rotary = True
+    else:
         return None
     record = getattr(getattr(parent, "config", None), CONFIG_KEY, None)
     if not isinstance(record, dict) or "method" not in record:
         return None
-    _method_from_record(record).on_model_init(parent)
+    method = _method_from_record(record)
+    if at_rotary:
+        return method.on_rotary_init(parent, submodule)
+    method.on_model_init(parent)
     return None
 
 

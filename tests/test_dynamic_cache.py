@@ -10,6 +10,7 @@ its query and every key it attends to are rotated with them.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -256,18 +257,89 @@ def test_unsupported_kernel_and_kernel_swap_raise():
         model(tokens(4))
 
 
-def test_saved_checkpoint_loads_in_vanilla_transformers_and_repatches(tmp_path):
-    model = patched(method="dynamic_ntk")
+def reload(model, path, **kwargs):
+    model.save_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+
+
+@pytest.mark.parametrize("kernel", ("eager", "sdpa"))
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reloaded_checkpoint_is_exact(arch, method, kernel, tmp_path):
+    # With hf_posext imported, from_pretrained rebuilds the exact machinery from config.hf_posext,
+    # on the kernel passed to it; nothing of it is written to config.json.
+    model = patched(arch, method, attn_implementation=kernel)
+    loaded = reload(model, tmp_path, attn_implementation=kernel)
+    assert loaded.config._attn_implementation == dynamic_cache.ATTENTION_PREFIX + kernel
+    assert "hf_posext_exact" not in (tmp_path / "config.json").read_text()
     ids = tokens(3 * L_ORIG)
-    model.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["rope_parameters"]["rope_type"] == "dynamic"  # native: vanilla transformers loads it
-    assert "hf_posext_exact" not in json.dumps(saved)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert loaded.model.rotary_emb.rope_type == "dynamic"
-    hf_posext.patch_model(loaded, "dynamic_ntk", factor=FACTOR)
+    steps = cached_step_logits(loaded, ids, 4)
     with torch.no_grad():
-        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+        full = loaded(ids, use_cache=False).logits
+        assert torch.equal(full, model(ids, use_cache=False).logits)
+    torch.testing.assert_close(steps, full[:, 3:-1], rtol=0, atol=TOL)
+    # Not bit for bit: from_pretrained memory-maps the weights off a 64-byte boundary (Qwen3's by
+    # 24 bytes), which changes the BLAS rounding of one-row matmuls; an unpatched reload differs
+    # by ~3e-7 there too.
+    torch.testing.assert_close(steps, cached_step_logits(model, ids, 4), rtol=0, atol=TOL)
+
+
+def test_reload_picks_the_kernel_transformers_resolves(tmp_path):
+    model = patched(attn_implementation="eager")
+    model.save_pretrained(tmp_path)
+    default = AutoModelForCausalLM.from_pretrained(tmp_path)  # transformers' default kernel: sdpa
+    assert default.config._attn_implementation == "hf_posext_exact_dynamic_sdpa"
+    with pytest.raises(ValueError, match=r"supports attn_implementation in \('eager', 'sdpa'\), got 'flex_attention'"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="flex_attention")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_reloaded_exact_cache_false_keeps_transformers_behaviour(method, tmp_path):
+    model = patched(method=method, exact_cache=False)
+    loaded = reload(model, tmp_path, attn_implementation="eager")
+    assert loaded.config._attn_implementation == "eager"
+    assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in loaded.modules())
+    # transformers' rotary is stateful: both models see the same calls in the same order
+    ids = tokens(3 * L_ORIG)
+    steps = cached_step_logits(loaded, ids, 4)
+    torch.testing.assert_close(steps, cached_step_logits(model, ids, 4), rtol=0, atol=TOL)
+    stale = (steps - cached_step_logits(patched(method=method), ids, 4))[:, 2 * L_ORIG :].abs().max().item()
+    assert stale > 100 * TOL, stale
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_reloaded_checkpoint_unpatches_and_repatches(method, tmp_path):
+    ids = tokens(3 * L_ORIG)
+    model = patched(method=method)
+    loaded = reload(model, tmp_path, attn_implementation="eager")
+    with torch.no_grad():
+        hf_posext.unpatch_model(loaded)
+        assert loaded.config._attn_implementation == "eager"
+        assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in loaded.modules())
+        assert torch.equal(loaded(ids).logits, tiny_model(max_positions=L_ORIG)(ids).logits)
+        hf_posext.patch_model(loaded, method, factor=FACTOR)
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_model_built_from_a_patched_models_config_is_exact():
+    # The config already names the wrapper (hf_posext_exact_dynamic_eager): the new model wraps eager.
+    model = patched()
+    built = type(model)(copy.deepcopy(model.config)).eval()
+    built.load_state_dict(model.state_dict())
+    assert built.config._attn_implementation == "hf_posext_exact_dynamic_eager"
+    ids = tokens(3 * L_ORIG)
+    with torch.no_grad():
+        assert torch.equal(built(ids).logits, model(ids).logits)
+
+
+def test_saved_checkpoint_is_native_for_vanilla_transformers(tmp_path):
+    # Vanilla transformers reads the native type and ignores the record, so it loads this config with
+    # its own dynamic behaviour, as it loads the exact_cache=False ones of tests/test_checkpoints.py.
+    patched(method="dynamic_ntk").save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_type"] == "dynamic"
+    assert saved["hf_posext"]["exact_cache"] is True
+    assert "hf_posext_exact" not in json.dumps(saved)
 
 
 def test_frequency_length_saturates_for_yarn_only():

@@ -121,6 +121,16 @@ class PositionMethod:
         ``from_pretrained`` rebuilds a saved checkpoint, before its weights are loaded.
         """
 
+    def on_rotary_init(self, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
+        """The module a base model being built from an already-patched config registers as its rotary embedding.
+
+        Called (through :func:`hf_posext.patching.on_submodule_registered`) when the base model
+        first registers ``rotary_emb`` in its ``__init__``, after its attention layers and after
+        transformers has resolved ``config._attn_implementation`` (from_pretrained's
+        ``attn_implementation`` argument included). ``None`` keeps ``rotary``.
+        """
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.name, **dataclasses.asdict(self)}
 

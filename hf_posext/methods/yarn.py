@@ -231,3 +231,11 @@ class DynamicYarnConfig(_YarnFields):
         from ..dynamic_cache import disable_exact_dynamic_cache
 
         disable_exact_dynamic_cache(model)
+
+    def on_rotary_init(self, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
+        # A saved exact_cache=True checkpoint reloads exact (from_pretrained after import hf_posext).
+        if not self.exact_cache:
+            return None
+        from ..dynamic_cache import exact_rotary_at_init
+
+        return exact_rotary_at_init(base_model, rotary)
