@@ -1,6 +1,8 @@
 """Forward time of a patched model over the same model built natively by transformers.
 
-For each method, two models with identical weights and identical ``rope_parameters``:
+For each method, two models with identical weights and identical ``rope_parameters``
+(dynamic methods twice: with exact KV-cache semantics, the default, and with
+``exact_cache=False``, transformers' own semantics):
 
 * ``patched``: an unpatched model passed through ``hf_posext.patch_model``;
 * ``native``: ``AutoModelForCausalLM.from_config`` on the patched config with the
@@ -32,7 +34,7 @@ import hf_posext
 RESULTS = Path(__file__).parent / "results"
 
 
-def build_pair(method: str, factor: float, original: int):
+def build_pair(method: str, factor: float, original: int, options: dict):
     config = LlamaConfig(
         vocab_size=512,
         hidden_size=256,
@@ -45,9 +47,10 @@ def build_pair(method: str, factor: float, original: int):
     )
     torch.manual_seed(0)
     patched = AutoModelForCausalLM.from_config(config).eval()
-    hf_posext.patch_model(patched, method, factor=factor)
+    hf_posext.patch_model(patched, method, factor=factor, **options)
     native_config = copy.deepcopy(patched.config)
     del native_config.hf_posext
+    native_config._attn_implementation = "sdpa"  # the exact-cache wrapper is hf-posext's, not native
     native = AutoModelForCausalLM.from_config(native_config).eval()
     native.load_state_dict(patched.state_dict())
     return native, patched
@@ -70,8 +73,11 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = []
-    for method in args.methods:
-        native, patched = build_pair(method, args.factor, args.original)
+    variants = [(m, {}) for m in args.methods]
+    variants += [(m, {"exact_cache": False}) for m in args.methods if hf_posext.methods.method_class(m).dynamic]
+    for method, options in variants:
+        native, patched = build_pair(method, args.factor, args.original, options)
+        label = method + ("" if not options else " (exact_cache=False)")
         for length in args.lengths:
             ids = torch.randint(0, 512, (1, length), generator=torch.Generator().manual_seed(length))
             seconds(native, ids), seconds(patched, ids)  # warm-up
@@ -82,14 +88,14 @@ def main() -> None:
             ratio = statistics.median(patched_times) / statistics.median(native_times)
             rows.append(
                 {
-                    "method": method,
+                    "method": label,
                     "length": length,
                     "native_ms": 1000 * statistics.median(native_times),
                     "patched_ms": 1000 * statistics.median(patched_times),
                     "ratio": ratio,
                 }
             )
-            print(f"{method:<13} L={length:<5} native {rows[-1]['native_ms']:8.1f} ms  "
+            print(f"{label:<33} L={length:<5} native {rows[-1]['native_ms']:8.1f} ms  "
                   f"patched {rows[-1]['patched_ms']:8.1f} ms  ratio {ratio:.3f}")
     RESULTS.mkdir(exist_ok=True)
     meta = {
@@ -101,8 +107,7 @@ def main() -> None:
         "original": args.original,
     }
     (RESULTS / "patch_overhead.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    worst = max(row["ratio"] for row in rows)
-    print(f"worst ratio {worst:.3f} (target <= 1.02); written to {RESULTS / 'patch_overhead.json'}")
+    print(f"written to {RESULTS / 'patch_overhead.json'} (target: ratio <= 1.02)")
 
 
 if __name__ == "__main__":

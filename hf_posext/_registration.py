@@ -30,6 +30,8 @@ def register_all() -> None:
     register_attention()
     global _model_init_hook
     if _model_init_hook is None:
-        # Lets a model built from a saved ALiBi / absolute-encoding config (from_pretrained) get
-        # its position modules back before the weights are loaded; see on_submodule_registered.
+        # Lets a model built from a saved patched config (from_pretrained) get back what the
+        # method adds beyond rope parameters - ALiBi's attention, absolute encodings' position
+        # table, dynamic methods' exact KV-cache wrapper - before the weights are loaded; see
+        # patching.on_submodule_registered.
         _model_init_hook = nn.modules.module.register_module_module_registration_hook(on_submodule_registered)
