@@ -40,7 +40,8 @@ def main() -> int:
     if args.report_only:
         seconds = sum(json.loads(p.read_text()).get("seconds", 0.0) for p in out.glob("*.json")
                       if p.stem in EXPERIMENTS)
-        print(write_report(config, out, "python scripts/reproduce.py --only <each experiment>", seconds))
+        command = "python scripts/reproduce.py --only EXPERIMENT` (one process each) and `--report-only"
+        print(write_report(config, out, command, seconds))
         return 0
     start = time.perf_counter()
     for name in args.only:

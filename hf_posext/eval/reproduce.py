@@ -279,7 +279,10 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
     lengths = [m * train_len for m in config.multiples]
     header = ["model"] + [f"{n} ({m}x)" for n, m in zip(lengths, config.multiples)]
     parts = [f"# Laptop-sized reproduction\n\nMade by `{command}` in {wall_seconds / 60:.1f} min of wall time.\n"]
-    env = environment()
+    # The machine the experiments ran on, as their JSON files recorded it (not this process's threads).
+    recorded = [json.loads((out / f"{n}.json").read_text()).get("environment") for n in EXPERIMENTS
+                if (out / f"{n}.json").exists()]
+    env = next((e for e in recorded if e), None) or environment()
     parts.append(f"Hardware and versions: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads), "
                  f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}.\n")
     parts.append(
@@ -322,7 +325,8 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
         parts.append(f"## 3. Passkey retrieval, trained at {base.seq_len} bytes\n")
         parts.append(
             f"Models trained {base.steps} steps of {base.batch_size} x {base.seq_len} bytes, "
-            f"{base.passkey_fraction:.0%} of sequences being passkey prompts (no task line) ending with the answer. "
+            f"{base.passkey_fraction:.0%} of sequences being passkey prompts (no task line) ending with the answer, "
+            "scored on the answer only. "
             f"Accuracy over depths {list(config.passkey_depths)}, {config.passkey_trials} keys each; "
             "RoPE + YaRN uses s = L / L_train.\n"
         )
