@@ -80,5 +80,8 @@ def test_bad_input_is_reported(checkpoint, tmp_path, capsys):
     assert main(["eval", "ppl", str(path), "--data", str(tmp_path / "missing.txt"), "--lengths", "16",
                  "--out", str(tmp_path), "--no-progress"]) == 2
     assert "missing.txt" in capsys.readouterr().err
+    assert main(["eval", "ppl", str(path), "--data", str(text), "--lengths", "16", "--method", "yarn",
+                 "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "--method yarn needs --factor" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "ppl", str(path), "--lengths", "sixteen"])

@@ -17,6 +17,8 @@ from typing import Any
 from .report import environment, markdown_table, plot_curves, plot_heatmaps, write_csv, write_json
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: Methods whose patch is a context scale: without --factor they would silently be the identity.
+_SCALED = ("linear", "pi", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn")
 
 
 def _ints(text: str) -> list[int]:
@@ -76,6 +78,8 @@ class _Patched:
     def __enter__(self) -> dict[str, Any]:
         from ..patching import patch_info, patch_model
 
+        if self.method in _SCALED and self.factor is None:
+            raise ValueError(f"--method {self.method} needs --factor (the context scale s, e.g. --factor 4)")
         if self.method != "none":
             patch_model(self.model, self.method, factor=self.factor, **self.extra)
         return patch_info(self.model)
