@@ -73,7 +73,7 @@ class ReproConfig:
     finetune_lr: float = 1e-3
     finetune_warmup: int = 10
     finetune_bytes: int = 4_000_000
-    passkey_model: TinyLMConfig = TinyLMConfig(seq_len=256, batch_size=8, steps=500, passkey_fraction=1.0)
+    passkey_model: TinyLMConfig = TinyLMConfig(seq_len=256, batch_size=8, steps=2000, passkey_fraction=1.0)
     passkey_multiples: tuple[int, ...] = (1, 2, 4, 8)
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     passkey_trials: int = 4
