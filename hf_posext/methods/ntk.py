@@ -23,18 +23,10 @@ a forward pass; ``False`` keeps transformers' stale-key behaviour (issue 25104).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .base import BaseRope, PositionMethod, register
-
-if TYPE_CHECKING:
-    import torch.nn as nn
-
-
-def check_exact_cache(method: PositionMethod) -> None:
-    """Raise ``ValueError`` unless ``method.exact_cache`` is a bool."""
-    if not isinstance(method.exact_cache, bool):
-        raise ValueError(f"{method.name}: exact_cache must be True or False, got {method.exact_cache!r}")
+from .dynamic import DynamicScaling
 
 
 def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
@@ -55,42 +47,10 @@ class NTKConfig(PositionMethod):
 
 @register("dynamic_ntk", aliases=("dynamic",))
 @dataclass(frozen=True)
-class DynamicNTKConfig(PositionMethod):
-    """Dynamic NTK: NTK base recomputed from the current length (native ``dynamic``).
-
-    Args:
-        exact_cache: keep KV-cached decoding equal to a forward pass at every step
-            (:mod:`hf_posext.dynamic_cache`); ``False`` is transformers' behaviour, whose cache keeps
-            keys rotated with stale frequencies.
-    """
+class DynamicNTKConfig(DynamicScaling):
+    """Dynamic NTK: NTK base recomputed from the current length (native ``dynamic``)."""
 
     paper = "emozilla 2023; YaRN paper arXiv:2309.00071 sec. 3.3"
-    dynamic = True
-
-    exact_cache: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_exact_cache(self)
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_type": "dynamic", "factor": self.factor}
-
-    def patch_modules(self, model: nn.Module) -> None:
-        if self.exact_cache:
-            from ..dynamic_cache import enable_exact_dynamic_cache  # lazy: dynamic_cache imports methods
-
-            enable_exact_dynamic_cache(model)
-
-    def unpatch_modules(self, model: nn.Module) -> None:
-        from ..dynamic_cache import disable_exact_dynamic_cache
-
-        disable_exact_dynamic_cache(model)
-
-    def on_rotary_init(self, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
-        # A saved exact_cache=True checkpoint reloads exact (from_pretrained after import hf_posext).
-        if not self.exact_cache:
-            return None
-        from ..dynamic_cache import exact_rotary_at_init
-
-        return exact_rotary_at_init(base_model, rotary)

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .base import BaseRope, PositionMethod, register
-from .ntk import check_exact_cache
+from .dynamic import DynamicScaling
 
 if TYPE_CHECKING:
-    import torch.nn as nn
     from transformers import PreTrainedConfig
 
 #: The ``rope_type`` dynamic YaRN registers; named after the package so that a vanilla
@@ -200,42 +199,10 @@ class YarnConfig(_YarnFields):
 
 @register("dynamic_yarn")
 @dataclass(frozen=True)
-class DynamicYarnConfig(_YarnFields):
-    """Dynamic YaRN: YaRN with s = min(factor, max(1, L / L_orig)) from the current length.
-
-    Args:
-        exact_cache: keep KV-cached decoding equal to a forward pass at every step
-            (:mod:`hf_posext.dynamic_cache`); ``False`` rotates each key once before caching, as
-            transformers does for its dynamic types and the YaRN repository for dynamic YaRN.
-    """
+class DynamicYarnConfig(_YarnFields, DynamicScaling):
+    """Dynamic YaRN: YaRN with s = min(factor, max(1, L / L_orig)) from the current length."""
 
     paper = "Peng et al. 2023, YaRN, arXiv:2309.00071 sec. 3.3"
-    dynamic = True
-
-    exact_cache: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_exact_cache(self)
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return self._yarn_parameters(base, DYNAMIC_YARN_ROPE_TYPE)
-
-    def patch_modules(self, model: nn.Module) -> None:
-        if self.exact_cache:
-            from ..dynamic_cache import enable_exact_dynamic_cache  # lazy: dynamic_cache imports methods
-
-            enable_exact_dynamic_cache(model)
-
-    def unpatch_modules(self, model: nn.Module) -> None:
-        from ..dynamic_cache import disable_exact_dynamic_cache
-
-        disable_exact_dynamic_cache(model)
-
-    def on_rotary_init(self, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
-        # A saved exact_cache=True checkpoint reloads exact (from_pretrained after import hf_posext).
-        if not self.exact_cache:
-            return None
-        from ..dynamic_cache import exact_rotary_at_init
-
-        return exact_rotary_at_init(base_model, rotary)
