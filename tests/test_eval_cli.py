@@ -6,7 +6,6 @@ import csv
 import json
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 from hf_posext import patch_model
