@@ -26,10 +26,18 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling of ``path``; on success it replaces ``path`` in one rename.
 
     A crash (or an exception) inside the block leaves ``path`` as it was: either the previous
-    complete checkpoint or nothing. The temporary folder is removed on failure.
+    complete checkpoint or nothing. The temporary folder is removed on failure. Replacing an
+    existing folder takes two renames; a crash between them leaves the old folder as
+    ``.NAME.old-PID``, which the next call restores before writing.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        # A crash between the two renames below left the previous folder only under its
+        # hidden name: put it back first, so a failure of this write still leaves it in place.
+        for orphan in sorted(target.parent.glob(f".{target.name}.old-*")):
+            os.replace(orphan, target)
+            break
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp

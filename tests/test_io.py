@@ -1,0 +1,41 @@
+"""Atomic checkpoint folders: a failed or interrupted write never loses the previous folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_posext.io import atomic_directory
+
+
+def test_success_replaces_the_folder_in_one_piece(tmp_path):
+    target = tmp_path / "ckpt"
+    with atomic_directory(target) as tmp:
+        (tmp / "a.txt").write_text("one")
+    with atomic_directory(target) as tmp:
+        (tmp / "b.txt").write_text("two")
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary or old folders left
+
+
+def test_an_exception_inside_leaves_the_previous_folder(tmp_path):
+    target = tmp_path / "ckpt"
+    with atomic_directory(target) as tmp:
+        (tmp / "a.txt").write_text("one")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_directory(target) as tmp:
+            (tmp / "half.txt").write_text("half")
+            raise RuntimeError("disk full")
+    assert (target / "a.txt").read_text() == "one"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_a_crash_between_the_two_renames_is_recovered(tmp_path):
+    """The state a kill between ``target -> .old`` and ``tmp -> target`` leaves behind."""
+    orphan = tmp_path / ".ckpt.old-4242"
+    orphan.mkdir()
+    (orphan / "a.txt").write_text("previous")
+    with pytest.raises(RuntimeError):
+        with atomic_directory(tmp_path / "ckpt"):
+            raise RuntimeError("killed again")
+    assert (tmp_path / "ckpt" / "a.txt").read_text() == "previous"
+    assert not orphan.exists()
