@@ -63,3 +63,16 @@ def tiny_model(arch: str = "llama", seed: int = 0, **config_kwargs) -> PreTraine
 def tokens(length: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (batch, length), generator=generator)
+
+
+def train_steps(model: PreTrainedModel, ids: torch.Tensor, steps: int = 10, lr: float = 1e-2) -> list[float]:
+    """AdamW on the language-model loss of ``ids`` for ``steps`` steps; the losses, first to last."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

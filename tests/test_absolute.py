@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from models import tiny_config, tiny_model, tokens
+from models import tiny_config, tiny_model, tokens, train_steps
 from vanilla import vanilla_load_error
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
@@ -178,15 +178,8 @@ def test_a_tiny_learned_model_trains_its_table():
     model = hf_posext.patch_model(tiny_model(), "learned", max_length=32).train()
     table = getattr(model.model, POSITIONS_ATTR).weight
     start = table.detach().clone()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ids = (torch.arange(24) % 5 + 3)[None].repeat(2, 1)
-    losses = []
-    for _ in range(10):
-        loss = model(ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_steps(model, ids)
     assert losses[-1] < 0.5 * losses[0], losses
     assert not torch.equal(table.detach(), start)
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
-from models import ARCHITECTURES, tiny_model, tokens
+from models import ARCHITECTURES, tiny_model, tokens, train_steps
 from vanilla import vanilla_load_error
 from transformers import AutoModelForCausalLM, masking_utils
 
@@ -349,16 +349,9 @@ def test_bf16_error_is_comparable_to_the_native_models(backend):
 def test_a_tiny_alibi_model_learns():
     torch.manual_seed(0)
     model = alibi_model(heads=4, kv_heads=2).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     # a periodic sequence: predictable only from what came a fixed distance before
     ids = (torch.arange(28) % 7 + 3)[None].repeat(2, 1)
-    losses = []
-    for _ in range(10):
-        loss = model(ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_steps(model, ids)
     assert losses[-1] < 0.5 * losses[0], losses
 
 
