@@ -14,8 +14,8 @@ ratios are against the static method measured in the same run:
 The prompt (``factor * L_orig - new_tokens`` tokens) is prefilled once per model and its
 time reported; every round decodes from that cache and crops it back.
 
-Prefill time is reported too: a prompt longer than ``L_orig`` costs the exact path one kernel
-call per distinct length (see the module docs).
+Prefill time is reported too: past ``L_orig`` every row of the prompt needs its own rotation of
+the keys, attended in batched chunks (see the module docs' Trade-offs).
 
 Run (CPU, about a minute on 2 cores)::
 

@@ -42,8 +42,12 @@ Design
 * Decoding (one new token per row, or any forward in which each row needs one frequency set) is a
   single kernel call. In a forward whose rows need many frequency sets (a prompt longer than
   ``L_orig``), the rows up to ``L_orig`` (and, for YaRN, from ``factor * L_orig`` on) share one
-  call; every row in between is its own single-query problem, and chunks of such rows go to the
-  kernel as one batch, each with its own rotated copy of the keys.
+  call; every row in between needs its own rotation of the keys. Those rows are attended in
+  chunks, one batched computation per chunk (the eager kernel's arithmetic written out: each row's
+  rotated keys, a batched matmul with its queries, the mask, softmax in fp32, then the values),
+  chunks bounded to ``_ROWWISE_BUDGET`` rotated-key elements. The same rows sent to the kernel as
+  a batch of single-query problems (``_attend_rowwise_by_kernel``) are the reference it is tested
+  against, and the path for kernel options it does not implement (dropout, sinks, soft-capping).
 * Nothing is kept between forwards: frequencies follow from the positions of each call. A new,
   shorter sequence (a fresh cache) starts again from plain RoPE, and its logits equal those of a
   freshly patched model whatever ran before. (transformers only resets below ``L_orig``, and then
@@ -57,10 +61,19 @@ Trade-offs
   ``p * (theta_new - theta_old)`` would accumulate one rounding per step (visible in bf16 after a
   few hundred steps); keeping pre-RoPE keys does not. The cost grows with the key cache relative to
   the weights (long contexts, many KV heads); ``benchmarks/bench_dynamic_decode.py`` measures it.
-  A kernel that rotates keys as it reads them would remove it; none is used here.
-* Prefill past ``L_orig`` does O(prompt^2 * head_dim) elementwise work for the rows' own key
-  rotations (attention itself is O(prompt^2 * head_dim) too, but as a matmul), so long prompts
-  prefill several times slower than with transformers' rule.
+  A kernel that rotates keys as it reads them would remove it; none is used here. Measured with
+  ``benchmarks/bench_dynamic_decode.py`` (defaults: decoding up to 4x L_orig, fp32, one CPU
+  thread): 0.85x (NTK) and 0.86x (YaRN) the tokens/s of the static method of the same factor.
+* Prefill past ``L_orig`` does O(prompt^2 * head_dim * kv_heads) elementwise work for the rows'
+  own key rotations, and O(prompt^2 * rotary_dim) cos/sin (recomputed per layer once the tables
+  exceed ``_TABLE_BUDGET``); attention itself is O(prompt^2 * head_dim) too, but as a matmul. So
+  long prompts prefill several times slower than with transformers' rule. Measured with
+  ``benchmarks/bench_patch_overhead.py --methods dynamic_ntk dynamic_yarn --lengths 1024 2048
+  --repeats 3`` (4-layer Llama, hidden 256, 4 heads / 2 KV heads, sdpa, L_orig 256, factor 8,
+  fp32, 2 CPU cores): prefill / native dynamic forward = 6.2x (NTK) and 5.1x (YaRN) at 1024
+  tokens, 8.9x and 9.1x at 2048, down from 12-16x and 15-32x when each chunk of rows went
+  through the kernel. In fp32 a row's key rotation is one complex multiply; other dtypes use
+  :func:`apply_rotary`'s real arithmetic.
 * Every forward reads its lengths back to the host (one sync), so it does not capture in CUDA
   graphs. Supported kernels: ``eager`` and ``sdpa``. A cache must return its keys as a contiguous
   window ending at the newest token (``DynamicCache``, sliding or not; not ``StaticCache``).
@@ -156,8 +169,11 @@ def cos_sin(
 
 
 #: Elements of rotated-key copies the row-wise path may build at once, and of cos/sin tables a
-#: forward may keep for its layers (beyond that they are recomputed per layer).
-_ROWWISE_BUDGET = 1 << 24
+#: forward may keep for its layers (beyond that they are recomputed per layer). Small chunks are
+#: faster, not only leaner: at 2048 tokens (bench_patch_overhead.py, CPU) 1 << 21 prefilled in
+#: 1.25 s, 1 << 24 (64 MB temporaries, freshly page-faulted per chunk) in 2.4 s, 1 << 18 in 3.1 s
+#: (per-call overhead).
+_ROWWISE_BUDGET = 1 << 21
 _TABLE_BUDGET = 1 << 25
 
 
@@ -301,19 +317,20 @@ class ExactDynamicRope:
             self._memo[key] = build()
         return self._memo[key]
 
-    def tables(self, key: tuple, build: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin tables under ``key``, built by ``build()`` once per forward and shared by the layers.
+    def tables(self, key: tuple, build: Any) -> tuple[torch.Tensor, ...]:
+        """Rotation tables (cos/sin, or complex) under ``key``, built once per forward and shared by the layers.
 
-        Past ``_TABLE_BUDGET`` elements a forward stops keeping them (a long prompt's row-wise
-        tables would not fit) and they are rebuilt per layer.
+        Past ``_TABLE_BUDGET`` fp32 elements' worth a forward stops keeping them (a long prompt's
+        row-wise tables would not fit) and they are rebuilt per layer.
         """
         if key in self._tables:
             return self._tables[key]
-        cos, sin = build()
-        if self._table_elements + 2 * cos.numel() <= _TABLE_BUDGET:
-            self._tables[key] = (cos, sin)
-            self._table_elements += 2 * cos.numel()
-        return cos, sin
+        built = build()
+        size = sum(t.numel() * t.element_size() for t in built) // 4
+        if self._table_elements + size <= _TABLE_BUDGET:
+            self._tables[key] = built
+            self._table_elements += size
+        return built
 
 
 class ExactDynamicRotaryEmbedding(nn.Module):
@@ -455,9 +472,78 @@ def exact_dynamic_attention(
         )
         merge(call.start, call.stop, call.rows, out, part)
     if rowwise is not None:
-        _attend_rowwise(rope, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise,
-                        merge, kwargs)
+        batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in _KERNEL_ONLY)
+        attend = _attend_rowwise if batched else _attend_rowwise_by_kernel
+        attend(rope, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge,
+               kwargs)
     return output, weights[0]
+
+
+def _query_tables(
+    rope: ExactDynamicRope, query: torch.Tensor, positions: torch.Tensor, rowwise: _RowWise, start: int, stop: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[batch, rows, rotary_dim // 2]`` of rows ``[start, stop)``'s queries, each with its own frequencies."""
+    inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
+
+    def build():
+        freqs = positions[:, start:stop, None].float() * inv_freq  # [batch, rows, rotary_dim // 2]
+        scale = scaling[..., None]
+        return (freqs.cos() * scale).to(query.dtype), (freqs.sin() * scale).to(query.dtype)
+
+    return rope.tables(("q-row", start), build)
+
+
+def _key_tables(
+    rope: ExactDynamicRope,
+    query: torch.Tensor,
+    key_positions: torch.Tensor,
+    rowwise: _RowWise,
+    start: int,
+    stop: int,
+    keys: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[batch, rows, keys, rotary_dim // 2]``: row ``[start, stop)``'s frequencies at the first ``keys`` keys.
+
+    Built once per forward and shared by the layers while they fit (:meth:`ExactDynamicRope.tables`).
+    """
+    inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
+
+    def build():
+        freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
+        scale = scaling[..., None, None]
+        return (freqs.cos() * scale).to(query.dtype), (freqs.sin() * scale).to(query.dtype)
+
+    return rope.tables(("k-row", start, key_positions.shape[1]), build)
+
+
+def _interleave(x: torch.Tensor, half: int) -> torch.Tensor:
+    """``x``'s rotary channels reordered as (0, half, 1, half + 1, ...): the real view of its complex pairs."""
+    return torch.stack((x[..., :half], x[..., half : 2 * half]), dim=-1).flatten(-2)
+
+
+def _key_rotations(
+    rope: ExactDynamicRope, key_positions: torch.Tensor, rowwise: _RowWise, start: int, stop: int, keys: int
+) -> torch.Tensor:
+    """Every row's rotation of the first ``keys`` keys as unit complex numbers times its multiplier.
+
+    ``[batch, rows, keys, rotary_dim // 2]`` complex64, the values of :func:`_key_tables`' fp32
+    key tables (``cos + i sin``), written straight into one complex tensor.
+    """
+    inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
+
+    def build():
+        freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
+        table = freqs.new_empty(*freqs.shape, 2)
+        torch.cos(freqs, out=table[..., 0])
+        torch.sin(freqs, out=table[..., 1])
+        return (torch.view_as_complex(table.mul_(scaling[..., None, None, None])),)
+
+    return rope.tables(("k-row-complex", start, key_positions.shape[1]), build)[0]
+
+
+#: Kernel arguments the batched row-wise path does not implement (attention sinks, logit
+#: soft-capping); with any of them set, or dropout, the rows go through the kernel instead.
+_KERNEL_ONLY = ("s_aux", "softcap")
 
 
 def _attend_rowwise(
@@ -474,10 +560,82 @@ def _attend_rowwise(
     merge: Any,
     kwargs: dict[str, Any],
 ) -> None:
+    """Attend rows that each need their own frequencies: a chunk of rows per batched matmul.
+
+    The eager kernel's arithmetic (scores in the query dtype, mask added, softmax in fp32, cast
+    back, times values), written out so that a chunk of rows is one computation: each row's keys
+    are rotated with its frequencies (``[batch, rows, kv_heads, keys, head_dim]``), the grouped
+    queries of a KV head multiply them in one batched matmul, and the probabilities of all rows
+    share the un-copied values. Equal to :func:`_attend_rowwise_by_kernel` up to fp32 rounding;
+    it does not call the kernel, whose batch-of-single-queries layout copies the keys again for
+    every query head (eager's ``repeat_kv``) and the values for every row.
+    """
+    batch, heads, seq, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups, past = heads // kv_heads, kv_len - seq
+    scaling = kwargs.get("scaling")
+    scaling = dim**-0.5 if scaling is None else scaling
+    half = rope.rotary_dim // 2
+    # fp32: each channel pair (i, i + rotary_dim / 2) of a key is one complex number, so a row's
+    # rotation of the keys is one complex multiply (the two products and the sum per output of
+    # _rotate, in one pass instead of seven and a concatenation). Its real view interleaves the
+    # pairs, so the queries are interleaved alike and the dot product is unchanged. Other dtypes
+    # have no complex type that rounds like them and rotate with _rotate.
+    pairs = None
+    if query.dtype == torch.float32:
+        pairs = torch.complex(key[..., :half], key[..., half : 2 * half])  # [batch, kv_heads, kv_len, half]
+    chunk = max(1, _ROWWISE_BUDGET // max(1, batch * kv_heads * kv_len * dim))
+    for start in range(rowwise.start, rowwise.stop, chunk):
+        stop = min(start + chunk, rowwise.stop)
+        rows, keys = stop - start, past + stop
+        q = apply_rotary(query[:, :, start:stop], *_query_tables(rope, query, positions, rowwise, start, stop))
+        q = q.view(batch, kv_heads, groups, rows, dim).permute(0, 3, 1, 2, 4)  # [batch, rows, kv_heads, groups, dim]
+        if pairs is None:  # each row's own rotation of the keys, then one batched matmul with its queries
+            k_cos, k_sin = _key_tables(rope, query, key_positions, rowwise, start, stop, keys)
+            k = _rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None])  # [batch, rows, kv_heads, keys, d]
+            scores = torch.matmul(q, k.transpose(-1, -2))
+        else:
+            rotations = _key_rotations(rope, key_positions, rowwise, start, stop, keys)  # [batch, rows, keys, half]
+            rotated = pairs[:, None, :, :keys] * rotations[:, :, None]  # [batch, rows, kv_heads, keys, half]
+            scores = torch.matmul(_interleave(q, half), torch.view_as_real(rotated).flatten(-2).transpose(-1, -2))
+            if 2 * half < dim:  # channels past rotary_dim are not rotated
+                scores = scores + torch.matmul(q[..., 2 * half :], key[:, None, :, :keys, 2 * half :].transpose(-1, -2))
+        scores = scores * scaling  # [batch, rows, kv_heads, groups, keys]
+        mask = _rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, 0, :, None, None]
+        if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+        probs = probs.permute(0, 2, 1, 3, 4).reshape(batch, kv_heads, rows * groups, keys)
+        out = torch.matmul(probs, value[:, :, :keys])  # [batch, kv_heads, rows * groups, dim]
+        out = out.view(batch, kv_heads, rows, groups, -1).permute(0, 2, 1, 3, 4).reshape(batch, rows, heads, -1)
+        part = None
+        if rope.kernel == "eager":  # eager returns its weights: [batch, heads, rows, keys]
+            part = probs.view(batch, kv_heads, rows, groups, keys).transpose(2, 3).reshape(batch, heads, rows, keys)
+        merge(start, stop, rowwise.rows[:, start:stop], out, part)
+
+
+def _attend_rowwise_by_kernel(
+    rope: ExactDynamicRope,
+    kernel: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    rowwise: _RowWise,
+    merge: Any,
+    kwargs: dict[str, Any],
+) -> None:
     """Attend rows that each need their own frequencies, a chunk of rows per kernel call.
 
     Each (batch, row) of a chunk becomes one single-query item of a ``batch * chunk`` kernel
-    call, with its own copy of the keys rotated by its frequencies.
+    call, with its own copy of the keys rotated by its frequencies. The reference for
+    :func:`_attend_rowwise`, and the path for what that does not implement (dropout, sinks,
+    soft-capping).
     """
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
@@ -486,21 +644,8 @@ def _attend_rowwise(
     for start in range(rowwise.start, rowwise.stop, chunk):
         stop = min(start + chunk, rowwise.stop)
         rows, keys = stop - start, past + stop
-        inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
-
-        def build_q(inv_freq=inv_freq, scaling=scaling, start=start, stop=stop):
-            freqs = positions[:, start:stop, None].float() * inv_freq  # [batch, rows, rotary_dim // 2]
-            scale = scaling[..., None]
-            return (freqs.cos() * scale).to(query.dtype), (freqs.sin() * scale).to(query.dtype)
-
-        def build_k(inv_freq=inv_freq, scaling=scaling, keys=keys):
-            freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
-            scale = scaling[..., None, None]
-            return (freqs.cos() * scale).to(key.dtype), (freqs.sin() * scale).to(key.dtype)
-
-        q_cos, q_sin = rope.tables(("q-row", start), build_q)
-        k_cos, k_sin = rope.tables(("k-row", start, kv_len), build_k)
-        q = apply_rotary(query[:, :, start:stop], q_cos, q_sin)  # [batch, heads, rows, dim]
+        q = apply_rotary(query[:, :, start:stop], *_query_tables(rope, query, positions, rowwise, start, stop))
+        k_cos, k_sin = _key_tables(rope, query, key_positions, rowwise, start, stop, keys)
         q = q.transpose(1, 2).reshape(batch * rows, heads, 1, dim)
         # every row's own rotation of the keys: [batch, rows, kv_heads, keys, dim]
         k = _rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None]).reshape(batch * rows, kv_heads, keys, dim)

@@ -378,3 +378,32 @@ def test_chunked_prefill_with_cache_equals_full_forward(method):
         first = model(ids[:, : L_ORIG + 5], use_cache=True)
         second = model(ids[:, L_ORIG + 5 :], cache=first.cache, use_cache=True)
     torch.testing.assert_close(torch.cat((first.logits, second.logits), dim=1), full, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("kernel", ("eager", "sdpa"))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_rowwise_path_equals_kernel_path(arch, kernel, monkeypatch):
+    # The rows past L_orig go through one batched matmul per chunk (_attend_rowwise); the
+    # kernel path (_attend_rowwise_by_kernel, one single-query kernel item per row) is its
+    # reference. A left-padded 3x prompt, in one chunk and in chunks of a few rows.
+    model = patched(arch, "dynamic_ntk", attn_implementation=kernel)
+    ids = tokens(3 * L_ORIG, batch=2)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, :5] = 0
+    real = attention_mask.bool()
+    calls = []
+    batched = dynamic_cache._attend_rowwise
+    monkeypatch.setattr(dynamic_cache, "_attend_rowwise", lambda *args: calls.append(1) or batched(*args))
+    with torch.no_grad():
+        fast = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
+        assert calls  # the batched path really ran
+        monkeypatch.setattr(dynamic_cache, "_ROWWISE_BUDGET", 4 * 2 * 2 * 3 * L_ORIG * 32)  # 4 rows per chunk
+        chunked = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
+        monkeypatch.setattr(dynamic_cache, "_attend_rowwise", dynamic_cache._attend_rowwise_by_kernel)
+        reference = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
+    for out in (fast, chunked):
+        torch.testing.assert_close(out.logits[real], reference.logits[real], rtol=0, atol=TOL)
+        if kernel == "eager":
+            for weights, expected in zip(out.attentions, reference.attentions, strict=True):
+                rows = real[:, None, :, None].expand_as(weights)
+                torch.testing.assert_close(weights[rows], expected[rows], rtol=0, atol=1e-6)
