@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from transformers import (
     LlamaConfig,
@@ -76,3 +79,16 @@ def train_steps(model: PreTrainedModel, ids: torch.Tensor, steps: int = 10, lr: 
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """One intra-op thread: tiny models gain nothing from more, and on a small shared CPU OpenMP
+    threads contending for busy cores make their matmuls tens of times slower. It also keeps
+    runs that are compared bit for bit (resumes, subprocesses) on the same reduction order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

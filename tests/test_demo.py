@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from models import single_thread
 
 from hf_posext.cli import main
 from hf_posext.demo import DYNAMIC_METHODS, QUICK, ROPE_METHODS
@@ -16,13 +17,8 @@ from hf_posext.methods import available_methods
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
-    # One intra-op thread: on a busy 2-core machine OpenMP threads contend and tiny matmuls crawl.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():
         code = main(["demo", "--quick", "--cache-dir", str(root / "cache"), "--out", str(root / "out"), "--no-progress"])
-    finally:
-        torch.set_num_threads(threads)
     assert code == 0
     return root, json.loads((root / "out" / "demo.json").read_text())
 

@@ -30,14 +30,7 @@ FACTOR = 4
 TOL = 2e-5  # fp32: measured differences are ~5e-7; native's stale keys are >1e-2 off
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared machine their spin-waits
-    # made a 2-layer decoding step cost ~50 ms instead of ~4 ms.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def patched(arch="llama", method="dynamic_yarn", exact_cache=True, **kwargs):

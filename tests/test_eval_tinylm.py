@@ -14,12 +14,7 @@ TINY = TinyLMConfig(seq_len=16, steps=4, batch_size=2, hidden_size=16, num_layer
                     max_train_bytes=50_000)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-identical resumes and no thread contention on a shared CPU
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_stdlib_split_is_a_partition():
