@@ -96,6 +96,7 @@ Example (runs on a laptop)::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -546,6 +547,13 @@ def _key_rotations(
 _KERNEL_ONLY = ("s_aux", "softcap")
 
 
+def _row_chunks(rowwise: _RowWise, key: torch.Tensor) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` row ranges whose per-row key copies stay within ``_ROWWISE_BUDGET`` elements."""
+    chunk = max(1, _ROWWISE_BUDGET // max(1, key.numel()))
+    for start in range(rowwise.start, rowwise.stop, chunk):
+        yield start, min(start + chunk, rowwise.stop)
+
+
 def _attend_rowwise(
     rope: ExactDynamicRope,
     kernel: Any,
@@ -584,9 +592,7 @@ def _attend_rowwise(
     pairs = None
     if query.dtype == torch.float32:
         pairs = torch.complex(key[..., :half], key[..., half : 2 * half])  # [batch, kv_heads, kv_len, half]
-    chunk = max(1, _ROWWISE_BUDGET // max(1, batch * kv_heads * kv_len * dim))
-    for start in range(rowwise.start, rowwise.stop, chunk):
-        stop = min(start + chunk, rowwise.stop)
+    for start, stop in _row_chunks(rowwise, key):
         rows, keys = stop - start, past + stop
         q = apply_rotary(query[:, :, start:stop], *_query_tables(rope, query, positions, rowwise, start, stop))
         q = q.view(batch, kv_heads, groups, rows, dim).permute(0, 3, 1, 2, 4)  # [batch, rows, kv_heads, groups, dim]
@@ -640,9 +646,7 @@ def _attend_rowwise_by_kernel(
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     past = kv_len - seq
-    chunk = max(1, _ROWWISE_BUDGET // max(1, batch * kv_heads * kv_len * dim))
-    for start in range(rowwise.start, rowwise.stop, chunk):
-        stop = min(start + chunk, rowwise.stop)
+    for start, stop in _row_chunks(rowwise, key):
         rows, keys = stop - start, past + stop
         q = apply_rotary(query[:, :, start:stop], *_query_tables(rope, query, positions, rowwise, start, stop))
         k_cos, k_sin = _key_tables(rope, query, key_positions, rowwise, start, stop, keys)
