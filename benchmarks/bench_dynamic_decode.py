@@ -1,7 +1,8 @@
 """Decode speed of exact dynamic scaling (hf_posext.dynamic_cache) against the static method of the same factor.
 
 Every configuration decodes the last ``--new-tokens`` tokens up to ``factor * L_orig`` with a KV
-cache, on the same random-weight Llama, in one process; runs are interleaved (``--repeats``
+cache, on one random-weight Llama re-patched before each run (separate copies of the weights
+differ by a few percent in speed), in one process; runs are interleaved (``--repeats``
 rounds) so that machine load hits all of them alike, and the best round of each is kept. On CPU
 the clock is the process's CPU time with one torch thread, so that other jobs on the machine do
 not decide the ratio; on a GPU it is wall time. The
@@ -11,7 +12,7 @@ ratios are against the static method measured in the same run:
 * ``dynamic_yarn`` (exact) vs ``yarn`` (static YaRN at ``factor``);
 * transformers' own dynamic path (``exact_cache=False``, stale cached keys) for reference.
 
-The prompt (``factor * L_orig - new_tokens`` tokens) is prefilled once per model and its
+The prompt (``factor * L_orig - new_tokens`` tokens) is prefilled once per configuration and its
 time reported; every round decodes from that cache and crops it back.
 
 Prefill time is reported too: past ``L_orig`` every row of the prompt needs its own rotation of
@@ -55,7 +56,8 @@ RUNS = (
 )
 
 
-def build(args: argparse.Namespace, method: str, exact_cache: bool | None) -> LlamaForCausalLM:
+def build(args: argparse.Namespace) -> LlamaForCausalLM:
+    """The random-weight Llama every configuration runs on (re-patched, so that all share its weights' memory)."""
     config = LlamaConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -67,9 +69,13 @@ def build(args: argparse.Namespace, method: str, exact_cache: bool | None) -> Ll
         attn_implementation=args.attention,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval().to(device=args.device, dtype=getattr(torch, args.dtype))
+    return LlamaForCausalLM(config).eval().to(device=args.device, dtype=getattr(torch, args.dtype))
+
+
+def patch(model: LlamaForCausalLM, args: argparse.Namespace, method: str, exact_cache: bool | None) -> None:
+    """Re-patch ``model`` in place (a patch replaces the previous one; it never stacks)."""
     kwargs = {} if exact_cache is None else {"exact_cache": exact_cache}
-    return hf_posext.patch_model(model, method, factor=args.factor, **kwargs)
+    hf_posext.patch_model(model, method, factor=args.factor, **kwargs)
 
 
 def sync(device: str) -> None:
@@ -132,13 +138,17 @@ def main() -> None:
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, args.vocab, (args.batch, total - args.new_tokens), generator=generator)
     prompt = prompt.to(args.device)
-    models = {label: build(args, method, exact) for label, method, exact, _ in RUNS}
-    # The prompt is prefilled once per model (a prompt past L_orig is the exact path's slow part);
-    # each round then decodes from a copy of that state (the cache is cropped back after a round).
-    prefilled = {label: prefill(model, prompt, args.device) for label, model in models.items()}
+    model = build(args)
+    # The prompt is prefilled once per configuration (a prompt past L_orig is the exact path's slow
+    # part); each round then decodes from that state (the cache is cropped back after a round).
+    prefilled = {}
+    for label, method, exact, _ in RUNS:
+        patch(model, args, method, exact)
+        prefilled[label] = prefill(model, prompt, args.device)
     best: dict[str, tuple[float, float]] = {}
     for _ in range(args.repeats):
-        for label, model in models.items():
+        for label, method, exact, _ in RUNS:
+            patch(model, args, method, exact)
             seconds_prefill, cache, token = prefilled[label]
             seconds = decode(model, cache, token, args.new_tokens, args.device)
             best[label] = (seconds_prefill, min(seconds, best.get(label, (0, seconds))[1]))

@@ -39,8 +39,12 @@ Design
   kernel. Cached keys occupy the positions just before the new tokens (the cache returns a
   contiguous, most recent window), so their positions follow from the new tokens' ``position_ids``;
   left-padded batches work because each row keeps its own positions.
-* Decoding (one new token per row, or any forward in which each row needs one frequency set) is a
-  single kernel call. In a forward whose rows need many frequency sets (a prompt longer than
+* Decoding (one new token per row) is a single kernel call with the query left as it is and each
+  key rotated by its offset to the query, ``(j - p) * theta'``, times YaRN's ``mscale^2``: RoPE
+  scores depend on the offset only, and the offsets ``-(kv_len - 1) .. 0`` are the same for every
+  row, so one table per step serves all rows and layers and the query needs no rotation. In fp32
+  that rotation is one complex multiply. Any other forward in which each row needs one frequency
+  set (a prompt within one regime) is one kernel call too, queries and keys rotated by position. In a forward whose rows need many frequency sets (a prompt longer than
   ``L_orig``), the rows up to ``L_orig`` (and, for YaRN, from ``factor * L_orig`` on) share one
   call; every row in between needs its own rotation of the keys. Those rows are attended in
   chunks, one batched computation per chunk (the eager kernel's arithmetic written out: each row's
@@ -55,15 +59,19 @@ Design
 
 Trade-offs
 ----------
-* Decoding re-rotates the whole key cache at every step: about one extra read and write of the
-  keys per layer (cos/sin tables are built once per step and shared by the layers). That is the
-  price of exactness without drift: re-rotating the stored keys in place by
-  ``p * (theta_new - theta_old)`` would accumulate one rounding per step (visible in bf16 after a
-  few hundred steps); keeping pre-RoPE keys does not. The cost grows with the key cache relative to
-  the weights (long contexts, many KV heads); ``benchmarks/bench_dynamic_decode.py`` measures it.
-  A kernel that rotates keys as it reads them would remove it; none is used here. Measured with
-  ``benchmarks/bench_dynamic_decode.py`` (defaults: decoding up to 4x L_orig, fp32, one CPU
-  thread): 0.85x (NTK) and 0.86x (YaRN) the tokens/s of the static method of the same factor.
+* Decoding re-rotates the whole key cache at every step: per layer, one pass that pairs the key
+  channels into complex numbers and one complex multiply, plus one rotation table per step
+  (:func:`offset_rotations`) shared by the layers. That is the price of exactness without drift:
+  re-rotating the stored keys in place by ``p * (theta_new - theta_old)`` would accumulate one
+  rounding per step (visible in bf16 after a few hundred steps); keeping pre-RoPE keys does not.
+  The cost grows with the key cache relative to the weights (long contexts, many KV heads, large
+  batches). A kernel that rotates keys as it reads them would remove it; none is used here.
+  Measured with ``benchmarks/bench_dynamic_decode.py`` (defaults: 4-layer Llama, hidden 512,
+  8 heads / 2 KV heads, sdpa, decoding the last 64 tokens up to 4x L_orig = 1024, fp32, one CPU
+  thread): 0.89-0.93x (NTK) and 0.90-0.92x (YaRN) the tokens/s of the static method of the same
+  factor over eight runs; transformers' own dynamic path, the same code as static, reads
+  0.95-1.00x in the same runs, which is the noise. Rotating the query and the keys by position,
+  as before the offset form, measured 0.85x and 0.86x.
 * Prefill past ``L_orig`` does O(prompt^2 * head_dim * kv_heads) elementwise work for the rows'
   own key rotations, and O(prompt^2 * rotary_dim) cos/sin (recomputed per layer once the tables
   exceed ``_TABLE_BUDGET``); attention itself is O(prompt^2 * head_dim) too, but as a matmul. So
@@ -436,9 +444,12 @@ def exact_dynamic_attention(
     kv_len = key.shape[2]
     if positions.shape != (batch, seq):
         raise ValueError(f"the forward was planned for positions {tuple(positions.shape)}, the layer got {seq} rows")
+    single = rowwise is None and len(calls) == 1 and calls[0].rows is None
+    if single and seq == 1:
+        return _attend_decoding(rope, kernel, module, query, key, value, attention_mask, calls[0], kwargs)
     key_positions = rope.memo(("key positions", kv_len), lambda: _key_positions(positions, kv_len))
     dtype = query.dtype
-    if rowwise is None and len(calls) == 1 and calls[0].rows is None:
+    if single:
         call = calls[0]
         q_cos, q_sin = rope.tables(("q", 0), lambda: cos_sin(positions, call.inv_freq, call.scaling, dtype))
         k_cos, k_sin = rope.tables(("k", 0, kv_len), lambda: cos_sin(key_positions, call.inv_freq, call.scaling, dtype))
@@ -478,6 +489,81 @@ def exact_dynamic_attention(
         attend(rope, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge,
                kwargs)
     return output, weights[0]
+
+
+def offset_rotations(kv_len: int, inv_freq: torch.Tensor, scaling: torch.Tensor | None) -> torch.Tensor:
+    """``scaling * exp(i * o * inv_freq)`` for the offsets ``o = -(kv_len - 1) .. 0``, complex64.
+
+    A decoding step needs it for every cached key and every frequency; cos and sin of that many
+    angles cost more than the rest of the rotation. Splitting ``o = -a B - b`` with ``B`` about
+    ``sqrt(kv_len)`` and ``0 <= b < B``, it is the product of ``exp(-i a B inv_freq)`` and
+    ``exp(-i b inv_freq)``: cos/sin of about ``2 sqrt(kv_len)`` angles per frequency, then one
+    complex multiply per entry (one more rounding, ~1e-7, than computing each angle directly; the
+    fp32 angles of large offsets are rounded more than that either way). Offset 0, the newest key,
+    is exactly ``scaling``.
+
+    Args:
+        kv_len: number of keys; the newest is at offset 0.
+        inv_freq: ``[batch or 1, rotary_dim // 2]`` fp32 frequencies.
+        scaling: ``[batch or 1]`` fp32 multipliers, or ``None`` for 1.
+
+    Returns:
+        ``[batch or 1, kv_len, rotary_dim // 2]`` complex64.
+    """
+    fine = math.isqrt(max(kv_len - 1, 0)) + 1  # B, with B * B >= kv_len
+    coarse = -(-kv_len // fine)  # A, with A * B >= kv_len
+
+    def unit(steps: torch.Tensor) -> torch.Tensor:  # exp(i * steps * inv_freq): [batch or 1, len(steps), half]
+        angles = steps.to(inv_freq.device)[:, None].float() * inv_freq[:, None, :]
+        return torch.complex(angles.cos(), angles.sin())
+
+    # a and b count down to 0 so that the flattened grid runs from -(A B - 1) up to offset 0
+    coarse_part = unit(torch.arange(1 - coarse, 1) * fine)  # [batch or 1, A, half]
+    fine_part = unit(torch.arange(1 - fine, 1))  # [batch or 1, B, half]
+    if scaling is not None:
+        fine_part = fine_part * scaling[:, None, None]
+    table = (coarse_part[:, :, None] * fine_part[:, None]).flatten(1, 2)  # [batch or 1, A * B, half]
+    return table[:, coarse * fine - kv_len :]
+
+
+def _attend_decoding(
+    rope: ExactDynamicRope,
+    kernel: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    call: _Call,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One new token per row (a decoding step): the query stays un-rotated, each key turns by its offset.
+
+    RoPE scores depend on the offset only: ``R(p theta) q . R(j theta) k = q . R((j - p) theta) k``,
+    and YaRN's mscale scales both sides, so each key is rotated by ``(j - p) theta`` times
+    ``mscale^2`` and the query is used as it is. The offsets of a row's keys are ``-(kv_len - 1) ..
+    0`` whatever its positions (left padding included), so one table serves every row that shares
+    frequencies and all layers. In fp32 the rotation is one complex multiply; the channel pairs
+    ``(i, i + rotary_dim / 2)`` then come out interleaved, and the query's are interleaved alike
+    (a dot product does not see the order).
+    """
+    kv_len, half = key.shape[2], rope.rotary_dim // 2
+
+    def build() -> tuple[torch.Tensor]:  # [batch or 1, 1, kv_len, half]
+        scaling = None if call.scaling is None else call.scaling.square()
+        return (offset_rotations(kv_len, call.inv_freq, scaling)[:, None],)
+
+    (rotation,) = rope.tables(("decode", kv_len), build)
+    if query.dtype != torch.float32:
+        cos, sin = rope.tables(("decode-real", kv_len, query.dtype), lambda: (rotation.real.to(query.dtype),
+                                                                               rotation.imag.to(query.dtype)))
+        return kernel(module, query, _rotate(key, cos, sin), value, attention_mask, **kwargs)
+    rotated = torch.complex(key[..., :half], key[..., half : 2 * half]).mul_(rotation)
+    rotated_key, interleaved_query = torch.view_as_real(rotated).flatten(-2), _interleave(query, half)
+    if 2 * half < key.shape[-1]:  # channels past rotary_dim are not rotated
+        rotated_key = torch.cat((rotated_key, key[..., 2 * half :]), dim=-1)
+        interleaved_query = torch.cat((interleaved_query, query[..., 2 * half :]), dim=-1)
+    return kernel(module, interleaved_query, rotated_key, value, attention_mask, **kwargs)
 
 
 def _query_tables(

@@ -160,6 +160,67 @@ def test_multi_row_attention_matches_slow_reference(method, kernel):
         torch.testing.assert_close(out[0], expected[0], rtol=0, atol=1e-5)
 
 
+def left_padded_decoding_inputs(dtype, dim=32):
+    """A batch of two rows, 3x L_orig keys, the second left-padded by 5: (query, key, value, positions, padding, mask)."""
+    generator = torch.Generator().manual_seed(0)
+    seq = 3 * L_ORIG
+    query = torch.randn(2, 4, seq, dim, generator=generator, dtype=dtype)
+    key, value = (torch.randn(2, 2, seq, dim, generator=generator, dtype=dtype) for _ in range(2))
+    padding = torch.ones(2, seq, dtype=torch.bool)
+    padding[1, :5] = False
+    positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
+    mask = torch.zeros(2, 1, 1, seq, dtype=dtype).masked_fill(~padding[:, None, None], torch.finfo(dtype).min)
+    return query, key, value, positions, padding, mask
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+@pytest.mark.parametrize("method", METHODS)
+def test_decoding_step_matches_slow_reference(method, dtype):
+    # A decoding step leaves the query as it is and turns each key by its offset to it
+    # ((j - p) theta', times mscale^2); the reference rotates both by position. The rows have
+    # different lengths, so different frequencies. fp32 rotates with a complex multiply, other
+    # dtypes with the real rotation.
+    model = patched(method=method, attn_implementation="sdpa")
+    attention = model.model.layers[0].self_attn
+    rope = getattr(attention, dynamic_cache._STATE)
+    query, key, value, positions, padding, mask = left_padded_decoding_inputs(dtype)
+    rope.begin_forward(positions[:, -1:], batch=2)
+    out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5)
+    expected = slow_attention(rope, query.float(), key.float(), value.float(), positions, padding, 32**-0.5)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out[:, 0].float(), expected[:, -1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+def test_decoding_step_leaves_channels_past_rotary_dim_alone(dtype):
+    # Partial rotary (rotary_dim < head_dim), written for the rope functions that support it;
+    # Llama/Mistral/Qwen attention rotates every channel, so this is checked at the function.
+    model = patched(method="dynamic_yarn", attn_implementation="sdpa")
+    attention = model.model.layers[0].self_attn
+    config = copy.deepcopy(model.config)
+    config.rope_parameters["partial_rotary_factor"] = 0.5
+    rope = dynamic_cache.ExactDynamicRope(config, "sdpa")
+    assert rope.rotary_dim == 16
+    setattr(attention, dynamic_cache._STATE, rope)
+    query, key, value, positions, _, mask = left_padded_decoding_inputs(dtype)
+    rope.begin_forward(positions[:, -1:], batch=2)
+    out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5)
+    # reference: rotate the first 16 channels of the query and the keys by position, per row
+    expected = []
+    for b in range(2):
+        inv_freq, mscale = rope.frequencies(int(positions[b, -1]) + 1, "cpu")
+        angles = positions[b, :, None].double() * inv_freq.double()
+        cos, sin = (angles.cos() * mscale)[None], (angles.sin() * mscale)[None]
+        q = dynamic_cache.apply_rotary(query[b : b + 1].double(), cos[:, -1:], sin[:, -1:])[:, :, -1:]
+        k = dynamic_cache.apply_rotary(key[b : b + 1].double(), cos, sin)
+        expected.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q, k, value[b : b + 1].double(), attn_mask=mask[b : b + 1].double(), scale=32**-0.5, enable_gqa=True
+            ).transpose(1, 2)
+        )
+    torch.testing.assert_close(out.double(), torch.cat(expected), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_sdpa_generate_matches_full_forward(method):
     model = patched(method=method, attn_implementation="sdpa")
@@ -188,6 +249,23 @@ def test_left_padded_batched_generate_equals_each_alone(arch):
                 torch.stack(batched.logits, 1)[row], torch.stack(alone.logits, 1)[0], rtol=0, atol=TOL
             )
             assert torch.equal(batched.sequences[row, 8:], alone.sequences[0, 8 - start :])
+
+
+@pytest.mark.parametrize("kernel", ("eager", "sdpa"))
+@pytest.mark.parametrize("method", METHODS)
+def test_bf16_decoding_is_as_close_to_fp32_as_the_static_method(method, kernel):
+    # bf16 decoding rotates the keys with real arithmetic on bf16 tables (no complex bf16); its
+    # error against fp32 should be that of static YaRN (transformers' own bf16 rotation).
+    ids = tokens(3 * L_ORIG)
+
+    def error(method):
+        models = [tiny_model(max_positions=L_ORIG, attn_implementation=kernel).to(dtype) for dtype in (torch.float32,
+                                                                                                   torch.bfloat16)]
+        fp32, bf16 = (cached_step_logits(hf_posext.patch_model(m, method, factor=FACTOR), ids, 4) for m in models)
+        return (fp32 - bf16.float()).abs().max().item()
+
+    static = error("yarn")
+    assert 0 < error(method) < 3 * static, (error(method), static)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -358,6 +436,22 @@ def test_rotation_is_transformers_rotation_bit_for_bit():
     emb = torch.cat((angles, angles), dim=-1)
     expected, _ = apply_rotary_pos_emb(x, x, emb.cos() * 1.3, emb.sin() * 1.3)
     assert torch.equal(dynamic_cache.apply_rotary(x, cos, sin), expected)
+
+
+@pytest.mark.parametrize("kv_len", (1, 2, 3, 16, 17, 1000, 4099))
+def test_offset_rotations_equal_the_float64_definition(kv_len):
+    # scaling * exp(i o theta) for o = -(kv_len - 1) .. 0, built from two short tables; its error
+    # is that of the fp32 angles themselves (|o theta| * 2^-24), whatever the split.
+    inv_freq = 1.0 / (10_000 ** (torch.arange(0, 64, 2) / 64))
+    inv_freq = torch.stack((inv_freq, inv_freq / 3)).float()  # two rows, two frequency sets
+    scaling = torch.tensor([1.0, 1.2])
+    table = dynamic_cache.offset_rotations(kv_len, inv_freq, scaling)
+    offsets = torch.arange(1 - kv_len, 1, dtype=torch.float64)
+    exact = torch.polar(scaling.double()[:, None, None].expand(2, kv_len, 32), offsets[:, None] * inv_freq.double()[:, None])
+    assert table.shape == (2, kv_len, 32) and table.dtype == torch.complex64
+    bound = 2 * kv_len * float(inv_freq.max()) * 2**-24 + 1e-6
+    assert (table - exact).abs().max() <= bound
+    assert torch.equal(dynamic_cache.offset_rotations(kv_len, inv_freq, None)[:, -1], torch.ones(2, 32, dtype=torch.complex64))
 
 
 @pytest.mark.parametrize("method", METHODS)
