@@ -146,8 +146,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = cos.shape[-1]
     first, second = x[..., :half], x[..., half : 2 * half]
     parts = [first * cos - second * sin, second * cos + first * sin]
-    if 2 * half < x.shape[-1]:
-        parts.append(x[..., 2 * half :])
+    if 2 * half < x.shape[-1]:  # the tables may broadcast x to more dims (one copy of the keys per row)
+        parts.append(x[..., 2 * half :].expand(*parts[0].shape[:-1], -1))
     return torch.cat(parts, dim=-1)
 
 

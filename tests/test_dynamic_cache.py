@@ -107,8 +107,12 @@ def test_one_layer_equals_transformers_full_forward(arch, method):
 
 
 def slow_attention(rope, query, key, value, positions, padding, scaling):
-    """The definition, one query row at a time, with transformers' rope function and rotation."""
+    """The definition, one query row at a time, with transformers' rope function and rotation.
+
+    Channels past ``rope.rotary_dim`` are passed through, as transformers' partial-rotary models do.
+    """
     init = modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope.rope_type]
+    dim = rope.rotary_dim
     groups = query.shape[1] // key.shape[1]
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     out = torch.zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
@@ -120,36 +124,58 @@ def slow_attention(rope, query, key, value, positions, padding, scaling):
             angles = positions[b, : i + 1, None].float() * inv_freq
             emb = torch.cat((angles, angles), dim=-1)
             cos, sin = (emb.cos() * factor)[None], (emb.sin() * factor)[None]
-            q, k = apply_rotary_pos_emb(query[b : b + 1, :, : i + 1], key[b : b + 1, :, : i + 1], cos, sin)
+            q, k = query[b : b + 1, :, : i + 1], key[b : b + 1, :, : i + 1]
+            q_rot, k_rot = apply_rotary_pos_emb(q[..., :dim], k[..., :dim], cos, sin)
+            q, k = torch.cat((q_rot, q[..., dim:]), dim=-1), torch.cat((k_rot, k[..., dim:]), dim=-1)
             scores = (q[0, :, i : i + 1] @ k[0].transpose(-1, -2)) * scaling
             scores = scores.masked_fill(~padding[b, : i + 1], float("-inf"))
             out[b, i] = (scores.softmax(-1) @ value[b, :, : i + 1])[:, 0]
     return out
 
 
+def partial_rotary(model, attention):
+    """Give ``attention`` an ExactDynamicRope that rotates half of each head's channels.
+
+    Llama/Mistral/Qwen attention rotates every channel, so partial rotary (written for the rope
+    functions that support it) is checked at the attention function.
+    """
+    config = copy.deepcopy(model.config)
+    config.rope_parameters["partial_rotary_factor"] = 0.5
+    rope = dynamic_cache.ExactDynamicRope(config, config._attn_implementation.removeprefix(dynamic_cache.ATTENTION_PREFIX))
+    assert rope.rotary_dim == 16
+    setattr(attention, dynamic_cache._STATE, rope)
+    return rope
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))  # fp32: complex rotation; others: real
+@pytest.mark.parametrize("rowwise", ("batched", "by kernel"))
+@pytest.mark.parametrize("rotary", ("full", "partial"))
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kernel", ("eager", "sdpa"))
-def test_multi_row_attention_matches_slow_reference(method, kernel):
+def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, rowwise, dtype, monkeypatch):
     model = patched(method=method, attn_implementation=kernel)
     attention = model.model.layers[0].self_attn
-    rope = getattr(attention, dynamic_cache._STATE)
+    rope = getattr(attention, dynamic_cache._STATE) if rotary == "full" else partial_rotary(model, attention)
+    if rowwise == "by kernel":
+        monkeypatch.setattr(dynamic_cache, "_attend_rowwise", dynamic_cache._attend_rowwise_by_kernel)
     generator = torch.Generator().manual_seed(0)
     seq, heads, kv_heads, dim = 3 * L_ORIG, 4, 2, 32
-    query = torch.randn(2, heads, seq, dim, generator=generator)
-    key = torch.randn(2, kv_heads, seq, dim, generator=generator)
-    value = torch.randn(2, kv_heads, seq, dim, generator=generator)
+    query = torch.randn(2, heads, seq, dim, generator=generator, dtype=dtype)
+    key = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
+    value = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
     padding = torch.ones(2, seq, dtype=torch.bool)
     padding[1, :5] = False  # row 1 is left-padded: its positions start 5 rows later
     positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     allowed = causal[None] & padding[:, None, :]
-    mask = torch.zeros(2, 1, seq, seq).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    mask = torch.zeros(2, 1, seq, seq, dtype=dtype).masked_fill(~allowed[:, None], torch.finfo(dtype).min)
     rope.begin_forward(positions, batch=2)
     _, shared_calls, rowwise = rope.plan()
     assert shared_calls and rowwise is not None  # rows up to L_orig share a call, later ones go row-wise
     out, weights = dynamic_cache.exact_dynamic_attention(attention, query, key, value, mask, scaling=dim**-0.5)
-    expected = slow_attention(rope, query, key, value, positions, padding, dim**-0.5)
-    torch.testing.assert_close(out[padding], expected[padding], rtol=0, atol=1e-5)
+    assert out.dtype == dtype
+    expected = slow_attention(rope, query.float(), key.float(), value.float(), positions, padding, dim**-0.5)
+    torch.testing.assert_close(out[padding].float(), expected[padding], rtol=0, atol=1e-5)
     if kernel == "eager":  # the weights are reassembled from both paths: every real row sums to 1
         sums = weights.sum(-1).transpose(1, 2)[padding]
         torch.testing.assert_close(sums, torch.ones_like(sums))
@@ -157,7 +183,7 @@ def test_multi_row_attention_matches_slow_reference(method, kernel):
     if kernel == "sdpa":
         rope.begin_forward(positions[:1], batch=1)
         out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:1], key[:1], value[:1], None, scaling=dim**-0.5)
-        torch.testing.assert_close(out[0], expected[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(out[0].float(), expected[0], rtol=0, atol=1e-5)
 
 
 def left_padded_decoding_inputs(dtype, dim=32):
@@ -193,15 +219,9 @@ def test_decoding_step_matches_slow_reference(method, dtype):
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
 def test_decoding_step_leaves_channels_past_rotary_dim_alone(dtype):
-    # Partial rotary (rotary_dim < head_dim), written for the rope functions that support it;
-    # Llama/Mistral/Qwen attention rotates every channel, so this is checked at the function.
     model = patched(method="dynamic_yarn", attn_implementation="sdpa")
     attention = model.model.layers[0].self_attn
-    config = copy.deepcopy(model.config)
-    config.rope_parameters["partial_rotary_factor"] = 0.5
-    rope = dynamic_cache.ExactDynamicRope(config, "sdpa")
-    assert rope.rotary_dim == 16
-    setattr(attention, dynamic_cache._STATE, rope)
+    rope = partial_rotary(model, attention)
     query, key, value, positions, _, mask = left_padded_decoding_inputs(dtype)
     rope.begin_forward(positions[:, -1:], batch=2)
     out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5)
