@@ -17,6 +17,7 @@ from typing import Any
 
 import torch.nn as nn
 from transformers import modeling_rope_utils
+from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -73,6 +74,11 @@ def rebuild_rotary(module: nn.Module) -> nn.Module:
 def rope_init_function(rope_type: str) -> RopeInitFn:
     """transformers' ``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` for ``rope_type``."""
     return modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
+
+
+def is_preallocated_cache(cache: Any) -> bool:
+    """Whether ``cache`` hands attention preallocated key buffers (``StaticCache``'s layers) rather than the keys so far."""
+    return any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ()))
 
 
 def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask_like: str) -> None:

@@ -84,7 +84,8 @@ Trade-offs
   :func:`apply_rotary`'s real arithmetic.
 * Every forward reads its lengths back to the host (one sync), so it does not capture in CUDA
   graphs. Supported kernels: ``eager`` and ``sdpa``. A cache must return its keys as a contiguous
-  window ending at the newest token (``DynamicCache``, sliding or not; not ``StaticCache``).
+  window ending at the newest token (``DynamicCache``, sliding or not); a preallocated one
+  (``StaticCache``, ``cache_implementation="static"``) is refused with a ``ValueError``.
 * A saved checkpoint records the patch in ``config.hf_posext`` but never the wrapper's name.
   ``from_pretrained`` after ``import hf_posext`` makes it exact again while it builds the model
   (:meth:`~hf_posext.methods.base.PositionMethod.on_rotary_init`), wrapping the kernel transformers
@@ -254,6 +255,7 @@ class ExactDynamicRope:
         self._table_elements = 0
         self._memo: dict[tuple, Any] = {}
         self._kernels: dict[type, Any] = {}
+        self.hooks: list[Any] = []  # removable handles of the base model's cache guard
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
         """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""
@@ -797,6 +799,7 @@ def enable_exact_dynamic_cache(model: nn.Module) -> None:
         return
     for name, rotary in list(_compat.rotary_modules(model)):
         _compat.replace_module(model, name, ExactDynamicRotaryEmbedding(rotary, rope))
+        _guard_cache(model.get_submodule(name.rpartition(".")[0]), rope)
 
 
 def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
@@ -812,7 +815,26 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
         ValueError: as :func:`enable_exact_dynamic_cache`.
     """
     rope = _install(base_model)
-    return None if rope is None else ExactDynamicRotaryEmbedding(rotary, rope)
+    if rope is None:
+        return None
+    _guard_cache(base_model, rope)
+    return ExactDynamicRotaryEmbedding(rotary, rope)
+
+
+def _refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of the base model: the wrapper needs the keys seen so far, not a preallocated buffer."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is not None and _compat.is_preallocated_cache(cache):
+        raise ValueError(
+            f"exact dynamic scaling (exact_cache=True) needs a cache that grows with the sequence (DynamicCache, "
+            f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic', or patch with "
+            f"exact_cache=False (transformers' behaviour, stale cached keys)"
+        )
+
+
+def _guard_cache(base_model: nn.Module, rope: ExactDynamicRope) -> None:
+    """Refuse preallocated caches in ``base_model``'s forward; the hook goes with ``rope`` on disable."""
+    rope.hooks.append(base_model.register_forward_pre_hook(_refuse_preallocated_cache, with_kwargs=True))
 
 
 def disable_exact_dynamic_cache(model: nn.Module) -> None:
@@ -824,5 +846,9 @@ def disable_exact_dynamic_cache(model: nn.Module) -> None:
     for module in model.modules():
         if _STATE in module.__dict__:
             rope = module.__dict__.pop(_STATE)
-    if rope is not None and model.config._attn_implementation == rope.attention_name:
+    if rope is None:
+        return
+    for hook in rope.hooks:
+        hook.remove()
+    if model.config._attn_implementation == rope.attention_name:
         model.config._attn_implementation = rope.kernel

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 from models import tiny_model, tokens
-from transformers import AutoModelForCausalLM, modeling_rope_utils
+from transformers import AutoModelForCausalLM, StaticCache, modeling_rope_utils
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 import hf_posext
@@ -321,6 +321,7 @@ def test_unpatch_and_repatch_restore_everything():
         hf_posext.unpatch_model(model)
         assert model.config._attn_implementation == "eager"
         assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in model.modules())
+        assert not any(m._forward_pre_hooks for m in model.modules())  # the cache guard is gone too
         assert torch.equal(model(ids).logits, before)
 
 
@@ -346,6 +347,22 @@ def test_unsupported_kernel_and_kernel_swap_raise():
     model.config._attn_implementation = "sdpa"  # behind the patch's back: the rotation would be lost
     with pytest.raises(ValueError, match="attn_implementation was changed to 'sdpa'"):
         model(tokens(4))
+
+
+@pytest.mark.parametrize("reloaded", (False, True))
+def test_static_cache_is_refused(reloaded, tmp_path):
+    # A preallocated cache hands attention all its slots, filled or not: the keys' offsets would be wrong.
+    model = patched(attn_implementation="sdpa")
+    if reloaded:
+        model = reload(model, tmp_path)
+    ids = tokens(4)
+    with pytest.raises(ValueError, match="needs a cache that grows with the sequence .* got StaticCache"):
+        model.generate(ids, max_new_tokens=2, do_sample=False, cache_implementation="static")
+    with pytest.raises(ValueError, match="got StaticCache"):
+        model(ids, cache=StaticCache(config=model.config, max_cache_len=8), use_cache=True)
+    assert model.generate(ids, max_new_tokens=2, do_sample=False).shape == (1, 6)  # the default cache is fine
+    hf_posext.patch_model(model, "dynamic_yarn", factor=FACTOR, exact_cache=False)  # transformers' behaviour
+    model(ids, cache=StaticCache(config=model.config, max_cache_len=8), use_cache=True)
 
 
 def reload(model, path, **kwargs):
