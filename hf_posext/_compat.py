@@ -71,6 +71,27 @@ def rebuild_rotary(module: nn.Module) -> nn.Module:
     return new.to(device=module.inv_freq.device)
 
 
+def restore_scaling_on_reset(rotary: nn.Module) -> None:
+    """Make transformers' dynamic reset restore ``attention_scaling`` along with ``inv_freq``.
+
+    ``@dynamic_rope_update`` sets both when a sequence grows past the longest seen, but when a
+    sequence shorter than the original context follows, it puts back only ``inv_freq``: a dynamic
+    YaRN model would keep the grown mscale on plain-RoPE frequencies. A forward pre-hook, run
+    before that update on the same state, restores the scaling the module was built with in
+    exactly that case. No effect on dynamic NTK, whose scaling is always 1.
+    """
+    initial = rotary.attention_scaling
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if module.max_seq_len_cached <= module.original_max_seq_len:  # nothing grown: no reset coming
+            return
+        position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
+        if int(position_ids.max()) + 1 < module.original_max_seq_len:  # transformers' reset condition
+            module.attention_scaling = initial
+
+    rotary.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def rope_init_function(rope_type: str) -> RopeInitFn:
     """transformers' ``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` for ``rope_type``."""
     return modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]

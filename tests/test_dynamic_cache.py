@@ -304,6 +304,10 @@ def test_new_shorter_sequence_starts_from_scratch(method):
         )
         # transformers only resets below L_orig: a 2x sequence after a 3x one keeps the 3x scale
         assert not torch.allclose(native(short_ids).logits, native_fresh(short_ids).logits, atol=1e-3)
+        # ... and then starts afresh, YaRN's attention scaling included (transformers resets only the
+        # frequencies; hf-posext restores the scaling too)
+        below = short_ids[:, : L_ORIG - 1]
+        torch.testing.assert_close(native(below).logits, native_fresh(below).logits, rtol=0, atol=0)
 
 
 def test_unpatch_and_repatch_restore_everything():
@@ -413,6 +417,10 @@ def test_reloaded_exact_cache_false_keeps_transformers_behaviour(method, tmp_pat
     torch.testing.assert_close(steps, cached_step_logits(model, ids, 4), rtol=0, atol=TOL)
     stale = (steps - cached_step_logits(patched(method=method), ids, 4))[:, 2 * L_ORIG :].abs().max().item()
     assert stale > 100 * TOL, stale
+    with torch.no_grad():  # the reloaded rotary resets YaRN's scaling with its frequencies, like the patched one
+        below = ids[:, : L_ORIG - 1]
+        fresh = patched(method=method, exact_cache=False)
+        torch.testing.assert_close(loaded(below).logits, fresh(below).logits, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -4,7 +4,8 @@ Dynamic methods (YaRN paper, arXiv 2309.00071, section 3.3) recompute the rotary
 from the current sequence length. With ``exact_cache=True`` (the default)
 :mod:`hf_posext.dynamic_cache` keeps KV-cached decoding equal to a forward pass at every step;
 ``False`` keeps transformers' behaviour, whose cache holds keys rotated with stale frequencies
-(transformers issue 25104).
+(transformers issue 25104), with one fix: when transformers resets the frequencies for a sequence
+shorter than the original context, YaRN's attention scaling is reset with them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import _compat
 from .base import PositionMethod
 
 if TYPE_CHECKING:
@@ -43,6 +45,9 @@ class DynamicScaling(PositionMethod):
             from ..dynamic_cache import enable_exact_dynamic_cache
 
             enable_exact_dynamic_cache(model)
+        else:  # the rotary modules were just rebuilt by patch_model, so each gets the hook once
+            for _, rotary in _compat.rotary_modules(model):
+                _compat.restore_scaling_on_reset(rotary)
 
     def unpatch_modules(self, model: nn.Module) -> None:
         from ..dynamic_cache import disable_exact_dynamic_cache
@@ -52,6 +57,7 @@ class DynamicScaling(PositionMethod):
     def on_rotary_init(self, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
         # A saved exact_cache=True checkpoint reloads exact (from_pretrained after import hf_posext).
         if not self.exact_cache:
+            _compat.restore_scaling_on_reset(rotary)
             return None
         from ..dynamic_cache import exact_rotary_at_init
 
