@@ -61,7 +61,7 @@ Trade-offs
 ----------
 * Decoding re-rotates the whole key cache at every step: per layer, one pass that pairs the key
   channels into complex numbers and one complex multiply, plus one rotation table per step
-  (:func:`offset_rotations`) shared by the layers. That is the price of exactness without drift:
+  (:func:`grid_rotations`) shared by the layers. That is the price of exactness without drift:
   re-rotating the stored keys in place by ``p * (theta_new - theta_old)`` would accumulate one
   rounding per step (visible in bf16 after a few hundred steps); keeping pre-RoPE keys does not.
   The cost grows with the key cache relative to the weights (long contexts, many KV heads, large
@@ -493,39 +493,47 @@ def exact_dynamic_attention(
     return output, weights[0]
 
 
-def offset_rotations(kv_len: int, inv_freq: torch.Tensor, scaling: torch.Tensor | None) -> torch.Tensor:
-    """``scaling * exp(i * o * inv_freq)`` for the offsets ``o = -(kv_len - 1) .. 0``, complex64.
+def grid_rotations(
+    last: torch.Tensor, count: int, inv_freq: torch.Tensor, scaling: torch.Tensor | None
+) -> torch.Tensor:
+    """``scaling * exp(i * p * inv_freq)`` at the ``count`` positions ``p = last - count + 1 .. last``, complex64.
 
-    A decoding step needs it for every cached key and every frequency; cos and sin of that many
-    angles cost more than the rest of the rotation. Splitting ``o = -a B - b`` with ``B`` about
-    ``sqrt(kv_len)`` and ``0 <= b < B``, it is the product of ``exp(-i a B inv_freq)`` and
-    ``exp(-i b inv_freq)``: cos/sin of about ``2 sqrt(kv_len)`` angles per frequency, then one
-    complex multiply per entry (one more rounding, ~1e-7, than computing each angle directly; the
-    fp32 angles of large offsets are rounded more than that either way). Offset 0, the newest key,
-    is exactly ``scaling``.
+    A key rotation needs it for every key and frequency, and cos and sin of that many angles cost
+    more than the rotation itself. Splitting ``p = last - a B - b`` with ``B`` about
+    ``sqrt(count)`` and ``0 <= b < B``, it is the product of ``exp(i (last - a B) inv_freq)`` and
+    ``exp(-i b inv_freq)``: cos/sin of about ``2 sqrt(count)`` angles per frequency, then one
+    complex multiply per entry. That is one more rounding (~1e-7) than computing each angle
+    directly, less than the rounding of the fp32 angles themselves at large positions. The entry
+    at ``last`` is computed directly (``b = 0``, ``a = 0``), so offset 0 of a decoding step is
+    exactly ``scaling``.
 
     Args:
-        kv_len: number of keys; the newest is at offset 0.
-        inv_freq: ``[batch or 1, rotary_dim // 2]`` fp32 frequencies.
-        scaling: ``[batch or 1]`` fp32 multipliers, or ``None`` for 1.
+        last: ``[batch or 1]`` integer position of the last entry, per batch row.
+        count: number of positions.
+        inv_freq: ``[batch or 1, *rows, rotary_dim // 2]`` fp32 frequencies (``rows``: none, or
+            one dimension of query rows with their own frequencies).
+        scaling: ``[batch or 1, *rows]`` fp32 multipliers, or ``None`` for 1.
 
     Returns:
-        ``[batch or 1, kv_len, rotary_dim // 2]`` complex64.
+        ``[batch, *rows, count, rotary_dim // 2]`` complex64.
     """
-    fine = math.isqrt(max(kv_len - 1, 0)) + 1  # B, with B * B >= kv_len
-    coarse = -(-kv_len // fine)  # A, with A * B >= kv_len
+    fine = math.isqrt(max(count - 1, 0)) + 1  # B, with B * B >= count
+    coarse = -(-count // fine)  # A, with A * B >= count
+    device = inv_freq.device
 
-    def unit(steps: torch.Tensor) -> torch.Tensor:  # exp(i * steps * inv_freq): [batch or 1, len(steps), half]
-        angles = steps.to(inv_freq.device)[:, None].float() * inv_freq[:, None, :]
+    def unit(steps: torch.Tensor) -> torch.Tensor:  # exp(i * steps * inv_freq): [..., len(steps), half]
+        angles = steps[..., None].float() * inv_freq[..., None, :]
         return torch.complex(angles.cos(), angles.sin())
 
-    # a and b count down to 0 so that the flattened grid runs from -(A B - 1) up to offset 0
-    coarse_part = unit(torch.arange(1 - coarse, 1) * fine)  # [batch or 1, A, half]
-    fine_part = unit(torch.arange(1 - fine, 1))  # [batch or 1, B, half]
+    # a and b count down to 0, so that the flattened grid ascends to `last`
+    rows = (1,) * (inv_freq.dim() - 2)
+    coarse_steps = last.to(device).reshape(-1, *rows, 1) - torch.arange(coarse - 1, -1, -1, device=device) * fine
+    coarse_part = unit(coarse_steps)  # [batch, *rows, A, half]
+    fine_part = unit(torch.arange(1 - fine, 1, device=device))  # [batch or 1, *rows, B, half]
     if scaling is not None:
-        fine_part = fine_part * scaling[:, None, None]
-    table = (coarse_part[:, :, None] * fine_part[:, None]).flatten(1, 2)  # [batch or 1, A * B, half]
-    return table[:, coarse * fine - kv_len :]
+        fine_part = fine_part * scaling[..., None, None]
+    table = (coarse_part[..., :, None, :] * fine_part[..., None, :, :]).flatten(-3, -2)  # [..., A * B, half]
+    return table[..., coarse * fine - count :, :]
 
 
 def _attend_decoding(
@@ -553,7 +561,8 @@ def _attend_decoding(
 
     def build() -> tuple[torch.Tensor]:  # [batch or 1, 1, kv_len, half]
         scaling = None if call.scaling is None else call.scaling.square()
-        return (offset_rotations(kv_len, call.inv_freq, scaling)[:, None],)
+        newest = torch.zeros(1, dtype=torch.long)  # offsets: the newest key is at 0
+        return (grid_rotations(newest, kv_len, call.inv_freq, scaling)[:, None],)
 
     (rotation,) = rope.tables(("decode", kv_len), build)
     if query.dtype != torch.float32:
@@ -591,18 +600,13 @@ def _key_tables(
     stop: int,
     keys: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[batch, rows, keys, rotary_dim // 2]``: row ``[start, stop)``'s frequencies at the first ``keys`` keys.
-
-    Built once per forward and shared by the layers while they fit (:meth:`ExactDynamicRope.tables`).
-    """
-    inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
+    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotations` as real tables."""
 
     def build():
-        freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
-        scale = scaling[..., None, None]
-        return (freqs.cos() * scale).to(query.dtype), (freqs.sin() * scale).to(query.dtype)
+        rotations = _key_rotations(rope, key_positions, rowwise, start, stop, keys)
+        return rotations.real.to(query.dtype), rotations.imag.to(query.dtype)
 
-    return rope.tables(("k-row", start, key_positions.shape[1]), build)
+    return rope.tables(("k-row", start, key_positions.shape[1], query.dtype), build)
 
 
 def _interleave(x: torch.Tensor, half: int) -> torch.Tensor:
@@ -615,12 +619,18 @@ def _key_rotations(
 ) -> torch.Tensor:
     """Every row's rotation of the first ``keys`` keys as unit complex numbers times its multiplier.
 
-    ``[batch, rows, keys, rotary_dim // 2]`` complex64, the values of :func:`_key_tables`' fp32
-    key tables (``cos + i sin``), written straight into one complex tensor.
+    ``[batch, rows, keys, rotary_dim // 2]`` complex64 for query rows ``[start, stop)``, built once
+    per forward and shared by the layers while they fit (:meth:`ExactDynamicRope.tables`). When
+    every batch row's key positions run contiguously (no left padding, no gaps) it comes from
+    :func:`grid_rotations`; otherwise each angle is computed directly.
     """
     inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
+    contiguous = rope.memo(("contiguous keys", key_positions.shape[1]),
+                           lambda: bool((key_positions.diff(dim=1) == 1).all()))
 
     def build():
+        if contiguous:
+            return (grid_rotations(key_positions[:, keys - 1], keys, inv_freq, scaling),)
         freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
         table = freqs.new_empty(*freqs.shape, 2)
         torch.cos(freqs, out=table[..., 0])

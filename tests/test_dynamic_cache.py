@@ -147,12 +147,13 @@ def partial_rotary(model, attention):
     return rope
 
 
+@pytest.mark.parametrize("padded", (True, False))  # key positions with gaps, or contiguous (grid tables)
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64))  # fp32: complex rotation; others: real
 @pytest.mark.parametrize("rowwise", ("batched", "by kernel"))
 @pytest.mark.parametrize("rotary", ("full", "partial"))
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kernel", ("eager", "sdpa"))
-def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, rowwise, dtype, monkeypatch):
+def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, rowwise, dtype, padded, monkeypatch):
     model = patched(method=method, attn_implementation=kernel)
     attention = model.model.layers[0].self_attn
     rope = getattr(attention, dynamic_cache._STATE) if rotary == "full" else partial_rotary(model, attention)
@@ -164,7 +165,7 @@ def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, roww
     key = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
     value = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
     padding = torch.ones(2, seq, dtype=torch.bool)
-    padding[1, :5] = False  # row 1 is left-padded: its positions start 5 rows later
+    padding[1, :5] = not padded  # row 1 left-padded: its positions start 5 rows later
     positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     allowed = causal[None] & padding[:, None, :]
@@ -483,20 +484,30 @@ def test_rotation_is_transformers_rotation_bit_for_bit():
     assert torch.equal(dynamic_cache.apply_rotary(x, cos, sin), expected)
 
 
-@pytest.mark.parametrize("kv_len", (1, 2, 3, 16, 17, 1000, 4099))
-def test_offset_rotations_equal_the_float64_definition(kv_len):
-    # scaling * exp(i o theta) for o = -(kv_len - 1) .. 0, built from two short tables; its error
-    # is that of the fp32 angles themselves (|o theta| * 2^-24), whatever the split.
+@pytest.mark.parametrize("count", (1, 2, 3, 16, 17, 1000, 4099))
+def test_grid_rotations_equal_the_float64_definition(count):
+    # scaling * exp(i p theta) on a grid of positions ending at `last`, built from two short
+    # tables; its error is that of the fp32 angles themselves (|p theta| * 2^-24), whatever the split.
     inv_freq = 1.0 / (10_000 ** (torch.arange(0, 64, 2) / 64))
-    inv_freq = torch.stack((inv_freq, inv_freq / 3)).float()  # two rows, two frequency sets
+    inv_freq = torch.stack((inv_freq, inv_freq / 3)).float()  # two batch rows, two frequency sets
     scaling = torch.tensor([1.0, 1.2])
-    table = dynamic_cache.offset_rotations(kv_len, inv_freq, scaling)
-    offsets = torch.arange(1 - kv_len, 1, dtype=torch.float64)
-    exact = torch.polar(scaling.double()[:, None, None].expand(2, kv_len, 32), offsets[:, None] * inv_freq.double()[:, None])
-    assert table.shape == (2, kv_len, 32) and table.dtype == torch.complex64
-    bound = 2 * kv_len * float(inv_freq.max()) * 2**-24 + 1e-6
-    assert (table - exact).abs().max() <= bound
-    assert torch.equal(dynamic_cache.offset_rotations(kv_len, inv_freq, None)[:, -1], torch.ones(2, 32, dtype=torch.complex64))
+    for last in (torch.tensor([0]), torch.tensor([count + 5, 7 * count])):
+        table = dynamic_cache.grid_rotations(last, count, inv_freq, scaling)
+        positions = last[:, None].double() + torch.arange(1 - count, 1, dtype=torch.float64)  # [batch, count]
+        angles = positions[..., None] * inv_freq.double()[:, None]
+        exact = torch.polar(scaling.double()[:, None, None].expand_as(angles), angles)
+        assert table.shape == (2, count, 32) and table.dtype == torch.complex64
+        bound = 2 * float(positions.abs().max() + 1) * float(inv_freq.max()) * 2**-24 + 1e-6
+        assert (table - exact).abs().max() <= bound
+    newest = dynamic_cache.grid_rotations(torch.tensor([0]), count, inv_freq, None)[:, -1]
+    assert torch.equal(newest, torch.ones(2, 32, dtype=torch.complex64))  # offset 0 is exactly the identity
+    # query rows with their own frequencies: [batch, rows, half] -> [batch, rows, count, half]
+    rows = torch.stack((inv_freq, inv_freq * 1.5), dim=1)
+    per_row = dynamic_cache.grid_rotations(torch.tensor([count, count + 3]), count, rows, torch.ones(2, 2))
+    for b, last in enumerate((count, count + 3)):
+        for r in range(2):
+            alone = dynamic_cache.grid_rotations(torch.tensor([last]), count, rows[b : b + 1, r], None)[0]
+            torch.testing.assert_close(per_row[b, r], alone, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("method", METHODS)
