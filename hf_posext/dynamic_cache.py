@@ -73,15 +73,16 @@ Trade-offs
   0.95-1.00x in the same runs, which is the noise. Rotating the query and the keys by position,
   as before the offset form, measured 0.85x and 0.86x.
 * Prefill past ``L_orig`` does O(prompt^2 * head_dim * kv_heads) elementwise work for the rows'
-  own key rotations, and O(prompt^2 * rotary_dim) cos/sin (recomputed per layer once the tables
-  exceed ``_TABLE_BUDGET``); attention itself is O(prompt^2 * head_dim) too, but as a matmul. So
-  long prompts prefill several times slower than with transformers' rule. Measured with
-  ``benchmarks/bench_patch_overhead.py --methods dynamic_ntk dynamic_yarn --lengths 1024 2048
-  --repeats 3`` (4-layer Llama, hidden 256, 4 heads / 2 KV heads, sdpa, L_orig 256, factor 8,
-  fp32, 2 CPU cores): prefill / native dynamic forward = 6.2x (NTK) and 5.1x (YaRN) at 1024
-  tokens, 8.9x and 9.1x at 2048, down from 12-16x and 15-32x when each chunk of rows went
-  through the kernel. In fp32 a row's key rotation is one complex multiply; other dtypes use
-  :func:`apply_rotary`'s real arithmetic.
+  own key rotations, plus their rotation tables (O(prompt^2 * rotary_dim), built per layer once
+  they exceed ``_TABLE_BUDGET``: one complex multiply per entry from :func:`grid_rotations` when
+  the key positions are contiguous, cos and sin otherwise, e.g. left-padded batches); attention
+  itself is O(prompt^2 * head_dim) too, but as a matmul. So long prompts prefill several times
+  slower than with transformers' rule. Measured with ``benchmarks/bench_patch_overhead.py``
+  (4-layer Llama, hidden 256, 4 heads / 2 KV heads, sdpa, L_orig 256, factor 8, fp32, 2 CPU
+  cores): prefill / native dynamic forward = 4.4x (NTK) and 5.0x (YaRN) at 1024 tokens, 5.6x and
+  5.8x at 2048. The steps there: 12-16x and 15-32x when each chunk of rows went through the
+  kernel, 6.2x/5.1x and 8.9x/9.1x with cos/sin tables. In fp32 a row's key rotation is one
+  complex multiply; other dtypes use :func:`apply_rotary`'s real arithmetic.
 * Every forward reads its lengths back to the host (one sync), so it does not capture in CUDA
   graphs. Supported kernels: ``eager`` and ``sdpa``. A cache must return its keys as a contiguous
   window ending at the newest token (``DynamicCache``, sliding or not); a preallocated one
