@@ -42,20 +42,23 @@ Design
 * Decoding (one new token per row) is a single kernel call with the query left as it is and each
   key rotated by its offset to the query, ``(j - p) * theta'``, times YaRN's ``mscale^2``: RoPE
   scores depend on the offset only, and the offsets ``-(kv_len - 1) .. 0`` are the same for every
-  row, so one table per step serves all rows and layers and the query needs no rotation. In fp32
-  that rotation is one complex multiply. Any other forward in which each row needs one frequency
-  set (a prompt within one regime) is one kernel call too, queries and keys rotated by position. In a forward whose rows need many frequency sets (a prompt longer than
-  ``L_orig``), the rows up to ``L_orig`` (and, for YaRN, from ``factor * L_orig`` on) share one
-  call; every row in between needs its own rotation of the keys. Those rows are attended in
-  chunks, one batched computation per chunk (the eager kernel's arithmetic written out: each row's
-  rotated keys, a batched matmul with its queries, the mask, softmax in fp32, then the values),
-  chunks bounded to ``_ROWWISE_BUDGET`` rotated-key elements. The same rows sent to the kernel as
-  a batch of single-query problems (``_attend_rowwise_by_kernel``) are the reference it is tested
-  against, and the path for kernel options it does not implement (dropout, sinks, soft-capping).
+  row, so one table per step serves all layers (and all rows of the same length, beams included)
+  and the query needs no rotation. In fp32 that rotation is one complex multiply. Any other
+  forward in which each row needs one frequency set (a prompt within one regime) is one kernel
+  call too, queries and keys rotated by position.
+* In a forward whose rows need many frequency sets (a prompt longer than ``L_orig``), the rows up
+  to ``L_orig`` (and, for YaRN, from ``factor * L_orig`` on) share one call; every row in between
+  needs its own rotation of the keys. Those rows are attended in chunks, one batched computation
+  per chunk (the eager kernel's arithmetic written out: each row's rotated keys, a batched matmul
+  with its queries, the mask, softmax in fp32, then the values), chunks bounded to
+  ``_ROWWISE_BUDGET`` rotated-key elements. The same rows sent to the kernel as a batch of
+  single-query problems (``_attend_rowwise_by_kernel``) are the reference it is tested against,
+  and the path for kernel options it does not implement (dropout, sinks, soft-capping).
 * Nothing is kept between forwards: frequencies follow from the positions of each call. A new,
   shorter sequence (a fresh cache) starts again from plain RoPE, and its logits equal those of a
-  freshly patched model whatever ran before. (transformers only resets below ``L_orig``, and then
-  keeps YaRN's grown mscale: a 2x sequence after a 3x one keeps the 3x frequencies.)
+  freshly patched model whatever ran before. (transformers only resets below ``L_orig``: a 2x
+  sequence after a 3x one keeps the 3x frequencies; vanilla transformers also keeps YaRN's grown
+  mscale after that reset, which ``exact_cache=False`` restores.)
 
 Trade-offs
 ----------
@@ -214,6 +217,12 @@ class _RowWise:
     rows: torch.Tensor  # [batch, seq] bool: the rows this path answers for
 
 
+def _complex_rotation(x: torch.Tensor) -> bool:
+    """Whether ``x``'s rotations take the complex-multiply path: fp32 (no complex type rounds like
+    bf16/fp16) on CPU or CUDA (other backends' complex support is partial); else :func:`_rotate`."""
+    return x.dtype == torch.float32 and x.device.type in ("cpu", "cuda")
+
+
 def _multipliers(values: list[float], device: torch.device) -> torch.Tensor | None:
     """The cos/sin multipliers as a ``[len(values)]`` fp32 tensor, or ``None`` when all are 1."""
     if all(value == 1.0 for value in values):
@@ -282,7 +291,10 @@ class ExactDynamicRope:
         self._tables, self._table_elements, self._memo = {}, 0, {}
         if seq == 1 or bool((lengths == lengths[:, :1]).all()):
             # One frequency set per row (decoding, or a prompt within one regime): one kernel call.
-            per_row = [self.frequencies(length, device) for length in lengths[:, 0].tolist()]
+            row_lengths = lengths[:, 0].tolist()
+            if len(set(row_lengths)) == 1:  # rows of one length (no padding, beams) share one frequency set
+                row_lengths = row_lengths[:1]
+            per_row = [self.frequencies(length, device) for length in row_lengths]
             inv_freq = torch.stack([f for f, _ in per_row])
             scaling = _multipliers([s for _, s in per_row], device)
             self._calls = [_Call(0, seq, inv_freq, scaling, None)]
@@ -556,17 +568,17 @@ def _attend_decoding(
     0`` whatever its positions (left padding included), so one table serves every row that shares
     frequencies and all layers. In fp32 the rotation is one complex multiply; the channel pairs
     ``(i, i + rotary_dim / 2)`` then come out interleaved, and the query's are interleaved alike
-    (a dot product does not see the order).
+    (a dot product does not see the order). Other dtypes and devices rotate with :func:`_rotate`.
     """
     kv_len, half = key.shape[2], rope.rotary_dim // 2
 
     def build() -> tuple[torch.Tensor]:  # [batch or 1, 1, kv_len, half]
         scaling = None if call.scaling is None else call.scaling.square()
-        newest = torch.zeros(1, dtype=torch.long)  # offsets: the newest key is at 0
+        newest = torch.zeros(1, dtype=torch.long, device=call.inv_freq.device)  # offsets: the newest key is at 0
         return (grid_rotations(newest, kv_len, call.inv_freq, scaling)[:, None],)
 
     (rotation,) = rope.tables(("decode", kv_len), build)
-    if query.dtype != torch.float32:
+    if not _complex_rotation(query):
         cos, sin = rope.tables(("decode-real", kv_len, query.dtype), lambda: (rotation.real.to(query.dtype),
                                                                                rotation.imag.to(query.dtype)))
         return kernel(module, query, _rotate(key, cos, sin), value, attention_mask, **kwargs)
@@ -604,7 +616,7 @@ def _key_tables(
     """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotations` as real tables."""
 
     def build():
-        rotations = _key_rotations(rope, key_positions, rowwise, start, stop, keys)
+        rotations = _key_rotation_table(rope, key_positions, rowwise, start, stop, keys)
         return rotations.real.to(query.dtype), rotations.imag.to(query.dtype)
 
     return rope.tables(("k-row", start, key_positions.shape[1], query.dtype), build)
@@ -618,27 +630,34 @@ def _interleave(x: torch.Tensor, half: int) -> torch.Tensor:
 def _key_rotations(
     rope: ExactDynamicRope, key_positions: torch.Tensor, rowwise: _RowWise, start: int, stop: int, keys: int
 ) -> torch.Tensor:
+    """:func:`_key_rotation_table`, built once per forward and shared by the layers while it fits
+    (:meth:`ExactDynamicRope.tables`)."""
+
+    def build():
+        return (_key_rotation_table(rope, key_positions, rowwise, start, stop, keys),)
+
+    return rope.tables(("k-row-complex", start, key_positions.shape[1]), build)[0]
+
+
+def _key_rotation_table(
+    rope: ExactDynamicRope, key_positions: torch.Tensor, rowwise: _RowWise, start: int, stop: int, keys: int
+) -> torch.Tensor:
     """Every row's rotation of the first ``keys`` keys as unit complex numbers times its multiplier.
 
-    ``[batch, rows, keys, rotary_dim // 2]`` complex64 for query rows ``[start, stop)``, built once
-    per forward and shared by the layers while they fit (:meth:`ExactDynamicRope.tables`). When
-    every batch row's key positions run contiguously (no left padding, no gaps) it comes from
+    ``[batch, rows, keys, rotary_dim // 2]`` complex64 for query rows ``[start, stop)``. When every
+    batch row's key positions run contiguously (no left padding, no gaps) it comes from
     :func:`grid_rotations`; otherwise each angle is computed directly.
     """
     inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
     contiguous = rope.memo(("contiguous keys", key_positions.shape[1]),
                            lambda: bool((key_positions.diff(dim=1) == 1).all()))
-
-    def build():
-        if contiguous:
-            return (grid_rotations(key_positions[:, keys - 1], keys, inv_freq, scaling),)
-        freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
-        table = freqs.new_empty(*freqs.shape, 2)
-        torch.cos(freqs, out=table[..., 0])
-        torch.sin(freqs, out=table[..., 1])
-        return (torch.view_as_complex(table.mul_(scaling[..., None, None, None])),)
-
-    return rope.tables(("k-row-complex", start, key_positions.shape[1]), build)[0]
+    if contiguous:
+        return grid_rotations(key_positions[:, keys - 1], keys, inv_freq, scaling)
+    freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
+    table = freqs.new_empty(*freqs.shape, 2)
+    torch.cos(freqs, out=table[..., 0])
+    torch.sin(freqs, out=table[..., 1])
+    return torch.view_as_complex(table.mul_(scaling[..., None, None, None]))
 
 
 #: Kernel arguments the batched row-wise path does not implement (attention sinks, logit
@@ -689,7 +708,7 @@ def _attend_rowwise(
     # pairs, so the queries are interleaved alike and the dot product is unchanged. Other dtypes
     # have no complex type that rounds like them and rotate with _rotate.
     pairs = None
-    if query.dtype == torch.float32:
+    if _complex_rotation(query):
         pairs = torch.complex(key[..., :half], key[..., half : 2 * half])  # [batch, kv_heads, kv_len, half]
     for start, stop in _row_chunks(rowwise, key):
         rows, keys = stop - start, past + stop

@@ -147,13 +147,14 @@ def partial_rotary(model, attention):
     return rope
 
 
-@pytest.mark.parametrize("padded", (True, False))  # key positions with gaps, or contiguous (grid tables)
+# key positions contiguous (grid tables), with a gap among attended keys, or left-padded (masked keys at position 0)
+@pytest.mark.parametrize("layout", ("contiguous", "gap", "left-padded"))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64))  # fp32: complex rotation; others: real
 @pytest.mark.parametrize("rowwise", ("batched", "by kernel"))
 @pytest.mark.parametrize("rotary", ("full", "partial"))
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kernel", ("eager", "sdpa"))
-def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, rowwise, dtype, padded, monkeypatch):
+def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, rowwise, dtype, layout, monkeypatch):
     model = patched(method=method, attn_implementation=kernel)
     attention = model.model.layers[0].self_attn
     rope = getattr(attention, dynamic_cache._STATE) if rotary == "full" else partial_rotary(model, attention)
@@ -165,8 +166,10 @@ def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, roww
     key = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
     value = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
     padding = torch.ones(2, seq, dtype=torch.bool)
-    padding[1, :5] = not padded  # row 1 left-padded: its positions start 5 rows later
+    padding[1, :5] = layout != "left-padded"  # row 1 left-padded: its positions start 5 rows later
     positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
+    if layout == "gap":  # e.g. PoSE's skipped positions
+        positions[:, 20:] += 7
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     allowed = causal[None] & padding[:, None, :]
     mask = torch.zeros(2, 1, seq, seq, dtype=dtype).masked_fill(~allowed[:, None], torch.finfo(dtype).min)
