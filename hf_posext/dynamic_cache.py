@@ -71,10 +71,15 @@ Trade-offs
   batches). A kernel that rotates keys as it reads them would remove it; none is used here.
   Measured with ``benchmarks/bench_dynamic_decode.py`` (defaults: 4-layer Llama, hidden 512,
   8 heads / 2 KV heads, sdpa, decoding the last 64 tokens up to 4x L_orig = 1024, fp32, one CPU
-  thread): 0.89-0.93x (NTK) and 0.90-0.92x (YaRN) the tokens/s of the static method of the same
-  factor over eight runs; transformers' own dynamic path, the same code as static, reads
-  0.95-1.00x in the same runs, which is the noise. Rotating the query and the keys by position,
-  as before the offset form, measured 0.85x and 0.86x.
+  thread): 0.88-0.93x the tokens/s of the static method of the same factor, median 0.90, for
+  both methods over 15 runs; transformers' own dynamic path, the same code as static plus one
+  frequency update per step, reads 0.93-1.06x in the same runs. Rotating the query and the keys
+  by position, as before the offset form, measured 0.85x and 0.86x. Where the time goes (same
+  benchmark, per decoding step of ~7.5 ms): ~640 us re-rotating the keys (4 layers; the key
+  cache is cold after each layer's weights stream through, so the two passes run at memory
+  speed, ~3x their in-cache time), ~65 us the table, ~70 us the per-length frequencies, ~140 us
+  the rest (planning, identity rotation, Python). ``torch.compile`` of the rotation was slower
+  on CPU (84 vs 60 us per call in cache, guard overhead).
 * Prefill past ``L_orig`` does O(prompt^2 * head_dim * kv_heads) elementwise work for the rows'
   own key rotations, plus their rotation tables (O(prompt^2 * rotary_dim), built per layer once
   they exceed ``_TABLE_BUDGET``: one complex multiply per entry from :func:`grid_rotations` when
