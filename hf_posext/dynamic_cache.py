@@ -577,17 +577,20 @@ def _attend_decoding(
     """
     kv_len, half = key.shape[2], rope.rotary_dim // 2
 
-    def build() -> tuple[torch.Tensor]:  # [batch or 1, 1, kv_len, half]
+    def rotation() -> torch.Tensor:  # [batch or 1, 1, kv_len, half] complex64, shared by the layers
         scaling = None if call.scaling is None else call.scaling.square()
         newest = torch.zeros(1, dtype=torch.long, device=call.inv_freq.device)  # offsets: the newest key is at 0
-        return (grid_rotations(newest, kv_len, call.inv_freq, scaling)[:, None],)
+        return grid_rotations(newest, kv_len, call.inv_freq, scaling)[:, None]
 
-    (rotation,) = rope.tables(("decode", kv_len), build)
     if not _complex_rotation(query):
-        cos, sin = rope.tables(("decode-real", kv_len, query.dtype), lambda: (rotation.real.to(query.dtype),
-                                                                               rotation.imag.to(query.dtype)))
+        def real_tables() -> tuple[torch.Tensor, torch.Tensor]:
+            table = rotation()
+            return table.real.to(query.dtype), table.imag.to(query.dtype)
+
+        cos, sin = rope.tables(("decode-real", kv_len, query.dtype), real_tables)
         return kernel(module, query, _rotate(key, cos, sin), value, attention_mask, **kwargs)
-    rotated = torch.complex(key[..., :half], key[..., half : 2 * half]).mul_(rotation)
+    (table,) = rope.tables(("decode", kv_len), lambda: (rotation(),))
+    rotated = torch.complex(key[..., :half], key[..., half : 2 * half]).mul_(table)
     rotated_key, interleaved_query = torch.view_as_real(rotated).flatten(-2), _interleave(query, half)
     if 2 * half < key.shape[-1]:  # channels past rotary_dim are not rotated
         rotated_key = torch.cat((rotated_key, key[..., 2 * half :]), dim=-1)
