@@ -133,6 +133,25 @@ def slow_attention(rope, query, key, value, positions, padding, scaling):
     return out
 
 
+def attention_inputs(dtype, layout="left-padded"):
+    """Two batch rows of 3x L_orig tokens for one attention layer: ``(query, key, value, positions, padding)``.
+
+    4 query heads, 2 KV heads, head_dim 32. ``layout``: row 1 left-padded by 5 (masked keys at
+    position 0), ``"contiguous"`` positions, or a ``"gap"`` of 7 positions among attended keys
+    (e.g. PoSE's skipped positions).
+    """
+    generator = torch.Generator().manual_seed(0)
+    seq = 3 * L_ORIG
+    query = torch.randn(2, 4, seq, 32, generator=generator, dtype=dtype)
+    key, value = (torch.randn(2, 2, seq, 32, generator=generator, dtype=dtype) for _ in range(2))
+    padding = torch.ones(2, seq, dtype=torch.bool)
+    padding[1, :5] = layout != "left-padded"
+    positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
+    if layout == "gap":
+        positions[:, 20:] += 7
+    return query, key, value, positions, padding
+
+
 def partial_rotary(model, attention):
     """Give ``attention`` an ExactDynamicRope that rotates half of each head's channels.
 
@@ -160,16 +179,8 @@ def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, roww
     rope = getattr(attention, dynamic_cache._STATE) if rotary == "full" else partial_rotary(model, attention)
     if rowwise == "by kernel":
         monkeypatch.setattr(dynamic_cache, "_attend_rowwise", dynamic_cache._attend_rowwise_by_kernel)
-    generator = torch.Generator().manual_seed(0)
-    seq, heads, kv_heads, dim = 3 * L_ORIG, 4, 2, 32
-    query = torch.randn(2, heads, seq, dim, generator=generator, dtype=dtype)
-    key = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
-    value = torch.randn(2, kv_heads, seq, dim, generator=generator, dtype=dtype)
-    padding = torch.ones(2, seq, dtype=torch.bool)
-    padding[1, :5] = layout != "left-padded"  # row 1 left-padded: its positions start 5 rows later
-    positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
-    if layout == "gap":  # e.g. PoSE's skipped positions
-        positions[:, 20:] += 7
+    query, key, value, positions, padding = attention_inputs(dtype, layout)
+    seq, dim = query.shape[2], query.shape[3]
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     allowed = causal[None] & padding[:, None, :]
     mask = torch.zeros(2, 1, seq, seq, dtype=dtype).masked_fill(~allowed[:, None], torch.finfo(dtype).min)
@@ -190,17 +201,11 @@ def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, roww
         torch.testing.assert_close(out[0].float(), expected[0], rtol=0, atol=1e-5)
 
 
-def left_padded_decoding_inputs(dtype, dim=32):
-    """A batch of two rows, 3x L_orig keys, the second left-padded by 5: (query, key, value, positions, padding, mask)."""
-    generator = torch.Generator().manual_seed(0)
-    seq = 3 * L_ORIG
-    query = torch.randn(2, 4, seq, dim, generator=generator, dtype=dtype)
-    key, value = (torch.randn(2, 2, seq, dim, generator=generator, dtype=dtype) for _ in range(2))
-    padding = torch.ones(2, seq, dtype=torch.bool)
-    padding[1, :5] = False
-    positions = (padding.long().cumsum(-1) - 1).clamp(min=0)
-    mask = torch.zeros(2, 1, 1, seq, dtype=dtype).masked_fill(~padding[:, None, None], torch.finfo(dtype).min)
-    return query, key, value, positions, padding, mask
+def decoding_mask(padding, dtype):
+    """The additive mask of one query row per batch row against all keys: ``[batch, 1, 1, keys]``."""
+    return torch.zeros(padding.shape[0], 1, 1, padding.shape[1], dtype=dtype).masked_fill(
+        ~padding[:, None, None], torch.finfo(dtype).min
+    )
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
@@ -213,7 +218,8 @@ def test_decoding_step_matches_slow_reference(method, dtype):
     model = patched(method=method, attn_implementation="sdpa")
     attention = model.model.layers[0].self_attn
     rope = getattr(attention, dynamic_cache._STATE)
-    query, key, value, positions, padding, mask = left_padded_decoding_inputs(dtype)
+    query, key, value, positions, padding = attention_inputs(dtype)
+    mask = decoding_mask(padding, dtype)
     rope.begin_forward(positions[:, -1:], batch=2)
     out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5)
     expected = slow_attention(rope, query.float(), key.float(), value.float(), positions, padding, 32**-0.5)
@@ -226,7 +232,8 @@ def test_decoding_step_leaves_channels_past_rotary_dim_alone(dtype):
     model = patched(method="dynamic_yarn", attn_implementation="sdpa")
     attention = model.model.layers[0].self_attn
     rope = partial_rotary(model, attention)
-    query, key, value, positions, _, mask = left_padded_decoding_inputs(dtype)
+    query, key, value, positions, padding = attention_inputs(dtype)
+    mask = decoding_mask(padding, dtype)
     rope.begin_forward(positions[:, -1:], batch=2)
     out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5)
     # reference: rotate the first 16 channels of the query and the keys by position, per row
