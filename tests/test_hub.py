@@ -18,7 +18,7 @@ from huggingface_hub.utils import filter_repo_objects
 from hf_posext import patch_model
 from hf_posext.cli import main
 from hf_posext.hub import push_to_hub
-from hf_posext.io import model_card
+from hf_posext.export import model_card
 from hf_posext.train.tiny import make_tiny_model
 
 SECRET = "hf_secretTOKENforTESTSdoNOTprint1234"

@@ -15,7 +15,8 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import PreTrainedModel
 
-from .. import io as posext_io
+from ..export import model_card
+from ..files import atomic_directory
 from .checkpointing import TrainProgress
 from .config import TrainConfig
 from .data import is_local_dataset
@@ -75,7 +76,7 @@ def save_final(
             "eval": eval_results,
             "config": config.to_dict(),
         }
-        with posext_io.atomic_directory(output_dir) as tmp:
+        with atomic_directory(output_dir) as tmp:
             base.save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
             (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -114,7 +115,7 @@ def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: Train
         if phase in eval_results:
             extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"
     base = config.model if not os.path.isdir(config.model) else None
-    card = posext_io.model_card(model_config, base_model=base, extra=extra)
+    card = model_card(model_config, base_model=base, extra=extra)
     if not is_local_dataset(config.dataset):
         card.data.datasets = list(config.dataset)
     return card
