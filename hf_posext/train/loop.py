@@ -38,14 +38,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, is_bf16_available, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.optimization import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from ..patching import patch_model
 from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, build_scheduler
 from .data import check_dataset, is_local_dataset, load_blocks, micro_batch_indices, take_blocks
 from .export import save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
@@ -55,9 +54,9 @@ from .pose import pose_position_ids
 #: Settings that must not change between a run and its resumption (they change the result).
 RESUME_INVARIANTS = (
     "model", "method", "factor", "dataset", "dataset_split", "text_field", "seq_len", "max_train_steps",
-    "learning_rate", "lr_scheduler", "warmup_steps", "global_batch_size", "micro_batch_size", "lora",
-    "lora_rank", "lora_alpha", "lora_target_modules", "pose", "pose_window", "pose_chunks", "eval_blocks", "seed",
-    "method_kwargs",
+    "learning_rate", "lr_scheduler", "lr_scheduler_kwargs", "warmup_steps", "global_batch_size",
+    "micro_batch_size", "lora", "lora_rank", "lora_alpha", "lora_target_modules", "pose", "pose_window",
+    "pose_chunks", "eval_blocks", "seed", "method_kwargs",
 )
 
 StepCallback = Callable[[TrainProgress], None]
@@ -95,7 +94,9 @@ def resolve_mixed_precision(choice: str) -> str | None:
         return choice
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         return None
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    # is_bf16_available is True on a bare CPU, where bf16 autocast is slower than fp32: ask only
+    # when there is an accelerator (CUDA, XPU, MPS, ...).
+    return "bf16" if torch.accelerator.is_available() and is_bf16_available() else "no"
 
 
 def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator:
@@ -108,7 +109,7 @@ def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator
         kwargs["log_with"] = config.report_to
         kwargs["project_dir"] = str(config.checkpoint_path / "logs")
     launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and not _has_accelerator():
+    if launched > 1 and not torch.accelerator.is_available():
         # Under torchrun on a machine without accelerators, accelerate only goes multi-process
         # (gloo) when told it runs on CPU; otherwise every rank silently trains alone.
         kwargs["cpu"] = True
@@ -119,11 +120,6 @@ def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator
             "start multi-process runs with accelerate launch or torchrun"
         )
     return accelerator
-
-
-def _has_accelerator() -> bool:
-    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) or \
-        torch.backends.mps.is_available()
 
 
 def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
@@ -286,13 +282,14 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                                   eps=config.adam_epsilon, weight_decay=config.weight_decay)
-    if config.lr_scheduler == "linear":
-        scheduler = get_linear_schedule_with_warmup(optimizer, config.warmup_steps, config.max_train_steps)
-    else:
-        scheduler = get_constant_schedule_with_warmup(optimizer, config.warmup_steps)
+    scheduler = build_scheduler(config, optimizer)
     ds_plugin = accelerator.state.deepspeed_plugin
     if ds_plugin is not None:
-        # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here.
+        # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here. Why no
+        # prepared DataLoader: its sharding and resume (skip_first_batches) replay the batch order
+        # step by step, while micro_batch_indices jumps to any data position in O(1); and
+        # DeepSpeed takes the dataloader in the same prepare() as the model, before load_state
+        # tells where to resume, so the sampler would need a start set after it was wrapped.
         ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.micro_batch_size
     # The scheduler is deliberately not prepared: accelerate would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)
