@@ -285,7 +285,8 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
     scheduler = build_scheduler(config, optimizer)
     ds_plugin = accelerator.state.deepspeed_plugin
     if ds_plugin is not None:
-        # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here. Why no
+        # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here (as
+        # accelerate's own error message for a missing micro-batch recommends). Why no
         # prepared DataLoader: its sharding and resume (skip_first_batches) replay the batch order
         # step by step, while micro_batch_indices jumps to any data position in O(1); and
         # DeepSpeed takes the dataloader in the same prepare() as the model, before load_state
