@@ -24,9 +24,12 @@ import resource
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +41,10 @@ def rss_mib() -> float:
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# hf_posext, transformers and torch are imported inside functions on purpose: each measured child
+# process counts the memory of its own approach's imports and not the other's.
 
 
 def run_recipe(args: argparse.Namespace, workdir: Path) -> dict:
@@ -115,8 +122,6 @@ def child(args: argparse.Namespace) -> None:
 
 
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
-    import sysconfig
-
     from hf_posext.train.tiny import make_tiny_model
 
     make_tiny_model(workdir / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 32,
@@ -145,8 +150,6 @@ def main() -> None:
         child(args)
         return
 
-    from tqdm.auto import tqdm
-
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         prepare(args, workdir)
@@ -172,8 +175,9 @@ def main() -> None:
         "throughput_ratio": summary["recipe"]["tokens_per_s"] / summary["trainer"]["tokens_per_s"],
         "memory_ratio": summary["recipe"]["peak_mib"] / summary["trainer"]["peak_mib"],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    from hf_posext.files import write_text
+
+    write_text(args.out, json.dumps(report, indent=2) + "\n")
     print(f"{'':10} {'tokens/s':>10} {'peak MiB':>10}")
     for name, values in summary.items():
         print(f"{name:10} {values['tokens_per_s']:10.0f} {values['peak_mib']:10.1f}")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from collections.abc import Sequence
 
+from .arguments import add_set_argument, parse_key_values
+from .export import extend_checkpoint
 from .methods import available_methods, method_class
 
 
@@ -26,22 +27,8 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def _patch(args: argparse.Namespace) -> int:
-    from .io import extend_checkpoint
-
-    extra = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        extra[key.replace("-", "_")] = _parse_value(value)
+    extra = parse_key_values(args.set)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
     out = extend_checkpoint(
@@ -65,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=float, required=True, help="context scale s >= 1")
     p.add_argument("--original-max-position-embeddings", type=int, default=None)
     p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32")
+    add_set_argument(p)
     p.set_defaults(func=_patch)
 
     for module in _SUBCOMMAND_MODULES:

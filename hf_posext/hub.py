@@ -22,10 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import HfApi, get_token
+from huggingface_hub.utils import filter_repo_objects
 
-#: Folder and file names that are never uploaded (training states, interrupted saves, caches).
-EXCLUDED_PARTS = ("__pycache__",)
-EXCLUDED_SUFFIXES = (".tmp", ".lock")
+#: What stays local, as huggingface_hub patterns (``upload_folder(ignore_patterns=...)``, matched
+#: with fnmatch against paths relative to the folder): hidden files and folders (temporary folders
+#: of an interrupted save, caches), training states (``step_N/``, ``*-checkpoints/``), lock files.
+IGNORE_PATTERNS = (
+    ".*", "*/.*", "__pycache__/*", "*/__pycache__/*", "step_[0-9]*/*", "*/step_[0-9]*/*",
+    "*-checkpoints/*", "*.tmp", "*.lock",
+)
 
 
 @dataclass(frozen=True)
@@ -43,15 +48,6 @@ class PushResult:
     url: str | None
 
 
-def _excluded(relative: Path) -> bool:
-    for part in relative.parts:
-        if part.startswith(".") or part in EXCLUDED_PARTS or part.endswith("-checkpoints"):
-            return True
-        if part.startswith("step_") and part[5:].isdigit():
-            return True
-    return relative.name.endswith(EXCLUDED_SUFFIXES)
-
-
 def checkpoint_files(folder: str | os.PathLike) -> list[str]:
     """The files of the checkpoint in ``folder`` that belong on the Hub, as sorted relative paths.
 
@@ -62,11 +58,9 @@ def checkpoint_files(folder: str | os.PathLike) -> list[str]:
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder {str(root)!r} does not exist")
-    files = sorted(
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*")
-        if p.is_file() and not _excluded(p.relative_to(root))
-    )
+    every = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    # The filter upload_folder applies, so this list is what an upload sends.
+    files = sorted(filter_repo_objects(every, ignore_patterns=list(IGNORE_PATTERNS)))
     missing = [name for name in ("config.json", "README.md") if name not in files]
     if not any(name.endswith(".safetensors") for name in files):
         missing.append("*.safetensors weights")
@@ -133,8 +127,7 @@ def push_to_hub(
         folder_path=str(folder),
         repo_type="model",
         revision=revision,
-        # The exact list, so that upload_folder's own filtering cannot add a training state.
-        allow_patterns=files,
+        ignore_patterns=list(IGNORE_PATTERNS),
         commit_message=commit_message or _commit_message(folder),
     )
     return PushResult(repo_id, files, str(getattr(commit, "commit_url", commit)))

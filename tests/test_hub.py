@@ -18,7 +18,7 @@ from huggingface_hub.utils import filter_repo_objects
 from hf_posext import patch_model
 from hf_posext.cli import main
 from hf_posext.hub import push_to_hub
-from hf_posext.io import model_card
+from hf_posext.export import model_card
 from hf_posext.train.tiny import make_tiny_model
 
 SECRET = "hf_secretTOKENforTESTSdoNOTprint1234"
@@ -39,7 +39,8 @@ def checkpoint(tmp_path):
     model_card(config, base_model="my-org/tiny-base", extra={"steps": 400}).save(folder / "README.md")
     (folder / "train_results.json").write_text(json.dumps({"steps": 400}))
     for junk in ("step_00000050/model.safetensors", ".model.tmp-123/config.json", ".cache/blocks.npy",
-                 "__pycache__/x.pyc", "save.tmp"):
+                 "__pycache__/x.pyc", "save.tmp", "model-checkpoints/step_00000002/optimizer.bin",
+                 "sub/.hidden/x.json", "sub/step_00000003/random_states_0.pkl", "model.safetensors.lock"):
         (folder / junk).parent.mkdir(parents=True, exist_ok=True)
         (folder / junk).write_text("local only")
     return folder
@@ -64,10 +65,11 @@ class HubRecorder:
         monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
 
 
-def uploaded(folder: Path, allow_patterns: list[str]) -> list[str]:
-    """The files upload_folder would pick with ``allow_patterns`` (its own filter, unmocked)."""
+def uploaded(folder: Path, upload: dict) -> list[str]:
+    """The files upload_folder would pick with the patterns passed to it (its own filter, unmocked)."""
     every = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    return sorted(filter_repo_objects(every, allow_patterns=allow_patterns))
+    return sorted(filter_repo_objects(every, allow_patterns=upload.get("allow_patterns"),
+                                      ignore_patterns=upload.get("ignore_patterns")))
 
 
 def test_push_uploads_exactly_the_checkpoint_and_its_card(checkpoint, monkeypatch, capsys):
@@ -81,7 +83,7 @@ def test_push_uploads_exactly_the_checkpoint_and_its_card(checkpoint, monkeypatc
                     "repo_type": "model"}
     assert upload["repo_id"] == "my-org/tiny-yarn" and upload["token"] == SECRET
     assert Path(upload["folder_path"]) == checkpoint
-    assert uploaded(checkpoint, upload["allow_patterns"]) == CHECKPOINT_FILES
+    assert uploaded(checkpoint, upload) == CHECKPOINT_FILES
     assert upload["commit_message"] == "Upload yarn x4.0 checkpoint (32 -> 128 tokens) with hf-posext"
 
     card = ModelCard.load(checkpoint / "README.md")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from hf_posext import available_methods
 from hf_posext.methods import method_class
 from hf_posext.train.cli import build_parser, config_from_args
-from hf_posext.train.config import TrainConfig
+from hf_posext.train.config import TrainConfig, build_scheduler
 
 REQUIRED = dict(model="m", output_dir="o", dataset=["d.txt"])
 
@@ -34,7 +35,7 @@ def test_issue_flags_exist():
 def test_every_setting_is_a_flag():
     flags = {opt for action in build_parser()._actions for opt in action.option_strings}
     for item in dataclasses.fields(TrainConfig):
-        flag = "--method-arg" if item.name == "method_kwargs" else "--" + item.name.replace("_", "-")
+        flag = "--set" if item.name == "method_kwargs" else "--" + item.name.replace("_", "-")
         assert flag in flags, item.name
 
 
@@ -68,7 +69,9 @@ def test_every_registered_method_is_accepted(method):
         ({"warmup_steps": 500}, r"warmup_steps=500 exceeds max_train_steps=400"),
         ({"learning_rate": -1.0}, r"learning_rate must be a positive number, got -1.0"),
         ({"adam_beta2": 1.0}, r"adam_beta2 must be in \[0, 1\), got 1.0"),
-        ({"lr_scheduler": "cosine"}, r"lr_scheduler must be one of linear, constant; got 'cosine'"),
+        ({"lr_scheduler": "sawtooth"}, r"lr_scheduler must be one of linear, cosine, .*constant, .*got 'sawtooth'"),
+        ({"lr_scheduler": "cosine_with_min_lr"}, r"lr_scheduler='cosine_with_min_lr'.*min_lr_rate"),
+        ({"lr_scheduler_kwargs": {"power": 2}}, r"lr_scheduler='linear' with .*unexpected keyword argument 'power'"),
         ({"mixed_precision": "fp8"}, r"mixed_precision must be one of auto, no, bf16, fp16; got 'fp8'"),
         ({"pose": True, "seq_len": 64, "pose_window": 128}, r"pose_window=128 exceeds seq_len=64"),
         ({"dataset": []}, r"dataset is required"),
@@ -97,3 +100,51 @@ def test_method_arguments_are_checked_by_the_method():
     if "alibi" in available_methods():
         with pytest.raises(ValueError, match="alibi: factor must be 1"):
             TrainConfig(method="alibi", factor=4, **REQUIRED)
+
+
+def test_every_flag_has_help_from_its_field():
+    helps: dict[str, str] = {}
+    for action in build_parser()._actions:
+        helps.setdefault(action.dest, action.help)  # the field's flag, not its --no- complement
+    for item in dataclasses.fields(TrainConfig):
+        assert item.metadata.get("help") and helps[item.name].startswith(item.metadata["help"]), item.name
+
+
+def test_set_wins_over_yaml_key_by_key_and_method_arg_still_works(tmp_path):
+    (tmp_path / "run.yaml").write_text(
+        "model: m\noutput_dir: o\ndataset: d.txt\nmethod_kwargs: {beta_fast: 16, beta_slow: 2}\n"
+        "lr_scheduler: cosine_with_min_lr\nlr-scheduler-kwargs: {min_lr_rate: 0.1}\n"
+    )
+    config = config_from_args(["--config", str(tmp_path / "run.yaml"), "--set", "beta_fast=64"])
+    assert config.method_kwargs == {"beta_fast": 64, "beta_slow": 2}
+    assert config.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
+    config = config_from_args(["--config", str(tmp_path / "run.yaml"), "--method-arg", "beta_slow=1",
+                               "--lr-scheduler-kwargs", "min_lr_rate=0.2"])
+    assert config.method_kwargs == {"beta_fast": 16, "beta_slow": 1} and config.lr_scheduler_kwargs == {"min_lr_rate": 0.2}
+
+
+def test_bad_set_item_exits_with_the_message(capsys):
+    with pytest.raises(SystemExit):
+        config_from_args(["--model", "m", "--output-dir", "o", "--dataset", "d.txt", "--set", "beta_fast"])
+    assert "--set expects KEY=VALUE" in capsys.readouterr().err
+
+
+def test_yaml_mapping_setting_must_be_a_mapping(tmp_path):
+    (tmp_path / "run.yaml").write_text("model: m\noutput_dir: o\ndataset: d.txt\nmethod_kwargs: [beta_fast=3]\n")
+    with pytest.raises(ValueError, match=r"method_kwargs must be a mapping"):
+        config_from_args(["--config", str(tmp_path / "run.yaml")])
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "constant"])
+def test_schedules_through_get_scheduler_keep_the_recipe_shapes(scheduler):
+    """``linear`` decays to 0 after the warm-up; ``constant`` holds the peak after it."""
+    config = TrainConfig(lr_scheduler=scheduler, warmup_steps=2, max_train_steps=6, learning_rate=1.0, **REQUIRED)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    schedule = build_scheduler(config, optimizer)
+    rates = []
+    for _ in range(6):
+        rates.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    expected = [0.0, 0.5, 1.0, 0.75, 0.5, 0.25] if scheduler == "linear" else [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
+    assert rates == pytest.approx(expected)

@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..arguments import parse_key_values
 from .report import environment, markdown_table, plot_curves, plot_heatmaps, write_csv, write_json
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -92,15 +93,7 @@ class _Patched:
 
 
 def _extra(items: list[str] | None) -> dict[str, Any]:
-    from ..cli import _parse_value
-
-    extra = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        extra[key.replace("-", "_")] = _parse_value(value)
-    return extra
+    return parse_key_values(items)
 
 
 def _previous(path: Path, settings: dict[str, Any]) -> dict[str, Any]:

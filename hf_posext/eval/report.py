@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..files import write_text
+
 
 def environment() -> dict[str, Any]:
     """Hardware and versions, recorded next to every result."""
@@ -46,12 +48,7 @@ def environment() -> dict[str, Any]:
 
 def write_json(path: str | os.PathLike, payload: Any) -> Path:
     """Write ``payload`` as indented JSON (atomically: a crash never leaves half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:

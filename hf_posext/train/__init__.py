@@ -3,10 +3,12 @@
 Library code behind ``scripts/finetune.py`` (a thin wrapper); nothing here runs on import.
 
 * :mod:`.config` - :class:`~.config.TrainConfig`, the settings (YaRN paper defaults), checked early;
-* :mod:`.cli` - the flags, generated from ``TrainConfig`` (a YAML file takes the same keys);
+* :mod:`.cli` - the flags: ``transformers.HfArgumentParser`` over ``TrainConfig`` (a YAML file takes the same keys);
 * :mod:`.data` - documents -> BOS/EOS-separated, fixed-length, cached blocks; resumable order;
+* :mod:`.plan` - lengths and batch arithmetic checked against the patched model, before training;
 * :mod:`.loop` - :func:`~.loop.train` through accelerate (CPU, one GPU, DDP, FSDP2, ZeRO-3, CP);
 * :mod:`.checkpointing` - atomic, resumable training states;
+* :mod:`.export` - the final checkpoint: gathered, LoRA merged, model card, ``train_results.json``;
 * :mod:`.lora` - LongLoRA-style PEFT LoRA plus trainable embeddings and norms, merged on save;
 * :mod:`.pose` - PoSE skip-wise position ids (train a long context with short windows);
 * :mod:`.tokenizer`, :mod:`.tiny` - a byte-level tokenizer and tiny local checkpoints for

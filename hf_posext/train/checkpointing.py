@@ -7,7 +7,8 @@ which holds the data position). It lands in ``<checkpoint_dir>/step_00000040``:
 
 1. the main process creates ``.step_00000040.tmp`` (removing a leftover of a crashed save);
 2. every process writes its part into it;
-3. the main process renames it into place, then prunes the oldest states.
+3. the main process renames it into place (:func:`hf_posext.files.replace_directory`), then prunes
+   the oldest states.
 
 A crash at any point leaves either the complete folder or none, and :func:`latest_checkpoint`
 only ever sees complete ones (temporary folders start with a dot).
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+
+from ..files import replace_directory
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -100,10 +103,8 @@ def save_checkpoint(accelerator: Accelerator, checkpoint_dir: str | Path, step: 
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        if final.exists():
-            # Only when a run re-saves a step it already saved (resumed from an older state).
-            shutil.rmtree(final)
-        tmp.rename(final)
+        # Replaces a state only when a run re-saves a step it already saved (resumed from an older one).
+        replace_directory(tmp, final)
         if keep:
             for _, old in list_checkpoints(root)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)

@@ -1,74 +1,58 @@
-"""Command-line flags of the fine-tune recipe, generated from :class:`~hf_posext.train.config.TrainConfig`.
+"""Command-line flags of the fine-tune recipe: ``transformers.HfArgumentParser`` over :class:`~.config.TrainConfig`.
 
-Every setting is a flag (``seq_len`` -> ``--seq-len``) and a YAML key of ``--config``, so the two
-can never drift apart. Precedence: flags given on the command line > the YAML file > defaults.
-Booleans take ``--lora`` / ``--no-lora``; ``--resume`` alone means the latest training state;
-method arguments go through ``--method-arg KEY=VALUE`` (``--method-arg beta_fast=32``).
+Every setting is a flag (``seq_len`` -> ``--seq-len`` or ``--seq_len``) and a YAML key of
+``--config``, with its help taken from the field, so the two cannot drift apart. Precedence:
+flags given on the command line > the YAML file > defaults. Booleans take ``--lora`` (or
+``--lora false``) and ``--no-lora``; ``--resume`` alone means the latest training state; method
+arguments go through ``--set KEY=VALUE`` (:mod:`hf_posext.arguments`, as in ``hf-posext patch``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
 import typing
 from collections.abc import Sequence
 from typing import Any
 
+from transformers import HfArgumentParser
+
+from ..arguments import parse_key_value, parse_key_values
 from .config import TrainConfig, load_yaml
 
 
-def _field_help() -> dict[str, str]:
-    """First line of each setting's description in ``TrainConfig``'s docstring."""
-    helps: dict[str, str] = {}
-    doc = TrainConfig.__doc__ or ""
-    for match in re.finditer(r"^\s{8}([a-z0-9_, ]+): (.+)$", doc, flags=re.MULTILINE):
-        for name in match.group(1).split(","):
-            helps[name.strip()] = match.group(2).strip()
-    return helps
+class RecipeArgumentParser(HfArgumentParser):
+    """``HfArgumentParser`` plus two kinds of flag it does not build.
+
+    * A mapping field (``method_kwargs``) becomes a repeatable ``KEY=VALUE`` flag; HfArgumentParser
+      would hand the text to ``dict()``.
+    * A boolean that defaults to False also gets ``--no-NAME``, so a flag can switch off what a YAML
+      file switched on; HfArgumentParser adds it only to booleans that default to True.
+    """
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        if typing.get_origin(field.type) is dict:
+            metadata = dict(field.metadata)
+            flags = [*metadata.pop("aliases", []), f"--{field.name.replace('_', '-')}"]
+            parser.add_argument(*flags, dest=field.name, action="append", type=parse_key_value, metavar="KEY=VALUE",
+                                **metadata)
+            return
+        HfArgumentParser._parse_dataclass_field(parser, field)
+        if field.type is bool and field.default is False:
+            parser.add_argument(f"--no-{field.name.replace('_', '-')}", dest=field.name, action="store_false",
+                                help=f"turn {field.name} off")
 
 
-def _parse_method_arg(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--method-arg expects KEY=VALUE, got {text!r}")
-    try:
-        return key.replace("-", "_"), json.loads(value)
-    except json.JSONDecodeError:
-        return key.replace("-", "_"), value
-
-
-def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    """The recipe's argument parser: ``--config`` plus one flag per ``TrainConfig`` field."""
-    parser = argparse.ArgumentParser(description=description, argument_default=argparse.SUPPRESS)
-    parser.add_argument("--config", help="a YAML file with the same keys as these flags")
-    helps = _field_help()
+def _mapping_fields() -> set[str]:
     hints = typing.get_type_hints(TrainConfig)
-    for item in dataclasses.fields(TrainConfig):
-        flag = "--" + item.name.replace("_", "-")
-        hint = hints[item.name]
-        text = helps.get(item.name, "")
-        default = item.default if item.default is not dataclasses.MISSING else item.default_factory()
-        if default not in ("", None, [], {}):
-            text += f" (default: {default})"
-        if item.name == "method_kwargs":
-            parser.add_argument("--method-arg", dest="method_kwargs", action="append", type=_parse_method_arg,
-                                metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32 (repeatable)")
-        elif item.name == "resume":
-            parser.add_argument(flag, nargs="?", const="latest", metavar="PATH", help=text)
-        elif hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
-        elif typing.get_origin(hint) is list:
-            parser.add_argument(flag, nargs="+", help=text)
-        else:
-            args = [a for a in typing.get_args(hint) if a is not type(None)]
-            base = args[0] if args else hint
-            literal = typing.get_args(base) if typing.get_origin(base) is typing.Literal else ()
-            if literal:
-                parser.add_argument(flag, choices=literal, help=text)
-            else:
-                parser.add_argument(flag, type=base if base in (int, float) else str, help=text)
+    return {f.name for f in dataclasses.fields(TrainConfig) if typing.get_origin(hints[f.name]) is dict}
+
+
+def build_parser(description: str | None = None) -> RecipeArgumentParser:
+    """The recipe's argument parser: ``--config`` plus one flag per ``TrainConfig`` field."""
+    parser = RecipeArgumentParser(TrainConfig, description=description)
+    parser.add_argument("--config", help="a YAML file with the same keys as these flags (flags win over it)")
     return parser
 
 
@@ -79,12 +63,28 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
         ValueError: a bad or unknown setting (from the YAML file or the flags).
         FileNotFoundError: a ``--config`` file that does not exist.
     """
-    args = vars(build_parser(description).parse_args(argv))
-    values: dict[str, Any] = {}
-    config_file = args.pop("config", None)
+    parser = build_parser(description)
+    config_file = parser.parse_known_args(argv)[0].config
+    mappings = _mapping_fields()
     if config_file:
-        values.update({key.replace("-", "_"): value for key, value in load_yaml(config_file).items()})
-    if "method_kwargs" in args:
-        values["method_kwargs"] = {**values.get("method_kwargs", {}), **dict(args.pop("method_kwargs"))}
-    values.update(args)
-    return TrainConfig.from_dict(values, source=config_file or "flags")
+        # Not HfArgumentParser.parse_yaml_file: it builds the config from the file alone, so a
+        # file without e.g. `model` would fail before the flags could fill it in, and flags could
+        # not win over the file. The file's values become the parser's defaults instead.
+        values = TrainConfig.check_keys(load_yaml(config_file), source=config_file)
+        for name in mappings & set(values):
+            # Kept as pairs, so that --set KEY=VALUE appends to them and wins key by key.
+            values[name] = list(_mapping(values[name], name, config_file).items())
+        parser.set_defaults(**values)
+    args: dict[str, Any] = vars(parser.parse_args(argv))
+    args.pop("config")
+    for name in mappings:
+        args[name] = parse_key_values(args[name])
+    return TrainConfig.from_dict(args, source=config_file or "flags")
+
+
+def _mapping(value: Any, name: str, source: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: {name} must be a mapping (KEY: VALUE lines), got {value!r}")
+    return value

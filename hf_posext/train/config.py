@@ -22,107 +22,106 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
+from transformers import SchedulerType, get_scheduler
+from transformers.hf_argparser import HfArg
 
 from ..methods import make_method, method_class
 
-Scheduler = Literal["linear", "constant"]
-MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
-
-SCHEDULERS = ("linear", "constant")
+#: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
+#: or greedy, which step on a metric); ``constant`` keeps the peak after the warm-up.
+SCHEDULERS = tuple(kind.value for kind in SchedulerType
+                   if kind not in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY))
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 REPORT_TO = ("none", "tensorboard", "wandb", "all")
+# Literal types give the flags their choices (HfArgumentParser reads them).
+Scheduler = Literal[SCHEDULERS]
+MixedPrecision = Literal[MIXED_PRECISIONS]
+SaveDtype = Literal[SAVE_DTYPES]
+ReportTo = Literal[REPORT_TO]
 
 
 @dataclass
 class TrainConfig:
-    """Everything one fine-tune run needs.
+    """Everything one fine-tune run needs; each field's ``help`` is its documentation.
 
-    Args:
-        model: a Hub id or local checkpoint folder with a tokenizer.
-        method: a position method from :func:`hf_posext.available_methods` (``yarn``...).
-        factor: the context scale ``s``; the model is trained for ``s * L_orig`` tokens.
-        output_dir: where the final checkpoint is written (atomically).
-        dataset: an HF dataset name, or local ``.txt``/``.jsonl`` files, folders or globs.
-        dataset_split: the split of an HF dataset.
-        text_field: the text column of a ``.jsonl`` file or an HF dataset.
-        seq_len: the trained context; default ``factor * L_orig``.
-        max_train_steps: optimizer steps (the paper: 400).
-        learning_rate: peak learning rate (the paper: 2e-5).
-        lr_scheduler: ``linear`` (warm-up then linear decay to 0) or ``constant`` (after warm-up).
-        warmup_steps: linear warm-up steps (the paper: 20).
-        adam_beta1, adam_beta2, adam_epsilon, weight_decay: AdamW settings (paper: 0.9, 0.95, -, 0).
-        max_grad_norm: gradient clipping; 0 turns it off.
-        global_batch_size: sequences per optimizer step over all processes (the paper: 64).
-        micro_batch_size: sequences per forward on one process; the rest is gradient accumulation.
-        mixed_precision: ``auto`` = bf16 where the accelerator supports it, else fp32.
-        activation_checkpointing: recompute layer activations in the backward pass.
-        attn_implementation: transformers attention backend (``sdpa``, ``flash_attention_2``, ``eager``).
-        lora: train LoRA adapters plus embeddings and norms (LongLoRA) and merge them on save.
-        lora_rank, lora_alpha, lora_dropout: LoRA settings.
-        lora_target_modules: the linear layers LoRA adapts.
-        pose: positional skip-wise training (PoSE): a ``pose_window`` of tokens with position ids
-            spread over ``seq_len``.
-        pose_window: tokens per PoSE sample; default the model's original context.
-        pose_chunks: chunks of a PoSE sample (the paper: 2).
-        checkpointing_steps: save the full training state every N steps (0: never).
-        checkpoint_dir: where training states go; default ``<output_dir>-checkpoints``.
-        checkpoints_total_limit: keep only the newest N training states (0: keep all).
-        resume: ``latest`` (or True) continues from the newest training state in
-            ``checkpoint_dir``; a path continues from that one; None starts afresh.
-        cache_dir: tokenized-data cache; default ``$HF_POSEXT_CACHE`` or ``~/.cache/hf_posext``.
-        eval_blocks: blocks of data held out and scored before and after training (0: none).
-        seed: seed of data order, PoSE positions and LoRA initialisation.
-        save_dtype: dtype of the saved weights; ``auto`` = the base checkpoint's.
-        report_to: accelerate tracker (``tensorboard``, ``wandb``) or ``none``.
-        method_kwargs: extra arguments of the method (``beta_fast`` for YaRN...).
+    The help texts are what ``python scripts/finetune.py --help`` prints (through
+    ``transformers.HfArgumentParser``, :mod:`.cli`), so code and flags cannot drift apart.
     """
 
-    model: str = ""
-    method: str = "yarn"
-    factor: float = 16.0
-    output_dir: str = ""
-    dataset: list[str] = field(default_factory=list)
-    dataset_split: str = "train"
-    text_field: str = "text"
-    seq_len: int | None = None
-    max_train_steps: int = 400
-    learning_rate: float = 2e-5
-    lr_scheduler: Scheduler = "linear"
-    warmup_steps: int = 20
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_epsilon: float = 1e-8
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    global_batch_size: int = 64
-    micro_batch_size: int = 1
-    mixed_precision: MixedPrecision = "auto"
-    activation_checkpointing: bool = True
-    attn_implementation: str = "sdpa"
-    lora: bool = False
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    pose: bool = False
-    pose_window: int | None = None
-    pose_chunks: int = 2
-    checkpointing_steps: int = 0
-    checkpoint_dir: str | None = None
-    checkpoints_total_limit: int = 2
-    resume: str | None = None
-    cache_dir: str | None = None
-    eval_blocks: int = 0
-    seed: int = 42
-    save_dtype: str = "auto"
-    report_to: str = "none"
-    method_kwargs: dict[str, Any] = field(default_factory=dict)
+    model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer")
+    method: str = HfArg(default="yarn", help="a position method from hf_posext.available_methods()")
+    factor: float = HfArg(default=16.0, help="the context scale s; the model is trained for s * L_orig tokens")
+    output_dir: str = HfArg(default="", help="where the final checkpoint is written (atomically)")
+    dataset: list[str] = HfArg(default_factory=list,
+                               help="an HF dataset name, or local .txt/.jsonl files, folders or globs, or stdlib")
+    dataset_split: str = HfArg(default="train", help="the split of an HF dataset")
+    text_field: str = HfArg(default="text", help="the text column of a .jsonl file or an HF dataset")
+    seq_len: int | None = HfArg(default=None, help="the trained context; default factor * L_orig")
+    max_train_steps: int = HfArg(default=400, help="optimizer steps (the paper: 400)")
+    learning_rate: float = HfArg(default=2e-5, help="peak learning rate (the paper: 2e-5)")
+    lr_scheduler: Scheduler = HfArg(
+        default="linear",
+        help="transformers.get_scheduler's schedule after the warm-up: linear decay to 0 (the paper), constant "
+             "(transformers' constant_with_warmup), cosine, warmup_stable_decay...",
+    )
+    lr_scheduler_kwargs: dict[str, Any] = HfArg(
+        default_factory=dict,
+        help="extra arguments of the schedule, e.g. min_lr_rate=0.1 for cosine_with_min_lr (repeatable)",
+    )
+    warmup_steps: int = HfArg(default=20, help="linear warm-up steps (the paper: 20)")
+    adam_beta1: float = HfArg(default=0.9, help="AdamW beta1 (the paper: 0.9)")
+    adam_beta2: float = HfArg(default=0.95, help="AdamW beta2 (the paper: 0.95)")
+    adam_epsilon: float = HfArg(default=1e-8, help="AdamW epsilon")
+    weight_decay: float = HfArg(default=0.0, help="AdamW weight decay (the paper: 0)")
+    max_grad_norm: float = HfArg(default=1.0, help="gradient clipping; 0 turns it off")
+    global_batch_size: int = HfArg(default=64, help="sequences per optimizer step over all processes (the paper: 64)")
+    micro_batch_size: int = HfArg(
+        default=1, help="sequences per forward on one process; the rest is gradient accumulation")
+    mixed_precision: MixedPrecision = HfArg(
+        default="auto", help="auto = the launcher's setting, else bf16 where the accelerator supports it, else fp32")
+    activation_checkpointing: bool = HfArg(default=True, help="recompute layer activations in the backward pass")
+    attn_implementation: str = HfArg(
+        default="sdpa", help="transformers attention backend (sdpa, flash_attention_2, eager)")
+    lora: bool = HfArg(
+        default=False, help="train LoRA adapters plus embeddings and norms (LongLoRA) and merge them on save")
+    lora_rank: int = HfArg(default=8, help="LoRA r")
+    lora_alpha: int = HfArg(default=16, help="LoRA alpha")
+    lora_dropout: float = HfArg(default=0.0, help="LoRA dropout")
+    lora_target_modules: list[str] = HfArg(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                           help="the linear layers LoRA adapts")
+    pose: bool = HfArg(
+        default=False,
+        help="positional skip-wise training (PoSE): a pose_window of tokens with position ids spread over seq_len",
+    )
+    pose_window: int | None = HfArg(default=None, help="tokens per PoSE sample; default the model's original context")
+    pose_chunks: int = HfArg(default=2, help="chunks of a PoSE sample (the paper: 2)")
+    checkpointing_steps: int = HfArg(default=0, help="save the full training state every N steps (0: never)")
+    checkpoint_dir: str | None = HfArg(
+        default=None, help="where training states go; default <output_dir>-checkpoints")
+    checkpoints_total_limit: int = HfArg(default=2, help="keep only the newest N training states (0: keep all)")
+    resume: str | None = HfArg(
+        default=None,
+        help="latest (the flag alone) continues from the newest training state in checkpoint_dir; "
+             "a path continues from that one",
+        metadata={"nargs": "?", "const": "latest", "metavar": "PATH"},
+    )
+    cache_dir: str | None = HfArg(
+        default=None, help="tokenized-data cache; default $HF_POSEXT_CACHE or ~/.cache/hf_posext")
+    eval_blocks: int = HfArg(default=0, help="blocks of data held out and scored before and after training (0: none)")
+    seed: int = HfArg(default=42, help="seed of data order, PoSE positions and LoRA initialisation")
+    save_dtype: SaveDtype = HfArg(default="auto", help="dtype of the saved weights; auto = the base checkpoint's")
+    report_to: ReportTo = HfArg(default="none", help="accelerate tracker (tensorboard, wandb, all) or none")
+    method_kwargs: dict[str, Any] = HfArg(
+        default_factory=dict, aliases=["--set", "--method-arg"],
+        help="an argument of the method, e.g. beta_fast=32 (repeatable; --method-arg is the old name)",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.dataset, (str, os.PathLike)):
@@ -178,6 +177,14 @@ class TrainConfig:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         _choice("lr_scheduler", self.lr_scheduler, SCHEDULERS)
+        if not isinstance(self.lr_scheduler_kwargs, dict):
+            raise ValueError(f"lr_scheduler_kwargs must be a mapping, got {self.lr_scheduler_kwargs!r}")
+        try:  # a throwaway optimizer: the schedule's own checks (missing or unknown arguments), now
+            build_scheduler(self, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"lr_scheduler={self.lr_scheduler!r} with lr_scheduler_kwargs={self.lr_scheduler_kwargs!r}: {err}"
+            ) from None
         _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _choice("save_dtype", self.save_dtype, SAVE_DTYPES)
         _choice("report_to", self.report_to, REPORT_TO)
@@ -202,8 +209,8 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
-        """Build a config from ``values`` whose keys may use ``-`` or ``_``.
+    def check_keys(cls, values: dict[str, Any], source: str = "config") -> dict[str, Any]:
+        """``values`` with ``-`` in keys read as ``_``.
 
         Raises:
             ValueError: for a key that is no setting, listing the settings.
@@ -213,7 +220,26 @@ class TrainConfig:
         unknown = sorted(set(normalized) - known)
         if unknown:
             raise ValueError(f"{source}: unknown setting(s) {unknown}; the settings are: {', '.join(sorted(known))}")
-        return cls(**normalized)
+        return normalized
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
+        """Build a config from ``values`` whose keys may use ``-`` or ``_``.
+
+        Raises:
+            ValueError: for a key that is no setting, listing the settings, or a bad value.
+        """
+        return cls(**cls.check_keys(values, source))
+
+
+def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    """``config``'s learning-rate schedule on ``optimizer``, through ``transformers.get_scheduler``."""
+    # The recipe's "constant" has always meant: warm up, then hold (transformers' plain
+    # "constant" ignores the warm-up).
+    name = "constant_with_warmup" if config.lr_scheduler == "constant" else config.lr_scheduler
+    return get_scheduler(name, optimizer, num_warmup_steps=config.warmup_steps,
+                         num_training_steps=config.max_train_steps,
+                         scheduler_specific_kwargs=dict(config.lr_scheduler_kwargs))
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:

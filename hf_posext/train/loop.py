@@ -14,7 +14,7 @@ What it guarantees:
   reaches (bit for bit in fp32 on CPU, where kernels are deterministic);
 * the final checkpoint (safetensors, config with the extended rope parameters, tokenizer, model
   card, ``train_results.json``) is written to a temporary folder and renamed into place; LoRA
-  runs are merged, so it loads in vanilla transformers.
+  runs are merged, so it loads in vanilla transformers (:mod:`.export`).
 
 Library use (``scripts/finetune.py`` is a thin wrapper)::
 
@@ -26,8 +26,6 @@ Library use (``scripts/finetune.py`` is a thin wrapper)::
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 import time
@@ -40,26 +38,25 @@ import numpy as np
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, is_bf16_available, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.optimization import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
-from .. import io as posext_io
-from ..methods import method_class
-from ..patching import patch_info, patch_model
+from ..patching import patch_model
 from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, build_scheduler
 from .data import check_dataset, is_local_dataset, load_blocks, micro_batch_indices, take_blocks
+from .export import save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
+from .plan import plan_run
 from .pose import pose_position_ids
 
 #: Settings that must not change between a run and its resumption (they change the result).
 RESUME_INVARIANTS = (
     "model", "method", "factor", "dataset", "dataset_split", "text_field", "seq_len", "max_train_steps",
-    "learning_rate", "lr_scheduler", "warmup_steps", "global_batch_size", "micro_batch_size", "lora",
-    "lora_rank", "lora_alpha", "lora_target_modules", "pose", "pose_window", "pose_chunks", "eval_blocks", "seed",
-    "method_kwargs",
+    "learning_rate", "lr_scheduler", "lr_scheduler_kwargs", "warmup_steps", "global_batch_size",
+    "micro_batch_size", "lora", "lora_rank", "lora_alpha", "lora_target_modules", "pose", "pose_window",
+    "pose_chunks", "eval_blocks", "seed", "method_kwargs",
 )
 
 StepCallback = Callable[[TrainProgress], None]
@@ -88,19 +85,6 @@ class TrainResult:
     model: nn.Module | None = None
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Lengths and batch arithmetic of a run, derived from the config and the patched model."""
-
-    original_context: int
-    context: int
-    seq_len: int
-    window: int
-    accumulation: int
-    dp_size: int
-    dp_rank: int
-
-
 def resolve_mixed_precision(choice: str) -> str | None:
     """``auto``: the launcher's setting if any, else bf16 on an accelerator that has it, else fp32.
 
@@ -110,7 +94,9 @@ def resolve_mixed_precision(choice: str) -> str | None:
         return choice
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         return None
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    # is_bf16_available is True on a bare CPU, where bf16 autocast is slower than fp32: ask only
+    # when there is an accelerator (CUDA, XPU, MPS, ...).
+    return "bf16" if torch.accelerator.is_available() and is_bf16_available() else "no"
 
 
 def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator:
@@ -123,7 +109,7 @@ def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator
         kwargs["log_with"] = config.report_to
         kwargs["project_dir"] = str(config.checkpoint_path / "logs")
     launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and not _has_accelerator():
+    if launched > 1 and not torch.accelerator.is_available():
         # Under torchrun on a machine without accelerators, accelerate only goes multi-process
         # (gloo) when told it runs on CPU; otherwise every rank silently trains alone.
         kwargs["cpu"] = True
@@ -136,11 +122,6 @@ def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator
     return accelerator
 
 
-def _has_accelerator() -> bool:
-    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()) or \
-        torch.backends.mps.is_available()
-
-
 def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
     """``(size, rank)`` of the data-parallel group: context/tensor-parallel peers share a batch."""
     pc = accelerator.parallelism_config
@@ -149,47 +130,6 @@ def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
             return 1, 0
         return pc.data_parallel_size, accelerator.torch_device_mesh["dp"].get_local_rank()
     return accelerator.num_processes, accelerator.process_index
-
-
-def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank: int, cp_size: int = 1) -> Plan:
-    """Check lengths and batch sizes against the patched ``model``; raise before training.
-
-    Raises:
-        ValueError: a sequence the patched model cannot take, a PoSE window longer than the
-            sequence, or a global batch the processes and micro-batches do not divide.
-    """
-    info = patch_info(model)
-    original = int(info.get("original_max_position_embeddings") or model.config.max_position_embeddings)
-    context = int(info.get("context_length") or model.config.max_position_embeddings)
-    seq_len = config.seq_len or context
-    spec = method_class(config.method)
-    # Methods that replace RoPE (ALiBi, sinusoidal) have no table to outgrow, so fine-tuning them
-    # beyond the original context is the point; a learned position table does have a length.
-    bounded = spec.scales_rope or "max_length" in {f.name for f in dataclasses.fields(spec)}
-    if bounded and seq_len > context:
-        raise ValueError(
-            f"seq_len={seq_len} exceeds the {context} tokens {config.model!r} takes with {config.method!r} "
-            f"at factor {config.factor:g} (original context {original}); use seq_len <= {context} or a larger factor"
-        )
-    window = seq_len
-    if config.pose:
-        window = config.pose_window or min(original, seq_len)
-        if window > seq_len:
-            raise ValueError(f"pose_window={window} exceeds seq_len={seq_len}; PoSE trains a shorter window")
-        if config.pose_chunks > window:
-            raise ValueError(f"pose_chunks={config.pose_chunks} exceeds the PoSE window of {window} tokens")
-    per_step = config.micro_batch_size * dp_size
-    if config.global_batch_size % per_step:
-        raise ValueError(
-            f"global_batch_size={config.global_batch_size} is not a multiple of micro_batch_size x data-parallel "
-            f"processes = {config.micro_batch_size} x {dp_size}; pick a global batch divisible by {per_step}"
-        )
-    if cp_size > 1 and window % (2 * cp_size):
-        raise ValueError(
-            f"context parallelism over {cp_size} devices needs a sequence length divisible by {2 * cp_size} "
-            f"(load balancing splits it in 2 x cp_size pieces); got {window}"
-        )
-    return Plan(original, context, seq_len, window, config.global_batch_size // per_step, dp_size, dp_rank)
 
 
 def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]:
@@ -279,136 +219,6 @@ class _RunConfig:
         _check_resume_config(state, self.config)
 
 
-def merged_state_dict(state_dict: dict[str, torch.Tensor], peft_config: Any, adapter: str = "default"
-                      ) -> dict[str, torch.Tensor]:
-    """A PEFT LoRA model's full state dict folded into the base model's keys and weights.
-
-    ``W' = W + (B @ A) * alpha / r`` for every adapted linear layer and the trained copy of every
-    ``modules_to_save`` module. This works on a gathered state dict, which is all FSDP and ZeRO-3
-    hand the main process; ``tests/test_train_lora.py`` checks it against PEFT's own
-    ``merge_and_unload``.
-    """
-    if getattr(peft_config, "use_dora", False) or getattr(peft_config, "use_rslora", False):
-        raise ValueError("merging DoRA / rsLoRA adapters from a state dict is not supported")
-    scaling = peft_config.lora_alpha / peft_config.r
-    prefix = "base_model.model."
-    out: dict[str, torch.Tensor] = {}
-    lora_a, lora_b = {}, {}
-    for key, value in state_dict.items():
-        name = key[len(prefix):] if key.startswith(prefix) else key
-        if ".original_module." in name:
-            continue
-        if f".lora_A.{adapter}." in name:
-            lora_a[name.replace(f".lora_A.{adapter}.weight", "")] = value
-            continue
-        if f".lora_B.{adapter}." in name:
-            lora_b[name.replace(f".lora_B.{adapter}.weight", "")] = value
-            continue
-        name = name.replace(f".modules_to_save.{adapter}.", ".").replace(".base_layer.", ".")
-        out[name] = value
-    for layer, a in lora_a.items():
-        weight = out[f"{layer}.weight"]
-        delta = (lora_b[layer].float() @ a.float()) * scaling
-        out[f"{layer}.weight"] = (weight.float() + delta).to(weight.dtype)
-    return out
-
-
-def _save_dtype(config: TrainConfig, model: PreTrainedModel) -> torch.dtype:
-    if config.save_dtype != "auto":
-        return getattr(torch, config.save_dtype)
-    # The checkpoint's own dtype as loaded: a bf16 Hub model is saved in bf16 again.
-    dtype = getattr(model.config, "dtype", None) or getattr(model.config, "torch_dtype", None)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
-    return dtype if isinstance(dtype, torch.dtype) else torch.float32
-
-
-def save_final(
-    accelerator: Accelerator,
-    model: nn.Module,
-    tokenizer: Any,
-    config: TrainConfig,
-    plan: Plan,
-    progress: TrainProgress,
-    eval_results: dict[str, float],
-    save_dtype: torch.dtype,
-) -> Path:
-    """Gather the weights and write the Hub-ready checkpoint atomically (main process writes)."""
-    unwrapped = accelerator.unwrap_model(model)
-    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        state_dict = accelerator.get_state_dict(model)  # gathers the shards on the main process
-    else:
-        # The live tensors: get_state_dict would clone every weight (a second model in memory).
-        state_dict = unwrapped.state_dict()
-    output_dir = Path(config.output_dir)
-    if accelerator.is_main_process:
-        base = unwrapped
-        if config.lora:
-            state_dict = merged_state_dict(state_dict, unwrapped.peft_config["default"])
-            base = unwrapped.get_base_model()
-        state_dict = {k: v.detach().to("cpu", save_dtype) for k, v in state_dict.items()}
-        base.config.use_cache = True
-        base.config.dtype = save_dtype
-        results = {
-            "base_model": config.model,
-            "method": config.method,
-            "factor": config.factor,
-            "original_context": plan.original_context,
-            "context": plan.context,
-            "seq_len": plan.seq_len,
-            "window": plan.window,
-            "steps": progress.step,
-            "tokens": progress.tokens,
-            "final_loss": progress.losses[-1] if progress.losses else None,
-            "losses": progress.losses,
-            "eval": eval_results,
-            "config": config.to_dict(),
-        }
-        with posext_io.atomic_directory(output_dir) as tmp:
-            base.save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
-            card_for(base.config, config, plan, progress, eval_results).save(tmp / "README.md")
-    accelerator.wait_for_everyone()
-    return output_dir
-
-
-def _describe_data(config: TrainConfig) -> str:
-    if not is_local_dataset(config.dataset):
-        return f"{config.dataset[0]} ({config.dataset_split} split)"
-    if config.dataset == ["stdlib"]:
-        return f"Python standard library sources ({config.dataset_split} split)"
-    names = [Path(item).name for item in config.dataset]
-    return "local files: " + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: TrainProgress,
-             eval_results: dict[str, float]):
-    """The model card of a fine-tuned checkpoint: the patch plus data, steps, loss and eval."""
-    extra: dict[str, Any] = {
-        "data": _describe_data(config),
-        "training sequence length": plan.seq_len,
-        "steps": progress.step,
-        "training tokens": progress.tokens,
-        "final training loss": f"{progress.losses[-1]:.4f}" if progress.losses else "n/a",
-        "recipe": (f"lr {config.learning_rate:g}, {config.lr_scheduler} schedule, {config.warmup_steps} warm-up steps, "
-                   f"AdamW betas ({config.adam_beta1}, {config.adam_beta2}), weight decay {config.weight_decay:g}, "
-                   f"global batch {config.global_batch_size}"),
-    }
-    if config.lora:
-        extra["LoRA"] = f"r={config.lora_rank}, alpha={config.lora_alpha}, targets {', '.join(config.lora_target_modules)} (merged)"
-    if config.pose:
-        extra["PoSE"] = f"{plan.window}-token windows, {config.pose_chunks} chunks, positions up to {plan.seq_len}"
-    for phase in ("before", "after"):
-        if phase in eval_results:
-            extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"
-    base = config.model if not os.path.isdir(config.model) else None
-    card = posext_io.model_card(model_config, base_model=base, extra=extra)
-    if not is_local_dataset(config.dataset):
-        card.data.datasets = list(config.dataset)
-    return card
-
-
 def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainResult:
     """Fine-tune ``config.model`` with ``config.method`` and write the extended checkpoint.
 
@@ -447,7 +257,7 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
     accelerator.gradient_accumulation_steps = plan.accumulation
     if config.lora:
         check_lora_targets(model, config.lora_target_modules)
-    save_dtype = _save_dtype(config, model)
+    save_dtype = save_dtype_for(config, model)
 
     with accelerator.main_process_first():
         max_blocks = None
@@ -472,13 +282,15 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
                                   eps=config.adam_epsilon, weight_decay=config.weight_decay)
-    if config.lr_scheduler == "linear":
-        scheduler = get_linear_schedule_with_warmup(optimizer, config.warmup_steps, config.max_train_steps)
-    else:
-        scheduler = get_constant_schedule_with_warmup(optimizer, config.warmup_steps)
+    scheduler = build_scheduler(config, optimizer)
     ds_plugin = accelerator.state.deepspeed_plugin
     if ds_plugin is not None:
-        # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here.
+        # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here (as
+        # accelerate's own error message for a missing micro-batch recommends). Why no
+        # prepared DataLoader: its sharding and resume (skip_first_batches) replay the batch order
+        # step by step, while micro_batch_indices jumps to any data position in O(1); and
+        # DeepSpeed takes the dataloader in the same prepare() as the model, before load_state
+        # tells where to resume, so the sampler would need a start set after it was wrapped.
         ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.micro_batch_size
     # The scheduler is deliberately not prepared: accelerate would step it once per process.
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -4,14 +4,18 @@ LongLoRA found that low-rank adapters on the attention projections alone do not 
 context well, and that also training the embeddings and the normalization layers closes most
 of the gap to full fine-tuning at a small parameter cost (their "LoRA+"). :func:`apply_lora`
 does that through PEFT: LoRA on ``q/k/v/o_proj`` plus every embedding and norm module as a
-``modules_to_save`` copy; :func:`merge_lora` folds everything back into a plain transformers
-model so the saved checkpoint needs neither PEFT nor hf-posext.
+``modules_to_save`` copy; :func:`merged_state_dict` folds everything back into the base model's
+weights, so the saved checkpoint needs neither PEFT nor hf-posext. It works on a state dict, not
+on the model (PEFT's ``merge_and_unload``), because under FSDP and ZeRO-3 only the gathered state
+dict of the main process holds full weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import torch
 import torch.nn as nn
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -91,6 +95,35 @@ def apply_lora(
     return get_peft_model(model, config)
 
 
-def merge_lora(model: PeftModel) -> nn.Module:
-    """The base transformers model with adapters merged and trained copies swapped in."""
-    return model.merge_and_unload()
+def merged_state_dict(state_dict: dict[str, torch.Tensor], peft_config: Any, adapter: str = "default"
+                      ) -> dict[str, torch.Tensor]:
+    """A PEFT LoRA model's full state dict folded into the base model's keys and weights.
+
+    ``W' = W + (B @ A) * alpha / r`` for every adapted linear layer and the trained copy of every
+    ``modules_to_save`` module. This works on a gathered state dict, which is all FSDP and ZeRO-3
+    hand the main process; ``tests/test_train_loop.py`` checks it against PEFT's own
+    ``merge_and_unload``.
+    """
+    if getattr(peft_config, "use_dora", False) or getattr(peft_config, "use_rslora", False):
+        raise ValueError("merging DoRA / rsLoRA adapters from a state dict is not supported")
+    scaling = peft_config.lora_alpha / peft_config.r
+    prefix = "base_model.model."
+    out: dict[str, torch.Tensor] = {}
+    lora_a, lora_b = {}, {}
+    for key, value in state_dict.items():
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        if ".original_module." in name:
+            continue
+        if f".lora_A.{adapter}." in name:
+            lora_a[name.replace(f".lora_A.{adapter}.weight", "")] = value
+            continue
+        if f".lora_B.{adapter}." in name:
+            lora_b[name.replace(f".lora_B.{adapter}.weight", "")] = value
+            continue
+        name = name.replace(f".modules_to_save.{adapter}.", ".").replace(".base_layer.", ".")
+        out[name] = value
+    for layer, a in lora_a.items():
+        weight = out[f"{layer}.weight"]
+        delta = (lora_b[layer].float() @ a.float()) * scaling
+        out[f"{layer}.weight"] = (weight.float() + delta).to(weight.dtype)
+    return out

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..io import atomic_directory
+from ..files import atomic_directory
 from .tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
 
 #: Architectures :func:`make_tiny_model` can build (the ones hf-posext supports).

@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic directory writes, model cards, and config-only extension.
+"""Checkpoints for others to load: model cards and config-only context extension.
 
 Nothing here loads weights: :func:`extend_checkpoint` copies a checkpoint's files byte for byte
 and rewrites only ``config.json`` and ``README.md``, so extending a 70B model takes seconds.
@@ -6,51 +6,17 @@ and rewrites only ``config.json`` and ``README.md``, so extending a 70B model ta
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from transformers import AutoConfig
 
+from .files import atomic_directory
 from .methods import method_class
 from .patching import patch_info, patch_model
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling of ``path``; on success it replaces ``path`` in one rename.
-
-    A crash (or an exception) inside the block leaves ``path`` as it was: either the previous
-    complete checkpoint or nothing. The temporary folder is removed on failure. Replacing an
-    existing folder takes two renames; a crash between them leaves the old folder as
-    ``.NAME.old-PID``, which the next call restores before writing.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.exists():
-        # A crash between the two renames below left the previous folder only under its
-        # hidden name: put it back first, so a failure of this write still leaves it in place.
-        for orphan in sorted(target.parent.glob(f".{target.name}.old-*")):
-            os.replace(orphan, target)
-            break
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:

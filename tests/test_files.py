@@ -1,10 +1,10 @@
-"""Atomic checkpoint folders: a failed or interrupted write never loses the previous folder."""
+"""Atomic writes: a failed or interrupted write never loses the previous file or folder."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_posext.io import atomic_directory
+from hf_posext.files import atomic_directory, atomic_file, write_text
 
 
 def test_success_replaces_the_folder_in_one_piece(tmp_path):
@@ -39,3 +39,16 @@ def test_a_crash_between_the_two_renames_is_recovered(tmp_path):
             raise RuntimeError("killed again")
     assert (tmp_path / "ckpt" / "a.txt").read_text() == "previous"
     assert not orphan.exists()
+
+
+def test_a_failed_file_write_leaves_the_previous_file(tmp_path):
+    target = tmp_path / "results.json"
+    write_text(target, "old")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_file(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("disk full")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+    write_text(target, "new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]

@@ -1,0 +1,121 @@
+"""The recipe's final checkpoint: gather the weights, merge LoRA, write weights, config, tokenizer,
+model card and ``train_results.json`` in one atomic folder that loads in vanilla transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from transformers import PreTrainedModel
+
+from ..export import model_card
+from ..files import atomic_directory
+from .checkpointing import TrainProgress
+from .config import TrainConfig
+from .data import is_local_dataset
+from .lora import merged_state_dict
+from .plan import Plan
+
+
+def save_dtype_for(config: TrainConfig, model: PreTrainedModel) -> torch.dtype:
+    """The dtype the weights are saved in; read before training, while ``model`` is the loaded checkpoint."""
+    if config.save_dtype != "auto":
+        return getattr(torch, config.save_dtype)
+    # The checkpoint's own dtype as loaded: a bf16 Hub model is saved in bf16 again.
+    dtype = getattr(model.config, "dtype", None) or getattr(model.config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def save_final(
+    accelerator: Accelerator,
+    model: nn.Module,
+    tokenizer: Any,
+    config: TrainConfig,
+    plan: Plan,
+    progress: TrainProgress,
+    eval_results: dict[str, float],
+    save_dtype: torch.dtype,
+) -> Path:
+    """Gather the weights and write the Hub-ready checkpoint atomically (main process writes)."""
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        state_dict = accelerator.get_state_dict(model)  # gathers the shards on the main process
+    else:
+        # The live tensors: get_state_dict would clone every weight (a second model in memory).
+        state_dict = unwrapped.state_dict()
+    output_dir = Path(config.output_dir)
+    if accelerator.is_main_process:
+        base = unwrapped
+        if config.lora:
+            state_dict = merged_state_dict(state_dict, unwrapped.peft_config["default"])
+            base = unwrapped.get_base_model()
+        state_dict = {k: v.detach().to("cpu", save_dtype) for k, v in state_dict.items()}
+        base.config.use_cache = True
+        base.config.dtype = save_dtype
+        results = {
+            "base_model": config.model,
+            "method": config.method,
+            "factor": config.factor,
+            "original_context": plan.original_context,
+            "context": plan.context,
+            "seq_len": plan.seq_len,
+            "window": plan.window,
+            "steps": progress.step,
+            "tokens": progress.tokens,
+            "final_loss": progress.losses[-1] if progress.losses else None,
+            "losses": progress.losses,
+            "eval": eval_results,
+            "config": config.to_dict(),
+        }
+        with atomic_directory(output_dir) as tmp:
+            base.save_pretrained(tmp, state_dict=state_dict)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
+            card_for(base.config, config, plan, progress, eval_results).save(tmp / "README.md")
+    accelerator.wait_for_everyone()
+    return output_dir
+
+
+def _describe_data(config: TrainConfig) -> str:
+    if not is_local_dataset(config.dataset):
+        return f"{config.dataset[0]} ({config.dataset_split} split)"
+    if config.dataset == ["stdlib"]:
+        return f"Python standard library sources ({config.dataset_split} split)"
+    names = [Path(item).name for item in config.dataset]
+    return "local files: " + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: TrainProgress,
+             eval_results: dict[str, float]):
+    """The model card of a fine-tuned checkpoint: the patch plus data, steps, loss and eval."""
+    extra: dict[str, Any] = {
+        "data": _describe_data(config),
+        "training sequence length": plan.seq_len,
+        "steps": progress.step,
+        "training tokens": progress.tokens,
+        "final training loss": f"{progress.losses[-1]:.4f}" if progress.losses else "n/a",
+        "recipe": (f"lr {config.learning_rate:g}, {config.lr_scheduler} schedule, {config.warmup_steps} warm-up steps, "
+                   f"AdamW betas ({config.adam_beta1}, {config.adam_beta2}), weight decay {config.weight_decay:g}, "
+                   f"global batch {config.global_batch_size}"),
+    }
+    if config.lora:
+        extra["LoRA"] = f"r={config.lora_rank}, alpha={config.lora_alpha}, targets {', '.join(config.lora_target_modules)} (merged)"
+    if config.pose:
+        extra["PoSE"] = f"{plan.window}-token windows, {config.pose_chunks} chunks, positions up to {plan.seq_len}"
+    for phase in ("before", "after"):
+        if phase in eval_results:
+            extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"
+    base = config.model if not os.path.isdir(config.model) else None
+    card = model_card(model_config, base_model=base, extra=extra)
+    if not is_local_dataset(config.dataset):
+        card.data.datasets = list(config.dataset)
+    return card
