@@ -1,4 +1,4 @@
-"""Decode speed of exact dynamic scaling (hf_posext.dynamic_cache) against the static method of the same factor.
+"""Decode speed of exact dynamic scaling (hf_posext.exact_dynamic) against the static method of the same factor.
 
 Every configuration decodes the last ``--new-tokens`` tokens up to ``factor * L_orig`` with a KV
 cache, on one random-weight Llama re-patched before each run (separate copies of the weights

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.nn as nn
-
 from . import _compat
 from .attention import register_attention
-from .methods.alibi import NO_ROPE_TYPE, compute_no_rope_parameters, validate_no_rope_parameters
-from .methods.yarn import DYNAMIC_YARN_ROPE_TYPE, DynamicYarnConfig, compute_dynamic_yarn_parameters
-from .patching import on_submodule_registered
-
-_model_init_hook = None
+from .loading import set_construction_hook
+from .methods.yarn import DynamicYarnConfig
+from .rope_utils import (
+    DYNAMIC_YARN_ROPE_TYPE,
+    NO_ROPE_TYPE,
+    compute_dynamic_yarn_parameters,
+    compute_no_rope_parameters,
+    validate_no_rope_parameters,
+)
 
 _VALIDATED_KEYS = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"}
 
@@ -28,10 +30,7 @@ def register_all() -> None:
     _compat.register_rope_type(DYNAMIC_YARN_ROPE_TYPE, compute_dynamic_yarn_parameters, _validate_dynamic_yarn)
     _compat.register_rope_type(NO_ROPE_TYPE, compute_no_rope_parameters, validate_no_rope_parameters)
     register_attention()
-    global _model_init_hook
-    if _model_init_hook is None:
-        # Lets a model built from a saved patched config (from_pretrained) get back what the
-        # method adds beyond rope parameters - ALiBi's attention, absolute encodings' position
-        # table, dynamic methods' exact KV-cache wrapper - before the weights are loaded; see
-        # patching.on_submodule_registered.
-        _model_init_hook = nn.modules.module.register_module_module_registration_hook(on_submodule_registered)
+    # Lets a model built from a saved patched config (from_pretrained) get back what the method
+    # adds beyond rope parameters before its weights are loaded; acts only inside a model's
+    # __init__ (see hf_posext.loading).
+    set_construction_hook(True)

@@ -1,6 +1,7 @@
 """Adapters: patch a transformers model (or its config) in place with a position method.
 
-This is the only module that performs model surgery. A patch
+With :mod:`hf_posext.adapters` (one adapter per method family that needs more than rope
+parameters) this is the only code that performs model surgery. A patch
 
 1. records what the checkpoint had (:class:`~hf_posext.methods.base.BaseRope`) in
    ``config.hf_posext``, so that re-patching starts again from the original and never stacks,
@@ -8,7 +9,7 @@ This is the only module that performs model surgery. A patch
 2. writes the method's ``rope_parameters`` and advertised context into the config;
 3. rebuilds every rotary module from the patched config (transformers reads the rope type in
    the rotary module's ``__init__``), keeping the original modules for :func:`unpatch_model`;
-4. lets the method do any further surgery (:meth:`PositionMethod.patch_modules`).
+4. lets the method's adapter (:mod:`hf_posext.adapters`) do any further surgery.
 
 The forward code of the model is never replaced, so future model classes that keep
 transformers' rotary contract keep working.
@@ -24,8 +25,9 @@ import torch.nn as nn
 from transformers import PreTrainedConfig
 
 from . import _compat
+from .adapters import adapter_for
 from .methods.base import BaseRope, PositionMethod, make_method, method_class
-from .methods.yarn import rotary_dim_of
+from .rope_utils import rotary_dim_of
 
 #: ``config.model_type`` values hf-posext is tested on.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -35,8 +37,11 @@ CONFIG_KEY = "hf_posext"
 
 _ORIGINAL_MODULES = "_hf_posext_original_modules"
 
+#: Every registered method name and alias, for type checkers; tests/test_patching.py checks that it
+#: equals the registry (available_methods() plus method_aliases()).
 MethodName = Literal[
-    "linear", "pi", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn", "alibi", "sinusoidal", "learned"
+    "linear", "pi", "ntk", "ntk_aware", "dynamic_ntk", "dynamic", "yarn", "dynamic_yarn", "alibi", "sinusoidal",
+    "learned",
 ]
 ModelOrConfig = TypeVar("ModelOrConfig", nn.Module, PreTrainedConfig)
 
@@ -120,7 +125,7 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
             "base_original_max_position_embeddings": base.original_max_position_embeddings,
         },
     )
-    method.patch_config(config)
+    adapter_for(method).patch_config(method, config)
     config.validate_rope()
 
 
@@ -184,48 +189,21 @@ def patch_model(
     if previous_record is not None:
         # A re-patch starts from the checkpoint: undo what the previous method did beyond rope
         # parameters (ALiBi's attention implementation, absolute encodings' position table).
-        previous = _method_from_record(previous_record)
-        previous.unpatch_config(config, previous_record)
+        previous = method_from_record(previous_record)
+        adapter_for(previous).unpatch_config(previous, config, previous_record)
         if isinstance(model, nn.Module):
-            previous.unpatch_modules(model)
+            adapter_for(previous).unpatch_modules(previous, model)
     _patch_config(config, spec, override)
     if isinstance(model, nn.Module):
         _swap_rotary_modules(model, keep_originals=previous_record is None)
-        spec.patch_modules(model)
+        adapter_for(spec).patch_modules(spec, model)
     return model
 
 
-def _method_from_record(record: dict[str, Any]) -> PositionMethod:
+def method_from_record(record: dict[str, Any]) -> PositionMethod:
+    """The method config a ``config.hf_posext`` record was written by."""
     fields = {f.name for f in dataclasses.fields(method_class(record["method"]))}
     return make_method(record["method"], **{k: v for k, v in record.items() if k in fields})
-
-
-def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) -> nn.Module | None:
-    """torch's global module-registration hook: redo a method's surgery on models built from a patched config.
-
-    ``from_pretrained`` builds a plain ``LlamaModel`` (etc.) from the saved config. When such a base
-    model registers ``embed_tokens`` and its config carries an hf-posext record, the method's
-    :meth:`~PositionMethod.on_model_init` runs (absolute encodings re-create their position table
-    there, so the saved table is loaded into it). When it first registers ``rotary_emb``, the
-    module :meth:`~PositionMethod.on_rotary_init` returns is registered instead (exact dynamic
-    scaling puts its stand-in there). Everything else returns at the first check.
-    """
-    if name == "embed_tokens" and isinstance(submodule, nn.Embedding):
-        at_rotary = False
-    elif name == "rotary_emb" and name not in parent._modules:
-        # Only the first registration (the model's __init__): patch_model's own swaps of an
-        # existing rotary module must not be wrapped again.
-        at_rotary = True
-    else:
-        return None
-    record = getattr(getattr(parent, "config", None), CONFIG_KEY, None)
-    if not isinstance(record, dict) or "method" not in record:
-        return None
-    method = _method_from_record(record)
-    if at_rotary:
-        return method.on_rotary_init(parent, submodule)
-    method.on_model_init(parent)
-    return None
 
 
 def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
@@ -238,13 +216,14 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         raise ValueError(f"{type(model).__name__} carries no hf-posext patch to undo")
-    spec = _method_from_record(record)
+    spec = method_from_record(record)
+    adapter = adapter_for(spec)
     config.rope_parameters = copy.deepcopy(record["base_rope_parameters"])
     config.max_position_embeddings = int(record["base_max_position_embeddings"])
-    spec.unpatch_config(config, record)
+    adapter.unpatch_config(spec, config, record)
     delattr(config, CONFIG_KEY)
     if isinstance(model, nn.Module):
-        spec.unpatch_modules(model)
+        adapter.unpatch_modules(spec, model)
         originals = model.__dict__.pop(_ORIGINAL_MODULES, {})
         for name, module in list(_compat.rotary_modules(model)):
             original = originals.get(name)

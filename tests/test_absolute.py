@@ -16,7 +16,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import hf_posext
-from hf_posext.methods.absolute import POSITIONS_ATTR, SinusoidalPositions
+from hf_posext.adapters.absolute import POSITIONS_ATTR, SinusoidalPositions
 
 METHODS = {"sinusoidal": {}, "learned": {"max_length": 48}}
 
@@ -135,6 +135,21 @@ def test_saved_checkpoint_reloads_with_identical_logits(method, tmp_path):
     reloaded.save_pretrained(tmp_path / "b")
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "b", attn_implementation="eager")
     assert torch.equal(logits(again, ids), expected)
+
+
+def test_resize_token_embeddings_keeps_the_position_table_and_its_one_hook():
+    # The load hook used to match `embed_tokens` at any time: resizing re-created the table
+    # (losing the trained one) and stacked a second pre-hook (positions added twice).
+    model = hf_posext.patch_model(tiny_model(), "learned", max_length=32)
+    table = getattr(model.model, POSITIONS_ATTR)
+    with torch.no_grad():
+        table.weight.add_(1.0)
+    ids, vocab = tokens(20), model.config.vocab_size
+    expected = logits(model, ids)
+    model.resize_token_embeddings(vocab + 8)
+    assert getattr(model.model, POSITIONS_ATTR) is table
+    assert len(model.model._forward_pre_hooks) == 1
+    torch.testing.assert_close(logits(model, ids)[..., :vocab], expected, rtol=0, atol=1e-5)
 
 
 def test_vanilla_transformers_refuses_the_checkpoint_naming_the_package(tmp_path):

@@ -58,8 +58,8 @@ def test_slopes_equal_press_get_slopes(heads):
     torch.testing.assert_close(got.double(), expected, rtol=2**-23, atol=0)
 
 
-def test_slopes_examples_from_errata():
-    # ERRATA points 3 and 6: 4 heads are 2^-2..2^-8; 12 heads continue with the odd half-steps.
+def test_slopes_examples_from_the_reference_code():
+    # the reference code's get_slopes: 4 heads are 2^-2..2^-8; 12 heads continue with the odd half-steps.
     assert alibi_slopes(4).tolist() == [2**-2, 2**-4, 2**-6, 2**-8]
     twelve = [2.0**-k for k in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
     torch.testing.assert_close(alibi_slopes(12).double(), torch.tensor(twelve, dtype=torch.float64), rtol=2**-23, atol=0)

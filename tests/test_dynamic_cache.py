@@ -1,4 +1,4 @@
-"""Exact dynamic scaling with a KV cache (hf_posext.dynamic_cache).
+"""Exact dynamic scaling with a KV cache (hf_posext.exact_dynamic).
 
 References: transformers' own full forward (the same as hf-posext's definition at the last
 position of a one-layer model), a slow per-row loop written from the definition below, and
@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
 
 import pytest
 import torch
@@ -21,7 +22,10 @@ from transformers import AutoModelForCausalLM, StaticCache, modeling_rope_utils
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 import hf_posext
-from hf_posext import dynamic_cache
+from hf_posext import exact_dynamic
+from hf_posext.exact_dynamic import attention as exact_attention
+from hf_posext.exact_dynamic import rowwise as exact_rowwise
+from hf_posext.exact_dynamic.plan import STATE_ATTR
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 METHODS = ("dynamic_ntk", "dynamic_yarn")
@@ -160,9 +164,9 @@ def partial_rotary(model, attention):
     """
     config = copy.deepcopy(model.config)
     config.rope_parameters["partial_rotary_factor"] = 0.5
-    rope = dynamic_cache.ExactDynamicRope(config, config._attn_implementation.removeprefix(dynamic_cache.ATTENTION_PREFIX))
+    rope = exact_dynamic.ExactDynamicRope(config, config._attn_implementation.removeprefix(exact_dynamic.ATTENTION_PREFIX))
     assert rope.rotary_dim == 16
-    setattr(attention, dynamic_cache._STATE, rope)
+    setattr(attention, STATE_ATTR, rope)
     return rope
 
 
@@ -176,18 +180,19 @@ def partial_rotary(model, attention):
 def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, rowwise, dtype, layout, monkeypatch):
     model = patched(method=method, attn_implementation=kernel)
     attention = model.model.layers[0].self_attn
-    rope = getattr(attention, dynamic_cache._STATE) if rotary == "full" else partial_rotary(model, attention)
+    rope = getattr(attention, STATE_ATTR) if rotary == "full" else partial_rotary(model, attention)
     if rowwise == "by kernel":
-        monkeypatch.setattr(dynamic_cache, "_attend_rowwise", dynamic_cache._attend_rowwise_by_kernel)
+        monkeypatch.setattr(exact_attention, "attend_rowwise", exact_rowwise.attend_rowwise_by_kernel)
     query, key, value, positions, padding = attention_inputs(dtype, layout)
     seq, dim = query.shape[2], query.shape[3]
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     allowed = causal[None] & padding[:, None, :]
     mask = torch.zeros(2, 1, seq, seq, dtype=dtype).masked_fill(~allowed[:, None], torch.finfo(dtype).min)
-    rope.begin_forward(positions, batch=2)
-    _, shared_calls, rowwise = rope.plan()
-    assert shared_calls and rowwise is not None  # rows up to L_orig share a call, later ones go row-wise
-    out, weights = dynamic_cache.exact_dynamic_attention(attention, query, key, value, mask, scaling=dim**-0.5)
+    plan = rope.plan(positions, batch=2)
+    assert plan.calls and plan.rowwise is not None  # rows up to L_orig share a call, later ones go row-wise
+    out, weights = exact_dynamic.exact_dynamic_attention(
+        attention, query, key, value, mask, scaling=dim**-0.5, position_ids=positions
+    )
     assert out.dtype == dtype
     expected = slow_attention(rope, query.float(), key.float(), value.float(), positions, padding, dim**-0.5)
     torch.testing.assert_close(out[padding].float(), expected[padding], rtol=0, atol=1e-5)
@@ -196,8 +201,9 @@ def test_multi_row_attention_matches_slow_reference(method, kernel, rotary, roww
         torch.testing.assert_close(sums, torch.ones_like(sums))
     # sdpa's "plain causal" mask is None: the rows are sliced, so the wrapper must build it.
     if kernel == "sdpa":
-        rope.begin_forward(positions[:1], batch=1)
-        out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:1], key[:1], value[:1], None, scaling=dim**-0.5)
+        out, _ = exact_dynamic.exact_dynamic_attention(
+            attention, query[:1], key[:1], value[:1], None, scaling=dim**-0.5, position_ids=positions[:1]
+        )
         torch.testing.assert_close(out[0].float(), expected[0], rtol=0, atol=1e-5)
 
 
@@ -217,11 +223,12 @@ def test_decoding_step_matches_slow_reference(method, dtype):
     # dtypes with the real rotation.
     model = patched(method=method, attn_implementation="sdpa")
     attention = model.model.layers[0].self_attn
-    rope = getattr(attention, dynamic_cache._STATE)
+    rope = getattr(attention, STATE_ATTR)
     query, key, value, positions, padding = attention_inputs(dtype)
     mask = decoding_mask(padding, dtype)
-    rope.begin_forward(positions[:, -1:], batch=2)
-    out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5)
+    out, _ = exact_dynamic.exact_dynamic_attention(
+        attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5, position_ids=positions[:, -1:]
+    )
     expected = slow_attention(rope, query.float(), key.float(), value.float(), positions, padding, 32**-0.5)
     assert out.dtype == dtype
     torch.testing.assert_close(out[:, 0].float(), expected[:, -1], rtol=0, atol=1e-5)
@@ -234,16 +241,17 @@ def test_decoding_step_leaves_channels_past_rotary_dim_alone(dtype):
     rope = partial_rotary(model, attention)
     query, key, value, positions, padding = attention_inputs(dtype)
     mask = decoding_mask(padding, dtype)
-    rope.begin_forward(positions[:, -1:], batch=2)
-    out, _ = dynamic_cache.exact_dynamic_attention(attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5)
+    out, _ = exact_dynamic.exact_dynamic_attention(
+        attention, query[:, :, -1:], key, value, mask, scaling=32**-0.5, position_ids=positions[:, -1:]
+    )
     # reference: rotate the first 16 channels of the query and the keys by position, per row
     expected = []
     for b in range(2):
         inv_freq, mscale = rope.frequencies(int(positions[b, -1]) + 1, "cpu")
         angles = positions[b, :, None].double() * inv_freq.double()
         cos, sin = (angles.cos() * mscale)[None], (angles.sin() * mscale)[None]
-        q = dynamic_cache.apply_rotary(query[b : b + 1].double(), cos[:, -1:], sin[:, -1:])[:, :, -1:]
-        k = dynamic_cache.apply_rotary(key[b : b + 1].double(), cos, sin)
+        q = exact_dynamic.apply_rotary(query[b : b + 1].double(), cos[:, -1:], sin[:, -1:])[:, :, -1:]
+        k = exact_dynamic.apply_rotary(key[b : b + 1].double(), cos, sin)
         expected.append(
             torch.nn.functional.scaled_dot_product_attention(
                 q, k, value[b : b + 1].double(), attn_mask=mask[b : b + 1].double(), scale=32**-0.5, enable_gqa=True
@@ -321,6 +329,59 @@ def test_new_shorter_sequence_starts_from_scratch(method):
         torch.testing.assert_close(native(below).logits, native_fresh(below).logits, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_concurrent_forwards_each_equal_their_single_threaded_result(method):
+    # Two threads (as threaded serving or nn.DataParallel replicas do) run forwards of different
+    # lengths through one model. A barrier in the first layer's attention makes both plan their
+    # forward (the rotary stand-in runs first) before either attends, so a plan shared by the
+    # layers of one model would be the other thread's in one of them.
+    model = patched(method=method, attn_implementation="sdpa")
+    inputs = {"long": tokens(3 * L_ORIG, seed=4), "short": tokens(L_ORIG + 5, seed=5)}
+    with torch.no_grad():
+        alone = {name: model(ids).logits for name, ids in inputs.items()}
+    barrier = threading.Barrier(2, timeout=60)
+
+    def wait_for_the_other_thread(module, args):
+        barrier.wait()
+
+    model.model.layers[0].self_attn.register_forward_pre_hook(wait_for_the_other_thread)
+    results, errors = {}, []
+
+    def run(name):
+        try:
+            with torch.no_grad():
+                results[name] = model(inputs[name]).logits
+        except Exception as error:  # reported below, with the thread's name
+            errors.append((name, error))
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in inputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for name in inputs:
+        assert torch.equal(results[name], alone[name]), name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_inference_mode_and_reused_position_ids_give_the_same_logits(method):
+    # Plans are found by the position_ids tensor: inference tensors have no version counter, and
+    # the same tensor changed in place between forwards must not find the old plan.
+    model = patched(method=method)
+    ids = tokens(3 * L_ORIG, seed=6)
+    with torch.no_grad():
+        expected = model(ids).logits
+        shifted = model(ids, position_ids=torch.arange(3 * L_ORIG)[None] + 5).logits
+        positions = torch.arange(3 * L_ORIG)[None]
+        assert torch.equal(model(ids, position_ids=positions).logits, expected)
+        positions += 5
+        assert torch.equal(model(ids, position_ids=positions).logits, shifted)
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, expected)
+
+
 def test_unpatch_and_repatch_restore_everything():
     model = tiny_model(max_positions=L_ORIG)
     ids = tokens(3 * L_ORIG)
@@ -335,7 +396,7 @@ def test_unpatch_and_repatch_restore_everything():
         hf_posext.patch_model(model, "dynamic_yarn", factor=FACTOR)
         hf_posext.unpatch_model(model)
         assert model.config._attn_implementation == "eager"
-        assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in model.modules())
+        assert not any(isinstance(m, exact_dynamic.ExactDynamicRotaryEmbedding) for m in model.modules())
         assert not any(m._forward_pre_hooks for m in model.modules())  # the cache guard is gone too
         assert torch.equal(model(ids).logits, before)
 
@@ -344,7 +405,7 @@ def test_factor_one_and_exact_cache_false_leave_attention_alone():
     for kwargs in (dict(factor=1), dict(factor=FACTOR, exact_cache=False)):
         model = hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "dynamic_ntk", **kwargs)
         assert model.config._attn_implementation == "eager"
-        assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in model.modules())
+        assert not any(isinstance(m, exact_dynamic.ExactDynamicRotaryEmbedding) for m in model.modules())
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -393,7 +454,7 @@ def test_reloaded_checkpoint_is_exact(arch, method, kernel, tmp_path):
     # on the kernel passed to it; nothing of it is written to config.json.
     model = patched(arch, method, attn_implementation=kernel)
     loaded = reload(model, tmp_path, attn_implementation=kernel)
-    assert loaded.config._attn_implementation == dynamic_cache.ATTENTION_PREFIX + kernel
+    assert loaded.config._attn_implementation == exact_dynamic.ATTENTION_PREFIX + kernel
     assert "hf_posext_exact" not in (tmp_path / "config.json").read_text()
     ids = tokens(3 * L_ORIG)
     steps = cached_step_logits(loaded, ids, 4)
@@ -421,7 +482,7 @@ def test_reloaded_exact_cache_false_keeps_transformers_behaviour(method, tmp_pat
     model = patched(method=method, exact_cache=False)
     loaded = reload(model, tmp_path, attn_implementation="eager")
     assert loaded.config._attn_implementation == "eager"
-    assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in loaded.modules())
+    assert not any(isinstance(m, exact_dynamic.ExactDynamicRotaryEmbedding) for m in loaded.modules())
     # transformers' rotary is stateful: both models see the same calls in the same order
     ids = tokens(3 * L_ORIG)
     steps = cached_step_logits(loaded, ids, 4)
@@ -442,7 +503,7 @@ def test_reloaded_checkpoint_unpatches_and_repatches(method, tmp_path):
     with torch.no_grad():
         hf_posext.unpatch_model(loaded)
         assert loaded.config._attn_implementation == "eager"
-        assert not any(isinstance(m, dynamic_cache.ExactDynamicRotaryEmbedding) for m in loaded.modules())
+        assert not any(isinstance(m, exact_dynamic.ExactDynamicRotaryEmbedding) for m in loaded.modules())
         assert torch.equal(loaded(ids).logits, tiny_model(max_positions=L_ORIG)(ids).logits)
         hf_posext.patch_model(loaded, method, factor=FACTOR)
         assert torch.equal(loaded(ids).logits, model(ids).logits)
@@ -470,8 +531,8 @@ def test_saved_checkpoint_is_native_for_vanilla_transformers(tmp_path):
 
 
 def test_frequency_length_saturates_for_yarn_only():
-    yarn = getattr(patched(method="dynamic_yarn").model.layers[0].self_attn, dynamic_cache._STATE)
-    ntk = getattr(patched(method="dynamic_ntk").model.layers[0].self_attn, dynamic_cache._STATE)
+    yarn = getattr(patched(method="dynamic_yarn").model.layers[0].self_attn, STATE_ATTR)
+    ntk = getattr(patched(method="dynamic_ntk").model.layers[0].self_attn, STATE_ATTR)
     lengths = torch.tensor([1, L_ORIG, L_ORIG + 1, FACTOR * L_ORIG, 10 * L_ORIG])
     assert yarn.frequency_length(lengths).tolist() == [L_ORIG, L_ORIG, L_ORIG + 1, FACTOR * L_ORIG, FACTOR * L_ORIG]
     assert ntk.frequency_length(lengths).tolist() == [L_ORIG, L_ORIG, L_ORIG + 1, FACTOR * L_ORIG, 10 * L_ORIG]
@@ -487,11 +548,11 @@ def test_rotation_is_transformers_rotation_bit_for_bit():
         patched(method="dynamic_ntk").config, None, seq_len=3 * L_ORIG
     )
     positions = torch.tensor([[0, 5, 17, 31, 40, 47, 900], [3, 4, 5, 6, 7, 8, 9]])
-    cos, sin = dynamic_cache.cos_sin(positions, inv_freq[None], torch.tensor([1.3]), torch.float32)
+    cos, sin = exact_dynamic.cos_sin(positions, inv_freq[None], torch.tensor([1.3]), torch.float32)
     angles = positions[..., None].float() * inv_freq
     emb = torch.cat((angles, angles), dim=-1)
     expected, _ = apply_rotary_pos_emb(x, x, emb.cos() * 1.3, emb.sin() * 1.3)
-    assert torch.equal(dynamic_cache.apply_rotary(x, cos, sin), expected)
+    assert torch.equal(exact_dynamic.apply_rotary(x, cos, sin), expected)
 
 
 @pytest.mark.parametrize("count", (1, 2, 3, 16, 17, 1000, 4099))
@@ -502,21 +563,21 @@ def test_grid_rotations_equal_the_float64_definition(count):
     inv_freq = torch.stack((inv_freq, inv_freq / 3)).float()  # two batch rows, two frequency sets
     scaling = torch.tensor([1.0, 1.2])
     for last in (torch.tensor([0]), torch.tensor([count + 5, 7 * count])):
-        table = dynamic_cache.grid_rotations(last, count, inv_freq, scaling)
+        table = exact_dynamic.grid_rotations(last, count, inv_freq, scaling)
         positions = last[:, None].double() + torch.arange(1 - count, 1, dtype=torch.float64)  # [batch, count]
         angles = positions[..., None] * inv_freq.double()[:, None]
         exact = torch.polar(scaling.double()[:, None, None].expand_as(angles), angles)
         assert table.shape == (2, count, 32) and table.dtype == torch.complex64
         bound = 2 * float(positions.abs().max() + 1) * float(inv_freq.max()) * 2**-24 + 1e-6
         assert (table - exact).abs().max() <= bound
-    newest = dynamic_cache.grid_rotations(torch.tensor([0]), count, inv_freq, None)[:, -1]
+    newest = exact_dynamic.grid_rotations(torch.tensor([0]), count, inv_freq, None)[:, -1]
     assert torch.equal(newest, torch.ones(2, 32, dtype=torch.complex64))  # offset 0 is exactly the identity
     # query rows with their own frequencies: [batch, rows, half] -> [batch, rows, count, half]
     rows = torch.stack((inv_freq, inv_freq * 1.5), dim=1)
-    per_row = dynamic_cache.grid_rotations(torch.tensor([count, count + 3]), count, rows, torch.ones(2, 2))
+    per_row = exact_dynamic.grid_rotations(torch.tensor([count, count + 3]), count, rows, torch.ones(2, 2))
     for b, last in enumerate((count, count + 3)):
         for r in range(2):
-            alone = dynamic_cache.grid_rotations(torch.tensor([last]), count, rows[b : b + 1, r], None)[0]
+            alone = exact_dynamic.grid_rotations(torch.tensor([last]), count, rows[b : b + 1, r], None)[0]
             torch.testing.assert_close(per_row[b, r], alone, rtol=0, atol=0)
 
 
@@ -545,14 +606,14 @@ def test_batched_rowwise_path_equals_kernel_path(arch, kernel, monkeypatch):
     attention_mask[1, :5] = 0
     real = attention_mask.bool()
     calls = []
-    batched = dynamic_cache._attend_rowwise
-    monkeypatch.setattr(dynamic_cache, "_attend_rowwise", lambda *args: calls.append(1) or batched(*args))
+    batched = exact_rowwise.attend_rowwise
+    monkeypatch.setattr(exact_attention, "attend_rowwise", lambda *args: calls.append(1) or batched(*args))
     with torch.no_grad():
         fast = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
         assert calls  # the batched path really ran
-        monkeypatch.setattr(dynamic_cache, "_ROWWISE_BUDGET", 4 * 2 * 2 * 3 * L_ORIG * 32)  # 4 rows per chunk
+        monkeypatch.setattr(exact_rowwise, "ROWWISE_BUDGET", 4 * 2 * 2 * 3 * L_ORIG * 32)  # 4 rows per chunk
         chunked = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
-        monkeypatch.setattr(dynamic_cache, "_attend_rowwise", dynamic_cache._attend_rowwise_by_kernel)
+        monkeypatch.setattr(exact_attention, "attend_rowwise", exact_rowwise.attend_rowwise_by_kernel)
         reference = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
     for out in (fast, chunked):
         torch.testing.assert_close(out.logits[real], reference.logits[real], rtol=0, atol=TOL)

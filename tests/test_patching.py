@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import typing
 
 import pytest
 import torch
@@ -12,9 +13,11 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import hf_posext
 from hf_posext.methods import method_class
+from hf_posext.methods.base import register
+from hf_posext.patching import MethodName
 
 L_ORIG = 64
-ROPE_METHODS = ["linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn"]
+ROPE_METHODS = [m for m in hf_posext.available_methods() if method_class(m).scales_rope]
 STATIC_METHODS = [m for m in ROPE_METHODS if not method_class(m).dynamic]
 
 
@@ -87,7 +90,7 @@ def test_method_config_object_equals_name_and_kwargs(method):
 
 @pytest.mark.parametrize("method,advertised", [("linear", 256), ("ntk", 256), ("yarn", 256), ("dynamic_ntk", 64), ("dynamic_yarn", 64)])
 def test_advertised_context(method, advertised):
-    """Static methods advertise factor x L_orig; dynamic ones must keep L_orig (REFERENCE.md pitfall)."""
+    """Static methods advertise factor x L_orig; dynamic ones must keep L_orig (else transformers never rescales)."""
     config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), method, factor=4)
     assert config.max_position_embeddings == advertised
     info = hf_posext.patch_info(config)
@@ -232,9 +235,29 @@ def test_ntk_theta_uses_the_rotary_dimension():
 
 
 def test_registry_rejects_duplicate_names():
-    from hf_posext.methods.base import register
-
     with pytest.raises(ValueError, match="'yarn' is already registered"):
         register("yarn")(type("Dup", (hf_posext.PositionMethod,), {}))
     with pytest.raises(ValueError, match="lower-case"):
         register("YaRN2")(type("Dup", (hf_posext.PositionMethod,), {}))
+
+
+def test_method_name_literal_lists_every_registered_name_and_alias():
+    assert set(typing.get_args(MethodName)) == set(hf_posext.available_methods()) | set(hf_posext.method_aliases())
+
+
+def test_canonical_name_resolves_aliases_and_names_unknown_ones():
+    assert [hf_posext.canonical_name(n) for n in ("pi", "linear", "dynamic", "ntk_aware")] == [
+        "linear", "linear", "dynamic_ntk", "ntk"
+    ]
+    with pytest.raises(ValueError, match="unknown method 'rope2'.*available methods: alibi"):
+        hf_posext.canonical_name("rope2")
+
+
+def test_takes_factor_is_false_exactly_for_methods_that_refuse_a_factor():
+    for name in hf_posext.available_methods():
+        cls = method_class(name)
+        if cls.takes_factor:
+            cls(factor=2.0)
+        else:
+            with pytest.raises(ValueError, match="factor must be 1"):
+                cls(factor=2.0)

@@ -14,14 +14,14 @@ from models import ARCHITECTURES, tiny_config, tiny_model, tokens
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
-from hf_posext.methods.yarn import compute_dynamic_yarn_parameters, yarn_inv_freq
+from hf_posext.rope_utils import compute_dynamic_yarn_parameters, default_inv_freq, yarn_inv_freq, yarn_mscale
 
 FACTORS = [1.5, 2, 4, 8, 16, 32]
 HEAD_DIMS = [32, 64, 128]
 L_ORIG = 64
 THETA = 10000.0
 TOL = 1e-5
-# Dynamic methods default to exact KV-cache semantics (hf_posext.dynamic_cache), under which each
+# Dynamic methods default to exact KV-cache semantics (hf_posext.exact_dynamic), under which each
 # token uses the frequencies of its own prefix length. Parity with transformers (one scale s(L) for
 # every position of a length-L forward) is the ``exact_cache=False`` behaviour.
 TRANSFORMERS_SEMANTICS = {"dynamic_ntk": {"exact_cache": False}, "dynamic_yarn": {"exact_cache": False}}
@@ -85,7 +85,7 @@ def test_yarn_frequencies_equal_transformers(factor, head_dim, original, betas):
     expected, expected_mscale = ROPE_INIT_FUNCTIONS["yarn"](config)
     ours = yarn_inv_freq(THETA, head_dim, factor, original, beta_fast=betas[0], beta_slow=betas[1])
     torch.testing.assert_close(ours, expected, rtol=1e-6, atol=0)
-    assert hf_posext.methods.yarn.yarn_mscale(factor) == pytest.approx(expected_mscale, rel=1e-12)
+    assert yarn_mscale(factor) == pytest.approx(expected_mscale, rel=1e-12)
 
 
 def paper_yarn(theta: float, d: int, s: float, L: int, beta_fast: float = 32, beta_slow: float = 1):
@@ -162,17 +162,17 @@ def test_dynamic_yarn_init_function_contract():
 
 
 def test_yarn_blends_frequencies_and_sharpens_attention():
-    """ERRATA points 1-2: per-pair scales run monotonically from 1 (fast pairs) to s (slow pairs),
-    and the q.k logits grow by mscale^2 = 1.296 at s=4.
+    """Frequencies are blended (eq. 20): per-pair scales run monotonically from 1 (fast pairs) to
+    s (slow pairs), and the q.k logits grow by mscale^2 = 1.296 at s=4 (eq. 22).
 
-    Note: the paper's eq. 18 ramps linearly in the turn count r_i, which gives pair 26 of d=128
-    at s=4, L=4096 the 1.67x of ERRATA point 1; the authors' code and transformers ramp linearly
-    in the pair index between floored/ceiled bounds, giving that pair 1.25x. hf-posext follows
-    the code, so its checkpoints mean the same in transformers and vLLM.
+    Note: the paper's eq. 18 ramps linearly in the turn count r_i, which scales pair 26 of d=128
+    at s=4, L=4096 by 1.67x; the authors' code and transformers ramp linearly in the pair index
+    between floored/ceiled bounds (pairs 20..46), giving that pair 1.209x (pair 27: 1.25x).
+    hf-posext follows the code, so its checkpoints mean the same in transformers and vLLM.
     """
     freqs = yarn_inv_freq(THETA, 128, 4.0, 4096)
-    scales = hf_posext.methods.yarn.default_inv_freq(THETA, 128) / freqs
+    scales = default_inv_freq(THETA, 128) / freqs
     assert scales[0].item() == pytest.approx(1.0) and scales[-1].item() == pytest.approx(4.0)
     assert bool((scales[1:] >= scales[:-1] - 1e-6).all())
     assert scales[26].item() == pytest.approx(1 / ((6 / 26) / 4 + (20 / 26)), rel=1e-5)  # ramp over pairs 20..46
-    assert hf_posext.methods.yarn.yarn_mscale(4.0) ** 2 == pytest.approx(1.296, abs=0.001)
+    assert yarn_mscale(4.0) ** 2 == pytest.approx(1.296, abs=0.001)

@@ -32,6 +32,9 @@ Distances use absolute cache positions, so left padding, KV caches (including st
 Mistral's sliding-window cache) and packed sequences all see the true i - j.
 
 Run the equivalence tests with ``.venv/bin/pytest tests/test_alibi.py -q``.
+
+Longer than ~400 lines on purpose: the mask function and the four paths exchange one mask form
+per backend (:func:`select_backend`), and each form is built next to the path that reads it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Head h of n (h = 1..n) adds -m_h * (i - j) to the logit of query i and key j <= 
 power of two the slopes are the geometric sequence m_h = 2^(-8h/n). For any other n the
 reference code (``get_slopes`` in ofirpress/attention_with_linear_biases) takes the 2^k
 slopes of the largest power of two 2^k below n, then the odd-indexed members of the 2^(k+1)
-sequence, 2^(-8(2j-1)/2^(k+1)) for j = 1..n-2^k (ERRATA point 3); BLOOM and MPT use the same
+sequence, 2^(-8(2j-1)/2^(k+1)) for j = 1..n-2^k (the paper's appendix describes only the power-of-two case); BLOOM and MPT use the same
 rule. Here both parts are written as closed-form exponents instead of the reference's repeated
 products, in float64, and only then rounded to fp32.
 """

@@ -3,7 +3,16 @@
 from . import absolute, alibi, linear, ntk, yarn  # noqa: F401  (importing a family registers its methods)
 from .absolute import LearnedConfig, SinusoidalConfig
 from .alibi import AlibiConfig
-from .base import BaseRope, PositionMethod, available_methods, make_method, method_class, register
+from .base import (
+    BaseRope,
+    PositionMethod,
+    available_methods,
+    canonical_name,
+    make_method,
+    method_aliases,
+    method_class,
+    register,
+)
 from .linear import LinearConfig
 from .ntk import DynamicNTKConfig, NTKConfig
 from .yarn import DynamicYarnConfig, YarnConfig
@@ -20,7 +29,9 @@ __all__ = [
     "SinusoidalConfig",
     "YarnConfig",
     "available_methods",
+    "canonical_name",
     "make_method",
+    "method_aliases",
     "method_class",
     "register",
 ]

@@ -6,10 +6,10 @@ one slope m_h per head (:mod:`hf_posext.attention.slopes`), no position embeddin
 
 ``patch_model(model, "alibi")`` does two things through transformers' own extension points:
 
-1. the rope type :data:`NO_ROPE_TYPE` (registered on ``import hf_posext``) gives every rotary
+1. the rope type :data:`~hf_posext.rope_utils.NO_ROPE_TYPE` (registered on ``import hf_posext``) gives every rotary
    module ``inv_freq = 0``, so cos = 1, sin = 0 and ``apply_rotary_pos_emb`` returns q and k
    unchanged, bit for bit;
-2. ``config._attn_implementation`` becomes :data:`~hf_posext.attention.alibi.ALIBI_ATTENTION`,
+2. its adapter (:mod:`hf_posext.adapters.alibi`) sets ``config._attn_implementation`` to :data:`~hf_posext.attention.alibi.ALIBI_ATTENTION`,
    whose attention and mask functions add -m_h (i - j). The name is also written to
    ``config.json`` (``attn_implementation``), which transformers applies when it loads the
    config, so a saved ALiBi checkpoint reloads as ALiBi after ``import hf_posext``; without the
@@ -24,39 +24,11 @@ Example (CPU, seconds)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-import torch
-
-from ..attention.alibi import ALIBI_ATTENTION, BACKENDS, NATIVE_TO_BACKEND, Backend
+from ..attention.alibi import BACKENDS, Backend
+from ..rope_utils import NO_ROPE_TYPE
 from .base import BaseRope, PositionMethod, register
-from .yarn import _rope_dict, rotary_dim_of
-
-if TYPE_CHECKING:
-    import torch.nn as nn
-    from transformers import PreTrainedConfig
-
-#: The rope type that switches rotary embeddings off (inv_freq = 0: cos = 1, sin = 0).
-NO_ROPE_TYPE = "hf_posext_none"
-
-
-def compute_no_rope_parameters(
-    config: PreTrainedConfig,
-    device: torch.device | str | None = None,
-    seq_len: int | None = None,
-    layer_type: str | None = None,
-) -> tuple[torch.Tensor, float]:
-    """transformers' rope-init contract for "no rotary embedding".
-
-    Returns:
-        ``(zeros [rotary_dim // 2] fp32, 1.0)``: every angle is 0, so the rotation is the identity.
-    """
-    rotary_dim = rotary_dim_of(config, _rope_dict(config, layer_type))
-    return torch.zeros(rotary_dim // 2, dtype=torch.float32, device=device), 1.0
-
-
-def validate_no_rope_parameters(rope_parameters: dict[str, Any]) -> None:
-    """Nothing to validate: the type has no parameters of its own (``rope_theta`` is kept for unpatch)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +36,7 @@ class NoRopeMethod(PositionMethod):
     """Shared by methods that replace RoPE rather than rescale it: ``factor`` has no meaning."""
 
     scales_rope: ClassVar[bool] = False
+    takes_factor: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,31 +72,3 @@ class AlibiConfig(NoRopeMethod):
         super().__post_init__()
         if self.backend not in BACKENDS:
             raise ValueError(f"{self.name}: backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-
-    def patch_config(self, config: PreTrainedConfig) -> None:
-        record = config.hf_posext
-        previous = config._attn_implementation
-        if previous != ALIBI_ATTENTION:
-            record["base_attn_implementation"] = previous
-        config._attn_implementation = ALIBI_ATTENTION
-        # transformers never saves _attn_implementation, but applies an ``attn_implementation``
-        # key found in config.json when it loads the config.
-        config.attn_implementation = ALIBI_ATTENTION
-
-    def unpatch_config(self, config: PreTrainedConfig, record: dict[str, Any]) -> None:
-        config._attn_implementation = record.get("base_attn_implementation")
-        config.__dict__.pop("attn_implementation", None)
-
-    def on_model_init(self, base_model: nn.Module) -> None:
-        """A model is being built from an ALiBi config (``from_pretrained``): keep it ALiBi.
-
-        Loading with ``attn_implementation="sdpa"`` (or eager, flex_attention, flash_attention_2)
-        picks that ALiBi path instead of running without any position information.
-        """
-        config = base_model.config
-        config.attn_implementation = ALIBI_ATTENTION
-        requested = config._attn_implementation
-        if requested != ALIBI_ATTENTION:
-            if requested in NATIVE_TO_BACKEND:
-                config.hf_posext["backend"] = NATIVE_TO_BACKEND[requested]
-            config._attn_implementation = ALIBI_ATTENTION

@@ -11,8 +11,12 @@ split in two, so that a config object alone can be patched before any weights ex
 * :meth:`PositionMethod.max_position_embeddings` returns the context the patched config
   advertises.
 
-Methods that need more than new rotary frequencies (ALiBi, absolute encodings) override
-:meth:`PositionMethod.patch_modules`, which the adapter calls after the config is patched.
+A method config holds no model surgery: what ALiBi, the absolute encodings and the dynamic
+methods do to a model beyond rope parameters is their adapter's (:mod:`hf_posext.adapters`).
+
+The registry is the one list of methods: :func:`available_methods`, :func:`method_aliases`,
+:func:`canonical_name` and :func:`method_class` are what other modules (CLIs, demos, reports) use
+instead of writing names down.
 """
 
 from __future__ import annotations
@@ -20,11 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:
-    import torch.nn as nn
-    from transformers import PreTrainedConfig
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ class PositionMethod:
     #: Whether the method rescales RoPE (then ``factor=1`` keeps the checkpoint's rope parameters);
     #: methods that replace RoPE (ALiBi, absolute encodings) set it to False.
     scales_rope: ClassVar[bool] = True
+    #: Whether ``factor`` may be set (> 1); methods without a RoPE to scale only take ``factor=1``.
+    takes_factor: ClassVar[bool] = True
 
     factor: float = 1.0
     original_max_position_embeddings: int | None = None
@@ -95,41 +97,11 @@ class PositionMethod:
 
         Static methods reach ``factor * L_orig``. Dynamic methods keep ``L_orig``: transformers
         starts recomputing frequencies only once a sequence outgrows ``max_position_embeddings``,
-        so raising it would silently switch dynamic scaling off (REFERENCE.md's pitfall).
+        so raising it would silently switch dynamic scaling off.
         """
         if self.dynamic:
             return base.original_max_position_embeddings
         return int(round(self.factor * base.original_max_position_embeddings))
-
-    def patch_modules(self, model: nn.Module) -> None:
-        """Module surgery beyond rebuilding the rotary embedding; none for RoPE methods."""
-
-    def unpatch_modules(self, model: nn.Module) -> None:
-        """Undo :meth:`patch_modules`."""
-
-    def patch_config(self, config: PreTrainedConfig) -> None:
-        """Config changes beyond ``rope_parameters`` (``config.hf_posext`` is already written)."""
-
-    def unpatch_config(self, config: PreTrainedConfig, record: dict[str, Any]) -> None:
-        """Undo :meth:`patch_config`; ``record`` is the ``config.hf_posext`` being removed."""
-
-    def on_model_init(self, base_model: nn.Module) -> None:
-        """Redo :meth:`patch_modules` on a base model being built from an already-patched config.
-
-        Called (through :func:`hf_posext.patching.on_submodule_registered`) while the base model
-        (``LlamaModel``...) registers ``embed_tokens`` in its ``__init__``, i.e. when
-        ``from_pretrained`` rebuilds a saved checkpoint, before its weights are loaded.
-        """
-
-    def on_rotary_init(self, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
-        """The module a base model being built from an already-patched config registers as its rotary embedding.
-
-        Called (through :func:`hf_posext.patching.on_submodule_registered`) when the base model
-        first registers ``rotary_emb`` in its ``__init__``, after its attention layers and after
-        transformers has resolved ``config._attn_implementation`` (from_pretrained's
-        ``attn_implementation`` argument included). ``None`` keeps ``rotary``.
-        """
-        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.name, **dataclasses.asdict(self)}
@@ -164,6 +136,20 @@ def register(name: str, *, aliases: tuple[str, ...] = ()):
 def available_methods() -> list[str]:
     """The registered method names (aliases excluded), sorted."""
     return sorted(_REGISTRY)
+
+
+def method_aliases() -> dict[str, str]:
+    """``{alias: registered name}`` of every alias (e.g. ``"pi": "linear"``)."""
+    return dict(sorted(_ALIASES.items()))
+
+
+def canonical_name(name: str) -> str:
+    """The registered name of ``name`` or of the alias ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    return method_class(name).name
 
 
 def method_class(name: str) -> type[PositionMethod]:

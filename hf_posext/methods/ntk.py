@@ -16,7 +16,7 @@ length L once L > L_orig:
 
 which is transformers' native ``rope_type="dynamic"``. transformers reads L_orig from
 ``config.max_position_embeddings``, so the patched config keeps that at L_orig. With
-``exact_cache=True`` (the default) :mod:`hf_posext.dynamic_cache` keeps cached generation equal to
+``exact_cache=True`` (the default) :mod:`hf_posext.exact_dynamic` keeps cached generation equal to
 a forward pass; ``False`` keeps transformers' stale-key behaviour (issue 25104).
 """
 
@@ -25,13 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..rope_utils import ntk_theta
 from .base import BaseRope, PositionMethod, register
 from .dynamic import DynamicScaling
-
-
-def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
-    """The NTK-aware base ``theta * s^(d / (d - 2))`` (YaRN paper, eq. 16)."""
-    return theta * factor ** (rotary_dim / (rotary_dim - 2))
 
 
 @register("ntk", aliases=("ntk_aware",))

@@ -1,0 +1,163 @@
+"""transformers' attention-interface function for exact dynamic scaling, and its decoding path.
+
+Queries and keys arrive un-rotated (the stand-in rotary module hands the layers the identity);
+this rotates them with the frequencies of each query's length, then calls the wrapped kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
+from .rotation import apply_rotary, cos_sin, grid_rotations, interleave, rotate, uses_complex_rotation
+from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
+
+
+def key_positions_of(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """``[batch, kv_len]`` positions of the keys a layer attends to, ``positions`` being the new tokens'.
+
+    The new tokens' keys come last and have the given positions; the cached ones before them are
+    contiguous and end just before the first new token (what ``DynamicCache`` returns).
+    """
+    seq = positions.shape[1]
+    if kv_len == seq:
+        return positions
+    if kv_len < seq:
+        raise ValueError(f"the cache returned {kv_len} keys for {seq} new tokens; expected at least {seq}")
+    offsets = torch.arange(kv_len - seq, 0, -1, device=positions.device)
+    return torch.cat((positions[:, :1] - offsets, positions), dim=1)
+
+
+def exact_dynamic_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers' attention-interface function for exact dynamic scaling.
+
+    Args:
+        module: the attention module (carries the model's :class:`ExactDynamicRope`).
+        query: un-rotated ``[batch, heads, seq, head_dim]``.
+        key, value: un-rotated keys and values, cache included, ``[batch, kv_heads, kv_seq, head_dim]``.
+        attention_mask: the mask of the wrapped kernel, ``[batch, 1, seq, kv_seq]`` or ``None``.
+        **kwargs: ``position_ids`` ``[batch or 1, seq]`` (finds the forward's plan); all are passed on to
+            the kernel (``scaling``, ``dropout``, ...).
+
+    Returns:
+        ``(output [batch, seq, heads, head_dim], attention weights [batch, heads, seq, kv_seq] or None)``.
+    """
+    rope: ExactDynamicRope | None = getattr(module, STATE_ATTR, None)
+    if rope is None:
+        raise ValueError(
+            f"{type(module).__name__} is not set up for exact dynamic attention; use hf_posext.patch_model "
+            f"rather than setting attn_implementation={ATTENTION_PREFIX}... by hand"
+        )
+    position_ids = kwargs.get("position_ids")
+    if not isinstance(position_ids, torch.Tensor):
+        raise ValueError(
+            f"exact dynamic attention needs the forward's position_ids among the attention arguments, got "
+            f"{type(position_ids).__name__}; call the model (or its decoder layers with position_ids), not a bare "
+            f"attention function"
+        )
+    kernel = rope.kernel_for(module)
+    batch, _, seq, _ = query.shape
+    plan = rope.plan(position_ids, batch)
+    positions, calls, rowwise = plan.positions, plan.calls, plan.rowwise
+    kv_len = key.shape[2]
+    if positions.shape != (batch, seq):
+        raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
+    if plan.single and seq == 1:
+        return _attend_decoding(plan, kernel, module, query, key, value, attention_mask, calls[0], kwargs)
+    key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
+    dtype = query.dtype
+    if plan.single:
+        call = calls[0]
+        q_cos, q_sin = plan.tables(("q", 0), lambda: cos_sin(positions, call.inv_freq, call.scaling, dtype))
+        k_cos, k_sin = plan.tables(("k", 0, kv_len), lambda: cos_sin(key_positions, call.inv_freq, call.scaling, dtype))
+        return kernel(
+            module, apply_rotary(query, q_cos, q_sin), apply_rotary(key, k_cos, k_sin), value, attention_mask, **kwargs
+        )
+    past = kv_len - seq
+    output = query.new_zeros(batch, seq, query.shape[1], value.shape[-1])
+    weights: list[torch.Tensor | None] = [None]
+
+    def merge(start: int, stop: int, rows: torch.Tensor, out: torch.Tensor, part: torch.Tensor | None) -> None:
+        """Keep ``out`` (``[batch, stop - start, heads, head_dim]``) for the ``rows`` this call answers for."""
+        output[:, start:stop] = torch.where(rows[:, :, None, None], out, output[:, start:stop])
+        if part is not None:  # eager's attention weights, [batch, heads, stop - start, keys]
+            if weights[0] is None:
+                weights[0] = part.new_zeros(batch, part.shape[1], seq, kv_len)
+            target = weights[0][:, :, start:stop, : part.shape[-1]]
+            target.copy_(torch.where(rows[:, None, :, None], part, target))
+
+    for index, call in enumerate(calls):
+        keys = past + call.stop
+        q_pos, k_pos = positions[:, call.start : call.stop], key_positions[:, :keys]
+        q_cos, q_sin = plan.tables(("q", index), lambda: cos_sin(q_pos, call.inv_freq, call.scaling, dtype))
+        k_cos, k_sin = plan.tables(("k", index, kv_len), lambda: cos_sin(k_pos, call.inv_freq, call.scaling, dtype))
+        out, part = kernel(
+            module,
+            apply_rotary(query[:, :, call.start : call.stop], q_cos, q_sin),
+            apply_rotary(key[:, :, :keys], k_cos, k_sin),
+            value[:, :, :keys],
+            rows_mask(attention_mask, call.start, call.stop, keys, past, dtype, query.device),
+            **kwargs,
+        )
+        merge(call.start, call.stop, call.rows, out, part)
+    if rowwise is not None:
+        batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
+        attend = attend_rowwise if batched else attend_rowwise_by_kernel
+        attend(plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge,
+               kwargs)
+    return output, weights[0]
+
+
+def _attend_decoding(
+    plan: ForwardPlan,
+    kernel: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    call: Call,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One new token per row (a decoding step): the query stays un-rotated, each key turns by its offset.
+
+    RoPE scores depend on the offset only: ``R(p theta) q . R(j theta) k = q . R((j - p) theta) k``,
+    and YaRN's mscale scales both sides, so each key is rotated by ``(j - p) theta`` times
+    ``mscale^2`` and the query is used as it is. The offsets of a row's keys are ``-(kv_len - 1) ..
+    0`` whatever its positions (left padding included), so one table serves every row that shares
+    frequencies and all layers. In fp32 the rotation is one complex multiply; the channel pairs
+    ``(i, i + rotary_dim / 2)`` then come out interleaved, and the query's are interleaved alike
+    (a dot product does not see the order). Other dtypes and devices rotate with :func:`_rotate`.
+    """
+    kv_len, half = key.shape[2], plan.rope.rotary_dim // 2
+
+    def rotation() -> torch.Tensor:  # [batch or 1, 1, kv_len, half] complex64, shared by the layers
+        scaling = None if call.scaling is None else call.scaling.square()
+        newest = torch.zeros(1, dtype=torch.long, device=call.inv_freq.device)  # offsets: the newest key is at 0
+        return grid_rotations(newest, kv_len, call.inv_freq, scaling)[:, None]
+
+    if not uses_complex_rotation(query):
+        def real_tables() -> tuple[torch.Tensor, torch.Tensor]:
+            table = rotation()
+            return table.real.to(query.dtype), table.imag.to(query.dtype)
+
+        cos, sin = plan.tables(("decode-real", kv_len, query.dtype), real_tables)
+        return kernel(module, query, rotate(key, cos, sin), value, attention_mask, **kwargs)
+    (table,) = plan.tables(("decode", kv_len), lambda: (rotation(),))
+    rotated = torch.complex(key[..., :half], key[..., half : 2 * half]).mul_(table)
+    rotated_key, interleaved_query = torch.view_as_real(rotated).flatten(-2), interleave(query, half)
+    if 2 * half < key.shape[-1]:  # channels past rotary_dim are not rotated
+        rotated_key = torch.cat((rotated_key, key[..., 2 * half :]), dim=-1)
+        interleaved_query = torch.cat((interleaved_query, query[..., 2 * half :]), dim=-1)
+    return kernel(module, interleaved_query, rotated_key, value, attention_mask, **kwargs)
+

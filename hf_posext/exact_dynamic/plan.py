@@ -1,0 +1,244 @@
+"""The per-forward plan of exact dynamic attention, and the per-model frequencies it is built from.
+
+:class:`ExactDynamicRope` is one per patched model and holds nothing that changes within a
+forward: the config, the frequencies for each length (a bounded, locked cache) and the wrapped
+kernel. Everything a forward computes once and shares between its layers (the split of the query
+rows into kernel calls, rotation tables) lives on a :class:`ForwardPlan`, which
+:meth:`ExactDynamicRope.plan` finds by the ``position_ids`` tensor that transformers hands every
+layer's attention function. Two forwards running at once (threads, ``nn.DataParallel``
+replicas sharing the modules) have different ``position_ids`` tensors and so different plans.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .. import _compat
+from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, rotary_dim_of
+from .rotation import multipliers
+
+#: The rope types whose frequencies depend on the sequence length, handled here.
+EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE)
+#: ``config._attn_implementation`` while exact dynamic scaling is on is this prefix plus the kernel.
+ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
+#: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
+STATE_ATTR = "_hf_posext_exact_dynamic"
+
+#: Elements of rotated-key copies the row-wise path may build at once, and of cos/sin tables a
+#: forward may keep for its layers (beyond that they are recomputed per layer). Small chunks are
+#: faster, not only leaner (measurements: benchmarks/results/exact_dynamic_notes.md).
+ROWWISE_BUDGET = 1 << 21
+TABLE_BUDGET = 1 << 25
+#: Plans kept alive at once per model: one per forward in flight, plus slack.
+_MAX_PLANS = 8
+#: Frequency sets kept per model: decoding asks for a new length per step.
+_MAX_FREQUENCIES = 64
+
+
+@dataclass
+class Call:
+    """One kernel call: query rows ``[start, stop)`` rotated with one frequency set per batch row."""
+
+    start: int
+    stop: int
+    inv_freq: torch.Tensor  # [batch or 1, rotary_dim // 2], fp32
+    scaling: torch.Tensor | None  # [batch or 1], fp32; None when every multiplier is 1
+    rows: torch.Tensor | None  # [batch, stop - start] bool: the rows this call answers for; None = all
+
+
+@dataclass
+class RowWise:
+    """Query rows that each need their own frequencies (lengths between L_orig and saturation).
+
+    They are attended in chunks, every (batch, row) as its own single-query problem, so that a
+    prompt past L_orig costs a few kernel calls rather than one per row.
+    """
+
+    start: int
+    stop: int
+    inv_freq: torch.Tensor  # [batch, seq, rotary_dim // 2], fp32: each row's own frequencies
+    scaling: torch.Tensor  # [batch, seq], fp32
+    rows: torch.Tensor  # [batch, seq] bool: the rows this path answers for
+
+
+class ForwardPlan:
+    """What one forward's layers share: its query positions, kernel calls and rotation tables.
+
+    Attributes:
+        rope: the model's :class:`ExactDynamicRope`.
+        positions: ``[batch, seq]`` query positions (a copy: the plan never keeps the caller's tensor alive).
+        calls: multi-row kernel calls, each with one frequency set per batch row.
+        rowwise: the rows that each need their own frequencies, or ``None``.
+    """
+
+    def __init__(self, rope: ExactDynamicRope, positions: torch.Tensor) -> None:
+        self.rope = rope
+        self.positions = positions
+        self.calls: list[Call] = []
+        self.rowwise: RowWise | None = None
+        self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self._table_elements = 0
+        self._memo: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self._split(positions)
+
+    def _split(self, positions: torch.Tensor) -> None:
+        rope, device, seq = self.rope, positions.device, positions.shape[1]
+        lengths = rope.frequency_length(positions + 1)
+        if seq == 1 or bool((lengths == lengths[:, :1]).all()):
+            # One frequency set per row (decoding, or a prompt within one regime): one kernel call.
+            row_lengths = lengths[:, 0].tolist()
+            if len(set(row_lengths)) == 1:  # rows of one length (no padding, beams) share one frequency set
+                row_lengths = row_lengths[:1]
+            per_row = [rope.frequencies(length, device) for length in row_lengths]
+            inv_freq = torch.stack([f for f, _ in per_row])
+            self.calls = [Call(0, seq, inv_freq, multipliers([s for _, s in per_row], device), None)]
+            return
+        # Lengths up to L_orig (and, for YaRN, from saturation on) share one frequency set: one
+        # multi-row kernel call each. Every length in between belongs to a single position.
+        shared = torch.zeros_like(lengths, dtype=torch.bool)
+        for length in (rope.original, rope.saturation):
+            rows = lengths == length
+            touched = rows.any(dim=0).nonzero().flatten().tolist() if length is not None else []
+            if not touched:
+                continue
+            start, stop = touched[0], touched[-1] + 1
+            inv_freq, scaling = rope.frequencies(length, device)
+            self.calls.append(Call(start, stop, inv_freq[None], multipliers([scaling], device), rows[:, start:stop]))
+            shared |= rows
+        own = ~shared
+        touched = own.any(dim=0).nonzero().flatten().tolist()
+        if touched:
+            distinct, index = torch.unique(lengths, return_inverse=True)
+            table = [rope.frequencies(length, device) for length in distinct.tolist()]
+            inv_freq = torch.stack([f for f, _ in table])[index]
+            scaling = torch.tensor([s for _, s in table], dtype=torch.float32, device=device)[index]
+            self.rowwise = RowWise(touched[0], touched[-1] + 1, inv_freq, scaling, own)
+
+    @property
+    def single(self) -> bool:
+        """Whether the whole forward is one kernel call with one frequency set per batch row."""
+        return self.rowwise is None and len(self.calls) == 1 and self.calls[0].rows is None
+
+    def memo(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """``build()``, once per forward (for small per-forward values shared by the layers)."""
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+        value = build()
+        with self._lock:
+            return self._memo.setdefault(key, value)
+
+    def tables(self, key: tuple, build: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+        """Rotation tables (cos/sin, or complex) under ``key``, built once per forward and shared by the layers.
+
+        Past ``TABLE_BUDGET`` fp32 elements' worth a forward stops keeping them (a long prompt's
+        row-wise tables would not fit) and they are rebuilt per layer.
+        """
+        with self._lock:
+            if key in self._tables:
+                return self._tables[key]
+        built = build()
+        size = sum(t.numel() * t.element_size() for t in built) // 4
+        with self._lock:
+            if key in self._tables:
+                return self._tables[key]
+            if self._table_elements + size <= TABLE_BUDGET:
+                self._tables[key] = built
+                self._table_elements += size
+        return built
+
+
+class ExactDynamicRope:
+    """Frequencies of a dynamic rope type as a function of the length, and the plans of the forwards in flight.
+
+    One instance per patched model, shared by its attention modules.
+
+    Args:
+        config: the patched model config (``rope_type`` in :data:`EXACT_ROPE_TYPES`).
+        kernel: the attention implementation the wrapper delegates to.
+    """
+
+    def __init__(self, config: Any, kernel: str) -> None:
+        params = config.rope_parameters
+        self.config = config
+        self.rope_type = params["rope_type"]
+        self.kernel = kernel
+        self.attention_name = ATTENTION_PREFIX + kernel
+        self.rotary_dim = rotary_dim_of(config)
+        self._init_fn = _compat.rope_init_function(self.rope_type)
+        if self.rope_type == "dynamic":
+            # transformers' dynamic NTK reads L_orig from max_position_embeddings and never stops growing
+            self.original = int(config.max_position_embeddings)
+            self.saturation: int | None = None
+        else:
+            self.original = int(params["original_max_position_embeddings"])
+            # s(L) = min(factor, L / L_orig) stops changing at the first L with L / L_orig >= factor
+            self.saturation = math.ceil(float(params["factor"]) * self.original)
+        self._lock = threading.Lock()
+        self._frequencies: OrderedDict[tuple[int, str], tuple[torch.Tensor, float]] = OrderedDict()
+        self._plans: OrderedDict[tuple, tuple[weakref.ref, ForwardPlan]] = OrderedDict()
+        self._kernels: dict[type, Any] = {}
+        self.hooks: list[Any] = []  # removable handles of the base model's cache guard
+
+    def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
+        """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""
+        return lengths.clamp(min=self.original, max=self.saturation)
+
+    def frequencies(self, length: int, device: torch.device | str) -> tuple[torch.Tensor, float]:
+        """``(inv_freq [rotary_dim // 2] fp32, cos/sin multiplier)`` for a sequence of ``length`` tokens."""
+        key = (int(length), str(device))
+        with self._lock:
+            if key in self._frequencies:
+                return self._frequencies[key]
+        inv_freq, scaling = self._init_fn(self.config, device, seq_len=int(length))
+        value = (inv_freq.to(device=device, dtype=torch.float32), float(scaling))
+        with self._lock:
+            self._frequencies[key] = value
+            while len(self._frequencies) > _MAX_FREQUENCIES:  # keep the recent ones
+                self._frequencies.popitem(last=False)
+        return value
+
+    def plan(self, position_ids: torch.Tensor, batch: int) -> ForwardPlan:
+        """The plan of the forward whose layers receive ``position_ids`` ``[batch or 1, seq]``.
+
+        Built by the first layer that asks and shared by the others. It is found again by the
+        tensor's identity and version (an in-place change of the tensor makes a new plan), checked
+        through a weak reference, so a freed tensor whose id is reused never finds a stale plan.
+        """
+        # inference tensors have no version counter (and cannot be changed in place outside inference mode)
+        version = None if position_ids.is_inference() else position_ids._version
+        key = (id(position_ids), version, batch, str(position_ids.device))
+        with self._lock:
+            found = self._plans.get(key)
+            if found is not None and found[0]() is position_ids:
+                return found[1]
+        plan = ForwardPlan(self, position_ids.expand(batch, -1).clone())
+        with self._lock:
+            found = self._plans.get(key)
+            if found is not None and found[0]() is position_ids:
+                return found[1]  # another thread planned the same forward first
+            # forwards that have finished (their position_ids freed) drop their tables here
+            for stale in [k for k, (ref, _) in self._plans.items() if ref() is None]:
+                del self._plans[stale]
+            self._plans[key] = (weakref.ref(position_ids), plan)
+            while len(self._plans) > _MAX_PLANS:
+                self._plans.popitem(last=False)
+        return plan
+
+    def kernel_for(self, module: nn.Module) -> Any:
+        """The wrapped kernel's attention function for ``module`` (looked up once per module class)."""
+        kind = type(module)
+        kernel = self._kernels.get(kind)
+        if kernel is None:
+            kernel = self._kernels.setdefault(kind, _compat.attention_function(self.kernel, module))
+        return kernel

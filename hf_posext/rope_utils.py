@@ -1,0 +1,157 @@
+"""All of hf-posext's RoPE maths, in one module that imports nothing of the package.
+
+Like transformers' ``modeling_rope_utils.py``: the methods, the exact-dynamic attention and the
+adapters import from here, and this module imports none of them (only ``math`` and ``torch``).
+The rope-init functions follow transformers' contract
+``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` and are registered
+with ``ROPE_INIT_FUNCTIONS`` on ``import hf_posext``.
+
+Papers: NTK-aware (bloc97 2023; YaRN paper arXiv:2309.00071 eq. 16), YaRN (Peng et al. 2023,
+arXiv:2309.00071, eqs. 17-22; the ramp as implemented is described in :mod:`hf_posext.methods.yarn`),
+dynamic YaRN (same paper, sec. 3.3).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+#: The ``rope_type`` dynamic YaRN registers; named after the package so that a vanilla
+#: transformers install that cannot load it names what is missing.
+DYNAMIC_YARN_ROPE_TYPE = "hf_posext_dynamic_yarn"
+
+#: The rope type that switches rotary embeddings off (inv_freq = 0: cos = 1, sin = 0); used by
+#: ALiBi and the absolute-position baselines.
+NO_ROPE_TYPE = "hf_posext_none"
+
+
+def rope_parameters_for(config: Any, layer_type: str | None = None) -> dict[str, Any]:
+    """``config.rope_parameters``, or its entry for ``layer_type`` when the config nests them by layer type."""
+    params = config.rope_parameters
+    return params[layer_type] if layer_type is not None and layer_type in params else params
+
+
+def rotary_dim_of(config: Any, rope_parameters: dict[str, Any] | None = None) -> int:
+    """The number of rotated channels per head: head_dim times the partial rotary factor."""
+    params = rope_parameters if rope_parameters is not None else config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * params.get("partial_rotary_factor", 1.0))
+
+
+def default_inv_freq(theta: float, rotary_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Plain RoPE frequencies theta^(-2i/d), ``[rotary_dim // 2]``, computed in fp32.
+
+    fp32 whatever the model dtype: in bf16, positions beyond 256 already lose integer precision.
+    """
+    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / rotary_dim
+    return 1.0 / (theta**exponent)
+
+
+def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
+    """The NTK-aware base ``theta * s^(d / (d - 2))`` (YaRN paper, eq. 16)."""
+    return theta * factor ** (rotary_dim / (rotary_dim - 2))
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's attention temperature as a cos/sin multiplier, 0.1 ln(s) + 1 (eq. 22); 1 for s <= 1."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def yarn_inv_freq(
+    theta: float,
+    rotary_dim: int,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """YaRN's blended frequencies, ``[rotary_dim // 2]``, fp32 (transformers' and the reference code's ramp).
+
+    The ramp is linear in the pair index i between the pairs where r_i = beta_fast and
+    r_i = beta_slow (r_i = L_orig / (2 pi theta^(2i/d)) turns, so r_i = beta at
+    i = d ln(L_orig / (2 pi beta)) / (2 ln theta)), floored / ceiled to whole pairs when ``truncate``.
+    """
+
+    def pair_where_turns_equal(turns: float) -> float:
+        return rotary_dim * math.log(original_max_position_embeddings / (2 * math.pi * turns)) / (2 * math.log(theta))
+
+    low, high = pair_where_turns_equal(beta_fast), pair_where_turns_equal(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # a one-pair ramp would divide by zero; the reference code nudges it too
+    # extrapolate = gamma_i: 1 for fast pairs (r_i > beta_fast, kept), 0 for slow ones (interpolated)
+    extrapolate = 1 - torch.clamp((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolate = extrapolate.to(device)
+    inv_freq = default_inv_freq(theta, rotary_dim, device)
+    return (inv_freq / factor) * (1 - extrapolate) + inv_freq * extrapolate
+
+
+def dynamic_yarn_scale(seq_len: int | torch.Tensor | None, factor: float, original_max_position_embeddings: int) -> float:
+    """s(L) = min(factor, max(1, L / L_orig)); 1 before any sequence is seen."""
+    if seq_len is None:
+        return 1.0
+    return min(float(factor), max(1.0, int(seq_len) / original_max_position_embeddings))
+
+
+def compute_dynamic_yarn_parameters(
+    config: Any,
+    device: torch.device | str | None = None,
+    seq_len: int | torch.Tensor | None = None,
+    layer_type: str | None = None,
+) -> tuple[torch.Tensor, float]:
+    """transformers' rope-init contract for dynamic YaRN.
+
+    Args:
+        config: a model config whose ``rope_parameters`` has ``rope_type`` =
+            :data:`DYNAMIC_YARN_ROPE_TYPE`, ``factor`` and ``original_max_position_embeddings``.
+        device: where to build ``inv_freq``.
+        seq_len: the current sequence length L; ``None`` at construction (s = 1).
+        layer_type: the key of per-layer-type rope parameters, when the config nests them.
+
+    Returns:
+        ``(inv_freq [rotary_dim // 2], attention_factor)``; at s = 1 exactly plain RoPE.
+    """
+    params = rope_parameters_for(config, layer_type)
+    theta = float(params["rope_theta"])
+    rotary_dim = rotary_dim_of(config, params)
+    original = int(params["original_max_position_embeddings"])
+    scale = dynamic_yarn_scale(seq_len, params["factor"], original)
+    if scale == 1.0:
+        return default_inv_freq(theta, rotary_dim, device), 1.0
+    inv_freq = yarn_inv_freq(
+        theta,
+        rotary_dim,
+        scale,
+        original,
+        beta_fast=params.get("beta_fast", 32.0),
+        beta_slow=params.get("beta_slow", 1.0),
+        truncate=params.get("truncate", True),
+        device=device,
+    )
+    attention_factor = params.get("attention_factor")
+    return inv_freq, float(attention_factor) if attention_factor is not None else yarn_mscale(scale)
+
+
+def compute_no_rope_parameters(
+    config: Any,
+    device: torch.device | str | None = None,
+    seq_len: int | None = None,
+    layer_type: str | None = None,
+) -> tuple[torch.Tensor, float]:
+    """transformers' rope-init contract for "no rotary embedding" (:data:`NO_ROPE_TYPE`).
+
+    Returns:
+        ``(zeros [rotary_dim // 2] fp32, 1.0)``: every angle is 0, so the rotation is the identity.
+    """
+    rotary_dim = rotary_dim_of(config, rope_parameters_for(config, layer_type))
+    return torch.zeros(rotary_dim // 2, dtype=torch.float32, device=device), 1.0
+
+
+def validate_no_rope_parameters(rope_parameters: dict[str, Any]) -> None:
+    """Nothing to validate: the type has no parameters of its own (``rope_theta`` is kept for unpatch)."""
