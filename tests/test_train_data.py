@@ -10,7 +10,7 @@ import torch
 
 from hf_posext.train.data import check_dataset, load_blocks, micro_batch_indices, resolve_local_files
 from hf_posext.train.pose import pose_position_ids
-from hf_posext.train.tokenizer import BOS_ID, EOS_ID, byte_tokenizer
+from hf_posext.fixtures import BOS_ID, EOS_ID, byte_tokenizer
 from models import tiny_model
 
 

@@ -11,10 +11,8 @@ Library code behind ``scripts/finetune.py`` (a thin wrapper); nothing here runs 
 * :mod:`.export` - the final checkpoint: gathered, LoRA merged, model card, ``train_results.json``;
 * :mod:`.lora` - LongLoRA-style PEFT LoRA plus trainable embeddings and norms, merged on save;
 * :mod:`.pose` - PoSE skip-wise position ids (train a long context with short windows);
-* :mod:`.tokenizer`, :mod:`.tiny` - a byte-level tokenizer and tiny local checkpoints for
-  offline smoke runs and tests.
 
-Laptop run (about a minute on two CPU cores)::
+Laptop run (about a minute on two CPU cores; the tiny checkpoint comes from :mod:`hf_posext.fixtures`)::
 
     python scripts/make_tiny_model.py out/tiny-llama --max-position-embeddings 64
     python scripts/finetune.py --config examples/finetune_tiny.yaml

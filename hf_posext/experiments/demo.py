@@ -3,7 +3,7 @@
 On a fresh machine with no network, the demo
 
 1. trains a ~0.85M-parameter byte-level Llama on the Python standard library's source at a
-   128-token context for 600 steps (:mod:`hf_posext.eval.tinylm`; cached under
+   128-token context for 600 steps (:mod:`hf_posext.experiments.tinylm`; cached under
    ``~/.cache/hf_posext``, so a second run only evaluates);
 2. trains an ALiBi model the same way (the table's last row; ALiBi replaces RoPE, so it cannot
    be patched onto the RoPE model);
@@ -33,12 +33,12 @@ from typing import Any
 
 import torch
 
-from .eval.data import encode_documents, read_texts, stdlib_files
-from .eval.perplexity import truncated_perplexity
-from .eval.report import environment, markdown_table, plot_curves, write_csv, write_json
-from .eval.tinylm import TinyLMConfig, pretrain
-from .methods import available_methods
-from .patching import patch_model, unpatch_model
+from ..eval.data import encode_documents, read_texts, stdlib_files
+from ..eval.perplexity import truncated_perplexity
+from ..eval.report import environment, markdown_table, plot_curves, write_csv, write_json
+from ..methods import available_methods
+from ..patching import patch_model, unpatch_model
+from .tinylm import TinyLMConfig, pretrain
 
 #: The rows of the demo table: the model as trained, then every RoPE extension method.
 ROPE_METHODS = ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn")

@@ -6,12 +6,12 @@ no weights can be downloaded. A ~0.85M-parameter Llama reading bytes of the stdl
 learns enough in a few minutes on 2 CPU cores for position effects to dominate beyond its
 training length (REFERENCE.md: plain RoPE 4.9 -> 21 perplexity from 128 to 1024 tokens).
 
-Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.train.tokenizer`, saved
+Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.fixtures`, saved
 with the model), plus BOS at the start of every file. The trained model is saved with
 ``save_pretrained`` under ``cache_dir/<hash of the config>/`` and reused by later calls;
 an interrupted run resumes from its last checkpoint.
 
-    from hf_posext.eval.tinylm import TinyLMConfig, pretrain
+    from hf_posext.experiments.tinylm import TinyLMConfig, pretrain
     model, tokenizer, info = pretrain(TinyLMConfig())          # ~3 min on 2 cores, then cached
 """
 
@@ -35,10 +35,10 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from ..eval.data import stdlib_files
+from ..eval.passkey import KEY_RANGE, build_prompt, fit_filler
+from ..fixtures import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
 from ..files import atomic_directory
-from ..train.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
-from .data import stdlib_files
-from .passkey import KEY_RANGE, build_prompt, fit_filler
 
 #: Where trained tiny models are cached unless told otherwise (``HF_POSEXT_CACHE`` overrides).
 DEFAULT_CACHE_DIR = Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))

@@ -1,7 +1,7 @@
 """A laptop-sized reproduction of the ALiBi and YaRN papers' main comparisons, in shape.
 
 Three experiments on byte-level Llamas trained from scratch on the Python standard library
-(:mod:`hf_posext.eval.tinylm`), all at the same short training length L_train:
+(:mod:`hf_posext.experiments.tinylm`), all at the same short training length L_train:
 
 1. **from scratch** (ALiBi paper, figure 1): RoPE, ALiBi, sinusoidal and learned absolute
    positions, trained with identical settings, evaluated from 1x to 16x L_train;
@@ -33,10 +33,10 @@ import torch
 
 from ..methods import available_methods
 from ..patching import patch_model, unpatch_model
-from .data import stdlib_files
-from .passkey import passkey_accuracy
-from .perplexity import truncated_perplexity
-from .report import environment, markdown_table, plot_curves, plot_heatmaps, write_json
+from ..eval.data import stdlib_files
+from ..eval.passkey import passkey_accuracy
+from ..eval.perplexity import truncated_perplexity
+from ..eval.report import environment, markdown_table, plot_curves, plot_heatmaps, write_json
 from .tinylm import TinyLMConfig, pretrain
 
 EXPERIMENTS = ("scratch", "extension", "passkey")
@@ -100,7 +100,7 @@ QUICK = ReproConfig(
 
 
 def _documents(tokenizer: Any, min_tokens: int, count: int) -> list[torch.Tensor]:
-    from ..demo import held_out_documents
+    from .demo import held_out_documents
 
     return held_out_documents(tokenizer, min_tokens, count)
 
