@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_posext.experiments import tinylm
-from hf_posext.eval.data import stdlib_files
+from hf_posext.data import stdlib_files
 from hf_posext.experiments.tinylm import TinyLMConfig, pretrain, stdlib_corpus
 from hf_posext.fixtures import BOS_ID
 

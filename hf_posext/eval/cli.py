@@ -107,7 +107,7 @@ def _previous(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ppl(args: argparse.Namespace) -> int:
-    from .data import encode_documents, load_texts
+    from ..data import encode_documents, load_texts
     from .perplexity import sliding_window_perplexity, truncated_perplexity
 
     methods = _names(args.method)
@@ -117,7 +117,7 @@ def _ppl(args: argparse.Namespace) -> int:
     out = Path(args.out)
     results = _previous(out / "ppl.json", settings)
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
-    docs = encode_documents(load_texts(args.data, split=args.split, text_column=args.text_column), tokenizer)
+    docs = encode_documents(load_texts(args.data, split=args.split, text_field=args.text_field), tokenizer)
     for method in methods:
         for mode in modes:
             key = f"{method}/{mode}"
@@ -215,9 +215,11 @@ def add_parser(subparsers: Any) -> None:
     p = sub.add_parser("ppl", help="perplexity against context length (JSON, CSV, PNG)")
     _common(p, "eval_ppl")
     p.add_argument("--data", nargs="+", default=["stdlib"],
-                   help="files, folders, 'stdlib' (held-out stdlib sources) or one dataset name (default: stdlib)")
+                   help="files, folders, globs, 'stdlib' (held-out stdlib sources) or one dataset name, as the recipe's "
+                        "--dataset (default: stdlib)")
     p.add_argument("--split", default="test", help="dataset split, or the stdlib split (default: test)")
-    p.add_argument("--text-column", default="text", help="dataset column with the text (default: text)")
+    p.add_argument("--text-field", "--text-column", dest="text_field", default="text",
+                   help=".jsonl field or dataset column with the text (default: text), as in the recipe")
     p.add_argument("--mode", default="truncated", choices=["truncated", "sliding", "both"],
                    help="truncated: first L tokens of each document, one forward; sliding: windows of L with --stride")
     p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256, as YaRN)")

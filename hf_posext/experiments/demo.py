@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..eval.data import encode_documents, read_texts, stdlib_files
+from ..data import encode_documents, iter_local_documents, stdlib_files
 from ..eval.perplexity import truncated_perplexity
 from ..eval.report import environment, markdown_table, plot_curves, write_csv, write_json
 from ..methods import available_methods
@@ -85,7 +85,7 @@ def held_out_documents(tokenizer: Any, min_tokens: int, count: int, seed: int = 
     if len(files) < count:
         raise ValueError(f"only {len(files)} held-out stdlib files have {min_tokens} bytes; asked for {count}")
     chosen = sorted(random.Random(seed).sample(files, count))
-    docs = encode_documents(read_texts(chosen), tokenizer)
+    docs = encode_documents(iter_local_documents(chosen), tokenizer)
     return [d for d in docs if d.numel() >= min_tokens]
 
 

@@ -33,7 +33,7 @@ import torch
 
 from ..methods import available_methods
 from ..patching import patch_model, unpatch_model
-from ..eval.data import stdlib_files
+from ..data import stdlib_files
 from ..eval.passkey import passkey_accuracy
 from ..eval.perplexity import truncated_perplexity
 from ..eval.report import environment, markdown_table, plot_curves, plot_heatmaps, write_json

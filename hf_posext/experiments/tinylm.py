@@ -35,7 +35,7 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from ..eval.data import stdlib_files
+from ..data import stdlib_files
 from ..eval.passkey import KEY_RANGE, build_prompt, fit_filler
 from ..fixtures import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
 from ..files import atomic_directory
