@@ -36,13 +36,16 @@ import torch
 from ..data import encode_documents, iter_local_documents, stdlib_files
 from ..eval.perplexity import truncated_perplexity
 from ..eval.report import environment, markdown_table, plot_curves, write_csv, write_json
-from ..methods import available_methods
+from ..methods import available_methods, method_class
 from ..patching import patch_model, unpatch_model
 from .tinylm import TinyLMConfig, pretrain
 
-#: The rows of the demo table: the model as trained, then every RoPE extension method.
-ROPE_METHODS = ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn")
-DYNAMIC_METHODS = ("dynamic_ntk", "dynamic_yarn")
+#: The rows of the demo table after the model as trained: every registered RoPE extension
+#: method, each dynamic variant next to its static one (``ntk``, ``dynamic_ntk``).
+ROPE_METHODS = tuple(sorted((m for m in available_methods() if method_class(m).scales_rope),
+                            key=lambda m: (m.removeprefix("dynamic_"), method_class(m).dynamic)))
+#: The ones that set their own factor from the input length.
+DYNAMIC_METHODS = tuple(m for m in ROPE_METHODS if method_class(m).dynamic)
 
 
 @dataclass(frozen=True)
