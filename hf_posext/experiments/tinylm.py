@@ -4,7 +4,7 @@ The demo and the laptop reproduction need a model that really learned positions 
 context and has never seen a longer one - the setting every extension method starts from - and
 no weights can be downloaded. A ~0.85M-parameter Llama reading bytes of the stdlib's source
 learns enough in a few minutes on 2 CPU cores for position effects to dominate beyond its
-training length (REFERENCE.md: plain RoPE 4.9 -> 21 perplexity from 128 to 1024 tokens).
+training length (the README's demo table shows how much).
 
 Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.fixtures`, saved
 with the model), plus BOS at the start of every file. The trained model is saved with
