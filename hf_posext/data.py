@@ -23,11 +23,12 @@ is a seeded permutation per epoch, and each process takes its own slice of every
 micro-batch (:func:`micro_batch_indices`), so the data position of a run is one integer, the
 number of micro-batches consumed, which makes resuming exact and free.
 
-Why local files are not read through ``datasets`` too: it is an optional extra (``pyarrow`` and
-``pandas`` come with it), and the offline paths - the demo, the evaluations, CI and the laptop
-recipe - must run on a bare install; its ``text`` builder also splits files into lines (or
-paragraphs) unless told ``sample_by="document"``, and its cache is keyed by file contents the
-same way :func:`_fingerprint` keys the block cache here.
+Why local files are not read through ``datasets`` (Hub datasets are): it is an optional extra
+(``pyarrow`` and ``pandas`` come with it), and the offline paths - the demo, the evaluations, CI,
+the laptop recipe - run on a bare install; its ``text`` builder reads files in text mode, turning
+``\\r\\n`` into ``\\n`` (a byte-level model would no longer see the file as it is); and a folder of
+``.txt`` and ``.jsonl`` files would need two builders, losing the one sorted file order that fixes
+the blocks. The memory-mapped block cache plays the part of its Arrow cache.
 """
 
 from __future__ import annotations
