@@ -66,7 +66,7 @@ def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
     import hf_posext
-    from hf_posext.train.data import load_blocks
+    from hf_posext.data import load_blocks
 
     stamps: list[float] = []
 
@@ -122,7 +122,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
-    from hf_posext.train.tiny import make_tiny_model
+    from hf_posext.fixtures import make_tiny_model
 
     make_tiny_model(workdir / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 32,
                     num_kv_heads=max(1, args.hidden // 64), max_position_embeddings=args.seq_len // args.factor)

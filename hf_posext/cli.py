@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Modules defining a sub-command next to its logic, each with ``add_parser(subparsers)``.
-_SUBCOMMAND_MODULES: tuple[str, ...] = ("hf_posext.eval.cli", "hf_posext.demo", "hf_posext.hub")
+_SUBCOMMAND_MODULES: tuple[str, ...] = ("hf_posext.eval.cli", "hf_posext.experiments.demo", "hf_posext.hub")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

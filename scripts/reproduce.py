@@ -1,4 +1,4 @@
-"""The laptop-sized reproduction of the ALiBi and YaRN papers, in shape (see hf_posext/eval/reproduce.py).
+"""The laptop-sized reproduction of the ALiBi and YaRN papers, in shape (see hf_posext/experiments/reproduce.py).
 
     python scripts/reproduce.py                                  # full: ~20-30 min on 2 CPU cores
     python scripts/reproduce.py --only scratch extension         # some experiments
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from hf_posext.eval.reproduce import EXPERIMENTS, FULL, QUICK, run_extension, run_passkey, run_scratch, write_report
+from hf_posext.experiments.reproduce import EXPERIMENTS, FULL, QUICK, run_extension, run_passkey, run_scratch, write_report
 
 RUNNERS = {"scratch": run_scratch, "extension": run_extension, "passkey": run_passkey}
 

@@ -11,8 +11,7 @@ from transformers import AutoModelForCausalLM
 from hf_posext import patch_model
 from hf_posext.cli import main
 from hf_posext.eval import encode_documents, load_texts, sliding_window_perplexity, truncated_perplexity
-from hf_posext.train.tiny import make_tiny_model
-from hf_posext.train.tokenizer import byte_tokenizer
+from hf_posext.fixtures import byte_tokenizer, make_tiny_model
 
 
 @pytest.fixture(scope="module")

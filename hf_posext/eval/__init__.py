@@ -4,7 +4,7 @@ Every function works on an in-memory model, so a notebook can call them directly
 ``hf-posext eval ppl|passkey`` commands (:mod:`hf_posext.eval.cli`) wrap them for checkpoints.
 """
 
-from .data import encode_documents, load_texts, stdlib_files
+from ..data import encode_documents, load_texts, stdlib_files
 from .passkey import PasskeyResult, build_prompt, parse_answer, passkey_accuracy
 from .perplexity import PerplexityPoint, sliding_window_perplexity, sliding_windows, truncated_perplexity
 

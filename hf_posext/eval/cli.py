@@ -14,12 +14,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from ..arguments import parse_key_values
-from .report import environment, markdown_table, plot_curves, plot_heatmaps, write_csv, write_json
+from ..data import encode_documents, load_texts
+from ..methods import method_class
+from ..patching import patch_info, patch_model, unpatch_model
+from .passkey import passkey_accuracy
+from .perplexity import sliding_window_perplexity, truncated_perplexity
+from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-#: Methods whose patch is a context scale: without --factor they would silently be the identity.
-_SCALED = ("linear", "pi", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn")
 
 
 def _ints(text: str) -> list[int]:
@@ -44,28 +50,24 @@ def _names(text: str) -> list[str]:
 
 
 def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implementation: str | None = None):
-    """Load a causal LM and its tokenizer for evaluation (eval mode, on ``device``).
+    """Load a causal LM and its tokenizer for evaluation (eval mode, placed by ``device_map``).
 
     Args:
         path: checkpoint folder or Hub id.
         dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16`` or ``float16``.
-        device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``...
+        device: ``auto`` (the layers spread over every visible GPU, so a 70B model evaluates on a
+            node; CPU without one), or one device: ``cpu``, ``cuda``, ``cuda:1``...
         attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None``: transformers' default.
 
     Raises:
         ValueError: an unknown dtype.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
+    kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype), "device_map": device}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
@@ -77,17 +79,14 @@ class _Patched:
         self.model, self.method, self.factor, self.extra = model, method, factor, extra
 
     def __enter__(self) -> dict[str, Any]:
-        from ..patching import patch_info, patch_model
-
-        if self.method in _SCALED and self.factor is None:
-            raise ValueError(f"--method {self.method} needs --factor (the context scale s, e.g. --factor 4)")
         if self.method != "none":
+            # A context-scaling method without --factor would silently be the identity.
+            if method_class(self.method).scales_rope and self.factor is None:
+                raise ValueError(f"--method {self.method} needs --factor (the context scale s, e.g. --factor 4)")
             patch_model(self.model, self.method, factor=self.factor, **self.extra)
         return patch_info(self.model)
 
     def __exit__(self, *exc: Any) -> None:
-        from ..patching import unpatch_model
-
         if self.method != "none":
             unpatch_model(self.model)
 
@@ -96,47 +95,38 @@ def _extra(items: list[str] | None) -> dict[str, Any]:
     return parse_key_values(items)
 
 
-def _previous(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    """Results of an earlier run with identical settings (resume), else nothing."""
-    import json
-
-    if not path.exists():
-        return {}
-    previous = json.loads(path.read_text())
-    return previous.get("results", {}) if previous.get("settings") == settings else {}
-
-
 def _ppl(args: argparse.Namespace) -> int:
-    from .data import encode_documents, load_texts
-    from .perplexity import sliding_window_perplexity, truncated_perplexity
-
     methods = _names(args.method)
     modes = ["truncated", "sliding"] if args.mode == "both" else [args.mode]
     extra = _extra(args.set)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress")}
     out = Path(args.out)
-    results = _previous(out / "ppl.json", settings)
+    done = ResultFile(out / "ppl.json", settings)
+    results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
-    docs = encode_documents(load_texts(args.data, split=args.split, text_column=args.text_column), tokenizer)
+    docs = encode_documents(load_texts(args.data, split=args.split, text_field=args.text_field), tokenizer)
     for method in methods:
         for mode in modes:
             key = f"{method}/{mode}"
-            if key in results:
+            if key in done:
                 print(f"{key}: done in an earlier run, skipped")
                 continue
-            with _Patched(model, method, args.factor, extra) as info:
-                if mode == "truncated":
-                    points = truncated_perplexity(
-                        model, docs, args.lengths, score_last=args.score_last, max_documents=args.max_documents,
-                        batch_size=args.batch_size, progress=not args.no_progress,
-                    )
-                else:
-                    points = sliding_window_perplexity(
-                        model, docs, args.lengths, args.stride, max_documents=args.max_documents,
-                        document_tokens=args.document_tokens, progress=not args.no_progress,
-                    )
-            results[key] = {"patch": info, "points": [p.to_dict() for p in points]}
-            write_json(out / "ppl.json", {"settings": settings, "results": results, "environment": environment()})
+
+            def measure(method: str = method, mode: str = mode) -> dict[str, Any]:
+                with _Patched(model, method, args.factor, extra) as info:
+                    if mode == "truncated":
+                        points = truncated_perplexity(
+                            model, docs, args.lengths, score_last=args.score_last, max_documents=args.max_documents,
+                            batch_size=args.batch_size, progress=not args.no_progress,
+                        )
+                    else:
+                        points = sliding_window_perplexity(
+                            model, docs, args.lengths, args.stride, max_documents=args.max_documents,
+                            document_tokens=args.document_tokens, progress=not args.no_progress,
+                        )
+                return {"patch": info, "points": [p.to_dict() for p in points]}
+
+            done.get(key, measure)
     rows = [{"method": k.split("/")[0], "mode": k.split("/")[1], **p} for k, r in results.items() for p in r["points"]]
     write_csv(out / "ppl.csv", rows)
     lengths = sorted(args.lengths)
@@ -156,24 +146,27 @@ def _ppl(args: argparse.Namespace) -> int:
 
 
 def _passkey(args: argparse.Namespace) -> int:
-    from .passkey import passkey_accuracy
-
     methods = _names(args.method)
     extra = _extra(args.set)
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress")}
     out = Path(args.out)
-    results = _previous(out / "passkey.json", settings)
+    done = ResultFile(out / "passkey.json", settings)
+    results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
-        if method in results:
+        if method in done:
             print(f"{method}: done in an earlier run, skipped")
             continue
-        with _Patched(model, method, args.factor, extra) as info:
-            result = passkey_accuracy(
-                model, tokenizer, args.lengths, args.depths, args.trials, seed=args.seed, progress=not args.no_progress
-            )
-        results[method] = {"patch": info, **result.to_dict()}
-        write_json(out / "passkey.json", {"settings": settings, "results": results, "environment": environment()})
+
+        def measure(method: str = method) -> dict[str, Any]:
+            with _Patched(model, method, args.factor, extra) as info:
+                result = passkey_accuracy(
+                    model, tokenizer, args.lengths, args.depths, args.trials, seed=args.seed,
+                    progress=not args.no_progress,
+                )
+            return {"patch": info, **result.to_dict()}
+
+        done.get(method, measure)
     write_csv(
         out / "passkey.csv",
         [
@@ -201,7 +194,8 @@ def _common(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--factor", type=float, default=None, help="context scale s for --method")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    p.add_argument("--device", default="auto",
+                   help="auto (spread over every visible GPU; CPU without one), or one device: cpu, cuda:1 ...")
     p.add_argument("--attn-implementation", default=None, help="sdpa, eager, flash_attention_2 ...")
     p.add_argument("--out", default=default_out, help=f"output folder (default: ./{default_out})")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -215,9 +209,11 @@ def add_parser(subparsers: Any) -> None:
     p = sub.add_parser("ppl", help="perplexity against context length (JSON, CSV, PNG)")
     _common(p, "eval_ppl")
     p.add_argument("--data", nargs="+", default=["stdlib"],
-                   help="files, folders, 'stdlib' (held-out stdlib sources) or one dataset name (default: stdlib)")
+                   help="files, folders, globs, 'stdlib' (held-out stdlib sources) or one dataset name, as the recipe's "
+                        "--dataset (default: stdlib)")
     p.add_argument("--split", default="test", help="dataset split, or the stdlib split (default: test)")
-    p.add_argument("--text-column", default="text", help="dataset column with the text (default: text)")
+    p.add_argument("--text-field", "--text-column", dest="text_field", default="text",
+                   help=".jsonl field or dataset column with the text (default: text), as in the recipe")
     p.add_argument("--mode", default="truncated", choices=["truncated", "sliding", "both"],
                    help="truncated: first L tokens of each document, one forward; sliding: windows of L with --stride")
     p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256, as YaRN)")

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from .data import Tokenizer
+from ..data import Tokenizer
 
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "

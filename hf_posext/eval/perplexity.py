@@ -164,7 +164,7 @@ def truncated_perplexity(
 
     Args:
         model: a causal LM (``model(input_ids=...).logits``), in any dtype, on any device.
-        documents: token ids, ``[seq]`` each (see :func:`~hf_posext.eval.data.encode_documents`).
+        documents: token ids, ``[seq]`` each (see :func:`~hf_posext.data.encode_documents`).
         lengths: the context lengths L to evaluate.
         score_last: score only the last n tokens of each cut (n < min(lengths)); ``None`` scores
             all L - 1 predictable tokens.

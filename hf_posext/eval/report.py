@@ -12,20 +12,20 @@ import math
 import os
 import platform
 import sys
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
 from ..files import write_text
 
 
 def environment() -> dict[str, Any]:
     """Hardware and versions, recorded next to every result."""
-    import transformers
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -49,6 +49,44 @@ def environment() -> dict[str, Any]:
 def write_json(path: str | os.PathLike, payload: Any) -> Path:
     """Write ``payload`` as indented JSON (atomically: a crash never leaves half a file)."""
     return write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+class ResultFile:
+    """A JSON file of named results, saved as each one comes and reused by a rerun with the same settings.
+
+    ``{"settings", "results", "environment", "seconds"}``: an interrupted evaluation or experiment
+    resumes where it stopped, and changing any setting starts it afresh.
+
+        results = ResultFile(out / "ppl.json", settings)
+        row = results.get("yarn/truncated", lambda: measure("yarn"))   # computed once, then read
+
+    Args:
+        path: the JSON file.
+        settings: everything the results depend on (JSON-serialisable; compared after a round trip).
+    """
+
+    def __init__(self, path: str | os.PathLike, settings: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.settings = json.loads(json.dumps(settings, default=str))
+        previous = json.loads(self.path.read_text()) if self.path.exists() else {}
+        same = previous.get("settings") == self.settings
+        self.results: dict[str, Any] = previous.get("results", {}) if same else {}
+        self.seconds: float = previous.get("seconds", 0.0) if same and self.results else 0.0
+        self._start = time.perf_counter()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.results
+
+    def get(self, key: str, compute: Callable[[], Any]) -> Any:
+        """The result ``key``: from the file when present, else ``compute()``, saved at once."""
+        if key not in self.results:
+            self.results[key] = compute()
+            self.save()
+        return self.results[key]
+
+    def save(self) -> Path:
+        return write_json(self.path, {"settings": self.settings, "results": self.results, "environment": environment(),
+                                      "seconds": round(self.seconds + time.perf_counter() - self._start, 1)})
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:

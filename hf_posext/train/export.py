@@ -15,11 +15,11 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import PreTrainedModel
 
+from ..data import is_local_dataset
 from ..export import model_card
 from ..files import atomic_directory
 from .checkpointing import TrainProgress
 from .config import TrainConfig
-from .data import is_local_dataset
 from .lora import merged_state_dict
 from .plan import Plan
 

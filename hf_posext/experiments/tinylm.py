@@ -4,14 +4,20 @@ The demo and the laptop reproduction need a model that really learned positions 
 context and has never seen a longer one - the setting every extension method starts from - and
 no weights can be downloaded. A ~0.85M-parameter Llama reading bytes of the stdlib's source
 learns enough in a few minutes on 2 CPU cores for position effects to dominate beyond its
-training length (REFERENCE.md: plain RoPE 4.9 -> 21 perplexity from 128 to 1024 tokens).
+training length (the README's demo table shows how much).
 
-Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.train.tokenizer`, saved
+Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.fixtures`, saved
 with the model), plus BOS at the start of every file. The trained model is saved with
 ``save_pretrained`` under ``cache_dir/<hash of the config>/`` and reused by later calls;
-an interrupted run resumes from its last checkpoint.
+an interrupted run resumes from its last training state (``accelerate``'s ``save_state``,
+written atomically by :mod:`hf_posext.train.checkpointing`).
 
-    from hf_posext.eval.tinylm import TinyLMConfig, pretrain
+Why not the fine-tune recipe's loop (:func:`hf_posext.train.loop.train`): that loop starts from a
+checkpoint and patches it, reads fixed blocks, and scores every token; pretraining here draws
+random windows of one byte stream and mixes in passkey prompts scored on their answer only.
+The schedule (``transformers.get_scheduler``) and the resumable state are the recipe's.
+
+    from hf_posext.experiments.tinylm import TinyLMConfig, pretrain
     model, tokenizer, info = pretrain(TinyLMConfig())          # ~3 min on 2 cores, then cached
 """
 
@@ -20,28 +26,36 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import platform
 import random
+import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from accelerate import Accelerator
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    get_scheduler,
+)
 
+from ..data import default_cache_dir, stdlib_files
+from ..eval.passkey import KEY_RANGE, build_prompt, fit_filler
+from ..fixtures import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
 from ..files import atomic_directory
-from ..train.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
-from .data import stdlib_files
-from .passkey import KEY_RANGE, build_prompt, fit_filler
-
-#: Where trained tiny models are cached unless told otherwise (``HF_POSEXT_CACHE`` overrides).
-DEFAULT_CACHE_DIR = Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))
+from ..methods import available_methods
+from ..patching import patch_model
+from ..train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -100,14 +114,11 @@ class TinyLMConfig:
                 f"TinyLMConfig needs lr > 0, warmup_steps >= 0, weight_decay >= 0; got lr={self.lr!r}, "
                 f"warmup_steps={self.warmup_steps!r}, weight_decay={self.weight_decay!r}"
             )
-        if self.position != "rope":
-            from ..methods import available_methods
-
-            if self.position not in available_methods():
-                raise ValueError(
-                    f"TinyLMConfig.position must be 'rope' or a registered method, got {self.position!r}; "
-                    f"registered: {', '.join(available_methods())}"
-                )
+        if self.position != "rope" and self.position not in available_methods():
+            raise ValueError(
+                f"TinyLMConfig.position must be 'rope' or a registered method, got {self.position!r}; "
+                f"registered: {', '.join(available_methods())}"
+            )
 
     def key(self) -> str:
         """A short hash of the run (config, Python version for the data, transformers major version)."""
@@ -115,8 +126,8 @@ class TinyLMConfig:
             **dataclasses.asdict(self),
             "python": platform.python_version(),
             "transformers": transformers.__version__.split(".")[0],
-            # 2: passkey sequences are scored on their answer only (models trained before are stale).
-            "format": 2 if self.passkey_fraction > 0 else 1,
+            # 3: transformers' warm-up (lr 0 at step 0). 2: passkey sequences scored on their answer only.
+            "format": 3,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -179,11 +190,19 @@ def _passkey_sequence(
     return (torch.tensor(ids + [PAD_ID] * pad, dtype=torch.long), torch.tensor(labels + [-100] * pad, dtype=torch.long))
 
 
-def _lr_at(step: int, config: TinyLMConfig) -> float:
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+@dataclass
+class _Progress:
+    """Steps done, training seconds and losses so far, saved with the training state."""
+
+    step: int = 0
+    seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.seconds, self.losses = int(state["step"]), float(state["seconds"]), list(state["losses"])
 
 
 #: Longest input a from-scratch ``learned`` model accepts, in multiples of its training length:
@@ -196,8 +215,6 @@ def build_model(config: TinyLMConfig) -> PreTrainedModel:
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(model_config(config))
     if config.position != "rope":
-        from ..patching import patch_model
-
         extra = {"max_length": LEARNED_TABLE_MULTIPLE * config.seq_len} if config.position == "learned" else {}
         patch_model(model, config.position, **extra)
     return model
@@ -226,7 +243,7 @@ def pretrain(
 
     Args:
         config: the run.
-        cache_dir: the cache root (default :data:`DEFAULT_CACHE_DIR`); the model lives in
+        cache_dir: the cache root (default :func:`~hf_posext.data.default_cache_dir`); the model lives in
             ``cache_dir/tinylm-<config.key()>/``.
         progress: show a tqdm bar with the loss.
         retrain: ignore a cached model and train again.
@@ -236,7 +253,7 @@ def pretrain(
         ``(model in eval mode, byte tokenizer, info)`` where info holds the config, the final
         training loss, the wall time of training, threads and versions.
     """
-    root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / f"tinylm-{config.key()}"
     tokenizer = byte_tokenizer()
     if (path / "train_info.json").exists() and not retrain:
@@ -244,19 +261,25 @@ def pretrain(
 
     model = build_model(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
-    resume = root / f".tinylm-{config.key()}.resume.pt"
-    start, elapsed, losses = 0, 0.0, []
-    if resume.exists() and not retrain:
-        state = torch.load(resume, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed, losses = state["step"], state["elapsed"], state["losses"]
+    # Cosine from lr to 10% of it after a linear warm-up.
+    scheduler = get_scheduler("cosine_with_min_lr", optimizer, num_warmup_steps=config.warmup_steps,
+                              num_training_steps=config.steps, scheduler_specific_kwargs={"min_lr_rate": 0.1})
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    progress_state = _Progress()
+    accelerator.register_for_checkpointing(scheduler, progress_state)
+    states = root / f".tinylm-{config.key()}.resume"
+    if retrain:
+        shutil.rmtree(states, ignore_errors=True)
+    resume_from = latest_checkpoint(states)
+    if resume_from is not None:
+        load_checkpoint(accelerator, resume_from)
 
     corpus = stdlib_corpus("train", config.max_train_bytes)
     if corpus.numel() <= config.seq_len:
         raise ValueError(f"the training corpus has {corpus.numel()} tokens, fewer than seq_len={config.seq_len}")
     fillers = fit_filler(tokenizer, config.seq_len - 8, task="") if config.passkey_fraction > 0 else 0
-    t0 = time.perf_counter()
+    t0, start, losses = time.perf_counter(), progress_state.step, progress_state.losses
     bar = tqdm(range(start, config.steps), desc=f"pretrain tiny {config.position} L={config.seq_len}", disable=not progress,
                initial=start, total=config.steps)
     for step in bar:
@@ -269,34 +292,34 @@ def pretrain(
         n_passkey = sum(rng.random() < config.passkey_fraction for _ in range(config.batch_size))
         for row in range(n_passkey):
             batch[row], labels[row] = _passkey_sequence(rng, config.seq_len, tokenizer, fillers)
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config)
-        loss = model(input_ids=batch, labels=labels).loss
+        loss = model(input_ids=batch.to(accelerator.device), labels=labels.to(accelerator.device)).loss
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        accelerator.backward(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        scheduler.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        progress_state.step = step + 1
         if (step + 1) % checkpoint_every == 0 and step + 1 < config.steps:
-            root.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1,
-                        "elapsed": elapsed + time.perf_counter() - t0, "losses": losses}, resume)
+            progress_state.seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            save_checkpoint(accelerator, states, step + 1, keep=1)
     bar.close()
     info = {
         "config": dataclasses.asdict(config),
         "parameters": sum(p.numel() for p in model.parameters()),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-        "train_seconds": round(elapsed + time.perf_counter() - t0, 1),
+        "train_seconds": round(progress_state.seconds + time.perf_counter() - t0, 1),
         "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    model.eval()
+    model = accelerator.unwrap_model(model).eval()
     with atomic_directory(path) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "train_info.json").write_text(json.dumps(info, indent=2))
-    resume.unlink(missing_ok=True)
+    shutil.rmtree(states, ignore_errors=True)
     return _load(path, config), tokenizer, info

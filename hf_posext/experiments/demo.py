@@ -3,7 +3,7 @@
 On a fresh machine with no network, the demo
 
 1. trains a ~0.85M-parameter byte-level Llama on the Python standard library's source at a
-   128-token context for 600 steps (:mod:`hf_posext.eval.tinylm`; cached under
+   128-token context for 600 steps (:mod:`hf_posext.experiments.tinylm`; cached under
    ``~/.cache/hf_posext``, so a second run only evaluates);
 2. trains an ALiBi model the same way (the table's last row; ALiBi replaces RoPE, so it cannot
    be patched onto the RoPE model);
@@ -33,16 +33,19 @@ from typing import Any
 
 import torch
 
-from .eval.data import encode_documents, read_texts, stdlib_files
-from .eval.perplexity import truncated_perplexity
-from .eval.report import environment, markdown_table, plot_curves, write_csv, write_json
-from .eval.tinylm import TinyLMConfig, pretrain
-from .methods import available_methods
-from .patching import patch_model, unpatch_model
+from ..data import encode_documents, iter_local_documents, stdlib_files
+from ..eval.perplexity import truncated_perplexity
+from ..eval.report import environment, markdown_table, plot_curves, write_csv, write_json
+from ..methods import available_methods, method_class
+from ..patching import patch_model, unpatch_model
+from .tinylm import TinyLMConfig, pretrain
 
-#: The rows of the demo table: the model as trained, then every RoPE extension method.
-ROPE_METHODS = ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn")
-DYNAMIC_METHODS = ("dynamic_ntk", "dynamic_yarn")
+#: The rows of the demo table after the model as trained: every registered RoPE extension
+#: method, each dynamic variant next to its static one (``ntk``, ``dynamic_ntk``).
+ROPE_METHODS = tuple(sorted((m for m in available_methods() if method_class(m).scales_rope),
+                            key=lambda m: (m.removeprefix("dynamic_"), method_class(m).dynamic)))
+#: The ones that set their own factor from the input length.
+DYNAMIC_METHODS = tuple(m for m in ROPE_METHODS if method_class(m).dynamic)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def held_out_documents(tokenizer: Any, min_tokens: int, count: int, seed: int = 
     if len(files) < count:
         raise ValueError(f"only {len(files)} held-out stdlib files have {min_tokens} bytes; asked for {count}")
     chosen = sorted(random.Random(seed).sample(files, count))
-    docs = encode_documents(read_texts(chosen), tokenizer)
+    docs = encode_documents(iter_local_documents(chosen), tokenizer)
     return [d for d in docs if d.numel() >= min_tokens]
 
 

@@ -1,26 +1,34 @@
-"""Training data the YaRN way: documents -> BOS + tokens + EOS, concatenated, cut into blocks.
+"""Text for training and evaluation: local files, the Python standard library, or a Hub dataset.
 
-The YaRN recipe (arXiv 2309.00071, section 4) trains on PG19 books concatenated with BOS/EOS
-between documents and chunked into fixed-length blocks, so every sequence is full and long
-documents span many blocks. :func:`load_blocks` does exactly that for
+One front-end serves the fine-tune recipe (:func:`load_blocks`) and the evaluations
+(:func:`load_texts`, :func:`encode_documents`), so both read the same ``dataset``/``--data`` values
+the same way:
 
-* local files: ``.txt`` (one document per file), ``.jsonl`` (one JSON object per line, text
-  in ``text_field``), folders (every ``.txt``/``.jsonl`` below them) and glob patterns (any
-  matched file; files other than ``.jsonl`` are read as plain text, so
-  ``'/usr/lib/python3.11/**/*.py'`` trains on source code);
-* ``stdlib``: the Python standard library's sources in the split ``dataset_split`` names
-  (:func:`hf_posext.eval.data.stdlib_files`; ``train`` here, its held-out ``test`` split is what
-  ``hf-posext eval`` scores), real text that every machine has, for offline runs;
-* an HF dataset name (needs the ``datasets`` package), streamed and tokenized only as far as
-  the run needs.
+* local files: ``.txt``/``.md``/``.py`` (one document per file), ``.jsonl`` (one JSON object per
+  line, text in ``text_field``), folders (every file with one of :data:`TEXT_SUFFIXES` below them)
+  and glob patterns (any matched file; files other than ``.jsonl`` are read as plain text, so
+  ``'/usr/lib/python3.11/**/*.py'`` reads source code);
+* ``stdlib``: the Python standard library's sources (:func:`stdlib_files`), real text that every
+  machine has, split into ``train`` and a held-out ``test`` part by a hash of each file's relative
+  path, so the split is the same on every machine with the same Python version;
+* one Hugging Face dataset name: read with ``datasets.load_dataset`` (streamed, so training
+  tokenizes only as far as the run needs).
 
-The blocks are cached as a ``.npy`` file keyed by the data, the tokenizer and the block length,
-so a second run (or the other ranks of this one) does not re-tokenize; the cache is
-memory-mapped, so 64k-token blocks of a large corpus do not have to fit in RAM.
+Training data follows the YaRN recipe (arXiv 2309.00071, section 4): documents become
+BOS + tokens + EOS, are concatenated and cut into fixed-length blocks, so every sequence is full
+and long documents span many blocks. The blocks are cached as a ``.npy`` file keyed by the data,
+the tokenizer and the block length and memory-mapped, so a second run (or the other ranks of this
+one) does not re-tokenize and 64k-token blocks of a large corpus need not fit in RAM. Block order
+is a seeded permutation per epoch, and each process takes its own slice of every global
+micro-batch (:func:`micro_batch_indices`), so the data position of a run is one integer, the
+number of micro-batches consumed, which makes resuming exact and free.
 
-Block order is a seeded permutation per epoch and each process takes its own slice of every
-global micro-batch (:func:`micro_batch_indices`), so the data position of a run is one integer,
-the number of micro-batches consumed, which makes resuming exact and free.
+Why local files are not read through ``datasets`` (Hub datasets are): it is an optional extra
+(``pyarrow`` and ``pandas`` come with it), and the offline paths - the demo, the evaluations, CI,
+the laptop recipe - run on a bare install; its ``text`` builder reads files in text mode, turning
+``\\r\\n`` into ``\\n`` (a byte-level model would no longer see the file as it is); and a folder of
+``.txt`` and ``.jsonl`` files would need two builders, losing the one sorted file order that fixes
+the blocks. The memory-mapped block cache plays the part of its Arrow cache.
 """
 
 from __future__ import annotations
@@ -29,24 +37,66 @@ import glob
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+import sysconfig
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-LOCAL_SUFFIXES = (".txt", ".jsonl")
-#: ``dataset`` value selecting the Python standard library's sources.
+#: ``dataset``/``--data`` value selecting the Python standard library's sources.
 STDLIB = "stdlib"
+#: Files a folder contributes; a ``.jsonl`` file holds one document per line, the others one each.
+TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")
 _TOKENIZE_BATCH = 256
-_CACHE_VERSION = 1
+# 2: one reader for training and evaluation (raw bytes decoded, no newline translation).
+_CACHE_VERSION = 2
+
+Split = Literal["train", "test", "all"]
+
+
+class Tokenizer(Protocol):
+    """What the evaluations need from a tokenizer; transformers tokenizers qualify."""
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], **kwargs: Any) -> str: ...
 
 
 def default_cache_dir() -> Path:
-    """``$HF_POSEXT_CACHE``, else ``~/.cache/hf_posext``."""
+    """Where tokenized blocks and trained tiny models are cached: ``$HF_POSEXT_CACHE``, else ``~/.cache/hf_posext``."""
     return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))
+
+
+def stdlib_files(split: Split = "test", test_fraction: float = 0.1) -> list[Path]:
+    """The standard library's ``.py`` files, sorted, in a deterministic train/test split.
+
+    Args:
+        split: ``"train"``, ``"test"`` (held out, about ``test_fraction`` of the files) or ``"all"``.
+        test_fraction: the share of files held out, in (0, 1).
+
+    Raises:
+        ValueError: for an unknown split or a fraction outside (0, 1).
+    """
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        # Installed third-party packages are not the standard library and differ between machines.
+        if {"site-packages", "dist-packages"} & set(rel.parts):
+            continue
+        held_out = zlib.crc32(rel.as_posix().encode()) % 1000 < test_fraction * 1000
+        if split == "all" or held_out == (split == "test"):
+            files.append(path)
+    return files
 
 
 def _looks_local(item: str) -> bool:
@@ -54,57 +104,55 @@ def _looks_local(item: str) -> bool:
         item == STDLIB
         or any(ch in item for ch in "*?[")
         or item.startswith((".", "/", "~"))
-        or item.endswith(LOCAL_SUFFIXES)
-        or os.path.exists(item)
+        or item.endswith(TEXT_SUFFIXES)
+        or os.path.exists(os.path.expanduser(item))
         or os.sep in item and item.count("/") != 1
     )
 
 
-def resolve_local_files(items: Iterable[str], split: str = "train") -> list[Path]:
-    """Expand files, folders, globs and ``stdlib`` into a sorted list of files (order fixes the data).
-
-    Raises:
-        FileNotFoundError: for an item that names no file, listing what was looked for.
-    """
-    files: list[Path] = []
-    for item in items:
-        expanded = os.path.expanduser(item)
-        if item == STDLIB:
-            from ..eval.data import stdlib_files
-
-            matched = stdlib_files(split if split in ("train", "test", "all") else "train")
-        elif any(ch in expanded for ch in "*?["):
-            matched = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
-        elif os.path.isdir(expanded):
-            matched = sorted(p for p in Path(expanded).rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
-        elif os.path.isfile(expanded):
-            matched = [Path(expanded)]
-        else:
-            raise FileNotFoundError(
-                f"dataset {item!r} does not exist: expected a local .txt/.jsonl file, a folder of them, "
-                "a glob pattern, or an HF dataset name (owner/name)"
-            )
-        if not matched:
-            raise FileNotFoundError(f"dataset {item!r} matches no {'/'.join(LOCAL_SUFFIXES)} file")
-        files.extend(matched)
-    return files
-
-
-def is_local_dataset(items: list[str]) -> bool:
+def is_local_dataset(items: Sequence[str]) -> bool:
     """Whether ``items`` name local files (True) or one HF dataset (False).
 
     Raises:
         ValueError: for several items that are not all local.
     """
-    local = [_looks_local(item) for item in items]
+    local = [_looks_local(str(item)) for item in items]
     if all(local):
         return True
     if len(items) == 1:
         return False
-    raise ValueError(f"dataset {items!r}: give either local files/folders/globs or a single HF dataset name")
+    raise ValueError(f"dataset {list(items)!r}: give either local files/folders/globs or a single HF dataset name")
 
 
-def check_dataset(items: list[str], split: str = "train") -> None:
+def resolve_local_files(items: Iterable[str | os.PathLike], split: str = "train") -> list[Path]:
+    """Expand files, folders, globs and ``stdlib`` (its ``split``) into a file list (order fixes the data).
+
+    Raises:
+        FileNotFoundError: for an item that names no file, listing what was looked for.
+    """
+    files: list[Path] = []
+    for item in map(str, items):
+        expanded = os.path.expanduser(item)
+        if item == STDLIB:
+            matched = stdlib_files(split if split in ("train", "test", "all") else "train")  # type: ignore[arg-type]
+        elif any(ch in expanded for ch in "*?["):
+            matched = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
+        elif os.path.isdir(expanded):
+            matched = sorted(p for p in Path(expanded).rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+        elif os.path.isfile(expanded):
+            matched = [Path(expanded)]
+        else:
+            raise FileNotFoundError(
+                f"dataset {item!r} does not exist: expected a local file, a folder of "
+                f"{'/'.join(TEXT_SUFFIXES)} files, a glob pattern, 'stdlib', or an HF dataset name (owner/name)"
+            )
+        if not matched:
+            raise FileNotFoundError(f"dataset {item!r} matches no {'/'.join(TEXT_SUFFIXES)} file")
+        files.extend(matched)
+    return files
+
+
+def check_dataset(items: Sequence[str], split: str = "train") -> None:
     """Fail fast on a dataset that cannot be read: a missing local file or an unknown HF dataset.
 
     Raises:
@@ -123,8 +171,11 @@ def check_dataset(items: list[str], split: str = "train") -> None:
         ) from err
 
 
-def iter_local_documents(files: list[Path], text_field: str = "text") -> Iterator[str]:
-    """Yield the documents of ``files``: a whole text file, or each ``.jsonl`` line's ``text_field``.
+def iter_local_documents(files: Iterable[Path], text_field: str = "text") -> Iterator[str]:
+    """Yield the documents of ``files``: a whole file, or each ``.jsonl`` line's ``text_field``.
+
+    Files are decoded from their bytes (undecodable bytes replaced, newlines kept as they are), so
+    any source file loads and a byte tokenizer sees exactly the file.
 
     Raises:
         ValueError: a ``.jsonl`` line that is not JSON or lacks ``text_field``, naming file and line.
@@ -143,12 +194,16 @@ def iter_local_documents(files: list[Path], text_field: str = "text") -> Iterato
                         raise ValueError(f"{path}:{number}: no string field {text_field!r} (see --text-field)")
                     yield record[text_field]
         else:
-            yield path.read_text(encoding="utf-8", errors="replace")
+            yield path.read_bytes().decode("utf-8", errors="replace")
 
 
 def _iter_hub_documents(name: str, split: str, text_field: str) -> Iterator[str]:
-    import datasets
-
+    try:
+        import datasets
+    except ImportError as err:
+        raise FileNotFoundError(
+            f"{name!r} is not a file or folder; to read it as a Hugging Face dataset install `datasets`"
+        ) from err
     try:
         stream = datasets.load_dataset(name, split=split, streaming=True)
     except Exception as err:  # datasets raises several unrelated types for a bad name/split
@@ -159,7 +214,53 @@ def _iter_hub_documents(name: str, split: str, text_field: str) -> Iterator[str]
         yield record[text_field]
 
 
-def _fingerprint(items: list[str], split: str, text_field: str, tokenizer: Any, block_len: int,
+def iter_documents(dataset: Sequence[str], split: str = "train", text_field: str = "text") -> Iterator[str]:
+    """The documents of ``dataset`` (local files/folders/globs/``stdlib``, or one HF dataset name)."""
+    if is_local_dataset(dataset):
+        return iter_local_documents(resolve_local_files(dataset, split), text_field)
+    return _iter_hub_documents(dataset[0], split, text_field)
+
+
+def load_texts(data: Sequence[str], *, split: str = "test", text_field: str = "text", limit: int | None = None) -> list[str]:
+    """The non-empty documents of ``data`` for evaluation: ``stdlib``, files/folders/globs, or one dataset name.
+
+    Args:
+        data: as for :func:`iter_documents`; a dataset name needs the ``datasets`` package (and the
+            network unless the dataset is cached).
+        split: the stdlib split (``test`` = held out) or the dataset split.
+        text_field: the ``.jsonl`` field or dataset column holding the text.
+        limit: keep at most this many texts (in file order, so the choice is stable).
+
+    Raises:
+        FileNotFoundError: a path that does not exist and is not a dataset name either.
+        ValueError: an empty selection.
+    """
+    texts = list(islice((t for t in iter_documents(data, split, text_field) if t), limit))
+    if not texts:
+        raise ValueError(f"no text found in {list(data)!r}")
+    return texts
+
+
+def encode_documents(texts: Iterable[str], tokenizer: Tokenizer, add_bos: bool = True) -> list[torch.Tensor]:
+    """Tokenize each text as one document, ``[seq]`` int64 each, with the BOS token when there is one.
+
+    A leading BOS matches how the models were trained and how the YaRN repo evaluates
+    (``add_start_token``); tokenizers without a BOS token (byte-level ones) get none.
+    """
+    bos = getattr(tokenizer, "bos_token_id", None) if add_bos else None
+    documents = []
+    for text in texts:
+        try:
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+        except TypeError:  # a minimal tokenizer without the keyword
+            ids = list(tokenizer.encode(text))
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        documents.append(torch.tensor(ids, dtype=torch.long))
+    return documents
+
+
+def _fingerprint(items: Sequence[str], split: str, text_field: str, tokenizer: Any, block_len: int,
                  max_blocks: int | None) -> str:
     """A key that changes whenever the blocks would: data, tokenizer, block length, limit."""
     digest = hashlib.sha256()
@@ -225,7 +326,7 @@ def _tokenize_to_blocks(documents: Iterable[str], tokenizer: Any, block_len: int
 
 
 def load_blocks(
-    dataset: list[str],
+    dataset: Sequence[str],
     tokenizer: Any,
     block_len: int,
     *,
@@ -257,10 +358,7 @@ def load_blocks(
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = cache / f"blocks-{key}.npy"
     if not path.is_file():
-        if is_local_dataset(dataset):
-            documents = iter_local_documents(resolve_local_files(dataset, split), text_field)
-        else:
-            documents = _iter_hub_documents(dataset[0], split, text_field)
+        documents = iter_documents(dataset, split, text_field)
         blocks = _tokenize_to_blocks(documents, tokenizer, block_len, max_blocks, desc="tokenizing")
         if len(blocks) == 0:
             raise ValueError(

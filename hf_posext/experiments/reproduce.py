@@ -1,7 +1,7 @@
 """A laptop-sized reproduction of the ALiBi and YaRN papers' main comparisons, in shape.
 
 Three experiments on byte-level Llamas trained from scratch on the Python standard library
-(:mod:`hf_posext.eval.tinylm`), all at the same short training length L_train:
+(:mod:`hf_posext.experiments.tinylm`), all at the same short training length L_train:
 
 1. **from scratch** (ALiBi paper, figure 1): RoPE, ALiBi, sinusoidal and learned absolute
    positions, trained with identical settings, evaluated from 1x to 16x L_train;
@@ -24,19 +24,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
-from ..methods import available_methods
+from ..data import default_cache_dir, stdlib_files
+from ..eval.passkey import passkey_accuracy
+from ..eval.perplexity import truncated_perplexity
+from ..eval.report import ResultFile, environment, markdown_table, plot_curves, plot_heatmaps
+from ..methods import available_methods, method_class
 from ..patching import patch_model, unpatch_model
-from .data import stdlib_files
-from .passkey import passkey_accuracy
-from .perplexity import truncated_perplexity
-from .report import environment, markdown_table, plot_curves, plot_heatmaps, write_json
+from ..train.config import TrainConfig
+from ..train.loop import train
+from .demo import ROPE_METHODS, held_out_documents
 from .tinylm import TinyLMConfig, pretrain
 
 EXPERIMENTS = ("scratch", "extension", "passkey")
@@ -62,7 +65,9 @@ class ReproConfig:
     """
 
     model: TinyLMConfig = TinyLMConfig()
-    positions: tuple[str, ...] = ("rope", "alibi", "sinusoidal", "learned")
+    #: ``rope`` and every registered method that replaces RoPE (ALiBi, sinusoidal, learned).
+    positions: tuple[str, ...] = field(default_factory=lambda: (
+        "rope", *(m for m in available_methods() if not method_class(m).scales_rope)))
     multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     documents: int = 24
     factor: float = 8.0
@@ -99,37 +104,10 @@ QUICK = ReproConfig(
 )
 
 
-def _documents(tokenizer: Any, min_tokens: int, count: int) -> list[torch.Tensor]:
-    from ..demo import held_out_documents
-
-    return held_out_documents(tokenizer, min_tokens, count)
-
-
 def _settings(config: ReproConfig, *names: str) -> dict[str, Any]:
     """The fields an experiment depends on: changing another experiment's sizes keeps its results."""
     return {name: dataclasses.asdict(getattr(config, name)) if dataclasses.is_dataclass(getattr(config, name))
             else getattr(config, name) for name in names}
-
-
-class _Stage:
-    """One experiment's JSON file: results saved as they come, reused when the settings match."""
-
-    def __init__(self, out: Path, name: str, settings: dict[str, Any]) -> None:
-        self.path, self.settings = out / f"{name}.json", json.loads(json.dumps(settings, default=str))
-        previous = json.loads(self.path.read_text()) if self.path.exists() else {}
-        self.results: dict[str, Any] = previous.get("results", {}) if previous.get("settings") == self.settings else {}
-        self.seconds = previous.get("seconds", 0.0) if self.results else 0.0
-        self.start = time.perf_counter()
-
-    def get(self, key: str, compute: Callable[[], Any]) -> Any:
-        if key not in self.results:
-            self.results[key] = compute()
-            self.save()
-        return self.results[key]
-
-    def save(self) -> None:
-        write_json(self.path, {"settings": self.settings, "results": self.results, "environment": environment(),
-                               "seconds": round(self.seconds + time.perf_counter() - self.start, 1)})
 
 
 def _ppl_rows(model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int, metric: str) -> list[dict[str, Any]]:
@@ -147,7 +125,7 @@ def _both_metrics(model: Any, docs: list[torch.Tensor], lengths: list[int], n_sc
 
 def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 1: every position encoding trained from scratch, evaluated up to max(multiples) x L_train."""
-    stage = _Stage(out, "scratch", _settings(config, "model", "multiples", "documents"))
+    stage = ResultFile(out / "scratch.json", _settings(config, "model", "multiples", "documents"))
     lengths = [m * config.model.seq_len for m in config.multiples]
     for position in config.positions:
         if position != "rope" and position not in available_methods():
@@ -156,7 +134,7 @@ def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress
         def compute(position: str = position) -> dict[str, Any]:
             model, tokenizer, info = pretrain(dataclasses.replace(config.model, position=position), cache_dir,
                                               progress=progress)
-            docs = _documents(tokenizer, lengths[-1] + 1, config.documents)
+            docs = held_out_documents(tokenizer, lengths[-1] + 1, config.documents)
             return {"train": info, **_both_metrics(model, docs, lengths, config.model.seq_len - 1)}
 
         stage.get(position, compute)
@@ -165,18 +143,13 @@ def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress
 
 def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 2: the RoPE model extended to s x L_train by every method, then PI/NTK/YaRN fine-tuned."""
-    from ..train.config import TrainConfig
-    from ..train.loop import train
-    from .tinylm import DEFAULT_CACHE_DIR
-
-    stage = _Stage(out, "extension", _settings(config, "model", "multiples", "documents", "factor", "finetune_multiple",
+    stage = ResultFile(out / "extension.json", _settings(config, "model", "multiples", "documents", "factor", "finetune_multiple",
                                                "finetune_steps", "finetune_batch", "finetune_lr", "finetune_warmup",
                                                "finetune_bytes"))
     train_len = config.model.seq_len
     lengths = [m * train_len for m in config.multiples]
     model, tokenizer, _ = pretrain(config.model, cache_dir, progress=progress)
-    docs = _documents(tokenizer, lengths[-1] + 1, config.documents)
-    rope_methods = [m for m in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn") if m in available_methods()]
+    docs = held_out_documents(tokenizer, lengths[-1] + 1, config.documents)
 
     def evaluate(method: str | None) -> dict[str, Any]:
         rows = {}
@@ -185,7 +158,7 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
             # longest sequence seen (it resets only below L_orig), so a second pass starting short
             # would run with the previous pass's s(2048). Within a pass lengths only grow.
             if method is not None:
-                extra = {"exact_cache": False} if method.startswith("dynamic") else {}
+                extra = {"exact_cache": False} if method_class(method).dynamic else {}
                 patch_model(model, method, factor=config.factor, **extra)
             try:
                 rows[metric] = _ppl_rows(model, docs, lengths, train_len - 1, metric)
@@ -195,10 +168,10 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
         return rows
 
     stage.get("none", lambda: evaluate(None))
-    for method in rope_methods:
+    for method in ROPE_METHODS:
         stage.get(f"{method}", lambda method=method: evaluate(method))
 
-    root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     base_dir = root / f"tinylm-{config.model.key()}"
     data = out / "work" / "finetune_data.txt"
     if not data.exists():
@@ -213,8 +186,6 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
         data.write_text("\n".join(text))
 
     def finetune(method: str) -> dict[str, Any]:
-        from transformers import AutoModelForCausalLM
-
         output = out / "work" / f"finetuned-{method}"
         start = time.perf_counter()
         result = train(TrainConfig(
@@ -239,7 +210,7 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
 
 def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 3: retrieval-trained RoPE and ALiBi models, passkey accuracy beyond L_train."""
-    stage = _Stage(out, "passkey", _settings(config, "passkey_model", "passkey_multiples", "passkey_depths",
+    stage = ResultFile(out / "passkey.json", _settings(config, "passkey_model", "passkey_multiples", "passkey_depths",
                                              "passkey_trials"))
     base = config.passkey_model
     lengths = [m * base.seq_len for m in config.passkey_multiples]

@@ -9,8 +9,8 @@ import torch
 from models import single_thread
 
 from hf_posext.cli import main
-from hf_posext.demo import DYNAMIC_METHODS, QUICK, ROPE_METHODS
-from hf_posext.eval.tinylm import pretrain
+from hf_posext.experiments.demo import DYNAMIC_METHODS, QUICK, ROPE_METHODS
+from hf_posext.experiments.tinylm import pretrain
 from hf_posext.methods import available_methods
 
 

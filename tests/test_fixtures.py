@@ -6,8 +6,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_posext.train.tiny import TINY_ARCHITECTURES, TINY_VOCAB_SIZE, make_tiny_model
-from hf_posext.train.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
+from hf_posext.fixtures import (
+    BOS_ID,
+    BYTE_VOCAB_SIZE,
+    EOS_ID,
+    PAD_ID,
+    TINY_ARCHITECTURES,
+    TINY_VOCAB_SIZE,
+    byte_tokenizer,
+    make_tiny_model,
+)
 
 TEXTS = ["def f(x):\n\treturn x  # ok", "héllo wörld ✓ \x00\x7f", "", " leading and trailing spaces  "]
 

@@ -1,0 +1,29 @@
+"""Result files: the resume helper shared by ``hf-posext eval`` and the reproduction."""
+
+from __future__ import annotations
+
+import json
+
+from hf_posext.eval.report import ResultFile
+
+
+def test_results_are_saved_at_once_and_reused_only_with_the_same_settings(tmp_path):
+    path = tmp_path / "out" / "ppl.json"
+    calls = []
+
+    def compute(value):
+        calls.append(value)
+        return {"value": value}
+
+    first = ResultFile(path, {"lengths": (128, 256), "factor": 4.0})
+    assert first.get("yarn", lambda: compute(1)) == {"value": 1}
+    saved = json.loads(path.read_text())
+    assert saved["results"] == {"yarn": {"value": 1}} and saved["settings"] == {"lengths": [128, 256], "factor": 4.0}
+    assert "environment" in saved and saved["seconds"] >= 0
+
+    # The same settings (a tuple reads back as a list): the result is read, not computed again.
+    again = ResultFile(path, {"lengths": (128, 256), "factor": 4.0})
+    assert "yarn" in again and again.get("yarn", lambda: compute(2)) == {"value": 1} and calls == [1]
+    # Another setting starts afresh.
+    other = ResultFile(path, {"lengths": (128, 256), "factor": 8.0})
+    assert "yarn" not in other and other.get("yarn", lambda: compute(3)) == {"value": 3} and calls == [1, 3]
