@@ -66,7 +66,7 @@ def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
     import hf_posext
-    from hf_posext.data import load_blocks
+    from hf_posext.train.blocks import load_blocks
 
     stamps: list[float] = []
 

@@ -1,6 +1,6 @@
 """Text for training and evaluation: local files, the Python standard library, or a Hub dataset.
 
-One front-end serves the fine-tune recipe (:func:`load_blocks`) and the evaluations
+One front-end serves the fine-tune recipe (:func:`iter_documents`) and the evaluations
 (:func:`load_texts`, :func:`encode_documents`), so both read the same ``dataset``/``--data`` values
 the same way:
 
@@ -14,27 +14,20 @@ the same way:
 * one Hugging Face dataset name: read with ``datasets.load_dataset`` (streamed, so training
   tokenizes only as far as the run needs).
 
-Training data follows the YaRN recipe (arXiv 2309.00071, section 4): documents become
-BOS + tokens + EOS, are concatenated and cut into fixed-length blocks, so every sequence is full
-and long documents span many blocks. The blocks are cached as a ``.npy`` file keyed by the data,
-the tokenizer and the block length and memory-mapped, so a second run (or the other ranks of this
-one) does not re-tokenize and 64k-token blocks of a large corpus need not fit in RAM. Block order
-is a seeded permutation per epoch, and each process takes its own slice of every global
-micro-batch (:func:`micro_batch_indices`), so the data position of a run is one integer, the
-number of micro-batches consumed, which makes resuming exact and free.
+The fine-tune recipe packs these documents into fixed-length blocks in :mod:`hf_posext.train.blocks`.
 
 Why local files are not read through ``datasets`` (Hub datasets are): it is an optional extra
 (``pyarrow`` and ``pandas`` come with it), and the offline paths - the demo, the evaluations, CI,
 the laptop recipe - run on a bare install; its ``text`` builder reads files in text mode, turning
 ``\\r\\n`` into ``\\n`` (a byte-level model would no longer see the file as it is); and a folder of
 ``.txt`` and ``.jsonl`` files would need two builders, losing the one sorted file order that fixes
-the blocks. The memory-mapped block cache plays the part of its Arrow cache.
+the blocks. The recipe's memory-mapped block cache (:mod:`hf_posext.train.blocks`) plays the part of its Arrow
+cache.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import sysconfig
@@ -44,17 +37,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 #: ``dataset``/``--data`` value selecting the Python standard library's sources.
 STDLIB = "stdlib"
 #: Files a folder contributes; a ``.jsonl`` file holds one document per line, the others one each.
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")
-_TOKENIZE_BATCH = 256
-# 2: one reader for training and evaluation (raw bytes decoded, no newline translation).
-_CACHE_VERSION = 2
 
 Split = Literal["train", "test", "all"]
 
@@ -258,159 +246,3 @@ def encode_documents(texts: Iterable[str], tokenizer: Tokenizer, add_bos: bool =
             ids = [bos, *ids]
         documents.append(torch.tensor(ids, dtype=torch.long))
     return documents
-
-
-def _fingerprint(items: Sequence[str], split: str, text_field: str, tokenizer: Any, block_len: int,
-                 max_blocks: int | None) -> str:
-    """A key that changes whenever the blocks would: data, tokenizer, block length, limit."""
-    digest = hashlib.sha256()
-    parts: list[Any] = [_CACHE_VERSION, split, text_field, block_len, max_blocks,
-                        tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)]
-    if is_local_dataset(items):
-        for path in resolve_local_files(items, split):
-            stat = path.stat()
-            parts.append((str(path.resolve()), stat.st_size, stat.st_mtime_ns))
-    else:
-        parts.append(items[0])
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    parts.append(backend.to_str() if backend is not None else sorted(tokenizer.get_vocab().items()))
-    for part in parts:
-        digest.update(repr(part).encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:24]
-
-
-def _tokenize_to_blocks(documents: Iterable[str], tokenizer: Any, block_len: int, max_blocks: int | None,
-                        desc: str) -> np.ndarray:
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
-    blocks: list[np.ndarray] = []
-    carry = np.zeros(0, dtype=np.int64)
-    bar = tqdm(desc=desc, unit=" blocks", total=max_blocks)
-
-    def flush(batch: list[str]) -> bool:
-        nonlocal carry
-        encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
-        pieces = [carry]
-        for ids in encoded:
-            if bos is not None:
-                pieces.append(np.array([bos]))
-            pieces.append(np.asarray(ids, dtype=np.int64))
-            if eos is not None:
-                pieces.append(np.array([eos]))
-        stream = np.concatenate(pieces)
-        full = len(stream) // block_len
-        if max_blocks is not None:
-            full = min(full, max_blocks - len(blocks))
-        for i in range(full):
-            blocks.append(stream[i * block_len:(i + 1) * block_len].astype(dtype))
-        bar.update(full)
-        carry = stream[full * block_len:]
-        return max_blocks is not None and len(blocks) >= max_blocks
-
-    batch: list[str] = []
-    for document in documents:
-        batch.append(document)
-        if len(batch) == _TOKENIZE_BATCH:
-            if flush(batch):
-                break
-            batch = []
-    else:
-        if batch:
-            flush(batch)
-    bar.close()
-    # The tail shorter than a block is dropped, as in the YaRN recipe: blocks stay full-length.
-    if not blocks:
-        return np.zeros((0, block_len), dtype=dtype)
-    return np.stack(blocks)
-
-
-def load_blocks(
-    dataset: Sequence[str],
-    tokenizer: Any,
-    block_len: int,
-    *,
-    split: str = "train",
-    text_field: str = "text",
-    max_blocks: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-) -> np.ndarray:
-    """Tokenize ``dataset`` into fixed-length blocks, or read them from the cache.
-
-    Args:
-        dataset: local files/folders/globs, or one HF dataset name.
-        tokenizer: a transformers tokenizer with ``bos_token_id``/``eos_token_id``.
-        block_len: tokens per block (the training sequence length).
-        split: the HF dataset split.
-        text_field: the text column of ``.jsonl`` records and HF datasets.
-        max_blocks: stop after this many blocks (an HF dataset is streamed only that far);
-            None tokenizes everything.
-        cache_dir: where blocks are cached; default :func:`default_cache_dir`.
-
-    Returns:
-        A read-only ``[blocks, block_len]`` integer array (memory-mapped from the cache).
-
-    Raises:
-        FileNotFoundError: missing local data or an unknown HF dataset.
-        ValueError: data too short for a single block.
-    """
-    key = _fingerprint(dataset, split, text_field, tokenizer, block_len, max_blocks)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = cache / f"blocks-{key}.npy"
-    if not path.is_file():
-        documents = iter_documents(dataset, split, text_field)
-        blocks = _tokenize_to_blocks(documents, tokenizer, block_len, max_blocks, desc="tokenizing")
-        if len(blocks) == 0:
-            raise ValueError(
-                f"dataset {dataset!r} holds fewer than {block_len} tokens: not one block of the sequence length"
-            )
-        cache.mkdir(parents=True, exist_ok=True)
-        # Write then rename, so a reader (another rank, a crashed run) never sees half a file.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with tmp.open("wb") as handle:
-            np.save(handle, blocks)
-        os.replace(tmp, path)
-    return np.load(path, mmap_mode="r")
-
-
-def micro_batch_indices(
-    num_blocks: int,
-    micro_batch_size: int,
-    num_processes: int,
-    process_index: int,
-    seed: int,
-    start: int = 0,
-) -> Iterator[list[int]]:
-    """Block indices of this process's micro-batches, from micro-batch ``start`` on, forever.
-
-    Every epoch is a permutation of the blocks seeded by ``(seed, epoch)``; global micro-batch
-    ``k`` is ``micro_batch_size * num_processes`` consecutive entries of it, of which process
-    ``p`` takes the ``p``-th slice. A resumed run passes the number of micro-batches already
-    consumed as ``start`` and gets exactly the batches an uninterrupted run would have seen.
-
-    Raises:
-        ValueError: if there are fewer blocks than one global micro-batch.
-    """
-    per_step = micro_batch_size * num_processes
-    per_epoch = num_blocks // per_step
-    if per_epoch == 0:
-        raise ValueError(
-            f"the data holds {num_blocks} blocks, fewer than one micro-batch on every process "
-            f"({micro_batch_size} x {num_processes}); add data or lower the sequence length"
-        )
-    index = start
-    epoch, order = -1, None
-    while True:
-        this_epoch, within = divmod(index, per_epoch)
-        if this_epoch != epoch:
-            epoch = this_epoch
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            order = torch.randperm(num_blocks, generator=generator).tolist()
-        offset = within * per_step + process_index * micro_batch_size
-        yield order[offset:offset + micro_batch_size]
-        index += 1
-
-
-def take_blocks(blocks: np.ndarray, indices: list[int]) -> torch.Tensor:
-    """``[len(indices), block_len]`` int64 token ids of the given blocks."""
-    return torch.from_numpy(np.asarray(blocks[indices], dtype=np.int64))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_posext.data import check_dataset, load_blocks, load_texts, micro_batch_indices, resolve_local_files
+from hf_posext.data import check_dataset, load_texts, resolve_local_files
+from hf_posext.train.blocks import load_blocks, micro_batch_indices
 from hf_posext.fixtures import BOS_ID, EOS_ID, byte_tokenizer
 
 

@@ -42,7 +42,8 @@ from accelerate.utils import DistributedType, is_bf16_available, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ..data import check_dataset, is_local_dataset, load_blocks, micro_batch_indices, take_blocks
+from ..data import check_dataset, is_local_dataset
+from .blocks import load_blocks, micro_batch_indices, take_blocks
 from ..patching import patch_model
 from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler

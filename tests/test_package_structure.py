@@ -1,0 +1,177 @@
+"""The package's import structure: no import cycle, imports at the top, modules small enough to read.
+
+Issue 14's acceptance, checked on the source (ast), so a new module is covered without a list:
+
+* no cycle among the package's modules through module-level imports (``if TYPE_CHECKING:`` blocks
+  excluded, since they never run). A submodule's implicit import of its parent packages is not an
+  edge: importing ``hf_posext.methods.yarn`` runs ``hf_posext/__init__.py`` first whatever it
+  imports, which is how every package works;
+* no import inside a function or class except of an optional dependency (:data:`OPTIONAL`);
+* no module over :data:`MAX_LINES` lines unless its docstring says why, in a sentence starting
+  "Longer than ~400 lines" (the convention STYLE.md asks for).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import hf_posext
+
+PACKAGE_DIR = Path(hf_posext.__file__).parent
+PACKAGE = "hf_posext"
+
+#: Top-level names that may be imported inside a function: optional extras, or parts of torch that
+#: older supported releases lack.
+OPTIONAL = {"datasets", "flash_attn", "gguf", "matplotlib", "deepspeed", "torch.nn.attention.flex_attention"}
+
+MAX_LINES = 400
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if _is_package(module) else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The package modules an import statement executes (beyond implicit parent packages)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name in MODULES]
+    source = _resolve(module, node)
+    found = []
+    for alias in node.names:
+        sub = f"{source}.{alias.name}"
+        if sub in MODULES:
+            found.append(sub)
+        elif source in MODULES:
+            found.append(source)
+    return found
+
+
+def _is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    found = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            elif isinstance(node, (ast.If, ast.Try)) and not _is_type_checking(node):
+                for block in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, block, []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(tree.body)
+    return found
+
+
+def _trees() -> dict[str, ast.Module]:
+    return {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, or a module importing itself (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in graph[node]:
+            if succ not in index:
+                connect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return components
+
+
+def test_the_walk_sees_the_whole_package():
+    assert {"hf_posext", "hf_posext.patching", "hf_posext.rope_utils"} <= set(MODULES)
+    assert len(MODULES) > 20
+
+
+def test_no_import_cycle():
+    trees = _trees()
+    graph = {
+        name: {t for node in _module_level_imports(tree) for t in _targets(name, node) if t != name}
+        for name, tree in trees.items()
+    }
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_can_fail():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_inside_functions_are_optional_dependencies(name):
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    offending = []
+    for scope in ast.walk(tree):
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                imported = [_resolve(name, node)]
+            else:
+                continue
+            for module in imported:
+                if not any(module == opt or module.startswith(opt + ".") for opt in OPTIONAL):
+                    offending.append(f"line {node.lineno}: {module}")
+    assert offending == [], f"{MODULES[name]} imports inside a function: {offending}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_are_small_or_say_why(name):
+    text = MODULES[name].read_text(encoding="utf-8")
+    lines = text.count("\n")
+    if lines <= MAX_LINES:
+        return
+    docstring = ast.get_docstring(ast.parse(text)) or ""
+    assert "Longer than ~400 lines" in docstring, (
+        f"{MODULES[name]} has {lines} lines and its docstring does not say why it is not split"
+    )
