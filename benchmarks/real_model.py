@@ -139,6 +139,12 @@ def estimate_minutes(plan: Plan, seconds: dict[str, float]) -> dict[str, float]:
     lengths = torch.tensor([float(n) for n in seconds], dtype=torch.float64)
     times = torch.tensor(list(seconds.values()), dtype=torch.float64)
     a, b = torch.linalg.lstsq(torch.stack([lengths, lengths**2], dim=1), times[:, None]).solution[:, 0].tolist()
+    # Times measured on a busy machine can bend the wrong way; a cost is never negative, so
+    # refit the one term that is then left.
+    if b < 0:
+        a, b = float((times * lengths).sum() / (lengths**2).sum()), 0.0
+    elif a < 0:
+        a, b = 0.0, float((times * lengths**2).sum() / (lengths**4).sum())
     cost = lambda n: max(a * n + b * n * n, 0.0)  # noqa: E731
     minutes = {str(n): round(k * cost(n) / 60, 1) for n, k in sorted(forwards(plan).items())}
     minutes["fine-tune"] = round(3 * plan.finetune_steps * plan.finetune_batch * cost(plan.finetune_window) / 60, 1)
@@ -215,10 +221,11 @@ def run(plan: Plan, out: Path, gguf: Path, progress: bool) -> Cells:
                 model(input_ids=document[None, -n:], logits_to_keep=plan.score_last + 1)
                 seconds[str(n)] = round(time.perf_counter() - start, 1)
         # Other processes on the machine slow every cell: the load says how much.
-        return {"seconds": seconds, "load_average": [round(x, 1) for x in os.getloadavg()],
-                "estimated_minutes": estimate_minutes(plan, seconds)}
+        return {"seconds": seconds, "load_average": [round(x, 1) for x in os.getloadavg()]}
 
-    print("timing and size estimate:", cells.get("timing", timing), flush=True)
+    measured = cells.get("timing", timing)
+    print(f"forward seconds {measured['seconds']}; estimated minutes {estimate_minutes(plan, measured['seconds'])}",
+          flush=True)
 
     def ppl_cells(lengths: list[int]) -> None:
         for length in lengths:
@@ -292,12 +299,12 @@ def _table(plan: Plan, cells: Cells, kind: str, lengths: tuple[int, ...], fixed:
     return rows
 
 
-def _sizing(timing: dict[str, Any] | None) -> str:
+def _sizing(plan: Plan, timing: dict[str, Any] | None) -> str:
     if not timing:
         return ""
     return (f"Measured first: seconds per forward pass {timing['seconds']} (load average {timing['load_average']} "
             f"on {os.cpu_count()} cores); estimated minutes of the whole plan by length, from t(L) = aL + bL^2 "
-            f"fitted to them: {timing['estimated_minutes']}.\n")
+            f"fitted to them: {estimate_minutes(plan, timing['seconds'])}.\n")
 
 
 def report(plan: Plan, cells: Cells, out: Path) -> str:
@@ -309,7 +316,7 @@ def report(plan: Plan, cells: Cells, out: Path) -> str:
         "# SmolLM2-135M-Instruct extended past its 8k context\n",
         "Commands: " + "; ".join(f"`{r['command']}` ({r['seconds'] / 60:.1f} min)" for r in cells.runs)
         + f"; {total / 60:.1f} min of wall time in all. Empty cells are not computed yet.\n",
-        _sizing(done.get("timing", {}).get("value")),
+        _sizing(plan, done.get("timing", {}).get("value")),
         f"## Perplexity without fine-tuning\n\nThe last {plan.score_last} tokens of the first {max(plan.lengths)} "
         "tokens of the Python Language Reference (`pydoc_data.topics`), read with L tokens of context, so every "
         "column scores the same tokens. `s=L/8k` at L <= 8k is the unpatched model. Dynamic methods use "
