@@ -18,7 +18,11 @@ same settings, so an interrupted run resumes. Cells run cheapest first; the 4x c
 ``real_model.md`` and ``real_model.png`` are rewritten from the JSON after each cell.
 
     python benchmarks/real_model.py --quick        # short lengths, none vs yarn, < 5 min
-    nice -n 19 python benchmarks/real_model.py > real_model.log 2>&1 &   # full, resumable
+    python benchmarks/real_model.py                # the whole plan, resumable (hours: see the size estimate)
+    nice -n 19 python benchmarks/real_model.py --threads 1 > real_model.log 2>&1 &   # on a shared machine
+
+The first cell times forward passes at 2k-8k tokens and prints the estimated minutes of the
+whole plan per length (also written to ``real_model.md``).
 """
 
 from __future__ import annotations

@@ -2,14 +2,14 @@
 
 A local ``.gguf`` file (llama.cpp's format, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf``) works
 wherever hf-posext takes a model - ``hf-posext patch``, ``hf-posext eval``, the fine-tune
-recipe - and in a script before :func:`hf_posext.patch_model`::
+recipe, :func:`hf_posext.from_pretrained` - and in a script before :func:`hf_posext.patch_model`::
 
-    from transformers import AutoModelForCausalLM
     import hf_posext
     from hf_posext.gguf import gguf_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = gguf_checkpoint("SmolLM2-135M-Instruct.Q4_1.gguf")   # ~1 min once, then cached
-    model = AutoModelForCausalLM.from_pretrained(folder)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     hf_posext.patch_model(model, "yarn", factor=4)
 
 transformers reads GGUF itself (``from_pretrained(folder, gguf_file=name)``, which needs the
