@@ -20,6 +20,10 @@ model built from the same config without its ``quantization_config`` and saved a
 fp32 safetensors checkpoint with the GGUF's tokenizer. The checkpoint is keyed on the GGUF
 file's identity (its size and a hash of its first MiB, where the header and metadata sit), so a
 changed file is converted again and a copy of the same file is not.
+
+Processes converting the same file at once each write a complete folder and rename it into
+place, so the result is right but the work is repeated: before a multi-process launch
+(``accelerate launch``, ``torchrun``) convert once with :func:`gguf_checkpoint`.
 """
 
 from __future__ import annotations
