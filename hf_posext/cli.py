@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from .arguments import add_set_argument, parse_key_values
 from .export import extend_checkpoint
+from .gguf import resolve_model_source
 from .methods import available_methods, method_class
 
 
@@ -31,8 +32,9 @@ def _patch(args: argparse.Namespace) -> int:
     extra = parse_key_values(args.set)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
+    source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
     out = extend_checkpoint(
-        args.model, args.output_dir, args.method, args.factor, override=args.override, **extra
+        source, args.output_dir, args.method, args.factor, override=args.override, **extra
     )
     print(f"wrote {out}")
     return 0
@@ -46,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_methods)
 
     p = sub.add_parser("patch", help="write a checkpoint with an extended context (weights untouched)")
-    p.add_argument("model", help="checkpoint folder or Hub id")
+    p.add_argument("model", help="checkpoint folder, Hub id or local .gguf file")
     p.add_argument("output_dir")
     p.add_argument("--method", required=True, help=f"one of: {', '.join(available_methods())}")
     p.add_argument("--factor", type=float, required=True, help="context scale s >= 1")

@@ -33,6 +33,7 @@ from .adapters import adapter_for, needs_surgery
 from .adapters.absolute import POSITIONS_ATTR
 from .attention.alibi import ALIBI_ATTENTION
 from .exact_dynamic import EXACT_ROPE_TYPES, ExactDynamicRotaryEmbedding
+from .gguf import resolve_model_source
 from .methods.absolute import LearnedConfig, SinusoidalConfig
 from .methods.alibi import AlibiConfig
 from .methods.base import PositionMethod
@@ -102,7 +103,8 @@ def from_pretrained(
     """Load a checkpoint saved from an hf-posext-patched model, with its method's surgery redone.
 
     Args:
-        pretrained_model_name_or_path: a local folder or a Hub id, as for transformers.
+        pretrained_model_name_or_path: a local folder or a Hub id, as for transformers, or a local
+            ``.gguf`` file (converted once by :func:`hf_posext.gguf.gguf_checkpoint`).
         model_class: the transformers class to load with (``AutoModelForCausalLM`` by default).
         *args, **kwargs: passed to ``model_class.from_pretrained`` (``torch_dtype``, ``device_map``,
             ``attn_implementation``...; for ALiBi, ``attn_implementation="sdpa"`` etc. selects the
@@ -117,6 +119,7 @@ def from_pretrained(
     Example:
         >>> model = hf_posext.from_pretrained("out/llama-yarn-16k", torch_dtype="auto")
     """
+    pretrained_model_name_or_path = resolve_model_source(pretrained_model_name_or_path)  # .gguf -> cached conversion
     model = model_class.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
     record = getattr(model.config, CONFIG_KEY, None)
     if isinstance(record, dict) and "method" in record:

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..arguments import parse_key_values
 from ..data import encode_documents, load_texts
+from ..gguf import resolve_model_source
 from ..methods import method_class
 from ..patching import patch_info, patch_model, unpatch_model
 from .passkey import passkey_accuracy
@@ -53,7 +54,7 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
     """Load a causal LM and its tokenizer for evaluation (eval mode, placed by ``device_map``).
 
     Args:
-        path: checkpoint folder or Hub id.
+        path: checkpoint folder, Hub id or local ``.gguf`` file (see :mod:`hf_posext.gguf`).
         dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16`` or ``float16``.
         device: ``auto`` (the layers spread over every visible GPU, so a 70B model evaluates on a
             node; CPU without one), or one device: ``cpu``, ``cuda``, ``cuda:1``...
@@ -67,6 +68,7 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
     kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype), "device_map": device}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    path = resolve_model_source(path)  # a .gguf file -> its cached safetensors conversion
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
@@ -187,7 +189,7 @@ def _passkey(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser, default_out: str) -> None:
-    p.add_argument("model", help="checkpoint folder or Hub id (with its tokenizer)")
+    p.add_argument("model", help="checkpoint folder or Hub id (with its tokenizer), or a local .gguf file")
     p.add_argument("--lengths", type=_ints, required=True, help="comma-separated context lengths, e.g. 2048,4096,8192")
     p.add_argument("--method", default="none",
                    help="comma-separated methods to compare, 'none' = the checkpoint as is (default: none)")

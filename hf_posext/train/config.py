@@ -55,7 +55,7 @@ class TrainConfig:
     ``transformers.HfArgumentParser``, :mod:`.cli`), so code and flags cannot drift apart.
     """
 
-    model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer")
+    model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer, or a local .gguf file")
     method: str = HfArg(default="yarn", help="a position method from hf_posext.available_methods()")
     factor: float = HfArg(default=16.0, help="the context scale s; the model is trained for s * L_orig tokens")
     output_dir: str = HfArg(default="", help="where the final checkpoint is written (atomically)")

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..data import check_dataset, is_local_dataset
+from ..gguf import resolve_model_source
 from .blocks import load_blocks, micro_batch_indices, take_blocks
 from ..patching import patch_model
 from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -135,11 +136,12 @@ def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
 
 def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]:
     """The checkpoint in fp32 (master weights; autocast gives bf16 compute), patched, and its tokenizer."""
-    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    source = resolve_model_source(config.model)  # a .gguf file -> its cached safetensors conversion
+    tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer of {config.model!r} has no EOS token, needed to separate documents")
     model = AutoModelForCausalLM.from_pretrained(
-        config.model, dtype=torch.float32, attn_implementation=config.attn_implementation
+        source, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
     patch_model(model, config.method, factor=config.factor, **config.method_kwargs)
     return model, tokenizer

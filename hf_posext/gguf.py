@@ -1,0 +1,167 @@
+"""GGUF files as model sources: converted once into a cached safetensors checkpoint.
+
+A local ``.gguf`` file (llama.cpp's format, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf``) works
+wherever hf-posext takes a model - ``hf-posext patch``, ``hf-posext eval``, the fine-tune
+recipe, :func:`hf_posext.from_pretrained` - and in a script before :func:`hf_posext.patch_model`::
+
+    import hf_posext
+    from hf_posext.gguf import gguf_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = gguf_checkpoint("SmolLM2-135M-Instruct.Q4_1.gguf")   # ~1 min once, then cached
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    hf_posext.patch_model(model, "yarn", factor=4)
+
+transformers reads GGUF itself (``from_pretrained(folder, gguf_file=name)``, which needs the
+``gguf`` package: ``pip install hf-posext[gguf]``) and dequantizes every tensor to fp32, but it
+refuses ``save_pretrained`` on the result ("quantized with gguf and is not serializable"), and
+re-reading the file costs a minute each time. So the dequantized weights are copied into a
+model built from the same config without its ``quantization_config`` and saved as an ordinary
+fp32 safetensors checkpoint with the GGUF's tokenizer. The checkpoint is keyed on the GGUF
+file's identity (its size and a hash of its first MiB, where the header and metadata sit), so a
+changed file is converted again and a copy of the same file is not.
+
+Processes converting the same file at once each write a complete folder and rename it into
+place, so the result is right but the work is repeated: before a multi-process launch
+(``accelerate launch``, ``torchrun``) convert once with :func:`gguf_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from .files import atomic_directory
+
+#: Bytes of the file hashed for its cache key: the GGUF header, metadata and tensor index.
+HEADER_BYTES = 1 << 20
+#: The file in a converted checkpoint recording which GGUF file it came from.
+SOURCE_RECORD = "gguf_source.json"
+
+
+def is_gguf(source: str | os.PathLike) -> bool:
+    """Whether ``source`` names a GGUF file (by its suffix; the file need not exist)."""
+    return str(source).lower().endswith(".gguf")
+
+
+def default_cache_dir() -> Path:
+    """``$HF_POSEXT_CACHE/gguf``, else ``~/.cache/hf_posext/gguf``."""
+    return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext")) / "gguf"
+
+
+def _gguf_file(path: str | os.PathLike) -> Path:
+    file = Path(path).expanduser()
+    if not is_gguf(file):
+        raise ValueError(f"expected a .gguf file, got {str(path)!r}")
+    if not file.is_file():
+        raise FileNotFoundError(f"no GGUF file at {str(path)!r}")
+    return file.resolve()
+
+
+def gguf_identity(path: str | os.PathLike) -> str:
+    """A 16-hex-digit key of the file's content: its size and the hash of its first MiB."""
+    file = _gguf_file(path)
+    digest = hashlib.sha256(str(file.stat().st_size).encode())
+    with file.open("rb") as handle:
+        digest.update(handle.read(HEADER_BYTES))
+    return digest.hexdigest()[:16]
+
+
+def cached_checkpoint_path(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where :func:`gguf_checkpoint` keeps the conversion of ``path`` (it may not exist yet)."""
+    file = _gguf_file(path)
+    return Path(cache_dir or default_cache_dir()) / f"{file.stem}-{gguf_identity(file)}"
+
+
+def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, Any]:
+    """transformers' own reading of a GGUF file: the dequantized model and the tokenizer.
+
+    Raises:
+        ImportError: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
+        FileNotFoundError: no such file.
+    """
+    file = _gguf_file(path)
+    try:
+        import gguf  # noqa: F401  (transformers needs it; fail with the install line instead of its message)
+    except ImportError as err:
+        raise ImportError(f"reading {file.name} needs the gguf package: pip install 'hf-posext[gguf]'") from err
+    model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    return model, tokenizer
+
+
+def save_checkpoint(model: PreTrainedModel, tokenizer: Any, output_dir: str | os.PathLike,
+                    record: dict[str, Any] | None = None) -> Path:
+    """Write a GGUF-loaded ``model`` and its tokenizer as a plain safetensors checkpoint, atomically.
+
+    The model is rebuilt from its config without ``quantization_config`` (which makes
+    transformers refuse to save it and would make the checkpoint look quantized) and given the
+    same tensors, so the saved weights are the dequantized GGUF weights bit for bit.
+
+    Args:
+        model: a model from :func:`load_gguf`.
+        tokenizer: its tokenizer.
+        output_dir: the checkpoint folder, replaced in one rename.
+        record: written as ``gguf_source.json`` (which file it came from).
+    """
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    # No random initialisation of 135M+ parameters that load_state_dict overwrites at once.
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    plain.load_state_dict(model.state_dict(), strict=True, assign=True)
+    plain.tie_weights()
+    plain.generation_config = model.generation_config
+    with atomic_directory(output_dir) as tmp:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / SOURCE_RECORD).write_text(json.dumps(record or {}, indent=2) + "\n")
+    return Path(output_dir)
+
+
+def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The safetensors checkpoint folder of a GGUF file, converted on first use and cached.
+
+    Args:
+        path: a local ``.gguf`` file.
+        cache_dir: where conversions live; default ``$HF_POSEXT_CACHE/gguf`` or ``~/.cache/hf_posext/gguf``.
+
+    Returns:
+        A folder ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` read.
+
+    Raises:
+        ValueError: ``path`` is not a ``.gguf`` file name.
+        FileNotFoundError: no such file.
+        ImportError: the file needs converting and the ``gguf`` package is missing.
+    """
+    file = _gguf_file(path)
+    folder = cached_checkpoint_path(file, cache_dir)
+    if (folder / SOURCE_RECORD).is_file():
+        return folder
+    model, tokenizer = load_gguf(file)
+    record = {"gguf_file": str(file), "size": file.stat().st_size, "identity": gguf_identity(file)}
+    return save_checkpoint(model, tokenizer, folder, record)
+
+
+def resolve_model_source(source: str | os.PathLike) -> str:
+    """``source`` itself, or for a ``.gguf`` file the folder of its cached conversion."""
+    return str(gguf_checkpoint(source)) if is_gguf(source) else str(source)
+
+
+__all__ = [
+    "cached_checkpoint_path",
+    "default_cache_dir",
+    "gguf_checkpoint",
+    "gguf_identity",
+    "is_gguf",
+    "load_gguf",
+    "resolve_model_source",
+    "save_checkpoint",
+]
