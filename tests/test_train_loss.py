@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from models import tiny_model, tokens
 from peft import LoraConfig, get_peft_model
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from transformers import Gemma2Config, Gemma2ForCausalLM, GraniteConfig, GraniteForCausalLM
 
 from hf_posext.train.config import TrainConfig
@@ -118,6 +121,38 @@ def test_peft_lora_model_including_an_adapted_head():
                                              modules_to_save=["embed_tokens"], init_lora_weights=False)).train()
     input_ids = tokens(20, batch=1)
     assert_same_loss_and_grads(model, input_ids, torch.arange(20).unsqueeze(0), shifted(input_ids, 3), 6)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_under_fsdp2_sharding(tmp_path, tied):
+    """FSDP2 as accelerate applies it (each decoder layer, then the root), one CPU process (gloo):
+    the head's parameters are the root's, gathered by the model's forward, not by ours."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        input_ids = tokens(33, batch=2)
+        labels, positions = shifted(input_ids, ignore_every=5), torch.arange(33).unsqueeze(0)
+        results = []
+        for chunked in (False, True):
+            model = tiny_model("llama", tie_word_embeddings=tied).train()
+            model.activation_checkpointing_enable()
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            if chunked:
+                loss = causal_lm_loss(model, input_ids, positions, labels, 5)
+            else:
+                loss = model(input_ids=input_ids, position_ids=positions, labels=labels, shift_labels=labels,
+                             use_cache=False).loss
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}))
+        (want, want_grads), (got, got_grads) = results
+        assert type(model).__name__.startswith("FSDP")
+        torch.testing.assert_close(got, want, **TOL)
+        for name in want_grads:
+            torch.testing.assert_close(got_grads[name], want_grads[name], **TOL)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_final_logit_softcapping_is_applied_per_chunk():
