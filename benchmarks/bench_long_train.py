@@ -12,8 +12,9 @@ the process's resident set once every import is done (``peak_step_mib``: through
 step; ``peak_mib``: the whole run, the recipe's checkpoint writing included), the step time
 (first forward to the end of the optimizer step) as tokens/s, and the step's loss, which must
 agree. On a shared machine wall time depends on the other jobs, so the throughput ratio uses
-the process's CPU time with one torch thread (``tokens_per_cpu_s``; wall-time ratio reported too). The largest length that fits in 24 GiB is extrapolated linearly from the two longest
-measured lengths (SDPA's CPU kernel keeps attention memory linear in the sequence).
+the process's CPU time with one torch thread (``tokens_per_cpu_s``; the wall-time ratio is
+reported too). The largest length that fits in 24 GiB is extrapolated linearly from the two
+longest measured lengths (SDPA's CPU kernel keeps attention memory linear in the sequence).
 
     nice -n 19 python benchmarks/bench_long_train.py                     # 4k, 8k, 16k: hours on a busy CPU
     python benchmarks/bench_long_train.py --lengths 4096 --resume        # add or redo lengths
@@ -184,7 +185,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads of each run (1: CPU time that other jobs on the machine do not skew)")
+                        help="torch intra-op threads of each run (1: CPU time that other jobs do not skew)")
     parser.add_argument("--loss-chunk-size", type=int, default=1024)
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_train.json"))

@@ -65,9 +65,10 @@ def tiny_llama(device: str, layers: int = 2, hidden: int = 128, heads: int = 4, 
                max_positions: int = 64, attn: str = "sdpa", vocab: int = 256, tied: bool = False,
                intermediate: int | None = None) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
-                         max_position_embeddings=max_positions, attn_implementation=attn, tie_word_embeddings=tied)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         head_dim=hidden // heads, max_position_embeddings=max_positions, attn_implementation=attn,
+                         tie_word_embeddings=tied)
     return LlamaForCausalLM(config).to(device)
 
 
@@ -152,7 +153,8 @@ def bf16_parity(args: argparse.Namespace) -> dict:
         model = hf_posext.patch_model(tiny_llama(args.device), method, **method_kwargs(method, length))
         fp32 = logits(model, ids)
         error = float((logits(model.to(torch.bfloat16), ids) - fp32).abs().max())
-        rows[method] = {"error": error, "ratio_to_native": error / bound * 3, "ok": math.isfinite(error) and error <= bound}
+        rows[method] = {"error": error, "ratio_to_native": error / bound * 3,
+                        "ok": math.isfinite(error) and error <= bound}
     return {"ok": all(r["ok"] for r in rows.values()), "bound": bound, "methods": rows}
 
 
