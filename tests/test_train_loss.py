@@ -6,7 +6,9 @@ The reference is transformers itself: the model called with ``labels``/``shift_l
 
 from __future__ import annotations
 
+import gc
 import sysconfig
+import weakref
 from pathlib import Path
 
 import pytest
@@ -35,45 +37,63 @@ def shifted(input_ids: torch.Tensor, ignore_every: int = 0) -> torch.Tensor:
     return labels
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 40, 10_000])
 @pytest.mark.parametrize("softcap", [None, 0.7])
-def test_chunked_head_loss_equals_full_logits(chunk_size, softcap):
+def test_chunked_head_loss_equals_full_logits(chunk_size, softcap, recompute):
     torch.manual_seed(0)
-    head = torch.nn.Linear(16, 50, bias=False)
+    head = torch.nn.Linear(16, 50, bias=True)
     hidden = torch.randn(2, 20, 16, requires_grad=True)
     labels = torch.randint(0, 50, (2, 20))
     labels[0, :5] = IGNORE_INDEX
     labels[1, -1] = IGNORE_INDEX
 
-    loss = chunked_head_loss(head, hidden, labels, chunk_size, softcap=softcap)
-    loss.backward()
-    got = loss.detach(), hidden.grad.clone(), head.weight.grad.clone()
-    hidden.grad, head.weight.grad = None, None
+    loss = chunked_head_loss(head, hidden, labels, chunk_size, softcap=softcap, recompute=recompute)
+    (3 * loss).backward()  # an incoming gradient other than 1 (a loss scale) must scale them all
+    got = loss.detach(), hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()
+    hidden.grad, head.weight.grad, head.bias.grad = None, None, None
 
     logits = head(hidden)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     want = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 50), labels.reshape(-1))
-    want.backward()
+    (3 * want).backward()
     torch.testing.assert_close(got[0], want.detach(), **TOL)
     torch.testing.assert_close(got[1], hidden.grad, **TOL)
     torch.testing.assert_close(got[2], head.weight.grad, **TOL)
+    torch.testing.assert_close(got[3], head.bias.grad, **TOL)
 
 
-def test_chunked_head_loss_holds_no_chunk_logits_for_the_backward():
-    """Only the chunks' inputs are saved: the logits are recomputed, never kept."""
+def test_without_gradients_it_is_the_same_loss():
+    head = torch.nn.Linear(16, 50)
+    hidden, labels = torch.randn(1, 30, 16), torch.randint(0, 50, (1, 30))
+    with torch.no_grad():
+        got = chunked_head_loss(head, hidden, labels, 7)
+        want = torch.nn.functional.cross_entropy(head(hidden).reshape(-1, 50), labels.reshape(-1))
+    torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_chunked_head_loss_keeps_no_logits_for_the_backward(recompute):
+    """Once the forward returns, no tensor the graph saved has the vocabulary's width."""
     head = torch.nn.Linear(16, 50, bias=False)
     hidden = torch.randn(1, 30, 16, requires_grad=True)
-    saved: list[torch.Size] = []
+    labels = torch.zeros(1, 30, dtype=torch.long)
 
-    def pack(tensor):
-        saved.append(tensor.shape)
-        return tensor
+    def kept_for_backward(loss_fn) -> list[torch.Size]:
+        saved: list[weakref.ref] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(weakref.ref(t)) or t, lambda t: t):
+            loss = loss_fn()
+        gc.collect()
+        kept = [ref().shape for ref in saved if ref() is not None]
+        del loss
+        return kept
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        chunked_head_loss(head, hidden, torch.zeros(1, 30, dtype=torch.long), chunk_size=8)
-    assert saved, "the hook saw nothing: the test would pass vacuously"
-    assert all(len(shape) == 0 or shape[-1] != 50 for shape in saved), saved
+    # The plain loss keeps its logits: the check sees them, so it would see the chunked loss's.
+    plain = kept_for_backward(lambda: torch.nn.functional.cross_entropy(head(hidden)[0], labels[0]))
+    assert any(len(shape) and shape[-1] == 50 for shape in plain), plain
+    chunked = kept_for_backward(lambda: chunked_head_loss(head, hidden, labels, chunk_size=8, recompute=recompute))
+    assert all(len(shape) == 0 or shape[-1] != 50 for shape in chunked), chunked
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -8,12 +8,16 @@ That grows with sequence length times vocabulary and is most of a long-context s
 
 1. the model runs with ``logits_to_keep=1``, so its head sees one position; a forward hook on
    its decoder keeps the final (normed) hidden states ``[batch, seq, hidden]``;
-2. the head is applied to ``chunk_size`` tokens at a time, each chunk under non-reentrant
-   :func:`torch.utils.checkpoint.checkpoint`: its logits are freed once its loss is summed and
-   recomputed in the backward, one chunk at a time;
-3. the fp32 sum of the chunks' summed losses is divided by the number of target tokens, which is
-   what transformers' ``ForCausalLMLoss`` computes (``logits.float()``, ``ignore_index=-100``,
-   mean over the tokens that are not ignored).
+2. the head is applied to ``chunk_size`` tokens at a time, and each chunk's gradients (of the
+   hidden states and of the head's parameters) are taken right away, while its logits exist; the
+   logits are then freed and the backward only hands the gradients out. That is what fused
+   linear-cross-entropy kernels do: no second matmul with the head, at the price of holding the
+   head's gradient ``[vocab, hidden]`` (fp32) from the forward to the backward. Where the head's
+   parameters exist only inside its own forward (ZeRO-3), each chunk runs under non-reentrant
+   checkpointing instead and its logits are recomputed in the backward;
+3. each chunk's summed fp32 loss is divided by the number of target tokens before its gradients
+   are taken, which is what transformers' ``ForCausalLMLoss`` computes (``logits.float()``,
+   ``ignore_index=-100``, mean over the tokens that are not ignored).
 
 The head is called as a *module* (not ``F.linear`` on its weight, as fused kernels do) so that
 whatever wraps it keeps working: a PEFT adapter or ``modules_to_save`` copy of the head, FSDP2's
@@ -51,6 +55,7 @@ def chunked_head_loss(
     chunk_size: int,
     softcap: float | None = None,
     ignore_index: int = IGNORE_INDEX,
+    recompute: bool = False,
 ) -> torch.Tensor:
     """Mean cross-entropy of ``head(hidden)`` against ``shift_labels``, ``chunk_size`` tokens at a time.
 
@@ -62,6 +67,11 @@ def chunked_head_loss(
         chunk_size: tokens whose logits exist at once (forward and backward).
         softcap: the model's ``final_logit_softcapping``: ``logits = cap * tanh(logits / cap)``.
         ignore_index: targets that do not count.
+        recompute: ``False``: each chunk's gradients are computed in the forward and handed out by
+            the backward (no second matmul with the head; holds the head's gradient, ``[vocab,
+            hidden]``, in between). ``True``: each chunk runs under non-reentrant checkpointing and
+            its logits are recomputed in the backward (for heads whose parameters exist only inside
+            their own forward, as under ZeRO-3).
 
     Returns:
         A 0-dim fp32 tensor: the sum of the tokens' losses over the number of counted tokens
@@ -79,16 +89,55 @@ def chunked_head_loss(
             f"shift_labels {tuple(shift_labels.shape)} do not match the hidden states {tuple(hidden.shape)}: "
             "one label per position is needed"
         )
-    recompute = torch.is_grad_enabled()
+    count = (flat_labels != ignore_index).sum()
+    params = [p for p in head.parameters() if p.requires_grad]
+    pieces = list(zip(flat_hidden.split(chunk_size), flat_labels.split(chunk_size)))
+    if not torch.is_grad_enabled() or not (hidden.requires_grad or params):
+        return sum(_chunk_loss_sum(head, h, y, softcap, ignore_index) for h, y in pieces) / count
+    if recompute:
+        # Non-reentrant checkpointing keeps only the chunk's inputs (a view of ``hidden``); the
+        # RNG state is kept too, for a head with LoRA dropout.
+        return sum(checkpoint(_chunk_loss_sum, head, h, y, softcap, ignore_index, use_reentrant=False)
+                   for h, y in pieces) / count
+
+    grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if hidden.requires_grad else None
+    flat_grad = grad_hidden.view(-1, hidden.shape[-1]) if grad_hidden is not None else None
+    param_grads: list[torch.Tensor | None] = [None] * len(params)
     total = torch.zeros((), dtype=torch.float32, device=flat_hidden.device)
-    for h, y in zip(flat_hidden.split(chunk_size), flat_labels.split(chunk_size)):
-        if recompute:
-            # Non-reentrant checkpointing keeps only the chunk's inputs (a view of ``hidden``);
-            # the RNG state is kept too, for a head with LoRA dropout.
-            total = total + checkpoint(_chunk_loss_sum, head, h, y, softcap, ignore_index, use_reentrant=False)
-        else:
-            total = total + _chunk_loss_sum(head, h, y, softcap, ignore_index)
-    return total / (flat_labels != ignore_index).sum()
+    start = 0
+    for h, y in pieces:
+        h = h.detach().requires_grad_(hidden.requires_grad)
+        with torch.enable_grad():
+            # Scaled before the backward, as the mean reduction of the plain loss is.
+            loss = _chunk_loss_sum(head, h, y, softcap, ignore_index) / count
+        wrt = ([h] if flat_grad is not None else []) + params
+        grads = list(torch.autograd.grad(loss, wrt, allow_unused=True))
+        if flat_grad is not None:
+            flat_grad[start:start + len(h)] = grads.pop(0)
+        for i, grad in enumerate(grads):
+            if grad is not None:  # accumulated in fp32 whatever the parameter's dtype
+                param_grads[i] = grad.float() if param_grads[i] is None else param_grads[i].add_(grad)
+        total += loss.detach()
+        start += len(h)
+    return _GradientsFromForward.apply(total, [grad_hidden, *param_grads], hidden, *params)
+
+
+class _GradientsFromForward(torch.autograd.Function):
+    """``loss`` itself; its backward hands out the gradients computed in the forward, scaled by
+    the incoming gradient (a loss scale, an accumulation divisor), one per tensor in ``inputs``."""
+
+    @staticmethod
+    def forward(ctx, loss: torch.Tensor, grads: list[torch.Tensor | None], *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.grads = grads
+        ctx.dtypes = [tensor.dtype for tensor in inputs]
+        return loss.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        grads = [None if grad is None else (grad * grad_output).to(dtype) for grad, dtype in zip(ctx.grads, ctx.dtypes)]
+        ctx.grads = None
+        return (None, None, *grads)
 
 
 def _chunk_loss_sum(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, softcap: float | None,
@@ -161,4 +210,6 @@ def causal_lm_loss(
                 f"final_logit_softcapping={softcap}); a transform the chunked loss does not know would change "
                 "the loss: set loss_chunk_size=0 to use the model's own loss"
             )
-    return chunked_head_loss(head, hidden, shift_labels, chunk_size, softcap=softcap)
+    # ZeRO-3 frees a partitioned parameter when its module's forward returns (``ds_id`` marks one).
+    partitioned = any(hasattr(p, "ds_id") for p in head.parameters())
+    return chunked_head_loss(head, hidden, shift_labels, chunk_size, softcap=softcap, recompute=partitioned)
