@@ -126,6 +126,32 @@ def test_model_loss_and_gradients_equal_the_models_own(tied, chunk_size):
     assert_same_loss_and_grads(model, input_ids, positions, labels, chunk_size)
 
 
+def test_under_bf16_autocast_it_differs_from_the_plain_loss_less_than_bf16_itself_does():
+    model = tiny_model("llama", layers=2).train()
+    input_ids = tokens(37, batch=2)
+    labels, positions = shifted(input_ids, ignore_every=4), torch.arange(37).unsqueeze(0)
+
+    def run(chunked: bool, autocast: bool):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            if chunked:
+                loss = causal_lm_loss(model, input_ids, positions, labels, 5)
+            else:
+                loss = model(input_ids=input_ids, position_ids=positions, labels=labels, shift_labels=labels,
+                             use_cache=False).loss
+        loss.backward()
+        return loss.detach(), grads(model)
+
+    fp32_loss, fp32_grads = run(chunked=False, autocast=False)
+    plain_loss, plain_grads = run(chunked=False, autocast=True)
+    got_loss, got_grads = run(chunked=True, autocast=True)
+    for name, want in plain_grads.items():
+        assert got_grads[name].dtype == torch.float32
+        bf16_error = (want - fp32_grads[name]).abs().max()
+        assert (got_grads[name] - want).abs().max() <= bf16_error, name
+    assert (got_loss - plain_loss).abs() <= (plain_loss - fp32_loss).abs() + 1e-6
+
+
 def test_pose_positions_and_attention_mask_pass_through():
     """PoSE's skipped positions and all-ones mask reach the model unchanged."""
     model = tiny_model("qwen3", layers=2).train()
