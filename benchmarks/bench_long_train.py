@@ -36,6 +36,24 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+import hf_posext
+from hf_posext.files import write_text
+from hf_posext.fixtures import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
+from hf_posext.train.blocks import load_blocks
+from hf_posext.train.config import TrainConfig
+from hf_posext.train.loop import train
+
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("recipe", "trainer")
 BUDGET_MIB = 24 * 1024
@@ -53,11 +71,6 @@ def peak_rss_mib() -> float:
 
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
     """The random SmolLM2-135M-shaped checkpoint and one block of text per length."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from hf_posext.train.tokenizer import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
-
     config = LlamaConfig(
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=args.layers,
         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
@@ -76,16 +89,9 @@ def prepare(args: argparse.Namespace, workdir: Path) -> None:
 
 
 def child(args: argparse.Namespace) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
-
-    import hf_posext
-    from hf_posext.train.config import TrainConfig
-    from hf_posext.train.data import load_blocks
-    from hf_posext.train.loop import train
-
     torch.set_num_threads(args.threads)
-    baseline = rss_mib()  # every import done: what follows is what one step costs
+    # Both sides import the same modules (at the top): what follows is what one step costs.
+    baseline = rss_mib()
     workdir, length = Path(args.workdir), args.length
     data = str(workdir / f"data{length}.txt")
     stamps: dict[str, float] = {}
@@ -224,8 +230,7 @@ def main() -> None:
                 line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
                 runs.setdefault(str(length), {})[side] = json.loads(line[len("RESULT "):])
                 print(f"  {runs[str(length)][side]}", flush=True)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"setup": setup, "runs": runs, **summarise(runs)}, indent=2) + "\n")
+                write_text(out, json.dumps({"setup": setup, "runs": runs, **summarise(runs)}, indent=2) + "\n")
 
     report = json.loads(out.read_text())
     print(f"{'tokens':>7} {'side':8} {'peak MiB':>9} {'tokens/s':>9} {'loss':>9}")

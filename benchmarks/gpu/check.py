@@ -46,9 +46,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
+from hf_posext.files import write_text
+from hf_posext.fixtures import make_tiny_model
 from hf_posext.methods import method_class
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss
-from hf_posext.train.tiny import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -303,7 +304,6 @@ def main() -> None:
     if not args.cpu_smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run on a GPU, or pass --cpu-smoke to check the plumbing on CPU")
     args.device = "cpu" if args.cpu_smoke else "cuda"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores, smoke)"
     results: dict[str, dict] = {}
     for name in args.only or ITEMS:
@@ -320,7 +320,7 @@ def main() -> None:
         print(f"{name}: {row['status']} in {row['seconds']:.1f} s", file=sys.stderr, flush=True)
         # Written after every item, so that a run stopped by check.sh's time limit keeps what finished.
         report = {"device": device, "torch": torch.__version__, "items": results}
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        write_text(args.out, json.dumps(report, indent=2) + "\n")
     print(f"{'item':18} {'status':6} {'seconds':>8}  details\n" + "\n".join(
         f"{name:18} {row['status']:6} {row['seconds']:8.1f}  {summary(row)}" for name, row in results.items()))
     print(f"device: {device}; wrote {args.out}")
