@@ -100,13 +100,20 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_same_loss_and_grads(model, input_ids, position_ids, labels, chunk_size, **kwargs):
-    want = model(input_ids=input_ids, position_ids=position_ids, labels=labels, shift_labels=labels,
+def model_loss(model, input_ids, position_ids, labels, chunk_size=None, **kwargs) -> torch.Tensor:
+    """The chunked loss, or (``chunk_size=None``) the model's own loss, as the recipe calls them."""
+    if chunk_size:
+        return causal_lm_loss(model, input_ids, position_ids, labels, chunk_size, **kwargs)
+    return model(input_ids=input_ids, position_ids=position_ids, labels=labels, shift_labels=labels,
                  use_cache=False, **kwargs).loss
+
+
+def assert_same_loss_and_grads(model, input_ids, position_ids, labels, chunk_size, **kwargs):
+    want = model_loss(model, input_ids, position_ids, labels, **kwargs)
     want.backward()
     want_grads = grads(model)
     model.zero_grad(set_to_none=True)
-    got = causal_lm_loss(model, input_ids, position_ids, labels, chunk_size, **kwargs)
+    got = model_loss(model, input_ids, position_ids, labels, chunk_size, **kwargs)
     got.backward()
     got_grads = grads(model)
     torch.testing.assert_close(got.detach(), want.detach(), **TOL)
@@ -134,11 +141,7 @@ def test_under_bf16_autocast_it_differs_from_the_plain_loss_less_than_bf16_itsel
     def run(chunked: bool, autocast: bool):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            if chunked:
-                loss = causal_lm_loss(model, input_ids, positions, labels, 5)
-            else:
-                loss = model(input_ids=input_ids, position_ids=positions, labels=labels, shift_labels=labels,
-                             use_cache=False).loss
+            loss = model_loss(model, input_ids, positions, labels, chunk_size=5 if chunked else None)
         loss.backward()
         return loss.detach(), grads(model)
 
@@ -185,11 +188,7 @@ def test_under_fsdp2_sharding(tmp_path, tied):
             for layer in model.model.layers:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
-            if chunked:
-                loss = causal_lm_loss(model, input_ids, positions, labels, 5)
-            else:
-                loss = model(input_ids=input_ids, position_ids=positions, labels=labels, shift_labels=labels,
-                             use_cache=False).loss
+            loss = model_loss(model, input_ids, positions, labels, chunk_size=5 if chunked else None)
             loss.backward()
             results.append((loss.detach(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}))
         (want, want_grads), (got, got_grads) = results
