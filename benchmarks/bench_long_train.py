@@ -171,6 +171,15 @@ def largest_fit(runs: dict[str, dict], side: str) -> dict | None:
             "extrapolated_from": [t1, t2]}
 
 
+def extrapolated_peak(runs: dict[str, dict], side: str, length: int) -> float | None:
+    """``peak_step_mib`` of ``side`` at an unmeasured ``length``, on the line through its two longest runs."""
+    points = sorted((int(t), by_side[side]["peak_step_mib"]) for t, by_side in runs.items() if side in by_side)
+    if len(points) < 2:
+        return None
+    (t1, m1), (t2, m2) = points[-2:]
+    return m2 + (length - t2) * (m2 - m1) / (t2 - t1)
+
+
 def summarise(runs: dict[str, dict]) -> dict:
     ratios = {}
     for length, by_side in runs.items():
@@ -183,7 +192,15 @@ def summarise(runs: dict[str, dict]) -> dict:
                 "throughput_ratio_wall": recipe["tokens_per_s"] / trainer["tokens_per_s"],
                 "loss_difference": abs(recipe["loss"] - trainer["loss"]),
             }
-    return {"ratios": ratios, "largest_fit_24gib": {side: largest_fit(runs, side) for side in SIDES}}
+    extrapolated = {}
+    for length in (16384,):
+        if not set(SIDES) <= set(runs.get(str(length), {})):
+            peaks = {side: extrapolated_peak(runs, side, length) for side in SIDES}
+            if None not in peaks.values():
+                extrapolated[str(length)] = {**{f"{side}_peak_step_mib": peak for side, peak in peaks.items()},
+                                             "memory_ratio": peaks["recipe"] / peaks["trainer"]}
+    return {"ratios": ratios, "extrapolated": extrapolated,
+            "largest_fit_24gib": {side: largest_fit(runs, side) for side in SIDES}}
 
 
 def main() -> None:
@@ -240,6 +257,8 @@ def main() -> None:
     for length, ratio in report["ratios"].items():
         print(f"{length:>7}: memory recipe/Trainer {ratio['memory_ratio']:.3f} (goal <= 0.6 at 16k), throughput "
               f"{ratio['throughput_ratio']:.3f} (goal >= 1), |loss difference| {ratio['loss_difference']:.2e}")
+    for length, estimate in report["extrapolated"].items():
+        print(f"{length:>7}: memory recipe/Trainer ~{estimate['memory_ratio']:.3f} (extrapolated, not measured)")
     for side, fit in report["largest_fit_24gib"].items():
         if fit:
             print(f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens (extrapolated)")
