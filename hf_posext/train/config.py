@@ -87,6 +87,12 @@ class TrainConfig:
     mixed_precision: MixedPrecision = HfArg(
         default="auto", help="auto = the launcher's setting, else bf16 where the accelerator supports it, else fp32")
     activation_checkpointing: bool = HfArg(default=True, help="recompute layer activations in the backward pass")
+    activation_offload: bool = HfArg(
+        default=False, help="GPU only: checkpointed activations wait in pinned host memory, not on the device "
+        "(transformers' offload); refused on CPU, where it would only add copies")
+    loss_chunk_size: int = HfArg(
+        default=1024, help="tokens whose logits exist at once in the loss (train/loss.py); "
+        "0 = the model's own loss, which materialises [tokens x vocabulary] fp32 logits")
     attn_implementation: str = HfArg(
         default="sdpa", help="transformers attention backend (sdpa, flash_attention_2, eager)")
     lora: bool = HfArg(
@@ -152,6 +158,10 @@ class TrainConfig:
         _positive("global_batch_size", self.global_batch_size)
         _positive("micro_batch_size", self.micro_batch_size)
         _positive("pose_chunks", self.pose_chunks)
+        _positive("loss_chunk_size", self.loss_chunk_size, minimum=0)
+        if self.activation_offload and not self.activation_checkpointing:
+            raise ValueError("activation_offload offloads the checkpointed activations: it needs "
+                             "activation_checkpointing=True")
         for name in ("seq_len", "pose_window"):
             value = getattr(self, name)
             if value is not None:

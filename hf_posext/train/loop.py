@@ -50,6 +50,7 @@ from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, sa
 from .config import TrainConfig, build_scheduler
 from .export import save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
+from .loss import causal_lm_loss
 from .plan import plan_run
 from .pose import pose_position_ids
 
@@ -148,11 +149,12 @@ def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]
 
 
 def forward_loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 pose: bool = False, accelerator: Accelerator | None = None) -> torch.Tensor:
+                 pose: bool = False, accelerator: Accelerator | None = None, loss_chunk_size: int = 0) -> torch.Tensor:
     """Mean next-token cross-entropy of ``input_ids`` ``[batch, seq]`` at ``position_ids``.
 
     Labels are shifted here rather than inside the model, so that context parallelism can shard
     inputs and labels alike (accelerate's CP guide); the last position has no target.
+    ``loss_chunk_size > 0`` computes the same loss without all logits (see loss.py).
     """
     shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
     kwargs: dict[str, Any] = {}
@@ -165,8 +167,12 @@ def forward_loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.
     if cp:
         with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
                                                 no_restore_buffers=set(buffers)):
+            if loss_chunk_size:
+                return causal_lm_loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, **kwargs)
             return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
                          shift_labels=shift_labels, use_cache=False, **kwargs).loss
+    if loss_chunk_size:
+        return causal_lm_loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, **kwargs)
     return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
                  shift_labels=shift_labels, use_cache=False, **kwargs).loss
 
@@ -249,6 +255,9 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
         resume_from = latest_checkpoint(config.checkpoint_path)
 
     accelerator = build_accelerator(config)
+    if config.activation_offload and accelerator.device.type == "cpu":
+        raise ValueError("activation_offload moves checkpointed activations from an accelerator to host memory; "
+                         "training runs on the CPU here, where it only adds copies: set activation_offload=False")
     set_seed(config.seed)
     model, tokenizer = load_model_and_tokenizer(config)
     pc = accelerator.parallelism_config
@@ -277,7 +286,7 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
     next(batches)  # fails here, before training, when there is less than one micro-batch of data
 
     if config.activation_checkpointing:
-        model.activation_checkpointing_enable()
+        model.activation_checkpointing_enable(offload=config.activation_offload)
     model.config.use_cache = False
     if config.lora:
         model = apply_lora(model, config.lora_target_modules, config.lora_rank, config.lora_alpha,
@@ -335,7 +344,8 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
                 # One row broadcast over the batch, as transformers does without position ids.
                 positions = torch.arange(plan.window, device=accelerator.device).unsqueeze(0)
             with accelerator.accumulate(model):
-                loss = forward_loss(model, input_ids, positions, pose=config.pose, accelerator=accelerator)
+                loss = forward_loss(model, input_ids, positions, pose=config.pose, accelerator=accelerator,
+                                    loss_chunk_size=config.loss_chunk_size)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and config.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(params, config.max_grad_norm)

@@ -1,0 +1,269 @@
+"""One long-sequence optimizer step: the fine-tune recipe against a plain transformers ``Trainer``.
+
+The model has SmolLM2-135M's shape (Llama: 30 layers, hidden 576, 9 query / 3 KV heads of 64,
+MLP 1536, vocabulary 49152, tied embeddings; random weights, nothing is downloaded), patched
+with YaRN x4. Both sides train the same single block of text for one step with the same
+settings: fp32, AdamW (0.9, 0.95), lr 2e-5, batch 1, SDPA, activation checkpointing. The
+recipe computes its loss chunk-wise (``loss_chunk_size``); the Trainer calls the model with
+``labels``, as every transformers training loop does, which materialises the fp32 logits.
+
+Each (side, length) runs in a fresh subprocess. Reported per run: the peak resident set above
+the process's resident set once every import is done (``peak_step_mib``: through the optimizer
+step; ``peak_mib``: the whole run, the recipe's checkpoint writing included), the step time
+(first forward to the end of the optimizer step) as tokens/s, and the step's loss, which must
+agree. On a shared machine wall time depends on the other jobs, so the throughput ratio uses
+the process's CPU time with one torch thread (``tokens_per_cpu_s``; the wall-time ratio is
+reported too). The largest length that fits in 24 GiB is extrapolated linearly from the two
+longest measured lengths (SDPA's CPU kernel keeps attention memory linear in the sequence).
+
+    nice -n 19 python benchmarks/bench_long_train.py                     # 4k, 8k, 16k: hours on a busy CPU
+    python benchmarks/bench_long_train.py --lengths 4096 --resume        # add or redo lengths
+    python benchmarks/bench_long_train.py --layers 2 --lengths 256 512 --out /tmp/x.json   # 1 min plumbing run
+
+Writes ``benchmarks/results/long_train.json`` after every run (``--resume`` keeps finished runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+import hf_posext
+from hf_posext.files import write_text
+from hf_posext.fixtures import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
+from hf_posext.train.blocks import load_blocks
+from hf_posext.train.config import TrainConfig
+from hf_posext.train.loop import train
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("recipe", "trainer")
+BUDGET_MIB = 24 * 1024
+FACTOR = 4
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def prepare(args: argparse.Namespace, workdir: Path) -> None:
+    """The random SmolLM2-135M-shaped checkpoint and one block of text per length."""
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=args.layers,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 100_000.0}, tie_word_embeddings=True,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(workdir / "model")
+    byte_tokenizer().save_pretrained(workdir / "model")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join((stdlib / name).read_text() for name in ("typing.py", "argparse.py", "functools.py", "inspect.py"))
+    for length in args.lengths:
+        # Between one and two blocks of bytes: exactly one block, so both sides train the same tokens.
+        (workdir / f"data{length}.txt").write_text(text[: length * 3 // 2])
+
+
+def child(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    # Both sides import the same modules (at the top): what follows is what one step costs.
+    baseline = rss_mib()
+    workdir, length = Path(args.workdir), args.length
+    data = str(workdir / f"data{length}.txt")
+    stamps: dict[str, float] = {}
+
+    def first_forward(module, inputs):
+        if type(module).__name__ == "LlamaForCausalLM" and "start" not in stamps:
+            stamps["start"], stamps["start_cpu"] = time.perf_counter(), time.process_time()
+
+    def step_end():
+        stamps.setdefault("end", time.perf_counter())
+        stamps.setdefault("end_cpu", time.process_time())
+        stamps.setdefault("peak_step_mib", peak_rss_mib() - baseline)
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(first_forward)
+    if args.child == "recipe":
+        result = train(TrainConfig(
+            model=str(workdir / "model"), method="yarn", factor=FACTOR, dataset=[data], seq_len=length,
+            output_dir=str(workdir / "out-recipe"), max_train_steps=1, learning_rate=2e-5, warmup_steps=0,
+            global_batch_size=1, micro_batch_size=1, mixed_precision="no", cache_dir=str(workdir / "cache"),
+            activation_checkpointing=True, attn_implementation="sdpa", loss_chunk_size=args.loss_chunk_size,
+        ), callbacks=[lambda progress: step_end()])
+        loss = result.final_loss
+    else:
+        class Stamp(TrainerCallback):
+            def on_step_end(self, *unused, **kwargs):
+                step_end()
+
+        class Blocks(torch.utils.data.Dataset):
+            def __init__(self, blocks):
+                self.blocks = blocks
+
+            def __len__(self):
+                return len(self.blocks)
+
+            def __getitem__(self, i):
+                ids = torch.from_numpy(self.blocks[i].astype("int64"))
+                return {"input_ids": ids, "labels": ids}
+
+        tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
+        model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32,
+                                                     attn_implementation="sdpa")
+        hf_posext.patch_model(model, "yarn", factor=FACTOR)
+        blocks = load_blocks([data], tokenizer, length, cache_dir=workdir / "cache")
+        training_args = TrainingArguments(
+            output_dir=str(workdir / "out-trainer"), max_steps=1, learning_rate=2e-5, warmup_steps=0,
+            lr_scheduler_type="linear", adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
+            per_device_train_batch_size=1, gradient_accumulation_steps=1, gradient_checkpointing=True,
+            use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, dataloader_num_workers=0,
+            disable_tqdm=True, seed=42,
+        )
+        trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks), callbacks=[Stamp()])
+        loss = trainer.train().training_loss
+    hook.remove()
+    report = {
+        "baseline_mib": baseline,
+        "peak_step_mib": stamps["peak_step_mib"],
+        "peak_mib": peak_rss_mib() - baseline,
+        "step_s": stamps["end"] - stamps["start"],
+        "step_cpu_s": stamps["end_cpu"] - stamps["start_cpu"],
+        "tokens_per_s": length / (stamps["end"] - stamps["start"]),
+        "tokens_per_cpu_s": length / (stamps["end_cpu"] - stamps["start_cpu"]),
+        "loss": loss,
+    }
+    print("RESULT " + json.dumps(report))
+
+
+def largest_fit(runs: dict[str, dict], side: str) -> dict | None:
+    """The sequence length whose peak (baseline included) reaches 24 GiB, by a line through the
+    two longest measured lengths of ``side``."""
+    points = sorted((int(length), r["baseline_mib"] + r["peak_step_mib"])
+                    for length, by_side in runs.items() for s, r in by_side.items() if s == side)
+    if len(points) < 2:
+        return None
+    (t1, m1), (t2, m2) = points[-2:]
+    slope = (m2 - m1) / (t2 - t1)
+    return {"tokens": int(t2 + (BUDGET_MIB - m2) / slope), "mib_per_1k_tokens": slope * 1024,
+            "extrapolated_from": [t1, t2]}
+
+
+def extrapolated_peak(runs: dict[str, dict], side: str, length: int) -> float | None:
+    """``peak_step_mib`` of ``side`` at an unmeasured ``length``, on the line through its two longest runs."""
+    points = sorted((int(t), by_side[side]["peak_step_mib"]) for t, by_side in runs.items() if side in by_side)
+    if len(points) < 2:
+        return None
+    (t1, m1), (t2, m2) = points[-2:]
+    return m2 + (length - t2) * (m2 - m1) / (t2 - t1)
+
+
+def summarise(runs: dict[str, dict]) -> dict:
+    ratios = {}
+    for length, by_side in runs.items():
+        if set(by_side) == set(SIDES):
+            recipe, trainer = by_side["recipe"], by_side["trainer"]
+            ratios[length] = {
+                "memory_ratio": recipe["peak_step_mib"] / trainer["peak_step_mib"],
+                "memory_ratio_whole_run": recipe["peak_mib"] / trainer["peak_mib"],
+                "throughput_ratio": recipe["tokens_per_cpu_s"] / trainer["tokens_per_cpu_s"],
+                "throughput_ratio_wall": recipe["tokens_per_s"] / trainer["tokens_per_s"],
+                "loss_difference": abs(recipe["loss"] - trainer["loss"]),
+            }
+    extrapolated = {}
+    for length in (16384,):
+        if not set(SIDES) <= set(runs.get(str(length), {})):
+            peaks = {side: extrapolated_peak(runs, side, length) for side in SIDES}
+            if None not in peaks.values():
+                extrapolated[str(length)] = {**{f"{side}_peak_step_mib": peak for side, peak in peaks.items()},
+                                             "memory_ratio": peaks["recipe"] / peaks["trainer"]}
+    return {"ratios": ratios, "extrapolated": extrapolated,
+            "largest_fit_24gib": {side: largest_fit(runs, side) for side in SIDES}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads of each run (1: CPU time that other jobs do not skew)")
+    parser.add_argument("--loss-chunk-size", type=int, default=1024)
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_train.json"))
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    out = Path(args.out)
+    setup = {k: v for k, v in vars(args).items() if k in ("layers", "threads", "loss_chunk_size")}
+    setup.update(model="SmolLM2-135M-shaped Llama, random weights, tied embeddings", method=f"yarn x{FACTOR}",
+                 precision="fp32", activation_checkpointing=True, batch=1, cpu_count=os.cpu_count())
+    runs: dict[str, dict] = {}
+    if args.resume and out.exists():
+        saved = json.loads(out.read_text())
+        if saved["setup"] != setup:
+            raise SystemExit(f"--resume: {out} was measured with {saved['setup']}, not {setup}")
+        runs = saved["runs"]
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        prepare(args, workdir)
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_POSEXT_CACHE": str(workdir / "cache")}
+        for length in args.lengths:
+            for side in SIDES:
+                if side in runs.get(str(length), {}):
+                    continue
+                print(f"{side} at {length} tokens ...", flush=True)
+                command = [sys.executable, __file__, f"--child={side}", f"--workdir={workdir}", f"--length={length}",
+                           f"--threads={args.threads}", f"--loss-chunk-size={args.loss_chunk_size}"]
+                done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+                if done.returncode != 0:
+                    raise SystemExit(f"{side} at {length} tokens failed:\n{done.stderr[-3000:]}")
+                line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+                runs.setdefault(str(length), {})[side] = json.loads(line[len("RESULT "):])
+                print(f"  {runs[str(length)][side]}", flush=True)
+                write_text(out, json.dumps({"setup": setup, "runs": runs, **summarise(runs)}, indent=2) + "\n")
+
+    report = json.loads(out.read_text())
+    print(f"{'tokens':>7} {'side':8} {'peak MiB':>9} {'tokens/s':>9} {'loss':>9}")
+    for length, by_side in sorted(runs.items(), key=lambda item: int(item[0])):
+        for side, r in by_side.items():
+            print(f"{length:>7} {side:8} {r['peak_step_mib']:9.0f} {r['tokens_per_s']:9.1f} {r['loss']:9.5f}")
+    for length, ratio in report["ratios"].items():
+        print(f"{length:>7}: memory recipe/Trainer {ratio['memory_ratio']:.3f} (goal <= 0.6 at 16k), throughput "
+              f"{ratio['throughput_ratio']:.3f} (goal >= 1), |loss difference| {ratio['loss_difference']:.2e}")
+    for length, estimate in report["extrapolated"].items():
+        print(f"{length:>7}: memory recipe/Trainer ~{estimate['memory_ratio']:.3f} (extrapolated, not measured)")
+    for side, fit in report["largest_fit_24gib"].items():
+        if fit:
+            print(f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens (extrapolated)")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
