@@ -79,9 +79,10 @@ def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
     root = converter_dir()
     cases = {}
     for arch in ("llama", "qwen2"):
-        for method in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn"):
+        for method in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn", "alibi"):
             folder = tmp_path / f"{arch}-{method}"
-            hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), method, factor=4).save_pretrained(folder)
+            factor = {} if method == "alibi" else {"factor": 4}
+            hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), method, **factor).save_pretrained(folder)
             cases[folder] = (arch, method)
     result = subprocess.run([sys.executable, "-c", CONVERT, str(root), *map(str, cases)],
                             capture_output=True, text=True, timeout=900)
@@ -96,10 +97,16 @@ def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
                  "rope.scaling.original_context_length": L_ORIG, "rope.scaling.yarn_beta_fast": 32.0,
                  "rope.scaling.yarn_beta_slow": 1.0, "rope.freq_base": 10000.0},
         "dynamic_yarn": plain,
+        "alibi": plain,
     }
     for folder, (arch, method) in cases.items():
         written = gguf_keys(Path(f"{folder}.gguf"), arch)
         assert written == pytest.approx(expected[method]), (arch, method, written)
         predicted = llamacpp.gguf_rope_keys(json.loads((folder / "config.json").read_text()))
         assert written == pytest.approx(predicted), (arch, method)
-    assert "Unknown RoPE type" in result.stderr  # dynamic YaRN: a warning, then plain RoPE
+    assert "Unknown RoPE type" in result.stderr  # dynamic YaRN, ALiBi: a warning, then plain RoPE
+    # a learned position table is a tensor the converter has no name for: it stops
+    hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "learned").save_pretrained(tmp_path / "learned")
+    result = subprocess.run([sys.executable, "-c", CONVERT, str(root), str(tmp_path / "learned")],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode != 0 and "Can not map tensor 'model.hf_posext_positions.weight'" in result.stderr

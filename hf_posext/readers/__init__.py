@@ -110,7 +110,10 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
         "SGLang": _engine_verdict(_rules(sglang.effective_rope, config, rotary_dim_of(config)), intended,
                                   sglang.context_length(config), context),
     }
-    if rope_type in transformers5.CUSTOM_ROPE_TYPES:
+    # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
+    if (getattr(config, "hf_posext", None) or {}).get("method") == "learned":
+        verdicts["llama.cpp"] = ("refused", "the converter cannot map the learned position table")
+    elif rope_type in transformers5.CUSTOM_ROPE_TYPES:
         verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
     elif rope_type == "dynamic":
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
