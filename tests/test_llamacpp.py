@@ -20,8 +20,8 @@ import pytest
 from models import tiny_model
 
 import hf_posext
-from hf_posext.methods.ntk import ntk_theta
 from hf_posext.readers import llamacpp
+from hf_posext.rope_utils import ntk_theta
 
 gguf = pytest.importorskip("gguf")
 

@@ -19,11 +19,10 @@ from vanilla import vanilla_load_error
 
 import hf_posext
 from hf_posext.cli import main as cli_main
-from hf_posext.io import extend_checkpoint, model_card
-from hf_posext.methods.ntk import ntk_theta
-from hf_posext.methods.yarn import DYNAMIC_YARN_ROPE_TYPE
+from hf_posext.export import extend_checkpoint, model_card
 from hf_posext.readers import llamacpp, sglang, support, vllm
 from hf_posext.readers.rope import intended_rope
+from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE, ntk_theta
 
 L_ORIG = 64
 HEAD_DIM = 32
