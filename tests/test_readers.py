@@ -161,6 +161,15 @@ def test_model_card_names_no_local_path(tmp_path):
     tiny_model(max_positions=L_ORIG).save_pretrained(cached)
     extend_checkpoint(cached, tmp_path / "from-cache", "linear", factor=2)
     assert ModelCard.load(tmp_path / "from-cache" / "README.md").data.base_model == "my-org/tiny-base"
+    # re-patching an hf-posext checkpoint extends the same base model its card names
+    extend_checkpoint(tmp_path / "from-cache", tmp_path / "again", "yarn", factor=2)
+    assert ModelCard.load(tmp_path / "again" / "README.md").data.base_model == "my-org/tiny-base"
+    # a config.json saved by transformers 4.x records the Hub id it was loaded from
+    tiny_model(max_positions=L_ORIG).save_pretrained(tmp_path / "base-4x")
+    raw = json.loads((tmp_path / "base-4x" / "config.json").read_text())
+    (tmp_path / "base-4x" / "config.json").write_text(json.dumps({**raw, "_name_or_path": "my-org/tiny-4x"}))
+    extend_checkpoint(tmp_path / "base-4x", tmp_path / "named", "ntk", factor=2)
+    assert ModelCard.load(tmp_path / "named" / "README.md").data.base_model == "my-org/tiny-4x"
     config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), "ntk", factor=2)
     card = model_card(config, base_model=str(tmp_path / "base"))
     assert str(tmp_path) not in str(card) and ABSOLUTE_PATH.search(str(card)) is None and card.data.base_model is None
