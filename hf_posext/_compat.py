@@ -119,3 +119,16 @@ def attention_function(implementation: str, module: nn.Module) -> Callable[..., 
     if implementation == "eager":
         return sys.modules[type(module).__module__].eager_attention_forward
     return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def set_saved_attribute(config: Any, name: str, value: Any) -> None:
+    """Make ``config.save_pretrained`` write ``name: value`` at the top of config.json; ``None`` removes it.
+
+    ``PreTrainedConfig.to_dict`` serializes the instance ``__dict__``; ``rope_scaling`` is a
+    property aliasing ``rope_parameters`` in transformers 5, so only ``__dict__`` can hold it
+    (reading ``config.rope_scaling`` still gives ``rope_parameters``).
+    """
+    if value is None:
+        config.__dict__.pop(name, None)
+    else:
+        config.__dict__[name] = value

@@ -15,6 +15,7 @@ from .rope_utils import (
     compute_no_rope_parameters,
     validate_no_rope_parameters,
 )
+from .readers.transformers5 import RENAMED_ROPE_TYPES
 
 _VALIDATED_KEYS = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"}
 
@@ -29,6 +30,11 @@ def _validate_dynamic_yarn(rope_parameters: dict[str, Any]) -> None:
 def register_all() -> None:
     _compat.register_rope_type(DYNAMIC_YARN_ROPE_TYPE, compute_dynamic_yarn_parameters, _validate_dynamic_yarn)
     _compat.register_rope_type(NO_ROPE_TYPE, compute_no_rope_parameters, validate_no_rope_parameters)
+    # Checkpoints saved before the rope types were renamed stay loadable (readers.transformers5).
+    renamed = {DYNAMIC_YARN_ROPE_TYPE: (compute_dynamic_yarn_parameters, _validate_dynamic_yarn),
+               NO_ROPE_TYPE: (compute_no_rope_parameters, validate_no_rope_parameters)}
+    for old, new in RENAMED_ROPE_TYPES.items():
+        _compat.register_rope_type(old, *renamed[new])
     register_attention()
     # Lets a model built from a saved patched config (from_pretrained) get back what the method
     # adds beyond rope parameters before its weights are loaded; acts only inside a model's

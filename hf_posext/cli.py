@@ -14,10 +14,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from transformers import AutoConfig
+
 from .arguments import add_set_argument, parse_key_values
 from .export import extend_checkpoint
 from .gguf import resolve_model_source
 from .methods import available_methods, method_class
+from .patching import patch_info
+from .readers import print_engine_warning
 
 
 def _methods(args: argparse.Namespace) -> int:
@@ -37,6 +41,8 @@ def _patch(args: argparse.Namespace) -> int:
         source, args.output_dir, args.method, args.factor, override=args.override, **extra
     )
     print(f"wrote {out}")
+    saved = AutoConfig.from_pretrained(out)  # what every reader will read: the engines' verdict on it
+    print_engine_warning(saved, patch_info(saved)["context_length"], args.method)
     return 0
 
 

@@ -17,6 +17,8 @@ from transformers import AutoConfig
 from .files import atomic_directory
 from .methods import method_class
 from .patching import patch_info, patch_model
+from .readers import support
+from .readers.hub_card import base_model_id, readers_section
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:
@@ -24,10 +26,12 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
 
     Args:
         config: a patched transformers config.
-        base_model: the Hub id or path of the checkpoint that was extended.
+        base_model: the Hub id or path of the checkpoint that was extended; the card names only
+            its Hub id (:func:`~hf_posext.readers.hub_card.base_model_id`), never a local path.
         extra: more ``key: value`` lines for the card's table (data, steps, final loss, eval...).
     """
     info = patch_info(config)
+    base_model = base_model_id(base_model)
     method = info["method"] or "none"
     scales_rope = info["method"] is None or method_class(method).scales_rope
     original = info.get("original_max_position_embeddings")
@@ -35,7 +39,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
     data = ModelCardData(
         library_name="transformers",
         pipeline_tag="text-generation",
-        base_model=base_model if base_model and not os.path.isdir(base_model) else None,
+        base_model=base_model,
         tags=["hf-posext", "long-context", method],
     )
     skip = {"method", "rope_parameters", "context_length", "max_position_embeddings", "original_max_position_embeddings"}
@@ -52,11 +56,10 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
     )
     body = (
         f"# {method}: {base_model or 'model'}\n\n"
-        f"This checkpoint is {base_model or 'a model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "
+        f"This checkpoint is {base_model or 'a local model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "
         f"(`{method}`).\n\n"
         f"| | |\n|---|---|\n{table}\n\n"
-        "Native rope types (`linear`, `dynamic`, `yarn`, and NTK as `default` with a raised `rope_theta`) load "
-        "in vanilla transformers and vLLM; custom types (`hf_posext_*`) need `import hf_posext` first.\n"
+        + readers_section(support(config, context or config.max_position_embeddings))
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 

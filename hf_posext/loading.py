@@ -29,6 +29,7 @@ from typing import Any
 import torch.nn as nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from . import readers
 from .adapters import adapter_for, needs_surgery
 from .adapters.absolute import POSITIONS_ATTR
 from .attention.alibi import ALIBI_ATTENTION
@@ -63,6 +64,7 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     method = method_from_record(record)
     if name == "rotary_emb":
         return adapter_for(method).on_rotary_init(method, parent, submodule)
+    readers.restore_on_load(parent.config)  # old rope type names, legacy fields; before the rotary is built
     adapter_for(method).on_model_init(method, parent)
     return None
 

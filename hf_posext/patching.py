@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from . import _compat
+from . import _compat, readers
 from .adapters import adapter_for
 from .methods.base import BaseRope, PositionMethod, make_method, method_class
 from .rope_utils import rotary_dim_of
@@ -127,6 +127,7 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
     )
     adapter_for(method).patch_config(method, config)
     config.validate_rope()
+    readers.write_reader_fields(config)  # transformers 4.x and the engines read these (hf_posext.readers)
 
 
 def _swap_rotary_modules(model: nn.Module, keep_originals: bool) -> None:
@@ -222,6 +223,7 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     config.max_position_embeddings = int(record["base_max_position_embeddings"])
     adapter.unpatch_config(spec, config, record)
     delattr(config, CONFIG_KEY)
+    readers.clear_reader_fields(config)
     if isinstance(model, nn.Module):
         adapter.unpatch_modules(spec, model)
         originals = model.__dict__.pop(_ORIGINAL_MODULES, {})

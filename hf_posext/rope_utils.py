@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-#: The ``rope_type`` dynamic YaRN registers; named after the package so that a vanilla
-#: transformers install that cannot load it names what is missing.
-DYNAMIC_YARN_ROPE_TYPE = "hf_posext_dynamic_yarn"
+#: The ``rope_type`` dynamic YaRN registers; a vanilla transformers install that cannot load it
+#: shows this name in its KeyError, so it says what is missing (hf_posext.readers.transformers5).
+DYNAMIC_YARN_ROPE_TYPE = "hf_posext_dynamic_yarn (requires: import hf_posext)"
 
 #: The rope type that switches rotary embeddings off (inv_freq = 0: cos = 1, sin = 0); used by
-#: ALiBi and the absolute-position baselines.
-NO_ROPE_TYPE = "hf_posext_none"
+#: ALiBi and the absolute-position baselines. Named like DYNAMIC_YARN_ROPE_TYPE.
+NO_ROPE_TYPE = "hf_posext_none (requires: import hf_posext)"
 
 
 def rope_parameters_for(config: Any, layer_type: str | None = None) -> dict[str, Any]:

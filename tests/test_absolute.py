@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import hf_posext
 from hf_posext.adapters.absolute import POSITIONS_ATTR, SinusoidalPositions
+from hf_posext.rope_utils import NO_ROPE_TYPE
 
 METHODS = {"sinusoidal": {}, "learned": {"max_length": 48}}
 
@@ -76,7 +77,7 @@ def test_the_first_layer_sees_token_plus_position_embeddings(method):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_rotary_is_off_and_positions_matter(method):
     model = hf_posext.patch_model(tiny_model(), method, **METHODS[method])
-    assert model.config.rope_parameters["rope_type"] == "hf_posext_none"
+    assert model.config.rope_parameters["rope_type"] == NO_ROPE_TYPE
     ids = tokens(12)
     shifted = torch.arange(3, 15)[None]
     assert not torch.allclose(logits(model, ids, position_ids=shifted), logits(model, ids))

@@ -23,6 +23,7 @@ import hf_posext
 from hf_posext.attention import alibi as alibi_module
 from hf_posext.attention import alibi_slopes, select_backend
 from hf_posext.attention.alibi import ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
+from hf_posext.rope_utils import NO_ROPE_TYPE
 
 CPU_PATHS = ["eager", "sdpa", "flex"]
 
@@ -381,7 +382,7 @@ def test_saved_checkpoint_reloads_as_alibi(tmp_path):
     model.save_pretrained(tmp_path / "a")
     saved = json.loads((tmp_path / "a" / "config.json").read_text())
     assert saved["attn_implementation"] == ALIBI_ATTENTION
-    assert saved["rope_parameters"]["rope_type"] == "hf_posext_none"
+    assert saved["rope_parameters"]["rope_type"] == NO_ROPE_TYPE
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
     assert reloaded.config._attn_implementation == ALIBI_ATTENTION

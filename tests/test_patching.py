@@ -88,9 +88,10 @@ def test_method_config_object_equals_name_and_kwargs(method):
     assert by_name.to_dict() == by_object.to_dict()
 
 
-@pytest.mark.parametrize("method,advertised", [("linear", 256), ("ntk", 256), ("yarn", 256), ("dynamic_ntk", 64), ("dynamic_yarn", 64)])
+@pytest.mark.parametrize("method,advertised", [("linear", 64), ("ntk", 256), ("yarn", 256), ("dynamic_ntk", 64), ("dynamic_yarn", 64)])
 def test_advertised_context(method, advertised):
-    """Static methods advertise factor x L_orig; dynamic ones must keep L_orig (else transformers never rescales)."""
+    """ntk and yarn advertise factor x L_orig; dynamic ones must keep L_orig (else transformers never rescales);
+    linear keeps L_orig too, as vicuna-13b-v1.5-16k does, because vLLM and SGLang multiply it by the factor."""
     config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), method, factor=4)
     assert config.max_position_embeddings == advertised
     info = hf_posext.patch_info(config)

@@ -5,7 +5,6 @@ model card and ``train_results.json`` in one atomic folder that loads in vanilla
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +113,7 @@ def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: Train
     for phase in ("before", "after"):
         if phase in eval_results:
             extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"
-    base = config.model if not os.path.isdir(config.model) else None
-    card = model_card(model_config, base_model=base, extra=extra)
+    card = model_card(model_config, base_model=config.model, extra=extra)  # names Hub ids only, never a path
     if not is_local_dataset(config.dataset):
         card.data.datasets = list(config.dataset)
     return card

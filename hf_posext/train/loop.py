@@ -46,6 +46,7 @@ from ..data import check_dataset, is_local_dataset
 from ..gguf import resolve_model_source
 from .blocks import load_blocks, micro_batch_indices, take_blocks
 from ..patching import patch_model
+from ..readers import print_engine_warning
 from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
 from .export import save_dtype_for, save_final
@@ -266,6 +267,8 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
         raise ValueError("PoSE needs an attention mask, which context parallelism (causal SDPA only) cannot take")
     dp_size, dp_rank = data_parallel_layout(accelerator)
     plan = plan_run(config, model, dp_size, dp_rank, cp_size)
+    if accelerator.is_main_process:
+        print_engine_warning(model.config, plan.context, config.method)
     accelerator.gradient_accumulation_steps = plan.accumulation
     if config.lora:
         check_lora_targets(model, config.lora_target_modules)

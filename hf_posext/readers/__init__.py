@@ -1,0 +1,145 @@
+"""Who reads a saved config, and what hf-posext writes so that each reads the same model.
+
+A patched checkpoint is read by transformers 5 (with or without ``import hf_posext``),
+transformers 4.x, vLLM, SGLang and llama.cpp's GGUF converter. One module per reader holds its
+rules, re-written from its source with the file and version cited:
+
+* :mod:`.transformers4`: the legacy ``rope_theta`` / ``rope_scaling`` fields 4.x reads
+  (:func:`write_reader_fields` puts them into every patched config, so ``save_pretrained`` writes
+  them; transformers 5 reads them back as the same ``rope_parameters``);
+* :mod:`.transformers5`: hf-posext's rope types name ``import hf_posext`` in the error a vanilla
+  install raises; old names stay loadable;
+* :mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`: the context and rope each derives.
+
+Conventions, per method (each is justified in the module that needs it):
+
+========== ================================= ===============================================
+method     ``max_position_embeddings``       why
+========== ================================= ===============================================
+linear     L0 (vicuna-13b-v1.5-16k)          vLLM/SGLang multiply it by the factor
+ntk        s x L0, ``rope_type: default``    every reader takes the raised base as is
+dynamic_*  L0                                transformers 4/5 start scaling past it
+yarn       s x L0, original = L0             SGLang does not multiply it (original is set)
+========== ================================= ===============================================
+
+:func:`support` applies every reader's rules to a patched config; :func:`engine_warning` turns the
+readers that would run it wrong *silently* into one warning (a loud refusal needs none).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .. import _compat
+from ..methods.base import method_class
+from ..rope_utils import rotary_dim_of
+from . import llamacpp, sglang, transformers4, transformers5, vllm
+from .rope import intended_rope
+
+#: The readers, in the order of the README's compatibility table.
+READERS = ("transformers 5", "transformers 4.57", "vLLM", "SGLang", "llama.cpp")
+
+#: The static method each engine reads right, for a dynamic one.
+STATIC_EQUIVALENT = {"dynamic_ntk": "ntk", "dynamic_yarn": "yarn"}
+
+#: A reader's verdict: one of :data:`STATUSES` and how it reads the checkpoint.
+Verdict = tuple[str, str]
+STATUSES = ("right", "refused", "wrong")  # refused: an error names the rope type; wrong: silently
+
+
+def write_reader_fields(config: Any) -> None:
+    """Put the 4.x fields (:func:`.transformers4.legacy_fields`) into ``config``, for ``save_pretrained`` to write."""
+    for name, value in transformers4.legacy_fields(config.rope_parameters).items():
+        _compat.set_saved_attribute(config, name, value)
+
+
+def clear_reader_fields(config: Any) -> None:
+    """Remove what :func:`write_reader_fields` wrote (unpatch)."""
+    for name in transformers4.LEGACY_FIELDS:
+        _compat.set_saved_attribute(config, name, None)
+
+
+def restore_on_load(config: Any) -> None:
+    """For a patched config transformers 5 has just loaded: current rope type names, legacy fields again.
+
+    transformers 5 consumes the legacy fields when it loads config.json; writing them again keeps
+    them in a checkpoint saved from the loaded model.
+    """
+    rope = config.rope_parameters
+    rope["rope_type"] = transformers5.current_rope_type(rope.get("rope_type", "default"))
+    write_reader_fields(config)
+
+
+def _runs(description: dict[str, Any], intended: dict[str, Any]) -> str:
+    if description["kind"] == "default" and description["theta"] == intended["theta"]:
+        return "plain RoPE: no scaling at any length"
+    if description["kind"] == "default":
+        return f"plain RoPE with one fixed base {description['theta']:.6g} at every length"
+    extra = sorted(set(intended) ^ set(description))
+    return f"{description['kind']} without/with {', '.join(extra)}" if extra else f"{description}"
+
+
+def _engine_verdict(description: Any, intended: dict[str, Any], context: int, target: int) -> Verdict:
+    if isinstance(description, ValueError):
+        return "refused", f"raises {description}"
+    if description != intended:
+        return "wrong", _runs(description, intended)
+    if context != target:
+        return "right", f"rope right; its default context is {context}: pass {target} (e.g. -c {target})"
+    return "right", f"context {context}"
+
+
+def _rules(reader, *args):
+    try:
+        return reader(*args)
+    except ValueError as error:
+        return error
+
+
+def support(config: Any, context: int) -> dict[str, Verdict]:
+    """``{reader: (status, how)}`` for a patched ``config`` that reaches ``context`` tokens in transformers 5."""
+    params = config.rope_parameters
+    rope_type = params.get("rope_type", "default")
+    intended = intended_rope(params)
+    keys = llamacpp.gguf_rope_keys(config.to_dict())
+    verdicts = {
+        "transformers 5": transformers5.verdict(rope_type),
+        "transformers 4.57": transformers4.verdict(rope_type),
+        "vLLM": _engine_verdict(_rules(vllm.effective_rope, config), intended, vllm.max_model_len(config), context),
+        "SGLang": _engine_verdict(_rules(sglang.effective_rope, config, rotary_dim_of(config)), intended,
+                                  sglang.context_length(config), context),
+    }
+    # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
+    if (getattr(config, "hf_posext", None) or {}).get("method") == "learned":
+        verdicts["llama.cpp"] = ("refused", "the converter cannot map the learned position table")
+    elif rope_type in transformers5.CUSTOM_ROPE_TYPES:
+        verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
+    elif rope_type == "dynamic":
+        verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
+    else:
+        verdicts["llama.cpp"] = _engine_verdict(llamacpp.effective_rope(keys), intended,
+                                                int(keys.get("context_length", 0)), context)
+    return verdicts
+
+
+def engine_warning(config: Any, context: int, method: str) -> str | None:
+    """One warning naming the readers that would run ``config`` wrong without an error, or ``None``."""
+    verdicts = support(config, context)
+    wrong = [f"{reader} ({how})" for reader, (status, how) in verdicts.items() if status == "wrong"]
+    if not wrong:
+        return None
+    right = [reader for reader, (status, _) in verdicts.items() if status == "right"]
+    text = (f"{method} checkpoints are read wrong, without an error, by: " + "; ".join(wrong)
+            + f". Read as patched by: {', '.join(right)}.")
+    static = STATIC_EQUIVALENT.get(method_class(method).name)
+    if static is not None:
+        text += f" To serve it with those engines, patch with the static equivalent --method {static} instead."
+    return text
+
+
+def print_engine_warning(config: Any, context: int, method: str, file: Any = None) -> None:
+    """Print :func:`engine_warning` as ``hf-posext: warning: ...`` to ``file`` (stderr), if there is one."""
+    text = engine_warning(config, context, method)
+    if text is not None:
+        print(f"hf-posext: warning: {text}", file=file or sys.stderr)

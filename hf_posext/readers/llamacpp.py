@@ -1,0 +1,68 @@
+"""llama.cpp: the GGUF rope keys ``convert_hf_to_gguf.py`` writes for a saved config.
+
+Re-written from the converter shipped in llama-cpp-python 0.3.36's source package
+(``vendor/llama.cpp/conversion/base.py``, ``TextModel.__init__`` and ``set_gguf_parameters``;
+copied from no file). The converter reads config.json itself, not through transformers:
+
+* the rope dict is ``rope_parameters``, else ``rope_scaling``; a top-level ``rope_theta`` fills it;
+* ``{arch}.context_length`` = the first of ``max_position_embeddings, n_ctx, n_positions, ...``
+  (so a linear checkpoint, whose ``max_position_embeddings`` stays at the original context for
+  vLLM and SGLang, converts with ``context_length`` = L0 and ``scaling.factor`` = s: run it with
+  ``-c s*L0``, as the vicuna-13b-v1.5-16k GGUFs are);
+* ``linear`` -> ``rope.scaling.type = linear`` + ``factor``; ``yarn`` -> ``yarn`` + ``factor``,
+  ``original_context_length``, ``yarn_beta_fast/slow`` and ``attention_factor`` as
+  ``yarn_attn_factor`` (which llama.cpp multiplies into its own 0.1 ln(s) + 1, where
+  transformers replaces it); ``dynamic`` is skipped without a word ("HunYuan, handled in model
+  class"): plain RoPE; any other type logs "Unknown RoPE type" and converts as plain RoPE;
+* ``rope.freq_base`` = ``rope_theta``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rope import RopeDescription, describe
+
+LENGTH_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
+
+
+def gguf_rope_keys(config_json: dict[str, Any]) -> dict[str, Any]:
+    """The GGUF keys (without the ``{arch}.`` prefix) the converter writes for ``config_json``."""
+    rope = dict(config_json.get("rope_parameters") or config_json.get("rope_scaling") or {})
+    if "rope_theta" not in rope and config_json.get("rope_theta") is not None:
+        rope["rope_theta"] = config_json["rope_theta"]
+    if "rope_type" not in rope and rope.get("type") is not None:
+        rope["rope_type"] = rope["type"]
+    keys: dict[str, Any] = {}
+    context = next((config_json[k] for k in LENGTH_KEYS if config_json.get(k) is not None), None)
+    if context is not None:
+        keys["context_length"] = context
+    rope_type, factor = rope.get("rope_type"), rope.get("factor")
+    if rope_type == "linear" and factor is not None:
+        keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": factor})
+    elif rope_type == "yarn" and factor is not None:
+        keys.update({"rope.scaling.type": "yarn", "rope.scaling.factor": factor,
+                     "rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
+        for name, key in (("attention_factor", "yarn_attn_factor"), ("beta_fast", "yarn_beta_fast"),
+                          ("beta_slow", "yarn_beta_slow")):
+            if rope.get(name) is not None:
+                keys[f"rope.scaling.{key}"] = rope[name]
+    if rope.get("rope_theta") is not None:
+        keys["rope.freq_base"] = rope["rope_theta"]
+    return keys
+
+
+def effective_rope(keys: dict[str, Any]) -> RopeDescription:
+    """The rope llama.cpp runs for the GGUF ``keys`` (an attention factor is multiplied in, not replaced)."""
+    theta = keys.get("rope.freq_base", 10000.0)
+    kind = keys.get("rope.scaling.type", "none")
+    if kind == "linear":
+        return describe("linear", theta, factor=keys["rope.scaling.factor"])
+    if kind == "yarn":
+        attention = keys.get("rope.scaling.yarn_attn_factor")
+        return describe(
+            "yarn", theta, factor=keys["rope.scaling.factor"], original=keys["rope.scaling.original_context_length"],
+            beta_fast=keys.get("rope.scaling.yarn_beta_fast", 32.0), beta_slow=keys.get("rope.scaling.yarn_beta_slow", 1.0),
+            llama_cpp_attn_factor=attention,
+        )
+    return describe("default", theta)

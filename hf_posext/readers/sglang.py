@@ -1,0 +1,67 @@
+"""SGLang: the context length and rope it derives from a saved config.
+
+Re-written from SGLang's source (main at the commits named; copied from no file):
+
+* ``get_context_length`` (``python/sglang/srt/utils/hf_transformers_utils.py``, 0.5.x): the first
+  of ``max_sequence_length, seq_length, max_seq_len, model_max_length, max_position_embeddings``,
+  times ``config.rope_scaling["factor"]`` unless ``rope_scaling`` has
+  ``original_max_position_embeddings`` (yarn) or is ``llama3``. Under transformers 5
+  ``config.rope_scaling`` is ``rope_parameters``. So linear/dynamic keep
+  ``max_position_embeddings`` at the original context (vicuna-13b-v1.5-16k), and yarn must write
+  ``max_position_embeddings = original x factor`` (SGLang does not multiply it).
+* ``get_rope`` (``python/sglang/srt/layers/rotary_embedding/factory.py``, commit 108c36c) with the
+  rope from ``get_rope_config`` (``config.rope_parameters``): ``linear`` divides positions;
+  ``dynamic`` builds ``DynamicNTKScalingRotaryEmbedding`` (adapted from vLLM v0.6.6.post1), whose
+  base is computed once for ``max_len = max_position x factor``:
+  ``theta * (factor x max_len / max_position - (factor - 1))^(d/(d-2))``, one fixed NTK base at
+  every length; ``yarn`` passes ``attn_factor``, not ``attention_factor``; any other type raises
+  ``ValueError("Unknown RoPE scaling type ...")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rope import RopeDescription, describe
+
+#: ``CONTEXT_LENGTH_KEYS``, in SGLang's order (the first present wins).
+LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def context_length(config: Any) -> int:
+    """SGLang's ``get_context_length(config)``."""
+    rope = getattr(config, "rope_scaling", None)
+    factor = 1.0
+    if rope:
+        factor = rope.get("factor", 1)
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1.0
+    for key in LENGTH_KEYS:
+        value = getattr(config, key, None)
+        if value is not None:
+            return int(factor * value)
+    return 2048
+
+
+def effective_rope(config: Any, rotary_dim: int) -> RopeDescription:
+    """The rope ``get_rope`` builds for ``config``; ``rotary_dim`` is d in the dynamic NTK base.
+
+    Raises:
+        ValueError: for a rope type SGLang does not know, as SGLang does.
+    """
+    rope = config.rope_parameters or {}
+    theta = rope.get("rope_theta", 10000)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return describe("default", theta)
+    if rope_type == "linear":
+        return describe("linear", theta, factor=rope["factor"])
+    if rope_type == "dynamic":
+        s = float(rope["factor"])
+        return describe("default", theta * (s * s - (s - 1)) ** (rotary_dim / (rotary_dim - 2)))
+    if rope_type == "yarn":
+        return describe(
+            "yarn", theta, factor=rope["factor"], original=rope["original_max_position_embeddings"],
+            beta_fast=rope.get("beta_fast", 32), beta_slow=rope.get("beta_slow", 1),
+        )
+    raise ValueError(f"Unknown RoPE scaling type {rope_type}")

@@ -1,0 +1,112 @@
+"""llama.cpp's real converter (convert_hf_to_gguf.py from llama-cpp-python 0.3.36's source package)
+writes the GGUF rope keys hf_posext.readers.llamacpp predicts, and they are the right ones.
+
+The source package (76 MB) is downloaded once with pip into .cache/ (about 3 minutes here) and
+only the converter is unpacked. Its vocabulary step is skipped: the tiny byte tokenizer is not one
+llama.cpp knows, and vocabularies have nothing to do with rope keys.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from models import tiny_model
+
+import hf_posext
+from hf_posext.readers import llamacpp
+from hf_posext.rope_utils import ntk_theta
+
+gguf = pytest.importorskip("gguf")
+
+ROOT = Path(__file__).resolve().parent.parent
+VERSION = "0.3.36"
+CACHE = ROOT / ".cache" / f"llama-cpp-python-{VERSION}"
+L_ORIG = 64
+
+# Runs the converter's own main() on each checkpoint, with set_vocab made a no-op.
+CONVERT = textwrap.dedent(
+    """
+    import runpy, sys
+    from pathlib import Path
+    root = Path(sys.argv[1])
+    sys.path[:0] = [str(root), str(root / "gguf-py")]
+    import conversion.base, conversion.llama, conversion.qwen
+    for cls in (conversion.base.TextModel, conversion.llama.LlamaModel, conversion.qwen.Qwen2Model):
+        cls.set_vocab = lambda self: None
+    for checkpoint in sys.argv[2:]:
+        sys.argv = ["convert_hf_to_gguf.py", checkpoint, "--outfile", checkpoint + ".gguf", "--outtype", "f32"]
+        runpy.run_path(str(root / "convert_hf_to_gguf.py"), run_name="__main__")
+    """
+)
+
+
+def converter_dir() -> Path:
+    """The unpacked ``vendor/llama.cpp`` of llama-cpp-python's sdist (converter, conversion/, gguf-py/)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        root = CACHE / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+        if not (root / "convert_hf_to_gguf.py").is_file():
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                            f"llama-cpp-python=={VERSION}", "-d", str(CACHE)], check=True, capture_output=True)
+            prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+            with tarfile.open(CACHE / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
+                members = [m for m in archive.getmembers() if m.name.startswith(
+                    (prefix + "convert_hf_to_gguf.py", prefix + "conversion/", prefix + "gguf-py/"))]
+                archive.extractall(CACHE, members=members, filter="data")
+    return root
+
+
+def gguf_keys(path: Path, arch: str) -> dict:
+    reader = gguf.GGUFReader(path)
+    keys = {}
+    for name, field in reader.fields.items():
+        if name.startswith(f"{arch}.") and ("rope" in name or "context_length" in name) and "dimension" not in name:
+            value = field.contents()
+            keys[name[len(arch) + 1:]] = value if isinstance(value, str) else float(value)
+    return keys
+
+
+@pytest.mark.slow
+def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
+    root = converter_dir()
+    cases = {}
+    for arch in ("llama", "qwen2"):
+        for method in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn", "alibi"):
+            folder = tmp_path / f"{arch}-{method}"
+            factor = {} if method == "alibi" else {"factor": 4}
+            hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), method, **factor).save_pretrained(folder)
+            cases[folder] = (arch, method)
+    result = subprocess.run([sys.executable, "-c", CONVERT, str(root), *map(str, cases)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    plain = {"context_length": L_ORIG, "rope.freq_base": 10000.0}  # what a dynamic checkpoint becomes
+    expected = {
+        "linear": {"context_length": L_ORIG, "rope.scaling.type": "linear", "rope.scaling.factor": 4.0,
+                   "rope.freq_base": 10000.0},
+        "ntk": {"context_length": 4 * L_ORIG, "rope.freq_base": ntk_theta(10000.0, 4.0, 32)},
+        "dynamic_ntk": plain,
+        "yarn": {"context_length": 4 * L_ORIG, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                 "rope.scaling.original_context_length": L_ORIG, "rope.scaling.yarn_beta_fast": 32.0,
+                 "rope.scaling.yarn_beta_slow": 1.0, "rope.freq_base": 10000.0},
+        "dynamic_yarn": plain,
+        "alibi": plain,
+    }
+    for folder, (arch, method) in cases.items():
+        written = gguf_keys(Path(f"{folder}.gguf"), arch)
+        assert written == pytest.approx(expected[method]), (arch, method, written)
+        predicted = llamacpp.gguf_rope_keys(json.loads((folder / "config.json").read_text()))
+        assert written == pytest.approx(predicted), (arch, method)
+    assert "Unknown RoPE type" in result.stderr  # dynamic YaRN, ALiBi: a warning, then plain RoPE
+    # a learned position table is a tensor the converter has no name for: it stops
+    hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "learned").save_pretrained(tmp_path / "learned")
+    result = subprocess.run([sys.executable, "-c", CONVERT, str(root), str(tmp_path / "learned")],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode != 0 and "Can not map tensor 'model.hf_posext_positions.weight'" in result.stderr

@@ -1,0 +1,74 @@
+"""transformers 4.57 reads hf-posext checkpoints as transformers 5 does, or refuses them with an error.
+
+Checkpoints are written here by transformers 5 + hf-posext and loaded by a real transformers
+4.57.x in a subprocess (a cached venv, see transformers4_env.py) that cannot import hf_posext.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+import pytest
+import torch
+from models import tiny_model, tokens
+from transformers4_env import transformers4_python
+
+import hf_posext
+from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE, NO_ROPE_TYPE
+
+L_ORIG = 64
+NATIVE = ("linear", "ntk", "dynamic_ntk", "yarn")
+NOT_IN_4X = {"dynamic_yarn": DYNAMIC_YARN_ROPE_TYPE, "alibi": NO_ROPE_TYPE}
+
+LOAD_WITH_4X = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.modules["hf_posext"] = None  # any `import hf_posext` now raises ImportError
+    import torch, transformers
+    assert transformers.__version__.startswith("4.57."), transformers.__version__
+    from transformers import AutoModelForCausalLM
+    ids = torch.load(sys.argv[1])
+    for checkpoint in map(Path, sys.argv[2:]):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="eager").eval()
+        except Exception as error:
+            (checkpoint / "error-4.57.txt").write_text(f"{type(error).__name__}: {error}")
+            continue
+        with torch.no_grad():
+            torch.save(model(ids).logits, checkpoint / "logits-4.57.pt")
+    """
+)
+
+
+@pytest.mark.slow
+def test_transformers_4_57_gives_transformers_5_logits_or_refuses(tmp_path):
+    python = transformers4_python()
+    ids = tokens(3 * L_ORIG)
+    expected = {}
+    for arch in ("llama", "qwen2"):
+        for method in (*NATIVE, *NOT_IN_4X):
+            kwargs = {} if method == "alibi" else {"factor": 4}
+            if method == "dynamic_ntk":
+                # transformers' own dynamic NTK, which 4.57 and 5 share: frequencies from the whole
+                # sequence's length (hf-posext's default exact cache computes them per position)
+                kwargs["exact_cache"] = False
+            model = hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), method, **kwargs)
+            model.save_pretrained(tmp_path / f"{arch}-{method}")
+            with torch.no_grad():
+                expected[tmp_path / f"{arch}-{method}"] = model(ids).logits
+    torch.save(ids, tmp_path / "ids.pt")
+    result = subprocess.run([str(python), "-c", LOAD_WITH_4X, str(tmp_path / "ids.pt"), *map(str, expected)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    for checkpoint, logits in expected.items():
+        method = checkpoint.name.split("-", 1)[1]
+        if method in NOT_IN_4X:
+            assert not (checkpoint / "logits-4.57.pt").exists(), f"4.57 ran {checkpoint.name}"
+            error = (checkpoint / "error-4.57.txt").read_text()
+            assert NOT_IN_4X[method] in error and "import hf_posext" in error, error
+            continue
+        assert not (checkpoint / "error-4.57.txt").exists(), (checkpoint / "error-4.57.txt").read_text()
+        diff = (torch.load(checkpoint / "logits-4.57.pt") - logits).abs().max().item()
+        assert diff <= 1e-5, f"{checkpoint.name}: max |4.57 - 5| = {diff}"
