@@ -38,7 +38,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         base_model=base_model if base_model and not os.path.isdir(base_model) else None,
         tags=["hf-posext", "long-context", method],
     )
-    skip = {"method", "rope_parameters", "context_length", "max_position_embeddings", "original_max_position_embeddings"}
+    skip = {"method", "rope_parameters", "composed_on", "context_length", "max_position_embeddings", "original_max_position_embeddings"}
     if not scales_rope:
         skip.add("factor")
     arguments = {k: v for k, v in info.items() if k not in skip and v is not None}
@@ -50,12 +50,17 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         if scales_rope
         else f"with its position encoding replaced by `{method}`"
     )
+    if info.get("composed_on"):
+        what += (
+            f", composed on its own `{info['composed_on']}` rope scaling ({original} tokens is what that scaling "
+            f"already reached; `{method}` extends it; written as native `{info['rope_parameters']['rope_type']}`)"
+        )
     body = (
         f"# {method}: {base_model or 'model'}\n\n"
         f"This checkpoint is {base_model or 'a model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "
         f"(`{method}`).\n\n"
         f"| | |\n|---|---|\n{table}\n\n"
-        "Native rope types (`linear`, `dynamic`, `yarn`, and NTK as `default` with a raised `rope_theta`) load "
+        "Native rope types (`linear`, `dynamic`, `yarn`, `longrope`, and NTK as `default` with a raised `rope_theta`) load "
         "in vanilla transformers and vLLM; custom types (`hf_posext_*`) need `import hf_posext` first.\n"
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")

@@ -4,12 +4,19 @@ Chen et al. 2023, "Extending Context Window of Large Language Models via Positio
 Interpolation", arXiv 2306.15595, eq. (3): f'(x, m) = f(x, m / s), i.e. every position index is
 divided by the scale s, which is the same as dividing every rotary frequency by s. This is
 transformers' native ``rope_type="linear"``; the patched config uses it as is.
+
+On a checkpoint that ships a static scaling (composition, :class:`~hf_posext.methods.base.BaseRope`)
+PI divides every one of the checkpoint's own frequencies by s and keeps its attention factor:
+on a ``linear`` checkpoint that is native ``linear`` with the product of the two factors, on
+any other a native ``longrope`` entry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from .base import BaseRope, PositionMethod, register
 
@@ -23,3 +30,11 @@ class LinearConfig(PositionMethod):
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_type": "linear", "factor": self.factor}
+
+    def pair_factors(self, base: BaseRope) -> torch.Tensor:
+        return torch.full((base.rotary_dim // 2,), self.factor, dtype=torch.float64)
+
+    def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        if base.rope_type == "linear":
+            return {**base.rope_parameters, "factor": float(base.rope_parameters["factor"]) * self.factor}
+        return super().composed_rope_parameters(base)

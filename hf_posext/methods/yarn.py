@@ -25,6 +25,29 @@ rope type :data:`~hf_posext.rope_utils.DYNAMIC_YARN_ROPE_TYPE`. Unlike the refer
 hf-posext bounds s(L) by ``factor``: factor=1 is the identity and from ``factor * L_orig`` tokens
 on dynamic YaRN equals static YaRN at ``factor``. (Dynamic NTK is not bounded: its ``factor`` is
 the reference's alpha, see :mod:`.ntk`.)
+
+On a checkpoint that ships a static scaling (composition; llama3, linear, yarn, longrope), YaRN
+extends what the checkpoint reaches, L0, by s:
+
+* the ramp uses the checkpoint's own (already scaled) frequencies omega_i: r_i = L0 omega_i / (2 pi)
+  turns over L0, the ramp between the fractional pairs where r_i crosses beta_fast and beta_slow
+  (:func:`~hf_posext.rope_utils.yarn_pair_factors`); fast pairs keep the checkpoint's frequency
+  exactly, slow pairs are divided by s, frequencies are blended as in eq. 20;
+* temperatures multiply: the checkpoint's attention factor a (its own YaRN mscale, longrope's
+  sqrt(1 + ln s / ln L), 1 for llama3) times 0.1 ln(s) + 1. transformers applies each as a
+  cos/sin multiplier, so the q.k logits carry a^2 (eq. 22's 1/t); the checkpoint's weights
+  expect its a^2 at every position and the new factor corrects the entropy of the further
+  s-fold extension, so the logit scalings compose as a product: (a m)^2. This is not
+  0.1 ln(s_base s) + 1 (YaRN 4 on YaRN 4: 1.1386^2 = 1.2964 against 1.2773).
+  ``attention_factor`` replaces only the new factor m.
+
+A ``longrope`` checkpoint whose short and long factors differ (Phi-3) is composed from its long
+factors, the ones that reach L0, and the result is one factor set for every length: sequences
+shorter than its original context no longer get its short factors (this holds for every
+method, :class:`~hf_posext.methods.base.BaseRope`).
+
+Dynamic YaRN does not compose (its frequencies are recomputed from theta at every length);
+``override=True`` replaces the checkpoint's scaling instead.
 """
 
 from __future__ import annotations
@@ -32,7 +55,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE
+import torch
+
+from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, default_inv_freq, yarn_mscale, yarn_pair_factors
 from .base import BaseRope, PositionMethod, register
 from .dynamic import DynamicScaling
 
@@ -88,6 +113,17 @@ class YarnConfig(_YarnFields):
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return self._yarn_parameters(base, "yarn")
+
+    def pair_factors(self, base: BaseRope) -> torch.Tensor | None:
+        if base.pair_divisors is None:
+            return None
+        base_inv_freq = default_inv_freq(base.theta, base.rotary_dim).double() / base.pair_divisors
+        return yarn_pair_factors(
+            base_inv_freq, base.original_max_position_embeddings, self.factor, self.beta_fast, self.beta_slow
+        )
+
+    def temperature(self, base: BaseRope) -> float:
+        return float(self.attention_factor) if self.attention_factor is not None else yarn_mscale(self.factor)
 
 
 @register("dynamic_yarn")
