@@ -233,10 +233,14 @@ def longrope_rope_parameters(
     transformers computes longrope frequencies as 1 / (factor_i * theta^(2i/d)), taking
     ``long_factor`` past ``original_max_position_embeddings`` and ``short_factor`` before it:
     equal lists make the switch a no-op, and an explicit ``attention_factor`` replaces its
-    sqrt(1 + ln s / ln L) default.
+    sqrt(1 + ln s / ln L) default. vLLM's longrope ignores ``attention_factor`` and reads
+    ``short_mscale`` / ``long_mscale`` (else the same default), so both are written too;
+    transformers loads them with an "Unrecognized keys" warning and no other effect.
     """
     factors = [float(c) for c in divisors]
     return {
+        "short_mscale": float(attention_factor),
+        "long_mscale": float(attention_factor),
         "rope_type": "longrope",
         "rope_theta": float(theta),
         "short_factor": factors,

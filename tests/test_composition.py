@@ -232,6 +232,9 @@ def test_composed_checkpoints_reload_bit_identically_without_the_plugin(tmp_path
                 assert torch.equal(logits, model(**kwargs).logits), checkpoint.name
         saved = json.loads((checkpoint / "config.json").read_text())
         assert saved["rope_parameters"]["rope_type"] == "longrope"
+        # vLLM's longrope reads these instead of attention_factor
+        rope = saved["rope_parameters"]
+        assert rope["short_mscale"] == rope["long_mscale"] == rope["attention_factor"]
         assert saved["max_position_embeddings"] == model.config.max_position_embeddings
 
 
