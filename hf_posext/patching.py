@@ -136,10 +136,10 @@ def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool)
     if record is not None and (compose or rope_type == "default"):
         original = int(record["base_original_max_position_embeddings"])
     if compose:
-        if rope_type not in COMPOSABLE_ROPE_TYPES or method.dynamic or not method.scales_rope:
+        if rope_type not in COMPOSABLE_ROPE_TYPES or not method.composes:
             raise ValueError(
-                f"this checkpoint already uses rope_type={rope_type!r} ({shipped}); hf-posext composes the static "
-                f"methods (linear, ntk, yarn) on a checkpoint's own {', '.join(COMPOSABLE_ROPE_TYPES)} scaling, not "
+                f"this checkpoint already uses rope_type={rope_type!r} ({shipped}); hf-posext composes "
+                f"linear, ntk, yarn and dynamic_yarn on a checkpoint's own {', '.join(COMPOSABLE_ROPE_TYPES)} scaling, not "
                 f"{method.name!r} on {rope_type!r}. Pass override=True to replace its scaling with {method.name!r} on "
                 f"top of plain RoPE with rope_theta={shipped.get('rope_theta')} and original context {original}."
             )

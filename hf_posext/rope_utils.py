@@ -122,6 +122,8 @@ def compute_dynamic_yarn_parameters(
     rotary_dim = rotary_dim_of(config, params)
     original = int(params["original_max_position_embeddings"])
     scale = dynamic_yarn_scale(seq_len, params["factor"], original)
+    if "base_factors" in params:
+        return _composed_dynamic_yarn(params, theta, rotary_dim, original, scale, device)
     if scale == 1.0:
         return default_inv_freq(theta, rotary_dim, device), 1.0
     inv_freq = yarn_inv_freq(
@@ -136,6 +138,27 @@ def compute_dynamic_yarn_parameters(
     )
     attention_factor = params.get("attention_factor")
     return inv_freq, float(attention_factor) if attention_factor is not None else yarn_mscale(scale)
+
+
+def _composed_dynamic_yarn(
+    params: dict[str, Any], theta: float, rotary_dim: int, reach: int, scale: float, device: torch.device | str | None
+) -> tuple[torch.Tensor, float]:
+    """Dynamic YaRN on a checkpoint's own static scaling (``base_factors`` c_i, ``base_attention_factor``).
+
+    Up to ``reach`` (s = 1) the checkpoint's own frequencies and attention factor; past it, static
+    YaRN at s(L) on top of them (:func:`yarn_pair_factors`).
+    """
+    divisors = torch.tensor(params["base_factors"], dtype=torch.float64)
+    base_inv_freq = default_inv_freq(theta, rotary_dim).double() / divisors
+    attention = float(params.get("base_attention_factor", 1.0))
+    if scale == 1.0:
+        return base_inv_freq.float().to(device), attention
+    factors = yarn_pair_factors(
+        base_inv_freq, reach, scale, params.get("beta_fast", 32.0), params.get("beta_slow", 1.0),
+        params.get("truncate", True),
+    )
+    own = params.get("attention_factor")
+    return (base_inv_freq / factors).float().to(device), attention * (float(own) if own is not None else yarn_mscale(scale))
 
 
 def compute_no_rope_parameters(

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from models import published_model, tiny_model, tokens
+from models import PUBLISHED, published_model, tiny_model, tokens
 from vanilla import vanilla_logits
 
 import hf_posext
@@ -259,7 +259,7 @@ def test_what_cannot_compose_is_refused_and_override_replaces():
     dynamic = tiny_model(max_positions=64, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     with pytest.raises(ValueError, match=r"rope_type='dynamic'.*override=True"):
         hf_posext.patch_model(dynamic, "yarn", factor=4)
-    for method in ("dynamic_yarn", "dynamic_ntk", "alibi"):
+    for method in ("dynamic_ntk", "alibi"):
         kwargs = {} if method == "alibi" else {"factor": 4}
         with pytest.raises(ValueError, match=rf"not '{method}' on 'llama3'.*override=True"):
             hf_posext.patch_model(base_model("llama-3.1"), method, **kwargs)
@@ -284,3 +284,42 @@ def test_cli_patch_composes_on_a_llama_3_1_checkpoint(tmp_path):
     ids = tokens(16)
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, expected(ids).logits)
+
+
+@pytest.mark.parametrize("name", ["llama-3.1", "qwen2.5"])
+def test_dynamic_yarn_is_the_checkpoint_up_to_l0_and_static_yarn_from_factor_times_l0(name):
+    ids = tokens(16)
+    base = base_model(name)
+    dynamic = hf_posext.patch_model(base_model(name), "dynamic_yarn", factor=4)
+    static = hf_posext.patch_model(base_model(name), "yarn", factor=4)
+    assert dynamic.config.max_position_embeddings == reach_of(name)  # dynamic methods keep L0
+    assert hf_posext.patch_info(dynamic)["context_length"] == 4 * reach_of(name)
+    near = torch.arange(reach_of(name) - 16, reach_of(name))[None]
+    far = torch.arange(4 * reach_of(name), 4 * reach_of(name) + 16)[None]  # every row past s = factor
+    between = torch.arange(2 * reach_of(name) - 16, 2 * reach_of(name))[None]
+    with torch.no_grad():
+        torch.testing.assert_close(dynamic(ids, position_ids=near).logits, base(ids, position_ids=near).logits,
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(dynamic(ids, position_ids=far).logits, static(ids, position_ids=far).logits,
+                                   rtol=0, atol=1e-5)
+        gap = (dynamic(ids, position_ids=between).logits - static(ids, position_ids=between).logits).abs().max()
+    assert gap > 1e-3  # at 2 L0 it is YaRN at s = 2, not 4
+
+
+def test_composed_dynamic_yarn_cached_generation_equals_a_full_forward():
+    # Llama 3.1's scaling shrunk to an 8x32 context (L0 = 256): at Llama 3.1's own 2 x 131072 the
+    # fp32 angles of absolute positions (full forward) and of offsets (exact decoding) differ by
+    # up to 262144 * 6e-8 rad, which says nothing about the method
+    llama3 = {**PUBLISHED["llama-3.1"][1]["rope_parameters"], "original_max_position_embeddings": 32}
+    model = hf_posext.patch_model(tiny_model(max_positions=128, rope_parameters=llama3), "dynamic_yarn", factor=4)
+    assert hf_posext.patch_info(model)["original_max_position_embeddings"] == 256
+    ids = tokens(24)
+    positions = torch.arange(2 * 256 - 16, 2 * 256 + 8)[None]  # s(L) grows at every step
+    with torch.no_grad():
+        full = model(ids, position_ids=positions).logits
+        out = model(ids[:, :16], position_ids=positions[:, :16], use_cache=True)
+        cache, steps = out.past_key_values, [out.logits[:, -1:]]
+        for t in range(16, 24):
+            out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 15:], rtol=0, atol=1e-5)

@@ -85,6 +85,9 @@ class PositionMethod:
     scales_rope: ClassVar[bool] = True
     #: Whether ``factor`` may be set (> 1); methods without a RoPE to scale only take ``factor=1``.
     takes_factor: ClassVar[bool] = True
+    #: Whether the method can be applied on top of a checkpoint's own static scaling
+    #: (:meth:`composed_rope_parameters`); the others need ``override=True`` on such a checkpoint.
+    composes: ClassVar[bool] = False
 
     factor: float = 1.0
     original_max_position_embeddings: int | None = None
@@ -134,7 +137,7 @@ class PositionMethod:
         if factors is None or base.pair_divisors is None:
             raise ValueError(
                 f"{self.name} cannot be applied on top of the checkpoint's own rope_type={base.rope_type!r}; "
-                "composable methods: linear, ntk, yarn. Pass override=True to replace the checkpoint's scaling."
+                "composable methods: linear, ntk, yarn, dynamic_yarn. Pass override=True to replace the checkpoint's scaling."
             )
         params = longrope_rope_parameters(
             base.theta,

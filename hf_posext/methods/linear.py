@@ -27,6 +27,7 @@ class LinearConfig(PositionMethod):
     """Position Interpolation: every position divided by ``factor`` (native ``linear``)."""
 
     paper = "Chen et al. 2023, Position Interpolation, arXiv:2306.15595"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_type": "linear", "factor": self.factor}

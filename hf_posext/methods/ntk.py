@@ -44,6 +44,7 @@ class NTKConfig(PositionMethod):
     """Static NTK-aware: rope base raised to theta * s^(d/(d-2)) (native ``default``)."""
 
     paper = "bloc97 2023; YaRN paper arXiv:2309.00071 sec. 3.1"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_theta": ntk_theta(base.theta, self.factor, base.rotary_dim)}

@@ -46,8 +46,12 @@ factors, the ones that reach L0, and the result is one factor set for every leng
 shorter than its original context no longer get its short factors (this holds for every
 method, :class:`~hf_posext.methods.base.BaseRope`).
 
-Dynamic YaRN does not compose (its frequencies are recomputed from theta at every length);
-``override=True`` replaces the checkpoint's scaling instead.
+Dynamic YaRN composes the same way with s(L) = min(factor, max(1, L / L0)): up to L0 the
+checkpoint runs exactly its own frequencies and attention factor, past L0 it is static YaRN at
+s(L) on top of them. It needs its own rope type anyway, so the checkpoint's divisors and attention
+factor travel in its entry (``base_factors``, ``base_attention_factor``). Dynamic NTK does not
+compose: its native ``dynamic`` type recomputes from theta alone, so it is refused
+(``override=True`` replaces the checkpoint's scaling instead).
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class YarnConfig(_YarnFields):
     """YaRN: NTK-by-parts frequency ramp plus 0.1 ln(s) + 1 attention temperature (native ``yarn``)."""
 
     paper = "Peng et al. 2023, YaRN, arXiv:2309.00071"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return self._yarn_parameters(base, "yarn")
@@ -132,6 +137,20 @@ class DynamicYarnConfig(_YarnFields, DynamicScaling):
     """Dynamic YaRN: YaRN with s = min(factor, max(1, L / L_orig)) from the current length."""
 
     paper = "Peng et al. 2023, YaRN, arXiv:2309.00071 sec. 3.3"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return self._yarn_parameters(base, DYNAMIC_YARN_ROPE_TYPE)
+
+    def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        params = {k: v for k, v in self._yarn_parameters(base, DYNAMIC_YARN_ROPE_TYPE).items() if k in _DYNAMIC_KEYS}
+        params["base_factors"] = [float(c) for c in base.pair_divisors]
+        params["base_attention_factor"] = float(base.attention_factor)
+        return params
+
+
+#: What a composed dynamic YaRN entry keeps of the checkpoint's own entry: its scaling is in base_factors.
+_DYNAMIC_KEYS = {
+    "rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings", "beta_fast",
+    "beta_slow", "attention_factor",
+}
