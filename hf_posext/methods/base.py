@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -52,7 +52,7 @@ class BaseRope:
     max_position_embeddings: int
     original_max_position_embeddings: int
     rotary_dim: int
-    pair_divisors: torch.Tensor | None = None
+    pair_divisors: torch.Tensor | None = field(default=None, compare=False)  # a tensor has no truth value
     attention_factor: float = 1.0
 
     @property
