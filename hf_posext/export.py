@@ -53,7 +53,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
     if info.get("composed_on"):
         what += (
             f", composed on its own `{info['composed_on']}` rope scaling ({original} tokens is what that scaling "
-            f"already reached; `{method}` extends it; written as native `{info['rope_parameters']['rope_type']}`)"
+            f"already reached; `{method}` extends it; saved as rope_type `{info['rope_parameters']['rope_type']}`)"
         )
     body = (
         f"# {method}: {base_model or 'model'}\n\n"

@@ -323,3 +323,15 @@ def test_composed_dynamic_yarn_cached_generation_equals_a_full_forward():
             out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], past_key_values=cache, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 15:], rtol=0, atol=1e-5)
+
+
+def test_a_saved_composed_dynamic_yarn_checkpoint_reloads_with_the_plugin(tmp_path):
+    llama3 = {**PUBLISHED["llama-3.1"][1]["rope_parameters"], "original_max_position_embeddings": 32}
+    model = hf_posext.patch_model(tiny_model(max_positions=128, rope_parameters=llama3), "dynamic_yarn", factor=4)
+    model.save_pretrained(tmp_path)
+    reloaded = hf_posext.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert hf_posext.patch_info(reloaded)["composed_on"] == "llama3"
+    ids = tokens(32)
+    positions = torch.arange(600, 632)[None]
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids, position_ids=positions).logits, model(ids, position_ids=positions).logits)
