@@ -130,7 +130,7 @@ def test_a_shipped_scaling_is_composed_on_unless_overridden():
     hf_posext.patch_model(config, "yarn", factor=4)  # composes (tests/test_composition.py)
     assert config.max_position_embeddings == 4 * 256
     with pytest.raises(ValueError, match=r"already uses rope_type='llama3'.*override=True"):
-        hf_posext.patch_model(config, "dynamic_yarn", factor=4)
+        hf_posext.patch_model(config, "dynamic_ntk", factor=4)
     hf_posext.patch_model(config, "yarn", factor=4, override=True)
     # the checkpoint's own pretraining context (32) is L_orig, its theta is kept
     assert config.rope_parameters["original_max_position_embeddings"] == 32
