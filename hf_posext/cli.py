@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", required=True, help=f"one of: {', '.join(available_methods())}")
     p.add_argument("--factor", type=float, required=True, help="context scale s >= 1")
     p.add_argument("--original-max-position-embeddings", type=int, default=None)
-    p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has")
+    p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
+                   "pretraining context; without it the method composes on that scaling")
     add_set_argument(p)
     p.set_defaults(func=_patch)
 

@@ -42,7 +42,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         base_model=base_model,
         tags=["hf-posext", "long-context", method],
     )
-    skip = {"method", "rope_parameters", "context_length", "max_position_embeddings", "original_max_position_embeddings"}
+    skip = {"method", "rope_parameters", "composed_on", "context_length", "max_position_embeddings", "original_max_position_embeddings"}
     if not scales_rope:
         skip.add("factor")
     arguments = {k: v for k, v in info.items() if k not in skip and v is not None}
@@ -54,6 +54,11 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         if scales_rope
         else f"with its position encoding replaced by `{method}`"
     )
+    if info.get("composed_on"):
+        what += (
+            f", composed on its own `{info['composed_on']}` rope scaling ({original} tokens is what that scaling "
+            f"already reached; `{method}` extends it; saved as rope_type `{info['rope_parameters']['rope_type']}`)"
+        )
     body = (
         f"# {method}: {base_model or 'model'}\n\n"
         f"This checkpoint is {base_model or 'a local model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "

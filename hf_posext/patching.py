@@ -21,13 +21,15 @@ import copy
 import dataclasses
 from typing import Any, Literal, TypeVar
 
+import torch
 import torch.nn as nn
 from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from . import _compat, readers
 from .adapters import adapter_for
 from .methods.base import BaseRope, PositionMethod, make_method, method_class
-from .rope_utils import rotary_dim_of
+from .rope_utils import default_inv_freq, rotary_dim_of
 
 #: ``config.model_type`` values hf-posext is tested on.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -67,31 +69,96 @@ def _check_architecture(config: PreTrainedConfig) -> None:
         raise ValueError(f"per-layer-type rope parameters are not supported (model_type={model_type!r})")
 
 
+#: Shipped rope types a method can compose on: static per-pair scalings of theta's frequencies.
+COMPOSABLE_ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")
+
+
+def _reach(rope_parameters: dict[str, Any], max_positions: int, config: PreTrainedConfig) -> int:
+    """The context a checkpoint with a shipped scaling already reaches, L0.
+
+    ``max_position_embeddings`` (Llama 3.1: 131072, Phi-3: 131072), or ``factor`` times its
+    ``original_max_position_embeddings`` when that is longer (Qwen2.5 ships yarn 4 over 32768 and
+    keeps max_position_embeddings at 32768).
+    """
+    original = rope_parameters.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+    factor = rope_parameters.get("factor")
+    if original and factor:
+        return max(max_positions, int(round(float(factor) * int(original))))
+    return max_positions
+
+
+def _scaled_base(
+    config: PreTrainedConfig, rope_parameters: dict[str, Any], max_positions: int, reach: int
+) -> tuple[torch.Tensor, float]:
+    """The per-pair divisors and attention factor of a shipped scaling, computed by transformers itself.
+
+    The checkpoint's frequencies are what transformers' own rope-init function gives at a
+    length past its original context (longrope's long factors), so composition starts from
+    exactly what the checkpoint runs.
+    """
+    probe = copy.deepcopy(config)
+    probe.rope_parameters = copy.deepcopy(rope_parameters)
+    probe.max_position_embeddings = max_positions
+    rotary_dim = rotary_dim_of(probe, rope_parameters)
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_parameters["rope_type"]](probe, "cpu", seq_len=reach)
+    if rope_parameters["rope_type"] == "longrope":
+        # its divisors are written down: take them as they are, so that the pairs a method keeps
+        # are bit for bit the checkpoint's (a divisor recovered from fp32 frequencies is not)
+        kind = "long_factor" if reach > int(rope_parameters["original_max_position_embeddings"]) else "short_factor"
+        return torch.tensor(rope_parameters[kind], dtype=torch.float64), float(attention_factor)
+    plain = default_inv_freq(float(rope_parameters["rope_theta"]), rotary_dim)
+    return plain.double() / inv_freq.double(), float(attention_factor)
+
+
 def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool) -> BaseRope:
-    """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``."""
+    """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``.
+
+    A checkpoint that ships a static scaling (:data:`COMPOSABLE_ROPE_TYPES`) is the base the method
+    composes on, with ``L_orig`` = the context it reaches (:func:`_reach`); ``override=True``
+    replaces its scaling with plain RoPE at its pretraining context instead.
+    """
     record = getattr(config, CONFIG_KEY, None)
     if record is not None:
-        rope_parameters = copy.deepcopy(record["base_rope_parameters"])
+        shipped = copy.deepcopy(record["base_rope_parameters"])
         max_positions = int(record["base_max_position_embeddings"])
-        original = int(record["base_original_max_position_embeddings"])
     else:
-        current = dict(config.rope_parameters or {})
-        rope_type = current.get("rope_type", current.get("type", "default"))
+        shipped = dict(config.rope_parameters or {})
         max_positions = int(config.max_position_embeddings)
-        original = int(
-            current.get("original_max_position_embeddings")
-            or getattr(config, "original_max_position_embeddings", None)
-            or max_positions
-        )
-        if rope_type != "default" and not override:
+    rope_type = shipped.get("rope_type", shipped.get("type", "default"))
+    original = int(
+        shipped.get("original_max_position_embeddings")
+        or getattr(config, "original_max_position_embeddings", None)
+        or max_positions
+    )
+    compose = rope_type != "default" and not override
+    if record is not None and (compose or rope_type == "default"):
+        original = int(record["base_original_max_position_embeddings"])
+    if compose:
+        if rope_type not in COMPOSABLE_ROPE_TYPES or not method.composes:
             raise ValueError(
-                f"this checkpoint already uses rope_type={rope_type!r} ({current}); hf-posext extends plain-RoPE "
-                f"checkpoints. Pass override=True to replace its scaling with {method.name!r} on top of plain RoPE "
-                f"with rope_theta={current.get('rope_theta')} and original context {original}."
+                f"this checkpoint already uses rope_type={rope_type!r} ({shipped}); hf-posext composes "
+                f"linear, ntk, yarn and dynamic_yarn on a checkpoint's own {', '.join(COMPOSABLE_ROPE_TYPES)} scaling, not "
+                f"{method.name!r} on {rope_type!r}. Pass override=True to replace its scaling with {method.name!r} on "
+                f"top of plain RoPE with rope_theta={shipped.get('rope_theta')} and original context {original}."
             )
-        rope_parameters = {"rope_type": "default", "rope_theta": current.get("rope_theta", config.default_theta)}
-        if "partial_rotary_factor" in current:
-            rope_parameters["partial_rotary_factor"] = current["partial_rotary_factor"]
+        if record is None:
+            original = _reach(shipped, max_positions, config)
+        if method.original_max_position_embeddings is not None:
+            original = method.original_max_position_embeddings
+        divisors, attention_factor = _scaled_base(config, shipped, max_positions, original)
+        return BaseRope(
+            rope_parameters=shipped,
+            max_position_embeddings=max_positions,
+            original_max_position_embeddings=original,
+            rotary_dim=rotary_dim_of(config, shipped),
+            pair_divisors=divisors,
+            attention_factor=attention_factor,
+        )
+    rope_parameters = {"rope_type": "default", "rope_theta": shipped.get("rope_theta", config.default_theta)}
+    if "partial_rotary_factor" in shipped:
+        rope_parameters["partial_rotary_factor"] = shipped["partial_rotary_factor"]
     if method.original_max_position_embeddings is not None:
         original = method.original_max_position_embeddings
     return BaseRope(
@@ -107,6 +174,9 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
     base = _base_rope(config, method, override)
     if method.factor == 1 and method.scales_rope:
         rope_parameters, max_positions = dict(base.rope_parameters), base.max_position_embeddings
+    elif base.pair_divisors is not None:
+        rope_parameters = method.composed_rope_parameters(base)
+        max_positions = method.max_position_embeddings(base)
     else:
         rope_parameters, max_positions = method.rope_parameters(base), method.max_position_embeddings(base)
     config.rope_parameters = rope_parameters
@@ -123,6 +193,7 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
             "base_rope_parameters": base.rope_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
             "base_original_max_position_embeddings": base.original_max_position_embeddings,
+            **({"composed_on": base.rope_type} if base.pair_divisors is not None else {}),
         },
     )
     adapter_for(method).patch_config(method, config)
@@ -167,7 +238,9 @@ def patch_model(
         method: a name from :func:`available_methods` or a method config object.
         factor: the context scale s >= 1; ``None`` keeps the config object's (or the default 1).
         original_max_position_embeddings: the pretraining context; default: the checkpoint's.
-        override: replace a scaling the checkpoint already ships (``llama3``, ``yarn``...).
+        override: replace a scaling the checkpoint already ships (``llama3``, ``yarn``...) by plain
+            RoPE at its pretraining context. Without it a static method composes on that scaling
+            and extends the context the checkpoint reaches (see :mod:`hf_posext.methods`).
         **kwargs: the method's own arguments, e.g. ``beta_fast`` for YaRN.
 
     Returns:
@@ -175,7 +248,8 @@ def patch_model(
 
     Raises:
         ValueError: an unknown method or argument, a bad value, an unsupported architecture,
-            or a checkpoint with its own rope scaling when ``override`` is False.
+            or, when ``override`` is False, a checkpoint scaling the method cannot compose on
+            (a dynamic one, or any under a dynamic method or one that replaces RoPE).
 
     Example:
         >>> model = hf_posext.patch_model(model, "yarn", factor=4)   # 4k -> 16k

@@ -122,6 +122,8 @@ def compute_dynamic_yarn_parameters(
     rotary_dim = rotary_dim_of(config, params)
     original = int(params["original_max_position_embeddings"])
     scale = dynamic_yarn_scale(seq_len, params["factor"], original)
+    if "base_factors" in params:
+        return _composed_dynamic_yarn(params, theta, rotary_dim, original, scale, device)
     if scale == 1.0:
         return default_inv_freq(theta, rotary_dim, device), 1.0
     inv_freq = yarn_inv_freq(
@@ -136,6 +138,27 @@ def compute_dynamic_yarn_parameters(
     )
     attention_factor = params.get("attention_factor")
     return inv_freq, float(attention_factor) if attention_factor is not None else yarn_mscale(scale)
+
+
+def _composed_dynamic_yarn(
+    params: dict[str, Any], theta: float, rotary_dim: int, reach: int, scale: float, device: torch.device | str | None
+) -> tuple[torch.Tensor, float]:
+    """Dynamic YaRN on a checkpoint's own static scaling (``base_factors`` c_i, ``base_attention_factor``).
+
+    Up to ``reach`` (s = 1) the checkpoint's own frequencies and attention factor; past it, static
+    YaRN at s(L) on top of them (:func:`yarn_pair_factors`).
+    """
+    divisors = torch.tensor(params["base_factors"], dtype=torch.float64)
+    base_inv_freq = default_inv_freq(theta, rotary_dim).double() / divisors
+    attention = float(params.get("base_attention_factor", 1.0))
+    if scale == 1.0:
+        return base_inv_freq.float().to(device), attention
+    factors = yarn_pair_factors(
+        base_inv_freq, reach, scale, params.get("beta_fast", 32.0), params.get("beta_slow", 1.0),
+        params.get("truncate", True),
+    )
+    own = params.get("attention_factor")
+    return (base_inv_freq / factors).float().to(device), attention * (float(own) if own is not None else yarn_mscale(scale))
 
 
 def compute_no_rope_parameters(
@@ -155,3 +178,97 @@ def compute_no_rope_parameters(
 
 def validate_no_rope_parameters(rope_parameters: dict[str, Any]) -> None:
     """Nothing to validate: the type has no parameters of its own (``rope_theta`` is kept for unpatch)."""
+
+
+# --- Composition on a checkpoint that already ships a static scaling -------------------------------
+#
+# A static scaling is a per-pair divisor c_i of the plain frequencies theta^(-2i/d) plus an
+# attention factor a (the cos/sin multiplier). A method applied on top multiplies each c_i by its
+# own per-pair factor m_i and a by its own temperature; the rules for m_i are below and in
+# :mod:`hf_posext.methods`.
+
+
+def ntk_pair_factors(factor: float, rotary_dim: int) -> torch.Tensor:
+    """NTK-aware scaling as per-pair divisors ``s^(2i / (d - 2))``, ``[rotary_dim // 2]`` float64.
+
+    theta' = theta * s^(d/(d-2)) gives theta'^(-2i/d) = theta^(-2i/d) / s^(2i/(d-2)): raising the base
+    divides pair i by this factor (1 for the fastest pair, s for the slowest), which is what NTK
+    means on a base whose frequencies are not theta^(-2i/d).
+    """
+    pairs = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    return float(factor) ** (2 * pairs / (rotary_dim - 2))
+
+
+def pair_where_turns_cross(log_turns: list[float], turns: float) -> float:
+    """The fractional pair index at which ln(r_i) crosses ln(``turns``).
+
+    ln r_i is read as piecewise linear in i, extended beyond both ends along its first and last
+    segments. On plain RoPE ln r_i is linear in i, so this is exactly YaRN's closed form
+    d ln(L / (2 pi beta)) / (2 ln theta) (:func:`yarn_inv_freq`).
+    """
+    target = math.log(turns)
+    last = len(log_turns) - 2
+    segment = next(
+        (k for k in range(last + 1) if (log_turns[k] - target) * (log_turns[k + 1] - target) <= 0),
+        0 if target > log_turns[0] else last,
+    )
+    y0, y1 = log_turns[segment], log_turns[segment + 1]
+    return segment + (target - y0) / (y1 - y0) if y1 != y0 else float(segment)
+
+
+def yarn_pair_factors(
+    base_inv_freq: torch.Tensor,
+    reach: int,
+    factor: float,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> torch.Tensor:
+    """YaRN on top of already-scaled frequencies as per-pair divisors, ``[pairs]`` float64.
+
+    The ramp of :func:`yarn_inv_freq` with the base's own turns r_i = reach * omega_i / (2 pi) over
+    the context it reaches: pairs past ``beta_fast`` turns keep their frequency (divisor exactly
+    1), pairs under ``beta_slow`` are divided by s, the ramp between is linear in the pair index
+    between the crossings of :func:`pair_where_turns_cross` (floored / ceiled when ``truncate``).
+    """
+    rotary_dim = 2 * base_inv_freq.numel()
+    log_turns = [math.log(reach * float(w) / (2 * math.pi)) for w in base_inv_freq.double()]
+    low, high = pair_where_turns_cross(log_turns, beta_fast), pair_where_turns_cross(log_turns, beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    pairs = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    extrapolate = 1 - torch.clamp((pairs - low) / (high - low), 0, 1)
+    return 1 / ((1 - extrapolate) / factor + extrapolate)
+
+
+def longrope_rope_parameters(
+    theta: float,
+    divisors: torch.Tensor,
+    attention_factor: float,
+    original_max_position_embeddings: int,
+    max_position_embeddings: int,
+) -> dict[str, Any]:
+    """A static per-pair scaling as transformers' native ``longrope`` entry.
+
+    transformers computes longrope frequencies as 1 / (factor_i * theta^(2i/d)), taking
+    ``long_factor`` past ``original_max_position_embeddings`` and ``short_factor`` before it:
+    equal lists make the switch a no-op, and an explicit ``attention_factor`` replaces its
+    sqrt(1 + ln s / ln L) default. vLLM's longrope ignores ``attention_factor`` and reads
+    ``short_mscale`` / ``long_mscale`` (else the same default), so both are written too;
+    transformers loads them with an "Unrecognized keys" warning and no other effect.
+    """
+    factors = [float(c) for c in divisors]
+    return {
+        "short_mscale": float(attention_factor),
+        "long_mscale": float(attention_factor),
+        "rope_type": "longrope",
+        "rope_theta": float(theta),
+        "short_factor": factors,
+        "long_factor": list(factors),
+        "factor": max_position_embeddings / original_max_position_embeddings,
+        "original_max_position_embeddings": int(original_max_position_embeddings),
+        "attention_factor": float(attention_factor),
+    }

@@ -118,7 +118,7 @@ def test_original_length_defaults_and_override():
     assert config.max_position_embeddings == 128
 
 
-def test_shipped_rope_scaling_is_refused_unless_overridden():
+def test_a_shipped_scaling_is_composed_on_unless_overridden():
     llama3 = {
         "rope_type": "llama3",
         "rope_theta": 500000.0,
@@ -128,8 +128,10 @@ def test_shipped_rope_scaling_is_refused_unless_overridden():
         "original_max_position_embeddings": 32,
     }
     config = tiny_config(max_positions=256, rope_parameters=llama3)
+    hf_posext.patch_model(config, "yarn", factor=4)  # composes (tests/test_composition.py)
+    assert config.max_position_embeddings == 4 * 256
     with pytest.raises(ValueError, match=r"already uses rope_type='llama3'.*override=True"):
-        hf_posext.patch_model(config, "yarn", factor=4)
+        hf_posext.patch_model(config, "dynamic_ntk", factor=4)
     hf_posext.patch_model(config, "yarn", factor=4, override=True)
     # the checkpoint's own pretraining context (32) is L_orig, its theta is kept
     assert config.rope_parameters["original_max_position_embeddings"] == 32

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import torch
+
 _REFUSAL = textwrap.dedent(
     """
     import sys
@@ -29,3 +31,30 @@ def vanilla_load_error(checkpoint) -> str:
     )
     assert result.returncode == 0, f"vanilla transformers loaded {checkpoint}:\n{result.stdout}{result.stderr}"
     return result.stdout
+
+
+_LOGITS = textwrap.dedent(
+    """
+    import sys
+    sys.modules["hf_posext"] = None  # any `import hf_posext` now raises ImportError
+    import torch
+    from transformers import AutoModelForCausalLM
+    inputs = torch.load(sys.argv[1])
+    for checkpoint in sys.argv[2:]:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="eager").eval()
+        with torch.no_grad():
+            torch.save([model(**kwargs).logits for kwargs in inputs], checkpoint + "/vanilla-logits.pt")
+    """
+)
+
+
+def vanilla_logits(checkpoints, inputs: list[dict], scratch) -> dict:
+    """``{checkpoint: [logits of model(**kwargs) for kwargs in inputs]}`` from one fresh interpreter
+    that loads each checkpoint without hf_posext."""
+    torch.save(inputs, f"{scratch}/vanilla-inputs.pt")
+    result = subprocess.run(
+        [sys.executable, "-c", _LOGITS, f"{scratch}/vanilla-inputs.pt", *map(str, checkpoints)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {checkpoint: torch.load(f"{checkpoint}/vanilla-logits.pt") for checkpoint in checkpoints}

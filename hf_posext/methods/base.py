@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import torch
+
+from ..rope_utils import longrope_rope_parameters
 
 
 @dataclass(frozen=True)
@@ -36,16 +40,28 @@ class BaseRope:
         max_position_embeddings: the checkpoint's own ``config.max_position_embeddings``.
         original_max_position_embeddings: the pretraining context, ``L_orig`` in the papers.
         rotary_dim: the number of rotated channels per head, ``d`` in the papers.
+        pair_divisors: ``None`` for plain RoPE; for a checkpoint that ships a static scaling
+            (llama3, linear, yarn, longrope) the per-pair divisors c_i of its frequencies,
+            theta^(-2i/d) / c_i, ``[rotary_dim // 2]`` float64. A method then composes on them
+            (:meth:`PositionMethod.composed_rope_parameters`) and ``original_max_position_embeddings``
+            is the context the checkpoint already reaches (L0).
+        attention_factor: the checkpoint's own cos/sin multiplier (1 for plain RoPE and llama3).
     """
 
     rope_parameters: dict[str, Any]
     max_position_embeddings: int
     original_max_position_embeddings: int
     rotary_dim: int
+    pair_divisors: torch.Tensor | None = field(default=None, compare=False)  # a tensor has no truth value
+    attention_factor: float = 1.0
 
     @property
     def theta(self) -> float:
         return float(self.rope_parameters["rope_theta"])
+
+    @property
+    def rope_type(self) -> str:
+        return self.rope_parameters.get("rope_type", "default")
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,9 @@ class PositionMethod:
     scales_rope: ClassVar[bool] = True
     #: Whether ``factor`` may be set (> 1); methods without a RoPE to scale only take ``factor=1``.
     takes_factor: ClassVar[bool] = True
+    #: Whether the method can be applied on top of a checkpoint's own static scaling
+    #: (:meth:`composed_rope_parameters`); the others need ``override=True`` on such a checkpoint.
+    composes: ClassVar[bool] = False
 
     factor: float = 1.0
     original_max_position_embeddings: int | None = None
@@ -91,6 +110,45 @@ class PositionMethod:
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         """The ``rope_parameters`` a config patched with this method carries."""
         raise NotImplementedError
+
+    def pair_factors(self, base: BaseRope) -> torch.Tensor | None:
+        """The per-pair divisors this method applies on top of a scaled base, ``[pairs]`` float64.
+
+        ``None`` (the default): the method cannot compose on a checkpoint's own scaling.
+        """
+        return None
+
+    def temperature(self, base: BaseRope) -> float:
+        """The cos/sin multiplier this method adds on top of a scaled base's own (1: none)."""
+        return 1.0
+
+    def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        """The ``rope_parameters`` of this method applied on top of a base that ships a static scaling.
+
+        The base's divisors c_i times :meth:`pair_factors`, its attention factor times
+        :meth:`temperature`, written as a native ``longrope`` entry so that vanilla transformers
+        loads it (:func:`~hf_posext.rope_utils.longrope_rope_parameters`).
+
+        Raises:
+            ValueError: for a method that has no composition rule (dynamic methods, methods that
+                replace RoPE).
+        """
+        factors = self.pair_factors(base)
+        if factors is None or base.pair_divisors is None:
+            raise ValueError(
+                f"{self.name} cannot be applied on top of the checkpoint's own rope_type={base.rope_type!r}; "
+                "composable methods: linear, ntk, yarn, dynamic_yarn. Pass override=True to replace the checkpoint's scaling."
+            )
+        params = longrope_rope_parameters(
+            base.theta,
+            base.pair_divisors * factors,
+            base.attention_factor * self.temperature(base),
+            int(base.rope_parameters.get("original_max_position_embeddings", base.original_max_position_embeddings)),
+            self.max_position_embeddings(base),
+        )
+        if "partial_rotary_factor" in base.rope_parameters:
+            params["partial_rotary_factor"] = base.rope_parameters["partial_rotary_factor"]
+        return params
 
     def max_position_embeddings(self, base: BaseRope) -> int:
         """The context length the patched config advertises.

@@ -10,12 +10,21 @@ linear checkpoints do (lmsys/vicuna-13b-v1.5-16k: 4096 with factor 4): vLLM and 
 context as ``max_position_embeddings x factor`` (hf_posext.readers.vllm, .sglang), and linear
 scaling itself never reads it. transformers' ``generate`` caps its *default* length at it, so ask
 for ``max_new_tokens`` explicitly (as for the dynamic methods).
+
+On a checkpoint that ships a static scaling (composition, :class:`~hf_posext.methods.base.BaseRope`)
+PI divides every one of the checkpoint's own frequencies by s and keeps its attention factor:
+on a ``linear`` checkpoint that is native ``linear`` with the product of the two factors, on
+any other a native ``longrope`` entry. On a ``linear`` checkpoint ``max_position_embeddings``
+stays the checkpoint's own, so that readers multiplying it by the product factor derive what the
+checkpoint reached times s; a ``longrope`` entry advertises s x L0, as yarn does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from .base import BaseRope, PositionMethod, register
 
@@ -26,9 +35,23 @@ class LinearConfig(PositionMethod):
     """Position Interpolation: every position divided by ``factor`` (native ``linear``)."""
 
     paper = "Chen et al. 2023, Position Interpolation, arXiv:2306.15595"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_type": "linear", "factor": self.factor}
 
     def max_position_embeddings(self, base: BaseRope) -> int:
-        return base.original_max_position_embeddings  # readers multiply it by the factor (see above)
+        # Readers multiply a native linear entry's max_position_embeddings by its factor (see above).
+        if base.pair_divisors is None:
+            return base.original_max_position_embeddings
+        if base.rope_type == "linear":
+            return base.max_position_embeddings
+        return super().max_position_embeddings(base)
+
+    def pair_factors(self, base: BaseRope) -> torch.Tensor:
+        return torch.full((base.rotary_dim // 2,), self.factor, dtype=torch.float64)
+
+    def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        if base.rope_type == "linear":
+            return {**base.rope_parameters, "factor": float(base.rope_parameters["factor"]) * self.factor}
+        return super().composed_rope_parameters(base)

@@ -9,6 +9,12 @@ interpolated by s while the highest is nearly untouched:
 With that base the model is just a default-RoPE model, so the static method writes a native
 ``rope_type="default"`` config with the raised ``rope_theta``: every runtime loads it.
 
+On a checkpoint that ships a static scaling (composition) there is no base to raise: NTK is
+defined by what raising it does to each pair, a divisor s^(2i/(d-2)) (1 for the fastest pair, s
+for the slowest; :func:`~hf_posext.rope_utils.ntk_pair_factors`), applied to the checkpoint's
+own frequencies; its attention factor is kept. A checkpoint with only a raised ``rope_theta`` is
+plain RoPE: NTK raises that theta further.
+
 Dynamic NTK (emozilla, 2023; YaRN paper section 3.3) recomputes the base from the current
 length L once L > L_orig:
 
@@ -25,7 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..rope_utils import ntk_theta
+import torch
+
+from ..rope_utils import ntk_pair_factors, ntk_theta
 from .base import BaseRope, PositionMethod, register
 from .dynamic import DynamicScaling
 
@@ -36,9 +44,13 @@ class NTKConfig(PositionMethod):
     """Static NTK-aware: rope base raised to theta * s^(d/(d-2)) (native ``default``)."""
 
     paper = "bloc97 2023; YaRN paper arXiv:2309.00071 sec. 3.1"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_theta": ntk_theta(base.theta, self.factor, base.rotary_dim)}
+
+    def pair_factors(self, base: BaseRope) -> torch.Tensor:
+        return ntk_pair_factors(self.factor, base.rotary_dim)
 
 
 @register("dynamic_ntk", aliases=("dynamic",))

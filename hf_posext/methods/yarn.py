@@ -25,6 +25,33 @@ rope type :data:`~hf_posext.rope_utils.DYNAMIC_YARN_ROPE_TYPE`. Unlike the refer
 hf-posext bounds s(L) by ``factor``: factor=1 is the identity and from ``factor * L_orig`` tokens
 on dynamic YaRN equals static YaRN at ``factor``. (Dynamic NTK is not bounded: its ``factor`` is
 the reference's alpha, see :mod:`.ntk`.)
+
+On a checkpoint that ships a static scaling (composition; llama3, linear, yarn, longrope), YaRN
+extends what the checkpoint reaches, L0, by s:
+
+* the ramp uses the checkpoint's own (already scaled) frequencies omega_i: r_i = L0 omega_i / (2 pi)
+  turns over L0, the ramp between the fractional pairs where r_i crosses beta_fast and beta_slow
+  (:func:`~hf_posext.rope_utils.yarn_pair_factors`); fast pairs keep the checkpoint's frequency
+  exactly, slow pairs are divided by s, frequencies are blended as in eq. 20;
+* temperatures multiply: the checkpoint's attention factor a (its own YaRN mscale, longrope's
+  sqrt(1 + ln s / ln L), 1 for llama3) times 0.1 ln(s) + 1. transformers applies each as a
+  cos/sin multiplier, so the q.k logits carry a^2 (eq. 22's 1/t); the checkpoint's weights
+  expect its a^2 at every position and the new factor corrects the entropy of the further
+  s-fold extension, so the logit scalings compose as a product: (a m)^2. This is not
+  0.1 ln(s_base s) + 1 (YaRN 4 on YaRN 4: 1.1386^2 = 1.2964 against 1.2773).
+  ``attention_factor`` replaces only the new factor m.
+
+A ``longrope`` checkpoint whose short and long factors differ (Phi-3) is composed from its long
+factors, the ones that reach L0, and the result is one factor set for every length: sequences
+shorter than its original context no longer get its short factors (this holds for every
+method, :class:`~hf_posext.methods.base.BaseRope`).
+
+Dynamic YaRN composes the same way with s(L) = min(factor, max(1, L / L0)): up to L0 the
+checkpoint runs exactly its own frequencies and attention factor, past L0 it is static YaRN at
+s(L) on top of them. It needs its own rope type anyway, so the checkpoint's divisors and attention
+factor travel in its entry (``base_factors``, ``base_attention_factor``). Dynamic NTK does not
+compose: its native ``dynamic`` type recomputes from theta alone, so it is refused
+(``override=True`` replaces the checkpoint's scaling instead).
 """
 
 from __future__ import annotations
@@ -32,7 +59,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE
+import torch
+
+from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, default_inv_freq, yarn_mscale, yarn_pair_factors
 from .base import BaseRope, PositionMethod, register
 from .dynamic import DynamicScaling
 
@@ -85,9 +114,21 @@ class YarnConfig(_YarnFields):
     """YaRN: NTK-by-parts frequency ramp plus 0.1 ln(s) + 1 attention temperature (native ``yarn``)."""
 
     paper = "Peng et al. 2023, YaRN, arXiv:2309.00071"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return self._yarn_parameters(base, "yarn")
+
+    def pair_factors(self, base: BaseRope) -> torch.Tensor | None:
+        if base.pair_divisors is None:
+            return None
+        base_inv_freq = default_inv_freq(base.theta, base.rotary_dim).double() / base.pair_divisors
+        return yarn_pair_factors(
+            base_inv_freq, base.original_max_position_embeddings, self.factor, self.beta_fast, self.beta_slow
+        )
+
+    def temperature(self, base: BaseRope) -> float:
+        return float(self.attention_factor) if self.attention_factor is not None else yarn_mscale(self.factor)
 
 
 @register("dynamic_yarn")
@@ -96,6 +137,20 @@ class DynamicYarnConfig(_YarnFields, DynamicScaling):
     """Dynamic YaRN: YaRN with s = min(factor, max(1, L / L_orig)) from the current length."""
 
     paper = "Peng et al. 2023, YaRN, arXiv:2309.00071 sec. 3.3"
+    composes = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return self._yarn_parameters(base, DYNAMIC_YARN_ROPE_TYPE)
+
+    def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        params = {k: v for k, v in self._yarn_parameters(base, DYNAMIC_YARN_ROPE_TYPE).items() if k in _DYNAMIC_KEYS}
+        params["base_factors"] = [float(c) for c in base.pair_divisors]
+        params["base_attention_factor"] = float(base.attention_factor)
+        return params
+
+
+#: What a composed dynamic YaRN entry keeps of the checkpoint's own entry: its scaling is in base_factors.
+_DYNAMIC_KEYS = {
+    "rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings", "beta_fast",
+    "beta_slow", "attention_factor",
+}
