@@ -122,7 +122,11 @@ def test_composed_frequencies_equal_the_float64_reference(name, method):
     assert base_scale == pytest.approx(attention, rel=1e-12)
 
     hf_posext.patch_model(model, method, factor=4)
-    assert model.config.max_position_embeddings == 4 * reach_of(name)
+    if method == "linear" and name == "linear":
+        # native linear keeps the readers' convention: they derive max_position_embeddings x factor
+        assert model.config.max_position_embeddings * model.config.rope_parameters["factor"] == 4 * reach_of(name)
+    else:
+        assert model.config.max_position_embeddings == 4 * reach_of(name)
     expected, expected_scale = reference_composed(method, 4.0, omega, attention, reach_of(name))
     for position in (0, 4 * reach_of(name) - 1):  # short and long factor sets
         inv, scale, _, _ = run_rotary(model, position)
@@ -170,7 +174,7 @@ def test_a_plain_checkpoint_is_extended_by_the_method_alone(name, method):
     info = hf_posext.patch_info(model)
     assert "composed_on" not in info
     assert model.config.rope_parameters["rope_type"] != "longrope"
-    assert model.config.max_position_embeddings == 4 * 32768
+    assert info["context_length"] == 4 * 32768
 
 
 @pytest.mark.parametrize("method", STATIC_METHODS)
@@ -180,7 +184,8 @@ def test_composing_on_an_identity_scaling_is_the_method_alone(method):
     alone = hf_posext.patch_model(tiny_model(max_positions=32), method, factor=4)
     shipped = tiny_model(max_positions=32, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 1.0})
     composed = hf_posext.patch_model(shipped, method, factor=4)
-    assert composed.config.max_position_embeddings == alone.config.max_position_embeddings == 128
+    assert composed.config.max_position_embeddings == alone.config.max_position_embeddings
+    assert hf_posext.patch_info(composed)["context_length"] == hf_posext.patch_info(alone)["context_length"] == 128
     torch.testing.assert_close(rotary(composed).inv_freq, rotary(alone).inv_freq, rtol=1e-6, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(composed(ids).logits, alone(ids).logits, rtol=0, atol=1e-5)
@@ -196,7 +201,8 @@ def test_linear_then_linear_is_linear_with_the_product_factor():
     composed = hf_posext.patch_model(shipped, "linear", factor=3)
     product = hf_posext.patch_model(tiny_model(max_positions=32), "linear", factor=6)
     assert composed.config.rope_parameters == product.config.rope_parameters
-    assert composed.config.max_position_embeddings == product.config.max_position_embeddings == 192
+    assert composed.config.max_position_embeddings == product.config.max_position_embeddings
+    assert hf_posext.patch_info(composed)["context_length"] == hf_posext.patch_info(product)["context_length"] == 192
     with torch.no_grad():
         assert torch.equal(composed(ids).logits, product(ids).logits)
 

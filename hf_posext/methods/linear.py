@@ -14,9 +14,10 @@ for ``max_new_tokens`` explicitly (as for the dynamic methods).
 On a checkpoint that ships a static scaling (composition, :class:`~hf_posext.methods.base.BaseRope`)
 PI divides every one of the checkpoint's own frequencies by s and keeps its attention factor:
 on a ``linear`` checkpoint that is native ``linear`` with the product of the two factors, on
-any other a native ``longrope`` entry. On a ``linear`` checkpoint ``max_position_embeddings``
-stays the checkpoint's own, so that readers multiplying it by the product factor derive what the
-checkpoint reached times s; a ``longrope`` entry advertises s x L0, as yarn does.
+any other a native ``longrope`` entry. On a ``linear`` checkpoint ``max_position_embeddings`` is
+what the checkpoint reaches divided by its own factor, so that readers multiplying it by the
+product factor derive what the checkpoint reached times s, whichever convention the checkpoint
+followed; a ``longrope`` entry advertises s x L0, as yarn does.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class LinearConfig(PositionMethod):
         if base.pair_divisors is None:
             return base.original_max_position_embeddings
         if base.rope_type == "linear":
-            return base.max_position_embeddings
+            return int(round(base.original_max_position_embeddings / float(base.rope_parameters["factor"])))
         return super().max_position_embeddings(base)
 
     def pair_factors(self, base: BaseRope) -> torch.Tensor:
