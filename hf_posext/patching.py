@@ -300,6 +300,8 @@ def method_from_record(record: dict[str, Any]) -> PositionMethod:
 def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     """Undo :func:`patch_model`: the checkpoint's own rope parameters and rotary modules come back.
 
+    A model gets a private copy of its config, as in :func:`patch_model`.
+
     Raises:
         ValueError: if ``model`` carries no hf-posext patch.
     """
@@ -307,6 +309,10 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         raise ValueError(f"{type(model).__name__} carries no hf-posext patch to undo")
+    if isinstance(model, nn.Module):  # as in patch_model: never change a config other models share
+        private = copy.deepcopy(config)
+        _replace_config(model, config, private)
+        config, record = private, getattr(private, CONFIG_KEY)
     spec = method_from_record(record)
     adapter = adapter_for(spec)
     config.rope_parameters = copy.deepcopy(record["base_rope_parameters"])

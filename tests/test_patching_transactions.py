@@ -111,6 +111,20 @@ def test_a_config_shared_by_two_models_changes_only_the_patched_one(method, fact
     assert torch.equal(logits(other, ids), expected)
 
 
+@pytest.mark.parametrize("method,factor", [("alibi", None), ("dynamic_yarn", 4), ("yarn", 4)])
+def test_unpatching_one_of_two_models_built_from_a_patched_config_leaves_the_other(method, factor):
+    config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), method, factor)
+    torch.manual_seed(0)
+    other = AutoModelForCausalLM.from_config(config).eval()
+    unpatched = AutoModelForCausalLM.from_config(config).eval()
+    assert unpatched.config is other.config  # the situation of the bug
+    ids = tokens(3 * L_ORIG)
+    expected, saved = logits(other, ids), config.to_dict()
+    hf_posext.unpatch_model(unpatched)
+    assert config.to_dict() == saved and hf_posext.patch_info(other)["method"] == method
+    assert torch.equal(logits(other, ids), expected)
+
+
 def test_a_patched_config_is_patched_in_place_and_only_when_valid():
     config = tiny_config(max_positions=L_ORIG)
     saved = config.to_dict()
