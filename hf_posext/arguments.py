@@ -6,15 +6,30 @@ A method argument is given the same way everywhere, ``--set KEY=VALUE`` (repeata
     python scripts/finetune.py --config run.yaml --set beta_fast=64
 
 KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1``, ``true``,
-``[1, 2]``) and kept as a string otherwise (``mode=tail``).
+``[1, 2]``) and kept as a string otherwise (``mode=tail``). ``factor`` has its own flag
+(``--factor``) everywhere and is refused in ``--set``.
+
+Every command reports bad input (``ValueError``, ``OSError``: a missing or unreadable file, an
+invalid ``config.json``) as one line and exit code 2 (:func:`run_command`); ``--debug`` or the
+environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable
+import os
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from .methods import method_class
+
+#: Method arguments that have a flag of their own in every command.
+OWN_FLAGS = {"factor": "--factor"}
+
+#: What the commands report as bad input in one line rather than with a traceback.
+USER_ERRORS = (ValueError, OSError)
 
 
 class KeyValueError(ValueError, argparse.ArgumentTypeError):
@@ -41,6 +56,63 @@ def parse_key_values(items: Iterable[str | tuple[str, Any]] | None) -> dict[str,
     """A mapping from ``KEY=VALUE`` strings (or pairs already parsed); later keys win."""
     pairs = (item if isinstance(item, tuple) else parse_key_value(item) for item in items or ())
     return dict(pairs)
+
+
+#: The spellings of a boolean, any case; nothing else is one.
+BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def parse_bool(value: Any, name: str = "value") -> bool:
+    """``value`` as a boolean: ``True``/``False``, 1/0, or true/false/yes/no/1/0 in any case.
+
+    Raises:
+        KeyValueError: anything else (``"t"``, ``2``, ``"off"``...), naming ``name`` and the spellings.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in BOOLEANS:
+        return BOOLEANS[value.strip().lower()]
+    raise KeyValueError(f"{name} must be true or false (or yes/no/1/0, any case), got {value!r}")
+
+
+def method_kwargs(items: Iterable[str | tuple[str, Any]] | None) -> dict[str, Any]:
+    """:func:`parse_key_values` for method arguments: a key with a flag of its own is refused.
+
+    Raises:
+        KeyValueError: e.g. ``factor=8`` (use ``--factor 8``).
+    """
+    values = parse_key_values(items)
+    for key, flag in OWN_FLAGS.items():
+        if key in values:
+            raise KeyValueError(f"--set {key}={values[key]!r}: {key} has its own flag, use {flag} {values[key]}")
+    return values
+
+
+def check_factor(method: str, factor: float | None) -> None:
+    """Refuse a method that scales RoPE (aliases included) without a factor: it would silently be the identity.
+
+    Raises:
+        ValueError: an unknown method (listing the known ones) or a missing factor.
+    """
+    if method_class(method).scales_rope and factor is None:
+        raise ValueError(f"--method {method} needs --factor (the context scale s, e.g. --factor 4)")
+
+
+def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> int:
+    """``command()``; bad input (:data:`USER_ERRORS`) is printed as one line and gives exit code 2.
+
+    With ``debug`` or ``HF_POSEXT_DEBUG`` set (not ``0``) the exception propagates with its traceback.
+    """
+    try:
+        return command()
+    except USER_ERRORS as err:
+        if debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0"):
+            raise
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
 
 
 def add_set_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *aliases: str,

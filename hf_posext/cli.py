@@ -2,6 +2,7 @@
 
     hf-posext methods                                        # list the methods
     hf-posext patch path/to/llama out/llama-16k --method yarn --factor 4
+    hf-posext patch path/to/llama out/llama-alibi --method alibi    # methods without a factor
 
 Each sub-command lives in the module that holds its logic and exposes
 ``add_parser(subparsers)``, which registers the parser and sets ``func`` to the handler.
@@ -13,10 +14,11 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from transformers import AutoConfig
 
-from .arguments import add_set_argument, parse_key_values
+from .arguments import add_set_argument, check_factor, method_kwargs, run_command
 from .export import extend_checkpoint
 from .gguf import resolve_model_source
 from .methods import available_methods, method_class
@@ -33,10 +35,13 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def _patch(args: argparse.Namespace) -> int:
-    extra = parse_key_values(args.set)
+    check_factor(args.method, args.factor)
+    extra = method_kwargs(args.set)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
     source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
+    if Path(source).is_file():
+        raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
     out = extend_checkpoint(
         source, args.output_dir, args.method, args.factor, override=args.override, **extra
     )
@@ -48,6 +53,8 @@ def _patch(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-posext", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (also: HF_POSEXT_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("methods", help="list the position-encoding methods")
@@ -57,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="checkpoint folder, Hub id or local .gguf file")
     p.add_argument("output_dir")
     p.add_argument("--method", required=True, help=f"one of: {', '.join(available_methods())}")
-    p.add_argument("--factor", type=float, required=True, help="context scale s >= 1")
+    p.add_argument("--factor", type=float, default=None,
+                   help="context scale s >= 1; required by the methods that scale RoPE, not by alibi, sinusoidal, learned")
     p.add_argument("--original-max-position-embeddings", type=int, default=None)
     p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
                    "pretraining context; without it the method composes on that scaling")
@@ -75,11 +83,7 @@ _SUBCOMMAND_MODULES: tuple[str, ...] = ("hf_posext.eval.cli", "hf_posext.experim
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"hf-posext: error: {err}", file=sys.stderr)
-        return 2
+    return run_command("hf-posext", lambda: args.func(args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -166,12 +166,19 @@ def iter_local_documents(files: Iterable[Path], text_field: str = "text") -> Ite
     any source file loads and a byte tokenizer sees exactly the file.
 
     Raises:
-        ValueError: a ``.jsonl`` line that is not JSON or lacks ``text_field``, naming file and line.
+        ValueError: a ``.jsonl`` line that is not UTF-8, not JSON or lacks ``text_field``, naming file and line.
     """
     for path in files:
         if path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
+            with path.open("rb") as handle:
+                for number, raw in enumerate(handle, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as err:
+                        raise ValueError(
+                            f"{path}:{number}: not UTF-8 text (byte {raw[err.start:err.start + 1]!r} at column "
+                            f"{err.start + 1}); .jsonl files must be UTF-8"
+                        ) from None
                     if not line.strip():
                         continue
                     try:

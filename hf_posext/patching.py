@@ -39,6 +39,9 @@ CONFIG_KEY = "hf_posext"
 
 _ORIGINAL_MODULES = "_hf_posext_original_modules"
 
+#: The longest context a patch may reach (positions are int32 in attention masks and kernels).
+MAX_CONTEXT = 2**31 - 1
+
 #: Every registered method name and alias, for type checkers; tests/test_patching.py checks that it
 #: equals the registry (available_methods() plus method_aliases()).
 MethodName = Literal[
@@ -172,6 +175,13 @@ def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool)
 def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bool) -> None:
     _check_architecture(config)
     base = _base_rope(config, method, override)
+    reach = method.factor * base.original_max_position_embeddings
+    if reach > MAX_CONTEXT:
+        raise ValueError(
+            f"{method.name}: factor={method.factor!r} times the original context "
+            f"{base.original_max_position_embeddings} is {reach:.4g} tokens, beyond the {MAX_CONTEXT} positions a "
+            "config can hold; use a smaller factor"
+        )
     if method.factor == 1 and method.scales_rope:
         rope_parameters, max_positions = dict(base.rope_parameters), base.max_position_embeddings
     elif base.pair_divisors is not None:
@@ -231,7 +241,11 @@ def patch_model(
     """Patch ``model`` in place with a position-encoding method and return it.
 
     Patching again replaces the previous patch: every patch starts from the checkpoint's own
-    rope parameters, recorded in ``config.hf_posext``.
+    rope parameters, recorded in ``config.hf_posext``. A patch is all or nothing: every check
+    runs before anything changes, and on any error the model (config, rotary modules, position
+    table, attention implementation) is as it was. A model gets a patched private copy of its
+    config (``model.config`` is a new object afterwards), so other models built from the same
+    config object are never changed; a config passed itself is patched in place.
 
     Args:
         model: a Llama, Mistral, Qwen2 or Qwen3 model, or its config (to build a model from).
@@ -260,19 +274,95 @@ def patch_model(
         kwargs["original_max_position_embeddings"] = original_max_position_embeddings
     config = _config_of(model)
     spec = make_method(method, **kwargs)
-    previous_record = getattr(config, CONFIG_KEY, None)
-    if previous_record is not None:
-        # A re-patch starts from the checkpoint: undo what the previous method did beyond rope
-        # parameters (ALiBi's attention implementation, absolute encodings' position table).
-        previous = method_from_record(previous_record)
-        adapter_for(previous).unpatch_config(previous, config, previous_record)
-        if isinstance(model, nn.Module):
+    # Validate on a copy: every check (ours, the adapter's, transformers' validators) runs before
+    # the caller's config or model is touched.
+    trial = copy.deepcopy(config)
+    _unpatch_previous_config(trial)
+    _patch_config(trial, spec, override)
+    if not isinstance(model, nn.Module):
+        config.__dict__.clear()
+        config.__dict__.update(trial.__dict__)
+        return model
+    saved = _snapshot(model)
+    try:
+        # A private copy: a config object shared with other models (two models built from one
+        # config) must not change under them.
+        private = copy.deepcopy(config)
+        _replace_config(model, config, private)
+        previous_record = getattr(private, CONFIG_KEY, None)
+        before = dict(model.named_modules())
+        if previous_record is not None:
+            previous = _unpatch_previous_config(private)
             adapter_for(previous).unpatch_modules(previous, model)
-    _patch_config(config, spec, override)
-    if isinstance(model, nn.Module):
+        _patch_config(private, spec, override)
         _swap_rotary_modules(model, keep_originals=previous_record is None)
-        adapter_for(spec).patch_modules(spec, model)
+        adapter = adapter_for(spec)
+        adapter.patch_modules(spec, model)
+        if previous_record is not None:
+            adapter.inherit_modules(spec, model, before)
+    except BaseException:
+        _restore(saved)
+        raise
     return model
+
+
+def _unpatch_previous_config(config: PreTrainedConfig) -> PositionMethod | None:
+    """Undo, on ``config``, what a previous patch did beyond rope parameters; the previous method.
+
+    A re-patch starts from the checkpoint (ALiBi's attention implementation, absolute encodings'
+    position table).
+    """
+    record = getattr(config, CONFIG_KEY, None)
+    if record is None:
+        return None
+    previous = method_from_record(record)
+    adapter_for(previous).unpatch_config(previous, config, record)
+    return previous
+
+
+def _modules_with_originals(model: nn.Module) -> list[nn.Module]:
+    originals = model.__dict__.get(_ORIGINAL_MODULES, {})
+    found = {id(m): m for m in model.modules()}
+    for module in originals.values():
+        found.update({id(m): m for m in module.modules()})
+    return list(found.values())
+
+
+def _replace_config(model: nn.Module, old: PreTrainedConfig, new: PreTrainedConfig) -> None:
+    """Point every module of ``model`` (and the kept original rotary modules) that holds ``old`` at ``new``."""
+    for module in _modules_with_originals(model):
+        for name, value in list(module.__dict__.items()):
+            if value is old:
+                module.__dict__[name] = new
+
+
+_Snapshot = list[tuple[nn.Module, dict[str, Any], list[tuple[Any, Any]]]]
+
+
+def _snapshot(model: nn.Module) -> _Snapshot:
+    """Every module's attributes and the contents of its containers (submodules, parameters, hooks).
+
+    Containers are restored in place by :func:`_restore`, so hook handles taken before the
+    snapshot keep working afterwards.
+    """
+    saved = []
+    for module in _modules_with_originals(model):
+        attributes = dict(module.__dict__)
+        contents = [(value, copy.copy(value)) for value in attributes.values() if isinstance(value, (dict, set, list))]
+        saved.append((module, attributes, contents))
+    return saved
+
+
+def _restore(saved: _Snapshot) -> None:
+    for module, attributes, contents in saved:
+        module.__dict__.clear()
+        module.__dict__.update(attributes)
+        for container, content in contents:
+            container.clear()
+            if isinstance(container, list):
+                container.extend(content)
+            else:
+                container.update(content)
 
 
 def method_from_record(record: dict[str, Any]) -> PositionMethod:
@@ -284,6 +374,8 @@ def method_from_record(record: dict[str, Any]) -> PositionMethod:
 def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     """Undo :func:`patch_model`: the checkpoint's own rope parameters and rotary modules come back.
 
+    A model gets a private copy of its config, as in :func:`patch_model`.
+
     Raises:
         ValueError: if ``model`` carries no hf-posext patch.
     """
@@ -291,6 +383,10 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         raise ValueError(f"{type(model).__name__} carries no hf-posext patch to undo")
+    if isinstance(model, nn.Module):  # as in patch_model: never change a config other models share
+        private = copy.deepcopy(config)
+        _replace_config(model, config, private)
+        config, record = private, getattr(private, CONFIG_KEY)
     spec = method_from_record(record)
     adapter = adapter_for(spec)
     config.rope_parameters = copy.deepcopy(record["base_rope_parameters"])

@@ -20,6 +20,9 @@ Many GPUs (FSDP2; also ddp.yaml, deepspeed_zero3.yaml, context_parallel.yaml)::
         --model meta-llama/Llama-2-7b-hf --method yarn --factor 16 \\
         --dataset emozilla/pg19 --output-dir llama-2-7b-yarn-64k --checkpointing-steps 50
 
+Bad input (a setting, a file, a dataset) is reported in one line with exit code 2, including
+what ``train()`` finds only once it runs; ``HF_POSEXT_DEBUG=1`` shows the traceback.
+
 Resume after a crash or pre-emption: run the same command with ``--resume``. Publish with
 ``hf-posext push llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k``.
 """
@@ -28,19 +31,20 @@ from __future__ import annotations
 
 import sys
 
+from hf_posext.arguments import run_command
 from hf_posext.train.cli import config_from_args
 from hf_posext.train.loop import train
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        config = config_from_args(argv, description=__doc__.split("\n\n")[0])
-    except (ValueError, FileNotFoundError) as err:
-        print(f"finetune: error: {err}", file=sys.stderr)
-        return 2
+def _run(argv: list[str] | None) -> int:
+    config = config_from_args(argv, description=__doc__.split("\n\n")[0])
     result = train(config)
     print(f"wrote {result.output_dir} ({result.steps} steps, final loss {result.final_loss:.4f})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("finetune", lambda: _run(argv))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,14 @@ import argparse
 
 import pytest
 
-from hf_posext.arguments import KeyValueError, add_set_argument, parse_key_value, parse_key_values
+from hf_posext.arguments import (
+    KeyValueError,
+    add_set_argument,
+    method_kwargs,
+    parse_bool,
+    parse_key_value,
+    parse_key_values,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,3 +53,21 @@ def test_argparse_reports_the_message_and_exits_2(capsys):
         parser.parse_args(["--set", "beta_fast"])
     assert exit_info.value.code == 2
     assert "--set expects KEY=VALUE (e.g. beta_fast=32), got 'beta_fast'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,expected", [("true", True), ("YES", True), ("1", True), (1, True), (True, True),
+                                           ("False", False), ("no", False), ("0", False), (0, False)])
+def test_booleans_have_one_set_of_spellings(text, expected):
+    assert parse_bool(text, "lora") is expected
+
+
+@pytest.mark.parametrize("text", ["t", "y", "on", "", 2, None, 1.0])
+def test_other_booleans_are_refused_naming_the_key(text):
+    with pytest.raises(KeyValueError, match=rf"lora must be true or false \(or yes/no/1/0, any case\), got {text!r}"):
+        parse_bool(text, "lora")
+
+
+def test_factor_is_refused_in_method_arguments():
+    assert method_kwargs(["beta-fast=64"]) == {"beta_fast": 64}
+    with pytest.raises(KeyValueError, match=r"--set factor=8: factor has its own flag, use --factor 8"):
+        method_kwargs(["beta_fast=64", "factor=8"])

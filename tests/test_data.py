@@ -78,6 +78,12 @@ def test_missing_local_data_is_named(tmp_path, item):
         check_dataset([item])
 
 
+def test_non_utf8_jsonl_line_is_named(tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl:2: not UTF-8 text \(byte b'\\xe9' at column 14\)"):
+        load_texts([str(tmp_path / "d.jsonl")])
+
+
 def test_bad_jsonl_line_is_named(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
     with pytest.raises(ValueError, match=r"d.jsonl:2: no string field 'text'"):

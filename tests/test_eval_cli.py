@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from hf_posext import patch_model
 from hf_posext.cli import main
+from hf_posext.eval import cli as eval_cli
 from hf_posext.eval import encode_documents, load_texts, sliding_window_perplexity, truncated_perplexity
 from hf_posext.fixtures import byte_tokenizer, make_tiny_model
 
@@ -83,3 +86,51 @@ def test_bad_input_is_reported(checkpoint, tmp_path, capsys):
     assert "--method yarn needs --factor" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "ppl", str(path), "--lengths", "sixteen"])
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--method", "yarn,bogus", "--factor", "2"], "unknown method 'bogus'"),
+        (["--method", "none,dynamic"], "--method dynamic needs --factor"),
+        (["--method", "yarn", "--factor", "2", "--set", "beta_fast=nan"], "beta_fast must be a finite number"),
+        (["--method", "yarn", "--factor", "2", "--set", "factor=4"], "factor has its own flag"),
+    ],
+)
+def test_every_method_is_checked_before_any_evaluation(checkpoint, tmp_path, capsys, monkeypatch, extra, message):
+    path, text = checkpoint
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("a model was loaded before the methods were checked")
+
+    monkeypatch.setattr(eval_cli, "load_model", no_evaluation)
+    for command in (["ppl", "--data", str(text)], ["passkey"]):
+        assert main(["eval", command[0], str(path), *command[1:], "--lengths", "16", *extra,
+                     "--out", str(tmp_path), "--no-progress"]) == 2
+        assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_resume_is_keyed_on_the_model_content_not_its_path(checkpoint, tmp_path, capsys):
+    source, text = checkpoint
+    model_dir = tmp_path / "model"
+    shutil.copytree(source, model_dir)
+    argv = ["eval", "ppl", str(model_dir), "--data", str(text), "--lengths", "16", "--out", str(tmp_path / "out"),
+            "--no-progress"]
+    assert main(argv) == 0
+    first = json.loads((tmp_path / "out" / "ppl.json").read_text())["results"]["none/truncated"]
+    assert main(argv) == 0
+    assert "done in an earlier run, skipped" in capsys.readouterr().out
+    # Retrain in place: same path, new weights.
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    model.save_pretrained(model_dir)
+    assert main(argv) == 0
+    assert "skipped" not in capsys.readouterr().out
+    second = json.loads((tmp_path / "out" / "ppl.json").read_text())["results"]["none/truncated"]
+    assert second["points"][0]["perplexity"] != first["points"][0]["perplexity"]
+    # A moved folder is the same model: resumed.
+    model_dir.rename(tmp_path / "moved")
+    assert main([*argv[:2], str(tmp_path / "moved"), *argv[3:]]) == 0
+    assert "done in an earlier run, skipped" in capsys.readouterr().out

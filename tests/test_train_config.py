@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+import yaml
 
 from hf_posext import available_methods
 from hf_posext.methods import method_class
@@ -127,6 +128,48 @@ def test_bad_set_item_exits_with_the_message(capsys):
     with pytest.raises(SystemExit):
         config_from_args(["--model", "m", "--output-dir", "o", "--dataset", "d.txt", "--set", "beta_fast"])
     assert "--set expects KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [('"false"', False), ("'FALSE'", False), ("'No'", False), ("0", False), ('"yes"', True), ("true", True),
+     ("'1'", True)],
+)
+def test_yaml_booleans_are_read_strictly(tmp_path, text, expected):
+    (tmp_path / "run.yaml").write_text(f"model: m\noutput_dir: o\ndataset: d.txt\nlora: {text}\n")
+    assert config_from_args(["--config", str(tmp_path / "run.yaml")]).lora is expected
+    assert TrainConfig(**REQUIRED, lora=yaml.safe_load(text)).lora is expected
+
+
+@pytest.mark.parametrize("value", ["t", "off", 2, "", None])
+def test_anything_else_is_not_a_boolean(value):
+    with pytest.raises(ValueError, match=rf"lora must be true or false \(or yes/no/1/0, any case\), got {value!r}"):
+        TrainConfig(**REQUIRED, lora=value)
+
+
+def test_boolean_flags_take_the_same_spellings(capsys):
+    argv = ["--model", "m", "--output-dir", "o", "--dataset", "d.txt"]
+    assert config_from_args([*argv, "--pose", "YES"]).pose is True
+    assert config_from_args([*argv, "--activation_checkpointing", "No"]).activation_checkpointing is False
+    with pytest.raises(SystemExit):
+        config_from_args([*argv, "--lora", "t"])
+    assert "lora must be true or false" in capsys.readouterr().err
+
+
+def test_quoted_numbers_read_as_their_flags_read_them(tmp_path):
+    (tmp_path / "run.yaml").write_text('model: m\noutput_dir: o\ndataset: d.txt\nfactor: "4"\nseq_len: "128"\n')
+    by_yaml = config_from_args(["--config", str(tmp_path / "run.yaml")])
+    by_flags = config_from_args(["--model", "m", "--output-dir", "o", "--dataset", "d.txt", "--factor", "4",
+                                 "--seq-len", "128"])
+    assert by_yaml == by_flags == TrainConfig(**REQUIRED, factor="4", seq_len="128")
+    assert (by_yaml.factor, by_yaml.seq_len) == (4.0, 128)
+    with pytest.raises(ValueError, match=r"factor must be a number \(float\), got 'four'"):
+        TrainConfig(**REQUIRED, factor="four")
+
+
+def test_factor_in_set_is_refused_naming_its_own_flag():
+    with pytest.raises(ValueError, match=r"sets factor=8; factor has its own setting: --factor 8"):
+        config_from_args(["--model", "m", "--output-dir", "o", "--dataset", "d.txt", "--set", "factor=8"])
 
 
 def test_yaml_mapping_setting_must_be_a_mapping(tmp_path):

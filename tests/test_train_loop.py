@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -232,8 +233,6 @@ def test_bad_input_fails_before_training(assets, tmp_path, monkeypatch, override
 
 
 def test_finetune_script_runs_from_flags(assets, tmp_path, capsys):
-    import runpy
-
     script = runpy.run_path(str(ROOT / "scripts" / "finetune.py"))
     code = script["main"]([
         "--model", str(assets / "llama"), "--method", "linear", "--factor", "2", "--dataset", str(assets / "data.txt"),
@@ -254,3 +253,17 @@ def test_alibi_fine_tunes_beyond_the_original_context(assets, tmp_path):
     saved = json.loads((Path(result.output_dir) / "config.json").read_text())
     assert saved["hf_posext"]["method"] == "alibi"
     assert result.tokens == 3 * 4 * 2 * ORIGINAL_CONTEXT and result.losses[-1] < result.losses[0]
+
+
+def test_an_error_inside_train_is_one_line_with_exit_code_2(assets, tmp_path, capsys, monkeypatch):
+    # seq_len passes the settings' checks; only train() knows the model's context.
+    script = runpy.run_path(str(ROOT / "scripts" / "finetune.py"))
+    argv = ["--model", str(assets / "llama"), "--method", "linear", "--factor", "2", "--dataset",
+            str(assets / "data.txt"), "--output-dir", str(tmp_path / "out"), "--seq-len", "65",
+            "--cache-dir", str(assets / "cache")]
+    assert script["main"](argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line or "Traceback" in line]
+    assert len(errors) == 1 and errors[0].startswith("finetune: error: seq_len=65 exceeds the 64 tokens"), errors
+    monkeypatch.setenv("HF_POSEXT_DEBUG", "1")
+    with pytest.raises(ValueError, match="seq_len=65"):
+        script["main"](argv)

@@ -163,3 +163,14 @@ class LearnedAdapter(_AbsoluteAdapter):
         table = LearnedPositions(method.max_length or config.max_position_embeddings, config.hidden_size)
         nn.init.normal_(table.weight, mean=0.0, std=getattr(config, "initializer_range", 0.02))
         return table
+
+    def inherit_modules(self, method: LearnedConfig, model: nn.Module, before: dict[str, nn.Module]) -> None:
+        """A re-patch keeps the trained rows: a longer table extends the old one, a shorter one keeps its first rows."""
+        base = _base_module(model)
+        new = getattr(base, POSITIONS_ATTR)
+        prefix = next(name for name, module in model.named_modules() if module is base)
+        old = before.get(f"{prefix}.{POSITIONS_ATTR}" if prefix else POSITIONS_ATTR)
+        if isinstance(old, LearnedPositions) and old.embedding_dim == new.embedding_dim:
+            rows = min(old.num_embeddings, new.num_embeddings)
+            with torch.no_grad():
+                new.weight[:rows] = old.weight[:rows].to(new.weight)

@@ -34,6 +34,12 @@ class Adapter:
     def unpatch_modules(self, method: PositionMethod, model: nn.Module) -> None:
         """Undo :meth:`patch_modules`."""
 
+    def inherit_modules(self, method: PositionMethod, model: nn.Module, before: dict[str, nn.Module]) -> None:
+        """Carry trained state over from the modules a re-patch replaced (``before``: name -> module).
+
+        Called after :meth:`patch_modules` when ``model`` was patched before.
+        """
+
     def on_model_init(self, method: PositionMethod, base_model: nn.Module) -> None:
         """Redo :meth:`patch_modules` on a base model being built from a patched config.
 

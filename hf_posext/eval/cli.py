@@ -5,22 +5,25 @@
     hf-posext eval passkey path/to/model --lengths 4096,8192,16384 --trials 10 --method yarn --factor 4
 
 Each writes ``ppl.{json,csv,png}`` or ``passkey.{json,csv,png}`` under ``--out``. Results are
-saved after every method, and a rerun with the same settings skips the methods already done.
+saved after every method, and a rerun with the same settings on the same model content (not the
+same path: a model retrained in place is evaluated again) skips the methods already done. Every
+method name, argument and length is checked before the model loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..arguments import parse_key_values
+from ..arguments import check_factor, method_kwargs
 from ..data import encode_documents, load_texts
-from ..gguf import resolve_model_source
-from ..methods import method_class
+from ..gguf import gguf_identity, is_gguf, resolve_model_source
+from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
 from .passkey import passkey_accuracy
 from .perplexity import sliding_window_perplexity, truncated_perplexity
@@ -36,6 +39,8 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"lengths must be positive integers, got {text!r}")
     return values
 
 
@@ -74,6 +79,42 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
     return model, tokenizer
 
 
+#: Files of a checkpoint folder that do not change what it computes.
+_NOT_CONTENT = (".md", ".png", ".csv")
+
+
+def model_fingerprint(model: str) -> str:
+    """What a result file's resume is keyed on: the checkpoint's content, not its path.
+
+    A local folder: a hash of ``config.json``'s bytes and of the name, size and modification time
+    of every other file (weights, tokenizer, generation config; documents and hidden files
+    excluded), so a model retrained in place is evaluated again while a moved folder resumes.
+    A ``.gguf`` file: :func:`~hf_posext.gguf.gguf_identity` (its size and first MiB). A Hub id:
+    the id (its revision is not looked up).
+    """
+    folder = Path(model)
+    if is_gguf(model) and folder.is_file():
+        return f"gguf:{gguf_identity(model)}"
+    if not folder.is_dir():
+        return f"hub:{model}"
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.name.startswith(".") or path.suffix in _NOT_CONTENT:
+            continue
+        if path.name == "config.json":
+            digest.update(b"config.json\0" + path.read_bytes())
+        else:
+            stat = path.stat()
+            digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything the results depend on, the model by its content (:func:`model_fingerprint`)."""
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress", "debug", "model")}
+    return {"model_content": model_fingerprint(args.model), **settings}
+
+
 class _Patched:
     """``with _Patched(model, "yarn", factor=4):`` patches for the block; ``"none"`` leaves the model alone."""
 
@@ -82,9 +123,6 @@ class _Patched:
 
     def __enter__(self) -> dict[str, Any]:
         if self.method != "none":
-            # A context-scaling method without --factor would silently be the identity.
-            if method_class(self.method).scales_rope and self.factor is None:
-                raise ValueError(f"--method {self.method} needs --factor (the context scale s, e.g. --factor 4)")
             patch_model(self.model, self.method, factor=self.factor, **self.extra)
         return patch_info(self.model)
 
@@ -93,15 +131,28 @@ class _Patched:
             unpatch_model(self.model)
 
 
-def _extra(items: list[str] | None) -> dict[str, Any]:
-    return parse_key_values(items)
+def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """``--method``'s names and ``--set``'s arguments, every one checked before a model loads.
+
+    Raises:
+        ValueError: an unknown method, a scaling method without ``--factor``, an argument a method
+            does not take or a bad value, naming it.
+    """
+    methods, extra = _names(args.method), method_kwargs(args.set)
+    if not methods:
+        raise ValueError(f"--method names no method, got {args.method!r}")
+    for method in methods:
+        if method != "none":
+            # A context-scaling method without --factor would silently be the identity.
+            check_factor(method, args.factor)
+            make_method(method, **({} if args.factor is None else {"factor": args.factor}), **extra)
+    return methods, extra
 
 
 def _ppl(args: argparse.Namespace) -> int:
-    methods = _names(args.method)
+    methods, extra = _checked_methods(args)
     modes = ["truncated", "sliding"] if args.mode == "both" else [args.mode]
-    extra = _extra(args.set)
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress")}
+    settings = _settings(args)
     out = Path(args.out)
     done = ResultFile(out / "ppl.json", settings)
     results = done.results
@@ -148,9 +199,8 @@ def _ppl(args: argparse.Namespace) -> int:
 
 
 def _passkey(args: argparse.Namespace) -> int:
-    methods = _names(args.method)
-    extra = _extra(args.set)
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress")}
+    methods, extra = _checked_methods(args)
+    settings = _settings(args)
     out = Path(args.out)
     done = ResultFile(out / "passkey.json", settings)
     results = done.results
@@ -234,4 +284,4 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=_passkey)
 
 
-__all__ = ["add_parser", "load_model"]
+__all__ = ["add_parser", "load_model", "model_fingerprint"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .alibi import NoRopeMethod
-from .base import BaseRope, register
+from .base import BaseRope, real_number, register, whole_number
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,10 @@ class SinusoidalConfig(_AbsoluteMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.theta, bool) or not isinstance(self.theta, (int, float)) or not self.theta > 1:
+        theta = real_number(self.name, "theta", self.theta, "> 1")
+        if not theta > 1:
             raise ValueError(f"{self.name}: theta must be a number > 1, got {self.theta!r}")
+        object.__setattr__(self, "theta", theta)
 
 
 @register("learned")
@@ -65,9 +67,9 @@ class LearnedConfig(_AbsoluteMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        value = self.max_length
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{self.name}: max_length must be a positive int or None, got {value!r}")
+        if self.max_length is not None:
+            length = whole_number(self.name, "max_length", self.max_length, minimum=1, allowed="a positive int or None")
+            object.__setattr__(self, "max_length", length)
 
     def max_position_embeddings(self, base: BaseRope) -> int:
         return self.max_length or base.max_position_embeddings

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -93,19 +94,16 @@ class PositionMethod:
     original_max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
-        factor = self.factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
-            raise ValueError(f"{self.name}: factor must be a finite number >= 1, got {factor!r}")
+        factor = real_number(self.name, "factor", self.factor, ">= 1")
         if factor < 1:
             raise ValueError(
                 f"{self.name}: factor must be >= 1 (a factor below 1 would shrink the context), got {factor!r}"
             )
-        object.__setattr__(self, "factor", float(factor))
-        length = self.original_max_position_embeddings
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-            raise ValueError(
-                f"{self.name}: original_max_position_embeddings must be a positive int or None, got {length!r}"
-            )
+        object.__setattr__(self, "factor", factor)
+        if self.original_max_position_embeddings is not None:
+            length = whole_number(self.name, "original_max_position_embeddings", self.original_max_position_embeddings,
+                                  minimum=1, allowed="a positive int or None")
+            object.__setattr__(self, "original_max_position_embeddings", length)
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         """The ``rope_parameters`` a config patched with this method carries."""
@@ -163,6 +161,28 @@ class PositionMethod:
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.name, **dataclasses.asdict(self)}
+
+
+def real_number(method: str, field: str, value: Any, allowed: str) -> float:
+    """``value`` as a float if it is a finite real number (numpy scalars included, booleans not).
+
+    Raises:
+        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{method}: {field} must be a finite number {allowed}, got {value!r}")
+    return float(value)
+
+
+def whole_number(method: str, field: str, value: Any, minimum: int, allowed: str) -> int:
+    """``value`` as an int if it is an integer >= ``minimum`` (numpy integers included, booleans not).
+
+    Raises:
+        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{method}: {field} must be {allowed}, got {value!r}")
+    return int(value)
 
 
 _REGISTRY: dict[str, type[PositionMethod]] = {}

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 
 from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, default_inv_freq, yarn_mscale, yarn_pair_factors
-from .base import BaseRope, PositionMethod, register
+from .base import BaseRope, PositionMethod, real_number, register
 from .dynamic import DynamicScaling
 
 @dataclass(frozen=True)
@@ -82,17 +82,23 @@ class _YarnFields(PositionMethod):
     def __post_init__(self) -> None:
         super().__post_init__()
         for field in ("beta_fast", "beta_slow"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{self.name}: {field} must be a positive number, got {value!r}")
+            given = getattr(self, field)
+            value = real_number(self.name, field, given, "> 0")
+            if value <= 0:
+                raise ValueError(f"{self.name}: {field} must be a positive number, got {given!r}")
+            object.__setattr__(self, field, value)
         if self.beta_fast <= self.beta_slow:
             raise ValueError(
                 f"{self.name}: beta_fast must be greater than beta_slow, got beta_fast={self.beta_fast!r} "
                 f"and beta_slow={self.beta_slow!r}"
             )
-        value = self.attention_factor
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ValueError(f"{self.name}: attention_factor must be a positive number or None, got {value!r}")
+        if self.attention_factor is not None:
+            value = real_number(self.name, "attention_factor", self.attention_factor, "> 0 or None")
+            if value <= 0:
+                raise ValueError(
+                    f"{self.name}: attention_factor must be a positive number or None, got {self.attention_factor!r}"
+                )
+            object.__setattr__(self, "attention_factor", value)
 
     def _yarn_parameters(self, base: BaseRope, rope_type: str) -> dict[str, Any]:
         params = {

@@ -3,7 +3,7 @@
 Every setting is a flag (``seq_len`` -> ``--seq-len`` or ``--seq_len``) and a YAML key of
 ``--config``, with its help taken from the field, so the two cannot drift apart. Precedence:
 flags given on the command line > the YAML file > defaults. Booleans take ``--lora`` (or
-``--lora false``) and ``--no-lora``; ``--resume`` alone means the latest training state; method
+``--lora false``; true/false/yes/no/1/0 in any case, as in the YAML file) and ``--no-lora``; ``--resume`` alone means the latest training state; method
 arguments go through ``--set KEY=VALUE`` (:mod:`hf_posext.arguments`, as in ``hf-posext patch``).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
-from ..arguments import parse_key_value, parse_key_values
+from ..arguments import parse_bool, parse_key_value, parse_key_values
 from .config import TrainConfig, load_yaml
 
 
@@ -39,9 +39,19 @@ class RecipeArgumentParser(HfArgumentParser):
                                 **metadata)
             return
         HfArgumentParser._parse_dataclass_field(parser, field)
+        if field.type is bool:
+            # One spelling of booleans for flags and YAML (transformers' also takes t/y/f/n).
+            parser._option_string_actions[f"--{field.name}"].type = _flag_bool(field.name)
         if field.type is bool and field.default is False:
             parser.add_argument(f"--no-{field.name.replace('_', '-')}", dest=field.name, action="store_false",
                                 help=f"turn {field.name} off")
+
+
+def _flag_bool(name: str):
+    def parse(text: str) -> bool:
+        return parse_bool(text, name)
+
+    return parse
 
 
 def _mapping_fields() -> set[str]:

@@ -14,7 +14,9 @@ checkpointing. A YAML file (``--config``) takes the same keys as the flags, with
     max-train-steps: 20
 
 Every value is checked in ``__post_init__``, before a model or a dataset is touched, so a bad
-run fails at once with a message naming the bad value and what is allowed.
+run fails at once with a message naming the bad value and what is allowed. A YAML value is read
+as its flag would read it: booleans are true/false/yes/no/1/0 in any case (``lora: "false"`` is
+off; ``lora: "t"`` is an error), a quoted number is that number (``factor: "4"`` is 4.0).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +34,7 @@ import yaml
 from transformers import SchedulerType, get_scheduler
 from transformers.hf_argparser import HfArg
 
+from ..arguments import KeyValueError, parse_bool
 from ..methods import make_method, method_class
 
 #: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
@@ -40,6 +44,8 @@ SCHEDULERS = tuple(kind.value for kind in SchedulerType
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 REPORT_TO = ("none", "tensorboard", "wandb", "all")
+#: Field types read from text by their flag's parser; a YAML string value is read the same way.
+_NUMBER_TYPES: dict[Any, type] = {int: int, float: float, int | None: int, float | None: float}
 # Literal types give the flags their choices (HfArgumentParser reads them).
 Scheduler = Literal[SCHEDULERS]
 MixedPrecision = Literal[MIXED_PRECISIONS]
@@ -130,6 +136,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        self._read_text_values()
         if isinstance(self.dataset, (str, os.PathLike)):
             self.dataset = [str(self.dataset)]
         self.dataset = [str(item) for item in self.dataset]
@@ -140,6 +147,27 @@ class TrainConfig:
         elif self.resume is False:
             self.resume = None
         self.validate()
+
+    def _read_text_values(self) -> None:
+        """Booleans and numbers given as text (YAML ``lora: "false"``, ``factor: "4"``) are read as the flags read them.
+
+        A boolean is true/false/yes/no/1/0 in any case and nothing else (``"false"`` is not true
+        because it is a non-empty string); a number in quotes is that number, as on the command line.
+        """
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            value, hint = getattr(self, field.name), hints[field.name]
+            if hint is bool:
+                try:
+                    setattr(self, field.name, parse_bool(value, field.name))
+                except KeyValueError as err:
+                    raise ValueError(str(err)) from None
+            elif isinstance(value, str) and hint in _NUMBER_TYPES:
+                kind = _NUMBER_TYPES[hint]
+                try:
+                    setattr(self, field.name, kind(value))
+                except ValueError:
+                    raise ValueError(f"{field.name} must be a number ({kind.__name__}), got {value!r}") from None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad setting and what is allowed."""
@@ -207,6 +235,11 @@ class TrainConfig:
             )
         if not isinstance(self.method_kwargs, dict):
             raise ValueError(f"method_kwargs must be a mapping of method arguments, got {self.method_kwargs!r}")
+        if "factor" in self.method_kwargs:
+            raise ValueError(
+                f"method_kwargs (--set) sets factor={self.method_kwargs['factor']!r}; factor has its own setting: "
+                f"--factor {self.method_kwargs['factor']} (or factor: in the YAML file)"
+            )
         # The method's own checks (ALiBi takes factor 1 only, unknown arguments...), before any model loads.
         make_method(self.method, factor=self.factor, **self.method_kwargs)
 
