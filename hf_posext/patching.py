@@ -30,6 +30,7 @@ from . import _compat, readers
 from .adapters import adapter_for
 from .methods.base import BaseRope, PositionMethod, make_method, method_class
 from .rope_utils import default_inv_freq, rotary_dim_of
+from .transaction import restore, snapshot
 
 #: ``config.model_type`` values hf-posext is tested on.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -283,7 +284,7 @@ def patch_model(
         config.__dict__.clear()
         config.__dict__.update(trial.__dict__)
         return model
-    saved = _snapshot(model)
+    saved = snapshot(_modules_with_originals(model))
     try:
         # A private copy: a config object shared with other models (two models built from one
         # config) must not change under them.
@@ -301,7 +302,7 @@ def patch_model(
         if previous_record is not None:
             adapter.inherit_modules(spec, model, before)
     except BaseException:
-        _restore(saved)
+        restore(saved)
         raise
     return model
 
@@ -334,35 +335,6 @@ def _replace_config(model: nn.Module, old: PreTrainedConfig, new: PreTrainedConf
         for name, value in list(module.__dict__.items()):
             if value is old:
                 module.__dict__[name] = new
-
-
-_Snapshot = list[tuple[nn.Module, dict[str, Any], list[tuple[Any, Any]]]]
-
-
-def _snapshot(model: nn.Module) -> _Snapshot:
-    """Every module's attributes and the contents of its containers (submodules, parameters, hooks).
-
-    Containers are restored in place by :func:`_restore`, so hook handles taken before the
-    snapshot keep working afterwards.
-    """
-    saved = []
-    for module in _modules_with_originals(model):
-        attributes = dict(module.__dict__)
-        contents = [(value, copy.copy(value)) for value in attributes.values() if isinstance(value, (dict, set, list))]
-        saved.append((module, attributes, contents))
-    return saved
-
-
-def _restore(saved: _Snapshot) -> None:
-    for module, attributes, contents in saved:
-        module.__dict__.clear()
-        module.__dict__.update(attributes)
-        for container, content in contents:
-            container.clear()
-            if isinstance(container, list):
-                container.extend(content)
-            else:
-                container.update(content)
 
 
 def method_from_record(record: dict[str, Any]) -> PositionMethod:
