@@ -47,9 +47,9 @@ from ..gguf import resolve_model_source
 from .blocks import load_blocks, micro_batch_indices, take_blocks
 from ..patching import patch_model
 from ..readers import print_engine_warning
-from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
-from .export import save_dtype_for, save_final
+from .export import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .loss import causal_lm_loss
 from .plan import plan_run
@@ -247,11 +247,10 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
             settings differ from the saved run's. All before the first step.
     """
     check_dataset(config.dataset, config.dataset_split)
+    check_final_output(config)
     resume_from: Path | None = None
     if config.resume and config.resume != "latest":
-        resume_from = Path(config.resume)
-        if not resume_from.is_dir():
-            raise FileNotFoundError(f"resume: {str(resume_from)!r} is not a training state folder")
+        resume_from = check_resumable(config.resume)
     elif config.resume == "latest":
         resume_from = latest_checkpoint(config.checkpoint_path)
 
