@@ -144,7 +144,8 @@ def load_checkpoint(accelerator: Accelerator, path: str | Path) -> None:
         FileNotFoundError: if ``path`` is not a complete training state (the message says why and
             names the newest state next to it that is).
     """
-    accelerator.load_state(str(check_resumable(path)))
+    path = check_resumable(path)
+    accelerator.load_state(str(path))
 
 
 def check_resumable(path: str | Path) -> Path:

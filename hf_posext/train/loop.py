@@ -247,7 +247,6 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
             settings differ from the saved run's. All before the first step.
     """
     check_dataset(config.dataset, config.dataset_split)
-    check_final_output(config)
     resume_from: Path | None = None
     if config.resume and config.resume != "latest":
         resume_from = check_resumable(config.resume)
@@ -318,6 +317,8 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
         accelerator.print(f"resumed from {resume_from} at step {progress.step}")
     elif config.resume == "latest":
         accelerator.print(f"no training state in {config.checkpoint_path}: starting from step 0")
+    # Before the first step (after a resume's own checks), so a refused folder costs no training.
+    check_final_output(config)
     if config.report_to != "none":
         accelerator.init_trackers("hf_posext_finetune", config={k: str(v) for k, v in config.to_dict().items()})
 
