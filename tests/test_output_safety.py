@@ -149,6 +149,13 @@ def test_2_the_recipe_refuses_a_non_empty_out_before_training(assets, tmp_path, 
         train(run_config(assets, out))
     assert trained == [] and (out / "thesis.tex").read_text() == "mine"
 
+    # An earlier run's training states are not silently replaced by a new run's either.
+    earlier = tmp_path / "fresh-checkpoints" / "step_00000002"
+    earlier.mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"fresh-checkpoints.*step_00000002.*--overwrite"):
+        train(run_config(assets, tmp_path / "fresh", checkpointing_steps=2))
+    assert trained == [] and not (tmp_path / "fresh").exists()
+
 
 # -- 3: OUT == SRC, OUT inside SRC ------------------------------------------------------------------
 

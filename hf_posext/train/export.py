@@ -39,8 +39,15 @@ def save_dtype_for(config: TrainConfig, model: PreTrainedModel) -> torch.dtype:
 
 
 def check_final_output(config: TrainConfig) -> Path:
-    """Refuse ``config.output_dir`` now, before any training, if the final save would refuse it."""
+    """Refuse ``config.output_dir`` now, before any training, if the final save would refuse it.
+
+    Also refuses a checkpoint folder holding an earlier run's training states (which this run's
+    would replace step by step) unless the run resumes or ``overwrite`` is set.
+    """
     sources = [config.model] if os.path.isdir(config.model) else []
+    if config.checkpointing_steps:
+        check_output_dir(config.checkpoint_path, overwrite=config.overwrite, sources=sources,
+                         owns=("step_*", ".step_*"), reuse_own=bool(config.resume))
     return check_output_dir(config.output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES)
 
 
