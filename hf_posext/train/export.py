@@ -9,6 +9,7 @@ fails, the finished checkpoint stays on disk and the error says where.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
