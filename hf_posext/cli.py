@@ -43,7 +43,8 @@ def _patch(args: argparse.Namespace) -> int:
     if Path(source).is_file():
         raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
     out = extend_checkpoint(
-        source, args.output_dir, args.method, args.factor, override=args.override, **extra
+        source, args.output_dir, args.method, args.factor, override=args.override, overwrite=args.overwrite,
+        **extra
     )
     print(f"wrote {out}")
     saved = AutoConfig.from_pretrained(out)  # what every reader will read: the engines' verdict on it
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--original-max-position-embeddings", type=int, default=None)
     p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
                    "pretraining context; without it the method composes on that scaling")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty output folder: its checkpoint files are replaced, other files kept")
     add_set_argument(p)
     p.set_defaults(func=_patch)
 

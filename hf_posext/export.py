@@ -14,7 +14,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from transformers import AutoConfig
 
-from .files import atomic_directory
+from .files import output_folder
 from .methods import method_class
 from .patching import patch_info, patch_model
 from .readers import support
@@ -71,19 +71,35 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
 
 CONFIG_ONLY_FILES = ("config.json", "README.md")
 
+#: What a model repository needs, as name patterns: weights, config, generation config, tokenizer
+#: files, custom code of ``trust_remote_code`` models, the model card and the recipe's results.
+#: ``hf-posext push`` uploads these (unless told otherwise) and the checkpoint writers own them
+#: (with ``--overwrite`` they replace these files of an existing folder and keep the others).
+MODEL_REPO_FILES = (
+    "*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
+    "vocab.json", "vocab.txt", "merges.txt", "spiece.model", "chat_template.jinja", "chat_template.json",
+    "configuration_*.py", "modeling_*.py", "tokenization_*.py", "README.md", "train_results.json",
+)
+
 
 def extend_checkpoint(
     source: str | os.PathLike,
     output_dir: str | os.PathLike,
     method: str,
     factor: float,
+    *,
+    overwrite: bool = False,
     **kwargs: Any,
 ) -> Path:
     """Write ``source`` with its config extended by ``method`` to ``output_dir``; weights untouched.
 
     Args:
         source: a local checkpoint folder or a Hub id (downloaded through huggingface_hub).
-        output_dir: the new checkpoint folder, written atomically.
+        output_dir: the new checkpoint folder (the policy of :func:`hf_posext.files.output_folder`:
+            refused when it is the source, inside it, or not empty).
+        overwrite: write into a non-empty ``output_dir``: the checkpoint's files are replaced,
+            other files are kept.
         method, factor, **kwargs: as for :func:`hf_posext.patch_model`.
 
     Returns:
@@ -99,10 +115,11 @@ def extend_checkpoint(
         raise FileNotFoundError(f"{source_dir} has no config.json: not a transformers checkpoint")
     config = AutoConfig.from_pretrained(source_dir)
     patch_model(config, method, factor=factor, **kwargs)
-    with atomic_directory(output_dir) as tmp:
-        for item in source_dir.iterdir():
-            if item.name in CONFIG_ONLY_FILES or item.name.startswith("."):
-                continue
+    copied = [item for item in source_dir.iterdir()
+              if item.name not in CONFIG_ONLY_FILES and not item.name.startswith(".")]
+    owns = (*MODEL_REPO_FILES, *(item.name for item in copied))
+    with output_folder(output_dir, overwrite=overwrite, sources=[source_dir], owns=owns) as tmp:
+        for item in copied:
             if item.is_dir():
                 shutil.copytree(item, tmp / item.name)
             else:

@@ -1,68 +1,318 @@
-"""Atomic writes: every file and folder the package writes appears complete or not at all.
+"""Output folders and atomic writes: every file and folder the package writes appears complete or not
+at all, and nothing it does not own is deleted.
 
-A reader (another process of the run, the next run after a crash, ``hf-posext push``) never sees
-half a checkpoint, half a result file or half a data cache. Everything goes through
-:func:`atomic_file` (one file), :func:`atomic_directory` (a folder written by one process) or
-:func:`replace_directory` (a folder staged by several processes, e.g. a training state).
-Temporary names start with a dot, so folder listings and Hub uploads skip them.
+One policy for every writer (``hf-posext patch``, the recipe's final save and training states,
+evaluation results, the demo and the reproduction), through :func:`output_folder`:
+
+* an existing non-empty ``OUT`` is refused unless the caller passes ``overwrite``; then only the
+  files the writer owns (``owns``: name patterns) are replaced, other files stay, and every owned
+  file that goes away is logged by name. A folder the writer owns whole (``owns=None``: caches,
+  fixtures) is replaced whole;
+* ``OUT`` equal to, or inside, a source folder is refused (the copy would eat its source);
+  ``OUT`` that is a file is refused;
+* the new content is staged in a temporary folder on ``OUT``'s own filesystem and moved in by
+  renames. When ``OUT`` is a mount point or a symlink (or the rename raises ``EBUSY``/``EXDEV``),
+  the files are moved into ``OUT`` one by one instead (each atomic), the completion marker last;
+* every finished folder holds :data:`MARKER` (written last, with the size of every file), so a
+  reader tells a complete folder from an interrupted one (:func:`verify_folder`);
+* temporary folders of our own left by a killed run (``.OUT.tmp-PID-*``, ``.OUT.old-PID``,
+  ``OUT/.hf_posext.tmp-PID-*``) are removed by the next write, once their process is gone. A
+  partial folder is never restored; a staged folder holding the marker (a finished output whose
+  move failed) is kept and named in a warning instead of being deleted;
+* folders get the user's umask (``os.mkdir``, not ``tempfile.mkdtemp``'s 0700).
+
+Single files go through :func:`atomic_file`. Temporary names start with a dot, so folder listings
+and Hub uploads skip them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fnmatch
+import json
+import logging
 import os
+import re
+import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+logger = logging.getLogger("hf_posext")
+
+#: The completion marker: written last into every finished folder, with the size of every file.
+MARKER = ".hf_posext-complete.json"
+_INPLACE_PREFIX = ".hf_posext.tmp-"
+#: Renames that fail this way mean "OUT cannot be replaced by a rename" (a mount point, another
+#: filesystem): the files are moved in one by one instead.
+_IN_PLACE_ERRNOS = (errno.EBUSY, errno.EXDEV)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _files(folder: Path) -> dict[str, int]:
+    """``{relative posix path: size}`` of the files under ``folder``, our own temporaries excepted."""
+    found = {}
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and rel != MARKER and not rel.startswith(_INPLACE_PREFIX):
+            found[rel] = path.stat().st_size
+    return found
+
+
+def write_marker(folder: str | os.PathLike) -> Path:
+    """Write the completion marker of ``folder`` (atomically), listing every file and its size."""
+    folder = Path(folder)
+    return write_text(folder / MARKER, json.dumps({"files": _files(folder)}, indent=1, sort_keys=True) + "\n")
+
+
+def verify_folder(folder: str | os.PathLike) -> str | None:
+    """None when ``folder`` is complete (its marker matches its files), else why it is not."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "not a folder"
+    try:
+        listed = json.loads((folder / MARKER).read_text())["files"]
+    except FileNotFoundError:
+        return f"no completion marker ({MARKER}): its write was interrupted"
+    except (ValueError, KeyError, TypeError) as err:
+        return f"unreadable completion marker {MARKER} ({err})"
+    for name, size in sorted(listed.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} is {path.stat().st_size} bytes, {size} when it was written (truncated or changed)"
+    return None
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a folder, its marker first: a delete killed half-way never looks complete."""
+    (path / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_stale(target: str | os.PathLike) -> None:
+    """Remove the temporary folders a killed write of ``target`` left (their process is gone).
+
+    A staged folder that holds the completion marker is a finished output whose move failed:
+    it is kept, and a warning says where it is.
+    """
+    target = Path(target)
+    name = re.escape(target.name)
+    # tmp-PID-RANDOM (a name without a PID is an older release's: stale too), old-PID.
+    staged = re.compile(rf"^\.{name}\.tmp-(?:(\d+)-)?")
+    inside = re.compile(rf"^{re.escape(_INPLACE_PREFIX)}(\d+)-")
+    old = re.compile(rf"^\.{name}\.old-(\d+)?")
+    candidates = [(p, staged.match(p.name) or old.match(p.name)) for p in target.parent.iterdir()]
+    if target.is_dir():
+        candidates += [(p, inside.match(p.name)) for p in target.iterdir()]
+    for path, match in candidates:
+        if match is None or not path.is_dir():
+            continue
+        if match.group(1) is not None and _pid_alive(int(match.group(1))):
+            continue
+        if match.re is not old and (path / MARKER).exists():
+            logger.warning("%s holds a complete output of an earlier run whose final move failed; "
+                           "it is kept: move it into place or delete it", path)
+            continue
+        _remove_tree(path)
+
+
+def _owned(name: str, owns: Sequence[str] | None) -> bool:
+    top = name.split("/", 1)[0]
+    return owns is None or any(fnmatch.fnmatchcase(top, pattern) for pattern in owns)
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != MARKER and not p.name.startswith(_INPLACE_PREFIX))
+
+
+def check_output_dir(
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    sources: Sequence[str | os.PathLike] = (),
+    owns: Sequence[str] | None = None,
+    reuse_own: bool = False,
+) -> Path:
+    """Refuse an output folder the writer must not write to; returns ``path`` as a Path.
+
+    Args:
+        path: the output folder.
+        overwrite: write into a non-empty folder (replacing only what the writer owns).
+        sources: folders the writer reads from; ``path`` may be neither one of them nor inside one.
+        owns: name patterns of the top-level entries the writer writes (None: all of them).
+        reuse_own: a folder holding only the writer's own files is not "non-empty" (resumable results).
+
+    Raises:
+        ValueError: naming the folder and what to do instead.
+    """
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"output folder {str(target)!r} is an existing file; give a folder path (nothing was written)")
+    real = Path(os.path.realpath(target))
+    for source in sources:
+        src = Path(os.path.realpath(source))
+        if real == src or src in real.parents:
+            where = "is" if real == src else "is inside"
+            raise ValueError(f"output folder {str(target)!r} {where} the source {str(source)!r}; "
+                             "write to a separate folder")
+    if target.is_dir() and not overwrite:
+        entries = _entries(target)
+        if reuse_own:
+            entries = [name for name in entries if not _owned(name, owns)]
+        if entries:
+            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+            raise ValueError(f"output folder {str(target)!r} is not empty ({shown}); pass --overwrite "
+                             "(overwrite=True) to replace the files this command writes and keep the others, "
+                             "or choose an empty folder")
+    return target
+
+
+def _move_file(src: Path, dst: Path) -> None:
+    """Move one file atomically onto ``dst``, copying first when they are on two filesystems."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(src, dst)
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+        src.unlink()
+
+
+def _install_in_place(staged: Path, target: Path, owns: Sequence[str] | None) -> None:
+    """Move ``staged``'s files into ``target`` one by one; owned files not rewritten go; marker last."""
+    target.mkdir(parents=True, exist_ok=True)
+    (target / MARKER).unlink(missing_ok=True)  # from here until the end target is "incomplete"
+    new = _files(staged)
+    new_tops = {name.split("/", 1)[0] for name in new}
+    stale = [name for name in _files(target) if name not in new
+             and (name.split("/", 1)[0] in new_tops or _owned(name, owns))]
+    for name in sorted(new):
+        _move_file(staged / name, target / name)
+    if stale:
+        logger.warning("%s: removing %s (written by an earlier run of this command, not by this one)",
+                       target, ", ".join(stale))
+    for name in stale:
+        (target / name).unlink(missing_ok=True)
+    _move_file(staged / MARKER, target / MARKER)
+    shutil.rmtree(staged, ignore_errors=True)
 
 
 def replace_directory(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """Move the complete folder ``staged`` to ``target``, replacing what is there.
+    """Move the complete folder ``staged`` to ``target`` (same filesystem), replacing a previous one.
 
-    Replacing an existing folder takes two renames; a crash between them leaves the old folder
-    as ``.NAME.old-PID``, which :func:`restore_orphan` (called by :func:`atomic_directory`)
-    puts back before the next write.
+    Replacing takes two renames; a crash between them leaves the previous folder as
+    ``.NAME.old-PID``, which :func:`restore_orphan` puts back if it is complete.
     """
     staged, target = Path(staged), Path(target)
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)
-    os.replace(staged, target)
+    try:
+        os.replace(staged, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old, target)
+        raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_tree(old)
     return target
 
 
 def restore_orphan(target: str | os.PathLike) -> None:
-    """Put back a previous ``target`` that a crash inside :func:`replace_directory` left hidden."""
+    """Put back a complete previous ``target`` that a crash between the two renames left hidden.
+
+    A partial one (no marker, or files missing: a delete killed half-way) is never restored.
+    """
     target = Path(target)
     if target.exists():
         return
     for orphan in sorted(target.parent.glob(f".{target.name}.old-*")):
-        os.replace(orphan, target)
-        break
+        if verify_folder(orphan) is None:
+            os.replace(orphan, target)
+            return
+
+
+@contextlib.contextmanager
+def output_folder(
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    sources: Sequence[str | os.PathLike] = (),
+    owns: Sequence[str] | None = None,
+    keep_on_failure: bool = False,
+) -> Iterator[Path]:
+    """Yield an empty staging folder; on success its files become ``path``'s, the marker last.
+
+    See the module docstring for the policy. An exception inside the block leaves ``path`` as it
+    was and removes the staging folder.
+
+    Args:
+        path, overwrite, sources, owns: as for :func:`check_output_dir`.
+        keep_on_failure: when moving the finished files into ``path`` fails, keep the staging
+            folder and name it in the error (a trained model is never deleted).
+
+    Raises:
+        ValueError: a refused output folder, before anything is written.
+        OSError: the move failed (the error says where the finished files are).
+    """
+    target = check_output_dir(path, overwrite=overwrite, sources=sources, owns=owns)
+    if target.is_symlink() and not target.exists():
+        Path(os.path.realpath(target)).mkdir(parents=True)  # a dangling link: create what it points to
+    target.parent.mkdir(parents=True, exist_ok=True)
+    restore_orphan(target)
+    clean_stale(target)
+    in_place = target.is_symlink() or os.path.ismount(target) or (target.is_dir() and owns is not None)
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    # Inside OUT when writing in place: the staging folder is then on OUT's filesystem.
+    staged = target / f"{_INPLACE_PREFIX}{token}" if in_place else target.with_name(f".{target.name}.tmp-{token}")
+    os.mkdir(staged)
+    try:
+        yield staged
+        write_marker(staged)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    try:
+        if not in_place:
+            try:
+                replace_directory(staged, target)
+                return
+            except OSError as err:
+                if err.errno not in _IN_PLACE_ERRNOS:
+                    raise
+                logger.info("%s cannot be renamed (%s): writing into it file by file", target, err.strerror)
+        _install_in_place(staged, target, owns)
+    except BaseException as err:
+        if keep_on_failure:
+            raise OSError(f"could not move the finished output into {str(target)!r} ({err}); "
+                          f"it is complete and kept in {str(staged)!r}") from err
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
 
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling of ``path``; on success it replaces ``path`` in one rename.
-
-    A crash (or an exception) inside the block leaves ``path`` as it was: either the previous
-    complete folder or nothing. The temporary folder is removed on failure.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Restored first, so that a failure of this write still leaves the previous folder in place.
-    restore_orphan(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-        replace_directory(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """A folder the caller owns whole (a cache, a fixture): :func:`output_folder` replacing it."""
+    with output_folder(path, overwrite=True) as staged:
+        yield staged
 
 
 @contextlib.contextmanager

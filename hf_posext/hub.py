@@ -9,8 +9,15 @@ The token comes from where huggingface_hub looks for it (``HF_TOKEN``, then the 
 ends up in shell history and process lists, and the token is never printed.
 
 Only a complete checkpoint is pushed (``config.json``, safetensors weights, a ``README.md``
-model card, as ``scripts/finetune.py`` and ``hf-posext patch`` write them), and only its own
-files: training states, temporary folders of an interrupted save and hidden files stay local.
+model card, as ``scripts/finetune.py`` and ``hf-posext patch`` write them), and only what a model
+repository needs (:data:`hf_posext.export.MODEL_REPO_FILES`: weights, config, generation config,
+tokenizer files, card, training results): anything else in the folder (notes, notebooks, a
+``secrets.txt``) is listed as left out, and sent only when named with ``--include PATTERN`` or
+when ``--all`` is given. Training states, temporary folders of an interrupted save and hidden
+files are never sent.
+
+    hf-posext push out/model my-org/model --include "*.ipynb"    # the notebooks too
+    hf-posext push out/model my-org/model --all                  # every file but the never-sent ones
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import filter_repo_objects
 
-#: What stays local, as huggingface_hub patterns (``upload_folder(ignore_patterns=...)``, matched
+from .export import MODEL_REPO_FILES
+
+#: What stays local even with ``--all``, as huggingface_hub patterns (``upload_folder(ignore_patterns=...)``, matched
 #: with fnmatch against paths relative to the folder): hidden files and folders (temporary folders
 #: of an interrupted save, caches), training states (``step_N/``, ``*-checkpoints/``), lock files.
 IGNORE_PATTERNS = (
@@ -41,15 +51,28 @@ class PushResult:
         repo_id: the Hub repository.
         files: the uploaded paths, relative to the checkpoint folder, sorted.
         url: the commit URL, or None for a dry run.
+        left_out: the folder's other files (not a model repository's), sorted; hidden files,
+            training states and temporaries are not listed.
     """
 
     repo_id: str
     files: list[str]
     url: str | None
+    left_out: list[str] = field(default_factory=list)
 
 
-def checkpoint_files(folder: str | os.PathLike) -> list[str]:
+def allow_patterns(include: Sequence[str] = (), all_files: bool = False) -> list[str] | None:
+    """The upload's ``allow_patterns``: a model repository's files plus ``include``; None (everything) for ``all_files``."""
+    return None if all_files else [*MODEL_REPO_FILES, *include]
+
+
+def checkpoint_files(folder: str | os.PathLike, include: Sequence[str] = (), all_files: bool = False) -> list[str]:
     """The files of the checkpoint in ``folder`` that belong on the Hub, as sorted relative paths.
+
+    Args:
+        folder: the checkpoint folder.
+        include: more name patterns to send (fnmatch, relative to ``folder``), e.g. ``"*.ipynb"``.
+        all_files: send every file except hidden ones, training states and temporaries.
 
     Raises:
         FileNotFoundError: ``folder`` is missing or lacks ``config.json``, safetensors weights
@@ -58,9 +81,10 @@ def checkpoint_files(folder: str | os.PathLike) -> list[str]:
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder {str(root)!r} does not exist")
-    every = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    every = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     # The filter upload_folder applies, so this list is what an upload sends.
-    files = sorted(filter_repo_objects(every, ignore_patterns=list(IGNORE_PATTERNS)))
+    files = sorted(filter_repo_objects(every, allow_patterns=allow_patterns(include, all_files),
+                                       ignore_patterns=list(IGNORE_PATTERNS)))
     missing = [name for name in ("config.json", "README.md") if name not in files]
     if not any(name.endswith(".safetensors") for name in files):
         missing.append("*.safetensors weights")
@@ -90,6 +114,8 @@ def push_to_hub(
     commit_message: str | None = None,
     dry_run: bool = False,
     endpoint: str | None = None,
+    include: Sequence[str] = (),
+    all_files: bool = False,
 ) -> PushResult:
     """Create ``repo_id`` if needed and upload the checkpoint in ``folder`` in one commit.
 
@@ -101,6 +127,7 @@ def push_to_hub(
         commit_message: default: method, factor and contexts from the checkpoint's config.
         dry_run: only check the folder and list the files; needs no token and no network.
         endpoint: a Hub endpoint other than huggingface.co (default: ``HF_ENDPOINT`` or the Hub).
+        include, all_files: send more than a model repository's files (see :func:`checkpoint_files`).
 
     Returns:
         A :class:`PushResult`.
@@ -110,11 +137,13 @@ def push_to_hub(
         ValueError: a repository id that is not ``owner/name``, or no token found.
     """
     folder = Path(folder)
-    files = checkpoint_files(folder)
+    files = checkpoint_files(folder, include, all_files)
+    every = checkpoint_files(folder, all_files=True)
+    left_out = [name for name in every if name not in files]
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise ValueError(f"repo_id must be 'owner/name', got {repo_id!r}")
     if dry_run:
-        return PushResult(repo_id, files, None)
+        return PushResult(repo_id, files, None, left_out)
     token = get_token()
     if token is None:
         raise ValueError("no Hugging Face token found: set HF_TOKEN or run `hf auth login` (needs write access)")
@@ -127,17 +156,22 @@ def push_to_hub(
         folder_path=str(folder),
         repo_type="model",
         revision=revision,
+        allow_patterns=allow_patterns(include, all_files),
         ignore_patterns=list(IGNORE_PATTERNS),
         commit_message=commit_message or _commit_message(folder),
     )
-    return PushResult(repo_id, files, str(getattr(commit, "commit_url", commit)))
+    return PushResult(repo_id, files, str(getattr(commit, "commit_url", commit)), left_out)
 
 
 def _push(args: argparse.Namespace) -> int:
     result = push_to_hub(args.folder, args.repo_id, private=args.private, revision=args.revision,
-                         commit_message=args.commit_message, dry_run=args.dry_run)
+                         commit_message=args.commit_message, dry_run=args.dry_run, include=args.include,
+                         all_files=args.all)
     for name in result.files:
         print(f"  {name}")
+    if result.left_out:
+        print(f"left out (not a model repository's files; --include PATTERN or --all to send them): "
+              f"{', '.join(result.left_out)}")
     if result.url is None:
         print(f"dry run: would upload {len(result.files)} files to {result.repo_id}")
     else:
@@ -155,4 +189,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", default=None, help="branch to commit to (created if missing)")
     p.add_argument("--commit-message", default=None)
     p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
+    p.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                   help="also send files matching PATTERN, e.g. '*.ipynb' (repeatable)")
+    p.add_argument("--all", action="store_true",
+                   help="send every file but hidden files, training states and temporaries")
     p.set_defaults(func=_push)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_posext.files import atomic_directory, atomic_file, write_text
+from hf_posext.files import MARKER, atomic_directory, atomic_file, write_marker, write_text
 
 
 def test_success_replaces_the_folder_in_one_piece(tmp_path):
@@ -13,7 +13,7 @@ def test_success_replaces_the_folder_in_one_piece(tmp_path):
         (tmp / "a.txt").write_text("one")
     with atomic_directory(target) as tmp:
         (tmp / "b.txt").write_text("two")
-    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "b.txt"]  # the completion marker, written last
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary or old folders left
 
 
@@ -30,10 +30,11 @@ def test_an_exception_inside_leaves_the_previous_folder(tmp_path):
 
 
 def test_a_crash_between_the_two_renames_is_recovered(tmp_path):
-    """The state a kill between ``target -> .old`` and ``tmp -> target`` leaves behind."""
+    """The state a kill between ``target -> .old`` and ``tmp -> target`` leaves behind: a complete folder."""
     orphan = tmp_path / ".ckpt.old-4242"
     orphan.mkdir()
     (orphan / "a.txt").write_text("previous")
+    write_marker(orphan)
     with pytest.raises(RuntimeError):
         with atomic_directory(tmp_path / "ckpt"):
             raise RuntimeError("killed again")

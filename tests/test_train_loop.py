@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hf_posext.files import MARKER
 from hf_posext.train.checkpointing import latest_checkpoint, list_checkpoints
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.lora import merged_state_dict
@@ -87,7 +88,7 @@ def test_run_saves_hub_ready_checkpoint_that_reloads_in_vanilla_transformers(ass
     result = train(config(assets, tmp_path, eval_blocks=4, checkpointing_steps=3))
     out = Path(result.output_dir)
     assert sorted(p.name for p in out.iterdir()) == [
-        "README.md", "config.json", "generation_config.json", "model.safetensors",
+        MARKER, "README.md", "config.json", "generation_config.json", "model.safetensors",
         "tokenizer.json", "tokenizer_config.json", "train_results.json",
     ]
     assert result.steps == 6 and len(result.losses) == 6

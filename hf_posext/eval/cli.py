@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..arguments import check_factor, method_kwargs
 from ..data import encode_documents, load_texts
+from ..files import check_output_dir
 from ..gguf import gguf_identity, is_gguf, resolve_model_source
 from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
@@ -111,7 +112,7 @@ def model_fingerprint(model: str) -> str:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the results depend on, the model by its content (:func:`model_fingerprint`)."""
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "no_progress", "debug", "model")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "overwrite", "no_progress", "debug", "model")}
     return {"model_content": model_fingerprint(args.model), **settings}
 
 
@@ -153,7 +154,7 @@ def _ppl(args: argparse.Namespace) -> int:
     methods, extra = _checked_methods(args)
     modes = ["truncated", "sliding"] if args.mode == "both" else [args.mode]
     settings = _settings(args)
-    out = Path(args.out)
+    out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ppl.*",), reuse_own=True)
     done = ResultFile(out / "ppl.json", settings)
     results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
@@ -201,7 +202,7 @@ def _ppl(args: argparse.Namespace) -> int:
 def _passkey(args: argparse.Namespace) -> int:
     methods, extra = _checked_methods(args)
     settings = _settings(args)
-    out = Path(args.out)
+    out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
     done = ResultFile(out / "passkey.json", settings)
     results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
@@ -250,6 +251,8 @@ def _common(p: argparse.ArgumentParser, default_out: str) -> None:
                    help="auto (spread over every visible GPU; CPU without one), or one device: cpu, cuda:1 ...")
     p.add_argument("--attn-implementation", default=None, help="sdpa, eager, flash_attention_2 ...")
     p.add_argument("--out", default=default_out, help=f"output folder (default: ./{default_out})")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an output folder holding other files (they are kept)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

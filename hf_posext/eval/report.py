@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import transformers
 
-from ..files import write_text
+from ..files import atomic_file, write_text
 
 
 def environment() -> dict[str, Any]:
@@ -92,11 +92,10 @@ class ResultFile:
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Write dict rows as CSV, columns in first-seen order."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     columns: list[str] = []
     for row in rows:
         columns += [k for k in row if k not in columns]
-    with path.open("w", newline="") as f:
+    with atomic_file(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
@@ -165,8 +164,8 @@ def plot_curves(
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return path
 
@@ -198,7 +197,7 @@ def plot_heatmaps(
     fig.suptitle(title)
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
     plt.close(fig)
     return path

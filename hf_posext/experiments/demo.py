@@ -36,6 +36,7 @@ import torch
 from ..data import encode_documents, iter_local_documents, stdlib_files
 from ..eval.perplexity import truncated_perplexity
 from ..eval.report import environment, markdown_table, plot_curves, write_csv, write_json
+from ..files import check_output_dir, write_text
 from ..methods import available_methods, method_class
 from ..patching import patch_model, unpatch_model
 from .tinylm import TinyLMConfig, pretrain
@@ -177,7 +178,7 @@ def run_demo(
         out = Path(out_dir)
         write_json(out / "demo.json", report)
         write_csv(out / "demo.csv", [{"method": name, **r} for name, rows in results.items() for r in rows])
-        (out / "demo.md").write_text(table + "\n")
+        write_text(out / "demo.md", table + "\n")
         plot_curves(
             out / "demo.png",
             {name: ([r["length"] for r in rows], [r["perplexity"] for r in rows]) for name, rows in results.items()},
@@ -189,6 +190,7 @@ def run_demo(
 
 def _main(args: argparse.Namespace) -> int:
     config = QUICK if args.quick else FULL
+    check_output_dir(args.out, overwrite=args.overwrite, owns=("demo.*",), reuse_own=True)
     report = run_demo(config, args.cache_dir, args.out, progress=not args.no_progress)
     train = report["train"]["rope"]
     print(
@@ -209,6 +211,8 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("demo", help="train a tiny model once, extend it with every method, print perplexities")
     p.add_argument("--quick", action="store_true", help="shrink everything to seconds (CI)")
     p.add_argument("--out", default="hf_posext_demo", help="output folder (default: ./hf_posext_demo)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an output folder holding other files (they are kept)")
     p.add_argument("--cache-dir", default=None, help="trained-model cache (default: ~/.cache/hf_posext or $HF_POSEXT_CACHE)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_main)

@@ -194,7 +194,7 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
             learning_rate=config.finetune_lr, warmup_steps=config.finetune_warmup, weight_decay=0.0,
             adam_beta1=0.9, adam_beta2=0.95, global_batch_size=config.finetune_batch,
             micro_batch_size=config.finetune_batch, mixed_precision="no", activation_checkpointing=False,
-            attn_implementation="sdpa", cache_dir=str(out / "work" / "blocks"), seed=0,
+            attn_implementation="sdpa", cache_dir=str(out / "work" / "blocks"), seed=0, overwrite=True,
         ))
         seconds = time.perf_counter() - start
         tuned = AutoModelForCausalLM.from_pretrained(output, attn_implementation="sdpa").eval()

@@ -5,17 +5,20 @@ process's RNG states, sharded the right way under FSDP and DeepSpeed) plus the o
 registered with ``register_for_checkpointing`` (the LR scheduler and :class:`TrainProgress`,
 which holds the data position). It lands in ``<checkpoint_dir>/step_00000040``:
 
-1. the main process creates ``.step_00000040.tmp`` (removing a leftover of a crashed save);
+1. the main process creates ``.step_00000040.tmp`` (removing leftovers of crashed saves);
 2. every process writes its part into it;
-3. the main process renames it into place (:func:`hf_posext.files.replace_directory`), then prunes
-   the oldest states.
+3. the main process writes the completion marker (:data:`hf_posext.files.MARKER`: every file
+   and its size), renames the folder into place (:func:`hf_posext.files.replace_directory`),
+   then prunes the oldest states.
 
-A crash at any point leaves either the complete folder or none, and :func:`latest_checkpoint`
-only ever sees complete ones (temporary folders start with a dot).
+A crash at any point leaves either the complete folder or none. :func:`latest_checkpoint`
+returns the newest state that verifies (marker present, every file whole) and logs each newer
+one it skipped and why (an empty ``step_*`` folder, a truncated ``model.safetensors``...).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -24,7 +27,9 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from ..files import replace_directory
+from ..files import MARKER, replace_directory, verify_folder, write_marker
+
+logger = logging.getLogger("hf_posext")
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -59,7 +64,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def list_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
-    """``(step, folder)`` of every complete training state, oldest first."""
+    """``(step, folder)`` of every ``step_*`` folder, oldest first (complete or not: see :func:`verify_checkpoint`)."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
         return []
@@ -71,10 +76,29 @@ def list_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def verify_checkpoint(path: str | Path) -> str | None:
+    """None when ``path`` is a complete training state, else why it is not."""
+    path = Path(path)
+    if not path.is_dir() or not _STEP_DIR.match(path.name):
+        return "not a training state folder (expected .../step_NNNNNNNN)"
+    return verify_folder(path)
+
+
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The newest complete training state in ``checkpoint_dir``, or None."""
-    found = list_checkpoints(checkpoint_dir)
-    return found[-1][1] if found else None
+    """The newest training state in ``checkpoint_dir`` that verifies, or None; newer broken ones are logged."""
+    for _, path in reversed(list_checkpoints(checkpoint_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        logger.warning("skipping training state %s: %s", path, problem)
+    return None
+
+
+def _clean_stale(root: Path) -> None:
+    """Remove what killed saves left: ``.step_*.tmp`` and ``.step_*.old-*`` (never restored)."""
+    for path in root.glob(".step_*"):
+        if path.is_dir() and (path.name.endswith(".tmp") or ".old-" in path.name):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def save_checkpoint(accelerator: Accelerator, checkpoint_dir: str | Path, step: int, keep: int = 0) -> Path:
@@ -96,17 +120,18 @@ def save_checkpoint(accelerator: Accelerator, checkpoint_dir: str | Path, step: 
     tmp = root / f".{final.name}.tmp"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        _clean_stale(root)
         tmp.mkdir()
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        write_marker(tmp)  # last into the folder: what every process wrote is on disk now
         # Replaces a state only when a run re-saves a step it already saved (resumed from an older one).
         replace_directory(tmp, final)
         if keep:
             for _, old in list_checkpoints(root)[:-keep]:
+                (old / MARKER).unlink(missing_ok=True)  # first: a prune killed half-way is not a state
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
@@ -116,9 +141,23 @@ def load_checkpoint(accelerator: Accelerator, path: str | Path) -> None:
     """Restore a state written by :func:`save_checkpoint` into the prepared objects.
 
     Raises:
-        FileNotFoundError: if ``path`` is not a complete training state.
+        FileNotFoundError: if ``path`` is not a complete training state (the message says why and
+            names the newest state next to it that is).
+    """
+    path = check_resumable(path)
+    accelerator.load_state(str(path))
+
+
+def check_resumable(path: str | Path) -> Path:
+    """``path`` as a Path if it is a complete training state.
+
+    Raises:
+        FileNotFoundError: saying why it is not, and naming the newest state next to it that is.
     """
     path = Path(path)
-    if not path.is_dir() or not _STEP_DIR.match(path.name):
-        raise FileNotFoundError(f"{str(path)!r} is not a training state folder (expected .../step_NNNNNNNN)")
-    accelerator.load_state(str(path))
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        good = latest_checkpoint(path.parent) if path.parent.is_dir() else None
+        hint = f"; the newest complete state there is {str(good)!r}" if good is not None else ""
+        raise FileNotFoundError(f"cannot resume from {str(path)!r}: {problem}{hint}")
+    return path

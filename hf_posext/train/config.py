@@ -65,6 +65,8 @@ class TrainConfig:
     method: str = HfArg(default="yarn", help="a position method from hf_posext.available_methods()")
     factor: float = HfArg(default=16.0, help="the context scale s; the model is trained for s * L_orig tokens")
     output_dir: str = HfArg(default="", help="where the final checkpoint is written (atomically)")
+    overwrite: bool = HfArg(
+        default=False, help="write into a non-empty output_dir: its checkpoint files are replaced, other files kept")
     dataset: list[str] = HfArg(default_factory=list,
                                help="an HF dataset name, or local .txt/.jsonl files, folders or globs, or stdlib")
     dataset_split: str = HfArg(default="train", help="the split of an HF dataset")

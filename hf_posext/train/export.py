@@ -1,10 +1,15 @@
 """The recipe's final checkpoint: gather the weights, merge LoRA, write weights, config, tokenizer,
 model card and ``train_results.json`` in one atomic folder that loads in vanilla transformers.
+
+The output folder follows :func:`hf_posext.files.output_folder`'s policy, checked before training
+(:func:`check_final_output`) so that a refused folder costs no training time; if the final move
+fails, the finished checkpoint stays on disk and the error says where.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +20,8 @@ from accelerate.utils import DistributedType
 from transformers import PreTrainedModel
 
 from ..data import is_local_dataset
-from ..export import model_card
-from ..files import atomic_directory
+from ..export import MODEL_REPO_FILES, model_card
+from ..files import check_output_dir, output_folder
 from .checkpointing import TrainProgress
 from .config import TrainConfig
 from .lora import merged_state_dict
@@ -32,6 +37,19 @@ def save_dtype_for(config: TrainConfig, model: PreTrainedModel) -> torch.dtype:
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def check_final_output(config: TrainConfig) -> Path:
+    """Refuse ``config.output_dir`` now, before any training, if the final save would refuse it.
+
+    Also refuses a checkpoint folder holding an earlier run's training states (which this run's
+    would replace step by step) unless the run resumes or ``overwrite`` is set.
+    """
+    sources = [config.model] if os.path.isdir(config.model) else []
+    if config.checkpointing_steps:
+        check_output_dir(config.checkpoint_path, overwrite=config.overwrite, sources=sources,
+                         owns=("step_*", ".step_*"), reuse_own=bool(config.resume))
+    return check_output_dir(config.output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES)
 
 
 def save_final(
@@ -75,7 +93,9 @@ def save_final(
             "eval": eval_results,
             "config": config.to_dict(),
         }
-        with atomic_directory(output_dir) as tmp:
+        sources = [config.model] if os.path.isdir(config.model) else []
+        with output_folder(output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES,
+                           keep_on_failure=True) as tmp:
             base.save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
             (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -47,9 +47,9 @@ from ..gguf import resolve_model_source
 from .blocks import load_blocks, micro_batch_indices, take_blocks
 from ..patching import patch_model
 from ..readers import print_engine_warning
-from .checkpointing import TrainProgress, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
-from .export import save_dtype_for, save_final
+from .export import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .loss import causal_lm_loss
 from .plan import plan_run
@@ -249,9 +249,7 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
     check_dataset(config.dataset, config.dataset_split)
     resume_from: Path | None = None
     if config.resume and config.resume != "latest":
-        resume_from = Path(config.resume)
-        if not resume_from.is_dir():
-            raise FileNotFoundError(f"resume: {str(resume_from)!r} is not a training state folder")
+        resume_from = check_resumable(config.resume)
     elif config.resume == "latest":
         resume_from = latest_checkpoint(config.checkpoint_path)
 
@@ -319,6 +317,8 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
         accelerator.print(f"resumed from {resume_from} at step {progress.step}")
     elif config.resume == "latest":
         accelerator.print(f"no training state in {config.checkpoint_path}: starting from step 0")
+    # Before the first step (after a resume's own checks), so a refused folder costs no training.
+    check_final_output(config)
     if config.report_to != "none":
         accelerator.init_trackers("hf_posext_finetune", config={k: str(v) for k, v in config.to_dict().items()})
 
