@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from . import _compat
+from . import _compat, architectures
 from .adapters import adapter_for
+from .architectures import SUPPORTED_MODEL_TYPES
 from .methods.base import BaseRope, PositionMethod, make_method, method_class
 from .rope_utils import rotary_dim_of
 
-#: ``config.model_type`` values hf-posext is tested on.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+__all__ = ["CONFIG_KEY", "SUPPORTED_MODEL_TYPES", "MethodName", "patch_info", "patch_model", "unpatch_model"]
 
 #: The config attribute holding what a patch did; saved in config.json with the checkpoint.
 CONFIG_KEY = "hf_posext"
@@ -57,25 +58,19 @@ def _config_of(model: nn.Module | PreTrainedConfig) -> PreTrainedConfig:
     return config
 
 
-def _check_architecture(config: PreTrainedConfig) -> None:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"unsupported architecture {model_type!r}; hf-posext supports: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    if config.nested_rope_parameter_keys(config.rope_parameters or {}):
-        raise ValueError(f"per-layer-type rope parameters are not supported (model_type={model_type!r})")
+def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool, layer_type: str | None = None) -> BaseRope:
+    """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``.
 
-
-def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool) -> BaseRope:
-    """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``."""
+    Args:
+        layer_type: the entry of per-layer-type rope parameters to read; ``None`` for a flat config.
+    """
     record = getattr(config, CONFIG_KEY, None)
     if record is not None:
-        rope_parameters = copy.deepcopy(record["base_rope_parameters"])
+        rope_parameters = copy.deepcopy(_entry(record["base_rope_parameters"], layer_type))
         max_positions = int(record["base_max_position_embeddings"])
         original = int(record["base_original_max_position_embeddings"])
     else:
-        current = dict(config.rope_parameters or {})
+        current = dict(_entry(config.rope_parameters or {}, layer_type))
         rope_type = current.get("rope_type", current.get("type", "default"))
         max_positions = int(config.max_position_embeddings)
         original = int(
@@ -102,13 +97,35 @@ def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool)
     )
 
 
-def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bool) -> None:
-    _check_architecture(config)
-    base = _base_rope(config, method, override)
+def _entry(rope_parameters: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
+    return rope_parameters if layer_type is None else rope_parameters[layer_type]
+
+
+def _method_rope(method: PositionMethod, base: BaseRope) -> tuple[dict[str, Any], int]:
+    """The rope parameters and advertised context of ``method`` on ``base``."""
     if method.factor == 1 and method.scales_rope:
-        rope_parameters, max_positions = dict(base.rope_parameters), base.max_position_embeddings
+        return dict(base.rope_parameters), base.max_position_embeddings
+    return method.rope_parameters(base), method.max_position_embeddings(base)
+
+
+def _patch_config(
+    config: PreTrainedConfig, method: PositionMethod, override: bool, layer_types: Sequence[str] | None = None
+) -> None:
+    architectures.check_config(config)
+    keys = architectures.rope_layer_types(config, layer_types, method.scales_rope)
+    if not keys:
+        base = _base_rope(config, method, override)
+        rope_parameters, max_positions = _method_rope(method, base)
+        base_parameters = base.rope_parameters
     else:
-        rope_parameters, max_positions = method.rope_parameters(base), method.max_position_embeddings(base)
+        # Per-layer-type rope parameters (Gemma 3): the chosen layer types get the method, the
+        # others keep the checkpoint's entry; the record keeps the whole nested dict for unpatch.
+        record = getattr(config, CONFIG_KEY, None)
+        base_parameters = copy.deepcopy(record["base_rope_parameters"] if record else config.rope_parameters)
+        rope_parameters = copy.deepcopy(base_parameters)
+        for key in keys:
+            base = _base_rope(config, method, override, layer_type=key)
+            rope_parameters[key], max_positions = _method_rope(method, base)
     config.rope_parameters = rope_parameters
     config.max_position_embeddings = max_positions
     setattr(
@@ -120,13 +137,20 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
             "context_length": (
                 int(round(method.factor * base.original_max_position_embeddings)) if method.scales_rope else max_positions
             ),
-            "base_rope_parameters": base.rope_parameters,
+            "base_rope_parameters": base_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
             "base_original_max_position_embeddings": base.original_max_position_embeddings,
+            **({"layer_types": keys} if keys else {}),
         },
     )
     adapter_for(method).patch_config(method, config)
-    config.validate_rope()
+    try:
+        config.validate_rope()
+    except (ValueError, TypeError) as error:  # e.g. Phi3Config accepts only rope_type default or longrope
+        raise ValueError(
+            f"model_type {config.model_type!r} does not accept the rope parameters {method.name!r} needs "
+            f"({rope_parameters}): {error}"
+        ) from error
 
 
 def _swap_rotary_modules(model: nn.Module, keep_originals: bool) -> None:
@@ -154,6 +178,7 @@ def patch_model(
     original_max_position_embeddings: int | None = None,
     *,
     override: bool = False,
+    layer_types: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> ModelOrConfig:
     """Patch ``model`` in place with a position-encoding method and return it.
@@ -162,11 +187,14 @@ def patch_model(
     rope parameters, recorded in ``config.hf_posext``.
 
     Args:
-        model: a Llama, Mistral, Qwen2 or Qwen3 model, or its config (to build a model from).
+        model: a decoder whose rotary embedding follows transformers' rope_parameters contract
+            (:mod:`hf_posext.architectures`; tested on :data:`SUPPORTED_MODEL_TYPES`), or its config.
         method: a name from :func:`available_methods` or a method config object.
         factor: the context scale s >= 1; ``None`` keeps the config object's (or the default 1).
         original_max_position_embeddings: the pretraining context; default: the checkpoint's.
         override: replace a scaling the checkpoint already ships (``llama3``, ``yarn``...).
+        layer_types: with per-layer-type rope parameters (Gemma 3), the layer types to patch;
+            default: all but the local ones (sliding window), whose short range needs no extension.
         **kwargs: the method's own arguments, e.g. ``beta_fast`` for YaRN.
 
     Returns:
@@ -185,6 +213,13 @@ def patch_model(
         kwargs["original_max_position_embeddings"] = original_max_position_embeddings
     config = _config_of(model)
     spec = make_method(method, **kwargs)
+    architectures.check_config(config)
+    if isinstance(model, nn.Module):
+        architectures.check_rotary_modules(model)
+    _check_method_fits(config, spec, model if isinstance(model, nn.Module) else None)
+    # A dry run on a copy: a config class that refuses the method's rope type (Phi-3 accepts only
+    # default and longrope) fails here, before the model is touched.
+    _patch_config(copy.deepcopy(config), spec, override, layer_types)
     previous_record = getattr(config, CONFIG_KEY, None)
     if previous_record is not None:
         # A re-patch starts from the checkpoint: undo what the previous method did beyond rope
@@ -193,11 +228,26 @@ def patch_model(
         adapter_for(previous).unpatch_config(previous, config, previous_record)
         if isinstance(model, nn.Module):
             adapter_for(previous).unpatch_modules(previous, model)
-    _patch_config(config, spec, override)
+    _patch_config(config, spec, override, layer_types)
     if isinstance(model, nn.Module):
         _swap_rotary_modules(model, keep_originals=previous_record is None)
         adapter_for(spec).patch_modules(spec, model)
     return model
+
+
+def _check_method_fits(config: PreTrainedConfig, method: PositionMethod, model: nn.Module | None) -> None:
+    """Refuse dynamic methods where their rotary update would be wrong (before anything is changed)."""
+    if not method.dynamic:
+        return
+    nested = architectures.nested_rope_keys(config)
+    if nested and method.name == "dynamic_yarn":
+        # transformers' dynamic update stores YaRN's attention scaling on the module, not per layer type
+        raise ValueError(
+            f"dynamic_yarn does not support per-layer-type rope parameters (model_type={config.model_type!r}, layer "
+            f"types {nested}); use yarn or dynamic_ntk"
+        )
+    if getattr(method, "exact_cache", False):
+        architectures.check_exact_dynamic(config, model)
 
 
 def method_from_record(record: dict[str, Any]) -> PositionMethod:
@@ -227,7 +277,7 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
         originals = model.__dict__.pop(_ORIGINAL_MODULES, {})
         for name, module in list(_compat.rotary_modules(model)):
             original = originals.get(name)
-            restored = original.to(device=module.inv_freq.device) if original is not None else None
+            restored = original.to(device=_compat.rotary_device(module)) if original is not None else None
             _compat.replace_module(model, name, restored or _compat.rebuild_rotary(module))
     return model
 

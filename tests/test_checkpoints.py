@@ -3,45 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import torch
 from models import tiny_model, tokens
-from vanilla import vanilla_load_error
+from vanilla import load_without_plugin, vanilla_load_error
 
 import hf_posext
 from hf_posext.cli import main as cli_main
 
 L_ORIG = 64
-
-# Runs in a fresh interpreter where importing hf_posext is impossible, so nothing it registers
-# can help: this is what a user without the plugin (or vLLM's loader reading config.json) gets.
-VANILLA_LOAD = textwrap.dedent(
-    """
-    import sys
-    sys.modules["hf_posext"] = None  # any `import hf_posext` now raises ImportError
-    import torch
-    from transformers import AutoModelForCausalLM
-    ids = torch.load(sys.argv[1])
-    for checkpoint in sys.argv[2:]:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="eager").eval()
-        with torch.no_grad():
-            torch.save(model(ids).logits, checkpoint + "/logits.pt")
-    """
-)
-
-
-def load_without_plugin(checkpoints, ids, tmp_path):
-    """Logits of each checkpoint loaded in one fresh interpreter; saved next to it as logits.pt."""
-    torch.save(ids, tmp_path / "ids.pt")
-    return subprocess.run(
-        [sys.executable, "-c", VANILLA_LOAD, str(tmp_path / "ids.pt"), *map(str, checkpoints)],
-        capture_output=True,
-        text=True,
-    )
-
 
 NATIVE = [(arch, method) for arch in ("llama", "mistral", "qwen2", "qwen3") for method in ("linear", "ntk", "dynamic_ntk", "yarn")]
 
