@@ -274,11 +274,15 @@ def check_exact_dynamic(
     if apply is None or rotary is None:
         raise ValueError(f"exact_cache=True: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
                          f"module) whose convention can be checked; {fallback}")
-    positions = torch.arange(7, device=rotary.inv_freq.device)[None]
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        cos, sin = rotary(torch.zeros(1, dtype=torch.float32, device=positions.device), positions)
-        x = torch.randn(1, 1, 7, cos.shape[-1], generator=generator).to(positions.device)
+    device = rotary.inv_freq.device
+    if device.type == "meta":  # a model being built by from_pretrained: the same module with values, on CPU
+        device = torch.device("cpu")
+        with device:
+            rotary = type(rotary)(config=rotary.config)
+    with device, torch.no_grad():  # `with device`: from_pretrained builds models under torch.device("meta")
+        positions = torch.arange(7)[None]
+        cos, sin = rotary(torch.zeros(1), positions)
+        x = torch.randn(1, 1, 7, cos.shape[-1], generator=torch.Generator(device).manual_seed(0))
         try:
             rotated, _ = apply(x, x, cos, sin)
         except Exception as error:  # any failure means the convention cannot be confirmed

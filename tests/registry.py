@@ -26,7 +26,7 @@ TINY = dict(
     n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
     q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32,
     max_position_embeddings=L_ORIG, original_max_position_embeddings=L_ORIG,
-    sliding_window=2 * L_ORIG,  # a window shorter than the 3 x L_ORIG test inputs
+    sliding_window=L_ORIG // 2,  # a window shorter than the test inputs, so that sliding masks matter
 )
 #: Scalings a checkpoint may ship; the tiny configs replace them with plain RoPE of the same theta
 #: (composition on them is tested elsewhere; here the architecture is under test).

@@ -62,7 +62,7 @@ def logits(model, ids):
         return model(ids).logits
 
 
-def ids(length=3 * L_ORIG, seed=1):
+def ids(length=2 * L_ORIG, seed=1):
     return torch.randint(0, 97, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
@@ -173,7 +173,7 @@ def test_factor_one_and_unpatch_are_bit_exact(arch):
 def test_cached_greedy_generation_equals_full_forward(arch):
     model = hf_posext.patch_model(tiny_model(arch), static_method(arch), factor=FACTOR)
     prompt = ids(L_ORIG // 2)
-    out = model.generate(prompt, max_new_tokens=2 * L_ORIG, min_new_tokens=2 * L_ORIG, do_sample=False,
+    out = model.generate(prompt, max_new_tokens=L_ORIG, min_new_tokens=L_ORIG, do_sample=False,
                          output_logits=True, return_dict_in_generate=True, pad_token_id=0)
     full = logits(model, out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
     torch.testing.assert_close(torch.stack(out.logits, dim=1), full, atol=TOL, rtol=0)
@@ -278,6 +278,12 @@ def test_per_layer_type_rope_extends_global_layers_only_unless_asked():
         error = (logits(model, sequence) - logits(native, sequence)).abs().max().item()
         assert error <= TOL, f"layer_types={layer_types}: {error:.2e}"
         assert hf_posext.patch_info(model)["layer_types"] == (layer_types or ["full_attention"])
+        # a re-patch starts from the checkpoint's nested entries, and unpatch puts them all back
+        hf_posext.patch_model(model, "linear", factor=2, layer_types=layer_types)
+        assert model.config.rope_parameters["full_attention"] == {**base.rope_parameters["full_attention"],
+                                                                  "rope_type": "linear", "factor": 2.0}
+        hf_posext.unpatch_model(model)
+        assert model.config.rope_parameters == base.rope_parameters
 
 
 @pytest.mark.parametrize(
