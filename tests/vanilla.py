@@ -3,6 +3,7 @@ plugin, or another runtime reading config.json, gets)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -51,10 +52,15 @@ VANILLA_LOAD = textwrap.dedent(
 
 
 def load_without_plugin(checkpoints, ids, tmp_path):
-    """Logits of each checkpoint loaded in one fresh interpreter; saved next to it as logits.pt."""
+    """Logits of each checkpoint loaded in one fresh interpreter; saved next to it as logits.pt.
+
+    The interpreter uses as many threads as this one, so that matmul reductions (MoE experts among
+    them) run in the same order and logits compare bit for bit.
+    """
     torch.save(ids, tmp_path / "ids.pt")
     return subprocess.run(
         [sys.executable, "-c", VANILLA_LOAD, str(tmp_path / "ids.pt"), *map(str, checkpoints)],
         capture_output=True,
         text=True,
+        env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
     )
