@@ -52,8 +52,20 @@ def is_registered_rope_type(rope_type: str) -> bool:
 def rotary_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """``(qualified name, module)`` of every rotary embedding that reads the config's rope type."""
     for name, module in model.named_modules():
-        if hasattr(module, "inv_freq") and hasattr(module, "rope_type") and hasattr(module, "config"):
+        if hasattr(module, "rope_type") and hasattr(module, "config") and _frequency_buffer(module) is not None:
             yield name, module
+
+
+def _frequency_buffer(module: nn.Module) -> Any:
+    """``inv_freq``, or with per-layer-type rope parameters (Gemma 3) the first ``<layer type>_inv_freq``."""
+    if isinstance(module.rope_type, dict):
+        return next((getattr(module, f"{key}_inv_freq", None) for key in module.rope_type), None)
+    return getattr(module, "inv_freq", None)
+
+
+def rotary_device(module: nn.Module) -> Any:
+    """The device of a rotary module's frequencies."""
+    return _frequency_buffer(module).device
 
 
 def replace_module(model: nn.Module, qualified_name: str, new: nn.Module) -> None:
@@ -68,7 +80,7 @@ def rebuild_rotary(module: nn.Module) -> nn.Module:
     The new ``inv_freq`` stays in fp32 on the old module's device whatever the model dtype.
     """
     new = type(module)(config=module.config)
-    return new.to(device=module.inv_freq.device)
+    return new.to(device=rotary_device(module))
 
 
 def restore_scaling_on_reset(rotary: nn.Module) -> None:
@@ -80,6 +92,8 @@ def restore_scaling_on_reset(rotary: nn.Module) -> None:
     before that update on the same state, restores the scaling the module was built with in
     exactly that case. No effect on dynamic NTK, whose scaling is always 1.
     """
+    if not hasattr(rotary, "attention_scaling"):  # per-layer-type modules: no dynamic YaRN (patching refuses it)
+        return
     initial = rotary.attention_scaling
 
     def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:

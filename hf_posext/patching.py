@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 import torch
@@ -26,14 +27,14 @@ import torch.nn as nn
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from . import _compat, readers
+from . import _compat, architectures, readers
 from .adapters import adapter_for
+from .architectures import SUPPORTED_MODEL_TYPES
 from .methods.base import BaseRope, PositionMethod, make_method, method_class
 from .rope_utils import default_inv_freq, rotary_dim_of
 from .transaction import restore, snapshot
 
-#: ``config.model_type`` values hf-posext is tested on.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+__all__ = ["CONFIG_KEY", "SUPPORTED_MODEL_TYPES", "MethodName", "patch_info", "patch_model", "unpatch_model"]
 
 #: The config attribute holding what a patch did; saved in config.json with the checkpoint.
 CONFIG_KEY = "hf_posext"
@@ -61,16 +62,6 @@ def _config_of(model: nn.Module | PreTrainedConfig) -> PreTrainedConfig:
             f"expected a transformers model or config, got {type(model).__name__} without a PreTrainedConfig"
         )
     return config
-
-
-def _check_architecture(config: PreTrainedConfig) -> None:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"unsupported architecture {model_type!r}; hf-posext supports: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    if config.nested_rope_parameter_keys(config.rope_parameters or {}):
-        raise ValueError(f"per-layer-type rope parameters are not supported (model_type={model_type!r})")
 
 
 #: Shipped rope types a method can compose on: static per-pair scalings of theta's frequencies.
@@ -116,19 +107,22 @@ def _scaled_base(
     return plain.double() / inv_freq.double(), float(attention_factor)
 
 
-def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool) -> BaseRope:
+def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool, layer_type: str | None = None) -> BaseRope:
     """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``.
 
     A checkpoint that ships a static scaling (:data:`COMPOSABLE_ROPE_TYPES`) is the base the method
     composes on, with ``L_orig`` = the context it reaches (:func:`_reach`); ``override=True``
     replaces its scaling with plain RoPE at its pretraining context instead.
+
+    Args:
+        layer_type: the entry of per-layer-type rope parameters to read; ``None`` for a flat config.
     """
     record = getattr(config, CONFIG_KEY, None)
     if record is not None:
-        shipped = copy.deepcopy(record["base_rope_parameters"])
+        shipped = copy.deepcopy(_entry(record["base_rope_parameters"], layer_type))
         max_positions = int(record["base_max_position_embeddings"])
     else:
-        shipped = dict(config.rope_parameters or {})
+        shipped = dict(_entry(config.rope_parameters or {}, layer_type))
         max_positions = int(config.max_position_embeddings)
     rope_type = shipped.get("rope_type", shipped.get("type", "default"))
     original = int(
@@ -173,9 +167,12 @@ def _base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool)
     )
 
 
-def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bool) -> None:
-    _check_architecture(config)
-    base = _base_rope(config, method, override)
+def _entry(rope_parameters: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
+    return rope_parameters if layer_type is None else rope_parameters[layer_type]
+
+
+def _method_rope(method: PositionMethod, base: BaseRope) -> tuple[dict[str, Any], int]:
+    """The rope parameters and advertised context of ``method`` on ``base``."""
     reach = method.factor * base.original_max_position_embeddings
     if reach > MAX_CONTEXT:
         raise ValueError(
@@ -184,12 +181,30 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
             "config can hold; use a smaller factor"
         )
     if method.factor == 1 and method.scales_rope:
-        rope_parameters, max_positions = dict(base.rope_parameters), base.max_position_embeddings
-    elif base.pair_divisors is not None:
-        rope_parameters = method.composed_rope_parameters(base)
-        max_positions = method.max_position_embeddings(base)
+        return dict(base.rope_parameters), base.max_position_embeddings
+    if base.pair_divisors is not None:
+        return method.composed_rope_parameters(base), method.max_position_embeddings(base)
+    return method.rope_parameters(base), method.max_position_embeddings(base)
+
+
+def _patch_config(
+    config: PreTrainedConfig, method: PositionMethod, override: bool, layer_types: Sequence[str] | None = None
+) -> None:
+    architectures.check_config(config)
+    keys = architectures.rope_layer_types(config, layer_types, method.scales_rope)
+    if not keys:
+        base = _base_rope(config, method, override)
+        rope_parameters, max_positions = _method_rope(method, base)
+        base_parameters = base.rope_parameters
     else:
-        rope_parameters, max_positions = method.rope_parameters(base), method.max_position_embeddings(base)
+        # Per-layer-type rope parameters (Gemma 3): the chosen layer types get the method, the
+        # others keep the checkpoint's entry; the record keeps the whole nested dict for unpatch.
+        record = getattr(config, CONFIG_KEY, None)
+        base_parameters = copy.deepcopy(record["base_rope_parameters"] if record else config.rope_parameters)
+        rope_parameters = copy.deepcopy(base_parameters)
+        for key in keys:
+            base = _base_rope(config, method, override, layer_type=key)
+            rope_parameters[key], max_positions = _method_rope(method, base)
     config.rope_parameters = rope_parameters
     config.max_position_embeddings = max_positions
     setattr(
@@ -201,14 +216,21 @@ def _patch_config(config: PreTrainedConfig, method: PositionMethod, override: bo
             "context_length": (
                 int(round(method.factor * base.original_max_position_embeddings)) if method.scales_rope else max_positions
             ),
-            "base_rope_parameters": base.rope_parameters,
+            "base_rope_parameters": base_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
             "base_original_max_position_embeddings": base.original_max_position_embeddings,
             **({"composed_on": base.rope_type} if base.pair_divisors is not None else {}),
+            **({"layer_types": keys} if keys else {}),
         },
     )
     adapter_for(method).patch_config(method, config)
-    config.validate_rope()
+    try:
+        config.validate_rope()
+    except (ValueError, TypeError) as error:  # e.g. Phi3Config accepts only rope_type default or longrope
+        raise ValueError(
+            f"model_type {config.model_type!r} does not accept the rope parameters {method.name!r} needs "
+            f"({rope_parameters}): {error}"
+        ) from error
     readers.write_reader_fields(config)  # transformers 4.x and the engines read these (hf_posext.readers)
 
 
@@ -237,6 +259,7 @@ def patch_model(
     original_max_position_embeddings: int | None = None,
     *,
     override: bool = False,
+    layer_types: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> ModelOrConfig:
     """Patch ``model`` in place with a position-encoding method and return it.
@@ -249,13 +272,16 @@ def patch_model(
     config object are never changed; a config passed itself is patched in place.
 
     Args:
-        model: a Llama, Mistral, Qwen2 or Qwen3 model, or its config (to build a model from).
+        model: a decoder whose rotary embedding follows transformers' rope_parameters contract
+            (:mod:`hf_posext.architectures`; tested on :data:`SUPPORTED_MODEL_TYPES`), or its config.
         method: a name from :func:`available_methods` or a method config object.
         factor: the context scale s >= 1; ``None`` keeps the config object's (or the default 1).
         original_max_position_embeddings: the pretraining context; default: the checkpoint's.
         override: replace a scaling the checkpoint already ships (``llama3``, ``yarn``...) by plain
             RoPE at its pretraining context. Without it a static method composes on that scaling
             and extends the context the checkpoint reaches (see :mod:`hf_posext.methods`).
+        layer_types: with per-layer-type rope parameters (Gemma 3), the layer types to patch;
+            default: all but the local ones (sliding window), whose short range needs no extension.
         **kwargs: the method's own arguments, e.g. ``beta_fast`` for YaRN.
 
     Returns:
@@ -275,11 +301,15 @@ def patch_model(
         kwargs["original_max_position_embeddings"] = original_max_position_embeddings
     config = _config_of(model)
     spec = make_method(method, **kwargs)
-    # Validate on a copy: every check (ours, the adapter's, transformers' validators) runs before
-    # the caller's config or model is touched.
+    architectures.check_config(config)
+    if isinstance(model, nn.Module):
+        architectures.check_rotary_modules(model)
+    _check_method_fits(config, spec, model if isinstance(model, nn.Module) else None)
+    # Validate on a copy: every check (ours, the adapter's, transformers' validators - Phi-3's
+    # config accepts only default and longrope) runs before the caller's config or model is touched.
     trial = copy.deepcopy(config)
     _unpatch_previous_config(trial)
-    _patch_config(trial, spec, override)
+    _patch_config(trial, spec, override, layer_types)
     if not isinstance(model, nn.Module):
         config.__dict__.clear()
         config.__dict__.update(trial.__dict__)
@@ -295,7 +325,7 @@ def patch_model(
         if previous_record is not None:
             previous = _unpatch_previous_config(private)
             adapter_for(previous).unpatch_modules(previous, model)
-        _patch_config(private, spec, override)
+        _patch_config(private, spec, override, layer_types)
         _swap_rotary_modules(model, keep_originals=previous_record is None)
         adapter = adapter_for(spec)
         adapter.patch_modules(spec, model)
@@ -337,6 +367,21 @@ def _replace_config(model: nn.Module, old: PreTrainedConfig, new: PreTrainedConf
                 module.__dict__[name] = new
 
 
+def _check_method_fits(config: PreTrainedConfig, method: PositionMethod, model: nn.Module | None) -> None:
+    """Refuse dynamic methods where their rotary update would be wrong (before anything is changed)."""
+    if not method.dynamic:
+        return
+    nested = architectures.nested_rope_keys(config)
+    if nested and method.name == "dynamic_yarn":
+        # transformers' dynamic update stores YaRN's attention scaling on the module, not per layer type
+        raise ValueError(
+            f"dynamic_yarn does not support per-layer-type rope parameters (model_type={config.model_type!r}, layer "
+            f"types {nested}); use yarn or dynamic_ntk"
+        )
+    if getattr(method, "exact_cache", False):
+        architectures.check_exact_dynamic(config, model)
+
+
 def method_from_record(record: dict[str, Any]) -> PositionMethod:
     """The method config a ``config.hf_posext`` record was written by."""
     fields = {f.name for f in dataclasses.fields(method_class(record["method"]))}
@@ -371,7 +416,7 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
         originals = model.__dict__.pop(_ORIGINAL_MODULES, {})
         for name, module in list(_compat.rotary_modules(model)):
             original = originals.get(name)
-            restored = original.to(device=module.inv_freq.device) if original is not None else None
+            restored = original.to(device=_compat.rotary_device(module)) if original is not None else None
             _compat.replace_module(model, name, restored or _compat.rebuild_rotary(module))
     return model
 

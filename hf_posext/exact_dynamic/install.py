@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from .. import _compat
+from ..architectures import check_exact_dynamic
 from .attention import exact_dynamic_attention
 from .plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, STATE_ATTR, ExactDynamicRope
 
@@ -47,16 +48,15 @@ class ExactDynamicRotaryEmbedding(nn.Module):
         return one, zero
 
 
-def _attention_modules(model: nn.Module) -> list[nn.Module]:
-    # Llama/Mistral/Qwen attention modules: the ones that own k_proj and a layer index.
-    return [m for m in model.modules() if hasattr(m, "k_proj") and hasattr(m, "layer_idx")]
-
-
-def _install(model: nn.Module) -> ExactDynamicRope | None:
+def _install(model: nn.Module, rotary: nn.Module | None = None) -> ExactDynamicRope | None:
     """Attach a new :class:`ExactDynamicRope` to ``model``'s attention and select the wrapper kernel.
 
     ``None`` (nothing done) when the config's rope type is not dynamic. The rotary modules are
-    left to the caller.
+    left to the caller; ``rotary`` is the one a base model being built is registering.
+
+    Raises:
+        ValueError: a kernel other than eager/sdpa, or an attention that rotates otherwise than the
+            wrapper (:func:`hf_posext.architectures.check_exact_dynamic`).
     """
     config = model.config
     if (config.rope_parameters or {}).get("rope_type") not in EXACT_ROPE_TYPES:
@@ -68,9 +68,7 @@ def _install(model: nn.Module) -> ExactDynamicRope | None:
             f"exact_cache=True supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load the model "
             f"with one of those or patch with exact_cache=False (transformers' behaviour, stale cached keys)"
         )
-    attention = _attention_modules(model)
-    if not attention:
-        raise ValueError(f"{type(model).__name__} has no attention module (with k_proj and layer_idx) to patch")
+    attention = check_exact_dynamic(config, model, rotary)
     rope = ExactDynamicRope(config, kernel)
     _compat.register_attention_wrapper(rope.attention_name, exact_dynamic_attention, mask_like=kernel)
     for module in attention:
@@ -109,7 +107,7 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
     Raises:
         ValueError: as :func:`enable_exact_dynamic_cache`.
     """
-    rope = _install(base_model)
+    rope = _install(base_model, rotary)
     if rope is None:
         return None
     _guard_cache(base_model, rope)
