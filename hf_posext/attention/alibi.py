@@ -31,7 +31,7 @@ installed, FlexAttention on other CUDA runs, SDPA on CPU):
 Distances use absolute cache positions, so left padding, KV caches (including static caches and
 Mistral's sliding-window cache) and packed sequences all see the true i - j.
 
-Run the equivalence tests with ``.venv/bin/pytest tests/test_alibi.py -q``.
+Run the equivalence tests with ``.venv/bin/pytest tests/attention/test_alibi.py -q``.
 
 Longer than ~400 lines on purpose: the mask function and the four paths exchange one mask form
 per backend (:func:`select_backend`), and each form is built next to the path that reads it.

@@ -101,7 +101,7 @@ def merged_state_dict(state_dict: dict[str, torch.Tensor], peft_config: Any, ada
 
     ``W' = W + (B @ A) * alpha / r`` for every adapted linear layer and the trained copy of every
     ``modules_to_save`` module. This works on a gathered state dict, which is all FSDP and ZeRO-3
-    hand the main process; ``tests/test_train_loop.py`` checks it against PEFT's own
+    hand the main process; ``tests/train/test_loop.py`` checks it against PEFT's own
     ``merge_and_unload``.
     """
     if getattr(peft_config, "use_dora", False) or getattr(peft_config, "use_rslora", False):

@@ -29,7 +29,7 @@ and 3) is applied per chunk. Any other transform (Cohere's ``logit_scale``, Gran
 ``logits_scaling``...) is caught, not guessed: every call compares the model's own logits of the
 last position with the head's, and raises if they differ.
 
-Example (``tests/test_train_loss.py`` checks it against the model's own loss)::
+Example (``tests/train/test_loss.py`` checks it against the model's own loss)::
 
     shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
     loss = causal_lm_loss(model, input_ids, position_ids, shift_labels, chunk_size=1024)

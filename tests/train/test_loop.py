@@ -29,7 +29,7 @@ from hf_posext.train.lora import merged_state_dict
 from hf_posext.train.loop import train
 from hf_posext.fixtures import make_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_CONTEXT = 32
 #: One intra-op thread: on a small shared CPU, OpenMP threads fighting over busy cores make these
 #: tiny matmuls ~40x slower. Subprocesses get the same setting, so results compare bit for bit.

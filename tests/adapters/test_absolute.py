@@ -1,6 +1,6 @@
 """Sinusoidal and learned absolute position encodings (baselines): values, padding, cache, checkpoints.
 
-Run: ``.venv/bin/pytest tests/test_absolute.py -q``.
+Run: ``.venv/bin/pytest tests/adapters/test_absolute.py -q``.
 """
 
 from __future__ import annotations

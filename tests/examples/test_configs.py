@@ -20,7 +20,7 @@ from accelerate.utils.launch import prepare_multi_gpu_env
 
 from hf_posext.train.cli import config_from_args
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIGS = sorted((ROOT / "examples" / "accelerate").glob("*.yaml"))
 RECIPE_CONFIGS = sorted((ROOT / "examples").glob("finetune*.yaml"))
 

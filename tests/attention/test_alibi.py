@@ -1,6 +1,6 @@
 """ALiBi: slopes, every attention path against a slow reference, and the model-level properties.
 
-Run: ``.venv/bin/pytest tests/test_alibi.py -q`` (the compiled FlexAttention test is marked slow,
+Run: ``.venv/bin/pytest tests/attention/test_alibi.py -q`` (the compiled FlexAttention test is marked slow,
 the flash-attn one gpu). The flex path runs uncompiled here (``FLEX_COMPILE = False``): PyTorch
 then evaluates the very same score_mod / mask_mod on materialised scores; compiling costs about a
 minute on two CPU cores and is covered by the slow test and by benchmarks/bench_alibi.py.

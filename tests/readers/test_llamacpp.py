@@ -25,7 +25,7 @@ from hf_posext.rope_utils import ntk_theta
 
 gguf = pytest.importorskip("gguf")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = "0.3.36"
 CACHE = ROOT / ".cache" / f"llama-cpp-python-{VERSION}"
 L_ORIG = 64

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import hf_posext
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_smoke_runs_every_in_process_item_and_writes_one_table(tmp_path):
