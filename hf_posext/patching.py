@@ -94,6 +94,10 @@ def _patch_config(
         for key in keys:
             base = base_rope(config, method, override, layer_type=key)
             rope_parameters[key], max_positions = _method_rope(method, base)
+    previous = getattr(config, CONFIG_KEY, None)
+    # What the checkpoint itself had in the fields the readers' rules overwrite (some configs carry a
+    # top-level rope_theta of their own), for unpatch to put back.
+    reader_fields = previous["base_reader_fields"] if previous and "base_reader_fields" in previous else readers.saved_fields(config)
     config.rope_parameters = rope_parameters
     config.max_position_embeddings = max_positions
     setattr(
@@ -108,6 +112,7 @@ def _patch_config(
             "base_rope_parameters": base_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
             "base_original_max_position_embeddings": base.original_max_position_embeddings,
+            "base_reader_fields": reader_fields,
             **({"composed_on": base.rope_type} if base.pair_divisors is not None else {}),
             **({"layer_types": keys} if keys else {}),
         },
@@ -299,7 +304,7 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     config.max_position_embeddings = int(record["base_max_position_embeddings"])
     adapter.unpatch_config(spec, config, record)
     delattr(config, CONFIG_KEY)
-    readers.clear_reader_fields(config)
+    readers.clear_reader_fields(config, record.get("base_reader_fields", {}))
     if isinstance(model, nn.Module):
         adapter.unpatch_modules(spec, model)
         originals = model.__dict__.pop(_ORIGINAL_MODULES, {})

@@ -310,15 +310,22 @@ def test_dynamic_ntk_on_per_layer_type_rope_with_transformers_semantics():
     assert (logits(model, sequence) - logits(native, sequence)).abs().max().item() <= TOL
 
 
-def test_phi3_longrope_checkpoint_is_refused_naming_longrope():
-    """Phi-3 ships longrope; its config class accepts only default and longrope rope types."""
+def test_phi3_longrope_checkpoint_composes_and_override_is_refused_naming_longrope():
+    """Phi-3 ships longrope; its config class accepts only default and longrope rope types.
+
+    yarn on top composes into a longrope entry (accepted); override=True asks for plain yarn, which
+    Phi3Config refuses before the model changes.
+    """
     longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
                 "original_max_position_embeddings": L_ORIG}
     model = build(tiny_config("phi3", rope_parameters=longrope, max_position_embeddings=4 * L_ORIG))
-    with pytest.raises(ValueError, match="longrope"):
-        hf_posext.patch_model(model, "yarn", factor=FACTOR)
+    before = model.config.to_dict()
     with pytest.raises(ValueError, match=r"does not accept the rope parameters 'yarn'.*longrope"):
         hf_posext.patch_model(model, "yarn", factor=FACTOR, override=True)
+    assert model.config.to_dict() == before
+    hf_posext.patch_model(model, "yarn", factor=FACTOR)
+    assert model.config.rope_parameters["rope_type"] == "longrope"
+    assert hf_posext.patch_info(model)["composed_on"] == "longrope"
 
 
 class _DefaultOnlyRotary(LlamaRotaryEmbedding):

@@ -48,16 +48,34 @@ Verdict = tuple[str, str]
 STATUSES = ("right", "refused", "wrong")  # refused: an error names the rope type; wrong: silently
 
 
+def _nested_entries(config: Any) -> list[str]:
+    params = config.rope_parameters or {}
+    return list(config.nested_rope_parameter_keys(params)) if hasattr(config, "nested_rope_parameter_keys") else []
+
+
 def write_reader_fields(config: Any) -> None:
-    """Put the 4.x fields (:func:`.transformers4.legacy_fields`) into ``config``, for ``save_pretrained`` to write."""
+    """Put the 4.x fields (:func:`.transformers4.legacy_fields`) into ``config``, for ``save_pretrained`` to write.
+
+    Per-layer-type rope parameters (Gemma 3, DeepSeek V4) have no single 4.x equivalent (4.x Gemma 3
+    reads ``rope_theta`` plus ``rope_local_base_freq``): nothing is written for them.
+    """
+    if _nested_entries(config):
+        return
     for name, value in transformers4.legacy_fields(config.rope_parameters).items():
         _compat.set_saved_attribute(config, name, value)
 
 
-def clear_reader_fields(config: Any) -> None:
-    """Remove what :func:`write_reader_fields` wrote (unpatch)."""
+def saved_fields(config: Any) -> dict[str, Any]:
+    """The fields :func:`write_reader_fields` would overwrite, as ``config`` holds them now."""
+    return {name: config.__dict__[name] for name in transformers4.LEGACY_FIELDS if name in config.__dict__}
+
+
+def clear_reader_fields(config: Any, saved: dict[str, Any]) -> None:
+    """Undo :func:`write_reader_fields` (unpatch): put back ``saved`` (:func:`saved_fields`), remove the rest."""
     for name in transformers4.LEGACY_FIELDS:
         _compat.set_saved_attribute(config, name, None)
+        if name in saved:  # an explicit None included: the config's own __dict__ comes back as it was
+            config.__dict__[name] = saved[name]
 
 
 def restore_on_load(config: Any) -> None:
@@ -67,7 +85,8 @@ def restore_on_load(config: Any) -> None:
     them in a checkpoint saved from the loaded model.
     """
     rope = config.rope_parameters
-    rope["rope_type"] = transformers5.current_rope_type(rope.get("rope_type", "default"))
+    for entry in [rope[key] for key in _nested_entries(config)] or [rope]:
+        entry["rope_type"] = transformers5.current_rope_type(entry.get("rope_type", "default"))
     write_reader_fields(config)
 
 
