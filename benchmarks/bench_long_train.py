@@ -37,20 +37,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
+import transformers.trainer  # noqa: F401  (loaded before the baseline, so both sides count the same imports)
+from trainer_baseline import trainer_baseline
+from transformers import LlamaConfig, LlamaForCausalLM
 
-import hf_posext
 from hf_posext.files import write_text
 from hf_posext.fixtures import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
-from hf_posext.train.blocks import load_blocks
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 
@@ -115,34 +107,10 @@ def child(args: argparse.Namespace) -> None:
         ), callbacks=[lambda progress: step_end()])
         loss = result.final_loss
     else:
-        class Stamp(TrainerCallback):
-            def on_step_end(self, *unused, **kwargs):
-                step_end()
-
-        class Blocks(torch.utils.data.Dataset):
-            def __init__(self, blocks):
-                self.blocks = blocks
-
-            def __len__(self):
-                return len(self.blocks)
-
-            def __getitem__(self, i):
-                ids = torch.from_numpy(self.blocks[i].astype("int64"))
-                return {"input_ids": ids, "labels": ids}
-
-        tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
-        model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32,
-                                                     attn_implementation="sdpa")
-        hf_posext.patch_model(model, "yarn", factor=FACTOR)
-        blocks = load_blocks([data], tokenizer, length, cache_dir=workdir / "cache")
-        training_args = TrainingArguments(
-            output_dir=str(workdir / "out-trainer"), max_steps=1, learning_rate=2e-5, warmup_steps=0,
-            lr_scheduler_type="linear", adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
-            per_device_train_batch_size=1, gradient_accumulation_steps=1, gradient_checkpointing=True,
-            use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, dataloader_num_workers=0,
-            disable_tqdm=True, seed=42,
+        trainer, _ = trainer_baseline(
+            workdir, data, length, FACTOR, max_steps=1, warmup_steps=0, micro_batch=1, accumulation=1,
+            logging_steps=1, on_step_end=step_end,
         )
-        trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks), callbacks=[Stamp()])
         loss = trainer.train().training_loss
     hook.remove()
     report = {

@@ -62,42 +62,14 @@ def run_recipe(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
-
-    import hf_posext
-    from hf_posext.train.blocks import load_blocks
+    from trainer_baseline import trainer_baseline
 
     stamps: list[float] = []
-
-    class Stamp(TrainerCallback):
-        def on_step_end(self, *unused, **kwargs):
-            stamps.append(time.perf_counter())
-
-    class Blocks(torch.utils.data.Dataset):
-        def __init__(self, blocks):
-            self.blocks = blocks
-
-        def __len__(self):
-            return len(self.blocks)
-
-        def __getitem__(self, i):
-            ids = torch.from_numpy(self.blocks[i].astype("int64"))
-            return {"input_ids": ids, "labels": ids}
-
-    tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
-    model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32, attn_implementation="sdpa")
-    hf_posext.patch_model(model, "yarn", factor=args.factor)
-    blocks = load_blocks([str(workdir / "data.txt")], tokenizer, args.seq_len, cache_dir=workdir / "cache")
-    training_args = TrainingArguments(
-        output_dir=str(workdir / "out-trainer"), max_steps=args.steps, learning_rate=2e-5, warmup_steps=1,
-        lr_scheduler_type="linear", adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
-        per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=args.global_batch // args.micro_batch, gradient_checkpointing=True,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=10**6, dataloader_num_workers=0,
-        disable_tqdm=True, seed=42,
+    trainer, tokenizer = trainer_baseline(
+        workdir, str(workdir / "data.txt"), args.seq_len, args.factor, max_steps=args.steps, warmup_steps=1,
+        micro_batch=args.micro_batch, accumulation=args.global_batch // args.micro_batch, logging_steps=10**6,
+        on_step_end=lambda: stamps.append(time.perf_counter()),
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks), callbacks=[Stamp()])
     trainer.train()
     # The recipe's run includes writing the final checkpoint, so the baseline's does too.
     trainer.save_model(str(workdir / "out-trainer" / "final"))
