@@ -105,7 +105,8 @@ def variants(plan: Plan, length: int, fixed: bool = True) -> list[Variant]:
     """``(row name, method, factor)`` at ``length``: none, static s = L/8k (and s = 4), dynamic s = 4.
 
     A static factor of 1 (L <= 8k) is the unpatched model (factor 1 is the identity, a property
-    the test suite checks), so its method is None and its cell is the "none" cell.
+    the test suite checks), and so is a dynamic method at L <= 8k (its scale is max(1, L/8k)):
+    their method is None and their cell is the "none" cell.
     """
     matched = length / TRAINED
     rows: list[Variant] = [("none", None, None)]
@@ -113,7 +114,9 @@ def variants(plan: Plan, length: int, fixed: bool = True) -> list[Variant]:
         rows.append((f"{method} s=L/8k", method if matched > 1 else None, matched if matched > 1 else None))
         if fixed:
             rows.append((f"{method} s={plan.fixed_factor:g}", method, plan.fixed_factor))
-    rows += [(f"{m} s={plan.fixed_factor:g}", m, plan.fixed_factor) for m in plan.dynamic_methods]
+    # A dynamic method reads up to 8k as the trained model: its cell is the "none" cell.
+    rows += [(f"{m} s={plan.fixed_factor:g}", m if length > TRAINED else None,
+              plan.fixed_factor if length > TRAINED else None) for m in plan.dynamic_methods]
     return rows
 
 
@@ -129,8 +132,7 @@ def forwards(plan: Plan) -> dict[int, int]:
         count[n] = count.get(n, 0) + len({cell_key("ppl", m, f, n) for _, m, f in variants(plan, n)}) + 1
     per_prompt = len(plan.passkey_depths) * plan.passkey_trials
     for n in plan.passkey_lengths:
-        keys = {cell_key("passkey", m, f, n) for _, m, f in variants(plan, n, fixed=False)
-                if not (n <= TRAINED and m is not None and m.startswith("dynamic"))}
+        keys = {cell_key("passkey", m, f, n) for _, m, f in variants(plan, n, fixed=False)}
         count[n] = count.get(n, 0) + (len(keys) + 1) * per_prompt
     return count
 
@@ -195,17 +197,30 @@ def patched(model: Any, method: str | None, factor: float | None, compute: Calla
         unpatch_model(model)
 
 
-def run(plan: Plan, out: Path, gguf: Path, progress: bool) -> Cells:
+def cell_settings(plan: Plan) -> dict[str, Any]:
+    """What a cell's value depends on: the plan less the lists of lengths and methods to run.
+
+    The document's end (``max(lengths)``) stays, so that ``--upto`` runs score the same tokens.
+    """
+    settings = asdict(plan)
+    for name in ("lengths", "passkey_lengths", "timing_lengths", "static_methods", "dynamic_methods"):
+        settings.pop(name)
+    return {**settings, "document_end": max(plan.lengths)}
+
+
+def run(plan: Plan, out: Path, gguf: Path, progress: bool, upto: int | None = None) -> Cells:
+    """Every cell of ``plan`` whose length is at most ``upto`` (default: all), cheapest first."""
+    upto = max(plan.lengths) if upto is None else upto
     folder = gguf_checkpoint(gguf)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
     ids = tokenizer(reference_text(), return_tensors="pt").input_ids[0]
     end = max(plan.lengths)
     document, training_ids = ids[:end], ids[end:]
-    cells = Cells(out / "results.json", {"plan": asdict(plan), "gguf": gguf.name, "reference_tokens": len(ids)},
+    cells = Cells(out / "results.json", {"plan": cell_settings(plan), "gguf": gguf.name, "reference_tokens": len(ids)},
                   after_save=lambda c: report(plan, c, out))
-    short = [n for n in plan.lengths if n <= 2 * TRAINED]
-    long = [n for n in plan.lengths if n > 2 * TRAINED]
+    short = [n for n in plan.lengths if n <= min(2 * TRAINED, upto)]
+    long = [n for n in plan.lengths if 2 * TRAINED < n <= upto]
 
     def ppl(m: Any, length: int) -> dict[str, Any]:
         point = truncated_perplexity(m, [document], [length], score_last=plan.score_last, end_at=end,
@@ -240,8 +255,6 @@ def run(plan: Plan, out: Path, gguf: Path, progress: bool) -> Cells:
     def passkey_cells(lengths: list[int]) -> None:
         for length in lengths:
             for _, method, factor in variants(plan, length, fixed=False):
-                if length <= TRAINED and method is not None and method.startswith("dynamic"):
-                    continue  # prompt and answer fit in 8k: a dynamic method is the unpatched model
                 cells.get(cell_key("passkey", method, factor, length),
                           lambda m=method, f=factor, n=length: patched(model, m, f, lambda: passkey(model, n)))
 
@@ -257,17 +270,17 @@ def run(plan: Plan, out: Path, gguf: Path, progress: bool) -> Cells:
         return tuned["model"]
 
     ppl_cells(short)
-    passkey_cells([n for n in plan.passkey_lengths if n <= 2 * TRAINED])
+    passkey_cells([n for n in plan.passkey_lengths if n in short])
     finetuned()
     for length in short:
         cells.get(f"ppl/tuned/{length}", lambda n=length: ppl(finetuned(), n))
-    for length in [n for n in plan.passkey_lengths if n <= 2 * TRAINED]:
+    for length in [n for n in plan.passkey_lengths if n in short]:
         cells.get(f"passkey/tuned/{length}", lambda n=length: passkey(finetuned(), n))
     ppl_cells(long)
     for length in long:
         cells.get(f"ppl/tuned/{length}", lambda n=length: ppl(finetuned(), n))
-    passkey_cells([n for n in plan.passkey_lengths if n > 2 * TRAINED])
-    for length in [n for n in plan.passkey_lengths if n > 2 * TRAINED]:
+    passkey_cells([n for n in plan.passkey_lengths if n in long])
+    for length in [n for n in plan.passkey_lengths if n in long]:
         cells.get(f"passkey/tuned/{length}", lambda n=length: passkey(finetuned(), n))
     cells.save()
     return cells
@@ -297,8 +310,6 @@ def _table(plan: Plan, cells: Cells, kind: str, lengths: tuple[int, ...], fixed:
     for i, n in enumerate(lengths):
         for name, method, factor in [*variants(plan, n, fixed), ("fine-tuned", "tuned", None)]:
             key = f"{kind}/tuned/{n}" if method == "tuned" else cell_key(kind, method, factor, n)
-            if kind == "passkey" and n <= TRAINED and method is not None and method.startswith("dynamic"):
-                key = cell_key(kind, None, None, n)
             rows.setdefault(name, [None] * len(lengths))[i] = cells.cells.get(key, {}).get("value")
     return rows
 
@@ -369,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's). On a machine shared with other busy processes, 1 "
                              "thread ran a forward 3x faster than 2 here (OpenMP threads waiting for each other)")
+    parser.add_argument("--upto", type=int, default=None,
+                        help="run only the cells of at most this many tokens (the same scored tokens; a later run "
+                             "without it adds the rest)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -377,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     plan = QUICK if args.quick else FULL
     out = Path(args.out or Path(__file__).parent / "results" / "real_model" / ("quick" if args.quick else ""))
-    cells = run(plan, out, gguf_file(args.gguf), progress=not args.no_progress)
+    if args.upto is not None and args.upto < min(plan.lengths):
+        raise SystemExit(f"real_model: --upto must be at least the shortest length {min(plan.lengths)}, got {args.upto}")
+    cells = run(plan, out, gguf_file(args.gguf), progress=not args.no_progress, upto=args.upto)
     print(report(plan, cells, out))
     return 0
 
