@@ -19,6 +19,7 @@ from .methods import method_class
 from .patching import patch_info, patch_model
 from .readers import support
 from .readers.hub_card import base_model_id, readers_section
+from .readers.tokenizer import raise_model_max_length
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:
@@ -125,5 +126,6 @@ def extend_checkpoint(
             else:
                 shutil.copy2(item, tmp / item.name)
         config.save_pretrained(tmp)
+        raise_model_max_length(tmp, patch_info(config)["context_length"])
         model_card(config, base_model=str(source)).save(tmp / "README.md")
     return Path(output_dir)

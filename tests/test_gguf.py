@@ -10,6 +10,7 @@ GGUF file takes about a minute, so it is read once for the whole module.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -130,3 +131,23 @@ def test_loaders_take_a_gguf_file(converted):
     config = TrainConfig(model=str(GGUF), method="yarn", factor=4, dataset=["x.txt"], output_dir="unused")
     model, tokenizer = load_model_and_tokenizer(config)
     assert model.name_or_path == str(folder) and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_real_model_benchmark_quick_runs_end_to_end_and_resumes(converted, tmp_path):
+    """``benchmarks/real_model.py --quick`` up to 512 tokens: every part (timing, perplexity,
+    passkey, the recipe's fine-tune, the fine-tuned model's cells), then a rerun that computes nothing."""
+    _, _, _, cache = converted
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "benchmarks" / "real_model.py"), "--quick", "--upto", "512", "--threads", "1",
+               "--no-progress", "--gguf", str(GGUF), "--out", str(tmp_path)]
+    env = {**os.environ, "HF_POSEXT_CACHE": str(cache), "PYTHONPATH": str(root)}
+    for _ in range(2):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["cells"]) == {"timing", "ppl/none/512", "ppl/yarn@4/512", "passkey/none/512", "finetune",
+                                     "ppl/tuned/512", "passkey/tuned/512"}
+    assert len(results["runs"]) == 2 and results["runs"][1]["seconds"] < results["runs"][0]["seconds"]
+    assert 1 < results["cells"]["ppl/none/512"]["value"]["perplexity"] < 30
+    assert (tmp_path / "real_model.md").read_text().startswith("# SmolLM2-135M-Instruct")
+    assert (tmp_path / "real_model.png").is_file()

@@ -35,7 +35,11 @@ LENGTH_KEYS = (
 
 
 def max_model_len(config: Any) -> int:
-    """vLLM's default ``max_model_len`` for ``config`` (no tokenizer ``model_max_length``, no user value)."""
+    """vLLM's default ``max_model_len`` for ``config`` (no user value).
+
+    vLLM caps it at the tokenizer's ``model_max_length`` only for pooling models with absolute
+    positions (``ModelConfig.get_and_verify_max_len``), never for a rotary decoder.
+    """
     lengths = [getattr(config, key) for key in LENGTH_KEYS if getattr(config, key, None) is not None]
     derived = min(lengths) if lengths else 2048
     if getattr(config, "model_max_length", None):

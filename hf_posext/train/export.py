@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 from ..data import is_local_dataset
 from ..export import MODEL_REPO_FILES, model_card
 from ..files import check_output_dir, output_folder
+from ..readers.tokenizer import raise_model_max_length
 from .checkpointing import TrainProgress
 from .config import TrainConfig
 from .lora import merged_state_dict
@@ -98,6 +99,7 @@ def save_final(
                            keep_on_failure=True) as tmp:
             base.save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
+            raise_model_max_length(tmp, plan.context)
             (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
             card_for(base.config, config, plan, progress, eval_results).save(tmp / "README.md")
     accelerator.wait_for_everyone()

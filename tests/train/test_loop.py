@@ -27,7 +27,7 @@ from hf_posext.train.checkpointing import latest_checkpoint, list_checkpoints
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.lora import merged_state_dict
 from hf_posext.train.loop import train
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.fixtures import byte_tokenizer, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_CONTEXT = 32
@@ -45,6 +45,8 @@ def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     make_tiny_model(root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1,
                     max_position_embeddings=ORIGINAL_CONTEXT)
+    # A tokenizer limited to the model's context, as released tokenizers are (SmolLM2: 8192).
+    byte_tokenizer(model_max_length=ORIGINAL_CONTEXT).save_pretrained(root / "llama")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     text = (stdlib / "textwrap.py").read_text() + (stdlib / "glob.py").read_text()
     (root / "data.txt").write_text(text)
@@ -107,6 +109,7 @@ def test_run_saves_hub_ready_checkpoint_that_reloads_in_vanilla_transformers(ass
                     "original_max_position_embeddings": ORIGINAL_CONTEXT, "beta_fast": 32.0, "beta_slow": 1.0}
     saved = json.loads((out / "config.json").read_text())
     assert saved["max_position_embeddings"] == 2 * ORIGINAL_CONTEXT
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 2 * ORIGINAL_CONTEXT
     assert saved["hf_posext"]["method"] == "yarn" and saved["use_cache"] is True
 
     card = (out / "README.md").read_text()
