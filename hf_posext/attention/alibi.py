@@ -27,6 +27,10 @@ installed, FlexAttention on other CUDA runs, SDPA on CPU):
 * ``flex``: ``flex_attention`` with a ``score_mod`` adding the bias on the fly: no L x L tensor.
   Compiled; on CPU it runs forward only (PyTorch has no CPU backward for it).
 * ``flash``: flash-attn's ``alibi_slopes`` (bottom-right aligned, which is what a cache needs).
+* ``folded``: the bias folded into extra query/key channels of SDPA's causal kernel
+  (:mod:`.alibi_folded`): no L x L tensor, trains on CPU, fp32 logits within a derived bound of
+  the exact ones. Masks that ``is_causal`` cannot express (padding, windows shorter than the keys,
+  a cache prefilled in blocks) run the ``sdpa`` path.
 
 Distances use absolute cache positions, so left padding, KV caches (including static caches and
 Mistral's sliding-window cache) and packed sequences all see the true i - j.
@@ -47,13 +51,14 @@ import torch
 import torch.nn.functional as F
 from transformers import masking_utils
 
+from .alibi_folded import folded_alibi, query_shift
 from .slopes import alibi_slopes
 
 #: The ``attn_implementation`` name; prefixed so that vanilla transformers' error names the package.
 ALIBI_ATTENTION = "hf_posext_alibi"
 
-Backend = Literal["auto", "eager", "sdpa", "flex", "flash"]
-BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "flex", "flash")
+Backend = Literal["auto", "eager", "sdpa", "flex", "flash", "folded"]
+BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "flex", "flash", "folded")
 
 #: transformers' own implementation names, mapped to the ALiBi path that replaces them when an
 #: ALiBi checkpoint is loaded with ``attn_implementation=...``.
@@ -139,10 +144,12 @@ def alibi_mask(
         attention_mask: ``[batch, kv_offset + kv_length]`` 2D padding mask (True = real token).
         device, dtype: of the model's inputs; they decide the path with the config's backend.
         config: the model config (its ``hf_posext`` record holds the backend).
+        kwargs: transformers' ``allow_is_causal_skip`` and ``local_size`` (read by the folded path).
 
     Returns:
         eager/SDPA: fp32 ``[batch, 1, q, kv]`` holding ``-(i - j)`` where allowed, ``-inf`` elsewhere;
-        flex: a ``BlockMask``; flash: the 2D padding mask or ``None``.
+        flex: a ``BlockMask``; flash: the 2D padding mask or ``None``; folded: ``None`` where SDPA's
+        ``is_causal`` is the mask (see :mod:`.alibi_folded`), else the SDPA form.
     """
     backend = select_backend(requested_backend(config), device, dtype)
     common = dict(
@@ -159,9 +166,20 @@ def alibi_mask(
         return masking_utils.flash_attention_mask(**common)
     if backend == "flex":
         return flex_block_mask(**common)
-    allowed = masking_utils.sdpa_mask(
-        **common, allow_is_causal_skip=False, allow_is_bidirectional_skip=False, use_vmap=use_vmap
-    )
+    allow_is_causal_skip = False
+    if backend == "folded":
+        # transformers' own SDPA rule: sdpa_mask returns None where SDPA may use is_causal. A custom
+        # pattern qualifies only with the window size the rule reads (transformers switches the
+        # skip off for packed sequences and or/and masks).
+        allow_is_causal_skip = kwargs.get("allow_is_causal_skip", False) and (
+            mask_function is masking_utils.causal_mask_function or kwargs.get("local_size") is not None
+        )
+    options = dict(local_size=kwargs.get("local_size"), allow_is_bidirectional_skip=False, use_vmap=use_vmap)
+    allowed = masking_utils.sdpa_mask(**common, **options, allow_is_causal_skip=allow_is_causal_skip)
+    if allowed is None:
+        if int(q_offset) - int(kv_offset) == query_shift(q_length, kv_length):
+            return None
+        allowed = masking_utils.sdpa_mask(**common, **options, allow_is_causal_skip=False)
     return distance_mask(allowed, q_offset, kv_offset)
 
 
@@ -435,6 +453,8 @@ def alibi_attention_forward(
     backend = select_backend(requested_backend(config), query.device, query.dtype)
     if backend == "flash":
         return flash_alibi(module, query, key, value, attention_mask, scaling, dropout, sliding_window)
+    if backend == "folded" and attention_mask is None:
+        return folded_alibi(module, query, key, value, scaling, dropout)
     if attention_mask is None or (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 4):
         raise ValueError(
             f"ALiBi backend {backend!r} needs the mask built by hf-posext's mask function, got "
@@ -444,4 +464,5 @@ def alibi_attention_forward(
         return flex_alibi(module, query, key, value, attention_mask, scaling, dropout)
     if backend == "eager":
         return eager_alibi(module, query, key, value, attention_mask, scaling, dropout)
+    # "folded" with a mask that is_causal cannot express runs here
     return sdpa_alibi(module, query, key, value, attention_mask, scaling, dropout)

@@ -25,7 +25,7 @@ from hf_posext.attention import alibi_slopes, select_backend
 from hf_posext.attention.alibi import ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
 from hf_posext.rope_utils import NO_ROPE_TYPE
 
-CPU_PATHS = ["eager", "sdpa", "flex"]
+CPU_PATHS = ["eager", "sdpa", "flex", "folded"]
 
 
 @pytest.fixture(autouse=True)
@@ -299,7 +299,8 @@ def greedy_without_cache(model, ids, steps):
 @pytest.mark.parametrize(
     "arch,backend,cache",
     [("llama", "sdpa", None), ("llama", "eager", None), ("qwen3", "sdpa", None), ("mistral", "sdpa", None),
-     ("llama", "sdpa", "static")],
+     ("llama", "sdpa", "static"), ("llama", "folded", None), ("mistral", "folded", None),
+     ("llama", "folded", "static")],
 )
 def test_cached_generation_equals_full_forward_greedy(arch, backend, cache):
     # Mistral's window (2 * max_positions = 16 tokens) is shorter than prompt + generation, so
@@ -334,7 +335,7 @@ def test_mistral_sliding_window_limits_what_a_token_sees():
     assert not torch.allclose(after[0, 10], before[0, 10])
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "folded"])
 def test_bf16_error_is_comparable_to_the_native_models(backend):
     ids = tokens(48, batch=2)
     native = tiny_model(attn_implementation="sdpa")
