@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import tiny_model, tokens
+from models import ARCHITECTURES, tiny_model, tokens
 from transformers import masking_utils
 
 import hf_posext
@@ -165,3 +165,18 @@ def test_patched_model_trains_through_folded_with_eager_gradients(monkeypatch):
     assert len(calls) == 2  # both layers ran the folded path
     for name, grad in grads["eager"].items():
         torch.testing.assert_close(grads["folded"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_patched_models_run_folded_and_agree_with_eager(arch, monkeypatch):
+    calls = []
+    monkeypatch.setattr(alibi_module, "folded_alibi", lambda *a, **kw: calls.append(1) or folded_alibi(*a, **kw))
+    ids = tokens(24, batch=2)
+    # max_positions=16 gives Mistral a 32-token window, longer than the keys: is_causal holds
+    model = hf_posext.patch_model(tiny_model(arch, heads=6, kv_heads=2, max_positions=16), "alibi", backend="eager")
+    with torch.no_grad():
+        expected = model(ids).logits
+        hf_posext.patch_model(model, "alibi", backend="folded")
+        got = model(ids).logits
+    assert len(calls) == 2
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
