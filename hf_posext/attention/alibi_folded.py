@@ -15,7 +15,8 @@ match, since the CPU kernel needs equal head dims, and the output sliced back).
 Why the slope is split, and why the extra channels come first. In fp32 the kernel rounds the
 running sum of the products, and with one channel pair ``[m, -m i] . [j, 1]`` the sum holds
 m j ~ m L before it subtracts m i: the logit then carries an absolute error ~u m L (u = 2^-24),
-~1e-4 at 8k tokens, where the exact paths' is ~1e-6. Here m_hi is m rounded to
+which grows with the length past the exact paths' own (benchmarks/results/alibi_notes.md has
+the measurements). Here m_hi is m rounded to
 ``24 - bit_length(kv_length - 1)`` significant bits, so m_hi j, m_hi i and their difference are
 exact; m_lo = m - m_hi (exact, Sterbenz) is below m 2^-bits, and its two products and sums add
 at most ``3 u |m_lo| kv_length`` (:func:`logit_error_bound`) beyond the rounding the exact paths
@@ -39,6 +40,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
 from .slopes import alibi_slopes
 
 #: Extra channels: two position pairs (the high and the low part of the slope).
