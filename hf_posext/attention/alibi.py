@@ -27,10 +27,10 @@ installed, FlexAttention on other CUDA runs, SDPA on CPU):
 * ``flex``: ``flex_attention`` with a ``score_mod`` adding the bias on the fly: no L x L tensor.
   Compiled; on CPU it runs forward only (PyTorch has no CPU backward for it).
 * ``flash``: flash-attn's ``alibi_slopes`` (bottom-right aligned, which is what a cache needs).
-* ``folded``: the bias folded into extra query/key channels of SDPA's causal kernel
-  (:mod:`.alibi_folded`): no L x L tensor, trains on CPU, fp32 logits within a derived bound of
-  the exact ones. Masks that ``is_causal`` cannot express (padding, windows shorter than the keys,
-  a cache prefilled in blocks) run the ``sdpa`` path.
+* ``folded``: the bias (and padding) folded into extra query/key channels of SDPA's causal
+  kernel (:mod:`.alibi_folded`): no L x L tensor, trains on CPU, fp32 logits within a derived
+  bound of the exact ones. Masks that ``is_causal`` cannot express (windows shorter than the
+  keys, packed sequences, a cache prefilled in blocks, one padded decoding query) run ``sdpa``.
 
 Distances use absolute cache positions, so left padding, KV caches (including static caches and
 Mistral's sliding-window cache) and packed sequences all see the true i - j.
@@ -148,8 +148,9 @@ def alibi_mask(
 
     Returns:
         eager/SDPA: fp32 ``[batch, 1, q, kv]`` holding ``-(i - j)`` where allowed, ``-inf`` elsewhere;
-        flex: a ``BlockMask``; flash: the 2D padding mask or ``None``; folded: ``None`` where SDPA's
-        ``is_causal`` is the mask (see :mod:`.alibi_folded`), else the SDPA form.
+        flex: a ``BlockMask``; flash: the 2D padding mask or ``None``; folded: ``None`` or a
+        ``[batch, 1, 1, kv]`` boolean "key is real" where SDPA's ``is_causal`` is the rest of the
+        mask (see :mod:`.alibi_folded`), else the SDPA form.
     """
     backend = select_backend(requested_backend(config), device, dtype)
     common = dict(
@@ -166,20 +167,26 @@ def alibi_mask(
         return masking_utils.flash_attention_mask(**common)
     if backend == "flex":
         return flex_block_mask(**common)
-    allow_is_causal_skip = False
-    if backend == "folded":
-        # transformers' own SDPA rule: sdpa_mask returns None where SDPA may use is_causal. A custom
-        # pattern qualifies only with the window size the rule reads (transformers switches the
-        # skip off for packed sequences and or/and masks).
-        allow_is_causal_skip = kwargs.get("allow_is_causal_skip", False) and (
-            mask_function is masking_utils.causal_mask_function or kwargs.get("local_size") is not None
-        )
     options = dict(local_size=kwargs.get("local_size"), allow_is_bidirectional_skip=False, use_vmap=use_vmap)
-    allowed = masking_utils.sdpa_mask(**common, **options, allow_is_causal_skip=allow_is_causal_skip)
-    if allowed is None:
-        if int(q_offset) - int(kv_offset) == query_shift(q_length, kv_length):
-            return None
-        allowed = masking_utils.sdpa_mask(**common, **options, allow_is_causal_skip=False)
+    # transformers' own SDPA rule: sdpa_mask returns None where SDPA may use is_causal. A custom
+    # pattern qualifies only with the window size the rule reads (transformers switches the skip
+    # off for packed sequences and or/and masks). Padding is set aside for a block of queries (a
+    # padding channel masks it); one query with padding keeps the exact path's [batch, 1, 1, kv] mask.
+    if (
+        backend == "folded"
+        and kwargs.get("allow_is_causal_skip", False)
+        and (mask_function is masking_utils.causal_mask_function or options["local_size"] is not None)
+        and masking_utils.sdpa_mask(
+            **{**common, "attention_mask": attention_mask if q_length == 1 else None},
+            **options,
+            allow_is_causal_skip=True,
+        )
+        is None
+        and int(q_offset) - int(kv_offset) == query_shift(q_length, kv_length)
+    ):
+        padding = masking_utils.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        return None if padding is None or q_length == 1 else padding[:, None, None, :]
+    allowed = masking_utils.sdpa_mask(**common, **options, allow_is_causal_skip=False)
     return distance_mask(allowed, q_offset, kv_offset)
 
 
@@ -423,6 +430,21 @@ def flash_alibi(
     return padded, None
 
 
+def _is_key_padding(mask: Any, query: torch.Tensor) -> bool:
+    """Whether ``mask`` is the folded path's ``[batch, 1, 1, kv]`` "key is real" form.
+
+    The exact path's masks for a block of queries are ``[batch, 1, q, kv]`` and fp32; the folded
+    form is only made for q > 1.
+    """
+    return (
+        isinstance(mask, torch.Tensor)
+        and mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.shape[-2] == 1
+        and query.shape[2] > 1
+    )
+
+
 def alibi_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -455,6 +477,8 @@ def alibi_attention_forward(
         return flash_alibi(module, query, key, value, attention_mask, scaling, dropout, sliding_window)
     if backend == "folded" and attention_mask is None:
         return folded_alibi(module, query, key, value, scaling, dropout)
+    if backend == "folded" and _is_key_padding(attention_mask, query):
+        return folded_alibi(module, query, key, value, scaling, dropout, key_is_real=attention_mask[:, 0, 0, :])
     if attention_mask is None or (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 4):
         raise ValueError(
             f"ALiBi backend {backend!r} needs the mask built by hf-posext's mask function, got "

@@ -4,12 +4,14 @@ Press et al.'s logit (arXiv:2108.12409, eq. 1) for query position i and key posi
 product plus a term that factorises over (query, key): ``s q_i . k_j - m_h (i - j)``. So it is
 exactly the dot product of augmented vectors
 
-    q'_i = [m_hi, -m_hi i, m_lo, -m_lo i, s q_i, 0...]        (one slope per query head)
-    k'_j = [j,    1,       j,    1,       k_j,   0...]        (shared by the heads of a GQA group)
+    q'_i = [m_hi, -m_hi i, m_lo, -m_lo i, 1,   s q_i, 0...]        (one slope per query head)
+    k'_j = [j,    1,       j,    1,       p_j, k_j,   0...]        (shared by the heads of a GQA group)
 
+with p_j = 0 for a real key and :data:`PADDING_LOGIT` for padding, so padding keys are masked in
+the same kernel.
 which ``scaled_dot_product_attention(q', k', v', is_causal=True, scale=1)`` evaluates with its
 fused causal kernel (flash on CPU, with a backward), in O(L) memory. Positions i, j count from
-the first cached key. The head dim grows by 4, padded to a multiple of 8 (V is zero-padded to
+the first cached key. The head dim grows by 5, padded to a multiple of 8 (V is zero-padded to
 match, since the CPU kernel needs equal head dims, and the output sliced back).
 
 Why the slope is split, and why the extra channels come first. In fp32 the kernel rounds the
@@ -25,13 +27,14 @@ the x86 CPU kernel does; tests/attention/test_alibi_folded.py measures the error
 reference and fails where a kernel sums in another order. Inputs in bf16/fp16 are computed in
 fp32: a 16-bit position channel could not hold positions past 256 exactly.
 
-SDPA's ``is_causal`` is top-left aligned and has no padding, so this path takes only the masks
-transformers' own SDPA integration runs with ``is_causal`` (``sdpa_mask`` returns None: no
-padding, no window shorter than the keys, no packed sequences) and whose query positions follow
-from the shapes (:func:`query_shift`: a block of queries starts at the first key, as in a full
-prefill or a prefill into an empty static cache; a single query is the last key). For those,
-ALiBi's mask function returns None, as transformers' does for SDPA, so the "mask" passes through
-``generate``'s precomputed masks unchanged; it sends every other mask to the exact ``sdpa`` path.
+SDPA's ``is_causal`` is top-left aligned, so this path takes the masks that transformers' own
+SDPA integration runs with ``is_causal`` once padding is set aside (``sdpa_mask`` returns None:
+no window shorter than the keys, no packed sequences) and whose query positions follow from the
+shapes (:func:`query_shift`: a block of queries starts at the first key, as in a full prefill or
+a prefill into an empty static cache; a single query is the last key). For those, ALiBi's mask
+function returns None, or with padding a ``[batch, 1, 1, kv]`` boolean "key is real" tensor
+(4D, so transformers passes it through ``generate``'s precomputed masks unchanged); a single
+query with padding, and every other mask, go to the exact ``sdpa`` path.
 """
 
 from __future__ import annotations
@@ -43,8 +46,12 @@ import torch.nn.functional as F
 
 from .slopes import alibi_slopes
 
-#: Extra channels: two position pairs (the high and the low part of the slope).
-EXTRA_CHANNELS = 4
+#: Extra channels: two position pairs (the high and the low part of the slope) and the padding one.
+EXTRA_CHANNELS = 5
+#: A padding key's logit: finite, so that a query with no real key (left padding) gets uniform
+#: weights instead of NaN (which the next layer's values would spread), and far below any real
+#: logit, so that exp() of it is exactly 0 next to one.
+PADDING_LOGIT = -1e30
 #: fp32's significand bits: products of integers below 2^24 are exact.
 FP32_BITS = 24
 
@@ -82,14 +89,20 @@ def logit_error_bound(num_heads: int, kv_length: int) -> float:
 
 
 def folded_operands(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, query_shift: int, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_shift: int,
+    scaling: float,
+    key_is_real: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q', k', v')`` in fp32, head dim ``head_dim + 4`` rounded up to a multiple of 8.
+    """``(q', k', v')`` in fp32, head dim ``head_dim + 5`` rounded up to a multiple of 8.
 
     Args:
         query: ``[batch, heads, q, head_dim]``; key, value: ``[batch, kv_heads, kv, head_dim]``.
         query_shift: position of the first query counted from the first key.
         scaling: the logit scale s, folded into q'.
+        key_is_real: ``[batch, kv]`` boolean, False for padding keys; None when there is none.
     """
     batch, heads, q_length, head_dim = query.shape
     kv_heads, kv_length = key.shape[1], key.shape[2]
@@ -99,13 +112,17 @@ def folded_operands(
     high, low = split_slopes(heads, position_bits(max(kv_length, query_shift + q_length)), device)
     q_pos = (torch.arange(q_length, device=device) + query_shift).to(torch.float32).view(1, 1, q_length, 1)
     high, low = high.view(1, heads, 1, 1), low.view(1, heads, 1, 1)
-    q_extra = torch.cat(
-        [high.expand(1, heads, q_length, 1), -high * q_pos, low.expand(1, heads, q_length, 1), -low * q_pos], -1
-    )
+    ones = torch.ones(1, heads, q_length, 1, device=device)
+    q_extra = torch.cat([high * ones, -high * q_pos, low * ones, -low * q_pos, ones], -1)
     k_pos = torch.arange(kv_length, device=device, dtype=torch.float32).view(1, 1, kv_length, 1)
-    k_extra = torch.cat([k_pos, torch.ones_like(k_pos)], -1).repeat(1, 1, 1, 2)
+    k_extra = torch.cat([k_pos, torch.ones_like(k_pos)], -1).repeat(1, 1, 1, 2).expand(batch, kv_heads, -1, -1)
+    if key_is_real is None:
+        k_padding = k_pos.new_zeros(batch, kv_heads, kv_length, 1)
+    else:
+        k_padding = torch.where(key_is_real, 0.0, PADDING_LOGIT).to(device, torch.float32)
+        k_padding = k_padding.view(batch, 1, kv_length, 1).expand(batch, kv_heads, kv_length, 1)
     q_parts = [q_extra.expand(batch, -1, -1, -1), query.to(torch.float32) * scaling]
-    k_parts = [k_extra.expand(batch, kv_heads, -1, -1), key.to(torch.float32)]
+    k_parts = [k_extra, k_padding, key.to(torch.float32)]
     if zeros:
         q_parts.append(query.new_zeros(batch, heads, q_length, zeros, dtype=torch.float32))
         k_parts.append(key.new_zeros(batch, kv_heads, kv_length, zeros, dtype=torch.float32))
@@ -120,17 +137,19 @@ def folded_alibi(
     value: torch.Tensor,
     scaling: float,
     dropout: float = 0.0,
+    key_is_real: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, None]:
-    """ALiBi attention through SDPA's causal kernel, for a mask ALiBi's mask function left out.
+    """ALiBi attention through SDPA's causal kernel (see the module docstring).
 
     Args:
         query: ``[batch, heads, q, head_dim]``; key, value: ``[batch, kv_heads, kv, head_dim]``.
+        key_is_real: ``[batch, kv]`` boolean, False for padding keys; None when there is none.
 
     Returns:
         ``([batch, q, heads, head_dim], None)`` in the query's dtype.
     """
     shift = query_shift(query.shape[2], key.shape[2])
-    q, k, v = folded_operands(query, key, value, shift, scaling)
+    q, k, v = folded_operands(query, key, value, shift, scaling, key_is_real)
     out = F.scaled_dot_product_attention(
         q,
         k,

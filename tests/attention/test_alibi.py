@@ -224,7 +224,9 @@ def test_rotary_becomes_the_identity():
 
 # flex runs uncompiled here, a few seconds per model: two architectures (one with a sliding window)
 @pytest.mark.parametrize(
-    "arch,backend", [(arch, "sdpa") for arch in sorted(ARCHITECTURES)] + [("llama", "flex"), ("mistral", "flex")]
+    "arch,backend",
+    [(arch, "sdpa") for arch in sorted(ARCHITECTURES)]
+    + [("llama", "flex"), ("mistral", "flex"), ("llama", "folded"), ("mistral", "folded")],
 )
 def test_model_paths_agree_with_eager(arch, backend):
     # max_positions=8 gives Mistral a 16-token window, shorter than the 24 tokens here
@@ -313,8 +315,9 @@ def test_cached_generation_equals_full_forward_greedy(arch, backend, cache):
     assert torch.equal(cached, greedy_without_cache(model, prompt, 10))
 
 
-def test_left_padded_batch_generation_equals_rows_alone():
-    model = alibi_model()
+@pytest.mark.parametrize("backend", ["sdpa", "folded"])
+def test_left_padded_batch_generation_equals_rows_alone(backend):
+    model = alibi_model(backend=backend)
     model.generation_config.eos_token_id = None
     ids = tokens(12, batch=2)
     mask = padding([12, 7], 12)

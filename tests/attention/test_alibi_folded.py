@@ -19,18 +19,23 @@ from hf_posext.attention.alibi import alibi_attention_forward, alibi_mask, dista
 from hf_posext.attention.alibi_folded import folded_alibi, logit_error_bound, split_slopes
 
 
-def fp64_reference(q, k, v, q_pos, kv_pos, window=None):
-    """softmax(q.k / sqrt(d) - m_h (i - j)) over causal (windowed) keys, in fp64: ``[batch, q, heads, dim]``."""
+def fp64_reference(q, k, v, q_pos, kv_pos, window=None, key_is_real=None):
+    """softmax(q.k / sqrt(d) - m_h (i - j)) over causal (windowed) real keys, in fp64.
+
+    Returns ``[batch, q, heads, dim]`` and ``[batch, q]``: the queries with at least one key.
+    """
     heads, groups = q.shape[1], q.shape[1] // k.shape[1]
     k, v = (t.double().repeat_interleave(groups, 1) for t in (k, v))
     distance = (q_pos[:, None] - kv_pos[None, :]).double()
-    allowed = distance >= 0
+    allowed = (distance >= 0)[None, None]
     if window is not None:
-        allowed &= distance < window
+        allowed = allowed & (distance < window)
+    if key_is_real is not None:
+        allowed = allowed & key_is_real[:, None, None, :]
     slopes = alibi_slopes(heads).double().view(1, heads, 1, 1)
     logits = q.double() @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 - slopes * distance
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1)
-    return (weights @ v).transpose(1, 2)
+    return (weights @ v).transpose(1, 2), allowed[:, 0].any(-1).expand(q.shape[0], -1)
 
 
 class Attention(torch.nn.Module):
@@ -56,6 +61,8 @@ def causal_or_window(window):
 # name: (q_len, kv_len, q_offset, kv_offset, padding over kv_offset + kv_len or None, window or None)
 FOLDED_CASES = {
     "prefill": (12, 12, 0, 0, None, None),
+    "left_padding": (12, 12, 0, 0, torch.arange(12)[None] >= torch.tensor([[0], [5]]), None),
+    "right_padding": (12, 12, 0, 0, torch.arange(12)[None] < torch.tensor([[12], [7]]), None),
     "decode": (1, 14, 13, 0, None, None),
     # a static cache's buffer, empty before the prefill: its unused slots come as padding
     "static_prefill": (5, 16, 0, 0, torch.arange(16)[None].repeat(2, 1) < 5, None),
@@ -74,31 +81,40 @@ def test_masks_is_causal_can_express_run_folded_and_match_the_reference(case, he
         mask_function=mask_function, attention_mask=pad, config=module.config,
         allow_is_causal_skip=True, local_size=window,
     )
-    assert mask is None  # is_causal, as transformers' SDPA would run it
+    # is_causal, as transformers' SDPA would run it, plus the keys that are real
+    if pad is None:
+        assert mask is None
+    else:
+        assert mask.dtype == torch.bool and mask.shape == (2, 1, 1, kv_len)
     q, k, v = qkv(2, heads, kv_heads, q_len, kv_len, dim=8)
     with torch.no_grad():
         out, _ = alibi_attention_forward(module, q, k, v, mask, scaling=8**-0.5)
-    expected = fp64_reference(q, k, v, torch.arange(q_len) + q_offset, torch.arange(kv_len) + kv_offset, window)
-    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    key_is_real = None if pad is None else pad[:, kv_offset : kv_offset + kv_len]
+    expected, has_key = fp64_reference(
+        q, k, v, torch.arange(q_len) + q_offset, torch.arange(kv_len) + kv_offset, window, key_is_real
+    )
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[has_key].double(), expected[has_key], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
-    "q_len,kv_len,pad,window,allow",
+    "q_len,kv_len,q_offset,pad,window,allow",
     [
-        (12, 12, torch.arange(12)[None] >= 3, None, True),  # left padding
-        (12, 12, None, 5, True),  # a window shorter than the keys
-        (12, 12, None, None, False),  # transformers switched the skip off (packed sequences, compiled decode)
+        (1, 12, 11, torch.arange(12)[None] >= 3, None, True),  # one query with padding: [batch, 1, 1, kv] already
+        (12, 12, 0, None, 5, True),  # a window shorter than the keys
+        (12, 12, 0, None, None, False),  # transformers switched the skip off (packed sequences, compiled decode)
         # one token into an empty static cache: SDPA would skip the mask, but the query is key 0, not the last key
-        (1, 16, torch.arange(16)[None] < 1, None, True),
+        (1, 16, 0, torch.arange(16)[None] < 1, None, True),
+        (4, 12, 8, None, None, True),  # a cache prefilled in blocks: causal from the bottom right
     ],
 )
-def test_masks_is_causal_cannot_express_take_the_exact_sdpa_path(q_len, kv_len, pad, window, allow):
+def test_masks_is_causal_cannot_express_take_the_exact_sdpa_path(q_len, kv_len, q_offset, pad, window, allow):
     config = Attention("folded").config
     mask = alibi_mask(
-        batch_size=1, q_length=q_len, kv_length=kv_len, mask_function=causal_or_window(window), attention_mask=pad,
-        config=config, allow_is_causal_skip=allow, local_size=window,
+        batch_size=1, q_length=q_len, kv_length=kv_len, q_offset=q_offset, mask_function=causal_or_window(window),
+        attention_mask=pad, config=config, allow_is_causal_skip=allow, local_size=window,
     )
-    assert isinstance(mask, torch.Tensor) and mask.shape == (1, 1, q_len, kv_len)
+    assert mask.dtype == torch.float32 and mask.shape == (1, 1, q_len, kv_len)
 
 
 def test_split_slopes_are_exact_and_short():
@@ -119,7 +135,7 @@ def attention_errors(heads, length):
     q, k, v = qkv(1, heads, 2, length, length)
     module = Attention("folded").eval()
     positions = torch.arange(length)
-    expected = fp64_reference(q, k, v, positions, positions)
+    expected, _ = fp64_reference(q, k, v, positions, positions)
     allowed = positions[None, :] <= positions[:, None]
     with torch.no_grad():
         exact, _ = eager_alibi(module, q, k, v, distance_mask(allowed[None, None]), 64**-0.5)
@@ -153,14 +169,22 @@ def test_folded_gradients_match_eager():
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_patched_model_trains_through_folded_with_eager_gradients(monkeypatch):
+@pytest.mark.parametrize("padded", [False, True])
+def test_patched_model_trains_through_folded_with_eager_gradients(padded, monkeypatch):
     calls = []
     monkeypatch.setattr(alibi_module, "folded_alibi", lambda *a, **kw: calls.append(1) or folded_alibi(*a, **kw))
     ids = tokens(40, batch=2)
+    mask = torch.arange(40)[None] >= torch.tensor([[0], [13]]) if padded else None
+    labels = ids
+    if padded:
+        # no loss on padding, nor on the token a padding position would predict (a padding row has
+        # no key to attend to, so its output is arbitrary and differs between the paths)
+        labels = ids.masked_fill(~mask, -100)
+        labels[:, 1:][~mask[:, :-1]] = -100
     grads = {}
     for backend in ("eager", "folded"):
         model = hf_posext.patch_model(tiny_model(heads=6, kv_heads=2), "alibi", backend=backend).train()
-        model(ids, labels=ids).loss.backward()
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
         grads[backend] = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert len(calls) == 2  # both layers ran the folded path
     for name, grad in grads["eager"].items():
