@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from transformers import masking_utils
 
-from .alibi_folded import folded_alibi, query_shift
+from .alibi_folded import folded_alibi, folded_mask, is_key_padding
 from .slopes import alibi_slopes
 
 #: The ``attn_implementation`` name; prefixed so that vanilla transformers' error names the package.
@@ -168,24 +168,10 @@ def alibi_mask(
     if backend == "flex":
         return flex_block_mask(**common)
     options = dict(local_size=kwargs.get("local_size"), allow_is_bidirectional_skip=False, use_vmap=use_vmap)
-    # transformers' own SDPA rule: sdpa_mask returns None where SDPA may use is_causal. A custom
-    # pattern qualifies only with the window size the rule reads (transformers switches the skip
-    # off for packed sequences and or/and masks). Padding is set aside for a block of queries (a
-    # padding channel masks it); one query with padding keeps the exact path's [batch, 1, 1, kv] mask.
-    if (
-        backend == "folded"
-        and kwargs.get("allow_is_causal_skip", False)
-        and (mask_function is masking_utils.causal_mask_function or options["local_size"] is not None)
-        and masking_utils.sdpa_mask(
-            **{**common, "attention_mask": attention_mask if q_length == 1 else None},
-            **options,
-            allow_is_causal_skip=True,
-        )
-        is None
-        and int(q_offset) - int(kv_offset) == query_shift(q_length, kv_length)
-    ):
-        padding = masking_utils.prepare_padding_mask(attention_mask, kv_length, kv_offset)
-        return None if padding is None or q_length == 1 else padding[:, None, None, :]
+    if backend == "folded":
+        folds, mask = folded_mask(common, options, kwargs.get("allow_is_causal_skip", False))
+        if folds:
+            return mask
     allowed = masking_utils.sdpa_mask(**common, **options, allow_is_causal_skip=False)
     return distance_mask(allowed, q_offset, kv_offset)
 
@@ -430,21 +416,6 @@ def flash_alibi(
     return padded, None
 
 
-def _is_key_padding(mask: Any, query: torch.Tensor) -> bool:
-    """Whether ``mask`` is the folded path's ``[batch, 1, 1, kv]`` "key is real" form.
-
-    The exact path's masks for a block of queries are ``[batch, 1, q, kv]`` and fp32; the folded
-    form is only made for q > 1.
-    """
-    return (
-        isinstance(mask, torch.Tensor)
-        and mask.dtype == torch.bool
-        and mask.dim() == 4
-        and mask.shape[-2] == 1
-        and query.shape[2] > 1
-    )
-
-
 def alibi_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -477,7 +448,7 @@ def alibi_attention_forward(
         return flash_alibi(module, query, key, value, attention_mask, scaling, dropout, sliding_window)
     if backend == "folded" and attention_mask is None:
         return folded_alibi(module, query, key, value, scaling, dropout)
-    if backend == "folded" and _is_key_padding(attention_mask, query):
+    if backend == "folded" and is_key_padding(attention_mask, query):
         return folded_alibi(module, query, key, value, scaling, dropout, key_is_real=attention_mask[:, 0, 0, :])
     if attention_mask is None or (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 4):
         raise ValueError(

@@ -41,8 +41,11 @@ from __future__ import annotations
 
 import functools
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from transformers import masking_utils
 
 from .slopes import alibi_slopes
 
@@ -59,6 +62,51 @@ FP32_BITS = 24
 def query_shift(q_length: int, kv_length: int) -> int:
     """Position of the first query counted from the first key, where the mask is ``is_causal``."""
     return kv_length - 1 if q_length == 1 else 0
+
+
+def folded_mask(common: dict[str, Any], options: dict[str, Any], allow_is_causal_skip: bool) -> tuple[bool, Any]:
+    """Whether the folded path runs this mask, and the mask it gets: None or "key is real".
+
+    Args:
+        common: ``sdpa_mask``'s shape, offset, pattern, padding and device arguments.
+        options: its ``local_size``, ``allow_is_bidirectional_skip`` and ``use_vmap``.
+        allow_is_causal_skip: transformers' switch (off for packed sequences, or/and masks and
+            compiled decoding).
+
+    Returns:
+        ``(True, None)``, ``(True, [batch, 1, 1, kv] bool)``, or ``(False, None)`` for the exact path.
+    """
+    # transformers' own SDPA rule: sdpa_mask returns None where SDPA may use is_causal. A custom
+    # pattern qualifies only with the window size the rule reads. Padding is set aside for a block
+    # of queries (the padding channel masks it); one query with padding keeps the exact path,
+    # whose mask is [batch, 1, 1, kv] anyway.
+    q_length, kv_length = common["q_length"], common["kv_length"]
+    attention_mask = common["attention_mask"]
+    custom = common["mask_function"] is not masking_utils.causal_mask_function
+    if not allow_is_causal_skip or (custom and options["local_size"] is None):
+        return False, None
+    without_padding = {**common, "attention_mask": attention_mask if q_length == 1 else None}
+    if masking_utils.sdpa_mask(**without_padding, **options, allow_is_causal_skip=True) is not None:
+        return False, None
+    if int(common["q_offset"]) - int(common["kv_offset"]) != query_shift(q_length, kv_length):
+        return False, None
+    padding = masking_utils.prepare_padding_mask(attention_mask, kv_length, common["kv_offset"])
+    return True, None if padding is None or q_length == 1 else padding[:, None, None, :]
+
+
+def is_key_padding(mask: Any, query: torch.Tensor) -> bool:
+    """Whether ``mask`` is :func:`folded_mask`'s ``[batch, 1, 1, kv]`` "key is real" form.
+
+    The exact path's masks for a block of queries are ``[batch, 1, q, kv]`` and fp32; the folded
+    form is only made for q > 1.
+    """
+    return (
+        isinstance(mask, torch.Tensor)
+        and mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.shape[-2] == 1
+        and query.shape[2] > 1
+    )
 
 
 def position_bits(kv_length: int) -> int:
