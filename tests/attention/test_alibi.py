@@ -426,7 +426,7 @@ def test_compiled_flex_matches_eager(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend", ["flash", "flex", "sdpa"])
+@pytest.mark.parametrize("backend", ["flash", "flex", "sdpa", "folded"])
 def test_gpu_paths_match_eager_in_bf16(backend):
     if backend == "flash":
         pytest.importorskip("flash_attn")
