@@ -6,6 +6,12 @@ The point to check: FlexAttention's memory grows about linearly with the length 
 score modifier, never a tensor), while the SDPA path materialises a [batch, heads, L, L] bias and
 grows quadratically. The growth exponent between consecutive lengths is reported per path.
 
+A second table times the attention kernels alone (one layer's shapes, forward, and forward plus
+backward where the kernel has one), each against SDPA ``is_causal`` (RoPE's kernel): FlexAttention
+with the causal block mask and no score_mod, the same with the ALiBi score_mod, and the folded
+path (ALiBi as extra query/key channels of SDPA's causal kernel). It says where the flex path's
+time goes: the kernel, or the bias.
+
 Peak memory on CPU comes from the PyTorch profiler's allocator events (allocations minus frees,
 in time order, during one forward after a warm-up; compile-time memory is not counted). On CUDA
 it is ``torch.cuda.max_memory_allocated``. Quadratic paths stop at the first length whose
@@ -15,6 +21,7 @@ Run (CPU, about 10 minutes on 2 cores)::
 
     .venv/bin/python benchmarks/bench_alibi.py
     .venv/bin/python benchmarks/bench_alibi.py --lengths 256 512 --repeats 1   # a quick smoke run
+    nice -n 5 .venv/bin/python benchmarks/bench_alibi.py --threads 1 --lengths 1024 2048 4096 8192  # shared machine
     .venv/bin/python benchmarks/bench_alibi.py --device cuda --dtype bfloat16 --lengths 4096 16384 65536
 
 It writes ``benchmarks/results/alibi.json`` and ``benchmarks/results/alibi.md`` (``--output`` to
@@ -31,14 +38,17 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, masking_utils
 
 import hf_posext
 from hf_posext.attention import alibi as alibi_attention
+from hf_posext.attention import alibi_folded
 
-PATHS = ("rope_sdpa", "alibi_eager", "alibi_sdpa", "alibi_flex", "alibi_flash")
+PATHS = ("rope_sdpa", "alibi_eager", "alibi_sdpa", "alibi_flex", "alibi_folded", "alibi_flash")
 QUADRATIC = {"alibi_eager", "alibi_sdpa"}
+KERNELS = ("sdpa_causal", "flex_causal", "flex_alibi", "folded")
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -122,6 +132,76 @@ def measure(model, length: int, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def clock(fn, repeats: int, device: str) -> float:
+    """Median seconds of ``fn()`` after a warm-up call: CPU time on CPU (steadier on a shared machine)."""
+    fn()  # warm-up: compiles flex for this shape
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter() if device == "cuda" else time.process_time()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() if device == "cuda" else time.process_time()) - start)
+    return statistics.median(times)
+
+
+def kernel_rows(length: int, args: argparse.Namespace) -> list[dict]:
+    """Attention alone at one layer's shapes: forward, and forward + backward where there is one."""
+    generator = torch.Generator().manual_seed(length)
+    dtype = getattr(torch, args.dtype)
+    q, k, v = (
+        torch.randn(1, heads, length, args.head_dim, generator=generator).to(args.device, dtype)
+        for heads in (args.heads, args.kv_heads, args.kv_heads)
+    )
+    scale, gqa, module = args.head_dim**-0.5, args.heads != args.kv_heads, torch.nn.Module().eval()
+    def sdpa_causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+
+    kernels = {
+        "sdpa_causal": (sdpa_causal, True),
+        "folded": (lambda q, k, v: alibi_folded.folded_alibi(module, q, k, v, scale)[0], True),
+    }
+    if alibi_attention.flex_attention_available():
+        block_mask = alibi_attention.flex_block_mask(
+            1, length, length, 0, 0, masking_utils.causal_mask_function, None, args.device
+        )
+        flex = alibi_attention._flex_attention()
+        groups = args.heads // args.kv_heads
+
+        def flex_causal(q, k, v):
+            # flex's GQA needs a power-of-two head count; repeat the keys otherwise, as flex_alibi does
+            if gqa and args.heads & (args.heads - 1):
+                k, v = alibi_attention._repeat_kv(k, groups), alibi_attention._repeat_kv(v, groups)
+                return flex(q, k, v, block_mask=block_mask, scale=scale)
+            return flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+        on_cuda = args.device == "cuda"  # no CPU backward for flex_attention
+        kernels["flex_causal"] = (flex_causal, on_cuda)
+        kernels["flex_alibi"] = (
+            lambda q, k, v: alibi_attention.flex_alibi(module, q, k, v, block_mask, scale)[0],
+            on_cuda,
+        )
+    rows = []
+    for name in KERNELS:
+        if name not in kernels:
+            continue
+        fn, has_backward = kernels[name]
+        with torch.no_grad():
+            row = {"kernel": name, "length": length, "forward_s": clock(lambda: fn(q, k, v), args.repeats, args.device)}
+        if has_backward:
+            inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+            row["train_s"] = clock(lambda: fn(*inputs).sum().backward(), args.repeats, args.device)
+        rows.append(row)
+    base = rows[0]
+    for row in rows:
+        row["forward_ratio"] = row["forward_s"] / base["forward_s"]
+        if "train_s" in row:
+            row["train_ratio"] = row["train_s"] / base["train_s"]
+    return rows
+
+
 def growth(rows: list[dict], path: str) -> list[float]:
     """log(peak2 / peak1) / log(L2 / L1) between consecutive lengths: ~1 linear, ~2 quadratic."""
     points = sorted((r["length"], r["peak_mib"]) for r in rows if r["path"] == path and r.get("peak_mib"))
@@ -154,6 +234,22 @@ def markdown(result: dict) -> str:
     lines += ["", "Memory growth exponent between consecutive lengths (1 = linear, 2 = quadratic):", ""]
     for path, exponents in result["memory_growth"].items():
         lines.append(f"- {path}: {exponents}")
+    if result.get("kernels"):
+        lines += [
+            "",
+            f"Attention kernels alone (one layer's q/k/v, batch 1), against SDPA is_causal at the same length; "
+            f"forward under no_grad, train = forward + backward of the output's sum (no CPU backward for flex). "
+            f"Median of {settings['repeats']}, {'CPU' if settings['device'] == 'cpu' else 'wall'} time.",
+            "",
+            "| kernel | length | forward (s) | forward ratio | train (s) | train ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in result["kernels"]:
+            train = f"{row['train_s']:.3f} | {row['train_ratio']:.2f}" if "train_s" in row else "- | -"
+            lines.append(
+                f"| {row['kernel']} | {row['length']} | {row['forward_s']:.3f} | {row['forward_ratio']:.2f} | {train} |"
+            )
+    lines += ["", "What the numbers say, and the folded path's error: `alibi_notes.md`, `alibi_folded_error.md`."]
     return "\n".join(lines) + "\n"
 
 
@@ -169,6 +265,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--memory-budget-gib", type=float, default=6.0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's)")
+    parser.add_argument("--no-kernels", action="store_true", help="skip the attention-kernel table")
     parser.add_argument("--output", default=str(RESULTS / "alibi"), help="path stem for .json and .md")
     parser.add_argument("--resume", action="store_true", help="keep rows of a previous run with the same settings")
     args = parser.parse_args(argv)
@@ -178,7 +276,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.heads % args.kv_heads:
         parser.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("output", "resume", "paths", "memory_budget_gib")}
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    ignored = ("output", "resume", "paths", "memory_budget_gib", "no_kernels")
+    settings = {k: v for k, v in vars(args).items() if k not in ignored}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     done: dict[tuple[str, int], dict] = {}
@@ -209,10 +310,14 @@ def main(argv: list[str] | None = None) -> dict:
         if path in QUADRATIC and 4 * row["peak_mib"] > args.memory_budget_gib * 1024:
             over_budget.add(path)
         write(out, settings, machine, rows)
-    return write(out, settings, machine, rows)
+    kernels = []
+    if not args.no_kernels:
+        for length in tqdm(sorted(args.lengths), desc="kernels"):
+            kernels += kernel_rows(length, args)
+    return write(out, settings, machine, rows, kernels)
 
 
-def write(out: Path, settings: dict, machine: str, rows: list[dict]) -> dict:
+def write(out: Path, settings: dict, machine: str, rows: list[dict], kernels: list[dict] | None = None) -> dict:
     native = {r["length"]: r for r in rows if r["path"] == "rope_sdpa" and "time_s" in r}
     for row in rows:
         base = native.get(row["length"])
@@ -228,6 +333,7 @@ def write(out: Path, settings: dict, machine: str, rows: list[dict]) -> dict:
         "torch": torch.__version__,
         "rows": rows,
         "memory_growth": {p: growth(rows, p) for p in paths},
+        "kernels": kernels or [],
     }
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result))

@@ -61,7 +61,8 @@ class AlibiConfig(NoRopeMethod):
     Args:
         backend: the attention path: "auto" (flash-attn on CUDA in fp16/bf16 when installed,
             FlexAttention on other CUDA runs, SDPA on CPU), "eager", "sdpa", "flex" (no L x L
-            bias in memory; forward only on CPU) or "flash".
+            bias in memory; forward only on CPU), "flash", or "folded" (the bias as extra channels of
+            SDPA's causal kernel: no L x L bias, trains on CPU; masks it cannot express run "sdpa").
     """
 
     paper: ClassVar[str] = "Press et al. 2022, ALiBi, arXiv:2108.12409"

@@ -25,7 +25,7 @@ from hf_posext.attention import alibi_slopes, select_backend
 from hf_posext.attention.alibi import ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
 from hf_posext.rope_utils import NO_ROPE_TYPE
 
-CPU_PATHS = ["eager", "sdpa", "flex"]
+CPU_PATHS = ["eager", "sdpa", "flex", "folded"]
 
 
 @pytest.fixture(autouse=True)
@@ -224,7 +224,9 @@ def test_rotary_becomes_the_identity():
 
 # flex runs uncompiled here, a few seconds per model: two architectures (one with a sliding window)
 @pytest.mark.parametrize(
-    "arch,backend", [(arch, "sdpa") for arch in sorted(ARCHITECTURES)] + [("llama", "flex"), ("mistral", "flex")]
+    "arch,backend",
+    [(arch, "sdpa") for arch in sorted(ARCHITECTURES)]
+    + [("llama", "flex"), ("mistral", "flex"), ("llama", "folded"), ("mistral", "folded")],
 )
 def test_model_paths_agree_with_eager(arch, backend):
     # max_positions=8 gives Mistral a 16-token window, shorter than the 24 tokens here
@@ -299,7 +301,8 @@ def greedy_without_cache(model, ids, steps):
 @pytest.mark.parametrize(
     "arch,backend,cache",
     [("llama", "sdpa", None), ("llama", "eager", None), ("qwen3", "sdpa", None), ("mistral", "sdpa", None),
-     ("llama", "sdpa", "static")],
+     ("llama", "sdpa", "static"), ("llama", "folded", None), ("mistral", "folded", None),
+     ("llama", "folded", "static")],
 )
 def test_cached_generation_equals_full_forward_greedy(arch, backend, cache):
     # Mistral's window (2 * max_positions = 16 tokens) is shorter than prompt + generation, so
@@ -312,8 +315,9 @@ def test_cached_generation_equals_full_forward_greedy(arch, backend, cache):
     assert torch.equal(cached, greedy_without_cache(model, prompt, 10))
 
 
-def test_left_padded_batch_generation_equals_rows_alone():
-    model = alibi_model()
+@pytest.mark.parametrize("backend", ["sdpa", "folded"])
+def test_left_padded_batch_generation_equals_rows_alone(backend):
+    model = alibi_model(backend=backend)
     model.generation_config.eos_token_id = None
     ids = tokens(12, batch=2)
     mask = padding([12, 7], 12)
@@ -334,7 +338,7 @@ def test_mistral_sliding_window_limits_what_a_token_sees():
     assert not torch.allclose(after[0, 10], before[0, 10])
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "folded"])
 def test_bf16_error_is_comparable_to_the_native_models(backend):
     ids = tokens(48, batch=2)
     native = tiny_model(attn_implementation="sdpa")
@@ -422,7 +426,7 @@ def test_compiled_flex_matches_eager(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend", ["flash", "flex", "sdpa"])
+@pytest.mark.parametrize("backend", ["flash", "flex", "sdpa", "folded"])
 def test_gpu_paths_match_eager_in_bf16(backend):
     if backend == "flash":
         pytest.importorskip("flash_attn")
