@@ -16,7 +16,8 @@ the library (``hf_posext.eval`` perplexity and passkey, the recipe's ``hf_posext
    32k), trained on text of the same reference that the evaluation never reads; then 1 and 2 again.
 
 Every cell is saved to ``results.json`` as soon as it is computed and skipped by a rerun with the
-same settings, so an interrupted run resumes. Cells run cheapest first; the 4x cells come last.
+same settings, so an interrupted run resumes. Up to 2x, perplexity runs first, then the fine-tune
+and its perplexity, then passkey length by length (the most costly part); the 4x cells come last.
 ``real_model.md`` and ``real_model.png`` are rewritten from the JSON after each cell.
 
     python benchmarks/real_model.py --quick        # short lengths, none vs yarn, < 5 min
@@ -277,11 +278,11 @@ def run(plan: Plan, out: Path, gguf: Path, progress: bool, upto: int | None = No
         return tuned["model"]
 
     ppl_cells(short)
-    passkey_cells([n for n in plan.passkey_lengths if n in short])
     finetuned()
     for length in short:
         cells.get(f"ppl/tuned/{length}", lambda n=length: ppl(finetuned(), n))
     for length in [n for n in plan.passkey_lengths if n in short]:
+        passkey_cells([length])
         cells.get(f"passkey/tuned/{length}", lambda n=length: passkey(finetuned(), n))
     ppl_cells(long)
     for length in long:
