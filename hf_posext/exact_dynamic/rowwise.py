@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from .plan import ROWWISE_BUDGET, ForwardPlan, RowWise
-from .rotation import apply_rotary, grid_rotations, interleave, rotate, uses_complex_rotation
+from .rotation import apply_rotary, grid_rotations, grid_size, rotate, uses_complex_rotation
 
 
 def rows_mask(
@@ -65,7 +65,7 @@ def _key_tables(
     stop: int,
     keys: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotations` as real tables."""
+    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotation_table` as real tables."""
 
     def build():
         rotations = _key_rotation_table(plan, key_positions, rowwise, start, stop, keys)
@@ -73,18 +73,6 @@ def _key_tables(
 
     return plan.tables(("k-row", start, key_positions.shape[1], query.dtype), build)
 
-
-
-def _key_rotations(
-    plan: ForwardPlan, key_positions: torch.Tensor, rowwise: RowWise, start: int, stop: int, keys: int
-) -> torch.Tensor:
-    """:func:`_key_rotation_table`, built once per forward and shared by the layers while it fits
-    (:meth:`ForwardPlan.tables`)."""
-
-    def build():
-        return (_key_rotation_table(plan, key_positions, rowwise, start, stop, keys),)
-
-    return plan.tables(("k-row-complex", start, key_positions.shape[1]), build)[0]
 
 
 def _key_rotation_table(
@@ -97,9 +85,7 @@ def _key_rotation_table(
     :func:`grid_rotations`; otherwise each angle is computed directly.
     """
     inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
-    contiguous = plan.memo(("contiguous keys", key_positions.shape[1]),
-                           lambda: bool((key_positions.diff(dim=1) == 1).all()))
-    if contiguous:
+    if _contiguous(plan, key_positions):
         return grid_rotations(key_positions[:, keys - 1], keys, inv_freq, scaling)
     freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
     table = freqs.new_empty(*freqs.shape, 2)
@@ -144,35 +130,22 @@ def attend_rowwise(
     it does not call the kernel, whose batch-of-single-queries layout copies the keys again for
     every query head (eager's ``repeat_kv``) and the values for every row.
     """
+    scaling = kwargs.get("scaling")
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if uses_complex_rotation(query):
+        _attend_complex(plan, query, key, value, attention_mask, positions, key_positions, rowwise, merge, scaling)
+        return
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups, past = heads // kv_heads, kv_len - seq
-    scaling = kwargs.get("scaling")
-    scaling = dim**-0.5 if scaling is None else scaling
-    half = plan.rope.rotary_dim // 2
-    # fp32: each channel pair (i, i + rotary_dim / 2) of a key is one complex number, so a row's
-    # rotation of the keys is one complex multiply (the two products and the sum per output of
-    # _rotate, in one pass instead of seven and a concatenation). Its real view interleaves the
-    # pairs, so the queries are interleaved alike and the dot product is unchanged. Other dtypes
-    # have no complex type that rounds like them and rotate with _rotate.
-    pairs = None
-    if uses_complex_rotation(query):
-        pairs = torch.complex(key[..., :half], key[..., half : 2 * half])  # [batch, kv_heads, kv_len, half]
     for start, stop in _row_chunks(rowwise, key):
         rows, keys = stop - start, past + stop
         q = apply_rotary(query[:, :, start:stop], *_query_tables(plan, query, positions, rowwise, start, stop))
         q = q.view(batch, kv_heads, groups, rows, dim).permute(0, 3, 1, 2, 4)  # [batch, rows, kv_heads, groups, dim]
-        if pairs is None:  # each row's own rotation of the keys, then one batched matmul with its queries
-            k_cos, k_sin = _key_tables(plan, query, key_positions, rowwise, start, stop, keys)
-            k = rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None])  # [batch, rows, kv_heads, keys, d]
-            scores = torch.matmul(q, k.transpose(-1, -2))
-        else:
-            rotations = _key_rotations(plan, key_positions, rowwise, start, stop, keys)  # [batch, rows, keys, half]
-            rotated = pairs[:, None, :, :keys] * rotations[:, :, None]  # [batch, rows, kv_heads, keys, half]
-            scores = torch.matmul(interleave(q, half), torch.view_as_real(rotated).flatten(-2).transpose(-1, -2))
-            if 2 * half < dim:  # channels past rotary_dim are not rotated
-                scores = scores + torch.matmul(q[..., 2 * half :], key[:, None, :, :keys, 2 * half :].transpose(-1, -2))
-        scores = scores * scaling  # [batch, rows, kv_heads, groups, keys]
+        # each row's own rotation of the keys, then one batched matmul with its queries
+        k_cos, k_sin = _key_tables(plan, query, key_positions, rowwise, start, stop, keys)
+        k = rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None])  # [batch, rows, kv_heads, keys, d]
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [batch, rows, kv_heads, groups, keys]
         mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, 0, :, None, None]
         if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -186,6 +159,144 @@ def attend_rowwise(
         if plan.rope.kernel == "eager":  # eager returns its weights: [batch, heads, rows, keys]
             part = probs.view(batch, kv_heads, rows, groups, keys).transpose(2, 3).reshape(batch, heads, rows, keys)
         merge(start, stop, rowwise.rows[:, start:stop], out, part)
+
+
+def _kept_pairs(rowwise: RowWise) -> int:
+    """How many leading channel pairs have the same frequency in every row: YaRN's high-frequency
+    pairs, which it never interpolates, and dynamic NTK's first (theta^0 = 1 at any base)."""
+    same = (rowwise.inv_freq == rowwise.inv_freq[:1, :1]).flatten(0, 1).all(dim=0)
+    return int(same.long().cumprod(dim=0).sum())
+
+
+def _attend_complex(
+    plan: ForwardPlan,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    rowwise: RowWise,
+    merge: Any,
+    scaling: float,
+) -> None:
+    """:func:`attend_rowwise` in fp32: each channel pair (i, i + rotary_dim / 2) is one complex number.
+
+    A row's rotation of its keys is then one complex multiply per pair (``_rotate`` makes seven
+    passes and a concatenation); its real view interleaves the pairs, and the queries are
+    interleaved alike, which leaves the dot products unchanged. Each row's multiplier (YaRN's
+    mscale, squared: it scales both sides) and its query rotation go on the queries, so that the
+    keys turn by unit rotations. Only the pairs whose frequency differs between rows are
+    rotated per row: the leading pairs with one frequency for all rows (:func:`_kept_pairs`) are
+    rotated once per key and, with the channels past ``rotary_dim``, add one matmul over all rows
+    of a chunk. The per-row keys, tables and scores of a chunk go to the forward's scratch memory
+    (:meth:`ForwardPlan.scratch`), laid out ``[batch, kv_heads, rows, ...]`` so that the scores
+    of a KV head's rows and groups are one ``[rows * groups, keys]`` matrix for the values.
+    """
+    batch, heads, seq, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups, past = heads // kv_heads, kv_len - seq
+    half = plan.rope.rotary_dim // 2
+    kept = plan.memo(("kept pairs",), lambda: _kept_pairs(rowwise))
+    turned = half - kept
+    chunks = list(_row_chunks(rowwise, key))
+    most = max(stop - start for start, stop in chunks)
+    contiguous = _contiguous(plan, key_positions)
+    # the keys' turned pairs as complex numbers, and the un-turned channels, rotated once for every row
+    pairs = plan.scratch("pairs", batch * kv_heads * kv_len * turned, torch.complex64).view(batch, kv_heads, kv_len, turned)
+    torch.complex(key[..., kept:half], key[..., half + kept : 2 * half], out=pairs)
+    shared = _shared_keys(plan, key, key_positions, rowwise, kept)  # [batch, kv_heads, kv_len, 2 kept + rest] or None
+    table_size = batch * most * (grid_size(kv_len) if contiguous else kv_len) * turned
+    table_buffer = plan.scratch("table", table_size, torch.complex64)
+    rotated_buffer = plan.scratch("rotated", batch * kv_heads * most * kv_len * turned, torch.complex64)
+    scores_buffer = plan.scratch("scores", batch * heads * most * kv_len, torch.float32)
+    probs_buffer = plan.scratch("probs", batch * heads * most * kv_len, torch.float32)
+    for start, stop in chunks:
+        rows, keys = stop - start, past + stop
+        inv_freq = rowwise.inv_freq[:, start:stop, kept:]
+        if contiguous:
+            table = grid_rotations(key_positions[:, keys - 1], keys, inv_freq, None, out=table_buffer)
+        else:
+            angles = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]
+            table = torch.complex(angles.cos(), angles.sin())  # [batch, rows, keys, turned]
+        rotated = rotated_buffer[: batch * kv_heads * rows * keys * turned].view(batch, kv_heads, rows, keys, turned)
+        torch.mul(pairs[:, :, None, :keys], table[:, None], out=rotated)
+        q = _rotated_queries(plan, query, kv_heads, positions, rowwise, start, stop)  # [batch, kv_heads, rows, groups, dim]
+        scores = scores_buffer[: batch * heads * rows * keys].view(batch, kv_heads, rows, groups, keys)
+        rotated = torch.view_as_real(rotated).flatten(-2).transpose(-1, -2)
+        torch.matmul(q[..., 2 * kept : 2 * half], rotated, out=scores)
+        flat = scores.view(batch * kv_heads, rows * groups, keys)
+        if shared is not None:
+            rest = torch.cat((q[..., : 2 * kept], q[..., 2 * half :]), dim=-1).view(batch * kv_heads, rows * groups, -1)
+            flat.baddbmm_(rest, shared[:, :, :keys].flatten(0, 1).transpose(-1, -2))
+        flat.mul_(scaling)
+        mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, :, :, None, :]
+        if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores.add_(mask)
+        probs = probs_buffer[: batch * heads * rows * keys].view(batch, kv_heads, rows * groups, keys)
+        torch.softmax(scores.view(batch, kv_heads, rows * groups, keys), dim=-1, out=probs)
+        out = torch.matmul(probs, value[:, :, :keys])  # [batch, kv_heads, rows * groups, dim]
+        out = out.view(batch, kv_heads, rows, groups, -1).permute(0, 2, 1, 3, 4).reshape(batch, rows, heads, -1)
+        part = None
+        if plan.rope.kernel == "eager":  # eager returns its weights: [batch, heads, rows, keys]; merge copies them
+            part = probs.view(batch, kv_heads, rows, groups, keys).transpose(2, 3).reshape(batch, heads, rows, keys)
+        merge(start, stop, rowwise.rows[:, start:stop], out, part)
+
+
+def _contiguous(plan: ForwardPlan, key_positions: torch.Tensor) -> bool:
+    """Whether every batch row's key positions run contiguously (no left padding, no gaps)."""
+    return plan.memo(("contiguous keys", key_positions.shape[1]), lambda: bool((key_positions.diff(dim=1) == 1).all()))
+
+
+def _rotated_queries(
+    plan: ForwardPlan,
+    query: torch.Tensor,
+    kv_heads: int,
+    positions: torch.Tensor,
+    rowwise: RowWise,
+    start: int,
+    stop: int,
+) -> torch.Tensor:
+    """Rows ``[start, stop)``'s queries rotated by position, times their multiplier squared, pairs interleaved.
+
+    ``[batch, kv_heads, rows, groups, head_dim]``: the rotary channels as ``(re, im)`` of each pair,
+    then the channels past ``rotary_dim`` as they are.
+    """
+    heads, dim, half = query.shape[1], query.shape[-1], plan.rope.rotary_dim // 2
+
+    def build():
+        angles = positions[:, start:stop, None].float() * rowwise.inv_freq[:, start:stop]  # [batch, rows, half]
+        scale = rowwise.scaling[:, start:stop, None].square()
+        return (torch.complex(angles.cos() * scale, angles.sin() * scale),)
+
+    (table,) = plan.tables(("q-row-complex", start), build)
+    q = query[:, :, start:stop].unflatten(1, (kv_heads, heads // kv_heads)).transpose(2, 3)
+    turned = torch.complex(q[..., :half], q[..., half : 2 * half]) * table[:, None, :, None]
+    rotated = torch.view_as_real(turned).flatten(-2)
+    return rotated if 2 * half == dim else torch.cat((rotated, q[..., 2 * half :]), dim=-1)
+
+
+def _shared_keys(
+    plan: ForwardPlan, key: torch.Tensor, key_positions: torch.Tensor, rowwise: RowWise, kept: int
+) -> torch.Tensor | None:
+    """The key channels every row sees alike: the ``kept`` leading pairs rotated by position with their
+    one frequency set (interleaved), then the channels past ``rotary_dim``; ``None`` when there are none.
+
+    ``[batch, kv_heads, kv_len, 2 kept + head_dim - rotary_dim]``.
+    """
+    half, dim = plan.rope.rotary_dim // 2, key.shape[-1]
+    if kept == 0 and 2 * half == dim:
+        return None
+
+    def build():
+        angles = key_positions[..., None].float() * rowwise.inv_freq[:1, :1, :kept]  # [batch, kv_len, kept]
+        return (torch.complex(angles.cos(), angles.sin()),)
+
+    (table,) = plan.tables(("k-kept", key_positions.shape[1]), build)
+    turned = torch.complex(key[..., :kept], key[..., half : half + kept]) * table[:, None]
+    return torch.cat((torch.view_as_real(turned).flatten(-2), key[..., 2 * half :]), dim=-1)
 
 
 def attend_rowwise_by_kernel(

@@ -1,0 +1,67 @@
+"""The fp32 row-wise path of exact dynamic attention (hf_posext.exact_dynamic.rowwise).
+
+Its split of the channel pairs: the leading pairs whose frequency is the same in every row are
+rotated once per key and added as one matmul, the others are rotated per row. References: the
+same path with every pair rotated per row, and the kernel path (each row a single-query kernel call).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import tiny_model
+
+import hf_posext
+from hf_posext import exact_dynamic
+from hf_posext.exact_dynamic import attention as exact_attention
+from hf_posext.exact_dynamic import rowwise as exact_rowwise
+from hf_posext.exact_dynamic.plan import STATE_ATTR
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+L_ORIG = 16
+
+
+def inputs(left_padded: bool):
+    """One attention layer's ``(query, key, value, positions, mask)`` over 3x L_orig tokens, 2 batch rows."""
+    generator = torch.Generator().manual_seed(0)
+    seq = 3 * L_ORIG
+    query = torch.randn(2, 4, seq, 32, generator=generator)
+    key, value = (torch.randn(2, 2, seq, 32, generator=generator) for _ in range(2))
+    real = torch.ones(2, seq, dtype=torch.bool)
+    real[1, :5] = not left_padded
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    allowed = torch.ones(seq, seq, dtype=torch.bool).tril()[None] & real[:, None, :]
+    mask = torch.zeros(2, 1, seq, seq).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    return query, key, value, positions, mask, real
+
+
+# (method, extra arguments, pairs kept per 16 rotated pairs): YaRN with beta_fast 1/4 keeps its
+# 5 fastest pairs at L_orig 16 (rotary 32), 3 of 8 with half the channels rotated
+@pytest.mark.parametrize("partial", (1.0, 0.5))
+@pytest.mark.parametrize("left_padded", (False, True))
+@pytest.mark.parametrize(
+    "method, extra, kept",
+    [("dynamic_ntk", {}, {1.0: 1, 0.5: 1}), ("dynamic_yarn", {"beta_fast": 0.25, "beta_slow": 0.1}, {1.0: 5, 0.5: 3})],
+)
+def test_kept_pairs_split_equals_rotating_every_pair(method, extra, kept, left_padded, partial, monkeypatch):
+    model = tiny_model(max_positions=L_ORIG, partial_rotary_factor=partial, attn_implementation="sdpa")
+    hf_posext.patch_model(model, method, factor=4, **extra)
+    attention = model.model.layers[0].self_attn
+    rope = getattr(attention, STATE_ATTR)
+    query, key, value, positions, mask, real = inputs(left_padded)
+
+    def attend():
+        out, _ = exact_dynamic.exact_dynamic_attention(
+            attention, query, key, value, mask, scaling=32**-0.5, position_ids=positions.clone()
+        )
+        return out[real]
+
+    assert exact_rowwise._kept_pairs(rope.plan(positions, batch=2).rowwise) == kept[partial]
+    split = attend()
+    monkeypatch.setattr(exact_rowwise, "_kept_pairs", lambda rowwise: 0)
+    every_pair = attend()
+    monkeypatch.setattr(exact_attention, "attend_rowwise", exact_rowwise.attend_rowwise_by_kernel)
+    by_kernel = attend()
+    torch.testing.assert_close(split, every_pair, rtol=0, atol=1e-6)
+    torch.testing.assert_close(split, by_kernel, rtol=0, atol=1e-6)
