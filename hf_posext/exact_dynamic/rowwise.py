@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from .plan import ROWWISE_BUDGET, ForwardPlan, RowWise
-from .rotation import apply_rotary, grid_rotations, grid_size, rotate, uses_complex_rotation
+from .rotation import apply_rotary, grid_factors, grid_product, grid_rotations, grid_size, rotate, uses_complex_rotation
 
 
 def rows_mask(
@@ -211,26 +211,30 @@ def _attend_complex(
     rotated_buffer = plan.scratch("rotated", batch * kv_heads * most * kv_len * turned, torch.complex64)
     scores_buffer = plan.scratch("scores", batch * heads * most * kv_len, torch.float32)
     probs_buffer = plan.scratch("probs", batch * heads * most * kv_len, torch.float32)
+    queries, rest_queries = _rotated_queries(plan, query, kv_heads, positions, rowwise, kept, scaling)
     for start, stop in chunks:
         rows, keys = stop - start, past + stop
         inv_freq = rowwise.inv_freq[:, start:stop, kept:]
-        if contiguous:
-            table = grid_rotations(key_positions[:, keys - 1], keys, inv_freq, None, out=table_buffer)
+        if contiguous:  # the grid's two short tables are the same in every layer
+            factors = plan.tables(
+                ("k-grid", start, kv_len), lambda: grid_factors(key_positions[:, keys - 1], keys, inv_freq, None)
+            )
+            table = grid_product(factors, keys, out=table_buffer)
         else:
             angles = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]
             table = torch.complex(angles.cos(), angles.sin())  # [batch, rows, keys, turned]
         rotated = rotated_buffer[: batch * kv_heads * rows * keys * turned].view(batch, kv_heads, rows, keys, turned)
         torch.mul(pairs[:, :, None, :keys], table[:, None], out=rotated)
-        q = _rotated_queries(plan, query, kv_heads, positions, rowwise, start, stop)  # [batch, kv_heads, rows, groups, dim]
+        first, last = start - rowwise.start, stop - rowwise.start
         scores = scores_buffer[: batch * heads * rows * keys].view(batch, kv_heads, rows, groups, keys)
         rotated = torch.view_as_real(rotated).flatten(-2).transpose(-1, -2)
-        torch.matmul(q[..., 2 * kept : 2 * half], rotated, out=scores)
-        flat = scores.view(batch * kv_heads, rows * groups, keys)
+        torch.matmul(queries[:, :, first:last], rotated, out=scores)
         if shared is not None:
-            rest = torch.cat((q[..., : 2 * kept], q[..., 2 * half :]), dim=-1).view(batch * kv_heads, rows * groups, -1)
-            flat.baddbmm_(rest, shared[:, :, :keys].flatten(0, 1).transpose(-1, -2))
-        flat.mul_(scaling)
-        mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, :, :, None, :]
+            rest = rest_queries[:, :, first:last].flatten(2, 3).flatten(0, 1)  # [batch * kv_heads, rows * groups, c]
+            scores.view(batch * kv_heads, rows * groups, keys).baddbmm_(
+                rest, shared[:, :, :keys].flatten(0, 1).transpose(-1, -2)
+            )
+        mask = _chunk_mask(plan, attention_mask, start, stop, keys, past, query)  # [batch or 1, 1, rows, 1, keys]
         if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
             scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
         else:
@@ -245,6 +249,25 @@ def _attend_complex(
         merge(start, stop, rowwise.rows[:, start:stop], out, part)
 
 
+def _chunk_mask(
+    plan: ForwardPlan,
+    attention_mask: torch.Tensor | None,
+    start: int,
+    stop: int,
+    keys: int,
+    past: int,
+    query: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`rows_mask` ``[batch or 1, 1, rows, 1, keys]``; the causal mask built for ``None`` is built once per forward."""
+    if attention_mask is not None:  # a layer's own mask (sliding-window layers differ from the others)
+        return rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, :, :, None, :]
+    (mask,) = plan.tables(
+        ("causal", start, stop, past, query.dtype),
+        lambda: (rows_mask(None, start, stop, keys, past, query.dtype, query.device)[:, :, :, None, :],),
+    )
+    return mask
+
+
 def _contiguous(plan: ForwardPlan, key_positions: torch.Tensor) -> bool:
     """Whether every batch row's key positions run contiguously (no left padding, no gaps)."""
     return plan.memo(("contiguous keys", key_positions.shape[1]), lambda: bool((key_positions.diff(dim=1) == 1).all()))
@@ -256,26 +279,31 @@ def _rotated_queries(
     kv_heads: int,
     positions: torch.Tensor,
     rowwise: RowWise,
-    start: int,
-    stop: int,
-) -> torch.Tensor:
-    """Rows ``[start, stop)``'s queries rotated by position, times their multiplier squared, pairs interleaved.
+    kept: int,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The row-wise rows' queries rotated by position, times their multiplier squared and the softmax scaling.
 
-    ``[batch, kv_heads, rows, groups, head_dim]``: the rotary channels as ``(re, im)`` of each pair,
-    then the channels past ``rotary_dim`` as they are.
+    Rows ``[rowwise.start, rowwise.stop)``, pairs interleaved as ``(re, im)``, split into the
+    turned pairs ``[batch, kv_heads, rows, groups, 2 * turned]`` and the kept pairs followed by
+    the channels past ``rotary_dim`` (``[..., 2 * kept + rest]``, ``None`` when empty), each contiguous.
     """
     heads, dim, half = query.shape[1], query.shape[-1], plan.rope.rotary_dim // 2
+    start, stop = rowwise.start, rowwise.stop
 
     def build():
         angles = positions[:, start:stop, None].float() * rowwise.inv_freq[:, start:stop]  # [batch, rows, half]
-        scale = rowwise.scaling[:, start:stop, None].square()
+        scale = rowwise.scaling[:, start:stop, None].square() * scaling
         return (torch.complex(angles.cos() * scale, angles.sin() * scale),)
 
-    (table,) = plan.tables(("q-row-complex", start), build)
+    (table,) = plan.tables(("q-rows", scaling), build)
     q = query[:, :, start:stop].unflatten(1, (kv_heads, heads // kv_heads)).transpose(2, 3)
-    turned = torch.complex(q[..., :half], q[..., half : 2 * half]) * table[:, None, :, None]
-    rotated = torch.view_as_real(turned).flatten(-2)
-    return rotated if 2 * half == dim else torch.cat((rotated, q[..., 2 * half :]), dim=-1)
+    rotated = torch.view_as_real(torch.complex(q[..., :half], q[..., half : 2 * half]) * table[:, None, :, None])
+    turned = rotated[..., kept:, :].flatten(-2)
+    if kept == 0 and 2 * half == dim:
+        return turned, None
+    rest = (rotated[..., :kept, :].flatten(-2), q[..., 2 * half :] * scaling)
+    return turned, torch.cat(rest, dim=-1)
 
 
 def _shared_keys(
