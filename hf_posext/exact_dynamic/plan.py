@@ -46,6 +46,8 @@ SCRATCH_KEPT = 1 << 23
 _MAX_PLANS = 8
 #: Frequency sets kept per model: decoding asks for a new length per step.
 _MAX_FREQUENCIES = 64
+#: Lengths computed together when decoding asks for one that is not kept: the next steps' too.
+_FREQUENCIES_AHEAD = 32
 
 
 class Scratch:
@@ -240,17 +242,19 @@ class ExactDynamicRope:
         with self._lock:
             if key in self._frequencies:
                 return self._frequencies[key]
-        rows = frequency_rows(self.config, self.rope_type, [int(length)], device)
+        # a decoding step asks for one more length than the last: one batched computation serves the next ones too
+        ahead = [int(length) + k for k in range(_FREQUENCIES_AHEAD)]
+        rows = frequency_rows(self.config, self.rope_type, ahead, device)
         if rows is None:
             inv_freq, scaling = self._init_fn(self.config, device, seq_len=int(length))
-            value = (inv_freq.to(device=device, dtype=torch.float32), float(scaling))
+            computed = {key: (inv_freq.to(device=device, dtype=torch.float32), float(scaling))}
         else:
-            value = (rows[0][0], rows[1][0])
+            computed = {(k, str(device)): (f, m) for k, f, m in zip(ahead, rows[0], rows[1], strict=True)}
         with self._lock:
-            self._frequencies[key] = value
+            self._frequencies.update(computed)
             while len(self._frequencies) > _MAX_FREQUENCIES:  # keep the recent ones
                 self._frequencies.popitem(last=False)
-        return value
+        return computed[key]
 
     def frequency_table(self, lengths: list[int], device: torch.device | str) -> tuple[torch.Tensor, list[float]]:
         """``(inv_freq [len(lengths), rotary_dim // 2] fp32, multipliers)``: :meth:`frequencies` of each length,
