@@ -38,7 +38,8 @@ def frequency_rows(
     dim = rotary_dim_of(config, params)
     theta = params["rope_theta"]
     if rope_type == "dynamic":
-        # transformers: theta * (s L / L0 - (s - 1))^(d / (d - 2)) in Python floats, L >= L0, L0 = max_position_embeddings
+        # transformers: theta * (s L / L0 - (s - 1))^(d / (d - 2)) in Python floats,
+        # L >= L0 = max_position_embeddings
         original, factor = config.max_position_embeddings, params["factor"]
         bases = [ntk_theta(theta, factor * max(length, original) / original - (factor - 1), dim) for length in lengths]
         return _default_rows(bases, dim, device), [1.0] * len(lengths)

@@ -139,7 +139,9 @@ def grid_factors(
     return coarse_part[..., :, None, :], fine_part[..., None, :, :]
 
 
-def grid_product(factors: tuple[torch.Tensor, torch.Tensor], count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def grid_product(
+    factors: tuple[torch.Tensor, torch.Tensor], count: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """:func:`grid_rotations` from its :func:`grid_factors`: ``[batch, *rows, count, half]``, in ``out`` when given."""
     coarse_part, fine_part = factors
     if out is None:

@@ -65,7 +65,7 @@ def _key_tables(
     stop: int,
     keys: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotation_table` as real tables."""
+    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotation_table`, real."""
 
     def build():
         rotations = _key_rotation_table(plan, key_positions, rowwise, start, stop, keys)
@@ -126,7 +126,8 @@ def attend_rowwise(
     back, times values), written out so that a chunk of rows is one computation: each row's keys
     are rotated with its frequencies (``[batch, rows, kv_heads, keys, head_dim]``), the grouped
     queries of a KV head multiply them in one batched matmul, and the probabilities of all rows
-    share the un-copied values. Equal to :func:`attend_rowwise_by_kernel` up to fp32 rounding;
+    share the un-copied values. fp32 takes :func:`_attend_complex`; other dtypes (no complex type
+    rounds like them) rotate with :func:`rotate`. Equal to :func:`attend_rowwise_by_kernel` up to fp32 rounding;
     it does not call the kernel, whose batch-of-single-queries layout copies the keys again for
     every query head (eager's ``repeat_kv``) and the values for every row.
     """
@@ -203,7 +204,8 @@ def _attend_complex(
     most = max(stop - start for start, stop in chunks)
     contiguous = _contiguous(plan, key_positions)
     # the keys' turned pairs as complex numbers, and the un-turned channels, rotated once for every row
-    pairs = plan.scratch("pairs", batch * kv_heads * kv_len * turned, torch.complex64).view(batch, kv_heads, kv_len, turned)
+    pairs = plan.scratch("pairs", batch * kv_heads * kv_len * turned, torch.complex64)
+    pairs = pairs.view(batch, kv_heads, kv_len, turned)
     torch.complex(key[..., kept:half], key[..., half + kept : 2 * half], out=pairs)
     shared = _shared_keys(plan, key, key_positions, rowwise, kept)  # [batch, kv_heads, kv_len, 2 kept + rest] or None
     table_size = batch * most * (grid_size(kv_len) if contiguous else kv_len) * turned
@@ -258,7 +260,7 @@ def _chunk_mask(
     past: int,
     query: torch.Tensor,
 ) -> torch.Tensor:
-    """:func:`rows_mask` ``[batch or 1, 1, rows, 1, keys]``; the causal mask built for ``None`` is built once per forward."""
+    """:func:`rows_mask` ``[batch or 1, 1, rows, 1, keys]``; the causal mask for ``None`` is built once per forward."""
     if attention_mask is not None:  # a layer's own mask (sliding-window layers differ from the others)
         return rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, :, :, None, :]
     (mask,) = plan.tables(
