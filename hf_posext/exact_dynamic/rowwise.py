@@ -147,7 +147,9 @@ def attend_rowwise(
         k_cos, k_sin = _key_tables(plan, query, key_positions, rowwise, start, stop, keys)
         k = rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None])  # [batch, rows, kv_heads, keys, d]
         scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [batch, rows, kv_heads, groups, keys]
-        mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, 0, :, None, None]
+        mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)
+        # [batch or 1, rows, 1 or kv_heads, 1 or groups, keys]: one mask for all heads, or one per head (Doge)
+        mask = mask.unflatten(1, (kv_heads, -1) if mask.shape[1] > 1 else (1, 1)).permute(0, 3, 1, 2, 4)
         if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:
@@ -236,7 +238,7 @@ def _attend_complex(
             scores.view(batch * kv_heads, rows * groups, keys).baddbmm_(
                 rest, shared[:, :, :keys].flatten(0, 1).transpose(-1, -2)
             )
-        mask = _chunk_mask(plan, attention_mask, start, stop, keys, past, query)  # [batch or 1, 1, rows, 1, keys]
+        mask = _chunk_mask(plan, attention_mask, start, stop, keys, past, query, kv_heads)
         if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
             scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
         else:
@@ -259,10 +261,16 @@ def _chunk_mask(
     keys: int,
     past: int,
     query: torch.Tensor,
+    kv_heads: int,
 ) -> torch.Tensor:
-    """:func:`rows_mask` ``[batch or 1, 1, rows, 1, keys]``; the causal mask for ``None`` is built once per forward."""
+    """:func:`rows_mask` as ``[batch or 1, 1 or kv_heads, rows, 1 or groups, keys]``; the causal mask for ``None``
+    is built once per forward."""
     if attention_mask is not None:  # a layer's own mask (sliding-window layers differ from the others)
-        return rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, :, :, None, :]
+        mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)
+        if mask.shape[1] == 1:
+            return mask[:, :, :, None, :]
+        # one mask per query head (Doge's dynamic masks): [batch, kv_heads * groups, rows, keys]
+        return mask.unflatten(1, (kv_heads, -1)).transpose(2, 3)
     (mask,) = plan.tables(
         ("causal", start, stop, past, query.dtype),
         lambda: (rows_mask(None, start, stop, keys, past, query.dtype, query.device)[:, :, :, None, :],),

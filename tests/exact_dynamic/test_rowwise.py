@@ -65,3 +65,28 @@ def test_kept_pairs_split_equals_rotating_every_pair(method, extra, kept, left_p
     by_kernel = attend()
     torch.testing.assert_close(split, every_pair, rtol=0, atol=1e-6)
     torch.testing.assert_close(split, by_kernel, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))  # fp32: the complex path; others: real rotation
+def test_one_mask_per_head_is_applied_per_head(dtype, monkeypatch):
+    # Doge hands attention one mask per query head ([batch, heads, q, keys]); the batched path must
+    # not apply the first head's to all (it did: the kernel path, its reference, reads them all).
+    model = tiny_model(max_positions=L_ORIG, attn_implementation="sdpa")
+    hf_posext.patch_model(model, "dynamic_ntk", factor=4)
+    attention = model.model.layers[0].self_attn
+    query, key, value, positions, mask, real = inputs(left_padded=False)
+    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    generator = torch.Generator().manual_seed(1)
+    dropped = torch.rand(2, 4, *mask.shape[2:], generator=generator) < 0.3  # each head loses other keys
+    dropped &= ~torch.eye(mask.shape[2], dtype=torch.bool)  # every row keeps itself
+    per_head = mask.to(dtype).expand(-1, 4, -1, -1).masked_fill(dropped, torch.finfo(dtype).min)
+
+    def attend():
+        out, _ = exact_dynamic.exact_dynamic_attention(
+            attention, query, key, value, per_head, scaling=32**-0.5, position_ids=positions.clone()
+        )
+        return out
+
+    batched = attend()
+    monkeypatch.setattr(exact_attention, "attend_rowwise", exact_rowwise.attend_rowwise_by_kernel)
+    torch.testing.assert_close(batched, attend(), rtol=0, atol=1e-6)
