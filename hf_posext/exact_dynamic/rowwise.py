@@ -53,7 +53,7 @@ def _query_tables(
         scale = scaling[..., None]
         return (freqs.cos() * scale).to(query.dtype), (freqs.sin() * scale).to(query.dtype)
 
-    return plan.tables(("q-row", start), build)
+    return plan.tables(("q-row", start, stop), build)
 
 
 def _key_tables(
@@ -71,7 +71,7 @@ def _key_tables(
         rotations = _key_rotation_table(plan, key_positions, rowwise, start, stop, keys)
         return rotations.real.to(query.dtype), rotations.imag.to(query.dtype)
 
-    return plan.tables(("k-row", start, key_positions.shape[1], query.dtype), build)
+    return plan.tables(("k-row", start, stop, key_positions.shape[1], query.dtype), build)
 
 
 
@@ -220,8 +220,8 @@ def _attend_complex(
         rows, keys = stop - start, past + stop
         inv_freq = rowwise.inv_freq[:, start:stop, kept:]
         if contiguous:  # the grid's two short tables are the same in every layer
-            factors = plan.tables(
-                ("k-grid", start, kv_len), lambda: grid_factors(key_positions[:, keys - 1], keys, inv_freq, None)
+            factors = plan.tables(  # keyed by the rows: layers with other KV shapes chunk otherwise
+                ("k-grid", start, stop, keys), lambda: grid_factors(key_positions[:, keys - 1], keys, inv_freq, None)
             )
             table = grid_product(factors, keys, out=table_buffer)
         else:

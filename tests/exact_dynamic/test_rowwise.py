@@ -90,3 +90,28 @@ def test_one_mask_per_head_is_applied_per_head(dtype, monkeypatch):
     batched = attend()
     monkeypatch.setattr(exact_attention, "attend_rowwise", exact_rowwise.attend_rowwise_by_kernel)
     torch.testing.assert_close(batched, attend(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+def test_a_layer_with_other_kv_heads_in_the_same_forward(dtype, monkeypatch):
+    # The layers of one forward share its plan and the tables it keeps per chunk of rows; a layer
+    # with fewer KV heads chunks its rows otherwise (the budget counts key elements) and must get
+    # its own tables, not another chunking's (it got tables of the wrong number of rows).
+    model = tiny_model(max_positions=L_ORIG, attn_implementation="sdpa")
+    hf_posext.patch_model(model, "dynamic_yarn", factor=4)
+    attention = model.model.layers[0].self_attn
+    query, key, value, positions, mask, _ = inputs(left_padded=False)
+    query, key, value, mask = query.to(dtype), key.to(dtype), value.to(dtype), mask.to(dtype)
+    monkeypatch.setattr(exact_rowwise, "ROWWISE_BUDGET", 4 * key.numel())  # 4 rows per chunk, 8 with one KV head
+
+    def attend(keys, values, position_ids):
+        out, _ = exact_dynamic.exact_dynamic_attention(
+            attention, query, keys, values, mask, scaling=32**-0.5, position_ids=position_ids
+        )
+        return out
+
+    attend(key, value, positions)  # the first layer plans the forward
+    monkeypatch.setattr(attention, "num_key_value_groups", 4)  # the next layer has one KV head for 4 query heads
+    shared = attend(key[:, :1], value[:, :1], positions)
+    alone = attend(key[:, :1], value[:, :1], positions.clone())  # a forward of its own
+    torch.testing.assert_close(shared, alone, rtol=0, atol=0)
