@@ -173,7 +173,7 @@ class ForwardPlan:
         are dropped with the plan. The contents are overwritten by the next caller.
         """
         device = self.positions.device
-        if numel * torch.empty((), dtype=dtype).element_size() <= 4 * SCRATCH_KEPT:
+        if numel * dtype.itemsize <= 4 * SCRATCH_KEPT:
             return self.rope.scratch().get(name, numel, dtype, device)
         with self._lock:
             scratch = self._scratch.setdefault(threading.get_ident(), Scratch())
