@@ -1,4 +1,4 @@
-"""The fp32 row-wise path of exact dynamic attention (hf_posext.exact_dynamic.rowwise).
+"""The row-wise path of exact dynamic attention (hf_posext.exact_dynamic.rowwise, .complex_rowwise).
 
 Its split of the channel pairs: the leading pairs whose frequency is the same in every row are
 rotated once per key and added as one matmul, the others are rotated per row. References: the
@@ -14,6 +14,7 @@ from models import tiny_model
 import hf_posext
 from hf_posext import exact_dynamic
 from hf_posext.exact_dynamic import attention as exact_attention
+from hf_posext.exact_dynamic import complex_rowwise
 from hf_posext.exact_dynamic import rowwise as exact_rowwise
 from hf_posext.exact_dynamic.plan import STATE_ATTR
 
@@ -57,9 +58,9 @@ def test_kept_pairs_split_equals_rotating_every_pair(method, extra, kept, left_p
         )
         return out[real]
 
-    assert exact_rowwise._kept_pairs(rope.plan(positions, batch=2).rowwise) == kept[partial]
+    assert complex_rowwise.kept_pairs(rope.plan(positions, batch=2).rowwise) == kept[partial]
     split = attend()
-    monkeypatch.setattr(exact_rowwise, "_kept_pairs", lambda rowwise: 0)
+    monkeypatch.setattr(complex_rowwise, "kept_pairs", lambda rowwise: 0)
     every_pair = attend()
     monkeypatch.setattr(exact_attention, "attend_rowwise", exact_rowwise.attend_rowwise_by_kernel)
     by_kernel = attend()
