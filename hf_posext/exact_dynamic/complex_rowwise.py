@@ -83,8 +83,9 @@ def attend_complex(
     turned = half - kept
     most = max(stop - start for start, stop in chunks)
     contiguous = contiguous_keys(plan, key_positions)
-    # the keys' turned pairs as complex numbers, and the un-turned channels, rotated once for every row
-    # with _BLOCKS finite pairs past the last key, so that whole blocks of keys can be read
+    # the keys' turned pairs as complex numbers, then _BLOCKS finite (zero) pairs, so that whole blocks
+    # of keys can be read (the scores past a chunk's keys are dropped); the kept pairs and the
+    # channels past rotary_dim are rotated once for every row
     padded = plan.scratch("pairs", batch * kv_heads * (kv_len + _BLOCKS) * turned, torch.complex64)
     padded = padded.view(batch, kv_heads, kv_len + _BLOCKS, turned)
     torch.complex(key[..., kept:half], key[..., half + kept : 2 * half], out=padded[:, :, :kv_len])
@@ -122,7 +123,6 @@ def attend_complex(
             rotated = torch.view_as_real(rotated).flatten(-2).transpose(-1, -2)
             torch.matmul(torch.view_as_real(block_queries).flatten(-2), rotated, out=blocked)
             # [..., groups, blocks * width] in one copy; the keys past the chunk's are left out of the view
-            size = batch * heads * rows * _BLOCKS * width
             scores = scores_buffer[:size].view(batch, kv_heads, rows, groups, _BLOCKS, width)
             scores = scores.copy_(blocked.transpose(3, 4)).flatten(-2)[..., :keys]
         else:
