@@ -1,4 +1,4 @@
-"""Decode speed of exact dynamic scaling (hf_posext.exact_dynamic) against the static method of the same factor.
+"""Decode and prefill speed of exact dynamic scaling (hf_posext.exact_dynamic).
 
 Every configuration decodes the last ``--new-tokens`` tokens up to ``factor * L_orig`` with a KV
 cache, on one random-weight Llama re-patched before each run (separate copies of the weights
@@ -15,10 +15,16 @@ ratios are against the static method measured in the same run:
 The prompt (``factor * L_orig - new_tokens`` tokens) is prefilled once per configuration and its
 time reported; every round decodes from that cache and crops it back.
 
-Prefill time is reported too: past ``L_orig`` every row of the prompt needs its own rotation of
-the keys, attended in batched chunks (see the module docs' Trade-offs).
+Prefill is measured on its own against transformers' dynamic path (``exact_cache=False``: one
+frequency set per forward), the comparison issue 15 sets its goal in: a prompt of each of
+``--prefill-multiples`` times ``L_orig`` tokens, patched with ``--prefill-factor`` (8 by default,
+so that up to 8x L_orig every row past L_orig has its own frequencies, for YaRN too), best of
+``--repeats`` interleaved rounds, each timed after one untimed forward of the freshly patched
+model (whose first forward allocates the scratch memory the next ones reuse). Past ``L_orig``
+every row of the prompt needs its own rotation of the keys, attended in batched chunks
+(benchmarks/results/exact_dynamic_notes.md).
 
-Run (CPU, about a minute on 2 cores)::
+Run (CPU, a few minutes on 2 cores)::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --out benchmarks/results/dynamic_decode.json
 
@@ -112,6 +118,30 @@ def decode(model: LlamaForCausalLM, cache: Any, token: torch.Tensor, new_tokens:
     return seconds
 
 
+def prefill_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Exact prefill against transformers' dynamic prefill, per method and prompt length (best of the rounds)."""
+    generator = torch.Generator().manual_seed(2)
+    best: dict[tuple[str, bool, int], float] = {}
+    for _ in range(args.repeats):
+        for multiple in args.prefill_multiples:
+            prompt = torch.randint(0, args.vocab, (args.batch, multiple * args.original_length), generator=generator)
+            for method in ("dynamic_ntk", "dynamic_yarn"):
+                for exact in (True, False):
+                    hf_posext.patch_model(model, method, factor=args.prefill_factor, exact_cache=exact)
+                    prefill(model, prompt.to(args.device), args.device)  # a patched model's first forward allocates
+                    seconds = prefill(model, prompt.to(args.device), args.device)[0]
+                    best[method, exact, multiple] = min(seconds, best.get((method, exact, multiple), seconds))
+    rows = []
+    for multiple in args.prefill_multiples:
+        for method in ("dynamic_ntk", "dynamic_yarn"):
+            exact, native = best[method, True, multiple], best[method, False, multiple]
+            rows.append({"method": method, "multiple_of_original": multiple, "tokens": multiple * args.original_length,
+                         "exact_prefill_s": exact, "transformers_prefill_s": native, "ratio": exact / native})
+            print(f"prefill {method:13s} {multiple}x L_orig: exact {exact:7.3f} s, transformers {native:7.3f} s, "
+                  f"{exact / native:.2f}x")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -128,6 +158,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable CPU-time numbers)")
+    parser.add_argument("--prefill-multiples", type=lambda text: [int(v) for v in text.split(",")], default=[4, 8],
+                        help="prompt lengths of the prefill comparison, in multiples of L_orig")
+    parser.add_argument("--prefill-factor", type=float, default=8.0, help="the factor the prefill comparison patches")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -169,9 +202,11 @@ def main() -> None:
         results.append(row)
         ratio = f"  {row['decode_ratio_vs_static']:.3f}x static" if baseline else ""
         print(f"{label:28s} {row['decode_tokens_per_s']:9.1f} tok/s  prefill {prefill_s:7.3f} s{ratio}")
+    prefills = prefill_ratios(model, args)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2))
+        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "prefill": prefills}
+        args.out.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -154,7 +154,11 @@ def _attend_decoding(
         cos, sin = plan.tables(("decode-real", kv_len, query.dtype), real_tables)
         return kernel(module, query, rotate(key, cos, sin), value, attention_mask, **kwargs)
     (table,) = plan.tables(("decode", kv_len), lambda: (rotation(),))
-    rotated = torch.complex(key[..., :half], key[..., half : 2 * half]).mul_(table)
+    # in scratch memory shared by the layers and kept for the next steps: a fresh copy of the key
+    # cache per layer and step costs its page faults, as much as the rotation itself
+    rotated = plan.scratch("decode keys", key.numel() // key.shape[-1] * half, torch.complex64)
+    rotated = torch.complex(key[..., :half], key[..., half : 2 * half], out=rotated.view(*key.shape[:-1], half))
+    rotated.mul_(table)
     rotated_key, interleaved_query = torch.view_as_real(rotated).flatten(-2), interleave(query, half)
     if 2 * half < key.shape[-1]:  # channels past rotary_dim are not rotated
         rotated_key = torch.cat((rotated_key, key[..., 2 * half :]), dim=-1)

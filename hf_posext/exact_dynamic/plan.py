@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from .. import _compat
 from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, rotary_dim_of
+from .frequencies import frequency_rows
 from .rotation import multipliers
 
 #: The rope types whose frequencies depend on the sequence length, handled here.
@@ -38,10 +39,32 @@ STATE_ATTR = "_hf_posext_exact_dynamic"
 #: faster, not only leaner (measurements: benchmarks/results/exact_dynamic_notes.md).
 ROWWISE_BUDGET = 1 << 21
 TABLE_BUDGET = 1 << 25
+#: Scratch buffers up to this many fp32 elements' worth are kept between forwards, one set per
+#: thread (:meth:`ForwardPlan.scratch`); bigger ones live as long as their forward.
+SCRATCH_KEPT = 1 << 23
 #: Plans kept alive at once per model: one per forward in flight, plus slack.
 _MAX_PLANS = 8
 #: Frequency sets kept per model: decoding asks for a new length per step.
 _MAX_FREQUENCIES = 64
+#: Lengths computed together when decoding asks for one that is not kept: the next steps' too.
+_FREQUENCIES_AHEAD = 32
+
+
+class Scratch:
+    """Flat buffers for temporaries, by name, reused instead of allocated anew (see :meth:`ForwardPlan.scratch`)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A flat ``[numel]`` view of the buffer ``name``; a buffer that is too small is replaced by one a
+        quarter bigger than asked, so that a decoding step's one more key does not reallocate it each step."""
+        key = (name, dtype, str(device))
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel + numel // 4, dtype=dtype, device=device)
+            self._buffers[key] = buffer
+        return buffer[:numel]
 
 
 @dataclass
@@ -88,6 +111,7 @@ class ForwardPlan:
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
         self._memo: dict[tuple, Any] = {}
+        self._scratch: dict[int, Scratch] = {}
         self._lock = threading.Lock()
         self._split(positions)
 
@@ -119,9 +143,9 @@ class ForwardPlan:
         touched = own.any(dim=0).nonzero().flatten().tolist()
         if touched:
             distinct, index = torch.unique(lengths, return_inverse=True)
-            table = [rope.frequencies(length, device) for length in distinct.tolist()]
-            inv_freq = torch.stack([f for f, _ in table])[index]
-            scaling = torch.tensor([s for _, s in table], dtype=torch.float32, device=device)[index]
+            table, scales = rope.frequency_table(distinct.tolist(), device)
+            inv_freq = table[index]
+            scaling = torch.tensor(scales, dtype=torch.float32, device=device)[index]
             self.rowwise = RowWise(touched[0], touched[-1] + 1, inv_freq, scaling, own)
 
     @property
@@ -137,6 +161,23 @@ class ForwardPlan:
         value = build()
         with self._lock:
             return self._memo.setdefault(key, value)
+
+    def scratch(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat ``[numel]`` buffer ``name`` for temporaries of this thread, reused by the layers.
+
+        A large fresh tensor costs one page fault per 4 KiB each time it is allocated (the
+        allocator maps it anew, and this adds up to more than the arithmetic on it): the row-wise
+        path's per-row key copies and a decoding step's rotated keys are written into the same
+        memory by every layer and chunk instead. Buffers up to ``SCRATCH_KEPT`` elements are kept
+        by the model's :class:`ExactDynamicRope` for the next forwards of the thread; bigger ones
+        are dropped with the plan. The contents are overwritten by the next caller.
+        """
+        device = self.positions.device
+        if numel * dtype.itemsize <= 4 * SCRATCH_KEPT:
+            return self.rope.scratch().get(name, numel, dtype, device)
+        with self._lock:
+            scratch = self._scratch.setdefault(threading.get_ident(), Scratch())
+        return scratch.get(name, numel, dtype, device)
 
     def tables(self, key: tuple, build: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
         """Rotation tables (cos/sin, or complex) under ``key``, built once per forward and shared by the layers.
@@ -188,6 +229,7 @@ class ExactDynamicRope:
         self._frequencies: OrderedDict[tuple[int, str], tuple[torch.Tensor, float]] = OrderedDict()
         self._plans: OrderedDict[tuple, tuple[weakref.ref, ForwardPlan]] = OrderedDict()
         self._kernels: dict[type, Any] = {}
+        self._scratch = threading.local()
         self.hooks: list[Any] = []  # removable handles of the base model's cache guard
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
@@ -200,13 +242,28 @@ class ExactDynamicRope:
         with self._lock:
             if key in self._frequencies:
                 return self._frequencies[key]
-        inv_freq, scaling = self._init_fn(self.config, device, seq_len=int(length))
-        value = (inv_freq.to(device=device, dtype=torch.float32), float(scaling))
+        # a decoding step asks for one more length than the last: one batched computation serves the next ones too
+        ahead = [int(length) + k for k in range(_FREQUENCIES_AHEAD)]
+        rows = frequency_rows(self.config, self.rope_type, ahead, device)
+        if rows is None:
+            inv_freq, scaling = self._init_fn(self.config, device, seq_len=int(length))
+            computed = {key: (inv_freq.to(device=device, dtype=torch.float32), float(scaling))}
+        else:
+            computed = {(k, str(device)): (f, m) for k, f, m in zip(ahead, rows[0], rows[1], strict=True)}
         with self._lock:
-            self._frequencies[key] = value
+            self._frequencies.update(computed)
             while len(self._frequencies) > _MAX_FREQUENCIES:  # keep the recent ones
                 self._frequencies.popitem(last=False)
-        return value
+        return computed[key]
+
+    def frequency_table(self, lengths: list[int], device: torch.device | str) -> tuple[torch.Tensor, list[float]]:
+        """``(inv_freq [len(lengths), rotary_dim // 2] fp32, multipliers)``: :meth:`frequencies` of each length,
+        computed together where :func:`~.frequencies.frequency_rows` handles the rope type."""
+        rows = frequency_rows(self.config, self.rope_type, [int(length) for length in lengths], device)
+        if rows is not None:
+            return rows
+        per_length = [self.frequencies(length, device) for length in lengths]
+        return torch.stack([f for f, _ in per_length]), [s for _, s in per_length]
 
     def plan(self, position_ids: torch.Tensor, batch: int) -> ForwardPlan:
         """The plan of the forward whose layers receive ``position_ids`` ``[batch or 1, seq]``.
@@ -234,6 +291,13 @@ class ExactDynamicRope:
             while len(self._plans) > _MAX_PLANS:
                 self._plans.popitem(last=False)
         return plan
+
+    def scratch(self) -> Scratch:
+        """This thread's :class:`Scratch` kept between forwards (:meth:`ForwardPlan.scratch`)."""
+        scratch = getattr(self._scratch, "buffers", None)
+        if scratch is None:
+            scratch = self._scratch.buffers = Scratch()
+        return scratch
 
     def kernel_for(self, module: nn.Module) -> Any:
         """The wrapped kernel's attention function for ``module`` (looked up once per module class)."""

@@ -82,7 +82,11 @@ def multipliers(values: list[float], device: torch.device) -> torch.Tensor | Non
 
 
 def grid_rotations(
-    last: torch.Tensor, count: int, inv_freq: torch.Tensor, scaling: torch.Tensor | None
+    last: torch.Tensor,
+    count: int,
+    inv_freq: torch.Tensor,
+    scaling: torch.Tensor | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scaling * exp(i * p * inv_freq)`` at the ``count`` positions ``p = last - count + 1 .. last``, complex64.
 
@@ -101,27 +105,63 @@ def grid_rotations(
         inv_freq: ``[batch or 1, *rows, rotary_dim // 2]`` fp32 frequencies (``rows``: none, or
             one dimension of query rows with their own frequencies).
         scaling: ``[batch or 1, *rows]`` fp32 multipliers, or ``None`` for 1.
+        out: a flat complex64 buffer to build the grid in (:func:`grid_size` elements), or ``None``.
 
     Returns:
-        ``[batch, *rows, count, rotary_dim // 2]`` complex64.
+        ``[batch, *rows, count, rotary_dim // 2]`` complex64 (a view of ``out`` when given).
     """
-    fine = math.isqrt(max(count - 1, 0)) + 1  # B, with B * B >= count
-    coarse = -(-count // fine)  # A, with A * B >= count
+    return grid_product(grid_factors(last, count, inv_freq, scaling), count, out)
+
+
+def grid_factors(
+    last: torch.Tensor, count: int, inv_freq: torch.Tensor, scaling: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two short tables of :func:`grid_rotations` (same arguments), to be multiplied by :func:`grid_product`.
+
+    Returns:
+        ``exp(i (last - a B) inv_freq)`` ``[batch, *rows, A, 1, half]`` and ``scaling * exp(-i b inv_freq)``
+        ``[batch or 1, *rows, 1, B, half]``, complex64; ``a`` and ``b`` count down to 0, so that the
+        flattened grid ascends to ``last``.
+    """
+    coarse, fine = _grid_split(count)
     device = inv_freq.device
 
     def unit(steps: torch.Tensor) -> torch.Tensor:  # exp(i * steps * inv_freq): [..., len(steps), half]
         angles = steps[..., None].float() * inv_freq[..., None, :]
         return torch.complex(angles.cos(), angles.sin())
 
-    # a and b count down to 0, so that the flattened grid ascends to `last`
     rows = (1,) * (inv_freq.dim() - 2)
     coarse_steps = last.to(device).reshape(-1, *rows, 1) - torch.arange(coarse - 1, -1, -1, device=device) * fine
     coarse_part = unit(coarse_steps)  # [batch, *rows, A, half]
     fine_part = unit(torch.arange(1 - fine, 1, device=device))  # [batch or 1, *rows, B, half]
     if scaling is not None:
         fine_part = fine_part * scaling[..., None, None]
-    table = (coarse_part[..., :, None, :] * fine_part[..., None, :, :]).flatten(-3, -2)  # [..., A * B, half]
-    return table[..., coarse * fine - count :, :]
+    return coarse_part[..., :, None, :], fine_part[..., None, :, :]
+
+
+def grid_product(
+    factors: tuple[torch.Tensor, torch.Tensor], count: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`grid_rotations` from its :func:`grid_factors`: ``[batch, *rows, count, half]``, in ``out`` when given."""
+    coarse_part, fine_part = factors
+    if out is None:
+        table = coarse_part * fine_part
+    else:
+        shape = torch.broadcast_shapes(coarse_part.shape, fine_part.shape)
+        table = torch.mul(coarse_part, fine_part, out=out[: math.prod(shape)].view(shape))
+    return table.flatten(-3, -2)[..., table.shape[-3] * table.shape[-2] - count :, :]  # the last `count` of A * B
+
+
+def _grid_split(count: int) -> tuple[int, int]:
+    """``(A, B)`` of :func:`grid_rotations`: B about ``sqrt(count)`` with B * B >= count, A * B >= count."""
+    fine = math.isqrt(max(count - 1, 0)) + 1
+    return -(-count // fine), fine
+
+
+def grid_size(count: int) -> int:
+    """Positions in :func:`grid_rotations`' grid for ``count`` positions (a buffer holds this many per frequency)."""
+    coarse, fine = _grid_split(count)
+    return coarse * fine
 
 
 

@@ -2,8 +2,9 @@
 
 Every row between L_orig and saturation has its own length, so its own rotation of the keys.
 :func:`attend_rowwise` writes the eager kernel's arithmetic out so that a chunk of rows is one
-batched computation; :func:`attend_rowwise_by_kernel` sends the same rows to the kernel as a batch
-of single-query problems and is the reference the first is tested against.
+batched computation (in fp32 :func:`~.complex_rowwise.attend_complex`, in its own module);
+:func:`attend_rowwise_by_kernel` sends the same rows to the kernel as a batch of single-query
+problems and is the reference the first is tested against.
 """
 
 from __future__ import annotations
@@ -14,32 +15,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .complex_rowwise import attend_complex, contiguous_keys, rows_mask
 from .plan import ROWWISE_BUDGET, ForwardPlan, RowWise
-from .rotation import apply_rotary, grid_rotations, interleave, rotate, uses_complex_rotation
-
-
-def rows_mask(
-    attention_mask: torch.Tensor | None,
-    start: int,
-    stop: int,
-    keys: int,
-    past: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
-    """The mask of query rows ``[start, stop)`` against the first ``keys`` keys.
-
-    ``None`` (sdpa's "plain causal, use is_causal") becomes an explicit additive causal mask:
-    sdpa's ``is_causal`` aligns top-left, which is wrong for a slice of rows.
-    """
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
-            raise ValueError(f"exact dynamic attention needs a 4D mask tensor or None, got {type(attention_mask)}")
-        return attention_mask[:, :, start:stop, :keys]
-    rows = torch.arange(start, stop, device=device)[:, None] + past
-    allowed = torch.arange(keys, device=device)[None, :] <= rows
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+from .rotation import apply_rotary, grid_rotations, rotate, uses_complex_rotation
 
 
 def _query_tables(
@@ -53,7 +31,7 @@ def _query_tables(
         scale = scaling[..., None]
         return (freqs.cos() * scale).to(query.dtype), (freqs.sin() * scale).to(query.dtype)
 
-    return plan.tables(("q-row", start), build)
+    return plan.tables(("q-row", start, stop), build)
 
 
 def _key_tables(
@@ -65,26 +43,14 @@ def _key_tables(
     stop: int,
     keys: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotations` as real tables."""
+    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotation_table`, real."""
 
     def build():
         rotations = _key_rotation_table(plan, key_positions, rowwise, start, stop, keys)
         return rotations.real.to(query.dtype), rotations.imag.to(query.dtype)
 
-    return plan.tables(("k-row", start, key_positions.shape[1], query.dtype), build)
+    return plan.tables(("k-row", start, stop, key_positions.shape[1], query.dtype), build)
 
-
-
-def _key_rotations(
-    plan: ForwardPlan, key_positions: torch.Tensor, rowwise: RowWise, start: int, stop: int, keys: int
-) -> torch.Tensor:
-    """:func:`_key_rotation_table`, built once per forward and shared by the layers while it fits
-    (:meth:`ForwardPlan.tables`)."""
-
-    def build():
-        return (_key_rotation_table(plan, key_positions, rowwise, start, stop, keys),)
-
-    return plan.tables(("k-row-complex", start, key_positions.shape[1]), build)[0]
 
 
 def _key_rotation_table(
@@ -97,9 +63,7 @@ def _key_rotation_table(
     :func:`grid_rotations`; otherwise each angle is computed directly.
     """
     inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
-    contiguous = plan.memo(("contiguous keys", key_positions.shape[1]),
-                           lambda: bool((key_positions.diff(dim=1) == 1).all()))
-    if contiguous:
+    if contiguous_keys(plan, key_positions):
         return grid_rotations(key_positions[:, keys - 1], keys, inv_freq, scaling)
     freqs = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]  # [batch, rows, keys, half]
     table = freqs.new_empty(*freqs.shape, 2)
@@ -140,40 +104,33 @@ def attend_rowwise(
     back, times values), written out so that a chunk of rows is one computation: each row's keys
     are rotated with its frequencies (``[batch, rows, kv_heads, keys, head_dim]``), the grouped
     queries of a KV head multiply them in one batched matmul, and the probabilities of all rows
-    share the un-copied values. Equal to :func:`attend_rowwise_by_kernel` up to fp32 rounding;
+    share the un-copied values. fp32 takes :func:`~.complex_rowwise.attend_complex`; other dtypes (no complex type
+    rounds like them) rotate with :func:`rotate`. Equal to :func:`attend_rowwise_by_kernel` up to fp32 rounding;
     it does not call the kernel, whose batch-of-single-queries layout copies the keys again for
     every query head (eager's ``repeat_kv``) and the values for every row.
     """
+    scaling = kwargs.get("scaling")
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if uses_complex_rotation(query):
+        chunks = list(_row_chunks(rowwise, key))
+        attend_complex(
+            plan, query, key, value, attention_mask, positions, key_positions, rowwise, merge, scaling, chunks
+        )
+        return
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups, past = heads // kv_heads, kv_len - seq
-    scaling = kwargs.get("scaling")
-    scaling = dim**-0.5 if scaling is None else scaling
-    half = plan.rope.rotary_dim // 2
-    # fp32: each channel pair (i, i + rotary_dim / 2) of a key is one complex number, so a row's
-    # rotation of the keys is one complex multiply (the two products and the sum per output of
-    # _rotate, in one pass instead of seven and a concatenation). Its real view interleaves the
-    # pairs, so the queries are interleaved alike and the dot product is unchanged. Other dtypes
-    # have no complex type that rounds like them and rotate with _rotate.
-    pairs = None
-    if uses_complex_rotation(query):
-        pairs = torch.complex(key[..., :half], key[..., half : 2 * half])  # [batch, kv_heads, kv_len, half]
     for start, stop in _row_chunks(rowwise, key):
         rows, keys = stop - start, past + stop
         q = apply_rotary(query[:, :, start:stop], *_query_tables(plan, query, positions, rowwise, start, stop))
         q = q.view(batch, kv_heads, groups, rows, dim).permute(0, 3, 1, 2, 4)  # [batch, rows, kv_heads, groups, dim]
-        if pairs is None:  # each row's own rotation of the keys, then one batched matmul with its queries
-            k_cos, k_sin = _key_tables(plan, query, key_positions, rowwise, start, stop, keys)
-            k = rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None])  # [batch, rows, kv_heads, keys, d]
-            scores = torch.matmul(q, k.transpose(-1, -2))
-        else:
-            rotations = _key_rotations(plan, key_positions, rowwise, start, stop, keys)  # [batch, rows, keys, half]
-            rotated = pairs[:, None, :, :keys] * rotations[:, :, None]  # [batch, rows, kv_heads, keys, half]
-            scores = torch.matmul(interleave(q, half), torch.view_as_real(rotated).flatten(-2).transpose(-1, -2))
-            if 2 * half < dim:  # channels past rotary_dim are not rotated
-                scores = scores + torch.matmul(q[..., 2 * half :], key[:, None, :, :keys, 2 * half :].transpose(-1, -2))
-        scores = scores * scaling  # [batch, rows, kv_heads, groups, keys]
-        mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)[:, 0, :, None, None]
+        # each row's own rotation of the keys, then one batched matmul with its queries
+        k_cos, k_sin = _key_tables(plan, query, key_positions, rowwise, start, stop, keys)
+        k = rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None])  # [batch, rows, kv_heads, keys, d]
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [batch, rows, kv_heads, groups, keys]
+        mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)
+        # [batch or 1, rows, 1 or kv_heads, 1 or groups, keys]: one mask for all heads, or one per head (Doge)
+        mask = mask.unflatten(1, (kv_heads, -1) if mask.shape[1] > 1 else (1, 1)).permute(0, 3, 1, 2, 4)
         if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         else:

@@ -1,0 +1,77 @@
+"""The frequencies of many sequence lengths at once, equal bit for bit to the rope-init function's.
+
+A prompt past L_orig needs one frequency set per row (every length between L_orig and
+saturation). The rope-init functions compute one length per call, and each call spends most of
+its ~0.1 ms reading the config; here the per-length scalars are computed in Python floats exactly
+as those functions do, and the per-pair maths runs once on a ``[lengths, rotary_dim // 2]``
+tensor with the same fp32 operations, so every entry rounds the same way (tested against the
+init functions). Rope types or parameters not handled here return ``None`` and the caller falls
+back to one call per length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..rope_utils import (
+    DYNAMIC_YARN_ROPE_TYPE,
+    default_inv_freq,
+    dynamic_yarn_scale,
+    ntk_theta,
+    rotary_dim_of,
+    yarn_inv_freq,
+    yarn_mscale,
+)
+
+
+def frequency_rows(
+    config: Any, rope_type: str, lengths: list[int], device: torch.device | str
+) -> tuple[torch.Tensor, list[float]] | None:
+    """``(inv_freq [len(lengths), rotary_dim // 2] fp32, cos/sin multipliers)`` for each of ``lengths``.
+
+    Row k equals ``ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=lengths[k])`` bit for
+    bit. ``None`` for what is not handled here (composition on a shipped scaling: ``base_factors``).
+    """
+    params = config.rope_parameters
+    dim = rotary_dim_of(config, params)
+    theta = params["rope_theta"]
+    if rope_type == "dynamic":
+        # transformers: theta * (s L / L0 - (s - 1))^(d / (d - 2)) in Python floats,
+        # L >= L0 = max_position_embeddings
+        original, factor = config.max_position_embeddings, params["factor"]
+        bases = [ntk_theta(theta, factor * max(length, original) / original - (factor - 1), dim) for length in lengths]
+        return _default_rows(bases, dim, device), [1.0] * len(lengths)
+    if rope_type != DYNAMIC_YARN_ROPE_TYPE or "base_factors" in params:
+        return None
+    original = int(params["original_max_position_embeddings"])
+    scales = [dynamic_yarn_scale(length, params["factor"], original) for length in lengths]
+    inv_freq = default_inv_freq(float(theta), dim, device).expand(len(lengths), -1).clone()
+    stretched = [k for k, scale in enumerate(scales) if scale != 1.0]
+    if stretched:
+        # yarn_inv_freq divides by its factor; given a [n, 1] fp32 column it does so row by row,
+        # as each length's call does with its Python float (cast to fp32 by the division)
+        column = torch.tensor([scales[k] for k in stretched], dtype=torch.float32, device=device)[:, None]
+        inv_freq[stretched] = yarn_inv_freq(
+            float(theta),
+            dim,
+            column,
+            original,
+            beta_fast=params.get("beta_fast", 32.0),
+            beta_slow=params.get("beta_slow", 1.0),
+            truncate=params.get("truncate", True),
+            device=device,
+        )
+    own = params.get("attention_factor")
+    multipliers = [
+        1.0 if scale == 1.0 else float(own) if own is not None else yarn_mscale(scale) for scale in scales
+    ]
+    return inv_freq, multipliers
+
+
+def _default_rows(bases: list[float], dim: int, device: torch.device | str) -> torch.Tensor:
+    """``1 / base^(2i / d)`` for each base, ``[len(bases), dim // 2]``: the init functions raise a
+    Python float to an fp32 tensor, which casts the float to fp32 first, as this column does."""
+    column = torch.tensor(bases, dtype=torch.float32, device=device)[:, None]
+    return default_inv_freq(column, dim, device)
