@@ -284,9 +284,9 @@ def run(plan: Plan, out: Path, gguf: Path, progress: bool, upto: int | None = No
     for length in [n for n in plan.passkey_lengths if n in short]:
         passkey_cells([length])
         cells.get(f"passkey/tuned/{length}", lambda n=length: passkey(finetuned(), n))
-    ppl_cells(long)
-    for length in long:
+    for length in long:  # the fine-tune's 4x cell first: it is what the fine-tune is for
         cells.get(f"ppl/tuned/{length}", lambda n=length: ppl(finetuned(), n))
+    ppl_cells(long)
     passkey_cells([n for n in plan.passkey_lengths if n in long])
     for length in [n for n in plan.passkey_lengths if n in long]:
         cells.get(f"passkey/tuned/{length}", lambda n=length: passkey(finetuned(), n))
