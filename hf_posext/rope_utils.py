@@ -92,6 +92,24 @@ def yarn_inv_freq(
     return (inv_freq / factor) * (1 - extrapolate) + inv_freq * extrapolate
 
 
+
+def yarn_inv_freq_from(
+    params: dict, theta: float, rotary_dim: int, factor: Any, original: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """:func:`yarn_inv_freq` with the ramp options (``beta_fast``, ``beta_slow``, ``truncate``) read
+    from a rope-parameters dict, at transformers' defaults when absent."""
+    return yarn_inv_freq(
+        theta,
+        rotary_dim,
+        factor,
+        original,
+        beta_fast=params.get("beta_fast", 32.0),
+        beta_slow=params.get("beta_slow", 1.0),
+        truncate=params.get("truncate", True),
+        device=device,
+    )
+
+
 def dynamic_yarn_scale(seq_len: int | torch.Tensor | None, factor: float, original_max_position_embeddings: int) -> float:
     """s(L) = min(factor, max(1, L / L_orig)); 1 before any sequence is seen."""
     if seq_len is None:
@@ -126,16 +144,7 @@ def compute_dynamic_yarn_parameters(
         return _composed_dynamic_yarn(params, theta, rotary_dim, original, scale, device)
     if scale == 1.0:
         return default_inv_freq(theta, rotary_dim, device), 1.0
-    inv_freq = yarn_inv_freq(
-        theta,
-        rotary_dim,
-        scale,
-        original,
-        beta_fast=params.get("beta_fast", 32.0),
-        beta_slow=params.get("beta_slow", 1.0),
-        truncate=params.get("truncate", True),
-        device=device,
-    )
+    inv_freq = yarn_inv_freq_from(params, theta, rotary_dim, scale, original, device)
     attention_factor = params.get("attention_factor")
     return inv_freq, float(attention_factor) if attention_factor is not None else yarn_mscale(scale)
 

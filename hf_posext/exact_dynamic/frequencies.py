@@ -21,7 +21,7 @@ from ..rope_utils import (
     dynamic_yarn_scale,
     ntk_theta,
     rotary_dim_of,
-    yarn_inv_freq,
+    yarn_inv_freq_from,
     yarn_mscale,
 )
 
@@ -53,16 +53,7 @@ def frequency_rows(
         # yarn_inv_freq divides by its factor; given a [n, 1] fp32 column it does so row by row,
         # as each length's call does with its Python float (cast to fp32 by the division)
         column = torch.tensor([scales[k] for k in stretched], dtype=torch.float32, device=device)[:, None]
-        inv_freq[stretched] = yarn_inv_freq(
-            float(theta),
-            dim,
-            column,
-            original,
-            beta_fast=params.get("beta_fast", 32.0),
-            beta_slow=params.get("beta_slow", 1.0),
-            truncate=params.get("truncate", True),
-            device=device,
-        )
+        inv_freq[stretched] = yarn_inv_freq_from(params, float(theta), dim, column, original, device)
     own = params.get("attention_factor")
     multipliers = [
         1.0 if scale == 1.0 else float(own) if own is not None else yarn_mscale(scale) for scale in scales
