@@ -28,6 +28,11 @@ Run (CPU, a few minutes on 2 cores)::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --out benchmarks/results/dynamic_decode.json
 
+The real model (SmolLM2-135M, L_orig 8192) at 16k tokens, prefill only (about 15 CPU-minutes)::
+
+    .venv/bin/python benchmarks/bench_dynamic_decode.py --checkpoint SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --prefill-only --prefill-multiples 2 --prefill-factor 4 --repeats 1 --no-prefill-warm-up --out benchmarks/results/real_model_prefill.json
+
 Laptop-sized smoke run::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --hidden 128 --layers 2 --original-length 64 --new-tokens 16
@@ -47,9 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_posext
+from hf_posext.gguf import resolve_model_source
 
 #: (label, method, exact_cache or None for static methods, label of the static baseline)
 RUNS = (
@@ -63,7 +69,14 @@ RUNS = (
 
 
 def build(args: argparse.Namespace) -> LlamaForCausalLM:
-    """The random-weight Llama every configuration runs on (re-patched, so that all share its weights' memory)."""
+    """The random-weight Llama every configuration runs on (re-patched, so that all share its weights' memory),
+    or the ``--checkpoint`` model, whose ``max_position_embeddings`` and vocabulary replace the arguments'."""
+    if args.checkpoint is not None:
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_model_source(args.checkpoint), dtype=getattr(torch, args.dtype), attn_implementation=args.attention
+        )
+        args.original_length, args.vocab = model.config.max_position_embeddings, model.config.vocab_size
+        return model.eval().to(args.device)
     config = LlamaConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -99,7 +112,7 @@ def prefill(model: LlamaForCausalLM, prompt: torch.Tensor, device: str) -> tuple
     """``(seconds, cache, next token [batch, 1])`` of the forward over ``prompt`` ``[batch, seq]``."""
     sync(device)
     start = clock(device)
-    out = model(prompt, use_cache=True)
+    out = model(prompt, use_cache=True, logits_to_keep=1)  # as generate(): the next token's logits only
     sync(device)
     return clock(device) - start, out.cache, out.logits[:, -1:].argmax(-1)
 
@@ -128,7 +141,8 @@ def prefill_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[di
             for method in ("dynamic_ntk", "dynamic_yarn"):
                 for exact in (True, False):
                     hf_posext.patch_model(model, method, factor=args.prefill_factor, exact_cache=exact)
-                    prefill(model, prompt.to(args.device), args.device)  # a patched model's first forward allocates
+                    if args.prefill_warm_up:
+                        prefill(model, prompt.to(args.device), args.device)  # a patched model's first forward allocates
                     seconds = prefill(model, prompt.to(args.device), args.device)[0]
                     best[method, exact, multiple] = min(seconds, best.get((method, exact, multiple), seconds))
     rows = []
@@ -161,17 +175,33 @@ def main() -> None:
     parser.add_argument("--prefill-multiples", type=lambda text: [int(v) for v in text.split(",")], default=[4, 8],
                         help="prompt lengths of the prefill comparison, in multiples of L_orig")
     parser.add_argument("--prefill-factor", type=float, default=8.0, help="the factor the prefill comparison patches")
+    parser.add_argument("--checkpoint", default=None,
+                        help="a pretrained model (folder or .gguf file) instead of the random Llama; its "
+                             "max_position_embeddings is L_orig (the shape arguments are ignored)")
+    parser.add_argument("--prefill-warm-up", action=argparse.BooleanOptionalAction, default=True,
+                        help="one untimed forward before each timed prefill (--no-prefill-warm-up for long prompts, "
+                             "whose scratch memory is not kept between forwards anyway)")
+    parser.add_argument("--prefill-only", action="store_true", help="only the prefill comparison (no decoding)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    model = build(args)
+    results = [] if args.prefill_only else decode_ratios(model, args)
+    prefills = prefill_ratios(model, args)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "prefill": prefills}
+        args.out.write_text(json.dumps(report, indent=2))
 
+
+def decode_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Decoding speed of every configuration of :data:`RUNS`, and its ratio to the static method."""
     total = int(args.factor * args.original_length)
     if args.new_tokens >= total:
         raise ValueError(f"--new-tokens must be below factor * L_orig = {total}, got {args.new_tokens}")
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, args.vocab, (args.batch, total - args.new_tokens), generator=generator)
     prompt = prompt.to(args.device)
-    model = build(args)
     # The prompt is prefilled once per configuration (a prompt past L_orig is the exact path's slow
     # part); each round then decodes from that state (the cache is cropped back after a round).
     prefilled = {}
@@ -202,11 +232,7 @@ def main() -> None:
         results.append(row)
         ratio = f"  {row['decode_ratio_vs_static']:.3f}x static" if baseline else ""
         print(f"{label:28s} {row['decode_tokens_per_s']:9.1f} tok/s  prefill {prefill_s:7.3f} s{ratio}")
-    prefills = prefill_ratios(model, args)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "prefill": prefills}
-        args.out.write_text(json.dumps(report, indent=2))
+    return results
 
 
 if __name__ == "__main__":

@@ -16,7 +16,14 @@ the process's CPU time with one torch thread (``tokens_per_cpu_s``; the wall-tim
 reported too). The largest length that fits in 24 GiB is extrapolated linearly from the two
 longest measured lengths (SDPA's CPU kernel keeps attention memory linear in the sequence).
 
-    nice -n 19 python benchmarks/bench_long_train.py                     # 4k, 8k, 16k: hours on a busy CPU
+Both sides run with glibc's mmap threshold fixed at ``--mmap-threshold`` (1 MiB): every tensor of
+1 MiB or more then comes from its own mapping and goes back to the system when freed, so the
+resident peak follows the live tensors. Under glibc's default the threshold rises to the size of
+each freed block up to 32 MiB, and freed blocks below it stay in the heap: measured that way the
+recipe's step peaked higher at 8k tokens (4870 MiB, 18 MiB activations) than at 16k (2847 MiB,
+36 MiB activations, above the 32 MiB ceiling), which says more about the allocator than the step.
+
+    nice -n 19 python benchmarks/bench_long_train.py                     # 4k, 8k, 16k: ~1 h of CPU, one core
     python benchmarks/bench_long_train.py --lengths 4096 --resume        # add or redo lengths
     python benchmarks/bench_long_train.py --layers 2 --lengths 256 512 --out /tmp/x.json   # 1 min plumbing run
 
@@ -101,7 +108,7 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "recipe":
         result = train(TrainConfig(
             model=str(workdir / "model"), method="yarn", factor=FACTOR, dataset=[data], seq_len=length,
-            output_dir=str(workdir / "out-recipe"), max_train_steps=1, learning_rate=2e-5, warmup_steps=0,
+            output_dir=str(workdir / f"out-recipe-{length}"), max_train_steps=1, learning_rate=2e-5, warmup_steps=0,
             global_batch_size=1, micro_batch_size=1, mixed_precision="no", cache_dir=str(workdir / "cache"),
             activation_checkpointing=True, attn_implementation="sdpa", loss_chunk_size=args.loss_chunk_size,
         ), callbacks=[lambda progress: step_end()])
@@ -178,6 +185,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads of each run (1: CPU time that other jobs do not skew)")
     parser.add_argument("--loss-chunk-size", type=int, default=1024)
+    parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
+                        help="glibc's MALLOC_MMAP_THRESHOLD_ in both sides' processes, bytes (0: glibc's dynamic default)")
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_train.json"))
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
@@ -189,7 +198,7 @@ def main() -> None:
         return
 
     out = Path(args.out)
-    setup = {k: v for k, v in vars(args).items() if k in ("layers", "threads", "loss_chunk_size")}
+    setup = {k: v for k, v in vars(args).items() if k in ("layers", "threads", "loss_chunk_size", "mmap_threshold")}
     setup.update(model="SmolLM2-135M-shaped Llama, random weights, tied embeddings", method=f"yarn x{FACTOR}",
                  precision="fp32", activation_checkpointing=True, batch=1, cpu_count=os.cpu_count())
     runs: dict[str, dict] = {}
@@ -202,6 +211,8 @@ def main() -> None:
         workdir = Path(tmp)
         prepare(args, workdir)
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_POSEXT_CACHE": str(workdir / "cache")}
+        if args.mmap_threshold:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
         for length in args.lengths:
             for side in SIDES:
                 if side in runs.get(str(length), {}):

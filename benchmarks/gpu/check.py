@@ -58,6 +58,13 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100"
                     "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "RTX 4090": 165.0}
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a child process: this checkout first on the path, then what the caller had
+    there (e.g. a newer transformers unpacked beside the GPU machine's own packages)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 class Skip(Exception):
     """An item that cannot run here; the message says why."""
 
@@ -189,7 +196,7 @@ def fsdp2_recipe_step(args: argparse.Namespace) -> dict:
             config["mixed_precision"] = "no"
         started = time.perf_counter()
         done = subprocess.run([*launcher, str(work / "driver.py"), json.dumps(config)], capture_output=True,
-                              text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              text=True, cwd=ROOT, timeout=300, env=child_env())
         if done.returncode != 0:
             return {"ok": False, "error": done.stderr[-2000:]}
         line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
@@ -253,14 +260,17 @@ def mfu(args: argparse.Namespace) -> dict:
 def dynamic_decode(args: argparse.Namespace) -> dict:
     out = Path(args.out).with_name("dynamic_decode.json")
     if args.device == "cuda":
+        # L_orig 2048 with 128 new tokens and 3 rounds ran past the 300 s limit on an H200, when the row-wise
+        # prefill still chunked by the CPU's budget (benchmarks/results/gpu/README.md); this is what ran after.
         shape = ["--device", "cuda", "--dtype", "bfloat16", "--hidden", "2048", "--heads", "16", "--kv-heads", "4",
-                 "--layers", "8", "--original-length", "2048", "--new-tokens", "128", "--repeats", "3"]
+                 "--layers", "8", "--original-length", "1024", "--new-tokens", "64", "--repeats", "2",
+                 "--prefill-multiples", "4,8"]
     else:
         shape = ["--hidden", "64", "--heads", "2", "--kv-heads", "1", "--layers", "1", "--original-length", "32",
                  "--new-tokens", "4", "--repeats", "1"]
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_dynamic_decode.py"), *shape,
                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=child_env())
     if done.returncode != 0:
         return {"ok": False, "stderr": done.stderr[-2000:]}
     rows = json.loads(out.read_text())["results"]

@@ -11,4 +11,4 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
-exec timeout 480 python benchmarks/gpu/check.py "$@"
+exec timeout 480 "${PYTHON:-python3}" benchmarks/gpu/check.py "$@"

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from .complex_rowwise import attend_complex, contiguous_keys, rows_mask
-from .plan import ROWWISE_BUDGET, ForwardPlan, RowWise
+from .plan import ACCELERATOR_ROWWISE_BUDGET, ROWWISE_BUDGET, ForwardPlan, RowWise
 from .rotation import apply_rotary, grid_rotations, rotate, uses_complex_rotation
 
 
@@ -78,8 +78,10 @@ KERNEL_ONLY = ("s_aux", "softcap")
 
 
 def _row_chunks(rowwise: RowWise, key: torch.Tensor) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` row ranges whose per-row key copies stay within ``ROWWISE_BUDGET`` elements."""
-    chunk = max(1, ROWWISE_BUDGET // max(1, key.numel()))
+    """``(start, stop)`` row ranges whose per-row key copies stay within ``ROWWISE_BUDGET`` elements
+    (``ACCELERATOR_ROWWISE_BUDGET`` off the CPU)."""
+    budget = ROWWISE_BUDGET if key.device.type == "cpu" else ACCELERATOR_ROWWISE_BUDGET
+    chunk = max(1, budget // max(1, key.numel()))
     for start in range(rowwise.start, rowwise.stop, chunk):
         yield start, min(start + chunk, rowwise.stop)
 

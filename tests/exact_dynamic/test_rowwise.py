@@ -116,3 +116,17 @@ def test_a_layer_with_other_kv_heads_in_the_same_forward(dtype, monkeypatch):
     shared = attend(key[:, :1], value[:, :1], positions)
     alone = attend(key[:, :1], value[:, :1], positions.clone())  # a forward of its own
     torch.testing.assert_close(shared, alone, rtol=0, atol=0)
+
+
+def test_chunks_off_the_cpu_take_the_accelerator_budget():
+    # On a GPU each chunk costs dozens of kernel launches: the CPU's cache-sized budget made a
+    # 4k-token prompt one row per chunk there (1800x transformers' prefill on an H200). The meta
+    # device stands in for the GPU: only the device type decides.
+    rowwise = exact_rowwise.RowWise(8, 8 + 4096, torch.zeros(1, 1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool))
+    shape = (1, 4, 4096, 128)  # 2^21 key elements: the whole CPU budget
+    cpu_chunks = list(exact_rowwise._row_chunks(rowwise, torch.empty(shape)))
+    gpu_chunks = list(exact_rowwise._row_chunks(rowwise, torch.empty(shape, device="meta")))
+    assert len(cpu_chunks) == 4096 and cpu_chunks[0] == (8, 9)
+    rows = exact_rowwise.ACCELERATOR_ROWWISE_BUDGET // (4 * 4096 * 128)
+    assert rows == 64 and gpu_chunks[0] == (8, 8 + rows) and len(gpu_chunks) == 4096 // rows
+    assert [stop - start for start, stop in gpu_chunks] == [rows] * (4096 // rows)
