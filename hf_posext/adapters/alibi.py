@@ -7,7 +7,7 @@ from typing import Any
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from ..attention.alibi import ALIBI_ATTENTION, NATIVE_TO_BACKEND
+from ..attention.alibi import ALIBI_ATTENTION, NATIVE_TO_BACKEND, OLD_ALIBI_ATTENTION
 from ..methods.alibi import AlibiConfig
 from .base import Adapter, register_adapter
 
@@ -17,7 +17,7 @@ class AlibiAdapter(Adapter):
     def patch_config(self, method: AlibiConfig, config: PreTrainedConfig) -> None:
         record = config.hf_posext
         previous = config._attn_implementation
-        if previous != ALIBI_ATTENTION:
+        if previous not in (ALIBI_ATTENTION, OLD_ALIBI_ATTENTION):
             record["base_attn_implementation"] = previous
         config._attn_implementation = ALIBI_ATTENTION
         # transformers never saves _attn_implementation, but applies an ``attn_implementation``
@@ -32,7 +32,8 @@ class AlibiAdapter(Adapter):
         """A model is being built from an ALiBi config: keep it ALiBi.
 
         Loading with ``attn_implementation="sdpa"`` (or eager, flex_attention, flash_attention_2)
-        picks that ALiBi path instead of running without any position information.
+        picks that ALiBi path instead of running without any position information; a checkpoint
+        saved under the old attention name gets the current one.
         """
         config = base_model.config
         config.attn_implementation = ALIBI_ATTENTION

@@ -54,8 +54,12 @@ from transformers import masking_utils
 from .alibi_folded import folded_alibi, folded_mask, is_key_padding
 from .slopes import alibi_slopes
 
-#: The ``attn_implementation`` name; prefixed so that vanilla transformers' error names the package.
-ALIBI_ATTENTION = "hf_posext_alibi"
+#: The ``attn_implementation`` name. Vanilla transformers refuses an unknown one with
+#: 'Specified `attn_implementation="<name>"` is not supported' before anything of hf-posext can run,
+#: so the name itself says what is missing (as the rope types do: hf_posext.readers.transformers5).
+ALIBI_ATTENTION = "hf_posext_alibi (requires: import hf_posext)"
+#: The name checkpoints carried before it said so; still registered, and upgraded when a model is built.
+OLD_ALIBI_ATTENTION = "hf_posext_alibi"
 
 Backend = Literal["auto", "eager", "sdpa", "flex", "flash", "folded"]
 BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "flex", "flash", "folded")

@@ -13,7 +13,8 @@ one slope m_h per head (:mod:`hf_posext.attention.slopes`), no position embeddin
    whose attention and mask functions add -m_h (i - j). The name is also written to
    ``config.json`` (``attn_implementation``), which transformers applies when it loads the
    config, so a saved ALiBi checkpoint reloads as ALiBi after ``import hf_posext``; without the
-   import, loading fails with ``attn_implementation="hf_posext_alibi" is not supported``.
+   import, loading fails with ``attn_implementation="hf_posext_alibi (requires: import hf_posext)"
+   is not supported``.
 
 Example (CPU, seconds)::
 

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, masking_utils
 import hf_posext
 from hf_posext.attention import alibi as alibi_module
 from hf_posext.attention import alibi_slopes, select_backend
-from hf_posext.attention.alibi import ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
+from hf_posext.attention.alibi import ALIBI_ATTENTION, OLD_ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
 from hf_posext.rope_utils import NO_ROPE_TYPE
 
 CPU_PATHS = ["eager", "sdpa", "flex", "folded"]
@@ -403,9 +403,24 @@ def test_saved_checkpoint_reloads_as_alibi(tmp_path):
     torch.testing.assert_close(logits(as_eager, ids), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_vanilla_transformers_refuses_the_checkpoint_naming_the_package(tmp_path):
+def test_vanilla_transformers_refuses_the_checkpoint_naming_the_import(tmp_path):
     alibi_model().save_pretrained(tmp_path)
-    assert "hf_posext_alibi" in vanilla_load_error(tmp_path)
+    assert 'attn_implementation="hf_posext_alibi (requires: import hf_posext)"` is not supported' in \
+        vanilla_load_error(tmp_path)
+
+
+def test_a_checkpoint_saved_under_the_old_attention_name_loads_as_alibi(tmp_path):
+    model = alibi_model(heads=6, kv_heads=2)
+    ids = tokens(20, batch=2)
+    expected = logits(model, ids)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "attn_implementation": OLD_ALIBI_ATTENTION}))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.config._attn_implementation == ALIBI_ATTENTION
+    assert torch.equal(logits(reloaded, ids), expected)
+    reloaded.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["attn_implementation"] == ALIBI_ATTENTION
 
 
 # --- compiled / GPU paths -----------------------------------------------------------------------
