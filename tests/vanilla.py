@@ -51,43 +51,16 @@ _LOGITS = textwrap.dedent(
 
 def vanilla_logits(checkpoints, inputs: list[dict], scratch) -> dict:
     """``{checkpoint: [logits of model(**kwargs) for kwargs in inputs]}`` from one fresh interpreter
-    that loads each checkpoint without hf_posext."""
-    torch.save(inputs, f"{scratch}/vanilla-inputs.pt")
-    result = subprocess.run(
-        [sys.executable, "-c", _LOGITS, f"{scratch}/vanilla-inputs.pt", *map(str, checkpoints)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {checkpoint: torch.load(f"{checkpoint}/vanilla-logits.pt") for checkpoint in checkpoints}
-
-
-# Runs in a fresh interpreter where importing hf_posext is impossible, so nothing it registers
-# can help: this is what a user without the plugin (or vLLM's loader reading config.json) gets.
-VANILLA_LOAD = textwrap.dedent(
-    """
-    import sys
-    sys.modules["hf_posext"] = None  # any `import hf_posext` now raises ImportError
-    import torch
-    from transformers import AutoModelForCausalLM
-    ids = torch.load(sys.argv[1])
-    for checkpoint in sys.argv[2:]:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="eager").eval()
-        with torch.no_grad():
-            torch.save(model(ids).logits, checkpoint + "/logits.pt")
-    """
-)
-
-
-def load_without_plugin(checkpoints, ids, tmp_path):
-    """Logits of each checkpoint loaded in one fresh interpreter; saved next to it as logits.pt.
+    that loads each checkpoint without hf_posext (what a user without the plugin, or vLLM's loader
+    reading config.json, gets).
 
     The interpreter uses as many threads as this one, so that matmul reductions (MoE experts among
     them) run in the same order and logits compare bit for bit.
     """
-    torch.save(ids, tmp_path / "ids.pt")
-    return subprocess.run(
-        [sys.executable, "-c", VANILLA_LOAD, str(tmp_path / "ids.pt"), *map(str, checkpoints)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
+    torch.save(inputs, f"{scratch}/vanilla-inputs.pt")
+    result = subprocess.run(
+        [sys.executable, "-c", _LOGITS, f"{scratch}/vanilla-inputs.pt", *map(str, checkpoints)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
     )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {checkpoint: torch.load(f"{checkpoint}/vanilla-logits.pt") for checkpoint in checkpoints}
