@@ -6,6 +6,7 @@ this rotates them with the frequencies of each query's length, then calls the wr
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -14,6 +15,8 @@ import torch.nn as nn
 from .plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
 from .rotation import apply_rotary, cos_sin, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
+
+logger = logging.getLogger("hf_posext")
 
 
 def key_positions_of(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -111,6 +114,14 @@ def exact_dynamic_attention(
         )
         merge(call.start, call.stop, call.rows, out, part)
     if rowwise is not None:
+        if query.device.type != "cpu" and not rope.warned_rowwise_on_accelerator:
+            rope.warned_rowwise_on_accelerator = True
+            logger.warning(
+                "exact dynamic scaling: %d prompt rows past L_orig=%d on %s each attend to their own rotated "
+                "copy of the keys (no fused kernel yet); on a GPU this prefill is many times slower than "
+                "transformers' (benchmarks/results/gpu). Patch with exact_cache=False for fast long-prompt prefill.",
+                rowwise.stop - rowwise.start, rope.original, query.device.type,
+            )
         batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
         attend = attend_rowwise if batched else attend_rowwise_by_kernel
         attend(plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge,

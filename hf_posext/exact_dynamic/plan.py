@@ -237,6 +237,7 @@ class ExactDynamicRope:
         self._kernels: dict[type, Any] = {}
         self._scratch = threading.local()
         self.hooks: list[Any] = []  # removable handles of the base model's cache guard
+        self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
         """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""

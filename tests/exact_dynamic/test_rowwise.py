@@ -130,3 +130,31 @@ def test_chunks_off_the_cpu_take_the_accelerator_budget():
     rows = exact_rowwise.ACCELERATOR_ROWWISE_BUDGET // (4 * 4096 * 128)
     assert rows == 64 and gpu_chunks[0] == (8, 8 + rows) and len(gpu_chunks) == 4096 // rows
     assert [stop - start for start, stop in gpu_chunks] == [rows] * (4096 // rows)
+
+
+def test_a_row_wise_prefill_off_the_cpu_warns_once(monkeypatch, caplog):
+    # No GPU here: the check reads the query's device type, so a CPU query that reports another
+    # device type stands in. The warning names the fast alternative.
+    model = tiny_model(max_positions=L_ORIG, attn_implementation="sdpa")
+    hf_posext.patch_model(model, "dynamic_yarn", factor=4)
+    attention = model.model.layers[0].self_attn
+    query, key, value, positions, mask, _ = inputs(left_padded=False)
+
+    class OtherDevice(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("meta")
+
+    def attend():
+        exact_dynamic.exact_dynamic_attention(attention, query, key, value, mask, scaling=32**-0.5,
+                                              position_ids=positions.clone())
+
+    monkeypatch.setattr(exact_attention, "attend_rowwise", lambda *args: None)
+    with caplog.at_level("WARNING", logger="hf_posext"):
+        attend()
+        assert not caplog.records  # on the CPU: no warning
+        query = query.as_subclass(OtherDevice)
+        attend()
+        attend()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "exact_cache=False" in messages[0] and "meta" in messages[0]
