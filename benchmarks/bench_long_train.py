@@ -13,8 +13,9 @@ step; ``peak_mib``: the whole run, the recipe's checkpoint writing included), th
 (first forward to the end of the optimizer step) as tokens/s, and the step's loss, which must
 agree. On a shared machine wall time depends on the other jobs, so the throughput ratio uses
 the process's CPU time with one torch thread (``tokens_per_cpu_s``; the wall-time ratio is
-reported too). The largest length that fits in 24 GiB is extrapolated linearly from the two
-longest measured lengths (SDPA's CPU kernel keeps attention memory linear in the sequence).
+reported too). The largest length that fits in 24 GiB is extrapolated from the longest measured
+lengths (SDPA's CPU kernel keeps attention memory linear in the sequence): on the line through
+the two longest, and as a lower bound from the longest alone (:func:`largest_fit`).
 
 Both sides run with glibc's mmap threshold fixed at ``--mmap-threshold`` (1 MiB): every tensor of
 1 MiB or more then comes from its own mapping and goes back to the system when freed, so the
@@ -134,16 +135,24 @@ def child(args: argparse.Namespace) -> None:
 
 
 def largest_fit(runs: dict[str, dict], side: str) -> dict | None:
-    """The sequence length whose peak (baseline included) reaches 24 GiB, by a line through the
-    two longest measured lengths of ``side``."""
-    points = sorted((int(length), r["baseline_mib"] + r["peak_step_mib"])
+    """The sequence length whose peak (baseline included) reaches 24 GiB.
+
+    ``tokens``: by a line through the two longest measured lengths of ``side``. ``at_least_tokens``:
+    a lower bound that holds whatever the shorter lengths say, if the step's memory is affine in the
+    length with a non-negative intercept (SDPA keeps attention linear): then the step peak at
+    ``L >= L_max`` is at most ``peak(L_max) L / L_max``. The line can be far too flat when the
+    shorter lengths' peak is the optimizer step (weights, gradients, AdamW states: the same at
+    every length) rather than the activations; the bound cannot.
+    """
+    points = sorted((int(length), r["baseline_mib"], r["peak_step_mib"])
                     for length, by_side in runs.items() for s, r in by_side.items() if s == side)
     if len(points) < 2:
         return None
-    (t1, m1), (t2, m2) = points[-2:]
-    slope = (m2 - m1) / (t2 - t1)
-    return {"tokens": int(t2 + (BUDGET_MIB - m2) / slope), "mib_per_1k_tokens": slope * 1024,
-            "extrapolated_from": [t1, t2]}
+    (t1, b1, p1), (t2, b2, p2) = points[-2:]
+    slope = (p2 - p1) / (t2 - t1)
+    line = int(t2 + (BUDGET_MIB - b2 - p2) / slope) if slope > 0 else None
+    return {"tokens": line, "at_least_tokens": int(t2 * (BUDGET_MIB - b2) / p2),
+            "mib_per_1k_tokens": slope * 1024, "extrapolated_from": [t1, t2]}
 
 
 def extrapolated_peak(runs: dict[str, dict], side: str, length: int) -> float | None:
@@ -228,7 +237,8 @@ def main() -> None:
                 print(f"  {runs[str(length)][side]}", flush=True)
                 write_text(out, json.dumps({"setup": setup, "runs": runs, **summarise(runs)}, indent=2) + "\n")
 
-    report = json.loads(out.read_text())
+    report = {"setup": setup, "runs": runs, **summarise(runs)}
+    write_text(out, json.dumps(report, indent=2) + "\n")
     print(f"{'tokens':>7} {'side':8} {'peak MiB':>9} {'tokens/s':>9} {'loss':>9}")
     for length, by_side in sorted(runs.items(), key=lambda item: int(item[0])):
         for side, r in by_side.items():
@@ -240,7 +250,8 @@ def main() -> None:
         print(f"{length:>7}: memory recipe/Trainer ~{estimate['memory_ratio']:.3f} (extrapolated, not measured)")
     for side, fit in report["largest_fit_24gib"].items():
         if fit:
-            print(f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens (extrapolated)")
+            print(f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens on the line through "
+                  f"{fit['extrapolated_from']}, and at least {fit['at_least_tokens']} (extrapolated)")
     print(f"wrote {out}")
 
 
