@@ -75,7 +75,10 @@ def build(args: argparse.Namespace) -> LlamaForCausalLM:
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model_source(args.checkpoint), dtype=getattr(torch, args.dtype), attn_implementation=args.attention
         )
-        args.original_length, args.vocab = model.config.max_position_embeddings, model.config.vocab_size
+        config = model.config
+        args.original_length, args.vocab = config.max_position_embeddings, config.vocab_size
+        args.hidden, args.heads, args.layers = config.hidden_size, config.num_attention_heads, config.num_hidden_layers
+        args.kv_heads = config.num_key_value_heads  # recorded in --out as measured
         return model.eval().to(args.device)
     config = LlamaConfig(
         vocab_size=args.vocab,
