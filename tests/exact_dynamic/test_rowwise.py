@@ -122,7 +122,8 @@ def test_chunks_off_the_cpu_take_the_accelerator_budget():
     # On a GPU each chunk costs dozens of kernel launches: the CPU's cache-sized budget made a
     # 4k-token prompt one row per chunk there (1800x transformers' prefill on an H200). The meta
     # device stands in for the GPU: only the device type decides.
-    rowwise = exact_rowwise.RowWise(8, 8 + 4096, torch.zeros(1, 1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool))
+    every_row = torch.ones(1, 1, dtype=torch.bool)
+    rowwise = exact_rowwise.RowWise(8, 8 + 4096, torch.zeros(1, 1, 1), torch.zeros(1, 1), every_row)
     shape = (1, 4, 4096, 128)  # 2^21 key elements: the whole CPU budget
     cpu_chunks = list(exact_rowwise._row_chunks(rowwise, torch.empty(shape)))
     gpu_chunks = list(exact_rowwise._row_chunks(rowwise, torch.empty(shape, device="meta")))
