@@ -28,7 +28,7 @@ Run (CPU, a few minutes on 2 cores)::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --out benchmarks/results/dynamic_decode.json
 
-The real model (SmolLM2-135M, L_orig 8192) at 16k tokens, prefill only (about 15 CPU-minutes)::
+The real model (SmolLM2-135M, L_orig 8192) at 16k tokens, prefill only (about an hour of one core)::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --checkpoint SmolLM2-135M-Instruct.Q4_1.gguf \\
         --prefill-only --prefill-multiples 2 --prefill-factor 4 --repeats 1 --no-prefill-warm-up \\
