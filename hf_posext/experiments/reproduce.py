@@ -105,9 +105,19 @@ QUICK = ReproConfig(
 
 
 def _settings(config: ReproConfig, *names: str) -> dict[str, Any]:
-    """The fields an experiment depends on: changing another experiment's sizes keeps its results."""
-    return {name: dataclasses.asdict(getattr(config, name)) if dataclasses.is_dataclass(getattr(config, name))
-            else getattr(config, name) for name in names}
+    """The fields an experiment depends on: changing another experiment's sizes keeps its results.
+
+    A model config also contributes its cache key (:meth:`TinyLMConfig.key`), which changes with
+    the training recipe's format, Python and transformers: results measured on a model trained
+    another way are not reused (they were, after the scheduler change of format 3).
+    """
+    settings: dict[str, Any] = {}
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, TinyLMConfig):
+            settings[f"{name}_key"] = value.key()
+        settings[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return settings
 
 
 def _ppl_rows(model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int, metric: str) -> list[dict[str, Any]]:
