@@ -59,6 +59,12 @@ def yarn_mscale(factor: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
+def yarn_attention_factor(explicit: Any, factor: float) -> float:
+    """The cos/sin multiplier of YaRN at scale ``factor``: an explicit ``attention_factor`` as given,
+    else :func:`yarn_mscale`."""
+    return float(explicit) if explicit is not None else yarn_mscale(factor)
+
+
 def yarn_inv_freq(
     theta: float,
     rotary_dim: int,
@@ -90,7 +96,6 @@ def yarn_inv_freq(
     extrapolate = extrapolate.to(device)
     inv_freq = default_inv_freq(theta, rotary_dim, device)
     return (inv_freq / factor) * (1 - extrapolate) + inv_freq * extrapolate
-
 
 
 def yarn_inv_freq_from(
@@ -145,8 +150,7 @@ def compute_dynamic_yarn_parameters(
     if scale == 1.0:
         return default_inv_freq(theta, rotary_dim, device), 1.0
     inv_freq = yarn_inv_freq_from(params, theta, rotary_dim, scale, original, device)
-    attention_factor = params.get("attention_factor")
-    return inv_freq, float(attention_factor) if attention_factor is not None else yarn_mscale(scale)
+    return inv_freq, yarn_attention_factor(params.get("attention_factor"), scale)
 
 
 def _composed_dynamic_yarn(
@@ -166,8 +170,7 @@ def _composed_dynamic_yarn(
         base_inv_freq, reach, scale, params.get("beta_fast", 32.0), params.get("beta_slow", 1.0),
         params.get("truncate", True),
     )
-    own = params.get("attention_factor")
-    return (base_inv_freq / factors).float().to(device), attention * (float(own) if own is not None else yarn_mscale(scale))
+    return (base_inv_freq / factors).float().to(device), attention * yarn_attention_factor(params.get("attention_factor"), scale)
 
 
 def compute_no_rope_parameters(

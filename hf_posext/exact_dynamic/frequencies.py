@@ -21,8 +21,8 @@ from ..rope_utils import (
     dynamic_yarn_scale,
     ntk_theta,
     rotary_dim_of,
+    yarn_attention_factor,
     yarn_inv_freq_from,
-    yarn_mscale,
 )
 
 
@@ -55,9 +55,7 @@ def frequency_rows(
         column = torch.tensor([scales[k] for k in stretched], dtype=torch.float32, device=device)[:, None]
         inv_freq[stretched] = yarn_inv_freq_from(params, float(theta), dim, column, original, device)
     own = params.get("attention_factor")
-    multipliers = [
-        1.0 if scale == 1.0 else float(own) if own is not None else yarn_mscale(scale) for scale in scales
-    ]
+    multipliers = [1.0 if scale == 1.0 else yarn_attention_factor(own, scale) for scale in scales]
     return inv_freq, multipliers
 
 

@@ -52,7 +52,6 @@ def _key_tables(
     return plan.tables(("k-row", start, stop, key_positions.shape[1], query.dtype), build)
 
 
-
 def _key_rotation_table(
     plan: ForwardPlan, key_positions: torch.Tensor, rowwise: RowWise, start: int, stop: int, keys: int
 ) -> torch.Tensor:

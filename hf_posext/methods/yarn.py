@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, default_inv_freq, yarn_mscale, yarn_pair_factors
+from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, default_inv_freq, yarn_attention_factor, yarn_pair_factors
 from .base import BaseRope, PositionMethod, real_number, register
 from .dynamic import DynamicScaling
 
@@ -134,7 +134,7 @@ class YarnConfig(_YarnFields):
         )
 
     def temperature(self, base: BaseRope) -> float:
-        return float(self.attention_factor) if self.attention_factor is not None else yarn_mscale(self.factor)
+        return yarn_attention_factor(self.attention_factor, self.factor)
 
 
 @register("dynamic_yarn")
