@@ -57,14 +57,10 @@ def build_pair(method: str, factor: float, original: int, options: dict):
     return native, patched
 
 
-#: The clock: wall time, or with ``--cpu-time`` the process's CPU time at one torch thread, which
-#: other jobs on a shared machine do not inflate.
-CLOCK = {"clock": time.perf_counter}
-
-
 @torch.no_grad()
-def seconds(model, ids) -> float:
-    clock = CLOCK["clock"]
+def seconds(model, ids, clock) -> float:
+    """One forward, timed by ``clock``: wall time, or with ``--cpu-time`` the process's CPU time at
+    one torch thread, which other jobs on a shared machine do not inflate."""
     start = clock()
     model(ids)
     return clock() - start
@@ -80,9 +76,10 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="one torch thread, timed by the process's CPU time (for a machine shared with other jobs)")
     args = parser.parse_args()
+    clock = time.perf_counter
     if args.cpu_time:
         torch.set_num_threads(1)
-        CLOCK["clock"] = time.process_time
+        clock = time.process_time
 
     rows = []
     variants = [(m, {}) for m in args.methods]
@@ -92,11 +89,11 @@ def main() -> None:
         label = method + ("" if not options else " (exact_cache=False)")
         for length in args.lengths:
             ids = torch.randint(0, 512, (1, length), generator=torch.Generator().manual_seed(length))
-            seconds(native, ids), seconds(patched, ids)  # warm-up
+            seconds(native, ids, clock), seconds(patched, ids, clock)  # warm-up
             native_times, patched_times = [], []
             for _ in range(args.repeats):
-                native_times.append(seconds(native, ids))
-                patched_times.append(seconds(patched, ids))
+                native_times.append(seconds(native, ids, clock))
+                patched_times.append(seconds(patched, ids, clock))
             ratio = statistics.median(patched_times) / statistics.median(native_times)
             rows.append(
                 {
