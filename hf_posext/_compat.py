@@ -116,6 +116,16 @@ def is_preallocated_cache(cache: Any) -> bool:
     return any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ()))
 
 
+def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any]) -> None:
+    """Register ``attention_fn`` and its mask function as ``config._attn_implementation = name``.
+
+    transformers builds no causal mask at all for an attention name without a mask function, so
+    the two are always registered together.
+    """
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, mask_fn)
+
+
 def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask_like: str) -> None:
     """Register ``attention_fn`` as ``config._attn_implementation = name``, masked like ``mask_like``.
 

@@ -15,7 +15,8 @@ import torch
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .methods.base import BaseRope, PositionMethod
+from .methods.base import BaseRope, MethodConfig
+from .methods.registry import composable_methods
 from .rope_utils import default_inv_freq, rotary_dim_of
 
 #: The config attribute holding what a patch did; saved in config.json with the checkpoint.
@@ -64,7 +65,7 @@ def _scaled_base(
     return plain.double() / inv_freq.double(), float(attention_factor)
 
 
-def base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool, layer_type: str | None = None) -> BaseRope:
+def base_rope(config: PreTrainedConfig, method: MethodConfig, override: bool, layer_type: str | None = None) -> BaseRope:
     """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``.
 
     A checkpoint that ships a static scaling (:data:`COMPOSABLE_ROPE_TYPES`) is the base the method
@@ -94,7 +95,7 @@ def base_rope(config: PreTrainedConfig, method: PositionMethod, override: bool, 
         if rope_type not in COMPOSABLE_ROPE_TYPES or not method.composes:
             raise ValueError(
                 f"this checkpoint already uses rope_type={rope_type!r} ({shipped}); hf-posext composes "
-                f"linear, ntk, yarn and dynamic_yarn on a checkpoint's own {', '.join(COMPOSABLE_ROPE_TYPES)} scaling, not "
+                f"{', '.join(composable_methods())} on a checkpoint's own {', '.join(COMPOSABLE_ROPE_TYPES)} scaling, not "
                 f"{method.name!r} on {rope_type!r}. Pass override=True to replace its scaling with {method.name!r} on "
                 f"top of plain RoPE with rope_theta={shipped.get('rope_theta')} and original context {original}."
             )

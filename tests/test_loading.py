@@ -11,10 +11,9 @@ from models import tiny_model, tokens
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext.adapters import needs_surgery
 from hf_posext.loading import set_construction_hook
 
-# every method with an adapter, plus one RoPE-only method
+# every method with a surgery, plus one RoPE-only method
 CASES = {
     "learned": {"max_length": 48},
     "sinusoidal": {},
@@ -42,7 +41,7 @@ def test_from_pretrained_reloads_identical_logits(method, tmp_path):
 
 
 def test_every_surgery_method_is_covered():
-    assert {m for m in hf_posext.available_methods() if needs_surgery(hf_posext.method_class(m))} <= set(CASES)
+    assert {m for m in hf_posext.available_methods() if hf_posext.needs_surgery(m)} <= set(CASES)
 
 
 @pytest.mark.parametrize("method", ["learned", "alibi", "dynamic_yarn"])

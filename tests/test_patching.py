@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import hf_posext
 from hf_posext.methods import method_class
-from hf_posext.methods.base import register
+from hf_posext.methods.registry import register_method
 from hf_posext.patching import MethodName
 
 L_ORIG = 64
@@ -240,9 +240,10 @@ def test_ntk_theta_uses_the_rotary_dimension():
 
 def test_registry_rejects_duplicate_names():
     with pytest.raises(ValueError, match="'yarn' is already registered"):
-        register("yarn")(type("Dup", (hf_posext.PositionMethod,), {}))
+        register_method("yarn", hf_posext.YarnConfig, family="dup")
     with pytest.raises(ValueError, match="lower-case"):
-        register("YaRN2")(type("Dup", (hf_posext.PositionMethod,), {}))
+        register_method("YaRN2", hf_posext.YarnConfig, family="dup")
+    assert "dup" not in hf_posext.methods.families() and hf_posext.YarnConfig.name == "yarn"
 
 
 def test_method_name_literal_lists_every_registered_name_and_alias():

@@ -32,7 +32,7 @@ import sys
 from typing import Any
 
 from .. import _compat
-from ..methods.base import method_class
+from ..methods.registry import method_class
 from ..rope_utils import rotary_dim_of
 from . import llamacpp, sglang, transformers4, transformers5, vllm
 from .rope import intended_rope

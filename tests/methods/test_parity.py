@@ -14,7 +14,8 @@ from models import ARCHITECTURES, tiny_config, tiny_model, tokens
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
-from hf_posext.rope_utils import compute_dynamic_yarn_parameters, default_inv_freq, yarn_inv_freq, yarn_mscale
+from hf_posext.methods.yarn.rope import compute_dynamic_yarn_parameters
+from hf_posext.rope_utils import default_inv_freq, yarn_inv_freq, yarn_mscale
 
 FACTORS = [1.5, 2, 4, 8, 16, 32]
 HEAD_DIMS = [32, 64, 128]

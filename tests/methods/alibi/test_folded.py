@@ -1,6 +1,6 @@
 """The folded ALiBi path (ALiBi as extra query/key channels of SDPA's causal kernel).
 
-Run: ``.venv/bin/pytest tests/attention/test_alibi_folded.py -q``. Its error is measured against an
+Run: ``.venv/bin/pytest tests/methods/alibi/test_folded.py -q``. Its error is measured against an
 fp64 reference and held to the exact fp32 path's own error plus the bound the module derives, at
 lengths where folding without the slope split, or with the channels summed last, is 10-50x worse.
 """
@@ -13,10 +13,11 @@ from models import ARCHITECTURES, tiny_model, tokens
 from transformers import masking_utils
 
 import hf_posext
-from hf_posext.attention import alibi as alibi_module
-from hf_posext.attention import alibi_folded, alibi_slopes
-from hf_posext.attention.alibi import alibi_attention_forward, alibi_mask, distance_mask, eager_alibi
-from hf_posext.attention.alibi_folded import folded_alibi, logit_error_bound, split_slopes
+from hf_posext.methods.alibi import attention as alibi_module
+from hf_posext.methods.alibi import alibi_slopes
+from hf_posext.methods.alibi import folded as alibi_folded
+from hf_posext.methods.alibi.attention import alibi_attention_forward, alibi_mask, distance_mask, eager_alibi
+from hf_posext.methods.alibi.folded import folded_alibi, logit_error_bound, split_slopes
 
 
 def fp64_reference(q, k, v, q_pos, kv_pos, window=None, key_is_real=None):

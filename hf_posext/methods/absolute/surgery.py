@@ -1,4 +1,4 @@
-"""Adapter of the absolute position encodings (``sinusoidal``, ``learned``): a position table on the base model.
+"""Surgery of the absolute position encodings (``sinusoidal``, ``learned``): a position table on the base model.
 
 The table lives in the base model as the submodule :data:`POSITIONS_ATTR` (so
 ``model.model.hf_posext_positions.weight`` is saved in ``model.safetensors``), and a forward
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..methods.absolute import LearnedConfig, SinusoidalConfig
-from ..methods.base import PositionMethod
-from .base import Adapter, register_adapter
+from ..base import MethodConfig
+from ..surgery import Surgery
+from .config import LearnedConfig, SinusoidalConfig
 
 #: Name of the position submodule on the base model (``LlamaModel`` etc.).
 POSITIONS_ATTR = "hf_posext_positions"
@@ -124,11 +124,11 @@ def _base_module(model: nn.Module) -> nn.Module:
     return owners[0]
 
 
-class _AbsoluteAdapter(Adapter):
+class _AbsoluteSurgery(Surgery):
     def positions_module(self, method: Any, config: Any) -> nn.Module:
         raise NotImplementedError
 
-    def _install(self, method: PositionMethod, base: nn.Module, config: Any) -> None:
+    def _install(self, method: MethodConfig, base: nn.Module, config: Any) -> None:
         positions = self.positions_module(method, config)
         embed = getattr(base, "embed_tokens", None)
         if isinstance(embed, nn.Embedding):
@@ -136,10 +136,10 @@ class _AbsoluteAdapter(Adapter):
         base.add_module(POSITIONS_ATTR, positions)
         base.__dict__[_HOOK_HANDLE] = base.register_forward_pre_hook(_add_positions, with_kwargs=True)
 
-    def patch_modules(self, method: PositionMethod, model: nn.Module) -> None:
+    def patch_modules(self, method: MethodConfig, model: nn.Module) -> None:
         self._install(method, _base_module(model), model.config)
 
-    def unpatch_modules(self, method: PositionMethod, model: nn.Module) -> None:
+    def unpatch_modules(self, method: MethodConfig, model: nn.Module) -> None:
         base = _base_module(model)
         handle = base.__dict__.pop(_HOOK_HANDLE, None)
         if handle is not None:
@@ -147,18 +147,21 @@ class _AbsoluteAdapter(Adapter):
         if POSITIONS_ATTR in base._modules:
             delattr(base, POSITIONS_ATTR)
 
-    def on_model_init(self, method: PositionMethod, base_model: nn.Module) -> None:
+    def on_model_init(self, method: MethodConfig, base_model: nn.Module) -> None:
         self._install(method, base_model, base_model.config)
 
+    def missing(self, method: MethodConfig, model: nn.Module) -> str | None:
+        if not any(POSITIONS_ATTR in m._modules for m in model.modules()):
+            return f"the position table ({POSITIONS_ATTR})"
+        return None
 
-@register_adapter(SinusoidalConfig)
-class SinusoidalAdapter(_AbsoluteAdapter):
+
+class SinusoidalSurgery(_AbsoluteSurgery):
     def positions_module(self, method: SinusoidalConfig, config: Any) -> nn.Module:
         return SinusoidalPositions(config.hidden_size, method.theta)
 
 
-@register_adapter(LearnedConfig)
-class LearnedAdapter(_AbsoluteAdapter):
+class LearnedSurgery(_AbsoluteSurgery):
     def positions_module(self, method: LearnedConfig, config: Any) -> nn.Module:
         table = LearnedPositions(method.max_length or config.max_position_embeddings, config.hidden_size)
         nn.init.normal_(table.weight, mean=0.0, std=getattr(config, "initializer_range", 0.02))

@@ -1,12 +1,7 @@
-"""ALiBi head slopes (Press et al. 2022, "Train Short, Test Long", arXiv:2108.12409, sec. 3).
+"""ALiBi head slopes (Press et al. 2022, arXiv:2108.12409, sec. 3), for any head count.
 
-Head h of n (h = 1..n) adds -m_h * (i - j) to the logit of query i and key j <= i. For n a
-power of two the slopes are the geometric sequence m_h = 2^(-8h/n). For any other n the
-reference code (``get_slopes`` in ofirpress/attention_with_linear_biases) takes the 2^k
-slopes of the largest power of two 2^k below n, then the odd-indexed members of the 2^(k+1)
-sequence, 2^(-8(2j-1)/2^(k+1)) for j = 1..n-2^k (the paper's appendix describes only the power-of-two case); BLOOM and MPT use the same
-rule. Here both parts are written as closed-form exponents instead of the reference's repeated
-products, in float64, and only then rounded to fp32.
+Powers of two get 2^(-8h/n); other counts follow the reference code's rule (docs/methods/alibi.md),
+in closed form, in float64, rounded to fp32 only at the end.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """ALiBi: slopes, every attention path against a slow reference, and the model-level properties.
 
-Run: ``.venv/bin/pytest tests/attention/test_alibi.py -q`` (the compiled FlexAttention test is marked slow,
+Run: ``.venv/bin/pytest tests/methods/alibi/test_attention.py -q`` (the compiled FlexAttention test is marked slow,
 the flash-attn one gpu). The flex path runs uncompiled here (``FLEX_COMPILE = False``): PyTorch
 then evaluates the very same score_mod / mask_mod on materialised scores; compiling costs about a
 minute on two CPU cores and is covered by the slow test and by benchmarks/bench_alibi.py.
@@ -20,9 +20,9 @@ from vanilla import vanilla_load_error
 from transformers import AutoModelForCausalLM, masking_utils
 
 import hf_posext
-from hf_posext.attention import alibi as alibi_module
-from hf_posext.attention import alibi_slopes, select_backend
-from hf_posext.attention.alibi import ALIBI_ATTENTION, OLD_ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
+from hf_posext.methods.alibi import attention as alibi_module
+from hf_posext.methods.alibi import alibi_slopes, select_backend
+from hf_posext.methods.alibi.attention import ALIBI_ATTENTION, OLD_ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
 from hf_posext.rope_utils import NO_ROPE_TYPE
 
 CPU_PATHS = ["eager", "sdpa", "flex", "folded"]

@@ -1,4 +1,4 @@
-"""Adapter of ALiBi: the attention implementation, in the config and while a checkpoint is loaded."""
+"""ALiBi's surgery: the attention implementation, in the config and while a checkpoint is loaded."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ from typing import Any
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from ..attention.alibi import ALIBI_ATTENTION, NATIVE_TO_BACKEND, OLD_ALIBI_ATTENTION
-from ..methods.alibi import AlibiConfig
-from .base import Adapter, register_adapter
+from ..surgery import Surgery
+from .attention import ALIBI_ATTENTION, NATIVE_TO_BACKEND, OLD_ALIBI_ATTENTION
+from .config import AlibiConfig
 
 
-@register_adapter(AlibiConfig)
-class AlibiAdapter(Adapter):
+class AlibiSurgery(Surgery):
     def patch_config(self, method: AlibiConfig, config: PreTrainedConfig) -> None:
         record = config.hf_posext
         previous = config._attn_implementation
@@ -42,3 +41,8 @@ class AlibiAdapter(Adapter):
             if requested in NATIVE_TO_BACKEND:
                 config.hf_posext["backend"] = NATIVE_TO_BACKEND[requested]
             config._attn_implementation = ALIBI_ATTENTION
+
+    def missing(self, method: AlibiConfig, model: nn.Module) -> str | None:
+        if model.config._attn_implementation != ALIBI_ATTENTION:
+            return f"the ALiBi attention ({ALIBI_ATTENTION})"
+        return None

@@ -1,19 +1,7 @@
-"""Absolute position encodings added to the input embeddings: baselines for training from scratch.
+"""The absolute position encodings' configs (``sinusoidal``, ``learned``): baselines for training from scratch.
 
-* ``sinusoidal``: Vaswani et al. 2017, "Attention Is All You Need", sec. 3.5:
-  PE(pos, 2i) = sin(pos / theta^(2i/d_model)), PE(pos, 2i+1) = cos(pos / theta^(2i/d_model)),
-  theta = 10000, a fixed table (nothing saved with the checkpoint). Computed in fp32: in bf16
-  the angle of position 300 is already off by a whole radian's worth of rounding.
-* ``learned``: a trainable ``[max_length, d_model]`` table (as in GPT-2 and BERT), initialised
-  like the token embeddings; a position >= ``max_length`` raises ``ValueError``.
-
-Rotary embeddings are switched off with the same no-op rope type as ALiBi
-(:data:`~hf_posext.rope_utils.NO_ROPE_TYPE`); the table and the hook that adds it to the input
-embeddings are the adapter's (:mod:`hf_posext.adapters.absolute`).
-
-Example::
-
-    model = hf_posext.patch_model(LlamaForCausalLM(config), "learned", max_length=1024)
+Rotary embeddings are switched off (:mod:`hf_posext.methods.norope`); the table and the hook that
+adds it to the input embeddings are the surgery's (:mod:`.surgery`). The formulas: docs/methods/absolute.md.
 """
 
 from __future__ import annotations
@@ -21,16 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .alibi import NoRopeMethod
-from .base import BaseRope, real_number, register, whole_number
+from ..base import BaseRope, real_number, whole_number
+from ..norope import NoRopeMethod
 
 
 @dataclass(frozen=True)
 class _AbsoluteMethod(NoRopeMethod):
-    """Shared by the absolute encodings: rotary off, a position table added by the adapter."""
+    """Shared by the absolute encodings: rotary off, a position table added by the surgery."""
 
 
-@register("sinusoidal")
 @dataclass(frozen=True)
 class SinusoidalConfig(_AbsoluteMethod):
     """Vaswani et al.'s fixed sin/cos table added to the input embeddings; rotary off.
@@ -51,7 +38,6 @@ class SinusoidalConfig(_AbsoluteMethod):
         object.__setattr__(self, "theta", theta)
 
 
-@register("learned")
 @dataclass(frozen=True)
 class LearnedConfig(_AbsoluteMethod):
     """A trainable position table added to the input embeddings; rotary off.

@@ -1,6 +1,6 @@
 """Sinusoidal and learned absolute position encodings (baselines): values, padding, cache, checkpoints.
 
-Run: ``.venv/bin/pytest tests/adapters/test_absolute.py -q``.
+Run: ``.venv/bin/pytest tests/methods/absolute/test_surgery.py -q``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import hf_posext
-from hf_posext.adapters.absolute import POSITIONS_ATTR, SinusoidalPositions
+from hf_posext.methods.absolute.surgery import POSITIONS_ATTR, SinusoidalPositions
 from hf_posext.rope_utils import NO_ROPE_TYPE
 
 METHODS = {"sinusoidal": {}, "learned": {"max_length": 48}}
