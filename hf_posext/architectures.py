@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from . import _compat
+from . import integration
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check
 #: (parity with transformers' own rope types, cached generation, save and reload); a test keeps it
@@ -179,7 +179,7 @@ def check_rotary_modules(model: nn.Module) -> None:
         ValueError: no rotary module, a constructor that does not take ``config`` alone, or other frequencies.
     """
     config = getattr(model, "config", None)
-    modules = list(_compat.rotary_modules(model))
+    modules = list(integration.rotary_modules(model))
     if not modules:
         raise _unsupported(config, f"{type(model).__name__} has no rotary embedding module (with rope_type and config)")
     seen: set[tuple[type, int]] = set()
@@ -199,7 +199,7 @@ def check_rotary_modules(model: nn.Module) -> None:
         except TypeError as error:
             raise _unsupported(config, f"its rotary module {name} ({type(module).__name__}) cannot be rebuilt from "
                                        f"its config alone ({error})") from error
-        init = _compat.rope_init_function("linear")
+        init = integration.rope_init_function("linear")
         for layer_type, inv_freq in _frequency_buffers(rebuilt).items():
             expected, _ = init(probe, inv_freq.device, layer_type=layer_type)
             if inv_freq.shape != expected.shape or not torch.allclose(inv_freq.float(), expected.float(), rtol=1e-6, atol=0):
@@ -270,7 +270,7 @@ def check_exact_dynamic(
     source = sys.modules[type(attention[0]).__module__]
     apply = getattr(source, "apply_rotary_pos_emb", None)
     if rotary is None:
-        rotary = next((m for _, m in _compat.rotary_modules(model)), None)
+        rotary = next((m for _, m in integration.rotary_modules(model)), None)
     if apply is None or rotary is None:
         raise ValueError(f"exact_cache=True: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
                          f"module) whose convention can be checked; {fallback}")

@@ -17,9 +17,9 @@ from typing import Any, Literal, TypeVar
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from . import _compat, architectures, readers
+from . import architectures, integration, readers
 from .architectures import SUPPORTED_MODEL_TYPES
-from .base_rope import CONFIG_KEY, base_rope
+from .checkpoint_rope import CONFIG_KEY, base_rope
 from .methods.base import BaseRope, MethodConfig
 from .methods.registry import available_methods, method_class, method_config, surgery_for
 from .transaction import restore, snapshot
@@ -131,11 +131,11 @@ def _swap_rotary_modules(model: nn.Module, keep_originals: bool) -> None:
     """
     originals = model.__dict__.setdefault(_ORIGINAL_MODULES, {})
     found = False
-    for name, module in list(_compat.rotary_modules(model)):
+    for name, module in list(integration.rotary_modules(model)):
         found = True
         if keep_originals:
             originals.setdefault(name, module)
-        _compat.replace_module(model, name, _compat.rebuild_rotary(module))
+        integration.replace_module(model, name, integration.rebuild_rotary(module))
     if not found:
         raise ValueError(f"{type(model).__name__} has no rotary embedding module that hf-posext can patch")
 
@@ -301,10 +301,10 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
     if isinstance(model, nn.Module):
         surgery.unpatch_modules(spec, model)
         originals = model.__dict__.pop(_ORIGINAL_MODULES, {})
-        for name, module in list(_compat.rotary_modules(model)):
+        for name, module in list(integration.rotary_modules(model)):
             original = originals.get(name)
-            restored = original.to(device=_compat.rotary_device(module)) if original is not None else None
-            _compat.replace_module(model, name, restored or _compat.rebuild_rotary(module))
+            restored = original.to(device=integration.rotary_device(module)) if original is not None else None
+            integration.replace_module(model, name, restored or integration.rebuild_rotary(module))
     return model
 
 

@@ -47,7 +47,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
 from hf_posext.files import write_text
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 from hf_posext.methods import method_class
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss
 

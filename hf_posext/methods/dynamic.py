@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from .. import _compat, architectures
+from .. import architectures, integration
 from ..exact_dynamic import (
     EXACT_ROPE_TYPES,
     ExactDynamicRotaryEmbedding,
@@ -56,15 +56,15 @@ class DynamicSurgery(Surgery):
         if method.exact_cache:
             enable_exact_dynamic_cache(model)
         else:  # the rotary modules were just rebuilt by patch_model, so each gets the hook once
-            for _, rotary in _compat.rotary_modules(model):
-                _compat.restore_scaling_on_reset(rotary)
+            for _, rotary in integration.rotary_modules(model):
+                integration.restore_scaling_on_reset(rotary)
 
     def unpatch_modules(self, method: DynamicScaling, model: nn.Module) -> None:
         disable_exact_dynamic_cache(model)
 
     def on_rotary_init(self, method: DynamicScaling, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
         if not method.exact_cache:
-            _compat.restore_scaling_on_reset(rotary)
+            integration.restore_scaling_on_reset(rotary)
             return None
         return exact_rotary_at_init(base_model, rotary)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .. import _compat
+from .. import integration
 from .base import MethodConfig
 from .surgery import NO_SURGERY, Surgery
 
@@ -154,9 +154,9 @@ def register_with_transformers() -> None:
 def _register_family_with_transformers(family: Family) -> None:
     for rope_type, entry in family.rope_types.items():
         for key in (rope_type, *entry.old_names):
-            _compat.register_rope_type(key, entry.init, entry.validate)
+            integration.register_rope_type(key, entry.init, entry.validate)
     for attention_name, functions in family.attention.items():
-        _compat.register_attention(attention_name, functions.forward, functions.mask)
+        integration.register_attention(attention_name, functions.forward, functions.mask)
 
 
 def families() -> dict[str, Family]:

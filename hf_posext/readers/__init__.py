@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .. import _compat
+from .. import integration
 from ..methods.registry import method_class
 from ..rope_utils import rotary_dim_of
 from . import llamacpp, sglang, transformers4, transformers5, vllm
@@ -62,7 +62,7 @@ def write_reader_fields(config: Any) -> None:
     if _nested_entries(config):
         return
     for name, value in transformers4.legacy_fields(config.rope_parameters).items():
-        _compat.set_saved_attribute(config, name, value)
+        integration.set_saved_attribute(config, name, value)
 
 
 def saved_fields(config: Any) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def saved_fields(config: Any) -> dict[str, Any]:
 def clear_reader_fields(config: Any, saved: dict[str, Any]) -> None:
     """Undo :func:`write_reader_fields` (unpatch): put back ``saved`` (:func:`saved_fields`), remove the rest."""
     for name in transformers4.LEGACY_FIELDS:
-        _compat.set_saved_attribute(config, name, None)
+        integration.set_saved_attribute(config, name, None)
         if name in saved:  # an explicit None included: the config's own __dict__ comes back as it was
             config.__dict__[name] = saved[name]
 

@@ -25,7 +25,7 @@ import hf_posext
 from hf_posext import exact_dynamic
 from hf_posext.exact_dynamic import attention as exact_attention
 from hf_posext.exact_dynamic import rowwise as exact_rowwise
-from hf_posext.exact_dynamic.plan import STATE_ATTR
+from hf_posext.exact_dynamic.forward_plan import STATE_ATTR
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 METHODS = ("dynamic_ntk", "dynamic_yarn")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_posext.fixtures import (
+from hf_posext.testing import (
     BOS_ID,
     BYTE_VOCAB_SIZE,
     EOS_ID,

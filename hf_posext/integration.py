@@ -1,4 +1,4 @@
-"""Everything that depends on the transformers version, in one place.
+"""The transformers integration boundary: everything that touches transformers' internals, in one place.
 
 hf-posext plugs into transformers 5.x through its documented extension points:
 
@@ -6,7 +6,10 @@ hf-posext plugs into transformers 5.x through its documented extension points:
   ``__init__`` (and again by ``@dynamic_rope_update`` when ``"dynamic" in rope_type``);
 * ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
   config is validated (transformers only *warns* for a type it has no validator for);
+* ``AttentionInterface`` / ``AttentionMaskInterface``, where attention implementations are registered;
 * rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``.
+
+Internal: not part of the public API.
 """
 
 from __future__ import annotations

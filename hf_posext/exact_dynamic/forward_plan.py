@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import _compat
+from .. import integration
 from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, rotary_dim_of
 from .frequencies import frequency_rows
 from .rotation import multipliers
@@ -222,7 +222,7 @@ class ExactDynamicRope:
         self.kernel = kernel
         self.attention_name = ATTENTION_PREFIX + kernel
         self.rotary_dim = rotary_dim_of(config)
-        self._init_fn = _compat.rope_init_function(self.rope_type)
+        self._init_fn = integration.rope_init_function(self.rope_type)
         if self.rope_type == "dynamic":
             # transformers' dynamic NTK reads L_orig from max_position_embeddings and never stops growing
             self.original = int(config.max_position_embeddings)
@@ -311,5 +311,5 @@ class ExactDynamicRope:
         kind = type(module)
         kernel = self._kernels.get(kind)
         if kernel is None:
-            kernel = self._kernels.setdefault(kind, _compat.attention_function(self.kernel, module))
+            kernel = self._kernels.setdefault(kind, integration.attention_function(self.kernel, module))
         return kernel

@@ -1,22 +1,15 @@
-"""Offline fixtures for demos, laptop runs and tests: a byte tokenizer and tiny checkpoints.
+"""Testing utilities: an offline byte tokenizer and tiny random checkpoints, for demos, laptop runs and tests.
 
-Nothing can be downloaded on the machines this project is tested on, yet the fine-tune recipe
-and the evaluations load their model and tokenizer the way a user's run does
-(``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained(folder)``). These two functions write
-such folders from nothing:
+Nothing can be downloaded on the machines this project is tested on, yet the recipe and the
+evaluations load their model and tokenizer as a user's run does (``from_pretrained(folder)``):
 
-* :func:`byte_tokenizer` - a real :class:`~transformers.PreTrainedTokenizerFast` (a ``tokenizers``
-  BPE model with the 256 byte symbols and no merges). Token id ``b`` is byte ``b``, so a tiny
-  model's perplexity is per byte and any text (source code, UTF-8 prose) round-trips exactly;
-* :func:`make_tiny_model` - a randomly initialised Llama/Mistral/Qwen2/Qwen3 checkpoint with
-  that tokenizer::
+* :func:`byte_tokenizer` - a real :class:`~transformers.PreTrainedTokenizerFast` whose token id
+  ``b`` is byte ``b`` (256 byte symbols, no merges), so any text round-trips exactly;
+* :func:`make_tiny_model` - a randomly initialised Llama/Mistral/Qwen2/Qwen3 checkpoint with that
+  tokenizer (``python scripts/make_tiny_model.py out/tiny-llama``: ~0.2M parameters).
 
-    python scripts/make_tiny_model.py out/tiny-llama            # ~0.2M parameters, 128-token context
-    python scripts/finetune.py --config examples/finetune_tiny.yaml
-
-    from hf_posext.fixtures import byte_tokenizer
-    tok = byte_tokenizer()
-    tok("def f():").input_ids          # [256, 100, 101, 102, 32, 102, 40, 41, 58]  (BOS first)
+    from hf_posext.testing import byte_tokenizer
+    byte_tokenizer()("def f():").input_ids   # [256, 100, 101, 102, 32, 102, 40, 41, 58]  (BOS first)
 """
 
 from __future__ import annotations
