@@ -327,7 +327,8 @@ def patch_info(model: nn.Module | PreTrainedConfig) -> dict[str, Any]:
 
 
 def patched_method(model: nn.Module | PreTrainedConfig) -> MethodConfig | None:
-    """The method config ``model`` was patched with (``None`` for an unpatched model).
+    """The method config ``model`` was patched with (``None`` for an unpatched model), with
+    ``original_max_position_embeddings`` resolved to the context it was applied to.
 
     :func:`patch_info` stays a plain dict (it is printed and written as JSON); this is the object.
 

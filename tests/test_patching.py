@@ -266,3 +266,13 @@ def test_takes_factor_is_false_exactly_for_methods_that_refuse_a_factor():
         else:
             with pytest.raises(ValueError, match="factor must be 1"):
                 cls(factor=2.0)
+
+
+def test_patched_method_is_the_config_object_patch_info_describes():
+    model = tiny_model(max_positions=L_ORIG)
+    assert hf_posext.patched_method(model) is None
+    hf_posext.patch_model(model, "pi", factor=4)
+    method = hf_posext.patched_method(model)
+    assert method == hf_posext.method_config("linear", factor=4, original_max_position_embeddings=L_ORIG)  # resolved
+    assert hf_posext.patch_info(model)["method"] == method.name == "linear"
+    assert hf_posext.patched_method(hf_posext.unpatch_model(model)) is None

@@ -79,6 +79,10 @@ class MethodConfig:
     composes: ClassVar[bool] = False
     #: Whether the method works on per-layer-type rope parameters (Gemma 3: one entry per layer type).
     per_layer_type_rope: ClassVar[bool] = True
+    #: For a dynamic method, the registered static method every engine reads right (readers suggest it).
+    static_equivalent: ClassVar[str | None] = None
+    #: Whether the method adds trained weights (learned: its position table) a format converter must map.
+    adds_weights: ClassVar[bool] = False
 
     factor: float = 1.0
     original_max_position_embeddings: int | None = None

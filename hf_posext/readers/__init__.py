@@ -40,9 +40,6 @@ from .rope import intended_rope
 #: The readers, in the order of the README's compatibility table.
 READERS = ("transformers 5", "transformers 4.57", "vLLM", "SGLang", "llama.cpp")
 
-#: The static method each engine reads right, for a dynamic one.
-STATIC_EQUIVALENT = {"dynamic_ntk": "ntk", "dynamic_yarn": "yarn"}
-
 #: A reader's verdict: one of :data:`STATUSES` and how it reads the checkpoint.
 Verdict = tuple[str, str]
 STATUSES = ("right", "refused", "wrong")  # refused: an error names the rope type; wrong: silently
@@ -130,8 +127,9 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
                                   sglang.context_length(config), context),
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
-    if (getattr(config, "hf_posext", None) or {}).get("method") == "learned":
-        verdicts["llama.cpp"] = ("refused", "the converter cannot map the learned position table")
+    method = (getattr(config, "hf_posext", None) or {}).get("method")
+    if method is not None and method_class(method).adds_weights:
+        verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
     elif rope_type in transformers5.CUSTOM_ROPE_TYPES:
         verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
     elif rope_type == "dynamic":
@@ -151,7 +149,7 @@ def engine_warning(config: Any, context: int, method: str) -> str | None:
     right = [reader for reader, (status, _) in verdicts.items() if status == "right"]
     text = (f"{method} checkpoints are read wrong, without an error, by: " + "; ".join(wrong)
             + f". Read as patched by: {', '.join(right)}.")
-    static = STATIC_EQUIVALENT.get(method_class(method).name)
+    static = method_class(method).static_equivalent
     if static is not None:
         text += f" To serve it with those engines, patch with the static equivalent --method {static} instead."
     return text

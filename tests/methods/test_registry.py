@@ -138,3 +138,19 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
     tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_patching.py"), "-k", "toy")
     assert " passed" in tests and "failed" not in tests
     assert "deselected" in tests  # only the toy's cases ran
+
+
+def test_the_readers_hints_name_registered_static_methods():
+    for name in hf_posext.available_methods():
+        static = hf_posext.method_class(name).static_equivalent
+        assert static is None or (static in hf_posext.available_methods() and not hf_posext.method_class(static).dynamic)
+    assert {n for n in hf_posext.available_methods() if hf_posext.method_class(n).static_equivalent} == {
+        n for n in hf_posext.available_methods() if hf_posext.method_class(n).dynamic
+    }
+
+
+def test_the_public_surface_resolves_and_is_documented():
+    for name in hf_posext.__all__:
+        value = getattr(hf_posext, name)
+        assert name == "__version__" or name == "SUPPORTED_MODEL_TYPES" or value.__doc__, name
+    assert "PositionMethod" not in hf_posext.__all__

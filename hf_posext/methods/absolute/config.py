@@ -48,6 +48,7 @@ class LearnedConfig(_AbsoluteMethod):
     """
 
     paper: ClassVar[str] = "learned absolute positions (Gehring et al. 2017; GPT-2)"
+    adds_weights: ClassVar[bool] = True
 
     max_length: int | None = None
 

@@ -35,6 +35,7 @@ class DynamicNTKConfig(DynamicScaling):
     """Dynamic NTK: NTK base recomputed from the current length (native ``dynamic``)."""
 
     paper = "emozilla 2023; YaRN paper arXiv:2309.00071 sec. 3.3"
+    static_equivalent = "ntk"
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_type": "dynamic", "factor": self.factor}

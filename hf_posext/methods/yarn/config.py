@@ -96,6 +96,7 @@ class DynamicYarnConfig(_YarnFields, DynamicScaling):
     composes = True
     #: transformers' dynamic update stores YaRN's attention scaling on the rotary module, not per layer type.
     per_layer_type_rope = False
+    static_equivalent = "yarn"
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return self._yarn_parameters(base, DYNAMIC_YARN_ROPE_TYPE)
