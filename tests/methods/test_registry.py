@@ -154,3 +154,22 @@ def test_the_public_surface_resolves_and_is_documented():
         value = getattr(hf_posext, name)
         assert name == "__version__" or name == "SUPPORTED_MODEL_TYPES" or value.__doc__, name
     assert "PositionMethod" not in hf_posext.__all__
+
+
+def test_a_family_registered_after_import_reaches_transformers_at_once():
+    """An out-of-tree family (a plugin) calls register_method after ``import hf_posext``."""
+    code = textwrap.dedent(TOY_FAMILY).replace("from ...rope_utils", "from hf_posext.rope_utils").replace(
+        "from ..base", "from hf_posext.methods.base").replace("from ..registry", "from hf_posext.methods.registry")
+    code = "import hf_posext\n" + code + textwrap.dedent("""
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=16)
+        model = hf_posext.patch_model(LlamaForCausalLM(config), "toy_alias", factor=2)
+        assert model.config.rope_parameters["rope_type"] == "hf_posext_toy"
+        assert hf_posext.patched_method(model) == ToyConfig(factor=2, original_max_position_embeddings=16)
+        model(torch.tensor([[1, 2, 3]]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
