@@ -130,7 +130,7 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     method = (getattr(config, "hf_posext", None) or {}).get("method")
     if method is not None and method_class(method).adds_weights:
         verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
-    elif rope_type in transformers5.CUSTOM_ROPE_TYPES:
+    elif rope_type in transformers5.custom_rope_types():
         verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
     elif rope_type == "dynamic":
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")

@@ -16,9 +16,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import hf_posext
+import hf_posext.readers.transformers5
 from hf_posext import methods
 from hf_posext.methods.registry import MethodSpec, RopeType, register_family, register_method
-from hf_posext.readers.transformers5 import RENAMED_ROPE_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = Path(hf_posext.__file__).parent
@@ -48,9 +48,11 @@ def test_registered_rope_types_and_attention_reach_transformers():
         assert ALL_MASK_ATTENTION_FUNCTIONS[name] is functions.mask
 
 
-def test_the_readers_renames_are_the_old_names_the_families_register():
-    old_names = {old: new for new, entry in methods.registry.rope_types().items() for old in entry.old_names}
-    assert old_names == RENAMED_ROPE_TYPES
+def test_checkpoints_saved_under_the_old_rope_type_names_still_load():
+    assert hf_posext.readers.transformers5.renamed_rope_types() == {
+        "hf_posext_dynamic_yarn": "hf_posext_dynamic_yarn (requires: import hf_posext)",
+        "hf_posext_none": "hf_posext_none (requires: import hf_posext)",
+    }
 
 
 def test_the_saved_names_are_unchanged():
