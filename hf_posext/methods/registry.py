@@ -9,6 +9,7 @@ writing method names down.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -83,13 +84,27 @@ def register_method(
     attention: Mapping[str, AttentionFunctions] | None = None,
     family: str | None = None,
 ) -> Family:
-    """Register a one-method family (``family`` defaults to ``name``); see :func:`register_family`."""
+    """Register a one-method family; see :func:`register_family`.
+
+    ``family`` defaults to the folder ``config_cls`` is defined in (``hf_posext/methods/<family>/``),
+    else to ``name``.
+    """
     return register_family(
-        family or name,
+        family or _folder_of(config_cls) or name,
         methods=[MethodSpec(name, config_cls, surgery, tuple(aliases))],
         rope_types=rope_types,
         attention=attention,
     )
+
+
+def _folder_of(config_cls: type) -> str | None:
+    """The family folder (a sub-package of hf_posext.methods) ``config_cls`` is defined in, or ``None``."""
+    methods, _, _ = __name__.rpartition(".")
+    module = getattr(config_cls, "__module__", "")
+    if not module.startswith(methods + "."):
+        return None
+    folder = module[len(methods) + 1 :].split(".")[0]
+    return folder if hasattr(sys.modules.get(f"{methods}.{folder}"), "__path__") else None
 
 
 def register_family(
