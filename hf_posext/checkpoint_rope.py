@@ -15,12 +15,9 @@ import torch
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .methods.base import BaseRope, MethodConfig
+from .methods.base import CONFIG_KEY, BaseRope, MethodConfig
 from .methods.registry import composable_methods
 from .rope_utils import default_inv_freq, rotary_dim_of
-
-#: The config attribute holding what a patch did; saved in config.json with the checkpoint.
-CONFIG_KEY = "hf_posext"
 
 #: Shipped rope types a method can compose on: static per-pair scalings of theta's frequencies.
 COMPOSABLE_ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")

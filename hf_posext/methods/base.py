@@ -19,6 +19,10 @@ import torch
 
 from ..rope_utils import longrope_rope_parameters
 
+#: The config attribute holding what a patch did (the method's name and arguments, what the
+#: checkpoint had); saved in config.json with the checkpoint.
+CONFIG_KEY = "hf_posext"
+
 
 @dataclass(frozen=True)
 class BaseRope:
