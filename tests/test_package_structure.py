@@ -1,6 +1,6 @@
 """The package's import structure: no import cycle, imports at the top, modules small enough to read.
 
-Issue 14's acceptance, checked on the source (ast), so a new module is covered without a list:
+Checked on the source (ast), so a new module is covered without a list:
 
 * no cycle among the package's modules through module-level imports (``if TYPE_CHECKING:`` blocks
   excluded, since they never run). A submodule's implicit import of its parent packages is not an
