@@ -17,7 +17,7 @@ queries and keys with the model's cos/sin in the rotate-half pairing (channel ``
 
 :data:`SUPPORTED_MODEL_TYPES` is the list the test suite runs every check on
 (``tests/test_architectures.py``, which builds every causal LM in transformers' registry from a
-tiny config); the README's list is generated from it. A model type outside it that passes the
+tiny config); the docs' list (docs/methods/index.md) is generated from it. A model type outside it that passes the
 contract is patched too.
 """
 

@@ -8,7 +8,7 @@ Checked on the source (ast), so a new module is covered without a list:
   imports, which is how every package works;
 * no import inside a function or class except of an optional dependency (:data:`OPTIONAL`);
 * no module over :data:`MAX_LINES` lines unless its docstring says why, in a sentence starting
-  "Longer than ~400 lines" (the convention STYLE.md asks for).
+  "Longer than ~400 lines" (the convention docs/layout.md states).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Items (each is skipped with a line saying why when its package or device is miss
 failure in one does not stop the others):
 
 * ``alibi_flash``: ALiBi through flash-attn's ``alibi_slopes`` against the eager path in bf16,
-  forward and backward (error bound: 3x the native model's own bf16 error, as in STYLE.md).
+  forward and backward (error bound: 3x the native model's own bf16 error, the tests' convention).
 * ``alibi_flex_train``: a training step through FlexAttention's compiled backward (CUDA only)
   against the eager path's gradients, fp32.
 * ``bf16_parity``: every registered method's bf16 logits against its fp32 logits at 3x the
@@ -261,7 +261,7 @@ def dynamic_decode(args: argparse.Namespace) -> dict:
     out = Path(args.out).with_name("dynamic_decode.json")
     if args.device == "cuda":
         # L_orig 2048 with 128 new tokens and 3 rounds ran past the 300 s limit on an H200, when the row-wise
-        # prefill still chunked by the CPU's budget (benchmarks/results/gpu/README.md); this is what ran after.
+        # prefill still chunked by the CPU's budget (docs/results/gpu.md); this is what ran after.
         shape = ["--device", "cuda", "--dtype", "bfloat16", "--hidden", "2048", "--heads", "16", "--kv-heads", "4",
                  "--layers", "8", "--original-length", "1024", "--new-tokens", "64", "--repeats", "2",
                  "--prefill-multiples", "4,8"]

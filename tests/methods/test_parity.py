@@ -125,7 +125,7 @@ def with_frequencies(model, freqs, mscale):
 def test_dynamic_yarn_equals_paper_reference(arch, head_dim):
     """A fresh forward over L tokens uses s(L) = min(factor, max(1, L / L_orig)) at every position
     (transformers' semantics, ``exact_cache=False``; the exact-cache semantics are tested in
-    test_dynamic_cache.py).
+    tests/exact_dynamic/).
 
     The reference's float64 frequencies differ from any fp32 computation by rounding, which long
     positions amplify; the tolerance is the error transformers' own static ``yarn`` at s(L) shows
