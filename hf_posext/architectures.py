@@ -1,24 +1,8 @@
 """Which models hf-posext can patch: decided by transformers' rotary contract, not by a list of names.
 
-A model can be patched when its config and its rotary modules follow the contract that
-transformers' own rope types (``linear``, ``dynamic``, ``yarn``...) rely on:
-
-* the config is a decoder's (not encoder-decoder) and carries ``rope_parameters``, flat or
-  nested by layer type (Gemma 3: one entry per ``layer_types`` value);
-* every rotary module reads the model's config object (not a copy of its own), and takes its frequencies from
-  ``ROPE_INIT_FUNCTIONS[rope_type](config, device, layer_type=...)``. This is checked by
-  building each rotary class on a copy of the config scaled with ``rope_type="linear"`` and
-  comparing its frequencies with what that function returns;
-
-and the exact dynamic KV cache (``exact_cache=True``) further needs the attention to rotate
-queries and keys with the model's cos/sin in the rotate-half pairing (channel ``i`` with
-``i + rotary_dim / 2``, the first ``rotary_dim`` channels): checked by running the model's own
-``apply_rotary_pos_emb`` on random vectors. Cohere's interleaved pairs, for example, fail it.
-
-:data:`SUPPORTED_MODEL_TYPES` is the list the test suite runs every check on
-(``tests/test_architectures.py``, which builds every causal LM in transformers' registry from a
-tiny config); the docs' list (docs/methods/index.md) is generated from it. A model type outside it that passes the
-contract is patched too.
+A decoder config with ``rope_parameters`` and rotary modules that read ``ROPE_INIT_FUNCTIONS``
+(probed); the exact dynamic cache also needs rotate-half pairing. :data:`SUPPORTED_MODEL_TYPES`
+is the tested list (docs/methods/index.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """All of hf-posext's RoPE maths, in one module that imports nothing of the package.
 
-Like transformers' ``modeling_rope_utils.py``: the methods, the exact-dynamic attention and the
-adapters import from here, and this module imports none of them (only ``math`` and ``torch``).
-The rope-init functions follow transformers' contract
-``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` and are registered
-with ``ROPE_INIT_FUNCTIONS`` on ``import hf_posext``.
-
-Papers: NTK-aware (bloc97 2023; YaRN paper arXiv:2309.00071 eq. 16), YaRN (Peng et al. 2023,
-arXiv:2309.00071, eqs. 17-22; the ramp as implemented is described in :mod:`hf_posext.methods.yarn`),
-dynamic YaRN (same paper, sec. 3.3).
+Rope-init functions follow transformers' contract ``(config, device, seq_len, layer_type) ->
+(inv_freq, attention_factor)`` and are registered on ``import hf_posext``. Papers: NTK-aware
+(YaRN paper eq. 16), YaRN (arXiv:2309.00071, eqs. 17-22), dynamic YaRN (sec. 3.3).
 """
 
 from __future__ import annotations

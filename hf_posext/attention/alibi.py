@@ -1,41 +1,7 @@
 """ALiBi as a transformers attention implementation (Press et al. 2022, arXiv:2108.12409, eq. 1).
 
-With rotary embeddings switched off, head h computes
-
-    softmax(q_i . k_j / sqrt(d) - m_h * (i - j))    over the keys j the mask allows,
-
-with Press et al.'s slopes m_h (:mod:`.slopes`, one per *query* head under GQA). It plugs into
-transformers through its two registries (``import hf_posext`` registers both):
-
-* ``AttentionMaskInterface[ALIBI_ATTENTION]`` = :func:`alibi_mask`, called once per forward by
-  ``create_causal_mask`` / ``create_sliding_window_causal_mask`` with the absolute query and key
-  offsets of the cache. Without a mask function of its own a custom attention silently loses the
-  causal mask (transformers returns ``None`` for unknown names), so this one builds the mask the
-  chosen path needs: for eager/SDPA a fp32 ``[batch, 1, q, kv]`` tensor holding ``-(i - j)``
-  where attention is allowed and ``-inf`` elsewhere (causal, sliding window, padding and packed
-  sequences all come from transformers' own mask functions); for FlexAttention a ``BlockMask``;
-  for flash-attn the 2D padding mask.
-* ``AttentionInterface[ALIBI_ATTENTION]`` = :func:`alibi_attention_forward`, which turns that
-  mask into the per-head bias and runs the path.
-
-Paths (``AlibiConfig.backend``; "auto" picks flash-attn on CUDA in fp16/bf16 when it is
-installed, FlexAttention on other CUDA runs, SDPA on CPU):
-
-* ``eager``: explicit fp32 logits plus bias; the reference-like path, returns attention weights.
-* ``sdpa``: ``scaled_dot_product_attention`` with the bias as an additive ``[batch, heads, q, kv]``
-  mask. Memory grows as L^2, but it trains on CPU.
-* ``flex``: ``flex_attention`` with a ``score_mod`` adding the bias on the fly: no L x L tensor.
-  Compiled; on CPU it runs forward only (PyTorch has no CPU backward for it).
-* ``flash``: flash-attn's ``alibi_slopes`` (bottom-right aligned, which is what a cache needs).
-* ``folded``: the bias (and padding) folded into extra query/key channels of SDPA's causal
-  kernel (:mod:`.alibi_folded`): no L x L tensor, trains on CPU, fp32 logits within a derived
-  bound of the exact ones. Masks that ``is_causal`` cannot express (windows shorter than the
-  keys, packed sequences, a cache prefilled in blocks, one padded decoding query) run ``sdpa``.
-
-Distances use absolute cache positions, so left padding, KV caches (including static caches and
-Mistral's sliding-window cache) and packed sequences all see the true i - j.
-
-Run the equivalence tests with ``.venv/bin/pytest tests/attention/test_alibi.py -q``.
+The mask function (``AttentionMaskInterface``) and the attention paths (``eager``, ``sdpa``, ``flex``,
+``flash``, ``folded``) it feeds; how each path works: docs/notes/alibi.md.
 
 Longer than ~400 lines on purpose: the mask function and the four paths exchange one mask form
 per backend (:func:`select_backend`), and each form is built next to the path that reads it.

@@ -1,39 +1,8 @@
 """ALiBi folded into SDPA's causal kernel as extra query/key channels: no L x L tensor, trains on CPU.
 
-Press et al.'s logit (arXiv:2108.12409, eq. 1) for query position i and key position j is a dot
-product plus a term that factorises over (query, key): ``s q_i . k_j - m_h (i - j)``. So it is
-exactly the dot product of augmented vectors (m = m_hi + m_lo, below)
-
-    q'_i = [m_hi, -m_hi i, m_lo, -m_lo i, 1,   s q_i, 0...]        (one slope per query head)
-    k'_j = [j,    1,       j,    1,       p_j, k_j,   0...]        (shared by the heads of a GQA group)
-
-with p_j = 0 for a real key and :data:`PADDING_LOGIT` for padding, which
-``scaled_dot_product_attention(q', k', v', is_causal=True, scale=1)`` evaluates with its fused
-causal kernel (flash on CPU, with a backward), in O(L) memory, padding keys masked in the same
-kernel. Positions i, j count from
-the first cached key. The head dim grows by 5, padded to a multiple of 8 (V is zero-padded to
-match, since the CPU kernel needs equal head dims, and the output sliced back).
-
-Why the slope is split, and why the extra channels come first. In fp32 the kernel rounds the
-running sum of the products, and with one channel pair ``[m, -m i] . [j, 1]`` the sum holds
-m j ~ m L before it subtracts m i: the logit then carries an absolute error ~u m L (u = 2^-24),
-which grows with the length past the exact paths' own (benchmarks/results/alibi_notes.md has
-the measurements). Here m_hi is m rounded to ``24 - bit_length(kv_length - 1)`` significant bits, so m_hi j, m_hi i and their difference are
-exact; m_lo = m - m_hi (exact, Sterbenz) is below m 2^-bits, and its two products and sums add
-at most ``3 u |m_lo| kv_length`` (:func:`logit_error_bound`) beyond the rounding the exact paths
-have themselves. That holds when the kernel accumulates a dot product in channel order, which
-the x86 CPU kernel does; tests/attention/test_alibi_folded.py measures the error against an fp64
-reference and fails where a kernel sums in another order. Inputs in bf16/fp16 are computed in
-fp32: a 16-bit position channel could not hold positions past 256 exactly.
-
-SDPA's ``is_causal`` is top-left aligned, so this path takes the masks that transformers' own
-SDPA integration runs with ``is_causal`` once padding is set aside (``sdpa_mask`` returns None:
-no window shorter than the keys, no packed sequences) and whose query positions follow from the
-shapes (:func:`query_shift`: a block of queries starts at the first key, as in a full prefill or
-a prefill into an empty static cache; a single query is the last key). For those, ALiBi's mask
-function returns None, or with padding a ``[batch, 1, 1, kv]`` boolean "key is real" tensor
-(4D, so transformers passes it through ``generate``'s precomputed masks unchanged); a single
-query with padding, and every other mask, go to the exact ``sdpa`` path.
+The bias ``-m_h (i - j)`` becomes augmented query/key channels (the slope split in two so fp32
+products stay exact) of ``scaled_dot_product_attention(..., is_causal=True)``; the derivation and
+the error bound (:func:`logit_error_bound`) are in docs/notes/alibi.md.
 """
 
 from __future__ import annotations
