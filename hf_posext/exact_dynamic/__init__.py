@@ -1,8 +1,8 @@
 """Dynamic NTK and dynamic YaRN that stay exact with a KV cache (``exact_cache=True``).
 
-Keys are cached before RoPE and an attention wrapper rotates them for each query's length
-(:mod:`.install`, :mod:`.plan`, :mod:`.attention`, :mod:`.rowwise`, :mod:`.rotation`). Definition,
-design, costs and limits: docs/guides/exact_dynamic.md.
+Keys are cached before RoPE (:mod:`.install`) and an attention wrapper (:mod:`.attention`) rotates
+them for each query's length, with a per-forward plan. Definition, design, costs and limits:
+docs/guides/exact_dynamic.md.
 """
 
 from .attention import exact_dynamic_attention
