@@ -249,7 +249,7 @@ def markdown(result: dict) -> str:
             lines.append(
                 f"| {row['kernel']} | {row['length']} | {row['forward_s']:.3f} | {row['forward_ratio']:.2f} | {train} |"
             )
-    lines += ["", "What the numbers say, and the folded path's error: `alibi_notes.md`, `alibi_folded_error.md`."]
+    lines += ["", "What the numbers say, and the folded path's error: `docs/notes/alibi.md`, `alibi_folded_error.md`."]
     return "\n".join(lines) + "\n"
 
 

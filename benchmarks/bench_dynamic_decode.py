@@ -22,7 +22,7 @@ so that up to 8x L_orig every row past L_orig has its own frequencies, for YaRN 
 ``--repeats`` interleaved rounds, each timed after one untimed forward of the freshly patched
 model (whose first forward allocates the scratch memory the next ones reuse). Past ``L_orig``
 every row of the prompt needs its own rotation of the keys, attended in batched chunks
-(benchmarks/results/exact_dynamic_notes.md).
+(docs/notes/exact_dynamic.md).
 
 Run (CPU, a few minutes on 2 cores)::
 

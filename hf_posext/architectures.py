@@ -1,11 +1,8 @@
 """Which models hf-posext can patch: decided by transformers' rotary contract, not by a list of names.
 
-:func:`check_config` and :func:`check_rotary_modules` refuse a model whose config or rotary modules
-do not follow the contract transformers' own rope types rely on (``rope_parameters``, frequencies
-from ``ROPE_INIT_FUNCTIONS``); :func:`check_exact_dynamic` refuses ``exact_cache=True`` where the
-attention rotates otherwise than the exact wrapper. :data:`SUPPORTED_MODEL_TYPES` is what the test
-suite passes on (``tests/test_architectures.py``); a model type outside it that passes the contract
-is patched too. The contract in full: docs/architectures.md.
+A decoder config with ``rope_parameters`` and rotary modules that read ``ROPE_INIT_FUNCTIONS``
+(probed); the exact dynamic cache also needs rotate-half pairing. :data:`SUPPORTED_MODEL_TYPES`
+is the tested list (docs/methods/index.md).
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """Publish an extended checkpoint to the Hugging Face Hub: ``hf-posext push DIR REPO_ID``.
 
-    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k            # public
-    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k --private
-    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k --dry-run  # list, upload nothing
-
-The token comes from where huggingface_hub looks for it (``HF_TOKEN``, then the token saved by
-``hf auth login``); there is deliberately no ``--token`` flag, since a token on the command line
-ends up in shell history and process lists, and the token is never printed.
-
-Only a complete checkpoint is pushed (``config.json``, safetensors weights, a ``README.md``
-model card, as ``scripts/finetune.py`` and ``hf-posext patch`` write them), and only what a model
-repository needs (:data:`hf_posext.export.MODEL_REPO_FILES`: weights, config, generation config,
-tokenizer files, card, training results): anything else in the folder (notes, notebooks, a
-``secrets.txt``) is listed as left out, and sent only when named with ``--include PATTERN`` or
-when ``--all`` is given. Training states, temporary folders of an interrupted save and hidden
-files are never sent.
-
-    hf-posext push out/model my-org/model --include "*.ipynb"    # the notebooks too
-    hf-posext push out/model my-org/model --all                  # every file but the never-sent ones
+Only a complete checkpoint, only a model repository's files (``--include``/``--all`` for more);
+the token comes from ``HF_TOKEN`` or ``hf auth login`` and is never printed
+(docs/guides/files_and_safety.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``hf-posext patch`` and the command-line error policy on bad input (issue 13, cases 11 and 13)."""
+"""``hf-posext patch`` and the command-line error policy: bad input is one line on stderr and exit code 2."""
 
 from __future__ import annotations
 

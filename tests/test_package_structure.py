@@ -11,7 +11,7 @@ Checked on the source (ast), so a new module is covered without a list:
 * ``rope_utils`` imports nothing of the package;
 * the method modules' docstrings are a few lines (the maths is in ``docs/methods/``);
 * no module over :data:`MAX_LINES` lines unless its docstring says why, in a sentence starting
-  "Longer than ~400 lines".
+  "Longer than ~400 lines" (the convention docs/layout.md states).
 """
 
 from __future__ import annotations

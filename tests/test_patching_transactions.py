@@ -1,4 +1,4 @@
-"""patch_model is all or nothing (issue 13, cases 6, 7, 9): checks first, then surgery, undone on failure."""
+"""patch_model is all or nothing: checks first, then surgery, undone on failure."""
 
 from __future__ import annotations
 

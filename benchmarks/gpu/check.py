@@ -261,7 +261,7 @@ def dynamic_decode(args: argparse.Namespace) -> dict:
     out = Path(args.out).with_name("dynamic_decode.json")
     if args.device == "cuda":
         # L_orig 2048 with 128 new tokens and 3 rounds ran past the 300 s limit on an H200, when the row-wise
-        # prefill still chunked by the CPU's budget (benchmarks/results/gpu/README.md); this is what ran after.
+        # prefill still chunked by the CPU's budget (docs/results/gpu.md); this is what ran after.
         shape = ["--device", "cuda", "--dtype", "bfloat16", "--hidden", "2048", "--heads", "16", "--kv-heads", "4",
                  "--layers", "8", "--original-length", "1024", "--new-tokens", "64", "--repeats", "2",
                  "--prefill-multiples", "4,8"]

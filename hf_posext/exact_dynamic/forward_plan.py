@@ -37,12 +37,12 @@ STATE_ATTR = "_hf_posext_exact_dynamic"
 #: Elements of rotated-key copies the row-wise path may build at once on the CPU, and of cos/sin
 #: tables a forward may keep for its layers (beyond that they are recomputed per layer). On the
 #: CPU small chunks are faster, not only leaner: they stay in cache
-#: (benchmarks/results/exact_dynamic_notes.md).
+#: (docs/notes/exact_dynamic.md).
 ROWWISE_BUDGET = 1 << 21
 TABLE_BUDGET = 1 << 25
 #: The row-wise budget on a GPU (or any non-CPU device), where each chunk's dozens of kernel
 #: launches, not the cache, set the cost: with the CPU's budget a 4k-token prompt on an H200 went
-#: one row per chunk and took 1800x transformers' dynamic prefill (benchmarks/results/gpu).
+#: one row per chunk and took 1800x transformers' dynamic prefill (docs/results/gpu.md).
 #: 2^27 elements are 256 MiB of bf16 keys per chunk.
 ACCELERATOR_ROWWISE_BUDGET = 1 << 27
 #: Scratch buffers up to this many fp32 elements' worth are kept between forwards, one set per

@@ -1,24 +1,11 @@
 """``hf-posext demo``: extend a tiny model with every method and see what each one does.
 
-On a fresh machine with no network, the demo
+Pretrains (once, cached) a tiny byte-level Llama and an ALiBi one, patches the first with each
+method without fine-tuning, prints perplexity at 1x-16x the training length
+(docs/getting_started.md#the-demo).
 
-1. trains a ~0.85M-parameter byte-level Llama on the Python standard library's source at a
-   128-token context for 600 steps (:mod:`hf_posext.experiments.tinylm`; cached under
-   ``~/.cache/hf_posext``, so a second run only evaluates);
-2. trains an ALiBi model the same way (the table's last row; ALiBi replaces RoPE, so it cannot
-   be patched onto the RoPE model);
-3. patches the RoPE model with each method - without any fine-tuning - and measures, on held-out stdlib
-   files, the perplexity of the same 127 bytes read with 1x, 2x, 4x, 8x and 16x the training
-   context (:func:`~hf_posext.eval.perplexity.truncated_perplexity` with ``end_at``);
-4. prints the table and writes ``demo.json``, ``demo.csv``, ``demo.md`` and ``demo.png``.
-
-Static methods (linear, ntk, yarn) are set, at each length L, to the factor that length needs,
-s = L / L_train (so at 1x they *are* the unpatched model); dynamic methods are set once to
-s = 16 and adapt to the length themselves. ``none`` is the model as trained.
-
-    hf-posext demo                      # full: <= 5 min on 2 CPU cores, table + plot in ./hf_posext_demo
-    hf-posext demo --quick              # the same pipeline shrunk to seconds (CI)
-    hf-posext demo --out results/ --cache-dir /tmp/cache
+    hf-posext demo                      # a few minutes on 2 CPU cores, then cached
+    hf-posext demo --quick              # the same pipeline shrunk to seconds
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """Who reads a saved config, and what hf-posext writes so that each reads the same model.
 
-A patched checkpoint is read by transformers 5 (with or without ``import hf_posext``),
-transformers 4.x, vLLM, SGLang and llama.cpp's GGUF converter. One module per reader holds its
-rules, re-written from its source with the file and version cited:
-
-* :mod:`.transformers4`: the legacy ``rope_theta`` / ``rope_scaling`` fields 4.x reads
-  (:func:`write_reader_fields` puts them into every patched config, so ``save_pretrained`` writes
-  them; transformers 5 reads them back as the same ``rope_parameters``);
-* :mod:`.transformers5`: hf-posext's rope types name ``import hf_posext`` in the error a vanilla
-  install raises; old names stay loadable;
-* :mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`: the context and rope each derives.
-
-Conventions, per method (each is justified in the module that needs it):
-
-========== ================================= ===============================================
-method     ``max_position_embeddings``       why
-========== ================================= ===============================================
-linear     L0 (vicuna-13b-v1.5-16k)          vLLM/SGLang multiply it by the factor
-ntk        s x L0, ``rope_type: default``    every reader takes the raised base as is
-dynamic_*  L0                                transformers 4/5 start scaling past it
-yarn       s x L0, original = L0             SGLang does not multiply it (original is set)
-========== ================================= ===============================================
-
-:func:`support` applies every reader's rules to a patched config; :func:`engine_warning` turns the
-readers that would run it wrong *silently* into one warning (a loud refusal needs none).
+One module per reader (:mod:`.transformers4`, :mod:`.transformers5`, :mod:`.vllm`, :mod:`.sglang`,
+:mod:`.llamacpp`) holds its rules, re-written from its source; :func:`support` applies them and
+:func:`engine_warning` names the silent failures. Conventions: docs/readers/index.md.
 """
 
 from __future__ import annotations

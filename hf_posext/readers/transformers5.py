@@ -1,15 +1,7 @@
 """transformers 5 without ``import hf_posext``: rope types that name what is missing.
 
-transformers 5 looks a rope type up in ``ROPE_INIT_FUNCTIONS`` inside each model's rotary
-``__init__`` (``modeling_llama.LlamaRotaryEmbedding``, 5.24), so a type it does not know stops
-``from_pretrained`` with ``KeyError: '<rope type>'``; config validation only logs a warning for
-it. Nothing of hf-posext runs before that (no import, no remote code), so the one text such a
-user sees is the type's name: hf-posext's types therefore read ``... (requires: import hf_posext)``.
-vLLM and SGLang print the same name in their "Unknown RoPE scaling type" errors, transformers
-4.57 in its KeyError, llama.cpp's converter in its "Unknown RoPE type" warning.
-
-Checkpoints written before the rename carry the bare names; the families register them too
-(``RopeType.old_names``), and :func:`current_rope_type` upgrades them when a model is built.
+hf-posext's rope types read ``... (requires: import hf_posext)``; the families' ``RopeType.old_names`` keep
+checkpoints with the older names loadable (docs/readers/index.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """The fine-tune recipe's settings: one dataclass, filled from defaults, a YAML file and flags.
 
-Defaults are the YaRN paper's recipe (arXiv 2309.00071, section 4): 400 steps at lr 2e-5 with
-20 warm-up steps then linear decay, AdamW betas (0.9, 0.95), no weight decay, a global batch of
-64 sequences through gradient accumulation, bf16 where the hardware has it, and activation
-checkpointing. A YAML file (``--config``) takes the same keys as the flags, with ``-`` or
-``_``; flags given on the command line win over the file::
-
-    # examples/finetune_tiny.yaml
-    model: out/tiny-llama
-    method: yarn
-    factor: 4
-    dataset: [notes.txt, more.jsonl]
-    max-train-steps: 20
-
-Every value is checked in ``__post_init__``, before a model or a dataset is touched, so a bad
-run fails at once with a message naming the bad value and what is allowed. A YAML value is read
-as its flag would read it: booleans are true/false/yes/no/1/0 in any case (``lora: "false"`` is
-off; ``lora: "t"`` is an error), a quoted number is that number (``factor: "4"`` is 4.0).
+Defaults are the YaRN paper's recipe (arXiv 2309.00071, section 4); every value is checked in
+``__post_init__`` before a model or dataset is touched (docs/notes/training.md).
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """The fine-tune loop: patch -> data -> train -> save, through accelerate on one or many devices.
 
-:func:`train` runs the YaRN recipe (arXiv 2309.00071, section 4) for any registered position
-method. The same code runs on a laptop CPU, one GPU, DDP, FSDP2, DeepSpeed ZeRO-3 and FSDP2
-with context parallelism; the distribution strategy comes from the ``accelerate launch``
-config (examples/accelerate/*.yaml), never from this module.
-
-What it guarantees:
-
-* every bad setting, a missing dataset, a sequence longer than the patched model takes, an
-  unknown method and LoRA targets the model lacks fail before the first optimizer step;
-* ``checkpointing_steps`` saves model, optimizer, scheduler, every process's RNG and the data
-  position atomically; a run resumed from step ``k`` ends with the weights an uninterrupted run
-  reaches (bit for bit in fp32 on CPU, where kernels are deterministic);
-* the final checkpoint (safetensors, config with the extended rope parameters, tokenizer, model
-  card, ``train_results.json``) is written to a temporary folder and renamed into place; LoRA
-  runs are merged, so it loads in vanilla transformers (:mod:`.export`).
-
-Library use (``scripts/finetune.py`` is a thin wrapper)::
-
-    from hf_posext.train.config import TrainConfig
-    from hf_posext.train.loop import train
-    result = train(TrainConfig(model="out/tiny-llama", method="yarn", factor=4,
-                               dataset=["notes.txt"], output_dir="out/tiny-yarn"))
+:func:`train` runs the YaRN recipe (arXiv 2309.00071, section 4) for any registered method; the
+distribution strategy comes from the ``accelerate launch`` config. What it guarantees and how to
+call it: docs/notes/training.md.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ def test_defaults_are_the_yarn_recipe():
     assert str(config.checkpoint_path) == "o-checkpoints"
 
 
-def test_issue_flags_exist():
+def test_the_recipe_flags_exist():
     flags = {opt for action in build_parser()._actions for opt in action.option_strings}
     for flag in ("--model", "--method", "--factor", "--dataset", "--seq-len", "--max-train-steps", "--output-dir",
                  "--checkpointing-steps", "--resume", "--lora", "--pose", "--config"):

@@ -1,6 +1,6 @@
 """End-to-end runs of the fine-tune recipe on a tiny local model (CPU, fp32, a few seconds each).
 
-Covers the issue's acceptance: the saved checkpoint reloads in vanilla transformers (a fresh
+What the recipe promises: the saved checkpoint reloads in vanilla transformers (a fresh
 interpreter that never imports hf_posext) with identical logits and the extended config; a run
 killed (SIGKILL) after a checkpoint and resumed ends bit-identical to an uninterrupted run; the
 LoRA path's merged checkpoint reproduces the PEFT model's logits; bad input fails before training.
