@@ -50,17 +50,19 @@ def test_registered_rope_types_and_attention_reach_transformers():
 
 
 def test_checkpoints_saved_under_the_old_rope_type_names_still_load():
-    assert hf_posext.readers.transformers5.renamed_rope_types() == {
+    assert hf_posext.readers.transformers5.renamed_rope_types().items() >= {
         "hf_posext_dynamic_yarn": "hf_posext_dynamic_yarn (requires: import hf_posext)",
         "hf_posext_none": "hf_posext_none (requires: import hf_posext)",
-    }
+    }.items()
 
 
 def test_the_saved_names_are_unchanged():
-    assert set(methods.registry.rope_types()) == {
-        "hf_posext_dynamic_yarn (requires: import hf_posext)", "hf_posext_none (requires: import hf_posext)"
+    families = methods.families()
+    assert set(families["yarn"].rope_types) == {"hf_posext_dynamic_yarn (requires: import hf_posext)"}
+    assert set(families["alibi"].rope_types) == set(families["absolute"].rope_types) == {
+        "hf_posext_none (requires: import hf_posext)"
     }
-    assert set(methods.registry.attention_functions()) == {"hf_posext_alibi (requires: import hf_posext)", "hf_posext_alibi"}
+    assert set(families["alibi"].attention) == {"hf_posext_alibi (requires: import hf_posext)", "hf_posext_alibi"}
 
 
 def test_a_refused_registration_leaves_nothing_behind():
