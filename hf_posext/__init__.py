@@ -15,7 +15,8 @@ import warnings as _warnings
 from typing import Any as _Any
 
 from . import methods as _methods
-from .loading import AutoPatchedModelForCausalLM, from_pretrained, set_construction_hook as _set_construction_hook
+from .loading import AutoPatchedModelForCausalLM, from_pretrained
+from .loading import set_construction_hook as _set_construction_hook
 from .methods import (
     BaseRope,
     MethodConfig,

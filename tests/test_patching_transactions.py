@@ -9,9 +9,9 @@ from models import tiny_config, tiny_model, tokens
 from transformers import AutoModelForCausalLM
 
 import hf_posext
+from hf_posext.methods import method_class
 from hf_posext.methods.absolute.surgery import POSITIONS_ATTR
 from hf_posext.methods.registry import surgery_for
-from hf_posext.methods import method_class
 
 L_ORIG = 64
 

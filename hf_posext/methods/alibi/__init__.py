@@ -6,7 +6,14 @@
 
 from ..norope import NO_ROPE_TYPES
 from ..registry import AttentionFunctions, register_method
-from .attention import ALIBI_ATTENTION, BACKENDS, OLD_ALIBI_ATTENTION, alibi_attention_forward, alibi_mask, select_backend
+from .attention import (
+    ALIBI_ATTENTION,
+    BACKENDS,
+    OLD_ALIBI_ATTENTION,
+    alibi_attention_forward,
+    alibi_mask,
+    select_backend,
+)
 from .config import AlibiConfig
 from .slopes import alibi_slopes
 from .surgery import AlibiSurgery

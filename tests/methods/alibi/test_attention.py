@@ -20,8 +20,8 @@ from vanilla import vanilla_load_error
 from transformers import AutoModelForCausalLM, masking_utils
 
 import hf_posext
-from hf_posext.methods.alibi import attention as alibi_module
 from hf_posext.methods.alibi import alibi_slopes, select_backend
+from hf_posext.methods.alibi import attention as alibi_module
 from hf_posext.methods.alibi.attention import ALIBI_ATTENTION, OLD_ALIBI_ATTENTION, alibi_attention_forward, alibi_mask
 from hf_posext.rope_utils import NO_ROPE_TYPE
 

@@ -13,8 +13,8 @@ from models import ARCHITECTURES, tiny_model, tokens
 from transformers import masking_utils
 
 import hf_posext
-from hf_posext.methods.alibi import attention as alibi_module
 from hf_posext.methods.alibi import alibi_slopes
+from hf_posext.methods.alibi import attention as alibi_module
 from hf_posext.methods.alibi import folded as alibi_folded
 from hf_posext.methods.alibi.attention import alibi_attention_forward, alibi_mask, distance_mask, eager_alibi
 from hf_posext.methods.alibi.folded import folded_alibi, logit_error_bound, split_slopes
