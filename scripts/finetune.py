@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import sys
 
-from hf_posext.arguments import run_command
-from hf_posext.train.cli import config_from_args
+from hf_posext.commands.arguments import run_command
+from hf_posext.commands.finetune import config_from_args
 from hf_posext.train.loop import train
 
 

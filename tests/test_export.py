@@ -9,7 +9,7 @@ from models import tiny_model, tokens
 from vanilla import vanilla_load_error, vanilla_logits
 
 import hf_posext
-from hf_posext.cli import main as cli_main
+from hf_posext.commands.main import main as cli_main
 
 L_ORIG = 64
 

@@ -7,5 +7,5 @@
   (``scripts/reproduce.py``).
 
 A new experiment is a module here plus, if it is run from the shell, a thin script in
-``scripts/`` or a sub-command registered in :mod:`hf_posext.cli`.
+``scripts/`` or a sub-command registered in :mod:`hf_posext.commands.main`.
 """

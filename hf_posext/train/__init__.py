@@ -5,7 +5,7 @@ data (BOS/EOS-separated, fixed-length, cached blocks in a resumable order) comes
 :mod:`hf_posext.data`, shared with the evaluations.
 
 * :mod:`.config` - :class:`~.config.TrainConfig`, the settings (YaRN paper defaults), checked early;
-* :mod:`.cli` - the flags: ``transformers.HfArgumentParser`` over ``TrainConfig`` (a YAML file takes the same keys);
+* :mod:`hf_posext.commands.finetune` - the flags: ``transformers.HfArgumentParser`` over ``TrainConfig`` (a YAML file takes the same keys);
 * :mod:`.plan` - lengths and batch arithmetic checked against the patched model, before training;
 * :mod:`.loop` - :func:`~.loop.train` through accelerate (CPU, one GPU, DDP, FSDP2, ZeRO-3, CP);
 * :mod:`.checkpointing` - atomic, resumable training states;

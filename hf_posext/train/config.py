@@ -34,7 +34,7 @@ import yaml
 from transformers import SchedulerType, get_scheduler
 from transformers.hf_argparser import HfArg
 
-from ..arguments import KeyValueError, parse_bool
+from ..commands.arguments import KeyValueError, parse_bool
 from ..methods import make_method, method_class
 
 #: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
@@ -58,7 +58,7 @@ class TrainConfig:
     """Everything one fine-tune run needs; each field's ``help`` is its documentation.
 
     The help texts are what ``python scripts/finetune.py --help`` prints (through
-    ``transformers.HfArgumentParser``, :mod:`.cli`), so code and flags cannot drift apart.
+    ``transformers.HfArgumentParser``, :mod:`hf_posext.commands.finetune`), so code and flags cannot drift apart.
     """
 
     model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer, or a local .gguf file")

@@ -18,7 +18,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils.launch import prepare_multi_gpu_env
 
-from hf_posext.train.cli import config_from_args
+from hf_posext.commands.finetune import config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIGS = sorted((ROOT / "examples" / "accelerate").glob("*.yaml"))

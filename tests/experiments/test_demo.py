@@ -8,7 +8,7 @@ import pytest
 import torch
 from models import single_thread
 
-from hf_posext.cli import main
+from hf_posext.commands.main import main
 from hf_posext.experiments.demo import DYNAMIC_METHODS, QUICK, ROPE_METHODS
 from hf_posext.experiments.tinylm import pretrain
 from hf_posext.methods import available_methods

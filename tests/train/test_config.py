@@ -10,7 +10,7 @@ import yaml
 
 from hf_posext import available_methods
 from hf_posext.methods import method_class
-from hf_posext.train.cli import build_parser, config_from_args
+from hf_posext.commands.finetune import build_parser, config_from_args
 from hf_posext.train.config import TrainConfig, build_scheduler
 
 REQUIRED = dict(model="m", output_dir="o", dataset=["d.txt"])

@@ -7,7 +7,7 @@ import json
 import pytest
 from models import tiny_model
 
-from hf_posext.cli import main
+from hf_posext.commands.main import main
 
 L_ORIG = 64
 

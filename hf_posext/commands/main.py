@@ -19,11 +19,11 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from .arguments import add_set_argument, check_factor, method_kwargs, run_command
-from .export import extend_checkpoint
-from .gguf import resolve_model_source
-from .methods import available_methods, method_class
-from .patching import patch_info
-from .readers import print_engine_warning
+from ..export import extend_checkpoint
+from ..gguf import resolve_model_source
+from ..methods import available_methods, method_class
+from ..patching import patch_info
+from ..readers import print_engine_warning
 
 
 def _methods(args: argparse.Namespace) -> int:
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Modules defining a sub-command next to its logic, each with ``add_parser(subparsers)``.
-_SUBCOMMAND_MODULES: tuple[str, ...] = ("hf_posext.eval.cli", "hf_posext.experiments.demo", "hf_posext.hub")
+_SUBCOMMAND_MODULES: tuple[str, ...] = ("hf_posext.commands.eval", "hf_posext.experiments.demo", "hf_posext.hub")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,9 @@
 """The laptop-sized reproduction of the ALiBi and YaRN papers, in shape (see hf_posext/experiments/reproduce.py).
 
-    python scripts/reproduce.py                                  # full: ~20-30 min on 2 CPU cores
-    python scripts/reproduce.py --only scratch extension         # some experiments
-    python scripts/reproduce.py --quick --out /tmp/repro         # seconds, for CI
-    CUDA_VISIBLE_DEVICES=0 python scripts/reproduce.py           # same script; sizes are CPU-sized anyway
+    python -m hf_posext.commands.reproduce                     # full: ~20-30 min on 2 CPU cores
+    python -m hf_posext.commands.reproduce --only scratch extension # some experiments
+    python -m hf_posext.commands.reproduce --quick --out /tmp/repro         # seconds, for CI
+    CUDA_VISIBLE_DEVICES=0 python -m hf_posext.commands.reproduce           # same script; sizes are CPU-sized anyway
 
 Writes ``benchmarks/results/{scratch,extension,passkey}.json``, ``reproduction.md`` (tables, protocol,
 hardware, versions, wall time, this command) and repro_*.png plots. Trained models are cached under
@@ -40,14 +40,14 @@ def main() -> int:
     if args.report_only:
         seconds = sum(json.loads(p.read_text()).get("seconds", 0.0) for p in out.glob("*.json")
                       if p.stem in EXPERIMENTS)
-        command = "python scripts/reproduce.py --only EXPERIMENT` (one process each) and `--report-only"
+        command = "python -m hf_posext.commands.reproduce --only EXPERIMENT` (one process each) and `--report-only"
         print(write_report(config, out, command, seconds))
         return 0
     start = time.perf_counter()
     for name in args.only:
         print(f"== {name}", flush=True)
         RUNNERS[name](config, out, Path(args.cache_dir) if args.cache_dir else None, progress=not args.no_progress)
-    command = "python scripts/reproduce.py " + shlex.join(sys.argv[1:])
+    command = "python -m hf_posext.commands.reproduce " + shlex.join(sys.argv[1:])
     print(write_report(config, out, command.strip(), time.perf_counter() - start))
     return 0
 

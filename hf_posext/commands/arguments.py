@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .methods import method_class
+from ..methods import method_class
 
 #: Method arguments that have a flag of their own in every command.
 OWN_FLAGS = {"factor": "--factor"}

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from hf_posext.arguments import (
+from hf_posext.commands.arguments import (
     KeyValueError,
     add_set_argument,
     method_kwargs,

@@ -4,7 +4,7 @@ Every setting is a flag (``seq_len`` -> ``--seq-len`` or ``--seq_len``) and a YA
 ``--config``, with its help taken from the field, so the two cannot drift apart. Precedence:
 flags given on the command line > the YAML file > defaults. Booleans take ``--lora`` (or
 ``--lora false``; true/false/yes/no/1/0 in any case, as in the YAML file) and ``--no-lora``; ``--resume`` alone means the latest training state; method
-arguments go through ``--set KEY=VALUE`` (:mod:`hf_posext.arguments`, as in ``hf-posext patch``).
+arguments go through ``--set KEY=VALUE`` (:mod:`hf_posext.commands.arguments`, as in ``hf-posext patch``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
-from ..arguments import parse_bool, parse_key_value, parse_key_values
-from .config import TrainConfig, load_yaml
+from .arguments import parse_bool, parse_key_value, parse_key_values
+from ..train.config import TrainConfig, load_yaml
 
 
 class RecipeArgumentParser(HfArgumentParser):

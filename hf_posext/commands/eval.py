@@ -20,15 +20,15 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..arguments import check_factor, method_kwargs
+from .arguments import check_factor, method_kwargs
 from ..data import encode_documents, load_texts
 from ..files import check_output_dir
 from ..gguf import gguf_identity, is_gguf, resolve_model_source
 from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
-from .passkey import passkey_accuracy
-from .perplexity import sliding_window_perplexity, truncated_perplexity
-from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv
+from ..eval.passkey import passkey_accuracy
+from ..eval.perplexity import sliding_window_perplexity, truncated_perplexity
+from ..eval.report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
