@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .. import validation
 from ..methods import method_class
 
 #: Method arguments that have a flag of their own in every command.
@@ -58,23 +59,16 @@ def parse_key_values(items: Iterable[str | tuple[str, Any]] | None) -> dict[str,
     return dict(pairs)
 
 
-#: The spellings of a boolean, any case; nothing else is one.
-BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-
-
 def parse_bool(value: Any, name: str = "value") -> bool:
-    """``value`` as a boolean: ``True``/``False``, 1/0, or true/false/yes/no/1/0 in any case.
+    """:func:`hf_posext.validation.parse_bool` for flags: its error is an ``ArgumentTypeError`` argparse prints.
 
     Raises:
-        KeyValueError: anything else (``"t"``, ``2``, ``"off"``...), naming ``name`` and the spellings.
+        KeyValueError: anything but true/false/yes/no/1/0 (any case), naming ``name`` and the spellings.
     """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in BOOLEANS:
-        return BOOLEANS[value.strip().lower()]
-    raise KeyValueError(f"{name} must be true or false (or yes/no/1/0, any case), got {value!r}")
+    try:
+        return validation.parse_bool(value, name)
+    except ValueError as err:
+        raise KeyValueError(str(err)) from None
 
 
 def method_kwargs(items: Iterable[str | tuple[str, Any]] | None) -> dict[str, Any]:

@@ -22,14 +22,13 @@ instead of writing names down.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from ..rope_utils import longrope_rope_parameters
+from ..validation import real_number, whole_number  # re-exported: the methods' checks
 
 
 @dataclass(frozen=True)
@@ -161,28 +160,6 @@ class PositionMethod:
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.name, **dataclasses.asdict(self)}
-
-
-def real_number(method: str, field: str, value: Any, allowed: str) -> float:
-    """``value`` as a float if it is a finite real number (numpy scalars included, booleans not).
-
-    Raises:
-        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{method}: {field} must be a finite number {allowed}, got {value!r}")
-    return float(value)
-
-
-def whole_number(method: str, field: str, value: Any, minimum: int, allowed: str) -> int:
-    """``value`` as an int if it is an integer >= ``minimum`` (numpy integers included, booleans not).
-
-    Raises:
-        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{method}: {field} must be {allowed}, got {value!r}")
-    return int(value)
 
 
 _REGISTRY: dict[str, type[PositionMethod]] = {}
