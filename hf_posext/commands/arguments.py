@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -28,6 +29,9 @@ from ..methods import method_class
 
 #: Method arguments that have a flag of their own in every command.
 OWN_FLAGS = {"factor": "--factor"}
+
+#: Where a command writes when not given ``--out``: ``./hf_posext_out/<command>`` (one folder to find or delete).
+OUTPUT_ROOT = "hf_posext_out"
 
 #: What the commands report as bad input in one line rather than with a traceback.
 USER_ERRORS = (ValueError, OSError)
@@ -107,6 +111,16 @@ def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> i
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup (````code````, ``:func:`name```), for terminal help."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
+
+
+def default_out(command: str) -> str:
+    """``hf_posext_out/<command>``: the output folder of ``command`` when ``--out`` is not given."""
+    return f"{OUTPUT_ROOT}/{command}"
 
 
 def add_set_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *aliases: str,

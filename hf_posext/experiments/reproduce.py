@@ -16,7 +16,7 @@ Three experiments on byte-level Llamas trained from scratch on the Python standa
 Every experiment's results are written to ``<out>/<experiment>.json`` as soon as they exist and
 reused by a rerun with the same settings, so an interrupted reproduction resumes; trained models
 are cached (``cache_dir``). :func:`write_report` turns the JSON files into ``reproduction.md`` tables
-and PNG plots. ``scripts/reproduce.py`` is the command line.
+and PNG plots. ``hf-posext reproduce`` (:mod:`hf_posext.commands.reproduce`) is the command line.
 """
 
 from __future__ import annotations

@@ -37,4 +37,4 @@ def test_reproduce_quick_writes_every_result(tmp_path):
             assert all(1 < row["perplexity"] < 256 for curve in curves for row in curve)
         assert (tmp_path / f"repro_{name}.png").stat().st_size > 0
     report = (tmp_path / "reproduction.md").read_text()
-    assert "hf_posext.commands.reproduce --quick" in report and "| dynamic_yarn" in report
+    assert "hf-posext reproduce --quick" in report and "| dynamic_yarn" in report
