@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .arguments import default_out
+from .arguments import default_out, plain
 
 
 def footer(report: dict[str, Any], out: str) -> str:
@@ -47,7 +47,7 @@ def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext demo``."""
     out = default_out("demo")
     p = subparsers.add_parser("demo", help="train a tiny model once, extend it with every method, print perplexities",
-                              description=__doc__.split("\n\n")[0].replace("``", ""))
+                              description=plain(__doc__.split("\n\n")[0]))
     p.add_argument("--quick", action="store_true", help="shrink everything to seconds (CI)")
     p.add_argument("--out", default=out, help=f"output folder (default: ./{out})")
     p.add_argument("--overwrite", action="store_true",

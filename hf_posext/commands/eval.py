@@ -185,10 +185,11 @@ def _common(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("model", help="checkpoint folder or Hub id (with its tokenizer), or a local .gguf file")
     p.add_argument("--lengths", type=_ints, required=True, help="comma-separated context lengths, e.g. 2048,4096,8192")
     p.add_argument("--method", default="none",
-                   help="comma-separated methods to compare, 'none' = the checkpoint as is (default: none)")
+                   help="comma-separated methods to compare (hf-posext methods lists them), 'none' = the checkpoint "
+                        "as is (default: none)")
     p.add_argument("--factor", type=float, default=None, help="context scale s for --method")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32")
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32 (repeatable)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights' dtype; auto: the checkpoint's (default)")
     p.add_argument("--device", default="auto",
                    help="auto (spread over every visible GPU; CPU without one), or one device: cpu, cuda:1 ...")
     p.add_argument("--attn-implementation", default=None, help="sdpa, eager, flash_attention_2 ...")

@@ -34,7 +34,17 @@ def method_names() -> str:
                      for name in available_methods())
 
 
+def methods_markdown() -> str:
+    """The Markdown table of the methods and their aliases (``hf-posext methods --markdown``; docs/guides/cli.md holds it)."""
+    aliases = aliases_by_method()
+    rows = [f"| `{name}` | {', '.join(f'`{a}`' for a in aliases.get(name, [])) or '-'} |" for name in available_methods()]
+    return "\n".join(["| method | aliases |", "|---|---|", *rows])
+
+
 def _methods(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(methods_markdown())
+        return 0
     aliases = aliases_by_method()
     rows = [("method", "aliases", "what it is", "paper")]
     for name in available_methods():
@@ -81,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("methods", help="list the position-encoding methods and their aliases")
+    p.add_argument("--markdown", action="store_true", help="print the methods and aliases as a Markdown table")
     p.set_defaults(func=_methods)
 
     p = sub.add_parser("patch", help="write a checkpoint with an extended context (weights untouched)")

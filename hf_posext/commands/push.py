@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from .arguments import plain
+
 
 def _push(args: argparse.Namespace) -> int:
     from ..hub import push_to_hub
@@ -32,7 +34,7 @@ def _push(args: argparse.Namespace) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``hf-posext push``."""
     p = subparsers.add_parser("push", help="upload an extended checkpoint to the Hugging Face Hub",
-                              description=__doc__.split("\n\n")[0].replace("``", ""))
+                              description=plain(__doc__.split("\n\n")[0]))
     p.add_argument("folder", help="checkpoint folder (from hf-posext finetune or hf-posext patch)")
     p.add_argument("repo_id", help="owner/name on the Hub")
     p.add_argument("--private", action="store_true", help="create the repository private")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .arguments import default_out, run_command
+from .arguments import default_out, plain, run_command
 
 PROG = "hf-posext reproduce"
 
@@ -65,14 +65,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext reproduce``."""
     p = subparsers.add_parser("reproduce", help="the laptop-sized reproduction of the ALiBi and YaRN papers",
-                              description=__doc__.split("\n\n")[0].replace("``", ""))
+                              description=plain(__doc__.split("\n\n")[0]))
     _add_arguments(p)
     p.set_defaults(func=_reproduce)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hf_posext.commands.reproduce ARGS``, the same as ``hf-posext reproduce ARGS``."""
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = argparse.ArgumentParser(prog=PROG, description=plain(__doc__.split("\n\n")[0]))
     _add_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)

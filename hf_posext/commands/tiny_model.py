@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .arguments import plain
+
 
 def _tiny_model(args: argparse.Namespace) -> int:
     from ..fixtures import make_tiny_model
@@ -34,6 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext tiny-model``."""
     p = subparsers.add_parser("tiny-model", help="write a tiny random-weight checkpoint (laptop runs, tests)",
-                              description=__doc__.split("\n\n")[0].replace("``", ""))
+                              description=plain(__doc__.split("\n\n")[0]))
     add_arguments(p)
     p.set_defaults(func=_tiny_model)

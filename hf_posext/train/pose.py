@@ -9,7 +9,7 @@ contiguous. Chunk lengths are drawn uniformly too. Memory and time are those of 
 Skipped positions break transformers' packed-sequence detection: without an attention mask,
 a jump in ``position_ids`` is read as the start of a new document and attention across the
 jump is cut. The recipe therefore passes an explicit all-ones attention mask with PoSE batches
-(:func:`hf_posext.train.loop.forward_loss`).
+(:func:`hf_posext.train.steps.forward_loss`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,20 @@
-"""``hf-posext patch`` and the command-line error policy on bad input (issue 13, cases 11 and 13)."""
+"""``hf-posext``: the entry point, ``patch``, the error policy on bad input, and a fast ``--help``."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from models import tiny_model
 
-from hf_posext.commands.main import main
+import hf_posext
+from hf_posext.commands.arguments import plain
+from hf_posext.commands.main import build_parser, main, methods_markdown
 
 L_ORIG = 64
 
@@ -67,3 +74,79 @@ def test_an_invalid_config_json_is_one_line_naming_the_file(tmp_path, capsys, mo
     monkeypatch.setenv("HF_POSEXT_DEBUG", "1")
     with pytest.raises(OSError):
         main(argv)
+
+
+def test_help_loads_nothing_beyond_the_package(tmp_path):
+    # `import hf_posext` registers with transformers (torch, transformers); building every
+    # command's parser must import no other library (peft, accelerate, matplotlib...: the handlers').
+    probe = (
+        "import sys, hf_posext; before = set(sys.modules)\n"
+        "from hf_posext.commands.main import build_parser; build_parser()\n"
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - {m.split('.')[0] for m in before}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_python_dash_m_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "hf_posext", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: hf-posext")
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "hf-posext") -> dict[str, argparse.ArgumentParser]:
+    """Every (sub-)sub-command's parser by its full name."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[f"{prefix} {name}"] = sub
+                found.update(_commands(sub, f"{prefix} {name}"))
+    return found
+
+
+def test_every_subcommand_has_help_without_markup():
+    commands = _commands(build_parser())
+    assert {f"hf-posext {name}" for name in ("methods", "patch", "eval ppl", "eval passkey", "finetune", "demo",
+                                              "reproduce", "push", "tiny-model")} <= set(commands)
+    for name, sub in commands.items():
+        if name == "hf-posext finetune":
+            continue  # its flags are the recipe parser's (test_finetune.py)
+        text = sub.format_help()
+        assert "``" not in text and ":func:" not in text, name
+        for action in sub._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+
+
+def test_patch_lists_the_aliases_from_the_registry(capsys):
+    with pytest.raises(SystemExit):
+        main(["patch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for alias, name in hf_posext.method_aliases().items():
+        assert f"{name} (alias {alias})" in text
+
+
+def test_plain_strips_rst():
+    assert plain("See :func:`~hf_posext.patch_model` and ``--set``.") == "See hf_posext.patch_model and --set."
+
+
+def test_tiny_model_writes_a_loadable_checkpoint(tmp_path, capsys):
+    assert main(["tiny-model", str(tmp_path / "tiny"), "--max-position-embeddings", "48", "--arch", "qwen3"]) == 0
+    config = json.loads((tmp_path / "tiny" / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["max_position_embeddings"] == 48
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'tiny'}"
+    assert main(["tiny-model", str(tmp_path / "gpt"), "--arch", "gpt2"]) == 2
+    assert "unknown architecture 'gpt2'; choose one of llama" in one_line_error(capsys)
+
+
+CLI_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "cli.md"
+
+
+def test_the_cli_guide_lists_every_command_and_the_registrys_aliases():
+    text = CLI_GUIDE.read_text()
+    block = re.search(r"<!-- methods -->\n(.*?)\n<!-- /methods -->", text, re.S)
+    assert block and block.group(1) == methods_markdown(), "run hf-posext methods --markdown into docs/guides/cli.md"
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in commands:
+        assert f"| `hf-posext {name}" in text, f"docs/guides/cli.md does not list hf-posext {name}"
