@@ -11,8 +11,8 @@ such folders from nothing:
 * :func:`make_tiny_model` - a randomly initialised Llama/Mistral/Qwen2/Qwen3 checkpoint with
   that tokenizer::
 
-    python scripts/make_tiny_model.py out/tiny-llama            # ~0.2M parameters, 128-token context
-    python scripts/finetune.py --config examples/finetune_tiny.yaml
+    hf-posext tiny-model out/tiny-llama            # ~0.2M parameters, 128-token context
+    hf-posext finetune --config examples/finetune_tiny.yaml
 
     from hf_posext.fixtures import byte_tokenizer
     tok = byte_tokenizer()

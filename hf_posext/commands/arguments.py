@@ -1,9 +1,9 @@
-"""Command-line values shared by every command: ``hf-posext patch``, ``hf-posext eval``, ``scripts/finetune.py``.
+"""Command-line values shared by every command: ``hf-posext patch``, ``hf-posext eval``, ``hf-posext finetune``.
 
 A method argument is given the same way everywhere, ``--set KEY=VALUE`` (repeatable)::
 
     hf-posext patch base out --method yarn --factor 4 --set beta_fast=64 --set mscale_all_dim=1
-    python scripts/finetune.py --config run.yaml --set beta_fast=64
+    hf-posext finetune --config run.yaml --set beta_fast=64
 
 KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1``, ``true``,
 ``[1, 2]``) and kept as a string otherwise (``mode=tail``). ``factor`` has its own flag

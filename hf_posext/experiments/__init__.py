@@ -4,8 +4,8 @@
   model every offline experiment extends;
 * :mod:`.demo` - ``hf-posext demo``: that model extended by every method, perplexity by length;
 * :mod:`.reproduce` - the laptop-sized reproduction of the ALiBi and YaRN papers
-  (``scripts/reproduce.py``).
+  (``hf-posext reproduce``).
 
-A new experiment is a module here plus, if it is run from the shell, a thin script in
-``scripts/`` or a sub-command registered in :mod:`hf_posext.commands.main`.
+A new experiment is a module here plus, if it is run from the shell, a sub-command module in
+:mod:`hf_posext.commands` listed in :data:`hf_posext.commands.main.SUBCOMMAND_MODULES`.
 """

@@ -58,7 +58,7 @@ ReportTo = Literal[REPORT_TO]
 class TrainConfig:
     """Everything one fine-tune run needs; each field's ``help`` is its documentation.
 
-    The help texts are what ``python scripts/finetune.py --help`` prints (through
+    The help texts are what ``hf-posext finetune --help`` prints (through
     ``transformers.HfArgumentParser``, :mod:`hf_posext.commands.finetune`), so code and flags cannot drift apart.
     """
 

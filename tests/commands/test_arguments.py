@@ -1,4 +1,4 @@
-"""``--set KEY=VALUE``: one parser behind ``hf-posext patch``, ``hf-posext eval`` and ``scripts/finetune.py``."""
+"""``--set KEY=VALUE``: one parser behind ``hf-posext patch``, ``hf-posext eval`` and ``hf-posext finetune``."""
 
 from __future__ import annotations
 
