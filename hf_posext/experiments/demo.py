@@ -130,10 +130,17 @@ def run_demo(
     results: dict[str, list[dict[str, Any]]] = {"none": measure(lengths)}
     for row in results["none"]:
         row.update(multiple=row["length"] // train_len, factor=1.0)
+    scratch = [p for p in config.from_scratch if p in available_methods()]
+    width = max(len(name) for name in ["none", *ROPE_METHODS, *(f"{p} (from scratch)" for p in scratch)])
+
+    def show(name: str, rows: list[dict[str, Any]]) -> None:
+        if progress:
+            print(f"  {name:<{width}} " + " ".join(f"{r['perplexity']:12.3f}" for r in rows), flush=True)
+
     if progress:
-        print("  perplexity at L tokens of context (the last rows, trained from scratch, come at the end)")
-        print(f"  {header[0]:<13} " + " ".join(f"{h:>12}" for h in header[1:]))
-        print(f"  {'none':<13} " + " ".join(f"{r['perplexity']:12.3f}" for r in results["none"]), flush=True)
+        print("  perplexity with L tokens of context")
+        print(f"  {header[0]:<{width}} " + " ".join(f"{h:>12}" for h in header[1:]))
+    show("none", results["none"])
     for method in ROPE_METHODS:
         rows = []
         if method in DYNAMIC_METHODS:
@@ -152,17 +159,16 @@ def run_demo(
         for row in rows:
             row["multiple"] = row["length"] // train_len
         results[method] = rows
-        if progress:
-            print(f"  {method:<13} " + " ".join(f"{r['perplexity']:12.3f}" for r in rows), flush=True)
+        show(method, rows)
     trained = {"rope": train_info}
-    for position in [p for p in config.from_scratch if p in available_methods()]:
+    for position in scratch:
         cached[position] = is_cached(dataclasses.replace(config.model, position=position), cache_dir)
         model, _, trained[position] = pretrain(
             dataclasses.replace(config.model, position=position), cache_dir, progress=progress
         )
-        results[f"{position} (from scratch)"] = [
-            {**r, "factor": 1.0, "multiple": r["length"] // train_len} for r in measure(lengths)
-        ]
+        name = f"{position} (from scratch)"
+        results[name] = [{**r, "factor": 1.0, "multiple": r["length"] // train_len} for r in measure(lengths)]
+        show(name, results[name])
 
     table = markdown_table(header, [[name] + [r["perplexity"] for r in rows] for name, rows in results.items()])
     report = {
