@@ -16,11 +16,14 @@ import dataclasses
 import sys
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import HfArgumentParser
 
 from .arguments import parse_bool, parse_key_value, parse_key_values, run_command
+
+if TYPE_CHECKING:
+    from ..train.config import TrainConfig
 
 PROG = "hf-posext finetune"
 DESCRIPTION = "Fine-tune a model for a longer context (the YaRN recipe by default): patch -> data -> train -> save."
