@@ -26,7 +26,7 @@ from hf_posext.files import MARKER
 from hf_posext.train.checkpointing import latest_checkpoint, list_checkpoints
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.lora import merged_state_dict
-from hf_posext.train.loop import train
+from hf_posext.train.loop import FinetuneRecipe, train
 from hf_posext.fixtures import byte_tokenizer, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def test_run_saves_hub_ready_checkpoint_that_reloads_in_vanilla_transformers(ass
 KILL_SCRIPT = """
 import os, signal, sys
 from hf_posext.train.config import TrainConfig
-from hf_posext.train.loop import train
+from hf_posext.train.loop import FinetuneRecipe, train
 
 def kill_at(progress):
     if progress.step == {kill_step}:
@@ -269,3 +269,37 @@ def test_an_error_inside_train_is_one_line_with_exit_code_2(assets, tmp_path, ca
     monkeypatch.setenv("HF_POSEXT_DEBUG", "1")
     with pytest.raises(ValueError, match="seq_len=65"):
         finetune_main(argv)
+
+
+def test_the_recipe_run_part_by_part_is_train(assets, tmp_path):
+    # setup / train_step / save by hand (a custom loop) ends where train() ends, bit for bit on CPU fp32.
+    whole = train(config(assets, tmp_path / "whole", max_train_steps=3, eval_blocks=2))
+    recipe = FinetuneRecipe(config(assets, tmp_path / "parts", max_train_steps=3, eval_blocks=2))
+    try:
+        recipe.setup()
+        losses = [recipe.train_step() for _ in range(3)]
+        parts = recipe.save()
+    finally:
+        recipe.cleanup()
+    assert losses == whole.losses == parts.losses and parts.eval == whole.eval
+    assert set(parts.eval) == {"before", "after"} and parts.eval["after"] < parts.eval["before"]
+    for name, tensor in whole.model.state_dict().items():
+        assert torch.equal(parts.model.state_dict()[name], tensor), name
+
+
+def test_cleanup_closes_the_bar_when_a_step_fails(assets, tmp_path, monkeypatch):
+    recipe = FinetuneRecipe(config(assets, tmp_path, max_train_steps=3))
+    recipe.setup()
+
+    def broken_step() -> float:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(recipe, "train_step", broken_step)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        try:
+            recipe.train()
+        finally:
+            bar = recipe.bar
+            recipe.cleanup()
+    assert bar is not None and bar.disable  # it existed while training failed, and cleanup closed it
+    assert recipe.bar is None
