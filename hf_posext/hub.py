@@ -7,7 +7,6 @@ the token comes from ``HF_TOKEN`` or ``hf auth login`` and is never printed
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -76,7 +75,7 @@ def checkpoint_files(folder: str | os.PathLike, include: Sequence[str] = (), all
     if missing:
         raise FileNotFoundError(
             f"{str(root)!r} is not a complete checkpoint: missing {', '.join(missing)} "
-            "(write one with scripts/finetune.py or hf-posext patch)"
+            "(write one with hf-posext finetune or hf-posext patch)"
         )
     return files
 
@@ -146,36 +145,3 @@ def push_to_hub(
         commit_message=commit_message or _commit_message(folder),
     )
     return PushResult(repo_id, files, str(getattr(commit, "commit_url", commit)), left_out)
-
-
-def _push(args: argparse.Namespace) -> int:
-    result = push_to_hub(args.folder, args.repo_id, private=args.private, revision=args.revision,
-                         commit_message=args.commit_message, dry_run=args.dry_run, include=args.include,
-                         all_files=args.all)
-    for name in result.files:
-        print(f"  {name}")
-    if result.left_out:
-        print(f"left out (not a model repository's files; --include PATTERN or --all to send them): "
-              f"{', '.join(result.left_out)}")
-    if result.url is None:
-        print(f"dry run: would upload {len(result.files)} files to {result.repo_id}")
-    else:
-        print(f"uploaded {len(result.files)} files to https://huggingface.co/{result.repo_id} ({result.url})")
-    return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``hf-posext push``."""
-    p = subparsers.add_parser("push", help="upload an extended checkpoint to the Hugging Face Hub",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("folder", help="checkpoint folder (from scripts/finetune.py or hf-posext patch)")
-    p.add_argument("repo_id", help="owner/name on the Hub")
-    p.add_argument("--private", action="store_true", help="create the repository private")
-    p.add_argument("--revision", default=None, help="branch to commit to (created if missing)")
-    p.add_argument("--commit-message", default=None)
-    p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
-    p.add_argument("--include", action="append", default=[], metavar="PATTERN",
-                   help="also send files matching PATTERN, e.g. '*.ipynb' (repeatable)")
-    p.add_argument("--all", action="store_true",
-                   help="send every file but hidden files, training states and temporaries")
-    p.set_defaults(func=_push)

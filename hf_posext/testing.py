@@ -6,7 +6,7 @@ evaluations load their model and tokenizer as a user's run does (``from_pretrain
 * :func:`byte_tokenizer` - a real :class:`~transformers.PreTrainedTokenizerFast` whose token id
   ``b`` is byte ``b`` (256 byte symbols, no merges), so any text round-trips exactly;
 * :func:`make_tiny_model` - a randomly initialised Llama/Mistral/Qwen2/Qwen3 checkpoint with that
-  tokenizer (``python scripts/make_tiny_model.py out/tiny-llama``: ~0.2M parameters).
+  tokenizer (``hf-posext tiny-model out/tiny-llama``: ~0.2M parameters).
 
     from hf_posext.testing import byte_tokenizer
     byte_tokenizer()("def f():").input_ids   # [256, 100, 101, 102, 32, 102, 40, 41, 58]  (BOS first)

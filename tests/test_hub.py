@@ -16,7 +16,7 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.utils import filter_repo_objects
 
 from hf_posext import patch_model
-from hf_posext.cli import main
+from hf_posext.commands.main import main
 from hf_posext.hub import push_to_hub
 from hf_posext.export import model_card
 from hf_posext.testing import make_tiny_model

@@ -24,7 +24,7 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub.utils import filter_repo_objects
 
-from hf_posext.cli import main as cli_main
+from hf_posext.commands.main import main as cli_main
 from hf_posext.files import MARKER, atomic_directory
 from hf_posext.testing import make_tiny_model
 from hf_posext.hub import push_to_hub

@@ -216,6 +216,16 @@ def _load(path: Path, config: TinyLMConfig) -> PreTrainedModel:
     return model.eval()
 
 
+def _cache_path(config: TinyLMConfig, root: Path) -> Path:
+    return root / f"tinylm-{config.key()}"
+
+
+def is_cached(config: TinyLMConfig, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Whether :func:`pretrain` would load ``config``'s model from the cache rather than train it."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return (_cache_path(config, root) / "train_info.json").exists()
+
+
 def pretrain(
     config: TinyLMConfig = TinyLMConfig(),
     cache_dir: str | os.PathLike | None = None,
@@ -239,7 +249,7 @@ def pretrain(
         training loss, the wall time of training, threads and versions.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / f"tinylm-{config.key()}"
+    path = _cache_path(config, root)
     tokenizer = byte_tokenizer()
     if (path / "train_info.json").exists() and not retrain:
         return _load(path, config), tokenizer, json.loads((path / "train_info.json").read_text())

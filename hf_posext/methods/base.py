@@ -10,14 +10,13 @@ where its family registers it (:mod:`hf_posext.methods.registry`).
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from ..rope_utils import longrope_rope_parameters
+from ..validation import real_number, whole_number  # re-exported: the methods' checks
 
 #: The config attribute holding what a patch did (the method's name and arguments, what the
 #: checkpoint had); saved in config.json with the checkpoint.
@@ -159,28 +158,6 @@ class MethodConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.name, **dataclasses.asdict(self)}
-
-
-def real_number(method: str, field: str, value: Any, allowed: str) -> float:
-    """``value`` as a float if it is a finite real number (numpy scalars included, booleans not).
-
-    Raises:
-        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{method}: {field} must be a finite number {allowed}, got {value!r}")
-    return float(value)
-
-
-def whole_number(method: str, field: str, value: Any, minimum: int, allowed: str) -> int:
-    """``value`` as an int if it is an integer >= ``minimum`` (numpy integers included, booleans not).
-
-    Raises:
-        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{method}: {field} must be {allowed}, got {value!r}")
-    return int(value)
 
 
 #: Deprecated name of :class:`MethodConfig` (kept so that code written against 0.1 keeps working).

@@ -1,24 +1,32 @@
-"""Command-line flags of the fine-tune recipe: ``transformers.HfArgumentParser`` over :class:`~.config.TrainConfig`.
+"""``hf-posext finetune``: the fine-tune recipe's command line (patch -> data -> train -> save).
 
-Every setting is a flag (``seq_len`` -> ``--seq-len`` or ``--seq_len``) and a YAML key of
-``--config``, with its help taken from the field, so the two cannot drift apart. Precedence:
-flags given on the command line > the YAML file > defaults. Booleans take ``--lora`` (or
-``--lora false``; true/false/yes/no/1/0 in any case, as in the YAML file) and ``--no-lora``; ``--resume`` alone means the latest training state; method
-arguments go through ``--set KEY=VALUE`` (:mod:`hf_posext.arguments`, as in ``hf-posext patch``).
+    hf-posext finetune --config examples/finetune_tiny.yaml --max-train-steps 40
+    accelerate launch --config_file examples/accelerate/fsdp2.yaml -m hf_posext.commands.finetune --config run.yaml
+
+Every setting is a flag (``seq_len`` -> ``--seq-len``) and a key of the ``--config`` YAML file,
+with its help taken from the :class:`~hf_posext.train.config.TrainConfig` field; flags win over
+the file, the file over the defaults. Booleans take ``--lora``/``--lora false``/``--no-lora``;
+method arguments ``--set KEY=VALUE``. The guide: docs/guides/finetune.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import HfArgumentParser
 
-from ..arguments import parse_bool, parse_key_value, parse_key_values
-from .config import TrainConfig, load_yaml
+from .arguments import parse_bool, parse_key_value, parse_key_values, run_command
+
+if TYPE_CHECKING:
+    from ..train.config import TrainConfig
+
+PROG = "hf-posext finetune"
+DESCRIPTION = "Fine-tune a model for a longer context (the YaRN recipe by default): patch -> data -> train -> save."
 
 
 class RecipeArgumentParser(HfArgumentParser):
@@ -55,24 +63,30 @@ def _flag_bool(name: str):
 
 
 def _mapping_fields() -> set[str]:
+    from ..train.config import TrainConfig
+
     hints = typing.get_type_hints(TrainConfig)
     return {f.name for f in dataclasses.fields(TrainConfig) if typing.get_origin(hints[f.name]) is dict}
 
 
-def build_parser(description: str | None = None) -> RecipeArgumentParser:
+def build_parser(description: str | None = DESCRIPTION, prog: str | None = PROG) -> RecipeArgumentParser:
     """The recipe's argument parser: ``--config`` plus one flag per ``TrainConfig`` field."""
-    parser = RecipeArgumentParser(TrainConfig, description=description)
+    from ..train.config import TrainConfig
+
+    parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog)
     parser.add_argument("--config", help="a YAML file with the same keys as these flags (flags win over it)")
     return parser
 
 
-def config_from_args(argv: Sequence[str] | None = None, description: str | None = None) -> TrainConfig:
+def config_from_args(argv: Sequence[str] | None = None, description: str | None = DESCRIPTION) -> TrainConfig:
     """Parse ``argv`` (and its ``--config`` file) into a validated :class:`TrainConfig`.
 
     Raises:
         ValueError: a bad or unknown setting (from the YAML file or the flags).
         FileNotFoundError: a ``--config`` file that does not exist.
     """
+    from ..train.config import TrainConfig, load_yaml
+
     parser = build_parser(description)
     config_file = parser.parse_known_args(argv)[0].config
     mappings = _mapping_fields()
@@ -98,3 +112,41 @@ def _mapping(value: Any, name: str, source: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{source}: {name} must be a mapping (KEY: VALUE lines), got {value!r}")
     return value
+
+
+def summary(result: Any) -> str:
+    """What a finished run prints: where it went and, with ``eval_blocks``, perplexity before and after."""
+    lines = [f"wrote {result.output_dir} ({result.steps} steps, final loss {result.final_loss:.4f})"]
+    if result.eval:
+        lines += ["", "held-out perplexity (eval_blocks)", "| before | after |", "|---:|---:|",
+                  "| " + " | ".join(f"{result.eval[k]:.4f}" if k in result.eval else "-" for k in ("before", "after"))
+                  + " |"]
+    return "\n".join(lines)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    from accelerate import PartialState
+
+    from ..train.loop import train  # the heavy part (accelerate, peft), once the flags parsed
+
+    result = train(config_from_args(argv))
+    if PartialState().is_main_process:
+        print(summary(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hf-posext finetune ARGS`` and ``python -m hf_posext.commands.finetune ARGS`` (what ``accelerate launch -m`` runs)."""
+    return run_command(PROG, lambda: _run(argv))
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``hf-posext finetune``; its flags are the recipe parser's (:func:`build_parser`), read from the rest of the line."""
+    p = subparsers.add_parser("finetune", help="fine-tune a model for a longer context (YaRN recipe); --help lists the settings",
+                              add_help=False, prefix_chars="\0")
+    p.add_argument("recipe_args", nargs="*")
+    p.set_defaults(func=lambda args: _run(args.recipe_args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

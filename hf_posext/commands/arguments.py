@@ -1,9 +1,9 @@
-"""Command-line values shared by every command: ``hf-posext patch``, ``hf-posext eval``, ``scripts/finetune.py``.
+"""Command-line values shared by every command: ``hf-posext patch``, ``hf-posext eval``, ``hf-posext finetune``.
 
 A method argument is given the same way everywhere, ``--set KEY=VALUE`` (repeatable)::
 
     hf-posext patch base out --method yarn --factor 4 --set beta_fast=64 --set mscale_all_dim=1
-    python scripts/finetune.py --config run.yaml --set beta_fast=64
+    hf-posext finetune --config run.yaml --set beta_fast=64
 
 KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1``, ``true``,
 ``[1, 2]``) and kept as a string otherwise (``mode=tail``). ``factor`` has its own flag
@@ -19,14 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .methods import method_class
+from .. import validation
+from ..methods import method_class
 
 #: Method arguments that have a flag of their own in every command.
 OWN_FLAGS = {"factor": "--factor"}
+
+#: Where a command writes when not given ``--out``: ``./hf_posext_out/<command>`` (one folder to find or delete).
+OUTPUT_ROOT = "hf_posext_out"
 
 #: What the commands report as bad input in one line rather than with a traceback.
 USER_ERRORS = (ValueError, OSError)
@@ -58,23 +63,16 @@ def parse_key_values(items: Iterable[str | tuple[str, Any]] | None) -> dict[str,
     return dict(pairs)
 
 
-#: The spellings of a boolean, any case; nothing else is one.
-BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-
-
 def parse_bool(value: Any, name: str = "value") -> bool:
-    """``value`` as a boolean: ``True``/``False``, 1/0, or true/false/yes/no/1/0 in any case.
+    """:func:`hf_posext.validation.parse_bool` for flags: its error is an ``ArgumentTypeError`` argparse prints.
 
     Raises:
-        KeyValueError: anything else (``"t"``, ``2``, ``"off"``...), naming ``name`` and the spellings.
+        KeyValueError: anything but true/false/yes/no/1/0 (any case), naming ``name`` and the spellings.
     """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in BOOLEANS:
-        return BOOLEANS[value.strip().lower()]
-    raise KeyValueError(f"{name} must be true or false (or yes/no/1/0, any case), got {value!r}")
+    try:
+        return validation.parse_bool(value, name)
+    except ValueError as err:
+        raise KeyValueError(str(err)) from None
 
 
 def method_kwargs(items: Iterable[str | tuple[str, Any]] | None) -> dict[str, Any]:
@@ -113,6 +111,16 @@ def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> i
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup (````code````, ``:func:`name```), for terminal help."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
+
+
+def default_out(command: str) -> str:
+    """``hf_posext_out/<command>``: the output folder of ``command`` when ``--out`` is not given."""
+    return f"{OUTPUT_ROOT}/{command}"
 
 
 def add_set_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *aliases: str,

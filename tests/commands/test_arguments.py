@@ -1,4 +1,4 @@
-"""``--set KEY=VALUE``: one parser behind ``hf-posext patch``, ``hf-posext eval`` and ``scripts/finetune.py``."""
+"""``--set KEY=VALUE``: one parser behind ``hf-posext patch``, ``hf-posext eval`` and ``hf-posext finetune``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from hf_posext.arguments import (
+from hf_posext.commands.arguments import (
     KeyValueError,
     add_set_argument,
     method_kwargs,

@@ -13,25 +13,14 @@ method name, argument and length is checked before the model loads.
 from __future__ import annotations
 
 import argparse
-import hashlib
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from ..arguments import check_factor, method_kwargs
-from ..data import encode_documents, load_texts
+from ..eval.checkpoint import DTYPES, load_model, model_fingerprint
 from ..files import check_output_dir
-from ..gguf import gguf_identity, is_gguf, resolve_model_source
 from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
-from .passkey import passkey_accuracy
-from .perplexity import sliding_window_perplexity, truncated_perplexity
-from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
+from .arguments import check_factor, default_out, method_kwargs
 
 def _ints(text: str) -> list[int]:
     try:
@@ -56,63 +45,9 @@ def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implementation: str | None = None):
-    """Load a causal LM and its tokenizer for evaluation (eval mode, placed by ``device_map``).
-
-    Args:
-        path: checkpoint folder, Hub id or local ``.gguf`` file (see :mod:`hf_posext.gguf`).
-        dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16`` or ``float16``.
-        device: ``auto`` (the layers spread over every visible GPU, so a 70B model evaluates on a
-            node; CPU without one), or one device: ``cpu``, ``cuda``, ``cuda:1``...
-        attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None``: transformers' default.
-
-    Raises:
-        ValueError: an unknown dtype.
-    """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype), "device_map": device}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    path = resolve_model_source(path)  # a .gguf file -> its cached safetensors conversion
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
-
-
-#: Files of a checkpoint folder that do not change what it computes.
-_NOT_CONTENT = (".md", ".png", ".csv")
-
-
-def model_fingerprint(model: str) -> str:
-    """What a result file's resume is keyed on: the checkpoint's content, not its path.
-
-    A local folder: a hash of ``config.json``'s bytes and of the name, size and modification time
-    of every other file (weights, tokenizer, generation config; documents and hidden files
-    excluded), so a model retrained in place is evaluated again while a moved folder resumes.
-    A ``.gguf`` file: :func:`~hf_posext.gguf.gguf_identity` (its size and first MiB). A Hub id:
-    the id (its revision is not looked up).
-    """
-    folder = Path(model)
-    if is_gguf(model) and folder.is_file():
-        return f"gguf:{gguf_identity(model)}"
-    if not folder.is_dir():
-        return f"hub:{model}"
-    digest = hashlib.sha256()
-    for path in sorted(folder.iterdir()):
-        if not path.is_file() or path.name.startswith(".") or path.suffix in _NOT_CONTENT:
-            continue
-        if path.name == "config.json":
-            digest.update(b"config.json\0" + path.read_bytes())
-        else:
-            stat = path.stat()
-            digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    return f"sha256:{digest.hexdigest()}"
-
-
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the results depend on, the model by its content (:func:`model_fingerprint`)."""
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "overwrite", "no_progress", "debug", "model")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "overwrite", "no_progress", "debug", "model", "command_argv")}
     return {"model_content": model_fingerprint(args.model), **settings}
 
 
@@ -151,6 +86,10 @@ def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any
 
 
 def _ppl(args: argparse.Namespace) -> int:
+    from ..data import encode_documents, load_texts
+    from ..eval.perplexity import sliding_window_perplexity, truncated_perplexity
+    from ..eval.report import ResultFile, markdown_table, plot_curves, write_csv
+
     methods, extra = _checked_methods(args)
     modes = ["truncated", "sliding"] if args.mode == "both" else [args.mode]
     settings = _settings(args)
@@ -200,6 +139,9 @@ def _ppl(args: argparse.Namespace) -> int:
 
 
 def _passkey(args: argparse.Namespace) -> int:
+    from ..eval.passkey import passkey_accuracy
+    from ..eval.report import ResultFile, markdown_table, plot_heatmaps, write_csv
+
     methods, extra = _checked_methods(args)
     settings = _settings(args)
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
@@ -239,18 +181,19 @@ def _passkey(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser, default_out: str) -> None:
+def _common(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("model", help="checkpoint folder or Hub id (with its tokenizer), or a local .gguf file")
     p.add_argument("--lengths", type=_ints, required=True, help="comma-separated context lengths, e.g. 2048,4096,8192")
     p.add_argument("--method", default="none",
-                   help="comma-separated methods to compare, 'none' = the checkpoint as is (default: none)")
+                   help="comma-separated methods to compare (hf-posext methods lists them), 'none' = the checkpoint "
+                        "as is (default: none)")
     p.add_argument("--factor", type=float, default=None, help="context scale s for --method")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32")
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32 (repeatable)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights' dtype; auto: the checkpoint's (default)")
     p.add_argument("--device", default="auto",
                    help="auto (spread over every visible GPU; CPU without one), or one device: cpu, cuda:1 ...")
     p.add_argument("--attn-implementation", default=None, help="sdpa, eager, flash_attention_2 ...")
-    p.add_argument("--out", default=default_out, help=f"output folder (default: ./{default_out})")
+    p.add_argument("--out", default=out, help=f"output folder (default: ./{out})")
     p.add_argument("--overwrite", action="store_true",
                    help="write into an output folder holding other files (they are kept)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -262,7 +205,7 @@ def add_parser(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("ppl", help="perplexity against context length (JSON, CSV, PNG)")
-    _common(p, "eval_ppl")
+    _common(p, default_out("eval-ppl"))
     p.add_argument("--data", nargs="+", default=["stdlib"],
                    help="files, folders, globs, 'stdlib' (held-out stdlib sources) or one dataset name, as the recipe's "
                         "--dataset (default: stdlib)")
@@ -280,7 +223,7 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=_ppl)
 
     p = sub.add_parser("passkey", help="passkey retrieval accuracy by length and key depth (JSON, CSV, heat-map PNG)")
-    _common(p, "eval_passkey")
+    _common(p, default_out("eval-passkey"))
     p.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="key depths in [0, 1]")
     p.add_argument("--trials", type=int, default=5, help="prompts per (length, depth) (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seeds the keys")
