@@ -126,7 +126,7 @@ def run_child(command: Sequence[str], *, env: Mapping[str, str] | None = None, c
         RuntimeError: the command failed or printed no result line; the message ends with its stderr.
     """
     done = subprocess.run(list(command), capture_output=True, text=True, env=dict(env) if env else None, cwd=cwd,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(map(str, command[:3]))} ... exited {done.returncode} "

@@ -10,16 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 for _path in (ROOT, ROOT / "benchmarks"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from harness import child_env, environment, write_results  # noqa: E402, F401
+from harness import child_env, environment, write_results  # noqa: F401
 
 #: Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,

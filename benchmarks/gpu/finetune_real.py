@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, Report, add_common_arguments, child_env, console_command, pick_device
+from common import (
+    ROOT,
+    Report,
+    add_common_arguments,
+    child_env,
+    console_command,
+    pick_device,
+)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -93,6 +100,7 @@ def training_files(smoke: bool) -> list[str]:
 def evaluation_documents(tokenizer: Any, plan: Plan) -> list[Any]:
     """``ppl_documents`` consecutive cuts of ``max(ppl_lengths)`` tokens of the Python Language Reference."""
     import pydoc_data.topics
+
     import torch
 
     ids = tokenizer("\n\n".join(pydoc_data.topics.topics.values()), return_tensors="pt").input_ids[0]
@@ -133,6 +141,8 @@ def evaluate(model: Any, tokenizer: Any, documents: list[Any], plan: Plan, folde
 
 def ruler(folder: Path, method: str | None, plan: Plan, device: str, out: Path) -> dict[str, Any]:
     """``hf-posext eval ruler`` on ``folder`` (optionally patched), or a skip line when the suite has not landed."""
+    if not plan.ruler_tasks:
+        return {"status": "skip", "reason": "--ruler-tasks none"}
     if importlib.util.find_spec("hf_posext.eval.ruler") is None:
         return {"status": "skip", "reason": "hf_posext.eval.ruler is not in this checkout"}
     command = [*console_command(), "eval", "ruler", str(folder), "--lengths", ",".join(map(str, plan.ruler_lengths)),
@@ -142,21 +152,18 @@ def ruler(folder: Path, method: str | None, plan: Plan, device: str, out: Path) 
         command += ["--dtype", "bfloat16"]
     if method:
         command += ["--method", method, "--factor", f"{plan.factor:g}"]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=child_env())
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=child_env(), check=False)
     report = out / "ruler.json"
     if done.returncode != 0 or not report.is_file():
         return {"status": "FAIL", "command": command[3:], "stderr": done.stderr[-2000:]}
     return {"status": "ok", "command": command[3:], "results": json.loads(report.read_text())}
 
 
-def train_child(spec_path: str) -> None:
-    """Under ``accelerate launch``: the recipe with a deadline, then one RESULT line."""
-    from harness import emit_result
-
+def train_with_deadline(spec: dict[str, Any]) -> dict[str, Any]:
+    """The recipe on ``spec["config"]``, stopped after the step that would pass ``spec["deadline"]`` (epoch s)."""
     from hf_posext.train.config import TrainConfig
     from hf_posext.train.loop import train
 
-    spec = json.loads(Path(spec_path).read_text())
     config = TrainConfig(**spec["config"])
     stamps: list[float] = [time.time()]
     stopped = {"by": "max_train_steps"}
@@ -173,11 +180,18 @@ def train_child(spec_path: str) -> None:
     started = time.perf_counter()
     result = train(config, callbacks=[stop_at_deadline])
     steps_s = [b - a for a, b in zip(stamps[1:], stamps[2:])]
-    emit_result({"steps": result.steps, "tokens": result.tokens, "losses": result.losses, "eval": result.eval,
-                 "stopped_by": stopped["by"], "seconds": time.perf_counter() - started,
-                 "first_step_at_s": stamps[1] - stamps[0] if len(stamps) > 1 else None,
-                 "median_step_s": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
-                 "model_class": type(result.model).__name__})
+    return {"steps": result.steps, "tokens": result.tokens, "losses": result.losses, "eval": result.eval,
+            "stopped_by": stopped["by"], "seconds": time.perf_counter() - started,
+            "first_step_at_s": stamps[1] - stamps[0] if len(stamps) > 1 else None,
+            "median_step_s": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
+            "model_class": type(result.model).__name__}
+
+
+def train_child(spec_path: str) -> None:
+    """Under ``accelerate launch``: :func:`train_with_deadline`, then one RESULT line."""
+    from harness import emit_result
+
+    emit_result(train_with_deadline(json.loads(Path(spec_path).read_text())))
 
 
 def launch_training(args: argparse.Namespace, plan: Plan, base: Path, work: Path, deadline: float,
@@ -193,18 +207,19 @@ def launch_training(args: argparse.Namespace, plan: Plan, base: Path, work: Path
     )
     if device == "cpu":
         config["mixed_precision"] = "no"
-    spec = work / "train_spec.json"
-    spec.write_text(json.dumps({"config": config, "deadline": deadline}))
+    spec = {"config": config, "deadline": deadline}
     if device == "cuda":
         # The shipped FSDP2 config (bf16, sharded states), on this machine's one GPU.
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                     str(ROOT / "examples" / "accelerate" / "fsdp2.yaml"), "--num_processes", "1"]
+        (work / "train_spec.json").write_text(json.dumps(spec))
+        command = [*launcher, str(Path(__file__).resolve()), "--train-child", str(work / "train_spec.json")]
+        result = run_child(command, env=child_env(), timeout=max(60.0, deadline - time.time() + 120))
     else:
-        launcher = [sys.executable]  # accelerate does not shard on CPU: the smoke run checks the plumbing only
-    command = [*launcher, str(Path(__file__).resolve()), "--train-child", str(spec)]
-    result = run_child(command, env=child_env(), timeout=max(60.0, deadline - time.time() + 120))
+        # accelerate does not shard on CPU: the smoke run trains in this process, the plumbing only.
+        result = train_with_deadline(spec)
     result["launcher"] = "accelerate launch --config_file examples/accelerate/fsdp2.yaml --num_processes 1" \
-        if device == "cuda" else "python (CPU smoke: no FSDP)"
+        if device == "cuda" else "in process (CPU smoke: no FSDP)"
     result["config"] = {k: v for k, v in config.items() if k != "dataset"}
     result["dataset"] = f"{len(config['dataset'])} .py files of the standard library (no pydoc_data)"
     return result
@@ -236,6 +251,9 @@ def run(args: argparse.Namespace) -> Report:
 
     device = pick_device(args)
     plan = SMOKE if args.cpu_smoke else GPU
+    if args.ruler_tasks is not None:
+        tasks = () if args.ruler_tasks == "none" else tuple(t for t in args.ruler_tasks.split(",") if t)
+        plan = dataclasses.replace(plan, ruler_tasks=tasks)
     out, work = Path(args.out), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + 60 * args.deadline_minutes
@@ -362,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-minutes", type=float, default=None, help="cap training at this many minutes")
     parser.add_argument("--eval-dtype", default=None, choices=("bfloat16", "float32"),
                         help="dtype of the evaluations (default bf16 on the GPU, fp32 on CPU)")
+    parser.add_argument("--ruler-tasks", default=None,
+                        help=f"comma-separated RULER tasks (default {','.join(GPU.ruler_tasks)}); 'none' skips the suite")
     parser.add_argument("--work", default="/tmp/hf_posext_finetune_real", help="checkpoints and caches (not --out)")
     parser.add_argument("--train-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
