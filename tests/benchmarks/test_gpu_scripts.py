@@ -20,6 +20,8 @@ import hf_posext
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "benchmarks" / "gpu"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import tables  # noqa: E402  (benchmarks/ is not a package)
 
 
 def smoke(script: str, out: Path, *extra: str) -> dict:
@@ -34,7 +36,16 @@ def smoke(script: str, out: Path, *extra: str) -> dict:
     return report
 
 
-def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_after(tmp_path):
+def docs_table(name: str, script: str, out: Path, monkeypatch) -> str:
+    """The docs table ``name`` generated from this run's JSON, placed where the GPU session commits it."""
+    results = out.parent / "results"
+    (results / "gpu" / script).mkdir(parents=True, exist_ok=True)
+    (results / "gpu" / script / f"{script}.json").write_text((out / f"{script}.json").read_text())
+    monkeypatch.setattr(tables, "RESULTS", results)
+    return tables.render(name)
+
+
+def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_after(tmp_path, monkeypatch):
     # --train-minutes 0: the deadline passes during the first step, so training stops after it.
     report = smoke("finetune_real", tmp_path / "out", "--work", str(tmp_path / "work"), "--train-minutes", "0")
     training = report["training"]
@@ -47,28 +58,34 @@ def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert "## Evaluation" in card and "| fine-tuned" in card
     assert (tmp_path / "out" / "perplexity.png").is_file() and (tmp_path / "out" / "passkey.png").is_file()
+    table = docs_table("gpu-finetune-real", "finetune_real", tmp_path / "out", monkeypatch)
+    assert table.startswith("| model | ppl 64 | ppl 128 | ppl 256 | passkey 512 |") and "(deadline)" in table
 
 
-def test_mfu_measures_the_recipe_and_the_plain_step_and_skips_liger_on_cpu(tmp_path):
-    report = smoke("mfu", tmp_path, "--lengths", "128", "--profile")
+def test_mfu_measures_the_recipe_and_the_plain_step_and_skips_liger_on_cpu(tmp_path, monkeypatch):
+    report = smoke("mfu", tmp_path / "out", "--lengths", "128", "--profile")
     by_variant = {row["variant"]: row for row in report["rows"]}
     assert by_variant["recipe"]["status"] == "ok" and by_variant["plain"]["status"] == "ok"
     assert by_variant["liger"]["status"] == "skip"
     # Same weights, same tokens: the chunked loss is the model's own loss.
     assert by_variant["recipe"]["first_loss"] == pytest.approx(by_variant["plain"]["first_loss"], rel=1e-5)
     assert "Name" in by_variant["recipe"]["profile"]
+    table = docs_table("gpu-mfu", "mfu", tmp_path / "out", monkeypatch)
+    assert "| `recipe` | 128 |" in table and "| `liger` | - | skip |" in table
 
 
-def test_prefill_reports_exact_against_transformers_and_decode_against_static(tmp_path):
-    report = smoke("prefill", tmp_path, "--original-lengths", "16")
+def test_prefill_reports_exact_against_transformers_and_decode_against_static(tmp_path, monkeypatch):
+    report = smoke("prefill", tmp_path / "out", "--original-lengths", "16")
     rows = [row for row in report["prefill"] if row["status"] == "ok"]
     assert {row["method"] for row in rows} == {"dynamic_ntk", "dynamic_yarn"}
     assert all(row["tokens"] == 64 and row["ratio"] > 0 for row in rows)
     ratios = [row["decode_ratio_vs_static"] for row in report["decode"]["rows"] if "decode_ratio_vs_static" in row]
     assert len(ratios) == 4 and all(r > 0 for r in ratios)
+    table = docs_table("gpu-prefill", "prefill", tmp_path / "out", monkeypatch)
+    assert "| 64 | dynamic_ntk |" in table and "vs static" in table
 
 
-def test_sedca_skips_with_a_line_without_the_methods_and_measures_any_registered_ones(tmp_path):
+def test_sedca_skips_with_a_line_without_the_methods_and_measures_any_registered_ones(tmp_path, monkeypatch):
     report = smoke("sedca", tmp_path / "default")
     registered = {"self_extend", "dca"} <= set(hf_posext.available_methods())
     assert report["status"] == ("ok" if registered else "skip")
@@ -76,6 +93,8 @@ def test_sedca_skips_with_a_line_without_the_methods_and_measures_any_registered
     report = smoke("sedca", tmp_path / "yarn", "--methods", "yarn", "--method-args", '{"yarn": {"factor": 4}}')
     assert {(r["variant"], r["status"]) for r in report["speed"]} == {("sdpa", "ok"), ("yarn", "ok")}
     assert report["parity"]["methods"]["yarn"]["ok"]
+    table = docs_table("gpu-sedca", "sedca", tmp_path / "yarn", monkeypatch)
+    assert "| `yarn` | 256 |" in table and "yarn: ok" in table
 
 
 def test_carry_model_splits_under_the_call_limit_and_joins_byte_for_byte(tmp_path):
