@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from harness import SMOLLM2_GGUF, smollm2_gguf  # standard library only, found through the path above
+from harness import SMOLLM2_GGUF, smollm2_gguf  # noqa: E402  (standard library only; the path above)
 
 CARRY = ROOT / ".carry"
 DEVICE_DIR = Path("/tmp/hf_posext_carry")

@@ -8,19 +8,19 @@ otherwise. ``PLAN.md`` beside this file gives the device calls in order.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 for _path in (ROOT, ROOT / "benchmarks"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from harness import child_env, environment, write_results  # noqa: F401
+from harness import child_env, environment, write_results  # noqa: E402, F401  (the path above)
 
 #: Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
@@ -84,8 +84,11 @@ class Report:
 
 def console_command() -> list[str]:
     """``python -c ...`` running the ``hf-posext`` console script from pyproject.toml, installed or not."""
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    module, function = scripts["hf-posext"].split(":")
+    # A regex, not tomllib: the project supports Python 3.10, which has no tomllib.
+    entry = re.search(r'^hf-posext\s*=\s*"([\w.]+):(\w+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    if entry is None:
+        raise RuntimeError("pyproject.toml declares no hf-posext console script")
+    module, function = entry.groups()
     return [sys.executable, "-c", f"import sys; sys.argv[0] = 'hf-posext'; from {module} import {function}; "
             f"sys.exit({function}())"]
 

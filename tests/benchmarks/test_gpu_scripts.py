@@ -145,3 +145,14 @@ def test_the_training_child_prints_one_result_line_the_launcher_reads(tmp_path, 
     result = json.loads(lines[-1][len("RESULT "):])
     assert result["steps"] == 2 and result["stopped_by"] == "max_train_steps" and len(result["losses"]) == 2
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_the_console_command_runs_the_projects_cli_without_an_installed_script():
+    sys.path.insert(0, str(GPU))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(GPU))
+    done = subprocess.run([*common.console_command(), "eval", "--help"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and "passkey" in done.stdout, done.stderr[-2000:]

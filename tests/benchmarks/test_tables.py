@@ -36,12 +36,12 @@ def test_a_table_cell_is_the_json_value_of_its_row_and_column():
 
 
 def test_rewrite_replaces_the_blocks_only_and_check_names_a_stale_page(tmp_path, monkeypatch, capsys):
-    page = tmp_path / "docs" / "page.md"
+    page = tmp_path / "site" / "page.md"
     page.parent.mkdir()
     page.write_text("# Title\n\ntext before\n<!-- table:patch-overhead -->\nold\n<!-- /table:patch-overhead -->\nafter\n")
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     monkeypatch.setattr(tables, "marked_pages", lambda root=tmp_path: [page])
-    assert tables.main(["--check"]) == 1 and "stale: docs/page.md" in capsys.readouterr().out
+    assert tables.main(["--check"]) == 1 and "stale: site/page.md" in capsys.readouterr().out
     assert "old" in page.read_text()
     assert tables.main([]) == 0
     text = page.read_text()
