@@ -202,8 +202,9 @@ def gpu_prefill() -> str:
     data = load("gpu/prefill/prefill.json")
     if data is None:
         return missing("gpu/prefill/prefill.json")
-    rows = [[r["tokens"], r["method"], f"{r['exact_prefill_s']:.3f}", f"{r['transformers_prefill_s']:.3f}",
-             f"{r['ratio']:.1f}x"] if r["status"] == "ok" else [r["tokens"], "skipped", "", "", r["reason"]]
+    rows = [[r["tokens"], r["method"] + (" (one forward each, first call)" if r["status"] == "probe" else ""),
+             f"{r['exact_prefill_s']:.3f}", f"{r['transformers_prefill_s']:.3f}", f"{r['ratio']:.1f}x"]
+            if r["status"] in ("ok", "probe") else [r["tokens"], "skipped", "", "", r["reason"]]
             for r in data["prefill"]]
     text = table(["prompt tokens (4x L_orig)", "method", "exact (s)", "transformers (s)", "ratio"], rows)
     if "decode" in data:

@@ -220,12 +220,12 @@ def load(folder: Path, device: str, dtype: str) -> Any:
     return model.to(device).eval()
 
 
-def free(model: Any, device: str) -> None:
+def release(device: str) -> None:
+    """Give the memory of dropped models back (call after ``del model``)."""
     import gc
 
     import torch
 
-    del model
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -277,7 +277,8 @@ def run(args: argparse.Namespace) -> Report:
             unpatch_model(model)
         report.timed(f"eval {label}", time.perf_counter() - start)
         report["results"] = results
-    free(model, device)
+    del model
+    release(device)
     before = results["yarn s=4, no fine-tune"]["wall_s"]
     reserve = 1.2 * sum(before.values()) + plan.save_reserve_s
     start = time.perf_counter()
@@ -290,7 +291,8 @@ def run(args: argparse.Namespace) -> Report:
     start = time.perf_counter()
     model = load(work / "finetuned", device, args.eval_dtype)
     results["fine-tuned"] = evaluate(model, tokenizer, documents, plan, work / "finetuned", None, device, out, "after")
-    free(model, device)
+    del model
+    release(device)
     report.timed("eval fine-tuned", time.perf_counter() - start)
     report["results"] = results
     report["goals"] = goals(results, plan, trained)

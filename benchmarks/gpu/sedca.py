@@ -101,6 +101,7 @@ def speed(args: argparse.Namespace, report: Report, method_args: dict[str, Any])
                 row.update(status="FAIL", error=f"{type(error).__name__}: {error}")
             last = (length, time.perf_counter() - started)
             rows.append(row)
+            report["speed"] = rows  # saved cell by cell: a run stopped by its time limit keeps what finished
             if args.device == "cuda":
                 torch.cuda.empty_cache()
         del model

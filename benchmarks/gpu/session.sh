@@ -37,9 +37,9 @@ case "${1:-}" in
         "$PY" benchmarks/gpu/carry_model.py receive a || exit 1
         source /tmp/hf_posext_carry/env.sh
         machine
-        step mfu 110 "$PY" benchmarks/gpu/mfu.py --out "$OUT/mfu" --profile
-        step prefill 80 "$PY" benchmarks/gpu/prefill.py --out "$OUT/prefill" --budget-minutes 1
-        step sedca 60 "$PY" benchmarks/gpu/sedca.py --out "$OUT/sedca" --budget-minutes 0.7
+        step mfu 130 "$PY" benchmarks/gpu/mfu.py --out "$OUT/mfu" --profile
+        step prefill 70 "$PY" benchmarks/gpu/prefill.py --out "$OUT/prefill" --budget-minutes 0.9
+        step sedca 50 "$PY" benchmarks/gpu/sedca.py --out "$OUT/sedca" --budget-minutes 0.6
         ;;
     2)
         "$PY" benchmarks/gpu/carry_model.py receive b || exit 1
