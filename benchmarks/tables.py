@@ -176,7 +176,7 @@ def gpu_finetune_real() -> str:
     longest, met = kilo(max(plan["passkey_lengths"])), lambda goal: "met" if goal["met"] else "not met"
     where = (data["environment"].get("gpu") or {}).get("name", data["device"])
     return (table(header, rows) + f"\n\n{t['steps']} steps of {plan['global_batch']} x "
-            f"{int(plan['factor'] * trained)} tokens in {data['wall_s']['fine-tune']:.0f} s ({t['stopped_by']}), loss "
+            f"{plan.get('train_seq_len') or int(plan['factor'] * trained)} tokens in {data['wall_s']['fine-tune']:.0f} s ({t['stopped_by']}), loss "
             f"{t['losses'][0]:.3f} -> {t['losses'][-1]:.3f}; {where}. Goals: passkey >= 90% at {longest} "
             f"{met(goals['passkey_at_longest'])}; perplexity at {kilo(max(plan['ppl_lengths']))} <= the base model's "
             f"at {kilo(trained)} {met(goals['ppl_longest_vs_base_at_trained'])}.")

@@ -19,6 +19,7 @@ the fine-tune, perplexity at 32k <= the unpatched model's at 8k.
     python3 benchmarks/gpu/finetune_real.py --gguf /tmp/hf_posext_carry/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out $OUT/finetune_real --deadline-minutes 7          # the GPU run (benchmarks/gpu/PLAN.md)
     python benchmarks/gpu/finetune_real.py --cpu-smoke --out /tmp/ft-smoke   # a tiny random model on CPU, ~30 s
+    python benchmarks/gpu/finetune_real.py --cpu-smoke --gguf FILE --out /tmp/ft-real  # the real model, tiny plan
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class Plan:
     max_steps: int = 400
     loss_chunk_size: int = 1024
     eval_blocks: int = 2
+    #: Training sequence length; None = factor x the model's trained context (32k for SmolLM2).
+    train_seq_len: int | None = None
     #: Seconds kept for saving the checkpoint and loading it again after training.
     save_reserve_s: float = 45.0
 
@@ -72,13 +75,13 @@ GPU = Plan()
 SMOKE = Plan(ppl_lengths=(64, 128, 256), ppl_documents=2, score_last=32, passkey_lengths=(512,),
              passkey_depths=(0.0, 1.0), passkey_trials=1, ruler_lengths=(512,), ruler_tasks=("niah_single_1",),
              ruler_samples=1, global_batch=2, warmup_steps=1, max_steps=3, loss_chunk_size=64, eval_blocks=1,
-             save_reserve_s=0.0)
+             train_seq_len=256, save_reserve_s=0.0)
 
 
 def training_files(smoke: bool) -> list[str]:
     """The standard library's ``.py`` files, without ``pydoc_data`` (the evaluation's text) or installed packages."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    if smoke:
+    if smoke:  # two files: the tiny model and the smoke run's 3 steps need no more
         return [str(root / name) for name in ("textwrap.py", "shlex.py")]
     skip = {"pydoc_data", "site-packages", "dist-packages"}
     return [str(p) for p in sorted(root.rglob("*.py")) if not skip & set(p.relative_to(root).parts)]
@@ -191,6 +194,7 @@ def launch_training(args: argparse.Namespace, plan: Plan, base: Path, work: Path
         lr_scheduler="constant", warmup_steps=plan.warmup_steps, global_batch_size=plan.global_batch,
         micro_batch_size=1, activation_checkpointing=True, loss_chunk_size=plan.loss_chunk_size,
         eval_blocks=plan.eval_blocks, cache_dir=str(work / "blocks"), seed=0, attn_implementation="sdpa",
+        seq_len=plan.train_seq_len,
     )
     if device == "cpu":
         config["mixed_precision"] = "no"
@@ -248,7 +252,7 @@ def run(args: argparse.Namespace) -> Report:
                                                     "deadline_minutes": args.deadline_minutes,
                                                     "eval_dtype": args.eval_dtype})
     start = time.perf_counter()
-    if args.cpu_smoke:
+    if args.cpu_smoke and not args.gguf:
         from hf_posext.fixtures import make_tiny_model
 
         base = make_tiny_model(work / "base", max_position_embeddings=64)
@@ -333,7 +337,7 @@ def markdown(results: dict[str, Any], plan: Plan, training: dict[str, Any], trai
               *[f"passkey {tokens(n)}" for n in plan.passkey_lengths]]
     body = [[name, *[r["perplexity"][str(n)] for n in plan.ppl_lengths],
              *[f"{r['passkey'][str(n)]:.0%}" for n in plan.passkey_lengths]] for name, r in results.items()]
-    steps = (f"{training['steps']} steps x {plan.global_batch} sequences of {int(plan.factor * trained)} tokens "
+    steps = (f"{training['steps']} steps x {plan.global_batch} sequences of {plan.train_seq_len or int(plan.factor * trained)} tokens "
              f"({training['tokens']:,} tokens, stopped by {training['stopped_by']}), final loss "
              f"{training['losses'][-1]:.3f}") if training.get("losses") else "no training"
     return (markdown_table(header, body) + f"\n\nFine-tune: {steps}. Passkey: "
