@@ -26,9 +26,13 @@ step() {  # step NAME SECONDS COMMAND...: run under a limit, log to $OUT/logs/NA
 }
 
 machine() {
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/logs/gpu.txt" 2>&1 || true
-    "$PY" -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)" \
-        >> "$OUT/logs/gpu.txt" 2>&1
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/logs/gpu.txt" 2>&1
+    else
+        echo "no nvidia-smi" > "$OUT/logs/gpu.txt"
+    fi
+    "$PY" -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__,
+transformers.__file__)" >> "$OUT/logs/gpu.txt" 2>&1
     cat "$OUT/logs/gpu.txt"
 }
 
