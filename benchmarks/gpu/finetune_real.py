@@ -290,7 +290,13 @@ def run(args: argparse.Namespace) -> Report:
         train_deadline = min(deadline - reserve, time.time() + 60 * args.train_minutes)
     else:
         train_deadline = deadline - reserve
-    report["training"] = launch_training(args, plan, base, work, train_deadline, device)
+    try:
+        report["training"] = launch_training(args, plan, base, work, train_deadline, device)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        # The evaluations before training are saved; the error goes into the JSON beside them.
+        report["training"] = {"status": "FAIL", "error": str(error)[-4000:]}
+        report.timed("fine-tune", time.perf_counter() - start)
+        raise SystemExit(f"finetune_real: the fine-tune failed (see {report.path}):\n{str(error)[-2000:]}") from None
     report.timed("fine-tune", time.perf_counter() - start)
     start = time.perf_counter()
     model = load(work / "finetuned", device, args.eval_dtype)
