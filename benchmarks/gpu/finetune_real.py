@@ -253,7 +253,10 @@ def run(args: argparse.Namespace) -> Report:
                                                     "eval_dtype": args.eval_dtype})
     start = time.perf_counter()
     if args.cpu_smoke and not args.gguf:
-        from hf_posext.fixtures import make_tiny_model
+        try:  # the one-folder-per-method layout renames hf_posext.fixtures to hf_posext.testing
+            from hf_posext.testing import make_tiny_model
+        except ImportError:
+            from hf_posext.fixtures import make_tiny_model
 
         base = make_tiny_model(work / "base", max_position_embeddings=64)
     else:
