@@ -59,6 +59,8 @@ class Plan:
     ruler_lengths: tuple[int, ...] = (16384, 32768)
     ruler_tasks: tuple[str, ...] = ("niah_single_1", "niah_multikey_1", "niah_multivalue", "vt")
     ruler_samples: int = 20
+    #: Run the suite on YaRN s = 4 before training too (the smoke run keeps to the fine-tuned model).
+    ruler_before: bool = True
     global_batch: int = 4
     learning_rate: float = 2e-5
     warmup_steps: int = 10
@@ -72,10 +74,11 @@ class Plan:
 
 
 GPU = Plan()
-SMOKE = Plan(ppl_lengths=(64, 128, 256), ppl_documents=2, score_last=32, passkey_lengths=(512,),
-             passkey_depths=(0.0, 1.0), passkey_trials=1, ruler_lengths=(512,), ruler_tasks=("niah_single_1",),
-             ruler_samples=1, global_batch=2, warmup_steps=1, max_steps=3, loss_chunk_size=64, eval_blocks=1,
-             train_seq_len=256, save_reserve_s=0.0)
+#: A tiny model of 256 positions, extended to 1024: the shortest RULER prompt (niah_single_1) needs 576 bytes.
+SMOKE = Plan(ppl_lengths=(256, 512, 1024), ppl_documents=2, score_last=32, passkey_lengths=(1024,),
+             passkey_depths=(0.0, 1.0), passkey_trials=1, ruler_lengths=(1024,), ruler_tasks=("niah_single_1",),
+             ruler_samples=1, ruler_before=False, global_batch=2, warmup_steps=1, max_steps=3, loss_chunk_size=256,
+             eval_blocks=1, train_seq_len=1024, save_reserve_s=0.0)
 
 
 def training_files(smoke: bool) -> list[str]:
@@ -258,7 +261,7 @@ def run(args: argparse.Namespace) -> Report:
         except ImportError:
             from hf_posext.fixtures import make_tiny_model
 
-        base = make_tiny_model(work / "base", max_position_embeddings=64)
+        base = make_tiny_model(work / "base", max_position_embeddings=256)
     else:
         from hf_posext.gguf import gguf_checkpoint
 
@@ -278,8 +281,8 @@ def run(args: argparse.Namespace) -> Report:
         start = time.perf_counter()
         if method:
             patch_model(model, method, factor=plan.factor)
-        results[label] = evaluate(model, tokenizer, documents, plan, base if method else None, method, device, out,
-                                  "before")
+        suite = base if method and plan.ruler_before else None
+        results[label] = evaluate(model, tokenizer, documents, plan, suite, method, device, out, "before")
         if method:
             unpatch_model(model)
         report.timed(f"eval {label}", time.perf_counter() - start)

@@ -3,7 +3,8 @@
 For each length, one forward (``logits_to_keep=1``, as a prefill) of a random-weight Llama
 (hidden 2048, 16/4 heads of 128, 4 layers, L_orig 4096, bf16): unpatched with SDPA and with
 flash-attention 2 (when ``flash_attn`` is installed), and patched with ``self_extend`` and
-``dca`` (their defaults, or ``--method-args``); best of ``--repeats`` after one untimed forward,
+``dca`` (factor = the longest length / L_orig, their other sizes derived from it, or
+``--method-args``; over SDPA and, where installed, flash); best of ``--repeats`` after one untimed forward,
 peak allocated memory. A cell that runs out of memory says so; a length predicted past
 ``--budget-minutes`` from the previous one is skipped with a line. Then bf16 parity: each
 method's bf16 logits against its own fp32 logits at 4x L_orig of a small model, bounded by 3x
@@ -47,11 +48,20 @@ def llama(shape: dict[str, Any], device: str, dtype: Any, attn: str = "sdpa") ->
 
 
 def variants(device: str, methods: list[str]) -> list[tuple[str, str, str | None]]:
-    """``(label, attention implementation, method)``: the baselines there are, then the methods."""
-    rows = [("sdpa", "sdpa", None)]
+    """``(label, attention implementation, method)``: each kernel there is, alone and under each method."""
+    kernels = ["sdpa"]
     if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        rows.append(("flash_attention_2", "flash_attention_2", None))
-    return rows + [(method, "sdpa", method) for method in methods]
+        kernels.append("flash_attention_2")
+    rows: list[tuple[str, str, str | None]] = [(kernel, kernel, None) for kernel in kernels]
+    for method in methods:
+        rows += [(method if kernel == "sdpa" else f"{method} ({kernel})", kernel, method) for kernel in kernels]
+    return rows
+
+
+def arguments(method: str, factor: float, method_args: dict[str, Any]) -> dict[str, Any]:
+    """``factor`` (the reach the methods derive their sizes from: with none, Self-Extend groups nothing)
+    unless ``--method-args`` sets it, plus the method's ``--method-args``."""
+    return {"factor": factor, **method_args.get(method, {})}
 
 
 def prefill_cell(model: Any, length: int, vocab: int, device: str, repeats: int) -> dict[str, Any]:
@@ -85,7 +95,8 @@ def speed(args: argparse.Namespace, report: Report, method_args: dict[str, Any])
         last: tuple[int, float] | None = None
         model = llama(shape, args.device, dtype, attn)
         if method:
-            hf_posext.patch_model(model, method, **method_args.get(method, {}))
+            factor = max(shape["lengths"]) / shape["original"]
+            hf_posext.patch_model(model, method, **arguments(method, factor, method_args))
         for length in shape["lengths"]:
             row: dict[str, Any] = {"variant": label, "tokens": length}
             predicted = last[1] * (length / last[0]) ** 2 if last else 0.0
@@ -107,6 +118,7 @@ def speed(args: argparse.Namespace, report: Report, method_args: dict[str, Any])
         del model
         report.timed(f"speed {label}", time.perf_counter() - variant_started)
     base = {r["tokens"]: r for r in rows if r["variant"] == "sdpa" and r["status"] == "ok"}
+    # Ratios against SDPA alone, for the methods over either kernel.
     for row in rows:
         if row["status"] == "ok" and row["tokens"] in base:
             row["time_vs_sdpa"] = row["prefill_s"] / base[row["tokens"]]["prefill_s"]
@@ -135,7 +147,7 @@ def parity(args: argparse.Namespace, method_args: dict[str, Any]) -> dict[str, A
     for method in args.methods:
         try:
             model = hf_posext.patch_model(llama(shape, args.device, torch.float32), method,
-                                          **method_args.get(method, {}))
+                                          **arguments(method, 4.0, method_args))
             fp32 = logits(model)
             error = float((logits(model.to(torch.bfloat16)) - fp32).abs().max())
             rows[method] = {"error": error, "ratio_to_native": 3 * error / bound, "ok": error <= bound}

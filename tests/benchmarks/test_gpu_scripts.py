@@ -8,6 +8,7 @@ and joins a file byte for byte.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -53,13 +54,15 @@ def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_
     assert training["config"]["loss_chunk_size"] > 0 and training["config"]["activation_checkpointing"]
     assert set(report["results"]) == {"base", "yarn s=4, no fine-tune", "fine-tuned"}
     tuned = report["results"]["fine-tuned"]
-    assert set(tuned["perplexity"]) == {"64", "128", "256"} and set(tuned["passkey"]) == {"512"}
+    assert set(tuned["perplexity"]) == {"256", "512", "1024"} and set(tuned["passkey"]) == {"1024"}
+    has_ruler = importlib.util.find_spec("hf_posext.eval.ruler") is not None
+    assert tuned["ruler"]["status"] == ("ok" if has_ruler else "skip"), tuned["ruler"]
     assert report["goals"]["passkey_at_longest"]["goal"] == ">= 0.9"
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert "## Evaluation" in card and "| fine-tuned" in card
     assert (tmp_path / "out" / "perplexity.png").is_file() and (tmp_path / "out" / "passkey.png").is_file()
     table = docs_table("gpu-finetune-real", "finetune_real", tmp_path / "out", monkeypatch)
-    assert table.startswith("| model | ppl 64 | ppl 128 | ppl 256 | passkey 512 |") and "(deadline)" in table
+    assert table.startswith("| model | ppl 256 | ppl 512 | ppl 1k | passkey 1k |") and "(deadline)" in table
 
 
 def test_mfu_measures_the_recipe_and_the_plain_step_and_skips_liger_on_cpu(tmp_path, monkeypatch):
