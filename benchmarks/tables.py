@@ -171,7 +171,8 @@ def gpu_finetune_real() -> str:
     header = ["model", *[f"ppl {kilo(n)}" for n in plan["ppl_lengths"]],
               *[f"passkey {kilo(n)}" for n in plan["passkey_lengths"]]]
     rows = [[name, *[f"{r['perplexity'][str(n)]:.2f}" for n in plan["ppl_lengths"]],
-             *[f"{r['passkey'][str(n)]:.0%}" for n in plan["passkey_lengths"]]] for name, r in data["results"].items()]
+             *[f"{r['passkey'][str(n)]:.0%}" if "passkey" in r else "-" for n in plan["passkey_lengths"]]]
+            for name, r in data["results"].items()]
     t, goals, trained = data["training"], data["goals"], data["original_context"]
     longest, met = kilo(max(plan["passkey_lengths"])), lambda goal: "met" if goal["met"] else "not met"
     where = (data["environment"].get("gpu") or {}).get("name", data["device"])

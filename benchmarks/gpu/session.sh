@@ -41,17 +41,17 @@ case "${1:-}" in
         "$PY" benchmarks/gpu/carry_model.py receive a || exit 1
         source /tmp/hf_posext_carry/env.sh
         machine
-        step mfu 130 "$PY" benchmarks/gpu/mfu.py --out "$OUT/mfu" --profile
-        step prefill 70 "$PY" benchmarks/gpu/prefill.py --out "$OUT/prefill" --budget-minutes 0.9
-        step sedca 50 "$PY" benchmarks/gpu/sedca.py --out "$OUT/sedca" --budget-minutes 0.6
+        step mfu 100 "$PY" benchmarks/gpu/mfu.py --out "$OUT/mfu" --profile
+        step prefill 60 "$PY" benchmarks/gpu/prefill.py --out "$OUT/prefill" --budget-minutes 0.75
+        step sedca 40 "$PY" benchmarks/gpu/sedca.py --out "$OUT/sedca" --budget-minutes 0.45
         ;;
     2)
         "$PY" benchmarks/gpu/carry_model.py receive b || exit 1
         source /tmp/hf_posext_carry/env.sh
         machine
-        step finetune_real "${FINETUNE_LIMIT:-420}" "$PY" benchmarks/gpu/finetune_real.py \
+        step finetune_real "${FINETUNE_LIMIT:-450}" "$PY" benchmarks/gpu/finetune_real.py \
             --gguf /tmp/hf_posext_carry/SmolLM2-135M-Instruct.Q4_1.gguf --out "$OUT/finetune_real" \
-            --deadline-minutes "${DEADLINE_MINUTES:-6.5}"
+            --deadline-minutes "${DEADLINE_MINUTES:-7}"
         ;;
     smoke)
         for script in finetune_real mfu prefill sedca; do
