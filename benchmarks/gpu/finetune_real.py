@@ -378,8 +378,8 @@ def markdown(results: dict[str, Any], plan: Plan, training: dict[str, Any], trai
             f"{len(plan.passkey_depths) * plan.passkey_trials} prompts per length.\n")
 
 
-def write_outputs(report: Report, results: dict[str, Any], plan: Plan, trained: int, checkpoint: Path,
-                  out: Path) -> None:
+def plot(results: dict[str, Any], trained: int, out: Path) -> None:
+    """``perplexity.png`` and ``passkey.png`` from the results (skipped with a warning without matplotlib)."""
     from hf_posext.eval.report import plot_curves, plot_heatmaps
 
     plot_curves(out / "perplexity.png", {name: ([int(n) for n in r["perplexity"]], list(r["perplexity"].values()))
@@ -389,6 +389,11 @@ def write_outputs(report: Report, results: dict[str, Any], plan: Plan, trained: 
                                                r["passkey_grid"]["accuracy"]) for name, r in results.items()
                                         if "passkey_grid" in r},
                   title="SmolLM2-135M-Instruct: passkey retrieval")
+
+
+def write_outputs(report: Report, results: dict[str, Any], plan: Plan, trained: int, checkpoint: Path,
+                  out: Path) -> None:
+    plot(results, trained, out)
     card = (checkpoint / "README.md").read_text() if (checkpoint / "README.md").is_file() else ""
     env = report["environment"]
     where = (env.get("gpu") or {}).get("name") or env.get("cpu")
@@ -413,8 +418,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ruler-tasks", default=None,
                         help=f"comma-separated RULER tasks (default {','.join(GPU.ruler_tasks)}); 'none' skips the suite")
     parser.add_argument("--work", default="/tmp/hf_posext_finetune_real", help="checkpoints and caches (not --out)")
+    parser.add_argument("--replot", metavar="DIR", default=None,
+                        help="only redraw the plots from DIR/finetune_real.json (e.g. here, when the GPU image "
+                             "has no matplotlib)")
     parser.add_argument("--train-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.replot:
+        report = json.loads((Path(args.replot) / "finetune_real.json").read_text())
+        plot(report["results"], report["original_context"], Path(args.replot))
+        return 0
     if args.train_child:
         train_child(args.train_child)
         return 0

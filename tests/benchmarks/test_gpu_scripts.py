@@ -61,6 +61,11 @@ def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert "## Evaluation" in card and "| fine-tuned" in card
     assert (tmp_path / "out" / "perplexity.png").is_file() and (tmp_path / "out" / "passkey.png").is_file()
+    for png in ("perplexity.png", "passkey.png"):
+        (tmp_path / "out" / png).unlink()
+    redraw = subprocess.run([sys.executable, str(GPU / "finetune_real.py"), "--replot", str(tmp_path / "out")],
+                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert redraw.returncode == 0 and (tmp_path / "out" / "passkey.png").is_file(), redraw.stderr[-2000:]
     table = docs_table("gpu-finetune-real", "finetune_real", tmp_path / "out", monkeypatch)
     assert table.startswith("| model | ppl 256 | ppl 512 | ppl 1k | passkey 1k |") and "(deadline)" in table
 
