@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import Clock
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, masking_utils
 
@@ -134,17 +135,8 @@ def measure(model, length: int, args: argparse.Namespace) -> dict[str, float]:
 
 def clock(fn, repeats: int, device: str) -> float:
     """Median seconds of ``fn()`` after a warm-up call: CPU time on CPU (steadier on a shared machine)."""
-    fn()  # warm-up: compiles flex for this shape
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter() if device == "cuda" else time.process_time()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() if device == "cuda" else time.process_time()) - start)
-    return statistics.median(times)
+    # The warm-up compiles flex for this shape.
+    return statistics.median(Clock(device, cpu_time=None).repeat(fn, repeats, warm_up=1))
 
 
 def kernel_rows(length: int, args: argparse.Namespace) -> list[dict]:

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from common import PEAK_BF16_TFLOPS, child_env
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
@@ -52,18 +53,6 @@ from hf_posext.methods import method_class
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss
 
 ROOT = Path(__file__).resolve().parents[2]
-
-#: Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
-                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "RTX 4090": 165.0}
-
-
-def child_env() -> dict[str, str]:
-    """The environment of a child process: this checkout first on the path, then what the caller had
-    there (e.g. a newer transformers unpacked beside the GPU machine's own packages)."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path}
-
 
 class Skip(Exception):
     """An item that cannot run here; the message says why."""
