@@ -5,7 +5,7 @@ registered for its config class with :func:`~.base.register_adapter`. RoPE-only 
 (``linear``, ``ntk``, ``yarn``) have none.
 """
 
-from . import absolute, alibi, dynamic  # noqa: F401  (importing a family registers its adapter)
+from . import absolute, alibi, dynamic, remap  # noqa: F401  (importing a family registers its adapter)
 from .base import Adapter, adapter_for, needs_surgery, register_adapter
 
 __all__ = ["Adapter", "adapter_for", "needs_surgery", "register_adapter"]

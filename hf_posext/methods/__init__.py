@@ -1,6 +1,6 @@
 """Position-encoding methods: one module per family, each registered by name in :mod:`.base`."""
 
-from . import absolute, alibi, linear, ntk, yarn  # noqa: F401  (importing a family registers its methods)
+from . import absolute, alibi, dca, linear, ntk, self_extend, yarn  # noqa: F401  (importing a family registers its methods)
 from .absolute import LearnedConfig, SinusoidalConfig
 from .alibi import AlibiConfig
 from .base import (

@@ -1,0 +1,49 @@
+"""Adapter of the training-free methods (``self_extend``, ``dca``): the remapping attention wrapper.
+
+The rotary modules keep the checkpoint's frequencies; the attention modules get the method's
+remapping and ``config._attn_implementation`` names the wrapper of the model's kernel
+(:mod:`hf_posext.attention.remap_install`), in :func:`~hf_posext.patch_model` and again while a
+saved checkpoint is built (so ``attn_implementation="sdpa"`` at load picks the sdpa wrapper).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+from transformers import PreTrainedConfig
+
+from ..attention.remap_install import install_remapping, uninstall_remapping
+from ..methods.remapping import AttentionRemapMethod
+from .base import Adapter, register_adapter
+
+_BASE_FIELDS = "base_config_fields"
+
+
+def _original(config: PreTrainedConfig) -> int:
+    return int(config.hf_posext["original_max_position_embeddings"])
+
+
+@register_adapter(AttentionRemapMethod)
+class RemapAdapter(Adapter):
+    def patch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig) -> None:
+        fields = method.config_fields(_original(config))
+        config.hf_posext[_BASE_FIELDS] = {key: config.__dict__.get(key) for key in fields}
+        config.__dict__.update(fields)
+
+    def unpatch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig, record: dict[str, Any]) -> None:
+        for key, value in record.get(_BASE_FIELDS, {}).items():
+            if value is None:
+                config.__dict__.pop(key, None)
+            else:
+                config.__dict__[key] = value
+
+    def patch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
+        install_remapping(model, method.remapping(_original(model.config)))
+
+    def unpatch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
+        uninstall_remapping(model)
+
+    def on_rotary_init(self, method: AttentionRemapMethod, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
+        install_remapping(base_model, method.remapping(_original(base_model.config)), rotary)
+        return None
