@@ -13,6 +13,7 @@ from typing import Any
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
+from ..attention.remap import SAVED_ATTENTION
 from ..attention.remap_install import install_remapping, uninstall_remapping
 from ..methods.remapping import AttentionRemapMethod
 from .base import Adapter, register_adapter
@@ -30,8 +31,11 @@ class RemapAdapter(Adapter):
         fields = method.config_fields(_original(config))
         config.hf_posext[_BASE_FIELDS] = {key: config.__dict__.get(key) for key in fields}
         config.__dict__.update(fields)
+        # written to config.json: transformers without hf-posext then refuses the checkpoint
+        config.attn_implementation = SAVED_ATTENTION
 
     def unpatch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig, record: dict[str, Any]) -> None:
+        config.__dict__.pop("attn_implementation", None)
         for key, value in record.get(_BASE_FIELDS, {}).items():
             if value is None:
                 config.__dict__.pop(key, None)

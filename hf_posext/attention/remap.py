@@ -28,6 +28,10 @@ from .. import _compat
 STATE_ATTR = "_hf_posext_remap"
 #: ``config._attn_implementation`` of the remapping wrapper of kernel ``k``: ``ATTENTION_PREFIX + k``.
 ATTENTION_PREFIX = "hf_posext_remap_"
+#: The ``attn_implementation`` a patched config.json carries: transformers without hf-posext refuses to
+#: load it (rather than silently running plain RoPE); with it, the model gets the wrapper of sdpa
+#: (or of the kernel ``from_pretrained(..., attn_implementation=...)`` asks for).
+SAVED_ATTENTION = "hf_posext_remap (requires: import hf_posext)"
 #: The kernels whose masks the wrapper reads (and that run short inputs unchanged).
 SUPPORTED_KERNELS = ("eager", "sdpa")
 #: Score elements per head group and block: keeps one block's scores near 64 MiB in fp32.

@@ -8,6 +8,7 @@ from .. import _compat
 from ..architectures import check_exact_dynamic
 from .remap import (
     ATTENTION_PREFIX,
+    SAVED_ATTENTION,
     STATE_ATTR,
     SUPPORTED_KERNELS,
     RemapState,
@@ -31,7 +32,8 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
     """
     uninstall_remapping(model)
     config = model.config
-    kernel = (config._attn_implementation or "eager").removeprefix(ATTENTION_PREFIX)
+    requested = config._attn_implementation
+    kernel = "sdpa" if requested == SAVED_ATTENTION else (requested or "eager").removeprefix(ATTENTION_PREFIX)
     if kernel not in SUPPORTED_KERNELS:
         raise ValueError(f"{remapping.name} supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load "
                          f"the model with one of those")
