@@ -73,6 +73,8 @@ class Piece:
     key: torch.Tensor
     other: tuple[torch.Tensor, torch.Tensor] | None = None
     first: torch.Tensor | None = None
+    #: The block's own keys (``stop - start`` = rows): causal, top-left aligned.
+    causal: bool = False
 
 
 class Layout(Protocol):
@@ -170,7 +172,9 @@ def remap_attention(
         pick = (lambda t: t) if every else (lambda t: t.index_select(0, rows))
         layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
         mask = None if attention_mask is None else pick(attention_mask)
-        out = segmented_attention(module, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
+        fused = mask is None and flash_available(module, kwargs, query)
+        attend = flash_segmented_attention if fused else segmented_attention
+        out = attend(module, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
         if every:
             output = out
         else:
@@ -259,6 +263,80 @@ def segmented_attention(
             scores = nn.functional.dropout(scores, p=dropout, training=True)
         out = torch.matmul(scores, value32[:, :, None, :keys]).div_(total)  # [rows, kv_heads, groups, block, dim]
         output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
+    return output
+
+
+#: Query rows per block of the fused path (its masks are ``[rows, window]`` at most).
+FLASH_BLOCK = 256
+
+
+def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tensor) -> bool:
+    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor."""
+    return (query.device.type == "cpu" and kwargs.get("softcap") is None
+            and not (module.training and kwargs.get("dropout"))
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
+
+
+def flash_segmented_attention(
+    module: nn.Module,
+    value: torch.Tensor,
+    attention_mask: None,
+    layout: Layout,
+    past: int,
+    seq: int,
+    offset: int,
+    heads: int,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """:func:`segmented_attention` by PyTorch's fused CPU flash kernel, one call per piece, merged by log-sum-exp.
+
+    The kernel returns each piece's output and log-sum-exp, so the union of the pieces is one
+    exact softmax without any score matrix in memory (the ChunkLlama / LongLM flash paths merge
+    the same way). Only for causal inputs without a padding mask; arguments as :func:`segmented_attention`.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    rows, kv_heads, kv_len, dim = value.shape
+    groups = heads // kv_heads
+    scaling = kwargs.get("scaling")
+    scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))
+    value32 = value.to(torch.float32)
+    output = value32.new_empty(rows, seq, heads, dim)
+    for start, stop in layout.blocks(past, seq, offset, FLASH_BLOCK):
+        block = stop - start
+        total_out: torch.Tensor | None = None
+        total_lse: torch.Tensor | None = None
+        for piece in layout.pieces(start, stop):
+            v = value32[:, :, piece.start : piece.stop]
+            if piece.causal:
+                q = piece.query.reshape(rows, heads, block, -1)
+                out, lse = flash(q, piece.key.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                 0.0, True, scale=scaling)
+                parts = [(out, lse)]
+            elif piece.other is None:
+                out, lse = flash(piece.query, piece.key, v, 0.0, False, scale=scaling)
+                parts = [(out.reshape(rows, heads, block, -1), lse.reshape(rows, heads, block))]
+            else:
+                parts = []
+                for (q, k), allowed in (((piece.query, piece.key), piece.first),
+                                        (piece.other, ~piece.first)):
+                    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=v.device)
+                    bias.masked_fill_(~allowed, float("-inf"))
+                    out, lse = flash(q, k, v, 0.0, False, attn_mask=bias.repeat(groups, 1)[None, None], scale=scaling)
+                    # the kernel gives a row with no allowed key lse = 0 (and output 0): mark it empty
+                    lse = lse.reshape(rows, heads, block).masked_fill(~allowed.any(-1), float("-inf"))
+                    parts.append((out.reshape(rows, heads, block, -1), lse))
+            for out, lse in parts:
+                empty = torch.isneginf(lse)
+                out = torch.where(empty[..., None], 0.0, out)
+                if total_out is None:
+                    total_out, total_lse = out, lse
+                    continue
+                merged = torch.logaddexp(total_lse, lse)
+                keep = torch.where(torch.isneginf(merged), 0.0, torch.exp(total_lse - merged))
+                add = torch.where(torch.isneginf(merged), 0.0, torch.exp(lse - merged))
+                total_out = total_out * keep[..., None] + out * add[..., None]
+                total_lse = merged
+        output[:, start:stop] = total_out.transpose(1, 2)
     return output
 
 

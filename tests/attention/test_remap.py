@@ -11,6 +11,7 @@ from methods.training_free_reference import dca_scores, reference_model, self_ex
 from models import tiny_model, tokens
 
 import hf_posext
+from hf_posext.attention import remap
 from hf_posext.attention.remap import rotate_by
 
 L0 = 64
@@ -33,6 +34,19 @@ def test_rotate_by_composes_rotations_in_fp32():
     twice = rotate_by(rotate_by(x, positions, inv_freq), torch.full((2, 5), 7), inv_freq)
     torch.testing.assert_close(twice, once, rtol=0, atol=1e-5)
     assert torch.equal(once[..., 16:], x[..., 16:])  # channels past rotary_dim pass through
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_fused_cpu_path_equals_the_score_matrix_path(method, monkeypatch):
+    model = hf_posext.patch_model(tiny_model("llama", attn_implementation="sdpa"), method, **METHODS[method][0])
+    ids = tokens(3 * L0)
+    calls = []
+    fused = remap.flash_segmented_attention
+    monkeypatch.setattr(remap, "flash_segmented_attention", lambda *a: calls.append(1) or fused(*a))
+    expected = logits(model, ids)
+    assert calls  # an unpadded sdpa forward takes the fused path
+    monkeypatch.setattr(remap, "flash_available", lambda *a: False)
+    torch.testing.assert_close(logits(model, ids), expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

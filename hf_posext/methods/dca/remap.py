@@ -65,5 +65,8 @@ class _Layout:
         if own_start > previous_start:
             pieces.append(Piece(previous_start, own_start, block_rows(self.succ, start, stop),
                                 self.key[:, :, previous_start:own_start]))
-        pieces.append(Piece(own_start, b, block_rows(self.intra, start, stop), self.key[:, :, own_start:b]))
+        a = self.past + start
+        if a > own_start:
+            pieces.append(Piece(own_start, a, block_rows(self.intra, start, stop), self.key[:, :, own_start:a]))
+        pieces.append(Piece(a, b, block_rows(self.intra, start, stop), self.key[:, :, a:b], causal=True))
         return pieces

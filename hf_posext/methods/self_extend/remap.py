@@ -1,8 +1,9 @@
 """Self-Extend's positions as pieces of :func:`hf_posext.attention.remap.segmented_attention`.
 
-For a block of query rows ``[a, b)`` (key columns, causal) keys ``j <= a - W`` are grouped for
-every row, keys ``j > b - 1 - W`` are neighbours for every row, and the ``b - a - 1`` columns in
-between are chosen per pair (``i - j < W``: neighbour), as LongLM's selection merge.
+For a block of at most W query rows ``[a, b)`` (key columns, causal) keys ``j <= a - W`` are
+grouped for every row, keys ``j > b - 1 - W`` are neighbours for every row (the block's own keys
+``[a, b)`` a causal square), and the ``b - a - 1`` columns in between are chosen per pair
+(``i - j < W``: neighbour), as LongLM's selection merge.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class _Layout:
         self.grouped_key = rotate_by(key, key_pos.div(group, rounding_mode="floor") - key_pos, inv_freq)
 
     def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
+        size = min(size, self.window)  # then a block's mixed columns all precede its own keys
         for start in range(0, seq, size):
             yield start, min(seq, start + size)
 
@@ -62,5 +64,7 @@ class _Layout:
             pieces.append(Piece(far, mixed, block_rows(self.query, start, stop), self.key[:, :, far:mixed],
                                 other=(block_rows(self.grouped_query, start, stop), self.grouped_key[:, :, far:mixed]),
                                 first=near))
-        pieces.append(Piece(mixed, b, block_rows(self.query, start, stop), self.key[:, :, mixed:b]))
+        if a > mixed:
+            pieces.append(Piece(mixed, a, block_rows(self.query, start, stop), self.key[:, :, mixed:a]))
+        pieces.append(Piece(a, b, block_rows(self.query, start, stop), self.key[:, :, a:b], causal=True))
         return pieces
