@@ -60,3 +60,14 @@ def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
                                             original_max_position_embeddings=64), ids)
     assert torch.equal(logits(loaded, ids), expected)
     assert not torch.equal(logits(plain, ids), expected)
+
+
+@pytest.mark.parametrize(("method", "arch", "vllm"), [
+    ("self_extend", "qwen2", "wrong"), ("dca", "qwen2", "right"), ("dca", "llama", "wrong")])
+def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
+    from hf_posext.readers import support
+
+    verdicts = support(hf_posext.patch_model(tiny_model(arch), method, factor=2).config, 128)
+    assert verdicts["vLLM"][0] == vllm
+    assert verdicts["transformers 5"][0] == "right" and "import hf_posext" in verdicts["transformers 5"][1]
+    assert verdicts["llama.cpp"][0] == "wrong"
