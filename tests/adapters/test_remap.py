@@ -71,3 +71,22 @@ def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
     assert verdicts["vLLM"][0] == vllm
     assert verdicts["transformers 5"][0] == "right" and "import hf_posext" in verdicts["transformers 5"][1]
     assert verdicts["llama.cpp"][0] == "wrong"
+
+
+def test_the_command_line_evaluates_and_patches_both_methods(tmp_path):
+    from hf_posext.cli import main
+    from hf_posext.fixtures import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny", hidden_size=32, max_position_embeddings=32)
+    text = tmp_path / "doc.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 6)
+    out = tmp_path / "ppl"
+    assert main(["eval", "ppl", str(path), "--data", str(text), "--lengths", "16,96", "--method",
+                 "none,self_extend,dca", "--factor", "3", "--out", str(out), "--no-progress"]) == 0
+    import json
+
+    results = json.loads((out / "ppl.json").read_text())["results"]
+    assert [results[k]["patch"]["method"] for k in ("self_extend/truncated", "dca/truncated")] == ["self_extend", "dca"]
+    assert main(["patch", str(path), str(tmp_path / "se"), "--method", "self_extend", "--set", "group_size=4",
+                 "--set", "window_size=8"]) == 0
+    assert hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "se"))["group_size"] == 4
