@@ -43,8 +43,8 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, masking_utils
 
 import hf_posext
-from hf_posext.attention import alibi as alibi_attention
-from hf_posext.attention import alibi_folded
+from hf_posext.methods.alibi import attention as alibi_attention
+from hf_posext.methods.alibi import folded as alibi_folded
 
 PATHS = ("rope_sdpa", "alibi_eager", "alibi_sdpa", "alibi_flex", "alibi_folded", "alibi_flash")
 QUADRATIC = {"alibi_eager", "alibi_sdpa"}

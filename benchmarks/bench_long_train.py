@@ -50,7 +50,7 @@ from trainer_baseline import trainer_baseline
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_posext.files import write_text
-from hf_posext.fixtures import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
+from hf_posext.testing import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 

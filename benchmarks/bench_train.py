@@ -94,7 +94,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
-    from hf_posext.fixtures import make_tiny_model
+    from hf_posext.testing import make_tiny_model
 
     make_tiny_model(workdir / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 32,
                     num_kv_heads=max(1, args.hidden // 64), max_position_embeddings=args.seq_len // args.factor)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from hf_posext.fixtures import TINY_ARCHITECTURES, make_tiny_model
+from hf_posext.testing import TINY_ARCHITECTURES, make_tiny_model
 
 
 def main() -> None:

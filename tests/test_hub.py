@@ -19,7 +19,7 @@ from hf_posext import patch_model
 from hf_posext.cli import main
 from hf_posext.hub import push_to_hub
 from hf_posext.export import model_card
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 
 SECRET = "hf_secretTOKENforTESTSdoNOTprint1234"
 CHECKPOINT_FILES = ["README.md", "config.json", "generation_config.json", "model.safetensors",

@@ -4,7 +4,7 @@ Items (each is skipped with a line saying why when its package or device is miss
 failure in one does not stop the others):
 
 * ``alibi_flash``: ALiBi through flash-attn's ``alibi_slopes`` against the eager path in bf16,
-  forward and backward (error bound: 3x the native model's own bf16 error, as in STYLE.md).
+  forward and backward (error bound: 3x the native model's own bf16 error, the bound every bf16 check uses).
 * ``alibi_flex_train``: a training step through FlexAttention's compiled backward (CUDA only)
   against the eager path's gradients, fp32.
 * ``bf16_parity``: every registered method's bf16 logits against its fp32 logits at 3x the
@@ -47,7 +47,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
 from hf_posext.files import write_text
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 from hf_posext.methods import method_class
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from .. import _compat
+from .. import integration
 
 #: The attribute of an attention module holding its :class:`RemapState`.
 STATE_ATTR = "_hf_posext_remap"
@@ -155,7 +155,7 @@ def remap_attention(
         raise ValueError(f"{state.remapping.name} needs the forward's position_ids among the attention arguments, "
                          f"got {type(position_ids).__name__}")
     refuse_unsupported(module, kwargs, state.remapping.name)
-    kernel = _compat.attention_function(state.kernel, module)
+    kernel = integration.attention_function(state.kernel, module)
     if not state.remapping.active(int(position_ids[:, -1].max())):
         return kernel(module, query, key, value, attention_mask, **kwargs)
     batch, heads, seq, _ = query.shape
@@ -360,7 +360,7 @@ def refuse_unsupported(module: nn.Module, kwargs: dict[str, Any], name: str) -> 
 def refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of the base model: key columns must be the tokens so far (their positions follow)."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is not None and _compat.is_preallocated_cache(cache):
+    if cache is not None and integration.is_preallocated_cache(cache):
         raise ValueError(
             f"training-free attention (self_extend, dca) needs a cache that grows with the sequence (DynamicCache, "
             f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic'"

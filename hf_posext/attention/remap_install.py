@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .. import _compat
+from .. import integration
 from ..architectures import check_exact_dynamic
 from .remap import (
     ATTENTION_PREFIX,
@@ -37,7 +37,7 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
     if kernel not in SUPPORTED_KERNELS:
         raise ValueError(f"{remapping.name} supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load "
                          f"the model with one of those")
-    found = [(name, module) for name, module in _compat.rotary_modules(model)]
+    found = [(name, module) for name, module in integration.rotary_modules(model)]
     if rotary is None:
         if len(found) != 1:
             raise ValueError(f"{remapping.name} needs exactly one rotary module, {type(model).__name__} has "
@@ -47,7 +47,7 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
     attention = check_exact_dynamic(config, model, rotary, purpose=purpose,
                                     fallback="use a rope method (yarn, ntk) instead")
     state = RemapState(remapping, rotary, kernel)
-    _compat.register_attention_wrapper(state.attention_name, remap_attention, mask_like=kernel)
+    integration.register_attention_wrapper(state.attention_name, remap_attention, mask_like=kernel)
     for module in attention:
         module.__dict__[STATE_ATTR] = state
     config._attn_implementation = state.attention_name

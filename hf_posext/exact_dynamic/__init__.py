@@ -19,7 +19,7 @@ Design:
   identity rotation, so queries and keys reach the cache (``DynamicCache``, sliding or not)
   un-rotated; ``config._attn_implementation`` becomes a registered wrapper of the model's own
   kernel (``hf_posext_exact_dynamic_<eager|sdpa>``).
-* :mod:`.plan`: per forward, the query rows are split into kernel calls by the frequency set they
+* :mod:`.forward_plan`: per forward, the query rows are split into kernel calls by the frequency set they
   need; the plan is found by the forward's ``position_ids`` tensor, so concurrent forwards
   (threads, ``nn.DataParallel`` replicas) never share one. Nothing is kept between forwards.
 * :mod:`.attention`: the wrapper. A decoding step leaves the query un-rotated and turns each key
@@ -45,7 +45,7 @@ from .install import (
     enable_exact_dynamic_cache,
     exact_rotary_at_init,
 )
-from .plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, ExactDynamicRope, ForwardPlan
+from .forward_plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, ExactDynamicRope, ForwardPlan
 from .rotation import apply_rotary, cos_sin, grid_rotations
 
 __all__ = [

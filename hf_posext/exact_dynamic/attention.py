@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
+from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
 from .rotation import apply_rotary, cos_sin, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
 

@@ -6,7 +6,7 @@ no weights can be downloaded. A ~0.85M-parameter Llama reading bytes of the stdl
 learns enough in a few minutes on 2 CPU cores for position effects to dominate beyond its
 training length (the README's demo table shows how much).
 
-Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.fixtures`, saved
+Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.testing`, saved
 with the model), plus BOS at the start of every file. The trained model is saved with
 ``save_pretrained`` under ``cache_dir/<hash of the config>/`` and reused by later calls;
 an interrupted run resumes from its last training state (``accelerate``'s ``save_state``,
@@ -51,7 +51,7 @@ from transformers import (
 
 from ..data import default_cache_dir, stdlib_files
 from ..eval.passkey import KEY_RANGE, build_prompt, fit_filler
-from ..fixtures import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
+from ..testing import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
 from ..files import atomic_directory
 from ..methods import available_methods
 from ..patching import patch_model

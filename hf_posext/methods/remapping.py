@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import BaseRope, PositionMethod
+from .base import BaseRope, MethodConfig
 
 
 @dataclass(frozen=True)
-class AttentionRemapMethod(PositionMethod):
+class AttentionRemapMethod(MethodConfig):
     """Shared by methods that leave RoPE's frequencies alone and remap positions in attention."""
 
     scales_rope: ClassVar[bool] = False

@@ -31,17 +31,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .. import _compat
-from ..methods.base import method_class
+from .. import integration
+from ..methods.registry import method_class
 from ..rope_utils import rotary_dim_of
 from . import llamacpp, sglang, transformers4, transformers5, vllm
 from .rope import intended_rope
 
 #: The readers, in the order of the README's compatibility table.
 READERS = ("transformers 5", "transformers 4.57", "vLLM", "SGLang", "llama.cpp")
-
-#: The static method each engine reads right, for a dynamic one.
-STATIC_EQUIVALENT = {"dynamic_ntk": "ntk", "dynamic_yarn": "yarn"}
 
 #: A reader's verdict: one of :data:`STATUSES` and how it reads the checkpoint.
 Verdict = tuple[str, str]
@@ -62,7 +59,7 @@ def write_reader_fields(config: Any) -> None:
     if _nested_entries(config):
         return
     for name, value in transformers4.legacy_fields(config.rope_parameters).items():
-        _compat.set_saved_attribute(config, name, value)
+        integration.set_saved_attribute(config, name, value)
 
 
 def saved_fields(config: Any) -> dict[str, Any]:
@@ -73,7 +70,7 @@ def saved_fields(config: Any) -> dict[str, Any]:
 def clear_reader_fields(config: Any, saved: dict[str, Any]) -> None:
     """Undo :func:`write_reader_fields` (unpatch): put back ``saved`` (:func:`saved_fields`), remove the rest."""
     for name in transformers4.LEGACY_FIELDS:
-        _compat.set_saved_attribute(config, name, None)
+        integration.set_saved_attribute(config, name, None)
         if name in saved:  # an explicit None included: the config's own __dict__ comes back as it was
             config.__dict__[name] = saved[name]
 
@@ -134,9 +131,9 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     if method in ("self_extend", "dca"):
         verdicts.update(_remap_verdicts(config, method))
         return verdicts
-    if method == "learned":
-        verdicts["llama.cpp"] = ("refused", "the converter cannot map the learned position table")
-    elif rope_type in transformers5.CUSTOM_ROPE_TYPES:
+    if method is not None and method_class(method).adds_weights:
+        verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
+    elif rope_type in transformers5.custom_rope_types():
         verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
     elif rope_type == "dynamic":
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
@@ -179,7 +176,7 @@ def engine_warning(config: Any, context: int, method: str) -> str | None:
     right = [reader for reader, (status, _) in verdicts.items() if status == "right"]
     text = (f"{method} checkpoints are read wrong, without an error, by: " + "; ".join(wrong)
             + f". Read as patched by: {', '.join(right)}.")
-    static = STATIC_EQUIVALENT.get(method_class(method).name)
+    static = method_class(method).static_equivalent
     if static is not None:
         text += f" To serve it with those engines, patch with the static equivalent --method {static} instead."
     return text

@@ -13,7 +13,7 @@ data (BOS/EOS-separated, fixed-length, cached blocks in a resumable order) comes
 * :mod:`.lora` - LongLoRA-style PEFT LoRA plus trainable embeddings and norms, merged on save;
 * :mod:`.pose` - PoSE skip-wise position ids (train a long context with short windows);
 
-Laptop run (about a minute on two CPU cores; the tiny checkpoint comes from :mod:`hf_posext.fixtures`)::
+Laptop run (about a minute on two CPU cores; the tiny checkpoint comes from :mod:`hf_posext.testing`)::
 
     python scripts/make_tiny_model.py out/tiny-llama --max-position-embeddings 64
     python scripts/finetune.py --config examples/finetune_tiny.yaml

@@ -49,7 +49,7 @@ from ..patching import patch_model
 from ..readers import print_engine_warning
 from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
-from .export import check_final_output, save_dtype_for, save_final
+from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .loss import causal_lm_loss
 from .plan import plan_run

@@ -14,7 +14,7 @@ from hf_posext import patch_model
 from hf_posext.cli import main
 from hf_posext.eval import cli as eval_cli
 from hf_posext.eval import encode_documents, load_texts, sliding_window_perplexity, truncated_perplexity
-from hf_posext.fixtures import byte_tokenizer, make_tiny_model
+from hf_posext.testing import byte_tokenizer, make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import copy
 
 import torch
 
-from hf_posext import _compat
+from hf_posext import integration
 from hf_posext.rope_utils import NO_ROPE_TYPE
 
 REFERENCE_ATTENTION = "test_training_free_reference"
@@ -81,6 +81,6 @@ def reference_model(model, scores_fn, **params):
         out = probs @ v.repeat_interleave(groups, dim=1)
         return out.transpose(1, 2).to(query.dtype), None
 
-    _compat.register_attention_wrapper(REFERENCE_ATTENTION, attention, mask_like="sdpa")
+    integration.register_attention_wrapper(REFERENCE_ATTENTION, attention, mask_like="sdpa")
     config._attn_implementation = REFERENCE_ATTENTION
     return reference

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 
 DRIVER = """
 import sys, torch

@@ -27,7 +27,7 @@ from hf_posext.train.checkpointing import latest_checkpoint, list_checkpoints
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.lora import merged_state_dict
 from hf_posext.train.loop import train
-from hf_posext.fixtures import byte_tokenizer, make_tiny_model
+from hf_posext.testing import byte_tokenizer, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_CONTEXT = 32

@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..base import register, whole_number
+from ..base import whole_number
 from ..remapping import AttentionRemapMethod
 from .remap import DualChunkRemapping
 
 
-@register("dca")
 @dataclass(frozen=True)
 class DualChunkConfig(AttentionRemapMethod):
     """Dual Chunk Attention (An et al. 2024): keys at j mod c; intra-, successive- and inter-chunk queries.

@@ -10,12 +10,11 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import register, whole_number
+from ..base import whole_number
 from ..remapping import AttentionRemapMethod
 from .remap import SelfExtendRemapping
 
 
-@register("self_extend")
 @dataclass(frozen=True)
 class SelfExtendConfig(AttentionRemapMethod):
     """Self-Extend (Jin et al. 2024): neighbours at true positions, farther keys at grouped positions.
