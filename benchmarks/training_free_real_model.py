@@ -31,7 +31,7 @@ from hf_posext import patch_model, unpatch_model  # noqa: E402
 from hf_posext._compat import rebuild_rotary, replace_module, rotary_modules  # noqa: E402
 from hf_posext.eval.passkey import passkey_accuracy  # noqa: E402
 from hf_posext.eval.perplexity import truncated_perplexity  # noqa: E402
-from hf_posext.eval.report import markdown_table, plot_curves, write_text  # noqa: E402
+from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text  # noqa: E402
 from hf_posext.gguf import gguf_checkpoint  # noqa: E402
 
 TRAINED = 8192
@@ -99,6 +99,14 @@ def report(cells: Cells, lengths: list[int], keys: int) -> str:
             + "\n\nPerplexity of the last 2048 tokens (Python Language Reference):\n\n"
             + markdown_table(["method", "8k", "16k", "32k"], ppl_rows) + "\n")
     write_text(OUT / "real_model.md", text)
+    for row in METHODS:
+        asked = sorted({float(k.split("/")[3]) for k in cells.cells if k.startswith(f"passkey/{row}/")})
+        if asked:
+            acc = [[float(cells.cells[f"passkey/{row}/{n}/{d}"]["value"]) if f"passkey/{row}/{n}/{d}" in cells.cells
+                    else float("nan") for n in lengths] for d in asked]
+            grids[row] = (lengths, asked, acc)
+    if grids:
+        plot_heatmaps(OUT / "real_model_passkey.png", grids, title="SmolLM2-135M passkey, no fine-tuning (one key per cell)")
     if curves:
         plot_curves(OUT / "real_model_ppl.png", curves, title="SmolLM2-135M, no fine-tuning", vline=TRAINED)
     return text
