@@ -15,6 +15,7 @@ from transformers import PreTrainedConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from ..attention.remap import ATTENTION_PREFIX, SAVED_ATTENTION, STATE_ATTR, SUPPORTED_KERNELS, remap_attention
+from ..architectures import check_exact_dynamic
 from ..attention.remap_install import install_remapping, uninstall_remapping
 from .registry import AttentionFunctions
 from .remapping import AttentionRemapMethod
@@ -35,6 +36,11 @@ def _original(config: PreTrainedConfig) -> int:
 
 
 class RemapSurgery(Surgery):
+    def check(self, method: AttentionRemapMethod, config: PreTrainedConfig, model: nn.Module | None) -> None:
+        """Interleaved rotary pairs, multi-head latent attention, per-layer-type rope: refused before any change."""
+        check_exact_dynamic(config, model, purpose=f"{method.name} (model_type={getattr(config, 'model_type', None)!r})",
+                            fallback="use a rope method (yarn, ntk) instead")
+
     def patch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig) -> None:
         fields = method.config_fields(_original(config))
         config.hf_posext[_BASE_FIELDS] = {key: config.__dict__.get(key) for key in fields}

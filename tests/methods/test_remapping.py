@@ -151,3 +151,11 @@ def test_interleaved_pairs_and_latent_attention_are_refused_naming_the_architect
     with pytest.raises(ValueError, match=rf"{method} \(model_type='{model_type}'\).*{message}"):
         hf_posext.patch_model(model, method)
     assert hf_posext.patch_info(model)["method"] is None
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_latent_attention_config_alone_is_refused_too(method):
+    config = registry.tiny_config("deepseek_v3")
+    with pytest.raises(ValueError, match=rf"{method} \(model_type='deepseek_v3'\).*multi-head latent attention"):
+        hf_posext.patch_model(config, method)
+    assert not hasattr(config, "hf_posext")
