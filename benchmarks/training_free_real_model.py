@@ -25,14 +25,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import Cells, gguf_file, reference_text  # noqa: E402
+from hf_posext._compat import rebuild_rotary, replace_module, rotary_modules
+from real_model import Cells, gguf_file, reference_text
 
-from hf_posext import patch_model, unpatch_model  # noqa: E402
-from hf_posext._compat import rebuild_rotary, replace_module, rotary_modules  # noqa: E402
-from hf_posext.eval.passkey import passkey_accuracy  # noqa: E402
-from hf_posext.eval.perplexity import truncated_perplexity  # noqa: E402
-from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text  # noqa: E402
-from hf_posext.gguf import gguf_checkpoint  # noqa: E402
+from hf_posext import patch_model, unpatch_model
+from hf_posext.eval.passkey import passkey_accuracy
+from hf_posext.eval.perplexity import truncated_perplexity
+from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text
+from hf_posext.gguf import gguf_checkpoint
 
 TRAINED = 8192
 OUT = Path(__file__).resolve().parent / "results" / "training_free"
@@ -66,7 +66,7 @@ class Variant:
             patch_model(self.model, self.method, **self.kwargs)
         return self.model
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.method is not None:
             unpatch_model(self.model)
         config = self.model.config

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from .. import integration
 
@@ -152,7 +152,7 @@ def remap_attention(
         raise ValueError(f"{type(module).__name__} is not set up for remapped attention; use hf_posext.patch_model")
     position_ids = kwargs.get("position_ids")
     if not isinstance(position_ids, torch.Tensor):
-        raise ValueError(f"{state.remapping.name} needs the forward's position_ids among the attention arguments, "
+        raise TypeError(f"{state.remapping.name} needs the forward's position_ids among the attention arguments, "
                          f"got {type(position_ids).__name__}")
     refuse_unsupported(module, kwargs, state.remapping.name)
     kernel = integration.attention_function(state.kernel, module)
@@ -169,7 +169,7 @@ def remap_attention(
     for offset in torch.unique(offsets).tolist():
         rows = (offsets == offset).nonzero().flatten()
         every = rows.numel() == batch
-        pick = (lambda t: t) if every else (lambda t: t.index_select(0, rows))
+        pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
         layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
         mask = None if attention_mask is None else pick(attention_mask)
         fused = mask is None and flash_available(module, kwargs, query)
@@ -295,7 +295,7 @@ def flash_segmented_attention(
     the same way). Only for causal inputs without a padding mask; arguments as :func:`segmented_attention`.
     """
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    rows, kv_heads, kv_len, dim = value.shape
+    rows, kv_heads, _, dim = value.shape
     groups = heads // kv_heads
     scaling = kwargs.get("scaling")
     scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))

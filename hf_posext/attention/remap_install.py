@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch.nn as nn
+from torch import nn
 
 from .. import integration
 from ..architectures import check_exact_dynamic
@@ -11,8 +11,8 @@ from .remap import (
     SAVED_ATTENTION,
     STATE_ATTR,
     SUPPORTED_KERNELS,
-    RemapState,
     Remapping,
+    RemapState,
     refuse_preallocated_cache,
     remap_attention,
 )

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.nn as nn
+from torch import nn
 from transformers import PreTrainedConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from ..attention.remap import ATTENTION_PREFIX, SAVED_ATTENTION, STATE_ATTR, SUPPORTED_KERNELS, remap_attention
 from ..architectures import check_exact_dynamic
+from ..attention.remap import (
+    ATTENTION_PREFIX,
+    SAVED_ATTENTION,
+    STATE_ATTR,
+    SUPPORTED_KERNELS,
+    remap_attention,
+)
 from ..attention.remap_install import install_remapping, uninstall_remapping
 from .registry import AttentionFunctions
 from .remapping import AttentionRemapMethod

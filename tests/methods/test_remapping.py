@@ -7,7 +7,11 @@ import copy
 import pytest
 import registry
 import torch
-from methods.training_free_reference import dca_scores, reference_model, self_extend_scores
+from methods.training_free_reference import (
+    dca_scores,
+    reference_model,
+    self_extend_scores,
+)
 from models import tiny_model, tokens
 
 import hf_posext

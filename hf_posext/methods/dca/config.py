@@ -58,7 +58,7 @@ class DualChunkConfig(AttentionRemapMethod):
 
     def reach(self, original: int) -> int:
         self.resolve(original)
-        return int(round(self.factor * original))
+        return round(self.factor * original)
 
     def config_fields(self, original: int) -> dict[str, Any]:
         """vLLM's ``dual_chunk_attention_config`` (as Qwen2.5-1M ships it), which vLLM runs for the Qwen2 family."""
