@@ -74,7 +74,7 @@ def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
 
 
 def test_the_command_line_evaluates_and_patches_both_methods(tmp_path):
-    from hf_posext.cli import main
+    from hf_posext.commands.main import main
     from hf_posext.testing import make_tiny_model
 
     path = make_tiny_model(tmp_path / "tiny", hidden_size=32, max_position_embeddings=32)
