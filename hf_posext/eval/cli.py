@@ -3,8 +3,10 @@
     hf-posext eval ppl path/to/model --data stdlib --lengths 2048,4096,8192 --method none,yarn --factor 4
     hf-posext eval ppl path/to/model --data docs/ --lengths 4096,8192 --mode sliding --stride 256
     hf-posext eval passkey path/to/model --lengths 4096,8192,16384 --trials 10 --method yarn --factor 4
+    hf-posext eval ruler path/to/model --lengths 4096,8192,16384 --tasks niah,vt --samples 50 --method none,yarn --factor 2
 
-Each writes ``ppl.{json,csv,png}`` or ``passkey.{json,csv,png}`` under ``--out``. Results are
+Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and
+``ruler_{niah,tasks}.png`` under ``--out``. Results are
 saved after every method, and a rerun with the same settings on the same model content (not the
 same path: a model retrained in place is evaluated again) skips the methods already done. Every
 method name, argument and length is checked before the model loads.
@@ -13,12 +15,14 @@ method name, argument and length is checked before the model loads.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..arguments import check_factor, method_kwargs
 from ..data import encode_documents, load_texts
@@ -28,7 +32,9 @@ from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
 from .passkey import passkey_accuracy
 from .perplexity import sliding_window_perplexity, truncated_perplexity
-from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv
+from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv, write_json
+from .ruler import QUICK, resolve_tasks, ruler_accuracy
+from .ruler.results import csv_rows, plot_results, summarise, task_table
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -239,6 +245,67 @@ def _passkey(args: argparse.Namespace) -> int:
     return 0
 
 
+def _context_limit(model: str, methods: list[str], factor: float | None, extra: dict[str, Any]) -> tuple[int, int]:
+    """``(trained, reachable)``: the checkpoint's context and the longest any of ``methods`` gives it (config only)."""
+    config = AutoConfig.from_pretrained(resolve_model_source(model))
+    trained = int(config.max_position_embeddings)
+    reach = trained
+    for method in methods:
+        if method != "none":
+            patched = patch_model(copy.deepcopy(config), method, factor=factor, **extra)
+            info = patch_info(patched)
+            reach = max(reach, int(info.get("context_length") or info["max_position_embeddings"]))
+    return trained, reach
+
+
+class _MethodCells:
+    """``ruler_accuracy``'s store for one method: cells kept in the result file as ``method/task/length``."""
+
+    def __init__(self, done: ResultFile, method: str, patch: dict[str, Any]) -> None:
+        self.done, self.method, self.patch = done, method, patch
+
+    def get(self, key: str, compute: Any) -> Any:
+        return self.done.get(f"{self.method}/{key}", lambda: {"patch": self.patch, **compute()})
+
+
+def _ruler(args: argparse.Namespace) -> int:
+    methods, extra = _checked_methods(args)
+    tasks = resolve_tasks(args.tasks or (",".join(QUICK) if args.quick else "all"))
+    samples = args.samples or (2 if args.quick else 20)
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    trained, reach = _context_limit(args.model, methods, args.factor, extra)
+    if max(args.lengths) > reach:
+        raise ValueError(
+            f"--lengths {max(args.lengths)} is longer than the model can take with --method {args.method}: "
+            f"{reach} tokens (trained context {trained}); use a method that extends it (e.g. --method none,yarn "
+            f"--factor {max(args.lengths) / trained:g}) or shorter lengths"
+        )
+    settings = {**_settings(args), "tasks": tasks, "samples": samples}
+    out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
+    done = ResultFile(out / "ruler.json", settings)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    for method in methods:
+        if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
+            print(f"{method}: done in an earlier run, skipped")
+            continue
+        with _Patched(model, method, args.factor, extra) as info:
+            ruler_accuracy(model, tokenizer, args.lengths, tasks, samples, seed=args.seed, batch_size=args.batch_size,
+                           chat_template=False if args.no_chat_template else None,
+                           store=_MethodCells(done, method, info), progress=not args.no_progress)
+    results = done.results
+    summary_ = summarise(results, methods, tasks, args.lengths, trained_length=trained)
+    payload = json.loads(done.save().read_text())  # a rerun's ResultFile reads settings and results, not the summary
+    write_json(out / "ruler.json", {**payload, "summary": summary_})
+    write_csv(out / "ruler.csv", csv_rows(results, summary_, methods, tasks, sorted(args.lengths)))
+    table = task_table(results, summary_, methods, tasks, args.lengths)
+    (out / "ruler.md").write_text(table + "\n")
+    written = plot_results(out, results, methods, tasks, args.lengths, Path(args.model).name)
+    print(table)
+    print(f"wrote {out / 'ruler.json'}, {out / 'ruler.csv'}, {out / 'ruler.md'}" + "".join(f", {p}" for p in written))
+    return 0
+
+
 def _common(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("model", help="checkpoint folder or Hub id (with its tokenizer), or a local .gguf file")
     p.add_argument("--lengths", type=_ints, required=True, help="comma-separated context lengths, e.g. 2048,4096,8192")
@@ -285,6 +352,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--trials", type=int, default=5, help="prompts per (length, depth) (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seeds the keys")
     p.set_defaults(func=_passkey)
+
+    p = sub.add_parser("ruler", help="RULER-style long-context tasks by length, with Wilson intervals (JSON, CSV, PNG)")
+    _common(p, "eval_ruler")
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated tasks or groups: all, niah, niah_single, niah_multikey, multihop, aggregation, "
+                        "qa, or names such as niah_single_1,vt,cwe (default: all; --quick: one per category)")
+    p.add_argument("--samples", type=int, default=None, help="prompts per (task, length) (default 20; --quick: 2)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: one task per category, 2 samples")
+    p.add_argument("--seed", type=int, default=0, help="seeds every prompt")
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call (default: what fits in memory)")
+    p.add_argument("--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template")
+    p.set_defaults(func=_ruler)
 
 
 __all__ = ["add_parser", "load_model", "model_fingerprint"]
