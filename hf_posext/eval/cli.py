@@ -26,14 +26,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..arguments import check_factor, method_kwargs
 from ..data import encode_documents, load_texts
-from ..files import check_output_dir
+from ..files import check_output_dir, write_text
 from ..gguf import gguf_identity, is_gguf, resolve_model_source
 from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
 from .passkey import passkey_accuracy
 from .perplexity import sliding_window_perplexity, truncated_perplexity
 from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv, write_json
-from .ruler import QUICK, resolve_tasks, ruler_accuracy
+from .ruler import QUICK, TASKS, resolve_tasks, ruler_accuracy
+from .ruler.fit import minimum_length, wrapper_for
 from .ruler.results import csv_rows, plot_results, summarise, task_table
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -281,7 +282,16 @@ def _ruler(args: argparse.Namespace) -> int:
             f"{reach} tokens (trained context {trained}); use a method that extends it (e.g. --method none,yarn "
             f"--factor {max(args.lengths) / trained:g}) or shorter lengths"
         )
-    settings = {**_settings(args), "tasks": tasks, "samples": samples}
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(args.model))
+    wrapper = wrapper_for(tokenizer, False if args.no_chat_template else None)
+    for task in tasks:
+        shortest = minimum_length(tokenizer, TASKS[task], min(args.lengths), wrapper)
+        if min(args.lengths) < shortest:
+            raise ValueError(f"--lengths {min(args.lengths)} is too short for {task}: its prompt and answer need at "
+                             f"least {shortest} tokens with this tokenizer")
+    # Cells are keyed method/task/length, so adding lengths, tasks or methods later resumes the rest.
+    settings = {k: v for k, v in _settings(args).items()
+                if k not in ("lengths", "tasks", "method", "quick", "batch_size")} | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
     done = ResultFile(out / "ruler.json", settings)
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
@@ -291,16 +301,21 @@ def _ruler(args: argparse.Namespace) -> int:
             continue
         with _Patched(model, method, args.factor, extra) as info:
             ruler_accuracy(model, tokenizer, args.lengths, tasks, samples, seed=args.seed, batch_size=args.batch_size,
-                           chat_template=False if args.no_chat_template else None,
+                           chat_template=False if args.no_chat_template else None, max_new_tokens=args.max_new_tokens,
                            store=_MethodCells(done, method, info), progress=not args.no_progress)
     results = done.results
-    summary_ = summarise(results, methods, tasks, args.lengths, trained_length=trained)
+    # The report covers every cell of the folder: earlier runs may have added other lengths, tasks, methods.
+    keys = [k.split("/") for k in results]
+    methods = list(dict.fromkeys([*methods, *(m for m, _, _ in keys)]))
+    tasks = [t for t in TASKS if any(k[1] == t for k in keys)]
+    lengths = sorted({int(n) for _, _, n in keys})
+    summary_ = summarise(results, methods, tasks, lengths, trained_length=trained)
     payload = json.loads(done.save().read_text())  # a rerun's ResultFile reads settings and results, not the summary
     write_json(out / "ruler.json", {**payload, "summary": summary_})
-    write_csv(out / "ruler.csv", csv_rows(results, summary_, methods, tasks, sorted(args.lengths)))
-    table = task_table(results, summary_, methods, tasks, args.lengths)
-    (out / "ruler.md").write_text(table + "\n")
-    written = plot_results(out, results, methods, tasks, args.lengths, Path(args.model).name)
+    write_csv(out / "ruler.csv", csv_rows(results, summary_, methods, tasks, lengths))
+    table = task_table(results, summary_, methods, tasks, lengths)
+    write_text(out / "ruler.md", table + "\n")
+    written = plot_results(out, results, methods, tasks, lengths, Path(args.model).name)
     print(table)
     print(f"wrote {out / 'ruler.json'}, {out / 'ruler.csv'}, {out / 'ruler.md'}" + "".join(f", {p}" for p in written))
     return 0
@@ -362,6 +377,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a smoke run: one task per category, 2 samples")
     p.add_argument("--seed", type=int, default=0, help="seeds every prompt")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call (default: what fits in memory)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="cap every task's generation budget (RULER's: niah 128, vt 30, cwe 120, fwe 50, qa 32) to save time")
     p.add_argument("--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template")
     p.set_defaults(func=_ruler)
 

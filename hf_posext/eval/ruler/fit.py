@@ -127,6 +127,15 @@ def _fill(tokenizer: Any, wrapper: Wrapper, draft: Draft, budget: int) -> int | 
     return None
 
 
+def minimum_length(tokenizer: Any, task: Task, length: int, wrapper: Wrapper | None = None, seed: str = "0") -> int:
+    """The shortest target length the task's prompt fits in (one haystack unit and the answer budget).
+
+    ``length`` is the target asked for: a few tasks (``cwe``) take another shape below 4096 tokens.
+    """
+    wrapper = wrapper or wrapper_for(tokenizer)
+    return _count(tokenizer, wrapper, task.build(seed, 1, 0.5, length)) + task.max_new_tokens
+
+
 def fit_prompt(
     tokenizer: Any,
     task: Task,
@@ -194,4 +203,4 @@ def fit_prompt(
     raise ValueError(f"{task.name}: no draft with its answers the right number of times in {attempts} seeds from {seed!r}")
 
 
-__all__ = ["Prompt", "Wrapper", "fit_prompt", "wrapper_for"]
+__all__ = ["Prompt", "Wrapper", "fit_prompt", "minimum_length", "wrapper_for"]

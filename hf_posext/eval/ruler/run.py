@@ -105,9 +105,13 @@ def run_cell(
     seed: int = 0,
     batch_size: int | None = None,
     chat_template: bool | None = None,
+    max_new_tokens: int | None = None,
     bar: Any = None,
 ) -> dict[str, Any]:
     """One (task, length) cell: fit ``samples`` prompts, generate, score.
+
+    ``max_new_tokens`` caps generation below the task's budget (the prompts still leave the whole
+    budget free, so they are RULER's); a cap can only lower a score, never raise it.
 
     Returns:
         ``{"task", "length", "accuracy", "n", "low", "high", "prompt_tokens", "batch_size",
@@ -130,7 +134,7 @@ def run_cell(
     rows: list[dict[str, Any]] = []
     for first in range(0, samples, size):
         batch = prompts[first : first + size]
-        for prompt, output in zip(batch, _generate(model, tokenizer, batch, spec.max_new_tokens)):
+        for prompt, output in zip(batch, _generate(model, tokenizer, batch, min(spec.max_new_tokens, max_new_tokens or spec.max_new_tokens))):
             rows.append({"seed": prompt.seed, "depth": prompt.depth, "answers": prompt.answers, "output": output,
                          "score": metric(output, prompt.answers)})
         if bar is not None:
@@ -150,6 +154,7 @@ def ruler_accuracy(
     seed: int = 0,
     batch_size: int | None = None,
     chat_template: bool | None = None,
+    max_new_tokens: int | None = None,
     store: Store | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -164,6 +169,7 @@ def ruler_accuracy(
         seed: seeds every prompt; two models given the same seed are asked the same questions.
         batch_size: prompts per ``generate``; ``None``: :func:`auto_batch_size`.
         chat_template: ``None``: use the tokenizer's if any; ``False``: plain text.
+        max_new_tokens: caps every task's generation budget (to save time; it can only lower scores).
         store: where finished cells are kept and looked up (``get(key, compute)``); ``"task/length"`` keys.
         progress: show a tqdm bar.
 
@@ -191,7 +197,7 @@ def ruler_accuracy(
                 for task in names:
                     def compute(task: str = task, length: int = length) -> dict[str, Any]:
                         return run_cell(model, tokenizer, task, length, samples, seed=seed, batch_size=batch_size,
-                                        chat_template=chat_template, bar=bar)
+                                        chat_template=chat_template, max_new_tokens=max_new_tokens, bar=bar)
 
                     before = bar.n
                     cells[f"{task}/{length}"] = cell = store.get(f"{task}/{length}", compute)
