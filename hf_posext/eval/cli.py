@@ -18,6 +18,7 @@ import argparse
 import copy
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -280,7 +281,7 @@ def _ruler(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--lengths {max(args.lengths)} is longer than the model can take with --method {args.method}: "
             f"{reach} tokens (trained context {trained}); use a method that extends it (e.g. --method none,yarn "
-            f"--factor {max(args.lengths) / trained:g}) or shorter lengths"
+            f"--factor {math.ceil(100 * max(args.lengths) / trained) / 100:g}) or shorter lengths"
         )
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(args.model))
     wrapper = wrapper_for(tokenizer, False if args.no_chat_template else None)

@@ -225,8 +225,7 @@ def plot_grid(
         return None
     from matplotlib.colors import LinearSegmentedColormap
 
-    cmap = LinearSegmentedColormap.from_list("score", list(colours))
-    cmap.set_bad("#DDDDDD")
+    cmap = LinearSegmentedColormap.from_list("score", list(colours)).with_extremes(bad="#DDDDDD")
     rows = max(len(r) for _, r, _ in grids.values())
     fig, axes = plt.subplots(1, len(grids), figsize=(2.0 + 3.2 * len(grids), 1.6 + 0.35 * rows), squeeze=False)
     image = None
