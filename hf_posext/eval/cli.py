@@ -231,7 +231,8 @@ def _passkey(args: argparse.Namespace) -> int:
     write_csv(
         out / "passkey.csv",
         [
-            {"method": m, "length": n, "prompt_tokens": r["prompt_tokens"][j], "depth": d, "accuracy": r["accuracy"][i][j]}
+            {"method": m, "length": n, "prompt_tokens": r["prompt_tokens"][j], "depth": d, "accuracy": r["accuracy"][i][j],
+             "n": r["trials"], "low": r["interval"][i][j][0], "high": r["interval"][i][j][1]}
             for m, r in results.items()
             for i, d in enumerate(r["depths"])
             for j, n in enumerate(r["lengths"])
@@ -242,7 +243,9 @@ def _passkey(args: argparse.Namespace) -> int:
         {m: (r["lengths"], r["depths"], r["accuracy"]) for m, r in results.items()},
         title=f"{Path(args.model).name}: passkey retrieval",
     )
-    print(markdown_table(["method", *map(str, args.lengths)], [[m, *r["accuracy_by_length"]] for m, r in results.items()]))
+    print(markdown_table(["method", *map(str, args.lengths)],
+                         [[m, *[f"{c['accuracy']:.0f}% [{c['low']:.0f}, {c['high']:.0f}] n={c['n']}" for c in r["by_length"]]]
+                          for m, r in results.items()]))
     print(f"wrote {out / 'passkey.json'}, {out / 'passkey.csv'}, {out / 'passkey.png'}")
     return 0
 
