@@ -1,0 +1,62 @@
+"""A tiny Llama that has learned RULER's niah_single_1 (for the end-to-end test), trained in about a minute.
+
+The tokenizer is word-level (words, punctuation and single digits; 2.4k tokens) so a prompt of
+the task fits in ~200 tokens; the model (2 layers, 64 wide) is trained on fitted prompts of the
+suite itself with the loss on the 7 answer digits only, an induction-head task.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from hf_posext.eval.ruler import TASKS, fit_prompt, wrapper_for
+from hf_posext.eval.ruler.haystack import NOISE, vocabulary
+from hf_posext.eval.ruler.tasks import stratified_depth
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    draft = TASKS["niah_single_1"].build("vocab", 2, 0.5, 256)
+    text = draft.prompt(10**6) + draft.answer_prefix + " " + NOISE
+    # Words carry their leading space ("▁green"), digits and punctuation are tokens of their own.
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Metaspace(prepend_scheme="never"),
+                                   pre_tokenizers.Punctuation(),
+                                   pre_tokenizers.Digits(individual_digits=True)])
+    words = {w for w, _ in pre.pre_tokenize_str(text)} | {p + w for w in vocabulary() for p in ("", "\u2581")} | set("0123456789-.:?\n\u2581")
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "</s>", *sorted(words)])}
+    model = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    model.pre_tokenizer = pre
+    model.decoder = decoders.Metaspace(prepend_scheme="never")
+    return PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
+
+
+def train_retriever(tokenizer, length: int = 256, steps: int = 400, batch: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=length,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    untrained = LlamaForCausalLM(config)
+    untrained.load_state_dict(model.state_dict())
+    wrapper = wrapper_for(tokenizer, False)
+    task = TASKS["niah_single_1"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=0.1)
+    for step in range(steps):
+        rows, labels = [], []
+        for b in range(batch):
+            key = f"train/{step}/{b}"
+            prompt = fit_prompt(tokenizer, task, length, key, stratified_depth(b, batch, key), wrapper=wrapper)
+            answer = tokenizer.encode(" " + prompt.answers[0], add_special_tokens=False)
+            rows.append(prompt.input_ids + answer)
+            labels.append([-100] * (len(prompt.input_ids) - 1) + answer + [-100])
+        ids = torch.tensor(rows)
+        loss = model(input_ids=ids, labels=torch.tensor(labels)).loss
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        if step % 50 == 0:
+            print(step, loss.item())
+    return model.eval(), untrained.eval()
