@@ -1,8 +1,11 @@
-"""A tiny Llama that has learned RULER's niah_single_1 (for the end-to-end test), trained in about a minute.
+"""A tiny Llama that has learned RULER's niah_single_1, for the end-to-end test.
 
-The tokenizer is word-level (words, punctuation and single digits; 2.4k tokens) so a prompt of
-the task fits in ~200 tokens; the model (2 layers, 64 wide) is trained on fitted prompts of the
-suite itself with the loss on the 7 answer digits only, an induction-head task.
+The tokenizer is word-level (words with their leading space, punctuation and single digits;
+3.7k tokens), so a 256-token cell of the task holds a 128-token prompt; the model (2 layers,
+64 wide, 0.3M parameters) is trained on fitted prompts of the suite itself (other seeds than the
+evaluation's), with the loss on the 7 answer digits only: an induction-head task. Measured: 500
+steps, 90% [70, 97] on 20 prompts vs 0% [0, 16] for the same model untrained (375 s on 2
+overloaded cores; about a minute on an idle one).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
 
 
-def train_retriever(tokenizer, length: int = 256, steps: int = 400, batch: int = 16, seed: int = 0):
+def train_retriever(tokenizer, length: int = 256, steps: int = 500, batch: int = 16, seed: int = 0):
+    """``(trained, untrained)``: the same initial weights before and after training."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=length,
@@ -43,11 +47,13 @@ def train_retriever(tokenizer, length: int = 256, steps: int = 400, batch: int =
     task = TASKS["niah_single_1"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=0.1)
+    hint = None
     for step in range(steps):
         rows, labels = [], []
         for b in range(batch):
             key = f"train/{step}/{b}"
-            prompt = fit_prompt(tokenizer, task, length, key, stratified_depth(b, batch, key), wrapper=wrapper)
+            prompt = fit_prompt(tokenizer, task, length, key, stratified_depth(b, batch, key), wrapper=wrapper, hint=hint)
+            hint = prompt.units
             answer = tokenizer.encode(" " + prompt.answers[0], add_special_tokens=False)
             rows.append(prompt.input_ids + answer)
             labels.append([-100] * (len(prompt.input_ids) - 1) + answer + [-100])
@@ -57,6 +63,4 @@ def train_retriever(tokenizer, length: int = 256, steps: int = 400, batch: int =
         optimizer.step()
         schedule.step()
         optimizer.zero_grad()
-        if step % 50 == 0:
-            print(step, loss.item())
     return model.eval(), untrained.eval()

@@ -87,8 +87,8 @@ def test_resumes_cell_by_cell(checkpoint, tmp_path, capsys, monkeypatch):
     [
         (["--lengths", "1000", "--tasks", "niah_single_1,needle"], "unknown RULER task 'needle'"),
         (["--lengths", "1000,4096"], "--lengths 4096 is longer than the model can take with --method none: 1024 tokens"),
-        (["--lengths", "4096", "--method", "none,yarn", "--factor", "2"], "longer than the model can take with --method "
-                                                                          "none,yarn: 2048 tokens"),
+        (["--lengths", "4096", "--method", "none,yarn", "--factor", "2"],
+         "longer than the model can take with --method none,yarn: 2048 tokens"),
         (["--lengths", "300,1000", "--tasks", "vt"], "--lengths 300 is too short for vt"),
         (["--lengths", "1000", "--method", "yarn"], "--method yarn needs --factor"),
     ],

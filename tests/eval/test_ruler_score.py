@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from hf_posext.eval.ruler import effective_length, string_match_all, string_match_part, summary, wilson_interval
+from hf_posext.eval.ruler import (
+    effective_length,
+    string_match_all,
+    string_match_part,
+    summary,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize(

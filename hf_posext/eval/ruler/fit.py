@@ -185,14 +185,11 @@ def fit_prompt(
                 f"plus {task.max_new_tokens} for the answer"
             )
         n = _largest_fitting(lambda m: _count(tokenizer, wrapper, draft(m)) <= budget, max(1, hint or 1))
-        for units in (n, n - 1, n - 2):
-            if units < 1:
-                break
+        pad = None
+        for units in range(n, max(0, n - 3), -1):  # one or two units fewer leave a longer stretch to fill
             pad = _fill(tokenizer, wrapper, draft(units), budget)
             if pad is not None:
                 break
-        else:
-            raise ValueError(f"no prompt of exactly {budget} tokens for {task.name} with seed {seed!r}")
         if pad is None:
             raise ValueError(f"no prompt of exactly {budget} tokens for {task.name} with seed {seed!r}")
         chosen = draft(units)

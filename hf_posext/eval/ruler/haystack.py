@@ -13,12 +13,11 @@ Every random choice takes a :class:`random.Random`, so a prompt is a function of
 from __future__ import annotations
 
 import functools
+import pydoc_data.topics
 import random
 import re
 import string
 import uuid
-
-import pydoc_data.topics
 
 #: RULER's noise haystack (the passkey filler of Mohtashami & Jaggi).
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

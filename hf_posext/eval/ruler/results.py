@@ -7,6 +7,7 @@ interval and sample count.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -129,7 +130,7 @@ def plot_results(out: str | os.PathLike, results: Mapping[str, Any], methods: Se
     """``ruler_niah.png`` (depth x length per method; when NIAH tasks ran) and ``ruler_tasks.png`` (task x length)."""
     lengths = sorted(lengths)
     written = []
-    labels = [f"{int(100 * a)}-{int(100 * b)}%" for a, b in zip(DEPTH_BINS, DEPTH_BINS[1:])]
+    labels = [f"{int(100 * a)}-{int(100 * b)}%" for a, b in itertools.pairwise(DEPTH_BINS)]
     if any(TASKS[t].group == "niah" for t in tasks):
         path = plot_grid(Path(out) / "ruler_niah.png",
                          {m: ([str(n) for n in lengths], labels, niah_grid(results, m, lengths)) for m in methods},

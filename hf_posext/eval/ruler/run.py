@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
-import torch.nn as nn
+from torch import nn
 from tqdm.auto import tqdm
 
 from .fit import Prompt, fit_prompt, wrapper_for
