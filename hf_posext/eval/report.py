@@ -229,11 +229,12 @@ def plot_grid(
     rows = max(len(r) for _, r, _ in grids.values())
     fig, axes = plt.subplots(1, len(grids), figsize=(2.0 + 3.2 * len(grids), 1.6 + 0.35 * rows), squeeze=False)
     image = None
-    for ax, (name, (columns, row_labels, values)) in zip(axes[0], grids.items()):
+    for k, (ax, (name, (columns, row_labels, values))) in enumerate(zip(axes[0], grids.items())):
         image = ax.imshow(values, vmin=0, vmax=1, cmap=cmap, aspect="auto", origin="upper")
         ax.set_xticks(range(len(columns)), list(columns), rotation=45)
-        ax.set_yticks(range(len(row_labels)), list(row_labels))
-        ax.set(title=name, xlabel=xlabel, ylabel=ylabel)
+        # Panels share their rows: only the first one is labelled, so the labels do not run into the panel before.
+        ax.set_yticks(range(len(row_labels)), list(row_labels) if k == 0 else [])
+        ax.set(title=name, xlabel=xlabel, ylabel=ylabel if k == 0 else "")
         for i, row in enumerate(values):
             for j, value in enumerate(row):
                 if not math.isnan(value):
