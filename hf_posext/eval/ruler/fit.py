@@ -111,8 +111,9 @@ def _largest_fitting(fits: Any, hint: int) -> int:
 def _fill(tokenizer: Any, wrapper: Wrapper, draft: Draft, budget: int) -> int | None:
     """Characters of the continuation that bring the prompt to exactly ``budget`` tokens, or ``None``."""
     low, high = 0, len(draft.continuation)
-    if _count(tokenizer, wrapper, draft, high) <= budget:
-        return high if _count(tokenizer, wrapper, draft, high) == budget else None
+    longest = _count(tokenizer, wrapper, draft, high)
+    if longest <= budget:
+        return high if longest == budget else None
     while high - low > 1:  # invariant: low fits, high does not (token counts are near-monotone in pad)
         mid = (low + high) // 2
         if _count(tokenizer, wrapper, draft, mid) <= budget:
