@@ -87,8 +87,11 @@ def _count(tokenizer: Any, wrapper: Wrapper, draft: Draft, pad: int = 0) -> int:
 
 
 def _largest_fitting(fits: Any, hint: int) -> int:
-    """The largest ``n >= 1`` with ``fits(n)``, galloping from ``hint``; ``fits(1)`` is true."""
-    step = max(1, hint // 64)
+    """The largest ``n >= 1`` with ``fits(n)``, galloping from ``hint``; ``fits(1)`` is true.
+
+    Steps double from 1, so a hint off by ``d`` costs about ``2 log2(d)`` calls.
+    """
+    step = 1
     if fits(hint):
         low, high = hint, hint + step
         while fits(high):
@@ -114,6 +117,12 @@ def _fill(tokenizer: Any, wrapper: Wrapper, draft: Draft, budget: int) -> int | 
     longest = _count(tokenizer, wrapper, draft, high)
     if longest <= budget:
         return high if longest == budget else None
+    # Narrow the search to a window around the linear guess (characters per token of the continuation).
+    shortest = _count(tokenizer, wrapper, draft, 0)
+    guess = round((budget - shortest) * high / max(1, longest - shortest))
+    below, above = max(0, guess - 8), min(high, guess + 8)
+    if _count(tokenizer, wrapper, draft, below) <= budget < _count(tokenizer, wrapper, draft, above):
+        low, high = below, above
     while high - low > 1:  # invariant: low fits, high does not (token counts are near-monotone in pad)
         mid = (low + high) // 2
         if _count(tokenizer, wrapper, draft, mid) <= budget:
