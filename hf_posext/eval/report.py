@@ -211,11 +211,13 @@ def plot_grid(
     xlabel: str = "context length (tokens)",
     ylabel: str = "",
     colours: Sequence[str] = ("#F0496E", "#EBB839", "#0CD79F"),
+    counts: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> Path | None:
     """Score grids in [0, 1], one panel per name: ``{name: (column labels, row labels, values[row][col])}``.
 
     ``nan`` cells (nothing measured) are left grey; the colour map runs through ``colours``
-    (default: the needle-in-a-haystack heat-map's red, yellow, green).
+    (default: the needle-in-a-haystack heat-map's red, yellow, green). ``counts`` (same shape,
+    per name) adds each cell's sample count under its value.
 
     Returns:
         The PNG's path, or ``None`` when matplotlib is missing.
@@ -238,8 +240,9 @@ def plot_grid(
         for i, row in enumerate(values):
             for j, value in enumerate(row):
                 if not math.isnan(value):
-                    ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7)
-    fig.suptitle(title)
+                    label = f"{value:.0%}" + (f"\nn={counts[name][i][j]}" if counts and name in counts else "")
+                    ax.text(j, i, label, ha="center", va="center", fontsize=7)
+    fig.suptitle(title, y=1.04)
     fig.colorbar(image, ax=axes[0].tolist(), label="score")
     path = Path(path)
     with atomic_file(path) as tmp:

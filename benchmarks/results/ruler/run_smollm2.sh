@@ -11,6 +11,6 @@ OUT=benchmarks/results/ruler/smollm2
 COMMON="--tasks niah_single_1 --samples 8 --method none,yarn --factor 2 --max-new-tokens 12 --seed 0 --out $OUT --no-progress"
 for LENGTHS in 4096,8192 16384; do
   start=$(date +%s)
-  nice -n 10 hf-posext eval ruler "$MODEL" --lengths "$LENGTHS" $COMMON
+  nice -n 10 python -m hf_posext.cli eval ruler "$MODEL" --lengths "$LENGTHS" $COMMON
   echo "lengths $LENGTHS: $(( $(date +%s) - start )) s (finished $(date -u +%H:%M:%S) UTC)" >> benchmarks/results/ruler/wall_time.txt
 done

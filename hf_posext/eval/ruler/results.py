@@ -106,10 +106,11 @@ def task_table(results: Mapping[str, Any], summary_: Mapping[str, Any], methods:
     return "\n".join(lines)
 
 
-def niah_grid(results: Mapping[str, Any], method: str, lengths: Sequence[int]) -> list[list[float]]:
-    """``[depth bin][length]`` mean score of the method's NIAH samples (``nan`` where none)."""
+def niah_grid(results: Mapping[str, Any], method: str, lengths: Sequence[int]) -> tuple[list[list[float]], list[list[int]]]:
+    """``[depth bin][length]`` mean score of the method's NIAH samples (``nan`` where none), and their counts."""
     lengths = sorted(lengths)
     grid = [[math.nan] * len(lengths) for _ in DEPTH_BINS[:-1]]
+    counts = [[0] * len(lengths) for _ in DEPTH_BINS[:-1]]
     for j, length in enumerate(lengths):
         scores: list[list[float]] = [[] for _ in DEPTH_BINS[:-1]]
         for task, spec in TASKS.items():
@@ -120,9 +121,10 @@ def niah_grid(results: Mapping[str, Any], method: str, lengths: Sequence[int]) -
                 b = min(len(scores) - 1, int(s["depth"] * (len(DEPTH_BINS) - 1)))
                 scores[b].append(s["score"])
         for i, values in enumerate(scores):
+            counts[i][j] = len(values)
             if values:
                 grid[i][j] = sum(values) / len(values)
-    return grid
+    return grid, counts
 
 
 def plot_results(out: str | os.PathLike, results: Mapping[str, Any], methods: Sequence[str], tasks: Sequence[str],
@@ -132,15 +134,17 @@ def plot_results(out: str | os.PathLike, results: Mapping[str, Any], methods: Se
     written = []
     labels = [f"{int(100 * a)}-{int(100 * b)}%" for a, b in itertools.pairwise(DEPTH_BINS)]
     if any(TASKS[t].group == "niah" for t in tasks):
+        grids = {m: niah_grid(results, m, lengths) for m in methods}
         path = plot_grid(Path(out) / "ruler_niah.png",
-                         {m: ([str(n) for n in lengths], labels, niah_grid(results, m, lengths)) for m in methods},
-                         title=f"{title}: needle retrieval by depth", ylabel="needle depth", colours=HEATMAP_COLOURS)
+                         {m: ([str(n) for n in lengths], labels, grid) for m, (grid, _) in grids.items()},
+                         title=f"{title}: needle retrieval by depth", ylabel="needle depth", colours=HEATMAP_COLOURS,
+                         counts={m: c for m, (_, c) in grids.items()})
         written += [path] if path else []
-    grids = {}
+    table = {}
     for m in methods:
-        grids[m] = ([str(n) for n in lengths], list(tasks),
+        table[m] = ([str(n) for n in lengths], list(tasks),
                     [[(c["accuracy"] / 100 if (c := cell(results, m, t, n)) else math.nan) for n in lengths] for t in tasks])
-    path = plot_grid(Path(out) / "ruler_tasks.png", grids, title=f"{title}: accuracy by task", ylabel="task",
+    path = plot_grid(Path(out) / "ruler_tasks.png", table, title=f"{title}: accuracy by task", ylabel="task",
                      colours=HEATMAP_COLOURS)
     written += [path] if path else []
     return written
