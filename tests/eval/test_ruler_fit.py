@@ -42,7 +42,7 @@ def test_every_task_fits_exactly_with_a_trained_bpe(task, length, chat):
     assert prompt.text.startswith("<|im_start|>user\n") == chat
     if task == "fwe":
         context = prompt.text.split("coded words. ", 1)[1].split("\nQuestion:")[0]
-        frequencies = Counter(w for w in context.split() if w != "....")
+        frequencies = Counter(w for w in context.split() if w != "...")
         assert [w for w, _ in frequencies.most_common(3)] == prompt.answers
         assert frequencies.most_common(4)[2][1] > frequencies.most_common(4)[3][1]
     else:

@@ -249,7 +249,7 @@ def _fwe(alpha: float, seed: str, n: int, depth: float, length: int) -> Draft:
         if code not in codes:
             codes.append(code)
     vocab, spare = codes[:size], codes[size:]
-    vocab[0] = "...."  # the most frequent "word" is noise, as in RULER
+    vocab[0] = "..."  # the most frequent "word" is noise, as in RULER (whose question then says "the dots '....'")
     zeta = sum(k ** -alpha for k in range(1, 100_000)) + 100_000 ** (1 - alpha) / (alpha - 1)
     counts = [int(n * k ** -alpha / zeta) for k in range(1, size + 1)]
     words = [w for w, c in zip(vocab, counts) for _ in range(c)]
