@@ -3,8 +3,10 @@
     hf-posext eval ppl path/to/model --data stdlib --lengths 2048,4096,8192 --method none,yarn --factor 4
     hf-posext eval ppl path/to/model --data docs/ --lengths 4096,8192 --mode sliding --stride 256
     hf-posext eval passkey path/to/model --lengths 4096,8192,16384 --trials 10 --method yarn --factor 4
+    hf-posext eval ruler path/to/model --lengths 4096,8192,16384 --tasks niah,vt --samples 50 --method none,yarn --factor 2
 
-Each writes ``ppl.{json,csv,png}`` or ``passkey.{json,csv,png}`` under ``--out``. Results are
+Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and
+``ruler_{niah,tasks}.png`` under ``--out``. Results are
 saved after every method, and a rerun with the same settings on the same model content (not the
 same path: a model retrained in place is evaluated again) skips the methods already done. Every
 method name, argument and length is checked before the model loads.
@@ -13,11 +15,14 @@ method name, argument and length is checked before the model loads.
 from __future__ import annotations
 
 import argparse
+import copy
+import json
+import math
 from pathlib import Path
 from typing import Any
 
 from ..eval.checkpoint import DTYPES, load_model, model_fingerprint
-from ..files import check_output_dir
+from ..files import check_output_dir, write_text
 from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
 from .arguments import check_factor, default_out, method_kwargs
@@ -165,7 +170,8 @@ def _passkey(args: argparse.Namespace) -> int:
     write_csv(
         out / "passkey.csv",
         [
-            {"method": m, "length": n, "prompt_tokens": r["prompt_tokens"][j], "depth": d, "accuracy": r["accuracy"][i][j]}
+            {"method": m, "length": n, "prompt_tokens": r["prompt_tokens"][j], "depth": d, "accuracy": r["accuracy"][i][j],
+             "n": r["trials"], "low": r["interval"][i][j][0], "high": r["interval"][i][j][1]}
             for m, r in results.items()
             for i, d in enumerate(r["depths"])
             for j, n in enumerate(r["lengths"])
@@ -176,8 +182,97 @@ def _passkey(args: argparse.Namespace) -> int:
         {m: (r["lengths"], r["depths"], r["accuracy"]) for m, r in results.items()},
         title=f"{Path(args.model).name}: passkey retrieval",
     )
-    print(markdown_table(["method", *map(str, args.lengths)], [[m, *r["accuracy_by_length"]] for m, r in results.items()]))
+    print(markdown_table(["method", *map(str, args.lengths)],
+                         [[m, *[f"{c['accuracy']:.0f}% [{c['low']:.0f}, {c['high']:.0f}] n={c['n']}" for c in r["by_length"]]]
+                          for m, r in results.items()]))
     print(f"wrote {out / 'passkey.json'}, {out / 'passkey.csv'}, {out / 'passkey.png'}")
+    return 0
+
+
+def _context_limit(model: str, methods: list[str], factor: float | None, extra: dict[str, Any]) -> tuple[int, int]:
+    """``(trained, reachable)``: the checkpoint's context and the longest any of ``methods`` gives it (config only)."""
+    from transformers import AutoConfig
+
+    from ..gguf import resolve_model_source
+
+    config = AutoConfig.from_pretrained(resolve_model_source(model))
+    trained = int(config.max_position_embeddings)
+    reach = trained
+    for method in methods:
+        if method != "none":
+            patched = patch_model(copy.deepcopy(config), method, factor=factor, **extra)
+            info = patch_info(patched)
+            reach = max(reach, int(info.get("context_length") or info["max_position_embeddings"]))
+    return trained, reach
+
+
+class _MethodCells:
+    """``ruler_accuracy``'s store for one method: cells kept in the result file as ``method/task/length``."""
+
+    def __init__(self, done: Any, method: str, patch: dict[str, Any]) -> None:
+        self.done, self.method, self.patch = done, method, patch
+
+    def get(self, key: str, compute: Any) -> Any:
+        return self.done.get(f"{self.method}/{key}", lambda: {"patch": self.patch, **compute()})
+
+
+def _ruler(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from ..eval.report import ResultFile, write_csv, write_json
+    from ..eval.ruler import QUICK, TASKS, resolve_tasks, ruler_accuracy
+    from ..eval.ruler.fit import minimum_length, wrapper_for
+    from ..eval.ruler.results import csv_rows, plot_results, summarise, task_table
+    from ..gguf import resolve_model_source
+
+    methods, extra = _checked_methods(args)
+    tasks = resolve_tasks(args.tasks or (",".join(QUICK) if args.quick else "all"))
+    samples = args.samples or (2 if args.quick else 20)
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    trained, reach = _context_limit(args.model, methods, args.factor, extra)
+    if max(args.lengths) > reach:
+        raise ValueError(
+            f"--lengths {max(args.lengths)} is longer than the model can take with --method {args.method}: "
+            f"{reach} tokens (trained context {trained}); use a method that extends it (e.g. --method none,yarn "
+            f"--factor {math.ceil(100 * max(args.lengths) / trained) / 100:g}) or shorter lengths"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(args.model))
+    wrapper = wrapper_for(tokenizer, False if args.no_chat_template else None)
+    for task in tasks:
+        shortest = minimum_length(tokenizer, TASKS[task], min(args.lengths), wrapper)
+        if min(args.lengths) < shortest:
+            raise ValueError(f"--lengths {min(args.lengths)} is too short for {task}: its prompt and answer need at "
+                             f"least {shortest} tokens with this tokenizer")
+    # Cells are keyed method/task/length, so adding lengths, tasks or methods later resumes the rest.
+    settings = {k: v for k, v in _settings(args).items()
+                if k not in ("lengths", "tasks", "method", "quick", "batch_size")} | {"samples": samples}
+    out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
+    done = ResultFile(out / "ruler.json", settings)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    for method in methods:
+        if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
+            print(f"{method}: done in an earlier run, skipped")
+            continue
+        with _Patched(model, method, args.factor, extra) as info:
+            ruler_accuracy(model, tokenizer, args.lengths, tasks, samples, seed=args.seed, batch_size=args.batch_size,
+                           chat_template=False if args.no_chat_template else None, max_new_tokens=args.max_new_tokens,
+                           store=_MethodCells(done, method, info), progress=not args.no_progress)
+    results = done.results
+    # The report covers every cell of the folder: earlier runs may have added other lengths, tasks, methods.
+    keys = [k.split("/") for k in results]
+    methods = list(dict.fromkeys([*methods, *(m for m, _, _ in keys)]))
+    tasks = [t for t in TASKS if any(k[1] == t for k in keys)]
+    lengths = sorted({int(n) for _, _, n in keys})
+    summary_ = summarise(results, methods, tasks, lengths, trained_length=trained)
+    payload = json.loads(done.save().read_text())  # a rerun's ResultFile reads settings and results, not the summary
+    write_json(out / "ruler.json", {**payload, "summary": summary_})
+    write_csv(out / "ruler.csv", csv_rows(results, summary_, methods, tasks, lengths))
+    table = task_table(results, summary_, methods, tasks, lengths)
+    write_text(out / "ruler.md", table + "\n")
+    written = plot_results(out, results, methods, tasks, lengths, Path(args.model).name)
+    print(table)
+    print(f"wrote {out / 'ruler.json'}, {out / 'ruler.csv'}, {out / 'ruler.md'}" + "".join(f", {p}" for p in written))
     return 0
 
 
@@ -200,8 +295,8 @@ def _common(p: argparse.ArgumentParser, out: str) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``hf-posext eval ppl`` and ``hf-posext eval passkey``."""
-    parser = subparsers.add_parser("eval", help="perplexity or passkey retrieval against context length")
+    """Register ``hf-posext eval ppl``, ``hf-posext eval passkey`` and ``hf-posext eval ruler``."""
+    parser = subparsers.add_parser("eval", help="perplexity, passkey retrieval or RULER-style tasks against context length")
     sub = parser.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("ppl", help="perplexity against context length (JSON, CSV, PNG)")
@@ -228,6 +323,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--trials", type=int, default=5, help="prompts per (length, depth) (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seeds the keys")
     p.set_defaults(func=_passkey)
+
+    p = sub.add_parser("ruler", help="RULER-style long-context tasks by length, with Wilson intervals (JSON, CSV, PNG)")
+    _common(p, default_out("eval-ruler"))
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated tasks or groups: all, niah, niah_single, niah_multikey, multihop, aggregation, "
+                        "qa, or names such as niah_single_1,vt,cwe (default: all; --quick: one per category)")
+    p.add_argument("--samples", type=int, default=None, help="prompts per (task, length) (default 20; --quick: 2)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: one task per category, 2 samples")
+    p.add_argument("--seed", type=int, default=0, help="seeds every prompt")
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call (default: what fits in memory)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="cap every task's generation budget (RULER's: niah 128, vt 30, cwe 120, fwe 50, qa 32) to save time")
+    p.add_argument("--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template")
+    p.set_defaults(func=_ruler)
 
 
 __all__ = ["add_parser", "load_model", "model_fingerprint"]

@@ -20,6 +20,7 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from ..data import Tokenizer
+from .ruler.score import summary, wilson_interval
 
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -125,8 +126,19 @@ class PasskeyResult:
         """Accuracy per length, over all depths."""
         return [sum(row[i] for row in self.correct) / (self.trials * len(self.depths)) for i in range(len(self.lengths))]
 
+    def intervals(self) -> list[list[tuple[float, float]]]:
+        """``[depth][length]`` 95% Wilson interval of each cell's accuracy (``trials`` keys each)."""
+        return [[wilson_interval(c, self.trials) for c in row] for row in self.correct]
+
+    def summary_by_length(self) -> list[dict[str, float | int]]:
+        """Per length, over all depths: accuracy, sample count and Wilson bounds, in % (as the RULER suite)."""
+        return [summary([1.0] * sum(row[i] for row in self.correct)
+                        + [0.0] * (self.trials * len(self.depths) - sum(row[i] for row in self.correct)))
+                for i in range(len(self.lengths))]
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "accuracy": self.accuracy(), "accuracy_by_length": self.accuracy_by_length()}
+        return {**asdict(self), "accuracy": self.accuracy(), "accuracy_by_length": self.accuracy_by_length(),
+                "interval": self.intervals(), "by_length": self.summary_by_length()}
 
 
 def _generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, pad_token_id: int | None) -> torch.Tensor:

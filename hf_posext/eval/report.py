@@ -201,3 +201,51 @@ def plot_heatmaps(
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
     plt.close(fig)
     return path
+
+
+def plot_grid(
+    path: str | os.PathLike,
+    grids: Mapping[str, tuple[Sequence[str], Sequence[str], Sequence[Sequence[float]]]],
+    *,
+    title: str,
+    xlabel: str = "context length (tokens)",
+    ylabel: str = "",
+    colours: Sequence[str] = ("#F0496E", "#EBB839", "#0CD79F"),
+    counts: Mapping[str, Sequence[Sequence[int]]] | None = None,
+) -> Path | None:
+    """Score grids in [0, 1], one panel per name: ``{name: (column labels, row labels, values[row][col])}``.
+
+    ``nan`` cells (nothing measured) are left grey; the colour map runs through ``colours``
+    (default: the needle-in-a-haystack heat-map's red, yellow, green). ``counts`` (same shape,
+    per name) adds each cell's sample count under its value.
+
+    Returns:
+        The PNG's path, or ``None`` when matplotlib is missing.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    from matplotlib.colors import LinearSegmentedColormap
+
+    cmap = LinearSegmentedColormap.from_list("score", list(colours)).with_extremes(bad="#DDDDDD")
+    rows = max(len(r) for _, r, _ in grids.values())
+    fig, axes = plt.subplots(1, len(grids), figsize=(2.0 + 3.2 * len(grids), 1.6 + 0.35 * rows), squeeze=False)
+    image = None
+    for k, (ax, (name, (columns, row_labels, values))) in enumerate(zip(axes[0], grids.items())):
+        image = ax.imshow(values, vmin=0, vmax=1, cmap=cmap, aspect="auto", origin="upper")
+        ax.set_xticks(range(len(columns)), list(columns), rotation=45)
+        # Panels share their rows: only the first one is labelled, so the labels do not run into the panel before.
+        ax.set_yticks(range(len(row_labels)), list(row_labels) if k == 0 else [])
+        ax.set(title=name, xlabel=xlabel, ylabel=ylabel if k == 0 else "")
+        for i, row in enumerate(values):
+            for j, value in enumerate(row):
+                if not math.isnan(value):
+                    label = f"{value:.0%}" + (f"\nn={counts[name][i][j]}" if counts and name in counts else "")
+                    ax.text(j, i, label, ha="center", va="center", fontsize=7)
+    fig.suptitle(title, y=1.04)
+    fig.colorbar(image, ax=axes[0].tolist(), label="score")
+    path = Path(path)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return path

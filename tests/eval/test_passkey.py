@@ -17,6 +17,7 @@ from hf_posext.eval.passkey import (
     parse_answer,
     passkey_accuracy,
 )
+from hf_posext.eval.ruler import wilson_interval
 from hf_posext.testing import byte_tokenizer
 from models import tiny_model
 
@@ -104,6 +105,12 @@ def test_scoring_with_a_model_whose_answers_are_known(tokenizer):
     assert len(result.samples) == 2 * 3 * 3
     for sample in result.samples:
         assert sample["correct"] == (sample["answer"] == sample["key"])
+    # Sample counts and 95% Wilson intervals, as the RULER suite reports them.
+    assert result.intervals()[0][0] == wilson_interval(3, 3) and result.intervals()[2][1] == wilson_interval(0, 3)
+    low, high = wilson_interval(6, 9)
+    assert result.summary_by_length()[0] == {"accuracy": pytest.approx(66.67), "n": 9, "low": round(100 * low, 2),
+                                             "high": round(100 * high, 2)}
+    assert result.to_dict()["by_length"][1]["n"] == 9 and result.to_dict()["by_length"][1]["accuracy"] == 0.0
 
 
 def test_keys_are_seeded_and_differ_between_trials(tokenizer):
