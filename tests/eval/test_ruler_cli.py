@@ -9,7 +9,8 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_posext.commands.main import main
-from hf_posext.eval import cli as eval_cli
+from hf_posext import eval as eval_lib
+from hf_posext.commands import eval as eval_cli
 from hf_posext.eval.ruler import ruler_accuracy
 from hf_posext.testing import make_tiny_model
 
@@ -54,7 +55,7 @@ def test_resumes_cell_by_cell(checkpoint, tmp_path, capsys, monkeypatch):
     assert run(checkpoint, out, "--lengths", "1000", "--tasks", "niah_single_1") == 0
     first = json.loads((out / "ruler.json").read_text())["results"]["none/niah_single_1/1000"]
     calls = []
-    original = eval_cli.ruler_accuracy
+    original = eval_lib.ruler.ruler_accuracy
 
     def counting(*args, **kwargs):
         store = kwargs["store"]
@@ -66,7 +67,7 @@ def test_resumes_cell_by_cell(checkpoint, tmp_path, capsys, monkeypatch):
         store.get = recording
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(eval_cli, "ruler_accuracy", counting)
+    monkeypatch.setattr(eval_lib.ruler, "ruler_accuracy", counting)
     # Another length and task later: only the new cells are computed, the old one is kept as it was.
     assert run(checkpoint, out, "--lengths", "1000,1020", "--tasks", "niah_single_1,niah_single_2") == 0
     assert calls == ["niah_single_2/1000", "niah_single_1/1020", "niah_single_2/1020"]

@@ -1,4 +1,4 @@
-"""Scoring as RULER (``scripts/eval/synthetic/constants.py``), with sample counts and 95% Wilson intervals.
+"""Scoring as RULER (``NVIDIA/RULER/scripts/eval/synthetic/constants.py``), with sample counts and 95% Wilson intervals.
 
 ``string_match_all``: the fraction of references found in the output (case-insensitive
 substring); ``string_match_part``: 1 if any is found. A cell's accuracy is the mean over its
