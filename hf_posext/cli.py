@@ -3,6 +3,7 @@
     hf-posext methods                                        # list the methods
     hf-posext patch path/to/llama out/llama-16k --method yarn --factor 4
     hf-posext patch path/to/llama out/llama-alibi --method alibi    # methods without a factor
+    hf-posext patch model.Q4_1.gguf model-32k.Q4_1.gguf --method yarn --factor 4   # GGUF to GGUF
 
 Each sub-command lives in the module that holds its logic and exposes
 ``add_parser(subparsers)``, which registers the parser and sets ``func`` to the handler.
@@ -20,7 +21,7 @@ from transformers import AutoConfig
 
 from .arguments import add_set_argument, check_factor, method_kwargs, run_command
 from .export import extend_checkpoint
-from .gguf import resolve_model_source
+from .gguf import is_gguf, resolve_model_source
 from .methods import available_methods, method_class
 from .patching import patch_info
 from .readers import print_engine_warning
@@ -39,6 +40,13 @@ def _patch(args: argparse.Namespace) -> int:
     extra = method_kwargs(args.set)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
+    if is_gguf(args.model) and is_gguf(args.output_dir):  # GGUF to GGUF: rope metadata only, tensors as stored
+        from .gguf_writer import patch_gguf
+
+        out = patch_gguf(args.model, args.output_dir, args.method, factor=args.factor or 1.0, override=args.override,
+                         overwrite=args.overwrite, **extra)
+        print(f"wrote {out}")
+        return 0
     source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
     if Path(source).is_file():
         raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
@@ -63,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("patch", help="write a checkpoint with an extended context (weights untouched)")
     p.add_argument("model", help="checkpoint folder, Hub id or local .gguf file")
-    p.add_argument("output_dir")
+    p.add_argument("output_dir", help="the checkpoint folder to write; a .gguf file for a .gguf model: the same GGUF "
+                   "with the method's rope as llama.cpp reads it")
     p.add_argument("--method", required=True, help=f"one of: {', '.join(available_methods())}")
     p.add_argument("--factor", type=float, default=None,
                    help="context scale s >= 1; required by the methods that scale RoPE, not by alibi, sinusoidal, learned")
@@ -81,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Modules defining a sub-command next to its logic, each with ``add_parser(subparsers)``.
-_SUBCOMMAND_MODULES: tuple[str, ...] = ("hf_posext.eval.cli", "hf_posext.experiments.demo", "hf_posext.hub")
+_SUBCOMMAND_MODULES: tuple[str, ...] = ("hf_posext.eval.cli", "hf_posext.experiments.demo", "hf_posext.hub",
+                                         "hf_posext.gguf_export")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
