@@ -63,7 +63,8 @@ class GGUFRope:
         scaling_type: ``rope.scaling.type``: ``none``, ``linear`` or ``yarn`` (``longrope``:
             factor tensors, which Llama and Qwen2 GGUFs do not have: plain RoPE).
         factor: ``rope.scaling.factor``; llama.cpp divides frequencies by it for linear and yarn.
-        original_context_length: ``rope.scaling.original_context_length``, YaRN's L_orig.
+        original_context_length: ``rope.scaling.original_context_length``, YaRN's L_orig; for
+            linear the L0 its factor multiplies (llama.cpp's linear does not read it).
         attn_factor: ``rope.scaling.attn_factor``, multiplied into cos and sin. For yarn llama.cpp
             multiplies in 0.1 ln(s) + 1 itself, so a YaRN attention factor a is written as
             a / (0.1 ln s + 1). (``rope.scaling.yarn_attn_factor``, which the converter writes, and
@@ -166,8 +167,9 @@ def gguf_rope_for(config: PreTrainedConfig, arch: str) -> GGUFRope:
     theta, reach = float(params["rope_theta"]), reach_of(config)
     if rope_type == "default":
         return GGUFRope(theta, reach)
-    if rope_type == "linear":
-        return GGUFRope(theta, reach, "linear", float(params["factor"]))
+    if rope_type == "linear":  # original_context_length: the L0 that factor multiplies (llama.cpp's linear ignores it)
+        factor = float(params["factor"])
+        return GGUFRope(theta, reach, "linear", factor, round(reach / factor))
     if rope_type not in ("yarn", "llama3", "longrope"):
         raise ValueError(f"rope_type {rope_type!r} has no GGUF form; static types written: default, linear, yarn, "
                          "llama3, longrope")
@@ -208,7 +210,7 @@ def rope_config_of(rope: GGUFRope, arch: str, head_count: int, head_count_kv: in
     params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(rope.freq_base)}
     if rotary_dim != head_dim:
         params["partial_rotary_factor"] = rotary_dim / head_dim
-    kind, factor = rope.scaling_type, float(rope.factor or 1.0)
+    kind, factor, max_positions = rope.scaling_type, float(rope.factor or 1.0), int(rope.context_length)
     if kind == "longrope":
         raise ValueError("this GGUF says rope.scaling.type = longrope but has no factor tensors: llama.cpp runs it as "
                          "plain RoPE. Re-export it from its HF checkpoint with `hf-posext gguf export`, or pass "
@@ -232,10 +234,13 @@ def rope_config_of(rope: GGUFRope, arch: str, head_count: int, head_count_kv: in
         params.update(rope_type="longrope", short_factor=divisors, long_factor=list(divisors), factor=1.0,
                       original_max_position_embeddings=int(rope.context_length), attention_factor=rope.attn_factor)
     elif kind == "linear" and factor > 1:
+        # transformers' convention: max_position_embeddings is the L0 that factor multiplies. The
+        # converter writes it as context_length; hf-posext writes the reach there and L0 as the original.
         params.update(rope_type="linear", factor=factor)
+        max_positions = int(rope.original_context_length or rope.context_length)
     return ARCHITECTURES[arch](
         vocab_size=8, hidden_size=embedding_length, intermediate_size=8, num_hidden_layers=1,
         num_attention_heads=head_count, num_key_value_heads=head_count_kv, head_dim=head_dim,
-        max_position_embeddings=int(rope.context_length), rope_parameters=params,
+        max_position_embeddings=max_positions, rope_parameters=params,
     )
 
