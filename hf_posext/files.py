@@ -312,6 +312,30 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def output_file(path: str | os.PathLike, *, sources: Sequence[str | os.PathLike] = (),
+                overwrite: bool = False) -> Iterator[Path]:
+    """The output-folder policy for a single file: checked first, then :func:`atomic_file`.
+
+    ``path`` may not be one of ``sources`` (also through a link), a folder, or (without
+    ``overwrite``) an existing file.
+
+    Raises:
+        ValueError: naming the file and what to do instead; nothing was written.
+    """
+    target = Path(path)
+    for source in sources:
+        if os.path.realpath(target) == os.path.realpath(source):
+            raise ValueError(f"output file {str(target)!r} is the source {str(source)!r}; write to another file")
+    if target.is_dir():
+        raise ValueError(f"output {str(target)!r} is an existing folder; give a file path (nothing was written)")
+    if target.exists() and not overwrite:
+        raise ValueError(f"output file {str(target)!r} exists; pass --overwrite (overwrite=True) to replace it, "
+                         "or choose another path (nothing was written)")
+    with atomic_file(target) as tmp:
+        yield tmp
+
+
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically; returns ``path`` as a Path."""
     with atomic_file(path) as tmp:

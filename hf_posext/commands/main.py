@@ -2,6 +2,7 @@
 
     hf-posext methods                                        # list the methods and their aliases
     hf-posext patch path/to/llama out/llama-16k --method yarn --factor 4
+    hf-posext patch model.Q4_1.gguf model-32k.Q4_1.gguf --method yarn --factor 4   # GGUF to GGUF
 
 Every other sub-command is a module of this package with ``add_parser(subparsers)``
 (:data:`SUBCOMMAND_MODULES`); handlers import their heavy modules when they run, not on ``--help``.
@@ -61,7 +62,7 @@ def _patch(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
     from ..export import extend_checkpoint
-    from ..gguf import resolve_model_source
+    from ..gguf import is_gguf, resolve_model_source
     from ..patching import patch_info
     from ..readers import print_engine_warning
 
@@ -69,6 +70,13 @@ def _patch(args: argparse.Namespace) -> int:
     extra = method_kwargs(args.set)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
+    if is_gguf(args.model) and is_gguf(args.output_dir):  # GGUF to GGUF: rope metadata only, tensors as stored
+        from ..gguf_writer import patch_gguf
+
+        out = patch_gguf(args.model, args.output_dir, args.method, factor=args.factor or 1.0, override=args.override,
+                         overwrite=args.overwrite, **extra)
+        print(f"wrote {out}")
+        return 0
     source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
     if Path(source).is_file():
         raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
@@ -96,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("patch", help="write a checkpoint with an extended context (weights untouched)")
     p.add_argument("model", help="checkpoint folder, Hub id or local .gguf file")
-    p.add_argument("output_dir", help="the folder the patched checkpoint is written to")
+    p.add_argument("output_dir", help="the folder the patched checkpoint is written to; a .gguf file for a .gguf model: "
+                   "the same GGUF with the method's rope as llama.cpp reads it")
     p.add_argument("--method", required=True, help=f"one of: {method_names()}")
     p.add_argument("--factor", type=float, default=None,
                    help="context scale s >= 1; required by the methods that scale RoPE, not by "
@@ -117,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: The modules of the other sub-commands, in ``--help`` order, each with ``add_parser(subparsers)``.
 SUBCOMMAND_MODULES: tuple[str, ...] = tuple(f"hf_posext.commands.{name}" for name in (
-    "eval", "finetune", "demo", "reproduce", "push", "tiny_model",
+    "eval", "finetune", "demo", "reproduce", "push", "tiny_model", "gguf",
 ))
 
 

