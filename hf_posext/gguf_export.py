@@ -89,8 +89,6 @@ def export_gguf(checkpoint: str | os.PathLike, dst: str | os.PathLike, *, conver
         ValueError: the checkpoint's rope has no GGUF form (checked before converting).
         RuntimeError: the converter failed (its last output lines are in the message).
     """
-    import hf_posext  # noqa: F401  (registers hf-posext's rope types, so such a config loads and is refused by name)
-
     source = Path(checkpoint)
     if not (source / "config.json").is_file():
         raise ValueError(f"{str(checkpoint)!r} is not a checkpoint folder (no config.json)")

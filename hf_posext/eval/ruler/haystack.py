@@ -13,7 +13,7 @@ Every random choice takes a :class:`random.Random`, so a prompt is a function of
 from __future__ import annotations
 
 import functools
-import pydoc_data.topics
+import importlib
 import random
 import re
 import string
@@ -54,7 +54,8 @@ def prose_words() -> tuple[str, ...]:
     reads as English paragraphs.
     """
     kept: list[str] = []
-    for topic in pydoc_data.topics.topics.values():
+    # Loaded on first use, not on import: `hf-posext --help` imports this package and the topics are 0.8 MB.
+    for topic in importlib.import_module("pydoc_data.topics").topics.values():
         for line in topic.splitlines():
             stripped = line.strip()
             if not stripped or line.startswith((" ", "\t")) or _UNDERLINE.match(stripped) or "::=" in line:
