@@ -29,7 +29,7 @@ from . import _compat, architectures, readers
 from .adapters import adapter_for
 from .architectures import SUPPORTED_MODEL_TYPES
 from .methods.base import BaseRope, PositionMethod, make_method, method_class
-from .base_rope import CONFIG_KEY, base_rope
+from .base_rope import CONFIG_KEY, base_rope, checkpoint_rope
 from .transaction import restore, snapshot
 
 __all__ = ["CONFIG_KEY", "SUPPORTED_MODEL_TYPES", "MethodName", "patch_info", "patch_model", "unpatch_model"]
@@ -81,10 +81,12 @@ def _patch_config(
 ) -> None:
     architectures.check_config(config)
     keys = architectures.rope_layer_types(config, layer_types, method.scales_rope)
+    # The record keeps what the checkpoint itself had, whatever this patch replaces (override=True
+    # included), so that unpatch restores it and a later patch starts from it.
+    base_parameters, _, checkpoint_reach = checkpoint_rope(config, keys[-1] if keys else None)
     if not keys:
         base = base_rope(config, method, override)
         rope_parameters, max_positions = _method_rope(method, base)
-        base_parameters = base.rope_parameters
     else:
         # Per-layer-type rope parameters (Gemma 3): the chosen layer types get the method, the
         # others keep the checkpoint's entry; the record keeps the whole nested dict for unpatch.
@@ -111,7 +113,7 @@ def _patch_config(
             ),
             "base_rope_parameters": base_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
-            "base_original_max_position_embeddings": base.original_max_position_embeddings,
+            "base_original_max_position_embeddings": checkpoint_reach,
             "base_reader_fields": reader_fields,
             **({"composed_on": base.rope_type} if base.pair_divisors is not None else {}),
             **({"layer_types": keys} if keys else {}),
