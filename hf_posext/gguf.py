@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from .files import atomic_directory
+from .files import atomic_directory, verify_folder
+
+logger = logging.getLogger("hf_posext")
 
 #: Bytes of the file hashed for its cache key: the GGUF header, metadata and tensor index.
 HEADER_BYTES = 1 << 20
@@ -143,8 +146,13 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
     """
     file = _gguf_file(path)
     folder = cached_checkpoint_path(file, cache_dir)
-    if (folder / SOURCE_RECORD).is_file():
-        return folder
+    if folder.exists():
+        # The completion marker lists every file's size: a deleted or truncated file (or no marker)
+        # means the cache cannot vouch for its weights, and an output copied from it would.
+        damage = verify_folder(folder) or (None if (folder / SOURCE_RECORD).is_file() else f"{SOURCE_RECORD} is missing")
+        if damage is None:
+            return folder
+        logger.warning("the cached conversion %s of %s is damaged (%s): converting it again", folder, file.name, damage)
     model, tokenizer = load_gguf(file)
     record = {"gguf_file": str(file), "size": file.stat().st_size, "identity": gguf_identity(file)}
     return save_checkpoint(model, tokenizer, folder, record)

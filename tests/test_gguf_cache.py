@@ -1,0 +1,54 @@
+"""A damaged GGUF conversion cache is converted again, never trusted (issue 24, item 3).
+
+No real model: transformers' GGUF reading is replaced by a tiny model, so this runs in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from models import tiny_model
+
+from hf_posext.cli import main
+from hf_posext.files import verify_folder
+from hf_posext.fixtures import byte_tokenizer
+from hf_posext.gguf import cached_checkpoint_path, gguf_checkpoint
+
+
+@pytest.fixture
+def gguf_file(tmp_path, monkeypatch):
+    """A fake .gguf file whose 'reading' gives a tiny model; counts the conversions."""
+    file = tmp_path / "tiny.gguf"
+    file.write_bytes(b"GGUF" + bytes(64))
+    conversions = []
+
+    def load(path, dtype=None):
+        conversions.append(path)
+        return tiny_model(max_positions=64), byte_tokenizer()
+
+    monkeypatch.setattr("hf_posext.gguf.load_gguf", load)
+    monkeypatch.setenv("HF_POSEXT_CACHE", str(tmp_path / "cache"))
+    return file, conversions
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "marker"])
+def test_a_damaged_cache_is_converted_again_and_said_so(gguf_file, tmp_path, damage, caplog, capsys):
+    file, conversions = gguf_file
+    folder = gguf_checkpoint(file)
+    assert verify_folder(folder) is None and len(conversions) == 1
+    assert gguf_checkpoint(file) == folder and len(conversions) == 1  # an intact cache is used as it is
+    weights = folder / "model.safetensors"
+    if damage == "delete":
+        weights.unlink()
+    elif damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        (folder / ".hf_posext-complete.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="hf_posext"):
+        assert main(["patch", str(file), str(tmp_path / "out"), "--method", "yarn", "--factor", "2"]) == 0
+    assert len(conversions) == 2
+    assert any("converting it again" in r.getMessage() and str(folder) in r.getMessage() for r in caplog.records)
+    assert verify_folder(folder) is None and verify_folder(tmp_path / "out") is None
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == weights.read_bytes()
+    assert cached_checkpoint_path(file) == folder
