@@ -49,3 +49,32 @@ def test_copies_are_equal_models(method, copier):
     hf_posext.unpatch_model(clone)
     assert not torch.equal(logits(clone, ids), before)
     assert torch.equal(logits(model, ids), before)
+
+
+def loss_and_grads(model, ids):
+    model.zero_grad()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_forward_with_gradients_is_exact_and_differentiable(method, kernel, monkeypatch):
+    """Past L_orig every row has its own frequencies; with gradients on they take a differentiable path
+    whose logits equal the inference path's and whose gradients equal the kernel reference's."""
+    model = hf_posext.patch_model(tiny_model(max_positions=L_ORIG, attn_implementation=kernel), method, factor=FACTOR)
+    ids = tokens(3 * L_ORIG, batch=2)
+    with torch.no_grad():
+        inference = model(ids).logits
+    model.train()
+    loss, grads = loss_and_grads(model, ids)
+    assert torch.allclose(model(ids).logits, inference, atol=2e-5, rtol=0)
+    from hf_posext.exact_dynamic import attention
+
+    monkeypatch.setattr(attention, "attend_rowwise", attention.attend_rowwise_by_kernel)  # the reference
+    reference_loss, reference = loss_and_grads(model, ids)
+    assert torch.allclose(loss, reference_loss, atol=1e-6)
+    assert grads.keys() == reference.keys() and len(grads) > 0
+    for name, grad in grads.items():
+        assert torch.allclose(grad, reference[name], atol=1e-5, rtol=1e-4), name
