@@ -45,6 +45,8 @@ MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 REPORT_TO = ("none", "tensorboard", "wandb", "all")
 #: Field types read from text by their flag's parser; a YAML string value is read the same way.
+#: The recipe's context scale when none is given, for the methods that take one (the YaRN paper's 16).
+DEFAULT_FACTOR = 16.0
 _NUMBER_TYPES: dict[Any, type] = {int: int, float: float, int | None: int, float | None: float}
 # Literal types give the flags their choices (HfArgumentParser reads them).
 Scheduler = Literal[SCHEDULERS]
@@ -63,7 +65,9 @@ class TrainConfig:
 
     model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer, or a local .gguf file")
     method: str = HfArg(default="yarn", help="a position method from hf_posext.available_methods()")
-    factor: float = HfArg(default=16.0, help="the context scale s; the model is trained for s * L_orig tokens")
+    factor: float | None = HfArg(
+        default=None, help=f"the context scale s; the model is trained for s * L_orig tokens; default {DEFAULT_FACTOR:g} "
+        "(the YaRN paper's), 1 for the methods that take no factor (alibi, sinusoidal, learned)")
     output_dir: str = HfArg(default="", help="where the final checkpoint is written (atomically)")
     overwrite: bool = HfArg(
         default=False, help="write into a non-empty output_dir: its checkpoint files are replaced, other files kept")
@@ -179,7 +183,9 @@ class TrainConfig:
             raise ValueError("output_dir is required: the folder the fine-tuned checkpoint is written to (--output-dir)")
         if not self.dataset:
             raise ValueError("dataset is required: an HF dataset name or local .txt/.jsonl files (--dataset)")
-        method_class(self.method)  # raises ValueError naming the known methods
+        method = method_class(self.method)  # raises ValueError naming the known methods
+        if self.factor is None:  # a default nobody typed must not be refused by a method that takes no factor
+            self.factor = DEFAULT_FACTOR if method.takes_factor else 1.0
         if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or not math.isfinite(self.factor):
             raise ValueError(f"factor must be a finite number >= 1, got {self.factor!r}")
         if self.factor < 1:
