@@ -188,10 +188,6 @@ def compute_no_rope_parameters(
     return torch.zeros(rotary_dim // 2, dtype=torch.float32, device=device), 1.0
 
 
-def validate_no_rope_parameters(rope_parameters: dict[str, Any]) -> None:
-    """Nothing to validate: the type has no parameters of its own (``rope_theta`` is kept for unpatch)."""
-
-
 # --- Composition on a checkpoint that already ships a static scaling -------------------------------
 #
 # A static scaling is a per-pair divisor c_i of the plain frequencies theta^(-2i/d) plus an
