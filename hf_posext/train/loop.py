@@ -47,6 +47,7 @@ from ..gguf import resolve_model_source
 from .blocks import load_blocks, micro_batch_indices, take_blocks
 from ..patching import patch_model
 from ..readers import print_engine_warning
+from ..validation import read_config
 from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
 from .export import check_final_output, save_dtype_for, save_final
@@ -139,11 +140,12 @@ def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
 def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]:
     """The checkpoint in fp32 (master weights; autocast gives bf16 compute), patched, and its tokenizer."""
     source = resolve_model_source(config.model)  # a .gguf file -> its cached safetensors conversion
+    model_config = read_config(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer of {config.model!r} has no EOS token, needed to separate documents")
     model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=torch.float32, attn_implementation=config.attn_implementation
+        source, config=model_config, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
     patch_model(model, config.method, factor=config.factor, **config.method_kwargs)
     return model, tokenizer

@@ -1,0 +1,253 @@
+"""What the commands read, checked as strictly as what is typed on their command lines.
+
+One place for the checks of a model source: :func:`check_rope_config` (every rope field of a
+config, and its ``hf_posext`` record, in type, range and presence), :func:`read_config` (a
+checkpoint's ``config.json`` read by transformers and then checked, every error naming the file)
+and :func:`check_device`. Each raises ``ValueError`` naming the
+bad value and what is allowed, which the commands print as one line with exit code 2
+(:func:`hf_posext.arguments.run_command`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, PreTrainedConfig
+
+from . import _compat
+from .base_rope import CONFIG_KEY
+from .methods import method_class
+from .rope_utils import DYNAMIC_YARN_ROPE_TYPE
+
+#: The keys each rope type cannot do without (transformers' own validators require the same).
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    DYNAMIC_YARN_ROPE_TYPE: ("factor", "original_max_position_embeddings"),
+}
+#: Real-valued fields: (lower bound, whether the bound itself is allowed).
+_REALS: dict[str, tuple[float, bool]] = {
+    "factor": (1.0, True),
+    "low_freq_factor": (0.0, False),
+    "high_freq_factor": (0.0, False),
+    "beta_fast": (0.0, False),
+    "beta_slow": (0.0, False),
+    "attention_factor": (0.0, False),
+    "base_attention_factor": (0.0, False),
+    "short_mscale": (0.0, False),
+    "long_mscale": (0.0, False),
+    "mscale": (0.0, False),
+    "mscale_all_dim": (0.0, True),
+}
+#: Per-pair lists: one positive divisor per rotated channel pair.
+_PAIR_LISTS = ("short_factor", "long_factor", "base_factors")
+
+
+def _is_real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+
+
+def _is_whole(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameters",
+                     fallback: Callable[[str], Any] = lambda key: None) -> None:
+    """Check one rope-parameters entry: its type is known, its required keys are there, every value in range.
+
+    Args:
+        entry: the entry (``config.rope_parameters`` or one layer type's).
+        pairs: rotated channel pairs (``rotary_dim // 2``) for the per-pair lists' length; ``None``: unknown.
+        where: how the messages name the entry.
+        fallback: a key the entry lacks, read from elsewhere (``original_max_position_embeddings`` at the
+            config's top level, as Phi-3 keeps it).
+
+    Raises:
+        ValueError: naming the field, its value and what is allowed.
+    """
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} must be a mapping of rope fields (rope_type, rope_theta, ...), got {entry!r}")
+    rope_type = entry.get("rope_type", entry.get("type", "default"))
+    if not isinstance(rope_type, str) or not _compat.is_registered_rope_type(rope_type):
+        raise ValueError(f"{where}['rope_type'] must name a rope type transformers knows (default, linear, dynamic, "
+                         f"yarn, llama3, longrope, ... or one hf-posext registers), got {rope_type!r}")
+    for key in REQUIRED_KEYS.get(rope_type, ()):
+        if key not in entry and fallback(key) is None:
+            raise ValueError(f"{where} of rope_type {rope_type!r} needs {key!r} (it has {sorted(entry)})")
+    theta = entry.get("rope_theta")
+    if theta is not None and not (_is_real(theta) and theta > 1):
+        raise ValueError(f"{where}['rope_theta'] must be a finite number > 1, got {theta!r}")
+    partial = entry.get("partial_rotary_factor")
+    if partial is not None and not (_is_real(partial) and 0 < partial <= 1):
+        raise ValueError(f"{where}['partial_rotary_factor'] must be a number in (0, 1], got {partial!r}")
+    original = entry.get("original_max_position_embeddings", fallback("original_max_position_embeddings"))
+    if original is not None and not (_is_whole(original) and original >= 1):
+        raise ValueError(f"{where}['original_max_position_embeddings'] must be a positive integer, got {original!r}")
+    for key, (bound, inclusive) in _REALS.items():
+        value = entry.get(key)
+        if value is None:
+            continue
+        if not (_is_real(value) and (value >= bound if inclusive else value > bound)):
+            raise ValueError(f"{where}['{key}'] must be a finite number {'>=' if inclusive else '>'} {bound:g}, "
+                             f"got {value!r}")
+    if "low_freq_factor" in entry and "high_freq_factor" in entry and entry["high_freq_factor"] <= entry["low_freq_factor"]:
+        raise ValueError(f"{where}['high_freq_factor'] must be greater than low_freq_factor "
+                         f"({entry['low_freq_factor']!r}), got {entry['high_freq_factor']!r}")
+    if entry.get("beta_fast", 32.0) <= entry.get("beta_slow", 1.0):
+        raise ValueError(f"{where}['beta_fast'] must be greater than beta_slow ({entry.get('beta_slow', 1.0)!r}), "
+                         f"got {entry.get('beta_fast', 32.0)!r}")
+    if "truncate" in entry and not isinstance(entry["truncate"], bool):
+        raise ValueError(f"{where}['truncate'] must be true or false, got {entry['truncate']!r}")
+    for key in _PAIR_LISTS:
+        if key not in entry:
+            continue
+        values = entry[key]
+        if not isinstance(values, list) or not all(_is_real(v) and v > 0 for v in values):
+            raise ValueError(f"{where}['{key}'] must be a list of positive numbers, one per rotated channel pair, "
+                             f"got {values!r}")
+        if pairs is not None and len(values) != pairs:
+            raise ValueError(f"{where}['{key}'] must have one entry per rotated channel pair ({pairs}), "
+                             f"got {len(values)}")
+
+
+def _pairs(config: Any, entry: dict[str, Any]) -> int | None:
+    head_dim = getattr(config, "head_dim", None)
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if not _is_whole(head_dim) or head_dim < 1:
+        if not (_is_whole(hidden) and _is_whole(heads) and heads > 0):
+            return None
+        head_dim = hidden // heads
+    partial = entry.get("partial_rotary_factor", 1.0)
+    return int(head_dim * partial) // 2 if _is_real(partial) and 0 < partial <= 1 else None
+
+
+def _entries(rope_parameters: Any, layer_types: list[str]) -> list[tuple[str, Any]]:
+    if layer_types:
+        return [(f"rope_parameters[{key!r}]", rope_parameters[key]) for key in layer_types
+                if rope_parameters[key] is not None]
+    return [("rope_parameters", rope_parameters)]
+
+
+def check_rope_config(config: PreTrainedConfig) -> None:
+    """Every rope field of ``config`` and of its ``hf_posext`` record, in type, range and presence.
+
+    Raises:
+        ValueError: naming the field, its value and what is allowed.
+    """
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if max_positions is not None and not (_is_whole(max_positions) and max_positions >= 1):
+        raise ValueError(f"max_position_embeddings must be a positive integer, got {max_positions!r}")
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise ValueError(f"rope_parameters must be a mapping of rope fields (rope_type, rope_theta, ...), got {params!r}")
+    layer_types = list(config.nested_rope_parameter_keys(params)) if hasattr(config, "nested_rope_parameter_keys") else []
+
+    def top_level(key: str) -> Any:
+        value = getattr(config, key, None)
+        if value is None and key == "original_max_position_embeddings":
+            return max_positions  # what transformers reads it as when an entry lacks it
+        return value
+
+    for where, entry in _entries(params, layer_types):
+        check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level)
+    record = getattr(config, CONFIG_KEY, None)
+    if record is None:
+        return
+    if not isinstance(record, dict) or not isinstance(record.get("method"), str):
+        raise ValueError(f"{CONFIG_KEY} (the record of an hf-posext patch) must be a mapping with a 'method', got "
+                         f"{record!r}")
+    method_class(record["method"])  # names the known methods
+    for key in ("base_max_position_embeddings", "base_original_max_position_embeddings"):
+        if key in record and not (_is_whole(record[key]) and record[key] >= 1):
+            raise ValueError(f"{CONFIG_KEY}['{key}'] must be a positive integer, got {record[key]!r}")
+    base = record.get("base_rope_parameters")
+    if base is not None:
+        for where, entry in _entries(base, [key for key in layer_types if isinstance(base, dict) and key in base]):
+            check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}),
+                             f"{CONFIG_KEY}['base_rope_parameters']" + where.removeprefix("rope_parameters"), top_level)
+
+
+def _raw_config(file: Path) -> PreTrainedConfig | None:
+    """``config.json``'s fields on a bare config object (no transformers validation), to name what is wrong."""
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    bare = PreTrainedConfig.__new__(PreTrainedConfig)
+    bare.__dict__.update(raw)
+    rope = raw.get("rope_parameters", raw.get("rope_scaling"))
+    if isinstance(rope, dict) and "rope_theta" in raw and not any(isinstance(v, dict) for v in rope.values()):
+        rope = {"rope_theta": raw["rope_theta"], **rope}  # transformers 4's layout: theta at the top level
+    bare.__dict__["rope_parameters"] = rope
+    return bare
+
+
+def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
+    """``AutoConfig.from_pretrained(source)``, then :func:`check_rope_config`; errors name ``config.json``.
+
+    Raises:
+        ValueError: a bad field (naming it and the file), or a config transformers cannot read.
+        OSError: no config to read.
+    """
+    folder = Path(source)
+    where = str(folder / "config.json") if folder.is_dir() else str(source)
+    raw = _raw_config(folder / "config.json") if folder.is_dir() else None
+    if raw is not None:
+        # before transformers reads it: its warnings about a field refused here would be a second line
+        try:
+            check_rope_config(raw)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        except Exception:  # noqa: BLE001, S110
+            pass  # a layout the bare reading does not know: transformers' reading and the check below decide
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except OSError:
+        raise
+    except Exception as err:  # transformers' own validation: KeyError, TypeError, ZeroDivisionError...
+        raise ValueError(f"{where}: transformers cannot read this config: {type(err).__name__}: {err}") from err
+    try:
+        check_rope_config(config)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
+    return config
+
+
+def check_device(device: str) -> None:
+    """``auto``, or a device this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``...).
+
+    Raises:
+        ValueError: an unknown device name, or one this machine lacks.
+    """
+    if device == "auto":
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device}: not a device name (auto, cpu, cuda, cuda:1, mps...)") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}); "
+                             "use --device cpu or auto")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu or auto")
+
+
+__all__ = ["check_device", "check_rope_config", "check_rope_entry", "read_config"]
