@@ -19,7 +19,7 @@ from .patching import patch_info, patch_model
 from .readers import support
 from .readers.hub_card import base_model_id, readers_section
 from .readers.tokenizer import raise_model_max_length
-from .validation import read_config
+from .validation import check_weight_files, read_config
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:
@@ -115,6 +115,7 @@ def extend_checkpoint(
     if not (source_dir / "config.json").is_file():
         raise FileNotFoundError(f"{source_dir} has no config.json: not a transformers checkpoint")
     config = read_config(source_dir)
+    check_weight_files(source_dir)  # copied byte for byte and vouched for by the completion marker: whole or refused
     patch_model(config, method, factor=factor, **kwargs)
     copied = [item for item in source_dir.iterdir()
               if item.name not in CONFIG_ONLY_FILES and not item.name.startswith(".")]

@@ -2,8 +2,9 @@
 
 One place for the checks of a model source: :func:`check_rope_config` (every rope field of a
 config, and its ``hf_posext`` record, in type, range and presence), :func:`read_config` (a
-checkpoint's ``config.json`` read by transformers and then checked, every error naming the file)
-and :func:`check_device`. Each raises ``ValueError`` naming the
+checkpoint's ``config.json`` read by transformers and then checked, every error naming the file),
+:func:`check_weight_files` (a sharded checkpoint's index against its shards, every safetensors
+header against its file's size) and :func:`check_device`. Each raises ``ValueError`` naming the
 bad value and what is allowed, which the commands print as one line with exit code 2
 (:func:`hf_posext.arguments.run_command`).
 """
@@ -227,6 +228,72 @@ def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
     return config
 
 
+def _safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete safetensors file (its header against its size), or None."""
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes)"
+    if size < 8:
+        return f"is {size} bytes, shorter than a safetensors header"
+    with path.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if length > size - 8:
+            return f"has a header of {length} bytes in a file of {size} (truncated or not safetensors)"
+        try:
+            header = json.loads(handle.read(length))
+        except ValueError:
+            return "has an unreadable header (not safetensors, or damaged)"
+    if not isinstance(header, dict):
+        return "has an unreadable header (not safetensors, or damaged)"
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        return "has an unreadable header (not safetensors, or damaged)"
+    if 8 + length + end != size:
+        return f"is {size} bytes, its header describes {8 + length + end} (truncated or changed)"
+    return None
+
+
+def _tensor_names(path: Path) -> set[str]:
+    with path.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        return set(json.loads(handle.read(length))) - {"__metadata__"}
+
+
+def check_weight_files(folder: str | os.PathLike) -> None:
+    """A local checkpoint's weights are all there and whole: index against shards, safetensors headers against sizes.
+
+    Raises:
+        ValueError: naming the missing, empty, truncated or unreadable file.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    indexes = [*folder.glob("*.safetensors.index.json"), *folder.glob("*.bin.index.json")]
+    for index in sorted(indexes):
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = {str(name) for name in weight_map.values()}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{index}: not a readable weight index ({type(err).__name__}: {err})") from None
+        for shard in sorted(shards):
+            if not (folder / shard).is_file():
+                raise ValueError(f"{folder / shard} is missing: {index.name} names it for "
+                                 f"{sum(v == shard for v in weight_map.values())} tensors")
+        for shard in sorted(s for s in shards if s.endswith(".safetensors")):
+            problem = _safetensors_problem(folder / shard)
+            if problem is None:
+                missing = {k for k, v in weight_map.items() if v == shard} - _tensor_names(folder / shard)
+                if missing:
+                    problem = f"lacks {len(missing)} tensors {index.name} puts there (e.g. {sorted(missing)[0]})"
+            if problem:
+                raise ValueError(f"{folder / shard} {problem}")
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem:
+            raise ValueError(f"{path} {problem}")
+
+
 def check_device(device: str) -> None:
     """``auto``, or a device this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``...).
 
@@ -250,4 +317,4 @@ def check_device(device: str) -> None:
         raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu or auto")
 
 
-__all__ = ["check_device", "check_rope_config", "check_rope_entry", "read_config"]
+__all__ = ["check_device", "check_rope_config", "check_rope_entry", "check_weight_files", "read_config"]

@@ -4,8 +4,9 @@ The table below breaks every rope field a config can carry in type, range and pr
 ``max_position_embeddings``, ``partial_rotary_factor`` and the hf-posext record besides; each case is
 fed to ``hf-posext patch``, ``hf-posext eval ppl``, ``hf-posext eval passkey`` and the fine-tune
 recipe (``scripts/finetune.py``). Each must exit with code 2 and print exactly one line on stderr,
-which names the bad field and the file. Plus ``--device cuda:0`` without CUDA (a truncated
-``.gguf``: tests/test_gguf_cache.py).
+which names the bad field and the file. Plus the files of item 7 and 6: a truncated ``.gguf``, a
+sharded checkpoint with a shard missing, a 0-byte or truncated ``model.safetensors``, and
+``--device cuda:0`` without CUDA.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import copy
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -194,3 +196,37 @@ def test_a_cuda_device_without_cuda_is_one_line(assets, tmp_path, capsys, comman
     model = checkpoint_with(assets, tmp_path, {})
     assert COMMANDS[command](model, tmp_path, assets[1], "--device", "cuda:0") == 2
     assert "--device cuda:0" in one_error_line(capsys)
+
+
+def broken_weights(folder: Path, damage: str) -> str:
+    """Damage the weights of ``folder`` (a copy); the name of the file the error must name."""
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()
+    if damage == "empty":
+        weights.write_bytes(b"")
+    elif damage == "truncated":
+        weights.write_bytes(data[: len(data) // 2])
+    elif damage == "header":
+        weights.write_bytes(b"\xff" * 8 + data[8:])
+    else:  # a sharded checkpoint whose index names a shard that is not there
+        header = int.from_bytes(data[:8], "little")
+        names = list(json.loads(data[8 : 8 + header]))
+        (folder / "model-00001-of-00002.safetensors").write_bytes(data)
+        index = {"metadata": {}, "weight_map": {n: "model-00001-of-00002.safetensors" for n in names if n != "__metadata__"}}
+        index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors"
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        return "model-00002-of-00002.safetensors"
+    return "model.safetensors"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("damage", ["empty", "truncated", "header", "missing_shard"])
+def test_broken_weights_are_refused_naming_the_file(assets, tmp_path, capsys, command, damage):
+    model = tmp_path / "model"
+    shutil.copytree(assets[0] / "base", model)
+    name = broken_weights(model, damage)
+    assert COMMANDS[command](model, tmp_path, assets[1]) == 2
+    line = one_error_line(capsys)
+    assert name in line, line
+    assert not (tmp_path / "out").exists()

@@ -28,7 +28,7 @@ from ..methods import make_method
 from ..patching import patch_info, patch_model, unpatch_model
 from .passkey import passkey_accuracy
 from .perplexity import sliding_window_perplexity, truncated_perplexity
-from ..validation import check_device, read_config
+from ..validation import check_device, check_weight_files, read_config
 from .report import ResultFile, markdown_table, plot_curves, plot_heatmaps, write_csv
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -78,6 +78,7 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
     check_device(device)
     path = resolve_model_source(path)  # a .gguf file -> its cached safetensors conversion
     config = read_config(path)
+    check_weight_files(path)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer

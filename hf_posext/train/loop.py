@@ -47,7 +47,7 @@ from ..gguf import resolve_model_source
 from .blocks import load_blocks, micro_batch_indices, take_blocks
 from ..patching import patch_model
 from ..readers import print_engine_warning
-from ..validation import read_config
+from ..validation import check_weight_files, read_config
 from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
 from .export import check_final_output, save_dtype_for, save_final
@@ -141,6 +141,7 @@ def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]
     """The checkpoint in fp32 (master weights; autocast gives bf16 compute), patched, and its tokenizer."""
     source = resolve_model_source(config.model)  # a .gguf file -> its cached safetensors conversion
     model_config = read_config(source)
+    check_weight_files(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer of {config.model!r} has no EOS token, needed to separate documents")
