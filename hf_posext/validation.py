@@ -47,7 +47,7 @@ _REALS: dict[str, tuple[float, bool]] = {
     "base_attention_factor": (0.0, False),
     "short_mscale": (0.0, False),
     "long_mscale": (0.0, False),
-    "mscale": (0.0, False),
+    "mscale": (0.0, True),
     "mscale_all_dim": (0.0, True),
 }
 #: Per-pair lists: one positive divisor per rotated channel pair.
@@ -191,8 +191,9 @@ def _raw_config(file: Path) -> PreTrainedConfig | None:
     bare = PreTrainedConfig.__new__(PreTrainedConfig)
     bare.__dict__.update(raw)
     rope = raw.get("rope_parameters", raw.get("rope_scaling"))
-    if isinstance(rope, dict) and "rope_theta" in raw and not any(isinstance(v, dict) for v in rope.values()):
-        rope = {"rope_theta": raw["rope_theta"], **rope}  # transformers 4's layout: theta at the top level
+    if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()):
+        # transformers 4's layout (Phi-4-mini, StableLM): theta and the partial rotary factor at the top level
+        rope = {key: raw[key] for key in ("rope_theta", "partial_rotary_factor") if key in raw} | rope
     bare.__dict__["rope_parameters"] = rope
     return bare
 

@@ -230,3 +230,16 @@ def test_broken_weights_are_refused_naming_the_file(assets, tmp_path, capsys, co
     line = one_error_line(capsys)
     assert name in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_published_layouts_are_read(assets, tmp_path):
+    """No false refusal: transformers 4's layout (rope_scaling; theta and a partial rotary factor at the top
+    level, as Phi-4-mini writes them) with longrope lists of the partial rotary pairs."""
+    from hf_posext.validation import read_config
+
+    pairs = HALF // 2
+    changes = {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
+                                "original_max_position_embeddings": 8},
+               "rope_theta": 500000.0, "partial_rotary_factor": 0.5}
+    config = read_config(checkpoint_with(assets, tmp_path, changes))
+    assert config.rope_parameters["rope_type"] == "longrope" and config.rope_parameters["rope_theta"] == 500000.0
