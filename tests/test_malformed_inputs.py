@@ -123,6 +123,7 @@ def checkpoint_with(assets, tmp_path, changes) -> Path:
             (folder / item.name).symlink_to(item)
     config = json.loads((root / "base" / "config.json").read_text())
     config.update(changes)
+    config = {key: value for key, value in config.items() if value is not MISSING}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -240,6 +241,6 @@ def test_published_layouts_are_read(assets, tmp_path):
     pairs = HALF // 2
     changes = {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
                                 "original_max_position_embeddings": 8},
-               "rope_theta": 500000.0, "partial_rotary_factor": 0.5}
+               "rope_theta": 500000.0, "partial_rotary_factor": 0.5, "rope_parameters": MISSING}
     config = read_config(checkpoint_with(assets, tmp_path, changes))
     assert config.rope_parameters["rope_type"] == "longrope" and config.rope_parameters["rope_theta"] == 500000.0
