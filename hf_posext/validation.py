@@ -63,7 +63,7 @@ def _is_whole(value: Any) -> bool:
 
 
 def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameters",
-                     fallback: Callable[[str], Any] = lambda key: None) -> None:
+                     fallback: Callable[[str], Any] = lambda key: None, unknown_types: bool = False) -> None:
     """Check one rope-parameters entry: its type is known, its required keys are there, every value in range.
 
     Args:
@@ -72,6 +72,8 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
         where: how the messages name the entry.
         fallback: a key the entry lacks, read from elsewhere (``original_max_position_embeddings`` at the
             config's top level, as Phi-3 keeps it).
+        unknown_types: pass an entry whose rope type is not registered unchecked (a config.json before
+            transformers reads it: model configs rename some, Phi-3's ``su``, Qwen2-VL's ``mrope``).
 
     Raises:
         ValueError: naming the field, its value and what is allowed.
@@ -80,6 +82,8 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
         raise ValueError(f"{where} must be a mapping of rope fields (rope_type, rope_theta, ...), got {entry!r}")
     rope_type = entry.get("rope_type", entry.get("type", "default"))
     if not isinstance(rope_type, str) or not _compat.is_registered_rope_type(rope_type):
+        if unknown_types and isinstance(rope_type, str):
+            return
         raise ValueError(f"{where}['rope_type'] must name a rope type transformers knows (default, linear, dynamic, "
                          f"yarn, llama3, longrope, ... or one hf-posext registers), got {rope_type!r}")
     for key in REQUIRED_KEYS.get(rope_type, ()):
@@ -139,8 +143,11 @@ def _entries(rope_parameters: Any, layer_types: list[str]) -> list[tuple[str, An
     return [("rope_parameters", rope_parameters)]
 
 
-def check_rope_config(config: PreTrainedConfig) -> None:
+def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> None:
     """Every rope field of ``config`` and of its ``hf_posext`` record, in type, range and presence.
+
+    Args:
+        unknown_types: leave entries of an unregistered rope type to transformers (:func:`check_rope_entry`).
 
     Raises:
         ValueError: naming the field, its value and what is allowed.
@@ -162,7 +169,8 @@ def check_rope_config(config: PreTrainedConfig) -> None:
         return value
 
     for where, entry in _entries(params, layer_types):
-        check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level)
+        check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level,
+                         unknown_types)
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         return
@@ -211,7 +219,7 @@ def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
     if raw is not None:
         # before transformers reads it: its warnings about a field refused here would be a second line
         try:
-            check_rope_config(raw)
+            check_rope_config(raw, unknown_types=True)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
         except Exception:  # noqa: BLE001, S110

@@ -244,3 +244,8 @@ def test_published_layouts_are_read(assets, tmp_path):
                "rope_theta": 500000.0, "partial_rotary_factor": 0.5, "rope_parameters": MISSING}
     config = read_config(checkpoint_with(assets, tmp_path, changes))
     assert config.rope_parameters["rope_type"] == "longrope" and config.rope_parameters["rope_theta"] == 500000.0
+    # a rope type a model's own config renames when it reads it (Phi-3's "su" is longrope)
+    phi3 = {**changes, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}
+    phi3["rope_scaling"] = {**changes["rope_scaling"], "type": "su"}
+    (tmp_path / "phi3").mkdir()
+    assert read_config(checkpoint_with(assets, tmp_path / "phi3", phi3)).rope_parameters["rope_type"] == "longrope"
