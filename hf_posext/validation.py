@@ -87,7 +87,7 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
         raise ValueError(f"{where}['rope_type'] must name a rope type transformers knows (default, linear, dynamic, "
                          f"yarn, llama3, longrope, ... or one hf-posext registers), got {rope_type!r}")
     for key in REQUIRED_KEYS.get(rope_type, ()):
-        if key not in entry and fallback(key) is None:
+        if entry.get(key) is None and fallback(key) is None:
             raise ValueError(f"{where} of rope_type {rope_type!r} needs {key!r} (it has {sorted(entry)})")
     theta = entry.get("rope_theta")
     if theta is not None and not (_is_real(theta) and theta > 1):
@@ -105,16 +105,17 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
         if not (_is_real(value) and (value >= bound if inclusive else value > bound)):
             raise ValueError(f"{where}['{key}'] must be a finite number {'>=' if inclusive else '>'} {bound:g}, "
                              f"got {value!r}")
-    if "low_freq_factor" in entry and "high_freq_factor" in entry and entry["high_freq_factor"] <= entry["low_freq_factor"]:
+    low, high = entry.get("low_freq_factor"), entry.get("high_freq_factor")
+    if low is not None and high is not None and high <= low:
         raise ValueError(f"{where}['high_freq_factor'] must be greater than low_freq_factor "
                          f"({entry['low_freq_factor']!r}), got {entry['high_freq_factor']!r}")
-    if entry.get("beta_fast", 32.0) <= entry.get("beta_slow", 1.0):
-        raise ValueError(f"{where}['beta_fast'] must be greater than beta_slow ({entry.get('beta_slow', 1.0)!r}), "
-                         f"got {entry.get('beta_fast', 32.0)!r}")
-    if "truncate" in entry and not isinstance(entry["truncate"], bool):
+    beta_fast, beta_slow = entry.get("beta_fast") or 32.0, entry.get("beta_slow") or 1.0  # transformers' defaults
+    if beta_fast <= beta_slow:
+        raise ValueError(f"{where}['beta_fast'] must be greater than beta_slow ({beta_slow!r}), got {beta_fast!r}")
+    if entry.get("truncate") is not None and not isinstance(entry["truncate"], bool):
         raise ValueError(f"{where}['truncate'] must be true or false, got {entry['truncate']!r}")
     for key in _PAIR_LISTS:
-        if key not in entry:
+        if entry.get(key) is None:
             continue
         values = entry[key]
         if not isinstance(values, list) or not all(_is_real(v) and v > 0 for v in values):

@@ -92,6 +92,8 @@ CASES = [
     ("llama3_low_freq_factor_zero", _with(LLAMA3, low_freq_factor=0), "low_freq_factor"),
     ("llama3_freq_factors_equal", _with(LLAMA3, high_freq_factor=1.0), "high_freq_factor"),
     ("llama3_no_factor", _with(LLAMA3, factor=MISSING), "factor"),
+    ("llama3_low_freq_factor_null", _with(LLAMA3, low_freq_factor=None), "low_freq_factor"),
+    ("yarn_beta_slow_null_above_beta_fast", _with(YARN, beta_fast=0.5, beta_slow=None), "beta_fast"),
     ("longrope_short_factor_length", _with(LONGROPE, short_factor=[1.0] * (HALF - 1)), "short_factor"),
     ("longrope_long_factor_length", _with(LONGROPE, long_factor=[2.0] * (HALF + 3)), "long_factor"),
     ("longrope_long_factor_text", _with(LONGROPE, long_factor="2"), "long_factor"),
