@@ -3,8 +3,8 @@
 For each head count and length: random q (x2), k (x2), v of one batch row (GQA with 2 kv heads,
 head dim 64), causal, fp32. It reports max |output - fp64 reference| for the exact path (SDPA with
 the fp32 bias, run in blocks of query rows so that no L x L bias is held) and for the folded path
-(:mod:`hf_posext.attention.alibi_folded`), with the bound the module derives for what folding may
-add: 2 max|v| times :func:`~hf_posext.attention.alibi_folded.logit_error_bound`. Head counts that
+(:mod:`hf_posext.methods.alibi.folded`), with the bound the module derives for what folding may
+add: 2 max|v| times :func:`~hf_posext.methods.alibi.folded.logit_error_bound`. Head counts that
 are not 4 or 8 have slopes that are not powers of two, which is what the slope split is for.
 
 Run (CPU, a few minutes at one thread)::
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hf_posext.attention import alibi_slopes
-from hf_posext.attention.alibi_folded import folded_alibi, logit_error_bound
+from hf_posext.methods.alibi import alibi_slopes
+from hf_posext.methods.alibi.folded import folded_alibi, logit_error_bound
 
 RESULTS = Path(__file__).parent / "results"
 BLOCK = 256  # query rows per block of the reference and of the exact path

@@ -39,12 +39,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import Clock
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, masking_utils
 
 import hf_posext
-from hf_posext.attention import alibi as alibi_attention
-from hf_posext.attention import alibi_folded
+from hf_posext.methods.alibi import attention as alibi_attention
+from hf_posext.methods.alibi import folded as alibi_folded
 
 PATHS = ("rope_sdpa", "alibi_eager", "alibi_sdpa", "alibi_flex", "alibi_folded", "alibi_flash")
 QUADRATIC = {"alibi_eager", "alibi_sdpa"}
@@ -134,17 +135,8 @@ def measure(model, length: int, args: argparse.Namespace) -> dict[str, float]:
 
 def clock(fn, repeats: int, device: str) -> float:
     """Median seconds of ``fn()`` after a warm-up call: CPU time on CPU (steadier on a shared machine)."""
-    fn()  # warm-up: compiles flex for this shape
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter() if device == "cuda" else time.process_time()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() if device == "cuda" else time.process_time()) - start)
-    return statistics.median(times)
+    # The warm-up compiles flex for this shape.
+    return statistics.median(Clock(device, cpu_time=None).repeat(fn, repeats, warm_up=1))
 
 
 def kernel_rows(length: int, args: argparse.Namespace) -> list[dict]:
@@ -249,7 +241,7 @@ def markdown(result: dict) -> str:
             lines.append(
                 f"| {row['kernel']} | {row['length']} | {row['forward_s']:.3f} | {row['forward_ratio']:.2f} | {train} |"
             )
-    lines += ["", "What the numbers say, and the folded path's error: `alibi_notes.md`, `alibi_folded_error.md`."]
+    lines += ["", "What the numbers say, and the folded path's error: `docs/notes/alibi.md`, `alibi_folded_error.md`."]
     return "\n".join(lines) + "\n"
 
 

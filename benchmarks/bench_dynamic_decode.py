@@ -22,7 +22,7 @@ so that up to 8x L_orig every row past L_orig has its own frequencies, for YaRN 
 ``--repeats`` interleaved rounds, each timed after one untimed forward of the freshly patched
 model (whose first forward allocates the scratch memory the next ones reuse). Past ``L_orig``
 every row of the prompt needs its own rotation of the keys, attended in batched chunks
-(benchmarks/results/exact_dynamic_notes.md).
+(docs/notes/exact_dynamic.md).
 
 Run (CPU, a few minutes on 2 cores)::
 
@@ -47,12 +47,11 @@ GPU (bf16)::
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from harness import Clock, environment, write_results
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_posext
@@ -101,36 +100,30 @@ def patch(model: LlamaForCausalLM, args: argparse.Namespace, method: str, exact_
     hf_posext.patch_model(model, method, factor=args.factor, **kwargs)
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def clock(device: str) -> float:
+def clock(device: str) -> Clock:
     """CPU time of this process on CPU (robust to other jobs sharing the cores), wall time on a GPU."""
-    return time.process_time() if device == "cpu" else time.perf_counter()
+    return Clock(device, cpu_time=None)
 
 
 @torch.inference_mode()
 def prefill(model: LlamaForCausalLM, prompt: torch.Tensor, device: str) -> tuple[float, Any, torch.Tensor]:
     """``(seconds, cache, next token [batch, 1])`` of the forward over ``prompt`` ``[batch, seq]``."""
-    sync(device)
-    start = clock(device)
-    out = model(prompt, use_cache=True, logits_to_keep=1)  # as generate(): the next token's logits only
-    sync(device)
-    return clock(device) - start, out.cache, out.logits[:, -1:].argmax(-1)
+    # logits_to_keep=1 as generate(): the next token's logits only
+    seconds, out = clock(device).time(lambda: model(prompt, use_cache=True, logits_to_keep=1))
+    return seconds, out.cache, out.logits[:, -1:].argmax(-1)
 
 
 @torch.inference_mode()
 def decode(model: LlamaForCausalLM, cache: Any, token: torch.Tensor, new_tokens: int, device: str) -> float:
     """Seconds to decode ``new_tokens`` greedily after the prefilled ``cache``, which is cropped back after."""
-    sync(device)
-    start = clock(device)
-    for _ in range(new_tokens):
-        out = model(token, cache=cache, use_cache=True)
-        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-    sync(device)
-    seconds = clock(device) - start
+
+    def steps() -> None:
+        nonlocal cache, token
+        for _ in range(new_tokens):
+            out = model(token, cache=cache, use_cache=True)
+            cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+
+    seconds, _ = clock(device).time(steps)
     cache.crop(-new_tokens)
     return seconds
 
@@ -193,9 +186,9 @@ def main() -> None:
     results = [] if args.prefill_only else decode_ratios(model, args)
     prefills = prefill_ratios(model, args)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "prefill": prefills}
-        args.out.write_text(json.dumps(report, indent=2))
+        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "prefill": prefills,
+                  "clock": clock(args.device).name, "environment": environment(args.device)}
+        write_results(args.out, report, results + prefills)
 
 
 def decode_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:

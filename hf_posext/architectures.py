@@ -1,24 +1,8 @@
 """Which models hf-posext can patch: decided by transformers' rotary contract, not by a list of names.
 
-A model can be patched when its config and its rotary modules follow the contract that
-transformers' own rope types (``linear``, ``dynamic``, ``yarn``...) rely on:
-
-* the config is a decoder's (not encoder-decoder) and carries ``rope_parameters``, flat or
-  nested by layer type (Gemma 3: one entry per ``layer_types`` value);
-* every rotary module reads the model's config object (not a copy of its own), and takes its frequencies from
-  ``ROPE_INIT_FUNCTIONS[rope_type](config, device, layer_type=...)``. This is checked by
-  building each rotary class on a copy of the config scaled with ``rope_type="linear"`` and
-  comparing its frequencies with what that function returns;
-
-and the exact dynamic KV cache (``exact_cache=True``) further needs the attention to rotate
-queries and keys with the model's cos/sin in the rotate-half pairing (channel ``i`` with
-``i + rotary_dim / 2``, the first ``rotary_dim`` channels): checked by running the model's own
-``apply_rotary_pos_emb`` on random vectors. Cohere's interleaved pairs, for example, fail it.
-
-:data:`SUPPORTED_MODEL_TYPES` is the list the test suite runs every check on
-(``tests/test_architectures.py``, which builds every causal LM in transformers' registry from a
-tiny config); the README's list is generated from it. A model type outside it that passes the
-contract is patched too.
+A decoder config with ``rope_parameters`` and rotary modules that read ``ROPE_INIT_FUNCTIONS``
+(probed); the exact dynamic cache also needs rotate-half pairing. :data:`SUPPORTED_MODEL_TYPES`
+is the tested list (docs/methods/index.md).
 """
 
 from __future__ import annotations
@@ -31,8 +15,8 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from . import _compat
-from .validation import check_rope_config
+from . import integration
+from .config_checks import check_rope_config
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check
 #: (parity with transformers' own rope types, cached generation, save and reload); a test keeps it
@@ -182,7 +166,7 @@ def check_rotary_modules(model: nn.Module) -> None:
         ValueError: no rotary module, a constructor that does not take ``config`` alone, or other frequencies.
     """
     config = getattr(model, "config", None)
-    modules = list(_compat.rotary_modules(model))
+    modules = list(integration.rotary_modules(model))
     if not modules:
         raise _unsupported(config, f"{type(model).__name__} has no rotary embedding module (with rope_type and config)")
     seen: set[tuple[type, int]] = set()
@@ -202,7 +186,7 @@ def check_rotary_modules(model: nn.Module) -> None:
         except TypeError as error:
             raise _unsupported(config, f"its rotary module {name} ({type(module).__name__}) cannot be rebuilt from "
                                        f"its config alone ({error})") from error
-        init = _compat.rope_init_function("linear")
+        init = integration.rope_init_function("linear")
         for layer_type, inv_freq in _frequency_buffers(rebuilt).items():
             expected, _ = init(probe, inv_freq.device, layer_type=layer_type)
             if inv_freq.shape != expected.shape or not torch.allclose(inv_freq.float(), expected.float(), rtol=1e-6, atol=0):
@@ -273,7 +257,7 @@ def check_exact_dynamic(
     source = sys.modules[type(attention[0]).__module__]
     apply = getattr(source, "apply_rotary_pos_emb", None)
     if rotary is None:
-        rotary = next((m for _, m in _compat.rotary_modules(model)), None)
+        rotary = next((m for _, m in integration.rotary_modules(model)), None)
     if apply is None or rotary is None:
         raise ValueError(f"exact_cache=True: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
                          f"module) whose convention can be checked; {fallback}")

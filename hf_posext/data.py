@@ -1,28 +1,8 @@
 """Text for training and evaluation: local files, the Python standard library, or a Hub dataset.
 
-One front-end serves the fine-tune recipe (:func:`iter_documents`) and the evaluations
-(:func:`load_texts`, :func:`encode_documents`), so both read the same ``dataset``/``--data`` values
-the same way:
-
-* local files: ``.txt``/``.md``/``.py`` (one document per file), ``.jsonl`` (one JSON object per
-  line, text in ``text_field``), folders (every file with one of :data:`TEXT_SUFFIXES` below them)
-  and glob patterns (any matched file; files other than ``.jsonl`` are read as plain text, so
-  ``'/usr/lib/python3.11/**/*.py'`` reads source code);
-* ``stdlib``: the Python standard library's sources (:func:`stdlib_files`), real text that every
-  machine has, split into ``train`` and a held-out ``test`` part by a hash of each file's relative
-  path, so the split is the same on every machine with the same Python version;
-* one Hugging Face dataset name: read with ``datasets.load_dataset`` (streamed, so training
-  tokenizes only as far as the run needs).
-
-The fine-tune recipe packs these documents into fixed-length blocks in :mod:`hf_posext.train.blocks`.
-
-Why local files are not read through ``datasets`` (Hub datasets are): it is an optional extra
-(``pyarrow`` and ``pandas`` come with it), and the offline paths - the demo, the evaluations, CI,
-the laptop recipe - run on a bare install; its ``text`` builder reads files in text mode, turning
-``\\r\\n`` into ``\\n`` (a byte-level model would no longer see the file as it is); and a folder of
-``.txt`` and ``.jsonl`` files would need two builders, losing the one sorted file order that fixes
-the blocks. The recipe's memory-mapped block cache (:mod:`hf_posext.train.blocks`) plays the part of its Arrow
-cache.
+One front-end for the recipe (:func:`iter_documents`) and the evaluations (:func:`load_texts`,
+:func:`encode_documents`); what each source means and why local files skip ``datasets``:
+docs/guides/evaluation.md.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from .patching import patch_info, patch_model
 from .readers import support
 from .readers.hub_card import base_model_id, readers_section
 from .readers.tokenizer import raise_model_max_length
-from .validation import check_weight_files, read_config
+from .config_checks import check_weight_files, read_config
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:
@@ -61,13 +61,27 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
             f"already reached; `{method}` extends it; saved as rope_type `{info['rope_parameters']['rope_type']}`)"
         )
     body = (
-        f"# {method}: {base_model or 'model'}\n\n"
+        f"# {card_title(config, base_model)}\n\n"
         f"This checkpoint is {base_model or 'a local model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "
         f"(`{method}`).\n\n"
         f"| | |\n|---|---|\n{table}\n\n"
         + readers_section(support(config, context or config.max_position_embeddings))
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+
+
+def card_title(config: Any, base_model: str | None = None) -> str:
+    """A model card's title: ``"tiny-base with a 512-token context (yarn, factor 8)"``.
+
+    The base model is named by its Hub id only; a local one by its architecture (``"A llama model"``).
+    """
+    info = patch_info(config)
+    method = info["method"] or "none"
+    subject = base_model or f"A {getattr(config, 'model_type', None) or 'transformers'} model"
+    if info["method"] is None or method_class(method).scales_rope:
+        factor = f", factor {info['factor']:g}" if isinstance(info.get("factor"), (int, float)) else ""
+        return f"{subject} with a {info.get('context_length')}-token context ({method}{factor})"
+    return f"{subject} with {method} positions"
 
 
 CONFIG_ONLY_FILES = ("config.json", "README.md")

@@ -1,28 +1,7 @@
-"""Output folders and atomic writes: every file and folder the package writes appears complete or not
-at all, and nothing it does not own is deleted.
+"""Output folders and atomic writes: every output appears complete or not at all.
 
-One policy for every writer (``hf-posext patch``, the recipe's final save and training states,
-evaluation results, the demo and the reproduction), through :func:`output_folder`:
-
-* an existing non-empty ``OUT`` is refused unless the caller passes ``overwrite``; then only the
-  files the writer owns (``owns``: name patterns) are replaced, other files stay, and every owned
-  file that goes away is logged by name. A folder the writer owns whole (``owns=None``: caches,
-  fixtures) is replaced whole;
-* ``OUT`` equal to, or inside, a source folder is refused (the copy would eat its source);
-  ``OUT`` that is a file is refused;
-* the new content is staged in a temporary folder on ``OUT``'s own filesystem and moved in by
-  renames. When ``OUT`` is a mount point or a symlink (or the rename raises ``EBUSY``/``EXDEV``),
-  the files are moved into ``OUT`` one by one instead (each atomic), the completion marker last;
-* every finished folder holds :data:`MARKER` (written last, with the size of every file), so a
-  reader tells a complete folder from an interrupted one (:func:`verify_folder`);
-* temporary folders of our own left by a killed run (``.OUT.tmp-PID-*``, ``.OUT.old-PID``,
-  ``OUT/.hf_posext.tmp-PID-*``) are removed by the next write, once their process is gone. A
-  partial folder is never restored; a staged folder holding the marker (a finished output whose
-  move failed) is kept and named in a warning instead of being deleted;
-* folders get the user's umask (``os.mkdir``, not ``tempfile.mkdtemp``'s 0700).
-
-Single files go through :func:`atomic_file`. Temporary names start with a dot, so folder listings
-and Hub uploads skip them.
+One policy for every writer (:func:`output_folder`, :func:`atomic_file`, the completion marker
+:data:`MARKER`); nothing it does not own is deleted (docs/guides/files_and_safety.md).
 """
 
 from __future__ import annotations

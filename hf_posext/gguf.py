@@ -1,29 +1,7 @@
 """GGUF files as model sources: converted once into a cached safetensors checkpoint.
 
-A local ``.gguf`` file (llama.cpp's format, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf``) works
-wherever hf-posext takes a model - ``hf-posext patch``, ``hf-posext eval``, the fine-tune
-recipe, :func:`hf_posext.from_pretrained` - and in a script before :func:`hf_posext.patch_model`::
-
-    import hf_posext
-    from hf_posext.gguf import gguf_checkpoint
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = gguf_checkpoint("SmolLM2-135M-Instruct.Q4_1.gguf")   # ~1 min once, then cached
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
-    hf_posext.patch_model(model, "yarn", factor=4)
-
-transformers reads GGUF itself (``from_pretrained(folder, gguf_file=name)``, which needs the
-``gguf`` package: ``pip install hf-posext[gguf]``) and dequantizes every tensor to fp32, but it
-refuses ``save_pretrained`` on the result ("quantized with gguf and is not serializable"), and
-re-reading the file costs a minute each time. So the dequantized weights are copied into a
-model built from the same config without its ``quantization_config`` and saved as an ordinary
-fp32 safetensors checkpoint with the GGUF's tokenizer. The checkpoint is keyed on the GGUF
-file's identity (its size and a hash of its first MiB, where the header and metadata sit), so a
-changed file is converted again and a copy of the same file is not.
-
-Processes converting the same file at once each write a complete folder and rename it into
-place, so the result is right but the work is repeated: before a multi-process launch
-(``accelerate launch``, ``torchrun``) convert once with :func:`gguf_checkpoint`.
+:func:`gguf_checkpoint` dequantizes through transformers into an fp32 safetensors folder keyed
+on the file's identity, usable wherever a model goes (docs/results/real_model.md).
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """Publish an extended checkpoint to the Hugging Face Hub: ``hf-posext push DIR REPO_ID``.
 
-    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k            # public
-    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k --private
-    hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k --dry-run  # list, upload nothing
-
-The token comes from where huggingface_hub looks for it (``HF_TOKEN``, then the token saved by
-``hf auth login``); there is deliberately no ``--token`` flag, since a token on the command line
-ends up in shell history and process lists, and the token is never printed.
-
-Only a complete checkpoint is pushed (``config.json``, safetensors weights, a ``README.md``
-model card, as ``scripts/finetune.py`` and ``hf-posext patch`` write them), and only what a model
-repository needs (:data:`hf_posext.export.MODEL_REPO_FILES`: weights, config, generation config,
-tokenizer files, card, training results): anything else in the folder (notes, notebooks, a
-``secrets.txt``) is listed as left out, and sent only when named with ``--include PATTERN`` or
-when ``--all`` is given. Training states, temporary folders of an interrupted save and hidden
-files are never sent.
-
-    hf-posext push out/model my-org/model --include "*.ipynb"    # the notebooks too
-    hf-posext push out/model my-org/model --all                  # every file but the never-sent ones
+Only a complete checkpoint, only a model repository's files (``--include``/``--all`` for more);
+the token comes from ``HF_TOKEN`` or ``hf auth login`` and is never printed
+(docs/guides/files_and_safety.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -91,7 +75,7 @@ def checkpoint_files(folder: str | os.PathLike, include: Sequence[str] = (), all
     if missing:
         raise FileNotFoundError(
             f"{str(root)!r} is not a complete checkpoint: missing {', '.join(missing)} "
-            "(write one with scripts/finetune.py or hf-posext patch)"
+            "(write one with hf-posext finetune or hf-posext patch)"
         )
     return files
 
@@ -161,36 +145,3 @@ def push_to_hub(
         commit_message=commit_message or _commit_message(folder),
     )
     return PushResult(repo_id, files, str(getattr(commit, "commit_url", commit)), left_out)
-
-
-def _push(args: argparse.Namespace) -> int:
-    result = push_to_hub(args.folder, args.repo_id, private=args.private, revision=args.revision,
-                         commit_message=args.commit_message, dry_run=args.dry_run, include=args.include,
-                         all_files=args.all)
-    for name in result.files:
-        print(f"  {name}")
-    if result.left_out:
-        print(f"left out (not a model repository's files; --include PATTERN or --all to send them): "
-              f"{', '.join(result.left_out)}")
-    if result.url is None:
-        print(f"dry run: would upload {len(result.files)} files to {result.repo_id}")
-    else:
-        print(f"uploaded {len(result.files)} files to https://huggingface.co/{result.repo_id} ({result.url})")
-    return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``hf-posext push``."""
-    p = subparsers.add_parser("push", help="upload an extended checkpoint to the Hugging Face Hub",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("folder", help="checkpoint folder (from scripts/finetune.py or hf-posext patch)")
-    p.add_argument("repo_id", help="owner/name on the Hub")
-    p.add_argument("--private", action="store_true", help="create the repository private")
-    p.add_argument("--revision", default=None, help="branch to commit to (created if missing)")
-    p.add_argument("--commit-message", default=None)
-    p.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
-    p.add_argument("--include", action="append", default=[], metavar="PATTERN",
-                   help="also send files matching PATTERN, e.g. '*.ipynb' (repeatable)")
-    p.add_argument("--all", action="store_true",
-                   help="send every file but hidden files, training states and temporaries")
-    p.set_defaults(func=_push)

@@ -1,24 +1,13 @@
 """Loading patched checkpoints: :func:`from_pretrained` and the construction hook behind it.
 
-A checkpoint saved from a patched model carries the patch in ``config.hf_posext``. For RoPE-only
-methods (``linear``, ``ntk``, ``yarn``) the saved ``rope_parameters`` are all there is, and
-transformers' own ``from_pretrained`` rebuilds the model through ``ROPE_INIT_FUNCTIONS`` (after
-``import hf_posext`` has registered hf-posext's rope types). Methods with an adapter need their
-surgery redone while the model is built, before its weights are loaded: ALiBi's attention path,
-the absolute encodings' position table (the learned one is then loaded from the checkpoint), the
-dynamic methods' exact KV-cache wrapper.
-
-That is done by :func:`on_submodule_registered`, a torch module-registration hook that acts only
-inside a model's ``__init__``: when a module whose config carries an hf-posext record registers
-``embed_tokens`` or ``rotary_emb`` for the *first* time. Replacing either later
-(``resize_token_embeddings``, ``set_input_embeddings``, :func:`~hf_posext.patch_model`'s own rotary
-swaps) never triggers it. ``import hf_posext`` installs it, so plain
-``AutoModelForCausalLM.from_pretrained`` keeps working; it is not removed because a ``dynamic_ntk``
-checkpoint carries transformers' native ``dynamic`` rope type, and nothing else at load time could
-tell transformers to build the exact wrapper instead of silently running its stale-cache
-behaviour. :func:`from_pretrained` is the explicit loader (as ``PeftModel.from_pretrained``): it
-loads, then checks that the method's surgery is in place, and raises if the hook was switched off
-with :func:`set_construction_hook`.
+A saved patched checkpoint carries the patch in ``config.hf_posext``. RoPE-only methods need only
+their rope type; methods with a surgery need it redone while the model is built, before its
+weights are loaded. :func:`on_submodule_registered`, a torch module-registration hook installed by
+``import hf_posext``, does that inside a model's ``__init__`` only (the first ``embed_tokens`` or
+``rotary_emb`` of a base model whose config carries a record), so plain
+``AutoModelForCausalLM.from_pretrained`` works too. :func:`from_pretrained` (and
+:class:`AutoPatchedModelForCausalLM`) also checks that the surgery is in place (its
+:meth:`~hf_posext.methods.surgery.Surgery.missing` hook).
 """
 
 from __future__ import annotations
@@ -30,15 +19,8 @@ import torch.nn as nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from . import readers
-from .adapters import adapter_for, needs_surgery
-from .adapters.absolute import POSITIONS_ATTR
-from .attention.alibi import ALIBI_ATTENTION
-from .exact_dynamic import EXACT_ROPE_TYPES, ExactDynamicRotaryEmbedding
 from .gguf import resolve_model_source
-from .methods.absolute import LearnedConfig, SinusoidalConfig
-from .methods.alibi import AlibiConfig
-from .methods.base import PositionMethod
-from .methods.dynamic import DynamicScaling
+from .methods.registry import surgery_for
 from .patching import CONFIG_KEY, method_from_record
 
 _hook_handle: Any = None
@@ -48,9 +30,9 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     """torch's module-registration hook: redo a method's surgery on a base model being built from a patched config.
 
     When a base model (``LlamaModel``...) whose config carries an hf-posext record first registers
-    ``embed_tokens``, the adapter's ``on_model_init`` runs (absolute encodings re-create their
+    ``embed_tokens``, the surgery's ``on_model_init`` runs (absolute encodings re-create their
     position table there, so the saved table is loaded into it); when it first registers
-    ``rotary_emb``, the module the adapter's ``on_rotary_init`` returns is registered instead
+    ``rotary_emb``, the module the surgery's ``on_rotary_init`` returns is registered instead
     (exact dynamic scaling puts its stand-in there). A name already registered on ``parent`` is a
     replacement after construction and is left alone; everything else returns at the first check.
     """
@@ -63,9 +45,9 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
         return None
     method = method_from_record(record)
     if name == "rotary_emb":
-        return adapter_for(method).on_rotary_init(method, parent, submodule)
+        return surgery_for(method).on_rotary_init(method, parent, submodule)
     readers.restore_on_load(parent.config)  # old rope type names, legacy fields; before the rotary is built
-    adapter_for(method).on_model_init(method, parent)
+    surgery_for(method).on_model_init(method, parent)
     return None
 
 
@@ -81,22 +63,6 @@ def set_construction_hook(enabled: bool) -> None:
     elif not enabled and _hook_handle is not None:
         _hook_handle.remove()
         _hook_handle = None
-
-
-def _surgery_missing(method: PositionMethod, model: nn.Module) -> str | None:
-    """What of ``method``'s surgery ``model`` lacks, in words, or ``None``."""
-    if isinstance(method, (SinusoidalConfig, LearnedConfig)):
-        if not any(POSITIONS_ATTR in m._modules for m in model.modules()):
-            return f"the position table ({POSITIONS_ATTR})"
-    elif isinstance(method, AlibiConfig):
-        if model.config._attn_implementation != ALIBI_ATTENTION:
-            return f"the ALiBi attention ({ALIBI_ATTENTION})"
-    elif isinstance(method, DynamicScaling) and method.exact_cache:
-        rope_type = (model.config.rope_parameters or {}).get("rope_type")
-        stand_in = any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
-        if rope_type in EXACT_ROPE_TYPES and not stand_in:
-            return "the exact KV-cache wrapper"
-    return None
 
 
 def from_pretrained(
@@ -126,10 +92,26 @@ def from_pretrained(
     record = getattr(model.config, CONFIG_KEY, None)
     if isinstance(record, dict) and "method" in record:
         method = method_from_record(record)
-        missing = _surgery_missing(method, model) if needs_surgery(method) else None
+        missing = surgery_for(method).missing(method, model)
         if missing is not None:
             raise RuntimeError(
                 f"{pretrained_model_name_or_path}: the checkpoint was patched with {method.name!r} but the loaded "
                 f"model lacks {missing}; call hf_posext.loading.set_construction_hook(True) before loading"
             )
     return model
+
+
+class AutoPatchedModelForCausalLM:
+    """``AutoModelForCausalLM`` for patched checkpoints: :func:`from_pretrained` under the Auto-class name.
+
+    Example:
+        >>> model = hf_posext.AutoPatchedModelForCausalLM.from_pretrained("out/llama-yarn-16k")
+    """
+
+    def __init__(self) -> None:
+        raise TypeError("AutoPatchedModelForCausalLM is not instantiated; call AutoPatchedModelForCausalLM.from_pretrained")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any) -> PreTrainedModel:
+        """:func:`from_pretrained` with ``model_class=AutoModelForCausalLM``; same arguments."""
+        return from_pretrained(pretrained_model_name_or_path, *args, model_class=AutoModelForCausalLM, **kwargs)

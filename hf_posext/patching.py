@@ -1,18 +1,10 @@
-"""Adapters: patch a transformers model (or its config) in place with a position method.
+"""``patch_model`` / ``unpatch_model`` / ``patch_info``: patch a transformers model (or its config) in place.
 
-With :mod:`hf_posext.adapters` (one adapter per method family that needs more than rope
-parameters) this is the only code that performs model surgery. A patch
-
-1. records what the checkpoint had (:class:`~hf_posext.methods.base.BaseRope`) in
-   ``config.hf_posext``, so that re-patching starts again from the original and never stacks,
-   and :func:`unpatch_model` restores it;
-2. writes the method's ``rope_parameters`` and advertised context into the config;
-3. rebuilds every rotary module from the patched config (transformers reads the rope type in
-   the rotary module's ``__init__``), keeping the original modules for :func:`unpatch_model`;
-4. lets the method's adapter (:mod:`hf_posext.adapters`) do any further surgery.
-
-The forward code of the model is never replaced, so future model classes that keep
-transformers' rotary contract keep working.
+A patch records what the checkpoint had in ``config.hf_posext`` (so patches never stack and
+:func:`unpatch_model` restores it), writes the method's ``rope_parameters`` and advertised context,
+rebuilds every rotary module from the patched config, and lets the method's surgery
+(:class:`~hf_posext.methods.surgery.Surgery`) do the rest. The model's forward code is never
+replaced, so model classes that keep transformers' rotary contract keep working.
 """
 
 from __future__ import annotations
@@ -25,14 +17,16 @@ from typing import Any, Literal, TypeVar
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from . import _compat, architectures, readers
-from .adapters import adapter_for
+from . import architectures, integration, readers
 from .architectures import SUPPORTED_MODEL_TYPES
-from .methods.base import BaseRope, PositionMethod, make_method, method_class
-from .base_rope import CONFIG_KEY, base_rope, checkpoint_rope
+from .checkpoint_rope import CONFIG_KEY, base_rope, shipped_rope
+from .methods.base import BaseRope, MethodConfig
+from .methods.registry import available_methods, method_class, method_config, surgery_for
 from .transaction import restore, snapshot
 
-__all__ = ["CONFIG_KEY", "SUPPORTED_MODEL_TYPES", "MethodName", "patch_info", "patch_model", "unpatch_model"]
+__all__ = [
+    "CONFIG_KEY", "SUPPORTED_MODEL_TYPES", "MethodName", "patch_info", "patch_model", "patched_method", "unpatch_model",
+]
 
 
 _ORIGINAL_MODULES = "_hf_posext_original_modules"
@@ -40,8 +34,8 @@ _ORIGINAL_MODULES = "_hf_posext_original_modules"
 #: The longest context a patch may reach (positions are int32 in attention masks and kernels).
 MAX_CONTEXT = 2**31 - 1
 
-#: Every registered method name and alias, for type checkers; tests/test_patching.py checks that it
-#: equals the registry (available_methods() plus method_aliases()).
+#: Every registered method name and alias, for type checkers only (``str`` is accepted too);
+#: tests/test_patching.py checks that it equals the registry (available_methods() plus method_aliases()).
 MethodName = Literal[
     "linear", "pi", "ntk", "ntk_aware", "dynamic_ntk", "dynamic", "yarn", "dynamic_yarn", "alibi", "sinusoidal",
     "learned",
@@ -60,7 +54,7 @@ def _config_of(model: nn.Module | PreTrainedConfig) -> PreTrainedConfig:
     return config
 
 
-def _method_rope(method: PositionMethod, base: BaseRope) -> tuple[dict[str, Any], int]:
+def _method_rope(method: MethodConfig, base: BaseRope) -> tuple[dict[str, Any], int]:
     """The rope parameters and advertised context of ``method`` on ``base``."""
     reach = method.factor * base.original_max_position_embeddings
     if reach > MAX_CONTEXT:
@@ -77,13 +71,13 @@ def _method_rope(method: PositionMethod, base: BaseRope) -> tuple[dict[str, Any]
 
 
 def _patch_config(
-    config: PreTrainedConfig, method: PositionMethod, override: bool, layer_types: Sequence[str] | None = None
+    config: PreTrainedConfig, method: MethodConfig, override: bool, layer_types: Sequence[str] | None = None
 ) -> None:
     architectures.check_config(config)
     keys = architectures.rope_layer_types(config, layer_types, method.scales_rope)
     # The record keeps what the checkpoint itself had, whatever this patch replaces (override=True
     # included), so that unpatch restores it and a later patch starts from it.
-    base_parameters, _, checkpoint_reach = checkpoint_rope(config, keys[-1] if keys else None)
+    base_parameters, _, checkpoint_reach = shipped_rope(config, keys[-1] if keys else None)
     if not keys:
         base = base_rope(config, method, override)
         rope_parameters, max_positions = _method_rope(method, base)
@@ -119,7 +113,7 @@ def _patch_config(
             **({"layer_types": keys} if keys else {}),
         },
     )
-    adapter_for(method).patch_config(method, config)
+    surgery_for(method).patch_config(method, config)
     try:
         config.validate_rope()
     except (ValueError, TypeError) as error:  # e.g. Phi3Config accepts only rope_type default or longrope
@@ -139,18 +133,18 @@ def _swap_rotary_modules(model: nn.Module, keep_originals: bool) -> None:
     """
     originals = model.__dict__.setdefault(_ORIGINAL_MODULES, {})
     found = False
-    for name, module in list(_compat.rotary_modules(model)):
+    for name, module in list(integration.rotary_modules(model)):
         found = True
         if keep_originals:
             originals.setdefault(name, module)
-        _compat.replace_module(model, name, _compat.rebuild_rotary(module))
+        integration.replace_module(model, name, integration.rebuild_rotary(module))
     if not found:
         raise ValueError(f"{type(model).__name__} has no rotary embedding module that hf-posext can patch")
 
 
 def patch_model(
     model: ModelOrConfig,
-    method: MethodName | str | PositionMethod,
+    method: MethodName | str | MethodConfig,
     factor: float | None = None,
     original_max_position_embeddings: int | None = None,
     *,
@@ -196,12 +190,12 @@ def patch_model(
     if original_max_position_embeddings is not None:
         kwargs["original_max_position_embeddings"] = original_max_position_embeddings
     config = _config_of(model)
-    spec = make_method(method, **kwargs)
+    spec = method_config(method, **kwargs)
     architectures.check_config(config)
     if isinstance(model, nn.Module):
         architectures.check_rotary_modules(model)
     _check_method_fits(config, spec, model if isinstance(model, nn.Module) else None)
-    # Validate on a copy: every check (ours, the adapter's, transformers' validators - Phi-3's
+    # Validate on a copy: every check (ours, the surgery's, transformers' validators - Phi-3's
     # config accepts only default and longrope) runs before the caller's config or model is touched.
     trial = copy.deepcopy(config)
     _unpatch_previous_config(trial)
@@ -220,20 +214,20 @@ def patch_model(
         before = dict(model.named_modules())
         if previous_record is not None:
             previous = _unpatch_previous_config(private)
-            adapter_for(previous).unpatch_modules(previous, model)
+            surgery_for(previous).unpatch_modules(previous, model)
         _patch_config(private, spec, override, layer_types)
         _swap_rotary_modules(model, keep_originals=previous_record is None)
-        adapter = adapter_for(spec)
-        adapter.patch_modules(spec, model)
+        surgery = surgery_for(spec)
+        surgery.patch_modules(spec, model)
         if previous_record is not None:
-            adapter.inherit_modules(spec, model, before)
+            surgery.inherit_modules(spec, model, before)
     except BaseException:
         restore(saved)
         raise
     return model
 
 
-def _unpatch_previous_config(config: PreTrainedConfig) -> PositionMethod | None:
+def _unpatch_previous_config(config: PreTrainedConfig) -> MethodConfig | None:
     """Undo, on ``config``, what a previous patch did beyond rope parameters; the previous method.
 
     A re-patch starts from the checkpoint (ALiBi's attention implementation, absolute encodings'
@@ -243,7 +237,7 @@ def _unpatch_previous_config(config: PreTrainedConfig) -> PositionMethod | None:
     if record is None:
         return None
     previous = method_from_record(record)
-    adapter_for(previous).unpatch_config(previous, config, record)
+    surgery_for(previous).unpatch_config(previous, config, record)
     return previous
 
 
@@ -263,25 +257,24 @@ def _replace_config(model: nn.Module, old: PreTrainedConfig, new: PreTrainedConf
                 module.__dict__[name] = new
 
 
-def _check_method_fits(config: PreTrainedConfig, method: PositionMethod, model: nn.Module | None) -> None:
-    """Refuse dynamic methods where their rotary update would be wrong (before anything is changed)."""
-    if not method.dynamic:
-        return
+def _check_method_fits(config: PreTrainedConfig, method: MethodConfig, model: nn.Module | None) -> None:
+    """Refuse a method where it would be wrong (before anything is changed): the method's own
+    limits (:attr:`~hf_posext.methods.base.MethodConfig.per_layer_type_rope`), then its surgery's
+    :meth:`~hf_posext.methods.surgery.Surgery.check`."""
     nested = architectures.nested_rope_keys(config)
-    if nested and method.name == "dynamic_yarn":
-        # transformers' dynamic update stores YaRN's attention scaling on the module, not per layer type
+    if nested and not method.per_layer_type_rope:
+        fitting = [name for name in available_methods() if method_class(name).per_layer_type_rope]
         raise ValueError(
-            f"dynamic_yarn does not support per-layer-type rope parameters (model_type={config.model_type!r}, layer "
-            f"types {nested}); use yarn or dynamic_ntk"
+            f"{method.name} does not support per-layer-type rope parameters (model_type={config.model_type!r}, layer "
+            f"types {nested}); methods that do: {', '.join(fitting)}"
         )
-    if getattr(method, "exact_cache", False):
-        architectures.check_exact_dynamic(config, model)
+    surgery_for(method).check(method, config, model)
 
 
-def method_from_record(record: dict[str, Any]) -> PositionMethod:
+def method_from_record(record: dict[str, Any]) -> MethodConfig:
     """The method config a ``config.hf_posext`` record was written by."""
     fields = {f.name for f in dataclasses.fields(method_class(record["method"]))}
-    return make_method(record["method"], **{k: v for k, v in record.items() if k in fields})
+    return method_config(record["method"], **{k: v for k, v in record.items() if k in fields})
 
 
 def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
@@ -301,19 +294,19 @@ def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
         _replace_config(model, config, private)
         config, record = private, getattr(private, CONFIG_KEY)
     spec = method_from_record(record)
-    adapter = adapter_for(spec)
+    surgery = surgery_for(spec)
     config.rope_parameters = copy.deepcopy(record["base_rope_parameters"])
     config.max_position_embeddings = int(record["base_max_position_embeddings"])
-    adapter.unpatch_config(spec, config, record)
+    surgery.unpatch_config(spec, config, record)
     delattr(config, CONFIG_KEY)
     readers.clear_reader_fields(config, record.get("base_reader_fields", {}))
     if isinstance(model, nn.Module):
-        adapter.unpatch_modules(spec, model)
+        surgery.unpatch_modules(spec, model)
         originals = model.__dict__.pop(_ORIGINAL_MODULES, {})
-        for name, module in list(_compat.rotary_modules(model)):
+        for name, module in list(integration.rotary_modules(model)):
             original = originals.get(name)
-            restored = original.to(device=_compat.rotary_device(module)) if original is not None else None
-            _compat.replace_module(model, name, restored or _compat.rebuild_rotary(module))
+            restored = original.to(device=integration.rotary_device(module)) if original is not None else None
+            integration.replace_module(model, name, restored or integration.rebuild_rotary(module))
     return model
 
 
@@ -323,7 +316,8 @@ def patch_info(model: nn.Module | PreTrainedConfig) -> dict[str, Any]:
     Returns:
         ``{"method": name or None, "rope_parameters": ..., "max_position_embeddings": ...}`` plus,
         for a patched model, the method's arguments, ``original_max_position_embeddings`` and
-        the ``context_length`` the patch reaches.
+        the ``context_length`` the patch reaches: JSON-ready. :func:`patched_method` gives the
+        method's config object.
     """
     config = _config_of(model)
     record = copy.deepcopy(getattr(config, CONFIG_KEY, None) or {})
@@ -332,3 +326,17 @@ def patch_info(model: nn.Module | PreTrainedConfig) -> dict[str, Any]:
     info["rope_parameters"] = copy.deepcopy(config.rope_parameters)
     info["max_position_embeddings"] = config.max_position_embeddings
     return info
+
+
+def patched_method(model: nn.Module | PreTrainedConfig) -> MethodConfig | None:
+    """The method config ``model`` was patched with (``None`` for an unpatched model), with
+    ``original_max_position_embeddings`` resolved to the context it was applied to.
+
+    :func:`patch_info` stays a plain dict (it is printed and written as JSON); this is the object.
+
+    Example:
+        >>> hf_posext.patched_method(hf_posext.patch_model(model, "yarn", factor=4))
+        YarnConfig(factor=4.0, ...)
+    """
+    record = getattr(_config_of(model), CONFIG_KEY, None)
+    return method_from_record(record) if record is not None else None

@@ -1,14 +1,13 @@
 """All of hf-posext's RoPE maths, in one module that imports nothing of the package.
 
-Like transformers' ``modeling_rope_utils.py``: the methods, the exact-dynamic attention and the
-adapters import from here, and this module imports none of them (only ``math`` and ``torch``).
-The rope-init functions follow transformers' contract
-``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` and are registered
-with ``ROPE_INIT_FUNCTIONS`` on ``import hf_posext``.
+Like transformers' ``modeling_rope_utils.py``: the method families, the exact-dynamic attention and the
+surgeries import from here, and this module imports none of them (only ``math`` and ``torch``).
+The families' rope-init functions (registered with ``ROPE_INIT_FUNCTIONS`` on ``import hf_posext``)
+are built from these.
 
 Papers: NTK-aware (bloc97 2023; YaRN paper arXiv:2309.00071 eq. 16), YaRN (Peng et al. 2023,
-arXiv:2309.00071, eqs. 17-22; the ramp as implemented is described in :mod:`hf_posext.methods.yarn`),
-dynamic YaRN (same paper, sec. 3.3).
+arXiv:2309.00071, eqs. 17-22; the ramp as implemented: docs/methods/yarn.md), dynamic YaRN (same
+paper, sec. 3.3).
 """
 
 from __future__ import annotations
@@ -122,78 +121,12 @@ def dynamic_yarn_scale(seq_len: int | torch.Tensor | None, factor: float, origin
     return min(float(factor), max(1.0, int(seq_len) / original_max_position_embeddings))
 
 
-def compute_dynamic_yarn_parameters(
-    config: Any,
-    device: torch.device | str | None = None,
-    seq_len: int | torch.Tensor | None = None,
-    layer_type: str | None = None,
-) -> tuple[torch.Tensor, float]:
-    """transformers' rope-init contract for dynamic YaRN.
-
-    Args:
-        config: a model config whose ``rope_parameters`` has ``rope_type`` =
-            :data:`DYNAMIC_YARN_ROPE_TYPE`, ``factor`` and ``original_max_position_embeddings``.
-        device: where to build ``inv_freq``.
-        seq_len: the current sequence length L; ``None`` at construction (s = 1).
-        layer_type: the key of per-layer-type rope parameters, when the config nests them.
-
-    Returns:
-        ``(inv_freq [rotary_dim // 2], attention_factor)``; at s = 1 exactly plain RoPE.
-    """
-    params = rope_parameters_for(config, layer_type)
-    theta = float(params["rope_theta"])
-    rotary_dim = rotary_dim_of(config, params)
-    original = int(params["original_max_position_embeddings"])
-    scale = dynamic_yarn_scale(seq_len, params["factor"], original)
-    if "base_factors" in params:
-        return _composed_dynamic_yarn(params, theta, rotary_dim, original, scale, device)
-    if scale == 1.0:
-        return default_inv_freq(theta, rotary_dim, device), 1.0
-    inv_freq = yarn_inv_freq_from(params, theta, rotary_dim, scale, original, device)
-    return inv_freq, yarn_attention_factor(params.get("attention_factor"), scale)
-
-
-def _composed_dynamic_yarn(
-    params: dict[str, Any], theta: float, rotary_dim: int, reach: int, scale: float, device: torch.device | str | None
-) -> tuple[torch.Tensor, float]:
-    """Dynamic YaRN on a checkpoint's own static scaling (``base_factors`` c_i, ``base_attention_factor``).
-
-    Up to ``reach`` (s = 1) the checkpoint's own frequencies and attention factor; past it, static
-    YaRN at s(L) on top of them (:func:`yarn_pair_factors`).
-    """
-    divisors = torch.tensor(params["base_factors"], dtype=torch.float64)
-    base_inv_freq = default_inv_freq(theta, rotary_dim).double() / divisors
-    attention = float(params.get("base_attention_factor", 1.0))
-    if scale == 1.0:
-        return base_inv_freq.float().to(device), attention
-    factors = yarn_pair_factors(
-        base_inv_freq, reach, scale, params.get("beta_fast", 32.0), params.get("beta_slow", 1.0),
-        params.get("truncate", True),
-    )
-    return (base_inv_freq / factors).float().to(device), attention * yarn_attention_factor(params.get("attention_factor"), scale)
-
-
-def compute_no_rope_parameters(
-    config: Any,
-    device: torch.device | str | None = None,
-    seq_len: int | None = None,
-    layer_type: str | None = None,
-) -> tuple[torch.Tensor, float]:
-    """transformers' rope-init contract for "no rotary embedding" (:data:`NO_ROPE_TYPE`).
-
-    Returns:
-        ``(zeros [rotary_dim // 2] fp32, 1.0)``: every angle is 0, so the rotation is the identity.
-    """
-    rotary_dim = rotary_dim_of(config, rope_parameters_for(config, layer_type))
-    return torch.zeros(rotary_dim // 2, dtype=torch.float32, device=device), 1.0
-
-
 # --- Composition on a checkpoint that already ships a static scaling -------------------------------
 #
 # A static scaling is a per-pair divisor c_i of the plain frequencies theta^(-2i/d) plus an
 # attention factor a (the cos/sin multiplier). A method applied on top multiplies each c_i by its
 # own per-pair factor m_i and a by its own temperature; the rules for m_i are below and in
-# :mod:`hf_posext.methods`.
+# docs/methods/.
 
 
 def ntk_pair_factors(factor: float, rotary_dim: int) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Write the README's list of supported model types from hf_posext.architectures.SUPPORTED_MODEL_TYPES.
+"""Write the docs' list of supported model types (docs/methods/index.md) from hf_posext.architectures.SUPPORTED_MODEL_TYPES.
 
-The list is what tests/test_architectures.py passes on (a test there keeps the README equal to it).
-Usage: python scripts/supported_models.py            # rewrite the block in README.md
-       python scripts/supported_models.py --check    # exit 1 if README.md is stale
+The list is what tests/test_architectures.py passes on (a test there keeps the page equal to it).
+Usage: python scripts/supported_models.py            # rewrite the block in docs/methods/index.md
+       python scripts/supported_models.py --check    # exit 1 if the page is stale
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import textwrap
 from hf_posext.architectures import SUPPORTED_MODEL_TYPES
 from hf_posext.files import write_text
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[1] / "docs" / "methods" / "index.md"
 BLOCK = re.compile(r"<!-- supported-models -->\n(?:.*?\n)?<!-- /supported-models -->", re.S)
 
 

@@ -17,7 +17,7 @@ from models import PUBLISHED, published_model, tiny_model, tokens
 from vanilla import vanilla_logits
 
 import hf_posext
-from hf_posext.cli import main as cli_main
+from hf_posext.commands.main import main as cli_main
 
 COMPOSED_BASES = ["llama-3.1", "qwen2.5", "phi-3-mini-128k", "linear"]
 STATIC_METHODS = ["linear", "ntk", "yarn"]

@@ -10,7 +10,7 @@ import torch
 
 from hf_posext.data import check_dataset, load_texts, resolve_local_files
 from hf_posext.train.blocks import load_blocks, micro_batch_indices
-from hf_posext.fixtures import BOS_ID, EOS_ID, byte_tokenizer
+from hf_posext.testing import BOS_ID, EOS_ID, byte_tokenizer
 
 
 class CountingTokenizer:

@@ -9,7 +9,7 @@ from models import tiny_model, tokens
 from vanilla import vanilla_load_error, vanilla_logits
 
 import hf_posext
-from hf_posext.cli import main as cli_main
+from hf_posext.commands.main import main as cli_main
 
 L_ORIG = 64
 
@@ -62,6 +62,7 @@ def test_cli_patch_writes_an_extended_checkpoint_with_untouched_weights(tmp_path
     assert config["max_position_embeddings"] == 8 * L_ORIG
     card = (out / "README.md").read_text()
     assert card.startswith("---\n") and "hf-posext" in card and "from 64 to 512 tokens" in card
+    assert "\n# A llama model with a 512-token context (yarn, factor 8)\n" in card  # a local base is not named
     reloaded = type(base).from_pretrained(out, attn_implementation="eager").eval()
     expected = hf_posext.patch_model(base, "yarn", factor=8, beta_fast=64)
     ids = tokens(4 * L_ORIG)
@@ -78,7 +79,10 @@ def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
     assert cli_main(["patch", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2"]) == 2
 
 
-def test_cli_lists_every_method(capsys):
+def test_cli_lists_every_method_with_its_aliases(capsys):
     assert cli_main(["methods"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == hf_posext.available_methods()
+    header, *rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert header[:2] == ["method", "aliases"]
+    assert [row[0] for row in rows] == hf_posext.available_methods()
+    aliases = {row[0]: row[1].rstrip(",") for row in rows if row[1] != "-"}  # one alias each today
+    assert {alias: name for name, alias in aliases.items()} == hf_posext.method_aliases()

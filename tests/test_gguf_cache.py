@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from models import tiny_model
 
-from hf_posext.cli import main
+from hf_posext.commands.main import main
 from hf_posext.files import verify_folder
-from hf_posext.fixtures import byte_tokenizer
+from hf_posext.testing import byte_tokenizer
 from hf_posext.gguf import cached_checkpoint_path, gguf_checkpoint
 
 

@@ -16,10 +16,10 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.utils import filter_repo_objects
 
 from hf_posext import patch_model
-from hf_posext.cli import main
+from hf_posext.commands.main import main
 from hf_posext.hub import push_to_hub
 from hf_posext.export import model_card
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 
 SECRET = "hf_secretTOKENforTESTSdoNOTprint1234"
 CHECKPOINT_FILES = ["README.md", "config.json", "generation_config.json", "model.safetensors",

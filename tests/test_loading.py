@@ -11,10 +11,9 @@ from models import tiny_model, tokens
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext.adapters import needs_surgery
 from hf_posext.loading import set_construction_hook
 
-# every method with an adapter, plus one RoPE-only method
+# every method with a surgery, plus one RoPE-only method
 CASES = {
     "learned": {"max_length": 48},
     "sinusoidal": {},
@@ -41,8 +40,16 @@ def test_from_pretrained_reloads_identical_logits(method, tmp_path):
     torch.testing.assert_close(logits(loaded, ids), expected, rtol=0, atol=1e-6)
 
 
+def test_the_auto_style_loader_is_from_pretrained(tmp_path):
+    hf_posext.patch_model(tiny_model(max_positions=16), "learned", max_length=48).save_pretrained(tmp_path)
+    loaded = hf_posext.AutoPatchedModelForCausalLM.from_pretrained(tmp_path)
+    assert hf_posext.patched_method(loaded) == hf_posext.LearnedConfig(max_length=48, original_max_position_embeddings=16)
+    with pytest.raises(TypeError, match="from_pretrained"):
+        hf_posext.AutoPatchedModelForCausalLM()
+
+
 def test_every_surgery_method_is_covered():
-    assert {m for m in hf_posext.available_methods() if needs_surgery(hf_posext.method_class(m))} <= set(CASES)
+    assert {m for m in hf_posext.available_methods() if hf_posext.needs_surgery(m)} <= set(CASES)
 
 
 @pytest.mark.parametrize("method", ["learned", "alibi", "dynamic_yarn"])

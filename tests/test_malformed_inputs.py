@@ -3,7 +3,7 @@
 The table below breaks every rope field a config can carry in type, range and presence, and
 ``max_position_embeddings``, ``partial_rotary_factor`` and the hf-posext record besides; each case is
 fed to ``hf-posext patch``, ``hf-posext eval ppl``, ``hf-posext eval passkey`` and the fine-tune
-recipe (``scripts/finetune.py``). Each must exit with code 2 and print exactly one line on stderr,
+recipe (``hf-posext finetune``). Each must exit with code 2 and print exactly one line on stderr,
 which names the bad field and the file. Plus the files of item 7 and 6: a truncated ``.gguf``, a
 sharded checkpoint with a shard missing, a 0-byte or truncated ``model.safetensors``, and
 ``--device cuda:0`` without CUDA.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -24,8 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_posext.cli import main
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.commands.finetune import main as finetune_main
+from hf_posext.commands.main import main
+from hf_posext.testing import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 L_ORIG = 32
@@ -145,8 +145,7 @@ def run_passkey(model: Path, tmp_path: Path, text: Path, *extra: str) -> int:
 
 
 def run_finetune(model: Path, tmp_path: Path, text: Path) -> int:
-    script = runpy.run_path(str(ROOT / "scripts" / "finetune.py"))
-    return script["main"]([
+    return finetune_main([
         "--model", str(model), "--method", "yarn", "--factor", "2", "--dataset", str(text),
         "--output-dir", str(tmp_path / "out"), "--max-train-steps", "1", "--warmup-steps", "0",
         "--global-batch-size", "1", "--micro-batch-size", "1", "--mixed-precision", "no",
@@ -180,7 +179,7 @@ def test_the_installed_command_prints_exactly_one_line(assets, tmp_path, case):
     """In a real process: transformers' own warnings (its logger writes to the real stderr) are lines too."""
     changes = next(changes for name, changes, _ in CASES if name == case)
     model = checkpoint_with(assets, tmp_path, changes)
-    command = [sys.executable, "-m", "hf_posext.cli", "patch", str(model), str(tmp_path / "out"), "--method", "yarn",
+    command = [sys.executable, "-m", "hf_posext", "patch", str(model), str(tmp_path / "out"), "--method", "yarn",
                "--factor", "2"]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -238,7 +237,7 @@ def test_broken_weights_are_refused_naming_the_file(assets, tmp_path, capsys, co
 def test_published_layouts_are_read(assets, tmp_path):
     """No false refusal: transformers 4's layout (rope_scaling; theta and a partial rotary factor at the top
     level, as Phi-4-mini writes them) with longrope lists of the partial rotary pairs."""
-    from hf_posext.validation import read_config
+    from hf_posext.config_checks import read_config
 
     pairs = HALF // 2
     changes = {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,

@@ -1,9 +1,9 @@
-"""Issue 13's output-file cases: nothing lost, nothing half-done (one test per numbered case).
+"""Output files: nothing lost, nothing half-done (one test per way a write can go wrong).
 
-1 a mount point as OUT (simulated: renaming onto or away from OUT raises EBUSY, as the kernel does
-  for a mount point), 2 an existing OUT, 3 OUT == SRC or inside SRC, 4 OUT a file or a symlink,
-  10 SIGKILL during a write and during cleanup (real subprocesses), 11 resume from a broken
-  training state, 14 what ``hf-posext push`` sends and the folders' permissions.
+A mount point as OUT (simulated: renaming onto or away from OUT raises EBUSY, as the kernel does
+for a mount point), an existing OUT, OUT == SRC or inside SRC, OUT a file or a symlink, SIGKILL
+during a write and during cleanup (real subprocesses), resume from a broken training state, what
+``hf-posext push`` sends and the folders' permissions.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub.utils import filter_repo_objects
 
-from hf_posext.cli import main as cli_main
+from hf_posext.commands.main import main as cli_main
 from hf_posext.files import MARKER, atomic_directory
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 from hf_posext.hub import push_to_hub
 from hf_posext.train import loop
 from hf_posext.train.checkpointing import latest_checkpoint, load_checkpoint

@@ -1,14 +1,19 @@
 """The package's import structure: no import cycle, imports at the top, modules small enough to read.
 
-Issue 14's acceptance, checked on the source (ast), so a new module is covered without a list:
+Checked on the source (ast), so a new module is covered without a list:
 
 * no cycle among the package's modules through module-level imports (``if TYPE_CHECKING:`` blocks
   excluded, since they never run). A submodule's implicit import of its parent packages is not an
   edge: importing ``hf_posext.methods.yarn`` runs ``hf_posext/__init__.py`` first whatever it
   imports, which is how every package works;
-* no import inside a function or class except of an optional dependency (:data:`OPTIONAL`);
+* no import inside a function or class except of an optional dependency (:data:`OPTIONAL`), or
+  in the command handlers (:data:`LAZY`), which import what they run when they run so that
+  ``hf-posext --help`` loads none of it;
+* a method family folder imports no other family's folder (shared code lives beside them);
+* ``rope_utils`` imports nothing of the package;
+* the method modules' docstrings are a few lines (the maths is in ``docs/methods/``);
 * no module over :data:`MAX_LINES` lines unless its docstring says why, in a sentence starting
-  "Longer than ~400 lines" (the convention STYLE.md asks for).
+  "Longer than ~400 lines" (the convention docs/layout.md states).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ PACKAGE = "hf_posext"
 #: Top-level names that may be imported inside a function: optional extras, or parts of torch that
 #: older supported releases lack.
 OPTIONAL = {"datasets", "flash_attn", "gguf", "matplotlib", "deepspeed", "torch.nn.attention.flex_attention"}
+
+#: Packages whose functions may import anything: the command handlers.
+LAZY = ("hf_posext.commands",)
 
 MAX_LINES = 400
 
@@ -147,6 +155,8 @@ def test_the_cycle_check_can_fail():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_inside_functions_are_optional_dependencies(name):
+    if any(name == lazy or name.startswith(lazy + ".") for lazy in LAZY):
+        return
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
     offending = []
     for scope in ast.walk(tree):
@@ -175,3 +185,42 @@ def test_modules_are_small_or_say_why(name):
     assert "Longer than ~400 lines" in docstring, (
         f"{MODULES[name]} has {lines} lines and its docstring does not say why it is not split"
     )
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {t for node in _module_level_imports(tree) for t in _targets(name, node) if t != name}
+        for name, tree in _trees().items()
+    }
+
+
+def _family(module: str) -> str | None:
+    """The method family folder ``module`` belongs to (``hf_posext.methods.<family>...``), or ``None``."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[1] == "methods" and _is_package(".".join(parts[:3])):
+        return parts[2]
+    return None
+
+
+def test_a_method_family_imports_no_other_family():
+    sideways = [
+        f"{name} -> {target}"
+        for name, targets in _graph().items()
+        for target in targets
+        if _family(name) and _family(target) and _family(target) != _family(name)
+    ]
+    assert sideways == []
+
+
+def test_rope_utils_imports_nothing_of_the_package():
+    assert _graph()["hf_posext.rope_utils"] == set()
+
+
+MAX_DOCSTRING_LINES = 15
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(f"{PACKAGE}.methods")))
+def test_method_module_docstrings_say_what_the_module_is_for_in_a_few_lines(name):
+    docstring = ast.get_docstring(ast.parse(MODULES[name].read_text(encoding="utf-8"))) or ""
+    assert docstring, f"{MODULES[name]} has no module docstring"
+    assert docstring.count("\n") + 1 <= MAX_DOCSTRING_LINES, f"{MODULES[name]}: the maths goes to docs/methods/"

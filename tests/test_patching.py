@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import hf_posext
 from hf_posext.methods import method_class
-from hf_posext.methods.base import register
+from hf_posext.methods.registry import register_method
 from hf_posext.patching import MethodName
 
 L_ORIG = 64
@@ -240,9 +240,10 @@ def test_ntk_theta_uses_the_rotary_dimension():
 
 def test_registry_rejects_duplicate_names():
     with pytest.raises(ValueError, match="'yarn' is already registered"):
-        register("yarn")(type("Dup", (hf_posext.PositionMethod,), {}))
+        register_method("yarn", hf_posext.YarnConfig, family="dup")
     with pytest.raises(ValueError, match="lower-case"):
-        register("YaRN2")(type("Dup", (hf_posext.PositionMethod,), {}))
+        register_method("YaRN2", hf_posext.YarnConfig, family="dup")
+    assert "dup" not in hf_posext.methods.families() and hf_posext.YarnConfig.name == "yarn"
 
 
 def test_method_name_literal_lists_every_registered_name_and_alias():
@@ -265,3 +266,13 @@ def test_takes_factor_is_false_exactly_for_methods_that_refuse_a_factor():
         else:
             with pytest.raises(ValueError, match="factor must be 1"):
                 cls(factor=2.0)
+
+
+def test_patched_method_is_the_config_object_patch_info_describes():
+    model = tiny_model(max_positions=L_ORIG)
+    assert hf_posext.patched_method(model) is None
+    hf_posext.patch_model(model, "pi", factor=4)
+    method = hf_posext.patched_method(model)
+    assert method == hf_posext.method_config("linear", factor=4, original_max_position_embeddings=L_ORIG)  # resolved
+    assert hf_posext.patch_info(model)["method"] == method.name == "linear"
+    assert hf_posext.patched_method(hf_posext.unpatch_model(model)) is None

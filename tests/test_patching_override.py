@@ -14,7 +14,7 @@ from models import tiny_model, tokens
 from transformers import LlamaForCausalLM
 
 import hf_posext
-from hf_posext.cli import main
+from hf_posext.commands.main import main
 
 L_ORIG = 64
 SHIPPED = {

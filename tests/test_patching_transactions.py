@@ -1,4 +1,4 @@
-"""patch_model is all or nothing (issue 13, cases 6, 7, 9): checks first, then surgery, undone on failure."""
+"""patch_model is all or nothing: checks first, then surgery, undone on failure."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from models import tiny_config, tiny_model, tokens
 from transformers import AutoModelForCausalLM
 
 import hf_posext
-from hf_posext.adapters import adapter_for
-from hf_posext.adapters.absolute import POSITIONS_ATTR
 from hf_posext.methods import method_class
+from hf_posext.methods.absolute.surgery import POSITIONS_ATTR
+from hf_posext.methods.registry import surgery_for
 
 L_ORIG = 64
 
@@ -66,21 +66,21 @@ def test_a_rejected_patch_changes_nothing(first, args, kwargs, message):
 @pytest.mark.parametrize("first", [None, ("yarn", 2), ("dynamic_yarn", 2)])
 @pytest.mark.parametrize("method", ["learned", "alibi", "dynamic_yarn"])
 def test_a_failure_during_module_surgery_is_undone(monkeypatch, first, method):
-    # Validation cannot foresee every fault (out of memory, a bug in an adapter): whatever the
+    # Validation cannot foresee every fault (out of memory, a bug in a surgery): whatever the
     # surgery did before it failed is rolled back.
     model = tiny_model(max_positions=L_ORIG)
     if first is not None:
         hf_posext.patch_model(model, *first)
     ids = tokens(20)
     before, expected = state(model), logits(model, ids)
-    adapter = type(adapter_for(method_class(method)))
-    surgery = adapter.patch_modules
+    surgery_cls = type(surgery_for(method_class(method)))
+    surgery = surgery_cls.patch_modules
 
     def fail_after_surgery(self, *args, **kwargs):
         surgery(self, *args, **kwargs)
         raise RuntimeError("simulated fault during module surgery")
 
-    monkeypatch.setattr(adapter, "patch_modules", fail_after_surgery)
+    monkeypatch.setattr(surgery_cls, "patch_modules", fail_after_surgery)
     with pytest.raises(RuntimeError, match="simulated fault"):
         hf_posext.patch_model(model, method, 2 if method == "dynamic_yarn" else None)
     monkeypatch.undo()

@@ -15,7 +15,7 @@ import pytest
 from transformers import Gemma3TextConfig, LlamaConfig, modeling_rope_utils
 
 import hf_posext  # noqa: F401  (registers the rope types under test)
-from hf_posext.readers.transformers5 import CUSTOM_ROPE_TYPES
+from hf_posext.readers.transformers5 import custom_rope_types
 from hf_posext.rope_utils import NO_ROPE_TYPE
 
 #: transformers' own list: parameters that belong to other rope types than ours.
@@ -45,11 +45,11 @@ def valid_entry(rope_type):
 
 
 def test_every_custom_rope_type_is_registered():
-    assert set(CUSTOM_ROPE_TYPES) <= set(modeling_rope_utils.ROPE_INIT_FUNCTIONS)
+    assert set(custom_rope_types()) <= set(modeling_rope_utils.ROPE_INIT_FUNCTIONS)
 
 
 @pytest.mark.parametrize(("nested", "same"), LAYOUTS)
-@pytest.mark.parametrize("rope_type", CUSTOM_ROPE_TYPES)
+@pytest.mark.parametrize("rope_type", custom_rope_types())
 def test_transformers_rope_validation_rules_hold_for_every_registered_type(rope_type, nested, same, caplog):
     with pytest.raises(KeyError):
         config_with({"rope_type": rope_type, "rope_theta": 10000.0}, nested, same).validate_rope()

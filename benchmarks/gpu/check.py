@@ -4,7 +4,7 @@ Items (each is skipped with a line saying why when its package or device is miss
 failure in one does not stop the others):
 
 * ``alibi_flash``: ALiBi through flash-attn's ``alibi_slopes`` against the eager path in bf16,
-  forward and backward (error bound: 3x the native model's own bf16 error, as in STYLE.md).
+  forward and backward (error bound: 3x the native model's own bf16 error, the bound every bf16 check uses).
 * ``alibi_flex_train``: a training step through FlexAttention's compiled backward (CUDA only)
   against the eager path's gradients, fp32.
 * ``bf16_parity``: every registered method's bf16 logits against its fp32 logits at 3x the
@@ -43,27 +43,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from common import PEAK_BF16_TFLOPS, child_env
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
 from hf_posext.files import write_text
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 from hf_posext.methods import method_class
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss
 
 ROOT = Path(__file__).resolve().parents[2]
-
-#: Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
-                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "RTX 4090": 165.0}
-
-
-def child_env() -> dict[str, str]:
-    """The environment of a child process: this checkout first on the path, then what the caller had
-    there (e.g. a newer transformers unpacked beside the GPU machine's own packages)."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path}
-
 
 class Skip(Exception):
     """An item that cannot run here; the message says why."""
@@ -261,7 +250,7 @@ def dynamic_decode(args: argparse.Namespace) -> dict:
     out = Path(args.out).with_name("dynamic_decode.json")
     if args.device == "cuda":
         # L_orig 2048 with 128 new tokens and 3 rounds ran past the 300 s limit on an H200, when the row-wise
-        # prefill still chunked by the CPU's budget (benchmarks/results/gpu/README.md); this is what ran after.
+        # prefill still chunked by the CPU's budget (docs/results/gpu.md); this is what ran after.
         shape = ["--device", "cuda", "--dtype", "bfloat16", "--hidden", "2048", "--heads", "16", "--kv-heads", "4",
                  "--layers", "8", "--original-length", "1024", "--new-tokens", "64", "--repeats", "2",
                  "--prefill-multiples", "4,8"]

@@ -1,15 +1,7 @@
 """Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"; the YaRN paper's table 5).
 
-The prompt is the one of the YaRN repo's ``eval/passkey.py``: a task line, the filler
-"The grass is green. The sky is blue. ..." repeated, the line "The pass key is N. Remember it.
-N is the pass key." inserted at some depth, more filler, then "What is the pass key? The pass
-key is". The model continues greedily for 10 tokens; the answer is correct when the first
-integer in the continuation equals N.
-
-Unlike the reference, which draws the depth at random, :func:`passkey_accuracy` places the
-key at chosen depths, so the result is a (depth x length) grid - the usual heat-map.
-
-Example::
+The YaRN repo's prompt, greedy 10 tokens, correct when the first integer is the key; keys at
+chosen depths give a depth x length grid (docs/guides/evaluation.md).
 
     from hf_posext.eval import passkey_accuracy
     result = passkey_accuracy(model, tokenizer, lengths=[4096, 8192], depths=[0, 0.5, 1], trials=5)

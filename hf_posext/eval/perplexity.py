@@ -1,29 +1,8 @@
-"""Perplexity against context length, in the two modes of the YaRN evaluation.
+"""Perplexity against context length, in the two modes of the YaRN evaluation: truncated, sliding.
 
-* **truncated** (:func:`truncated_perplexity`): every document is cut to the first L tokens and
-  read in one forward pass (the YaRN repo's ``eval/perplexity.py``, Proof-pile and GovReport
-  numbers). ``score_last=n`` scores only the last n tokens of each cut, which isolates how well a
-  model uses far positions: at L = 16 x L_train every scored token sits beyond the training
-  context, instead of being averaged with the easy early ones.
-* **sliding window** (:func:`sliding_window_perplexity`): windows of L tokens advance by
-  ``stride``; each window scores only the tokens no earlier window scored, so every token is
-  scored exactly once with at least L - stride tokens of context (the Hugging Face
-  "perplexity of fixed-length models" recipe; YaRN's PG19 numbers use stride 256).
+Protocol details (``score_last``, ``end_at``, the same documents at every length, why lengths
+run in increasing order): docs/guides/evaluation.md.
 
-Both return the corpus perplexity exp(total NLL / scored tokens), token-weighted, and
-by default use the same documents at every length (the ones long enough for the longest), so
-that a curve compares contexts, not document mixes.
-
-Lengths are evaluated in increasing order. That matters for transformers' own dynamic rope types
-(``dynamic_ntk`` / ``dynamic_yarn`` patched with ``exact_cache=False``): their rotary module keeps
-the frequencies of the longest sequence it has seen and resets only below L_orig, so a second
-evaluation of the same patched model would start with stale frequencies. Patch afresh for each
-evaluation (the CLI, the demo and the reproduction do).
-
-Example (a notebook, any causal LM)::
-
-    from hf_posext.eval import encode_documents, load_texts, truncated_perplexity
-    docs = encode_documents(load_texts(["stdlib"]), tokenizer)
     points = truncated_perplexity(model, docs, [2048, 4096, 8192], max_documents=20)
 """
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
+from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
 from .rotation import apply_rotary, cos_sin, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
 
@@ -119,7 +119,7 @@ def exact_dynamic_attention(
             logger.warning(
                 "exact dynamic scaling: %d prompt rows past L_orig=%d on %s each attend to their own rotated "
                 "copy of the keys (no fused kernel yet); on a GPU this prefill is many times slower than "
-                "transformers' (benchmarks/results/gpu). Patch with exact_cache=False for fast long-prompt prefill.",
+                "transformers' (hf-posext docs: results/gpu.md, the GPU check). Patch with exact_cache=False for fast long-prompt prefill.",
                 rowwise.stop - rowwise.start, rope.original, query.device.type,
             )
         batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .plan import ForwardPlan, RowWise
+from .forward_plan import ForwardPlan, RowWise
 from .rotation import grid_factors, grid_product, grid_size
 
 def rows_mask(

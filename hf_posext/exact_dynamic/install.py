@@ -7,10 +7,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import _compat
+from .. import integration
 from ..architectures import check_exact_dynamic
 from .attention import exact_dynamic_attention
-from .plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, STATE_ATTR, ExactDynamicRope
+from .forward_plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, STATE_ATTR, ExactDynamicRope
 
 #: The attention kernels the exact wrapper can slice masks for.
 SUPPORTED_KERNELS = ("eager", "sdpa")
@@ -70,7 +70,7 @@ def _install(model: nn.Module, rotary: nn.Module | None = None) -> ExactDynamicR
         )
     attention = check_exact_dynamic(config, model, rotary)
     rope = ExactDynamicRope(config, kernel)
-    _compat.register_attention_wrapper(rope.attention_name, exact_dynamic_attention, mask_like=kernel)
+    integration.register_attention_wrapper(rope.attention_name, exact_dynamic_attention, mask_like=kernel)
     for module in attention:
         setattr(module, STATE_ATTR, rope)
     config._attn_implementation = rope.attention_name
@@ -90,8 +90,8 @@ def enable_exact_dynamic_cache(model: nn.Module) -> None:
     rope = _install(model)
     if rope is None:
         return
-    for name, rotary in list(_compat.rotary_modules(model)):
-        _compat.replace_module(model, name, ExactDynamicRotaryEmbedding(rotary, rope))
+    for name, rotary in list(integration.rotary_modules(model)):
+        integration.replace_module(model, name, ExactDynamicRotaryEmbedding(rotary, rope))
         _guard_cache(model.get_submodule(name.rpartition(".")[0]), rope)
 
 
@@ -117,7 +117,7 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
 def _refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of the base model: the wrapper needs the keys seen so far, not a preallocated buffer."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is not None and _compat.is_preallocated_cache(cache):
+    if cache is not None and integration.is_preallocated_cache(cache):
         raise ValueError(
             f"exact dynamic scaling (exact_cache=True) needs a cache that grows with the sequence (DynamicCache, "
             f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic', or patch with "
@@ -134,7 +134,7 @@ def disable_exact_dynamic_cache(model: nn.Module) -> None:
     """Undo :func:`enable_exact_dynamic_cache` (a no-op if it is not enabled)."""
     stand_ins = [(n, m) for n, m in model.named_modules() if isinstance(m, ExactDynamicRotaryEmbedding)]
     for name, module in stand_ins:
-        _compat.replace_module(model, name, module.rotary)
+        integration.replace_module(model, name, module.rotary)
     rope = None
     for module in model.modules():
         if STATE_ATTR in module.__dict__:

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from .complex_rowwise import attend_complex, contiguous_keys, rows_mask
-from .plan import ACCELERATOR_ROWWISE_BUDGET, ROWWISE_BUDGET, ForwardPlan, RowWise
+from .forward_plan import ACCELERATOR_ROWWISE_BUDGET, ROWWISE_BUDGET, ForwardPlan, RowWise
 from .rotation import apply_rotary, grid_rotations, rotate, uses_complex_rotation
 
 

@@ -1,29 +1,15 @@
 """``hf-posext demo``: extend a tiny model with every method and see what each one does.
 
-On a fresh machine with no network, the demo
+Pretrains (once, cached) a tiny byte-level Llama and an ALiBi one, patches the first with each
+method without fine-tuning, prints perplexity at 1x-16x the training length
+(docs/getting_started.md#the-demo).
 
-1. trains a ~0.85M-parameter byte-level Llama on the Python standard library's source at a
-   128-token context for 600 steps (:mod:`hf_posext.experiments.tinylm`; cached under
-   ``~/.cache/hf_posext``, so a second run only evaluates);
-2. trains an ALiBi model the same way (the table's last row; ALiBi replaces RoPE, so it cannot
-   be patched onto the RoPE model);
-3. patches the RoPE model with each method - without any fine-tuning - and measures, on held-out stdlib
-   files, the perplexity of the same 127 bytes read with 1x, 2x, 4x, 8x and 16x the training
-   context (:func:`~hf_posext.eval.perplexity.truncated_perplexity` with ``end_at``);
-4. prints the table and writes ``demo.json``, ``demo.csv``, ``demo.md`` and ``demo.png``.
-
-Static methods (linear, ntk, yarn) are set, at each length L, to the factor that length needs,
-s = L / L_train (so at 1x they *are* the unpatched model); dynamic methods are set once to
-s = 16 and adapt to the length themselves. ``none`` is the model as trained.
-
-    hf-posext demo                      # full: <= 5 min on 2 CPU cores, table + plot in ./hf_posext_demo
-    hf-posext demo --quick              # the same pipeline shrunk to seconds (CI)
-    hf-posext demo --out results/ --cache-dir /tmp/cache
+    hf-posext demo                      # a few minutes on 2 CPU cores, then cached
+    hf-posext demo --quick              # the same pipeline shrunk to seconds
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import random
 import time
@@ -36,10 +22,10 @@ import torch
 from ..data import encode_documents, iter_local_documents, stdlib_files
 from ..eval.perplexity import truncated_perplexity
 from ..eval.report import environment, markdown_table, plot_curves, write_csv, write_json
-from ..files import check_output_dir, write_text
+from ..files import write_text
 from ..methods import available_methods, method_class
 from ..patching import patch_model, unpatch_model
-from .tinylm import TinyLMConfig, pretrain
+from .tinylm import TinyLMConfig, is_cached, pretrain
 
 #: The rows of the demo table after the model as trained: every registered RoPE extension
 #: method, each dynamic variant next to its static one (``ntk``, ``dynamic_ntk``).
@@ -110,9 +96,11 @@ def run_demo(
 
     Returns:
         ``{"table": markdown, "results": {method: [{length, multiple, factor, perplexity, ...}]},
-        "train": training info, "environment": ..., "seconds": wall time}``.
+        "train": training info, "cached": {model: whether it came from the cache}, "environment": ...,
+        "seconds": wall time}``.
     """
     start = time.perf_counter()
+    cached = {"rope": is_cached(config.model, cache_dir)}
     model, tokenizer, train_info = pretrain(config.model, cache_dir, progress=progress)
     train_len = config.model.seq_len
     lengths = [m * train_len for m in config.multiples]
@@ -125,9 +113,21 @@ def run_demo(
         )
         return [p.to_dict() for p in points]
 
+    header = ["method"] + [f"{n} ({m}x)" for n, m in zip(lengths, config.multiples)]
     results: dict[str, list[dict[str, Any]]] = {"none": measure(lengths)}
     for row in results["none"]:
         row.update(multiple=row["length"] // train_len, factor=1.0)
+    scratch = [p for p in config.from_scratch if p in available_methods()]
+    width = max(len(name) for name in ["none", *ROPE_METHODS, *(f"{p} (from scratch)" for p in scratch)])
+
+    def show(name: str, rows: list[dict[str, Any]]) -> None:
+        if progress:
+            print(f"  {name:<{width}} " + " ".join(f"{r['perplexity']:12.3f}" for r in rows), flush=True)
+
+    if progress:
+        print("  perplexity with L tokens of context")
+        print(f"  {header[0]:<{width}} " + " ".join(f"{h:>12}" for h in header[1:]))
+    show("none", results["none"])
     for method in ROPE_METHODS:
         rows = []
         if method in DYNAMIC_METHODS:
@@ -146,18 +146,17 @@ def run_demo(
         for row in rows:
             row["multiple"] = row["length"] // train_len
         results[method] = rows
-        if progress:
-            print(f"  {method:<13} " + " ".join(f"{r['perplexity']:8.3f}" for r in rows), flush=True)
+        show(method, rows)
     trained = {"rope": train_info}
-    for position in [p for p in config.from_scratch if p in available_methods()]:
+    for position in scratch:
+        cached[position] = is_cached(dataclasses.replace(config.model, position=position), cache_dir)
         model, _, trained[position] = pretrain(
             dataclasses.replace(config.model, position=position), cache_dir, progress=progress
         )
-        results[f"{position} (from scratch)"] = [
-            {**r, "factor": 1.0, "multiple": r["length"] // train_len} for r in measure(lengths)
-        ]
+        name = f"{position} (from scratch)"
+        results[name] = [{**r, "factor": 1.0, "multiple": r["length"] // train_len} for r in measure(lengths)]
+        show(name, results[name])
 
-    header = ["method"] + [f"{n} ({m}x)" for n, m in zip(lengths, config.multiples)]
     table = markdown_table(header, [[name] + [r["perplexity"] for r in rows] for name, rows in results.items()])
     report = {
         "table": table,
@@ -170,6 +169,7 @@ def run_demo(
             "dynamic_forward": "exact_cache=False: every position of a cut uses s(L) (one forward, as the YaRN repo)",
         },
         "train": trained,
+        "cached": cached,
         "config": dataclasses.asdict(config),
         "environment": environment(),
         "seconds": round(time.perf_counter() - start, 1),
@@ -186,33 +186,3 @@ def run_demo(
             vline=train_len,
         )
     return report
-
-
-def _main(args: argparse.Namespace) -> int:
-    config = QUICK if args.quick else FULL
-    check_output_dir(args.out, overwrite=args.overwrite, owns=("demo.*",), reuse_own=True)
-    report = run_demo(config, args.cache_dir, args.out, progress=not args.no_progress)
-    train = report["train"]["rope"]
-    print(
-        f"\nTiny Llama ({train['parameters'] / 1e6:.2f}M parameters) trained for {train['config']['steps']} steps at "
-        f"{config.model.seq_len} tokens on the stdlib (final loss {train['final_loss']:.3f}); "
-        f"{report['protocol']['metric']} ({report['protocol']['documents']} held-out files).\n"
-        f"Static methods use s = L / {config.model.seq_len}; dynamic ones s = {report['protocol']['dynamic_factor']:g}.\n"
-    )
-    print(report["table"])
-    seconds = sum(t["train_seconds"] for t in report["train"].values())
-    print(f"\nwall time {report['seconds']} s (training {seconds} s, cached after the first run); "
-          f"files in {args.out}")
-    return 0
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register ``hf-posext demo``."""
-    p = subparsers.add_parser("demo", help="train a tiny model once, extend it with every method, print perplexities")
-    p.add_argument("--quick", action="store_true", help="shrink everything to seconds (CI)")
-    p.add_argument("--out", default="hf_posext_demo", help="output folder (default: ./hf_posext_demo)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into an output folder holding other files (they are kept)")
-    p.add_argument("--cache-dir", default=None, help="trained-model cache (default: ~/.cache/hf_posext or $HF_POSEXT_CACHE)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_main)

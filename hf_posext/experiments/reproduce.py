@@ -1,22 +1,8 @@
 """A laptop-sized reproduction of the ALiBi and YaRN papers' main comparisons, in shape.
 
-Three experiments on byte-level Llamas trained from scratch on the Python standard library
-(:mod:`hf_posext.experiments.tinylm`), all at the same short training length L_train:
-
-1. **from scratch** (ALiBi paper, figure 1): RoPE, ALiBi, sinusoidal and learned absolute
-   positions, trained with identical settings, evaluated from 1x to 16x L_train;
-2. **extension** (YaRN paper, tables 1-2 and figure 2): the RoPE model extended by every method
-   without fine-tuning, then PI (linear), NTK and YaRN fine-tuned for the same number of steps
-   through the recipe's library code (:func:`hf_posext.train.loop.train`), a scaled-down YaRN
-   recipe: s = 8, fine-tuned on sequences of s/2 x L_train (YaRN's s = 32 model saw 64k of its
-   128k), then evaluated up to 2s x L_train;
-3. **passkey** (the seed note's claim): RoPE and ALiBi models trained at L_train with part of
-   every batch being passkey prompts, evaluated at longer lengths with RoPE + YaRN and with ALiBi.
-
-Every experiment's results are written to ``<out>/<experiment>.json`` as soon as they exist and
-reused by a rerun with the same settings, so an interrupted reproduction resumes; trained models
-are cached (``cache_dir``). :func:`write_report` turns the JSON files into ``reproduction.md`` tables
-and PNG plots. ``scripts/reproduce.py`` is the command line.
+Three resumable experiments (from scratch, extension, passkey) on tiny stdlib Llamas;
+:func:`write_report` turns their JSON into ``reproduction.md`` and plots
+(docs/results/reproduction.md).
 """
 
 from __future__ import annotations

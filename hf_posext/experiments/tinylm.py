@@ -1,24 +1,9 @@
 """Pretrain a tiny byte-level Llama from scratch on the Python standard library, cached.
 
-The demo and the laptop reproduction need a model that really learned positions at a short
-context and has never seen a longer one - the setting every extension method starts from - and
-no weights can be downloaded. A ~0.85M-parameter Llama reading bytes of the stdlib's source
-learns enough in a few minutes on 2 CPU cores for position effects to dominate beyond its
-training length (the README's demo table shows how much).
+The model every offline experiment extends (~0.85M parameters, UTF-8 bytes, ~3 min on 2 cores,
+resumable, cached by config hash); why not the recipe's loop: docs/results/reproduction.md.
 
-Token ids are the UTF-8 bytes (the byte tokenizer of :mod:`hf_posext.fixtures`, saved
-with the model), plus BOS at the start of every file. The trained model is saved with
-``save_pretrained`` under ``cache_dir/<hash of the config>/`` and reused by later calls;
-an interrupted run resumes from its last training state (``accelerate``'s ``save_state``,
-written atomically by :mod:`hf_posext.train.checkpointing`).
-
-Why not the fine-tune recipe's loop (:func:`hf_posext.train.loop.train`): that loop starts from a
-checkpoint and patches it, reads fixed blocks, and scores every token; pretraining here draws
-random windows of one byte stream and mixes in passkey prompts scored on their answer only.
-The schedule (``transformers.get_scheduler``) and the resumable state are the recipe's.
-
-    from hf_posext.experiments.tinylm import TinyLMConfig, pretrain
-    model, tokenizer, info = pretrain(TinyLMConfig())          # ~3 min on 2 cores, then cached
+    model, tokenizer, info = pretrain(TinyLMConfig())
 """
 
 from __future__ import annotations
@@ -51,7 +36,7 @@ from transformers import (
 
 from ..data import default_cache_dir, stdlib_files
 from ..eval.passkey import KEY_RANGE, build_prompt, fit_filler
-from ..fixtures import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
+from ..testing import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
 from ..files import atomic_directory
 from ..methods import available_methods
 from ..patching import patch_model
@@ -231,6 +216,16 @@ def _load(path: Path, config: TinyLMConfig) -> PreTrainedModel:
     return model.eval()
 
 
+def _cache_path(config: TinyLMConfig, root: Path) -> Path:
+    return root / f"tinylm-{config.key()}"
+
+
+def is_cached(config: TinyLMConfig, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Whether :func:`pretrain` would load ``config``'s model from the cache rather than train it."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return (_cache_path(config, root) / "train_info.json").exists()
+
+
 def pretrain(
     config: TinyLMConfig = TinyLMConfig(),
     cache_dir: str | os.PathLike | None = None,
@@ -254,7 +249,7 @@ def pretrain(
         training loss, the wall time of training, threads and versions.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / f"tinylm-{config.key()}"
+    path = _cache_path(config, root)
     tokenizer = byte_tokenizer()
     if (path / "train_info.json").exists() and not retrain:
         return _load(path, config), tokenizer, json.loads((path / "train_info.json").read_text())

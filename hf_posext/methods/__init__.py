@@ -1,37 +1,85 @@
-"""Position-encoding methods: one module per family, each registered by name in :mod:`.base`."""
+"""Position-encoding methods: one folder per family, each registering itself with one call.
 
-from . import absolute, alibi, linear, ntk, yarn  # noqa: F401  (importing a family registers its methods)
-from .absolute import LearnedConfig, SinusoidalConfig
-from .alibi import AlibiConfig
-from .base import (
-    BaseRope,
-    PositionMethod,
+Every sub-folder (package) here is a family; importing this package imports each of them, and
+each ``<family>/__init__.py`` calls :func:`~.registry.register_method` or
+:func:`~.registry.register_family`. Adding a method is adding a folder. The modules beside the
+folders (:mod:`.base`, :mod:`.registry`, :mod:`.surgery`, :mod:`.dynamic`, :mod:`.norope`) are what
+families share; a family imports only those and lower layers, never another family.
+"""
+
+import importlib
+import pkgutil
+import warnings
+from typing import Any
+
+from .base import BaseRope, MethodConfig
+from .registry import (
+    AttentionFunctions,
+    Family,
+    MethodSpec,
+    RopeType,
     available_methods,
     canonical_name,
+    composable_methods,
+    families,
     make_method,
     method_aliases,
     method_class,
-    register,
+    method_config,
+    needs_surgery,
+    register_family,
+    register_method,
+    register_with_transformers,
+    surgery_for,
 )
-from .linear import LinearConfig
-from .ntk import DynamicNTKConfig, NTKConfig
-from .yarn import DynamicYarnConfig, YarnConfig
+from .surgery import NO_SURGERY, Surgery
+
+#: The family folders found here, in import order.
+FAMILY_MODULES = tuple(
+    importlib.import_module(f"{__name__}.{info.name}")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name)
+    if info.ispkg and not info.name.startswith("_")
+)
+
+
+def config_classes() -> dict[str, type[MethodConfig]]:
+    """``{class name: config class}`` of every registered method (e.g. ``"YarnConfig"``)."""
+    return {cls.__name__: cls for cls in (method_class(name) for name in available_methods())}
+
+
+# The config classes are attributes of this package (hf_posext.methods.YarnConfig), found, not listed.
+globals().update(config_classes())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PositionMethod":
+        warnings.warn("PositionMethod is deprecated; use MethodConfig", DeprecationWarning, stacklevel=2)
+        return MethodConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
-    "AlibiConfig",
+    "NO_SURGERY",
+    "AttentionFunctions",
     "BaseRope",
-    "DynamicNTKConfig",
-    "DynamicYarnConfig",
-    "LearnedConfig",
-    "LinearConfig",
-    "NTKConfig",
-    "PositionMethod",
-    "SinusoidalConfig",
-    "YarnConfig",
+    "Family",
+    "MethodConfig",
+    "MethodSpec",
+    "RopeType",
+    "Surgery",
     "available_methods",
     "canonical_name",
+    "composable_methods",
+    "config_classes",
+    "families",
     "make_method",
     "method_aliases",
     "method_class",
-    "register",
+    "method_config",
+    "needs_surgery",
+    "register_family",
+    "register_method",
+    "register_with_transformers",
+    "surgery_for",
+    *sorted(config_classes()),
 ]

@@ -1,35 +1,26 @@
-"""The method registry and the config base class every method derives from.
+"""The base class of every method's config (:class:`MethodConfig`) and what it is applied to (:class:`BaseRope`).
 
-A method is a frozen dataclass registered under a lower-case name with :func:`register`.
-Its fields are the method's hyper-parameters, validated in ``__post_init__`` so that a bad
-value fails at construction with a message naming it. What a method does to a model is
-split in two, so that a config object alone can be patched before any weights exist:
-
-* :meth:`PositionMethod.rope_parameters` returns the ``rope_parameters`` dict a transformers
-  config should carry (a native ``rope_type`` wherever transformers has one, so vanilla
-  transformers and vLLM load the checkpoint);
-* :meth:`PositionMethod.max_position_embeddings` returns the context the patched config
-  advertises.
-
-A method config holds no model surgery: what ALiBi, the absolute encodings and the dynamic
-methods do to a model beyond rope parameters is their adapter's (:mod:`hf_posext.adapters`).
-
-The registry is the one list of methods: :func:`available_methods`, :func:`method_aliases`,
-:func:`canonical_name` and :func:`method_class` are what other modules (CLIs, demos, reports) use
-instead of writing names down.
+A method config is a frozen dataclass whose fields are the method's hyper-parameters, validated in
+``__post_init__``; it says which ``rope_parameters`` and advertised context a patched config
+carries, so that a config alone can be patched before any weights exist. What a method does to a
+model beyond that is its :class:`~hf_posext.methods.surgery.Surgery`; the name it goes by is given
+where its family registers it (:mod:`hf_posext.methods.registry`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from ..rope_utils import longrope_rope_parameters
+from ..validation import real_number, whole_number  # re-exported: the methods' checks
+
+#: The config attribute holding what a patch did (the method's name and arguments, what the
+#: checkpoint had); saved in config.json with the checkpoint.
+CONFIG_KEY = "hf_posext"
 
 
 @dataclass(frozen=True)
@@ -44,7 +35,7 @@ class BaseRope:
         pair_divisors: ``None`` for plain RoPE; for a checkpoint that ships a static scaling
             (llama3, linear, yarn, longrope) the per-pair divisors c_i of its frequencies,
             theta^(-2i/d) / c_i, ``[rotary_dim // 2]`` float64. A method then composes on them
-            (:meth:`PositionMethod.composed_rope_parameters`) and ``original_max_position_embeddings``
+            (:meth:`MethodConfig.composed_rope_parameters`) and ``original_max_position_embeddings``
             is the context the checkpoint already reaches (L0).
         attention_factor: the checkpoint's own cos/sin multiplier (1 for plain RoPE and llama3).
     """
@@ -66,7 +57,7 @@ class BaseRope:
 
 
 @dataclass(frozen=True)
-class PositionMethod:
+class MethodConfig:
     """Base class of every method's config.
 
     Args:
@@ -89,6 +80,12 @@ class PositionMethod:
     #: Whether the method can be applied on top of a checkpoint's own static scaling
     #: (:meth:`composed_rope_parameters`); the others need ``override=True`` on such a checkpoint.
     composes: ClassVar[bool] = False
+    #: Whether the method works on per-layer-type rope parameters (Gemma 3: one entry per layer type).
+    per_layer_type_rope: ClassVar[bool] = True
+    #: For a dynamic method, the registered static method every engine reads right (readers suggest it).
+    static_equivalent: ClassVar[str | None] = None
+    #: Whether the method adds trained weights (learned: its position table) a format converter must map.
+    adds_weights: ClassVar[bool] = False
 
     factor: float = 1.0
     original_max_position_embeddings: int | None = None
@@ -134,8 +131,8 @@ class PositionMethod:
         factors = self.pair_factors(base)
         if factors is None or base.pair_divisors is None:
             raise ValueError(
-                f"{self.name} cannot be applied on top of the checkpoint's own rope_type={base.rope_type!r}; "
-                "composable methods: linear, ntk, yarn, dynamic_yarn. Pass override=True to replace the checkpoint's scaling."
+                f"{self.name} cannot be applied on top of the checkpoint's own rope_type={base.rope_type!r} (it has no "
+                "composition rule). Pass override=True to replace the checkpoint's scaling."
             )
         params = longrope_rope_parameters(
             base.theta,
@@ -163,100 +160,5 @@ class PositionMethod:
         return {"method": self.name, **dataclasses.asdict(self)}
 
 
-def real_number(method: str, field: str, value: Any, allowed: str) -> float:
-    """``value`` as a float if it is a finite real number (numpy scalars included, booleans not).
-
-    Raises:
-        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{method}: {field} must be a finite number {allowed}, got {value!r}")
-    return float(value)
-
-
-def whole_number(method: str, field: str, value: Any, minimum: int, allowed: str) -> int:
-    """``value`` as an int if it is an integer >= ``minimum`` (numpy integers included, booleans not).
-
-    Raises:
-        ValueError: naming ``method``, ``field``, ``value`` and what is ``allowed``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{method}: {field} must be {allowed}, got {value!r}")
-    return int(value)
-
-
-_REGISTRY: dict[str, type[PositionMethod]] = {}
-_ALIASES: dict[str, str] = {}
-
-
-def register(name: str, *, aliases: tuple[str, ...] = ()):
-    """Class decorator adding a method config to the registry under ``name`` (and ``aliases``).
-
-    Raises:
-        ValueError: if the name or an alias is taken or not lower-case.
-    """
-
-    def wrap(cls: type[PositionMethod]) -> type[PositionMethod]:
-        for key in (name, *aliases):
-            if key != key.lower():
-                raise ValueError(f"method names are lower-case, got {key!r}")
-            if key in _REGISTRY or key in _ALIASES:
-                raise ValueError(f"method name {key!r} is already registered")
-        cls.name = name
-        _REGISTRY[name] = cls
-        for alias in aliases:
-            _ALIASES[alias] = name
-        return cls
-
-    return wrap
-
-
-def available_methods() -> list[str]:
-    """The registered method names (aliases excluded), sorted."""
-    return sorted(_REGISTRY)
-
-
-def method_aliases() -> dict[str, str]:
-    """``{alias: registered name}`` of every alias (e.g. ``"pi": "linear"``)."""
-    return dict(sorted(_ALIASES.items()))
-
-
-def canonical_name(name: str) -> str:
-    """The registered name of ``name`` or of the alias ``name``.
-
-    Raises:
-        ValueError: for an unknown name, listing the known ones.
-    """
-    return method_class(name).name
-
-
-def method_class(name: str) -> type[PositionMethod]:
-    """The config class registered under ``name`` or one of its aliases.
-
-    Raises:
-        ValueError: for an unknown name, listing the known ones.
-    """
-    key = _ALIASES.get(name, name) if isinstance(name, str) else name
-    if key not in _REGISTRY:
-        known = ", ".join(available_methods())
-        aliases = ", ".join(f"{a} (= {n})" for a, n in sorted(_ALIASES.items()))
-        raise ValueError(f"unknown method {name!r}; available methods: {known}; aliases: {aliases}")
-    return _REGISTRY[key]
-
-
-def make_method(method: str | PositionMethod, **kwargs: Any) -> PositionMethod:
-    """Build a method config from a name and keyword arguments, or pass a config through.
-
-    Raises:
-        ValueError: for an unknown method or an argument the method does not take.
-    """
-    if isinstance(method, PositionMethod):
-        if kwargs:
-            return dataclasses.replace(method, **kwargs)
-        return method
-    cls = method_class(method)
-    allowed = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        raise ValueError(f"method {cls.name!r} does not take {unknown}; its arguments are: {', '.join(allowed)}")
-    return cls(**kwargs)
+#: Deprecated name of :class:`MethodConfig` (kept so that code written against 0.1 keeps working).
+PositionMethod = MethodConfig

@@ -1,22 +1,32 @@
-"""What every dynamic method shares: the ``exact_cache`` option (its surgery: :mod:`hf_posext.adapters.dynamic`).
+"""What the dynamic methods (``dynamic_ntk``, ``dynamic_yarn``) share: the ``exact_cache`` option and its surgery.
 
-Dynamic methods (YaRN paper, arXiv 2309.00071, section 3.3) recompute the rotary frequencies
-from the current sequence length. With ``exact_cache=True`` (the default)
-:mod:`hf_posext.exact_dynamic` keeps KV-cached decoding equal to a forward pass at every step;
-``False`` keeps transformers' behaviour, whose cache holds keys rotated with stale frequencies
-(transformers issue 25104), with one fix: when transformers resets the frequencies for a sequence
-shorter than the original context, YaRN's attention scaling is reset with them.
+Dynamic methods recompute the rotary frequencies from the current sequence length. With
+``exact_cache=True`` (the default) :mod:`hf_posext.exact_dynamic` keeps KV-cached decoding equal
+to a forward pass at every step; ``False`` keeps transformers' behaviour (stale cached keys), with
+YaRN's attention scaling reset along with the frequencies (docs/methods/dynamic.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import PositionMethod
+import torch.nn as nn
+from transformers import PreTrainedConfig
+
+from .. import architectures, integration
+from ..exact_dynamic import (
+    EXACT_ROPE_TYPES,
+    ExactDynamicRotaryEmbedding,
+    disable_exact_dynamic_cache,
+    enable_exact_dynamic_cache,
+    exact_rotary_at_init,
+)
+from .base import MethodConfig
+from .surgery import Surgery
 
 
 @dataclass(frozen=True)
-class DynamicScaling(PositionMethod):
+class DynamicScaling(MethodConfig):
     """Base of the dynamic methods.
 
     Args:
@@ -33,3 +43,34 @@ class DynamicScaling(PositionMethod):
         super().__post_init__()
         if not isinstance(self.exact_cache, bool):
             raise ValueError(f"{self.name}: exact_cache must be True or False, got {self.exact_cache!r}")
+
+
+class DynamicSurgery(Surgery):
+    """Exact KV-cache scaling (``exact_cache=True``) or transformers' own with the scaling reset fixed."""
+
+    def check(self, method: DynamicScaling, config: PreTrainedConfig, model: nn.Module | None) -> None:
+        if method.exact_cache:
+            architectures.check_exact_dynamic(config, model)
+
+    def patch_modules(self, method: DynamicScaling, model: nn.Module) -> None:
+        if method.exact_cache:
+            enable_exact_dynamic_cache(model)
+        else:  # the rotary modules were just rebuilt by patch_model, so each gets the hook once
+            for _, rotary in integration.rotary_modules(model):
+                integration.restore_scaling_on_reset(rotary)
+
+    def unpatch_modules(self, method: DynamicScaling, model: nn.Module) -> None:
+        disable_exact_dynamic_cache(model)
+
+    def on_rotary_init(self, method: DynamicScaling, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
+        if not method.exact_cache:
+            integration.restore_scaling_on_reset(rotary)
+            return None
+        return exact_rotary_at_init(base_model, rotary)
+
+    def missing(self, method: DynamicScaling, model: nn.Module) -> str | None:
+        if not method.exact_cache:
+            return None
+        rope_type = (model.config.rope_parameters or {}).get("rope_type")
+        stand_in = any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
+        return "the exact KV-cache wrapper" if rope_type in EXACT_ROPE_TYPES and not stand_in else None

@@ -1,29 +1,8 @@
 """Who reads a saved config, and what hf-posext writes so that each reads the same model.
 
-A patched checkpoint is read by transformers 5 (with or without ``import hf_posext``),
-transformers 4.x, vLLM, SGLang and llama.cpp's GGUF converter. One module per reader holds its
-rules, re-written from its source with the file and version cited:
-
-* :mod:`.transformers4`: the legacy ``rope_theta`` / ``rope_scaling`` fields 4.x reads
-  (:func:`write_reader_fields` puts them into every patched config, so ``save_pretrained`` writes
-  them; transformers 5 reads them back as the same ``rope_parameters``);
-* :mod:`.transformers5`: hf-posext's rope types name ``import hf_posext`` in the error a vanilla
-  install raises; old names stay loadable;
-* :mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`: the context and rope each derives.
-
-Conventions, per method (each is justified in the module that needs it):
-
-========== ================================= ===============================================
-method     ``max_position_embeddings``       why
-========== ================================= ===============================================
-linear     L0 (vicuna-13b-v1.5-16k)          vLLM/SGLang multiply it by the factor
-ntk        s x L0, ``rope_type: default``    every reader takes the raised base as is
-dynamic_*  L0                                transformers 4/5 start scaling past it
-yarn       s x L0, original = L0             SGLang does not multiply it (original is set)
-========== ================================= ===============================================
-
-:func:`support` applies every reader's rules to a patched config; :func:`engine_warning` turns the
-readers that would run it wrong *silently* into one warning (a loud refusal needs none).
+One module per reader (:mod:`.transformers4`, :mod:`.transformers5`, :mod:`.vllm`, :mod:`.sglang`,
+:mod:`.llamacpp`) holds its rules, re-written from its source; :func:`support` applies them and
+:func:`engine_warning` names the silent failures. Conventions: docs/readers/index.md.
 """
 
 from __future__ import annotations
@@ -31,17 +10,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .. import _compat
-from ..methods.base import method_class
+from .. import integration
+from ..methods.registry import method_class
 from ..rope_utils import rotary_dim_of
 from . import llamacpp, sglang, transformers4, transformers5, vllm
 from .rope import intended_rope
 
 #: The readers, in the order of the README's compatibility table.
 READERS = ("transformers 5", "transformers 4.57", "vLLM", "SGLang", "llama.cpp")
-
-#: The static method each engine reads right, for a dynamic one.
-STATIC_EQUIVALENT = {"dynamic_ntk": "ntk", "dynamic_yarn": "yarn"}
 
 #: A reader's verdict: one of :data:`STATUSES` and how it reads the checkpoint.
 Verdict = tuple[str, str]
@@ -62,7 +38,7 @@ def write_reader_fields(config: Any) -> None:
     if _nested_entries(config):
         return
     for name, value in transformers4.legacy_fields(config.rope_parameters).items():
-        _compat.set_saved_attribute(config, name, value)
+        integration.set_saved_attribute(config, name, value)
 
 
 def saved_fields(config: Any) -> dict[str, Any]:
@@ -73,7 +49,7 @@ def saved_fields(config: Any) -> dict[str, Any]:
 def clear_reader_fields(config: Any, saved: dict[str, Any]) -> None:
     """Undo :func:`write_reader_fields` (unpatch): put back ``saved`` (:func:`saved_fields`), remove the rest."""
     for name in transformers4.LEGACY_FIELDS:
-        _compat.set_saved_attribute(config, name, None)
+        integration.set_saved_attribute(config, name, None)
         if name in saved:  # an explicit None included: the config's own __dict__ comes back as it was
             config.__dict__[name] = saved[name]
 
@@ -130,9 +106,10 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
                                   sglang.context_length(config), context),
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
-    if (getattr(config, "hf_posext", None) or {}).get("method") == "learned":
-        verdicts["llama.cpp"] = ("refused", "the converter cannot map the learned position table")
-    elif rope_type in transformers5.CUSTOM_ROPE_TYPES:
+    method = (getattr(config, "hf_posext", None) or {}).get("method")
+    if method is not None and method_class(method).adds_weights:
+        verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
+    elif rope_type in transformers5.custom_rope_types():
         verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
     elif rope_type == "dynamic":
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
@@ -151,7 +128,7 @@ def engine_warning(config: Any, context: int, method: str) -> str | None:
     right = [reader for reader, (status, _) in verdicts.items() if status == "right"]
     text = (f"{method} checkpoints are read wrong, without an error, by: " + "; ".join(wrong)
             + f". Read as patched by: {', '.join(right)}.")
-    static = STATIC_EQUIVALENT.get(method_class(method).name)
+    static = method_class(method).static_equivalent
     if static is not None:
         text += f" To serve it with those engines, patch with the static equivalent --method {static} instead."
     return text

@@ -1,21 +1,7 @@
 """SGLang: the context length and rope it derives from a saved config.
 
-Re-written from SGLang's source (main at the commits named; copied from no file):
-
-* ``get_context_length`` (``python/sglang/srt/utils/hf_transformers_utils.py``, 0.5.x): the first
-  of ``max_sequence_length, seq_length, max_seq_len, model_max_length, max_position_embeddings``,
-  times ``config.rope_scaling["factor"]`` unless ``rope_scaling`` has
-  ``original_max_position_embeddings`` (yarn) or is ``llama3``. Under transformers 5
-  ``config.rope_scaling`` is ``rope_parameters``. So linear/dynamic keep
-  ``max_position_embeddings`` at the original context (vicuna-13b-v1.5-16k), and yarn must write
-  ``max_position_embeddings = original x factor`` (SGLang does not multiply it).
-* ``get_rope`` (``python/sglang/srt/layers/rotary_embedding/factory.py``, commit 108c36c) with the
-  rope from ``get_rope_config`` (``config.rope_parameters``): ``linear`` divides positions;
-  ``dynamic`` builds ``DynamicNTKScalingRotaryEmbedding`` (adapted from vLLM v0.6.6.post1), whose
-  base is computed once for ``max_len = max_position x factor``:
-  ``theta * (factor x max_len / max_position - (factor - 1))^(d/(d-2))``, one fixed NTK base at
-  every length; ``yarn`` passes ``attn_factor``, not ``attention_factor``; any other type raises
-  ``ValueError("Unknown RoPE scaling type ...")``.
+Re-written from SGLang's ``get_context_length`` and ``get_rope`` (0.5.x, commit 108c36c; copied
+from no file); what each rule says: docs/readers/index.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The tokenizer's ``model_max_length`` (``tokenizer_config.json``) in an extended checkpoint.
 
-transformers' tokenizers cut every input to ``model_max_length`` under ``truncation=True`` (which
-pipelines and most training scripts pass) and warn past it otherwise, so an extended checkpoint
-that keeps its tokenizer's old limit (SmolLM2: 8192) silently reads long inputs at the old
-context. :func:`raise_model_max_length` raises the limit to the patch's context when it is lower;
-a limit at or above it, transformers' "no limit" value among them, is kept.
-
-vLLM reads this field only for pooling models with absolute positions
-(``ModelConfig.get_and_verify_max_len``, ``vllm/config/model.py``); for a rotary decoder its
-context comes from config.json alone (:mod:`.vllm`).
+:func:`raise_model_max_length` raises a limit below the patch's context (transformers' tokenizers
+truncate to it); higher limits are kept (docs/readers/index.md).
 """
 
 from __future__ import annotations

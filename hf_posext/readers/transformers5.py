@@ -1,35 +1,31 @@
 """transformers 5 without ``import hf_posext``: rope types that name what is missing.
 
-transformers 5 looks a rope type up in ``ROPE_INIT_FUNCTIONS`` inside each model's rotary
-``__init__`` (``modeling_llama.LlamaRotaryEmbedding``, 5.24), so a type it does not know stops
-``from_pretrained`` with ``KeyError: '<rope type>'``; config validation only logs a warning for
-it. Nothing of hf-posext runs before that (no import, no remote code), so the one text such a
-user sees is the type's name: hf-posext's types therefore read ``... (requires: import hf_posext)``.
-vLLM and SGLang print the same name in their "Unknown RoPE scaling type" errors, transformers
-4.57 in its KeyError, llama.cpp's converter in its "Unknown RoPE type" warning.
-
-Checkpoints written before the rename carry the bare names; :data:`RENAMED_ROPE_TYPES` keeps them
-loadable after ``import hf_posext`` (registered as aliases, and upgraded when a model is built).
+hf-posext's rope types read ``... (requires: import hf_posext)``; the families' ``RopeType.old_names`` keep
+checkpoints with the older names loadable (docs/readers/index.md).
 """
 
 from __future__ import annotations
 
-from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, NO_ROPE_TYPE
+from ..methods.registry import rope_types
 
-#: Old rope type name -> current one.
-RENAMED_ROPE_TYPES = {"hf_posext_dynamic_yarn": DYNAMIC_YARN_ROPE_TYPE, "hf_posext_none": NO_ROPE_TYPE}
 
-#: hf-posext's own rope types: transformers 5 loads them only after ``import hf_posext``.
-CUSTOM_ROPE_TYPES = (DYNAMIC_YARN_ROPE_TYPE, NO_ROPE_TYPE, *RENAMED_ROPE_TYPES)
+def renamed_rope_types() -> dict[str, str]:
+    """Old rope type name -> current one, for every rope type a method family registered."""
+    return {old: name for name, entry in rope_types().items() for old in entry.old_names}
+
+
+def custom_rope_types() -> tuple[str, ...]:
+    """hf-posext's own rope types (old names included): transformers 5 loads them only after ``import hf_posext``."""
+    return (*rope_types(), *renamed_rope_types())
 
 
 def current_rope_type(rope_type: str) -> str:
     """``rope_type`` under its current name (old checkpoints carry the names before the rename)."""
-    return RENAMED_ROPE_TYPES.get(rope_type, rope_type)
+    return renamed_rope_types().get(rope_type, rope_type)
 
 
 def verdict(rope_type: str) -> tuple[str, str]:
     """``("right", how)``: transformers 5 reads every hf-posext checkpoint, some only after the import."""
-    if rope_type in CUSTOM_ROPE_TYPES:
+    if rope_type in custom_rope_types():
         return "right", f"after `import hf_posext`; without it, KeyError: {rope_type!r}"
     return "right", "native rope type: loads with or without hf-posext"

@@ -1,24 +1,7 @@
 """vLLM: the context (``max_model_len``) and rope it derives from a saved config.
 
-Re-written from vLLM's source (main at the commits named; copied from no file):
-
-* ``vllm/config/model.py`` ``_get_and_verify_max_len`` (commit 0052a5b): the smallest of the
-  length keys below, then, unless the rope type is ``su``/``longrope``/``llama3``, multiplied by
-  ``rope_parameters["factor"]`` (1 if absent), starting from ``original_max_position_embeddings``
-  for ``yarn``. So a linear or dynamic checkpoint must keep ``max_position_embeddings`` at the
-  original context (lmsys/vicuna-13b-v1.5-16k: 4096 with factor 4 -> 16384), and a yarn one gets
-  ``original x factor`` whatever ``max_position_embeddings`` says.
-* ``vllm/model_executor/layers/rotary_embedding/__init__.py`` ``get_rope`` (commit 07b12f1) with
-  ``max_position = config.max_position_embeddings``: ``linear`` divides positions by the factor;
-  ``dynamic`` builds ``DynamicNTKScalingRotaryEmbedding`` (``dynamic_ntk_scaling_rope.py``,
-  commit 3cfbaf3), whose base is ``theta * (max_len / max_position - (factor - 1))^(d/(d-2))``
-  with ``max_len = max_position x factor``: exactly ``theta``, i.e. plain RoPE at every length;
-  ``yarn`` passes ``beta_fast``/``beta_slow``/``truncate``/``attn_factor`` but not
-  transformers' ``attention_factor``, so a fixed YaRN temperature is read as 0.1 ln(s) + 1;
-  any other type raises ``ValueError("Unknown RoPE scaling type ...")``.
-
-vLLM reads the config through transformers 5 (``config.rope_parameters``), so these functions
-take a loaded transformers config.
+Re-written from vLLM's ``_get_and_verify_max_len`` and ``get_rope`` (commits 0052a5b, 07b12f1,
+3cfbaf3; copied from no file); what each rule says: docs/readers/index.md.
 """
 
 from __future__ import annotations

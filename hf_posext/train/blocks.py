@@ -1,13 +1,7 @@
 """The recipe's training blocks: documents packed into fixed-length token blocks, cached, and dealt out.
 
-Training data follows the YaRN recipe (arXiv 2309.00071, section 4): documents (from
-:mod:`hf_posext.data`) become BOS + tokens + EOS, are concatenated and cut into fixed-length
-blocks, so every sequence is full and long documents span many blocks. The blocks are cached as a
-``.npy`` file keyed by the data, the tokenizer and the block length and memory-mapped, so a second
-run (or the other ranks of this one) does not re-tokenize and 64k-token blocks of a large corpus
-need not fit in RAM. Block order is a seeded permutation per epoch, and each process takes its own
-slice of every global micro-batch (:func:`micro_batch_indices`), so the data position of a run is
-one integer, the number of micro-batches consumed, which makes resuming exact and free.
+BOS + tokens + EOS per document, cut into blocks, cached as a memory-mapped ``.npy``; a seeded
+order per epoch makes the data position one integer (docs/notes/training.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Resumable training states, written atomically by every process of a run.
 
-A training state is what ``accelerate.Accelerator.save_state`` writes (model, optimizer, every
-process's RNG states, sharded the right way under FSDP and DeepSpeed) plus the objects
-registered with ``register_for_checkpointing`` (the LR scheduler and :class:`TrainProgress`,
-which holds the data position). It lands in ``<checkpoint_dir>/step_00000040``:
-
-1. the main process creates ``.step_00000040.tmp`` (removing leftovers of crashed saves);
-2. every process writes its part into it;
-3. the main process writes the completion marker (:data:`hf_posext.files.MARKER`: every file
-   and its size), renames the folder into place (:func:`hf_posext.files.replace_directory`),
-   then prunes the oldest states.
-
-A crash at any point leaves either the complete folder or none. :func:`latest_checkpoint`
-returns the newest state that verifies (marker present, every file whole) and logs each newer
-one it skipped and why (an empty ``step_*`` folder, a truncated ``model.safetensors``...).
+``Accelerator.save_state`` plus the scheduler and :class:`TrainProgress`, staged, marked complete
+and renamed into place; :func:`latest_checkpoint` takes the newest state that verifies
+(docs/notes/training.md).
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The fine-tune recipe's settings: one dataclass, filled from defaults, a YAML file and flags.
 
-Defaults are the YaRN paper's recipe (arXiv 2309.00071, section 4): 400 steps at lr 2e-5 with
-20 warm-up steps then linear decay, AdamW betas (0.9, 0.95), no weight decay, a global batch of
-64 sequences through gradient accumulation, bf16 where the hardware has it, and activation
-checkpointing. A YAML file (``--config``) takes the same keys as the flags, with ``-`` or
-``_``; flags given on the command line win over the file::
-
-    # examples/finetune_tiny.yaml
-    model: out/tiny-llama
-    method: yarn
-    factor: 4
-    dataset: [notes.txt, more.jsonl]
-    max-train-steps: 20
-
-Every value is checked in ``__post_init__``, before a model or a dataset is touched, so a bad
-run fails at once with a message naming the bad value and what is allowed. A YAML value is read
-as its flag would read it: booleans are true/false/yes/no/1/0 in any case (``lora: "false"`` is
-off; ``lora: "t"`` is an error), a quoted number is that number (``factor: "4"`` is 4.0).
+Defaults are the YaRN paper's recipe (arXiv 2309.00071, section 4); every value is checked in
+``__post_init__`` before a model or dataset is touched (docs/notes/training.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import typing
 from dataclasses import dataclass
@@ -34,8 +18,10 @@ import yaml
 from transformers import SchedulerType, get_scheduler
 from transformers.hf_argparser import HfArg
 
-from ..arguments import KeyValueError, parse_bool
 from ..methods import make_method, method_class
+from ..validation import (
+    Check, anything, choice, integer, mapping, number, optional, parse_bool, real_number, required,
+)
 
 #: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
 #: or greedy, which step on a metric); ``constant`` keeps the peak after the warm-up.
@@ -44,9 +30,9 @@ SCHEDULERS = tuple(kind.value for kind in SchedulerType
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 REPORT_TO = ("none", "tensorboard", "wandb", "all")
-#: Field types read from text by their flag's parser; a YAML string value is read the same way.
 #: The recipe's context scale when none is given, for the methods that take one (the YaRN paper's 16).
 DEFAULT_FACTOR = 16.0
+#: Field types read from text by their flag's parser; a YAML string value is read the same way.
 _NUMBER_TYPES: dict[Any, type] = {int: int, float: float, int | None: int, float | None: float}
 # Literal types give the flags their choices (HfArgumentParser reads them).
 Scheduler = Literal[SCHEDULERS]
@@ -59,8 +45,8 @@ ReportTo = Literal[REPORT_TO]
 class TrainConfig:
     """Everything one fine-tune run needs; each field's ``help`` is its documentation.
 
-    The help texts are what ``python scripts/finetune.py --help`` prints (through
-    ``transformers.HfArgumentParser``, :mod:`.cli`), so code and flags cannot drift apart.
+    The help texts are what ``hf-posext finetune --help`` prints (through
+    ``transformers.HfArgumentParser``, :mod:`hf_posext.commands.finetune`), so code and flags cannot drift apart.
     """
 
     model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer, or a local .gguf file")
@@ -164,10 +150,7 @@ class TrainConfig:
         for field in dataclasses.fields(self):
             value, hint = getattr(self, field.name), hints[field.name]
             if hint is bool:
-                try:
-                    setattr(self, field.name, parse_bool(value, field.name))
-                except KeyValueError as err:
-                    raise ValueError(str(err)) from None
+                setattr(self, field.name, parse_bool(value, field.name))
             elif isinstance(value, str) and hint in _NUMBER_TYPES:
                 kind = _NUMBER_TYPES[hint]
                 try:
@@ -176,73 +159,35 @@ class TrainConfig:
                     raise ValueError(f"{field.name} must be a number ({kind.__name__}), got {value!r}") from None
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad setting and what is allowed."""
-        if not self.model:
-            raise ValueError("model is required: a Hub id or a local checkpoint folder (--model)")
-        if not self.output_dir:
-            raise ValueError("output_dir is required: the folder the fine-tuned checkpoint is written to (--output-dir)")
-        if not self.dataset:
-            raise ValueError("dataset is required: an HF dataset name or local .txt/.jsonl files (--dataset)")
-        method = method_class(self.method)  # raises ValueError naming the known methods
+        """Raise ``ValueError`` naming the first bad setting and what is allowed.
+
+        Each field has its check in :data:`FIELD_CHECKS` (run in field order); what no single
+        field can check alone (a warm-up longer than the run, the schedule's and the method's own
+        arguments...) comes after.
+        """
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, FIELD_CHECKS[field.name](field.name, getattr(self, field.name)))
         if self.factor is None:  # a default nobody typed must not be refused by a method that takes no factor
-            self.factor = DEFAULT_FACTOR if method.takes_factor else 1.0
-        if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or not math.isfinite(self.factor):
-            raise ValueError(f"factor must be a finite number >= 1, got {self.factor!r}")
-        if self.factor < 1:
-            raise ValueError(f"factor must be >= 1 (the context scale s), got {self.factor!r}")
-        _positive("max_train_steps", self.max_train_steps)
-        _positive("global_batch_size", self.global_batch_size)
-        _positive("micro_batch_size", self.micro_batch_size)
-        _positive("pose_chunks", self.pose_chunks)
-        _positive("loss_chunk_size", self.loss_chunk_size, minimum=0)
+            self.factor = DEFAULT_FACTOR if method_class(self.method).takes_factor else 1.0
         if self.activation_offload and not self.activation_checkpointing:
             raise ValueError("activation_offload offloads the checkpointed activations: it needs "
                              "activation_checkpointing=True")
-        for name in ("seq_len", "pose_window"):
-            value = getattr(self, name)
-            if value is not None:
-                _positive(name, value, minimum=2)
-        for name in ("warmup_steps", "checkpointing_steps", "checkpoints_total_limit", "eval_blocks", "lora_rank",
-                     "lora_alpha", "seed"):
-            _positive(name, getattr(self, name), minimum=1 if name == "lora_rank" else 0)
         if self.warmup_steps > self.max_train_steps:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} exceeds max_train_steps={self.max_train_steps}; "
                 "use at most max_train_steps warm-up steps"
             )
-        for name in ("learning_rate", "adam_epsilon"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        for name in ("adam_beta1", "adam_beta2", "lora_dropout"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 <= value < 1):
-                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-        for name in ("weight_decay", "max_grad_norm"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        _choice("lr_scheduler", self.lr_scheduler, SCHEDULERS)
-        if not isinstance(self.lr_scheduler_kwargs, dict):
-            raise ValueError(f"lr_scheduler_kwargs must be a mapping, got {self.lr_scheduler_kwargs!r}")
         try:  # a throwaway optimizer: the schedule's own checks (missing or unknown arguments), now
             build_scheduler(self, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
         except (TypeError, ValueError) as err:
             raise ValueError(
                 f"lr_scheduler={self.lr_scheduler!r} with lr_scheduler_kwargs={self.lr_scheduler_kwargs!r}: {err}"
             ) from None
-        _choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
-        _choice("save_dtype", self.save_dtype, SAVE_DTYPES)
-        _choice("report_to", self.report_to, REPORT_TO)
-        if not self.lora_target_modules:
-            raise ValueError("lora_target_modules is empty; name the linear layers LoRA adapts, e.g. q_proj,v_proj")
         if self.pose and self.seq_len is not None and self.pose_window is not None and self.pose_window > self.seq_len:
             raise ValueError(
                 f"pose_window={self.pose_window} exceeds seq_len={self.seq_len}: PoSE trains a short window "
                 "with positions spread over the longer seq_len"
             )
-        if not isinstance(self.method_kwargs, dict):
-            raise ValueError(f"method_kwargs must be a mapping of method arguments, got {self.method_kwargs!r}")
         if "factor" in self.method_kwargs:
             raise ValueError(
                 f"method_kwargs (--set) sets factor={self.method_kwargs['factor']!r}; factor has its own setting: "
@@ -309,11 +254,68 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return values
 
 
-def _positive(name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _factor(name: str, value: Any) -> float:
+    factor = real_number("", name, value, ">= 1")
+    if factor < 1:
+        raise ValueError(f"{name} must be >= 1 (the context scale s), got {value!r}")
+    return value
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+def _method(name: str, value: Any) -> str:
+    method_class(value)  # raises ValueError naming the known methods
+    return value
+
+
+def _target_modules(name: str, value: Any) -> list[str]:
+    if not value:
+        raise ValueError(f"{name} is empty; name the linear layers LoRA adapts, e.g. q_proj,v_proj")
+    return value
+
+
+#: Each :class:`TrainConfig` field's check (:mod:`hf_posext.validation`); a test keeps it complete.
+FIELD_CHECKS: dict[str, Check] = {
+    "model": required("a Hub id or a local checkpoint folder (--model)"),
+    "method": _method,
+    "factor": optional(_factor),  # None: DEFAULT_FACTOR, or 1 for a method that takes no factor
+    "output_dir": required("the folder the fine-tuned checkpoint is written to (--output-dir)"),
+    "overwrite": anything,
+    "dataset": required("an HF dataset name or local .txt/.jsonl files (--dataset)"),
+    "dataset_split": anything,
+    "text_field": anything,
+    "seq_len": optional(integer(2)),
+    "max_train_steps": integer(1),
+    "learning_rate": number(0, low_open=True),
+    "lr_scheduler": choice(SCHEDULERS),
+    "lr_scheduler_kwargs": mapping(),
+    "warmup_steps": integer(0),
+    "adam_beta1": number(0, 1, high_open=True),
+    "adam_beta2": number(0, 1, high_open=True),
+    "adam_epsilon": number(0, low_open=True),
+    "weight_decay": number(0),
+    "max_grad_norm": number(0),
+    "global_batch_size": integer(1),
+    "micro_batch_size": integer(1),
+    "mixed_precision": choice(MIXED_PRECISIONS),
+    "activation_checkpointing": anything,
+    "activation_offload": anything,
+    "loss_chunk_size": integer(0),
+    "attn_implementation": anything,
+    "lora": anything,
+    "lora_rank": integer(1),
+    "lora_alpha": integer(0),
+    "lora_dropout": number(0, 1, high_open=True),
+    "lora_target_modules": _target_modules,
+    "pose": anything,
+    "pose_window": optional(integer(2)),
+    "pose_chunks": integer(1),
+    "checkpointing_steps": integer(0),
+    "checkpoint_dir": anything,
+    "checkpoints_total_limit": integer(0),
+    "resume": anything,
+    "cache_dir": anything,
+    "eval_blocks": integer(0),
+    "seed": integer(0),
+    "save_dtype": choice(SAVE_DTYPES),
+    "report_to": choice(REPORT_TO),
+    "method_kwargs": mapping("a mapping of method arguments"),
+}

@@ -1,13 +1,7 @@
 """LoRA for context extension, the LongLoRA way (Chen et al. 2023, arXiv 2309.12307, section 3.3).
 
-LongLoRA found that low-rank adapters on the attention projections alone do not extend the
-context well, and that also training the embeddings and the normalization layers closes most
-of the gap to full fine-tuning at a small parameter cost (their "LoRA+"). :func:`apply_lora`
-does that through PEFT: LoRA on ``q/k/v/o_proj`` plus every embedding and norm module as a
-``modules_to_save`` copy; :func:`merged_state_dict` folds everything back into the base model's
-weights, so the saved checkpoint needs neither PEFT nor hf-posext. It works on a state dict, not
-on the model (PEFT's ``merge_and_unload``), because under FSDP and ZeRO-3 only the gathered state
-dict of the main process holds full weights.
+LoRA on ``q/k/v/o_proj`` plus trainable embeddings and norms (PEFT ``modules_to_save``), merged
+into a plain state dict on save (docs/notes/training.md).
 """
 
 from __future__ import annotations

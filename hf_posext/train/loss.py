@@ -1,39 +1,8 @@
 """Next-token loss without the ``[tokens x vocabulary]`` logits: the LM head applied chunk by chunk.
 
-Calling a causal LM with ``labels`` materialises every position's logits and upcasts them to
-fp32; cross-entropy then keeps a log-softmax of the same size and the backward a gradient of it.
-That grows with sequence length times vocabulary and is most of a long-context step's memory.
-:func:`causal_lm_loss` gives the same loss and gradients while holding the logits of only
-``chunk_size`` tokens at a time:
-
-1. the model runs with ``logits_to_keep=1``, so its head sees one position; a forward hook on
-   its decoder keeps the final (normed) hidden states ``[batch, seq, hidden]``;
-2. the head is applied to ``chunk_size`` tokens at a time, and each chunk's gradients (of the
-   hidden states and of the head's parameters) are taken right away, while its logits exist; the
-   logits are then freed and the backward only hands the gradients out. That is what fused
-   linear-cross-entropy kernels do: no second matmul with the head, at the price of holding the
-   head's gradient ``[vocab, hidden]`` (fp32) from the forward to the backward. Where the head's
-   parameters exist only inside its own forward (ZeRO-3), each chunk runs under non-reentrant
-   checkpointing instead and its logits are recomputed in the backward;
-3. each chunk's summed fp32 loss is divided by the number of target tokens before its gradients
-   are taken, which is what transformers' ``ForCausalLMLoss`` computes (``logits.float()``,
-   ``ignore_index=-100``, mean over the tokens that are not ignored).
-
-The head is called as a *module* (not ``F.linear`` on its weight, as fused kernels do) so that
-whatever wraps it keeps working: a PEFT adapter or ``modules_to_save`` copy of the head, FSDP2's
-and ZeRO-3's parameter gathering, autocast. Tied embeddings need nothing: the head's weight is
-the embedding's Parameter and autograd sums both gradients in fp32.
-
-Models that transform the head's output before the loss: ``final_logit_softcapping`` (Gemma 2
-and 3) is applied per chunk. Any other transform (Cohere's ``logit_scale``, Granite's
-``logits_scaling``...) is caught, not guessed: every call compares the model's own logits of the
-last position with the head's, and raises if they differ.
-
-Example (``tests/train/test_loss.py`` checks it against the model's own loss)::
-
-    shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
-    loss = causal_lm_loss(model, input_ids, position_ids, shift_labels, chunk_size=1024)
-    loss.backward()
+:func:`causal_lm_loss` equals transformers' ``ForCausalLMLoss`` and its gradients while holding
+the logits of ``chunk_size`` tokens at a time; how, and which models it refuses:
+docs/notes/training.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """PoSE: positional skip-wise training (Zhu et al. 2023, arXiv 2309.10400, section 3.2).
 
-A model is fine-tuned for a target context ``L_t`` on samples of only ``L_c < L_t`` tokens: the
-window is cut into ``N`` chunks and chunk ``i`` gets a skip bias ``u_i`` added to its position
-ids, with ``u_0 = 0`` and ``u_i ~ U{u_(i-1), ..., L_t - L_c}`` (equation 4), so the relative
-distances seen in training cover ``0 .. L_t - 1`` while the content of each chunk stays
-contiguous. Chunk lengths are drawn uniformly too. Memory and time are those of ``L_c`` tokens.
-
-Skipped positions break transformers' packed-sequence detection: without an attention mask,
-a jump in ``position_ids`` is read as the start of a new document and attention across the
-jump is cut. The recipe therefore passes an explicit all-ones attention mask with PoSE batches
-(:func:`hf_posext.train.loop.forward_loss`).
+Short windows whose chunks get skip biases so relative distances cover the target context
+(equation 4); batches pass an explicit attention mask (docs/notes/training.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from hf_posext.eval.passkey import (
     parse_answer,
     passkey_accuracy,
 )
-from hf_posext.fixtures import byte_tokenizer
+from hf_posext.testing import byte_tokenizer
 from models import tiny_model
 
 

@@ -25,7 +25,7 @@ import hf_posext
 from hf_posext import exact_dynamic
 from hf_posext.exact_dynamic import attention as exact_attention
 from hf_posext.exact_dynamic import rowwise as exact_rowwise
-from hf_posext.exact_dynamic.plan import STATE_ATTR
+from hf_posext.exact_dynamic.forward_plan import STATE_ATTR
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 METHODS = ("dynamic_ntk", "dynamic_yarn")
@@ -522,7 +522,7 @@ def test_model_built_from_a_patched_models_config_is_exact():
 
 def test_saved_checkpoint_is_native_for_vanilla_transformers(tmp_path):
     # Vanilla transformers reads the native type and ignores the record, so it loads this config with
-    # its own dynamic behaviour, as it loads the exact_cache=False ones of tests/test_checkpoints.py.
+    # its own dynamic behaviour, as it loads a checkpoint patched with exact_cache=False.
     patched(method="dynamic_ntk").save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["rope_parameters"]["rope_type"] == "dynamic"

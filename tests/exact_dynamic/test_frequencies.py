@@ -13,7 +13,7 @@ from transformers import modeling_rope_utils
 
 import hf_posext
 from hf_posext.exact_dynamic.frequencies import frequency_rows
-from hf_posext.exact_dynamic.plan import STATE_ATTR
+from hf_posext.exact_dynamic.forward_plan import STATE_ATTR
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,7 +16,7 @@ from hf_posext import exact_dynamic
 from hf_posext.exact_dynamic import attention as exact_attention
 from hf_posext.exact_dynamic import complex_rowwise
 from hf_posext.exact_dynamic import rowwise as exact_rowwise
-from hf_posext.exact_dynamic.plan import STATE_ATTR
+from hf_posext.exact_dynamic.forward_plan import STATE_ATTR
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -3,8 +3,8 @@
 accelerate configs go through accelerate's own loader and ``accelerate launch`` argument
 validation (``_validate_launch_command``, what the CLI runs before starting processes), and
 for FSDP/DDP the environment the launcher would hand to the training processes. The recipe
-configs and the ``scripts/finetune.py`` arguments of every header command go through the
-recipe's own parser.
+configs and the ``hf-posext finetune`` (or ``-m hf_posext.commands.finetune``) arguments of every
+header command go through the recipe's own parser.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils.launch import prepare_multi_gpu_env
 
-from hf_posext.train.cli import config_from_args
+from hf_posext.commands.finetune import config_from_args
+from hf_posext.commands.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIGS = sorted((ROOT / "examples" / "accelerate").glob("*.yaml"))
@@ -44,7 +45,7 @@ def header_commands(path: Path) -> list[list[str]]:
         lines.append(line.lstrip("#").strip())
     text = re.sub(r"\\\s*\n\s*", " ", "\n".join(lines))
     return [shlex.split(line) for line in text.splitlines()
-            if line.startswith(("accelerate launch", "python scripts/"))]
+            if line.startswith(("accelerate launch", "hf-posext "))]
 
 
 def test_every_expected_config_ships():
@@ -59,7 +60,8 @@ def test_accelerate_config_loads_and_validates_as_a_launch(path):
     assert str(cluster.distributed_type).split(".")[-1] == expected["distributed_type"]
     assert cluster.mixed_precision == "bf16"
 
-    args = launch_command_parser().parse_args(["--config_file", str(path), "scripts/finetune.py"])
+    args = launch_command_parser().parse_args(["--config_file", str(path), "-m", "hf_posext.commands.finetune"])
+    assert args.module and args.training_script == "hf_posext.commands.finetune"
     args, _, _ = _validate_launch_command(args)
     if "num_processes" in expected:
         assert args.num_processes == expected["num_processes"]
@@ -85,11 +87,13 @@ def test_header_launch_commands_are_valid(path):
     for command in commands:
         if command[:2] == ["accelerate", "launch"]:
             assert command[command.index("--config_file") + 1] == f"examples/accelerate/{path.name}"
-            script = command.index("scripts/finetune.py")
+            assert command[command.index("-m") + 1] == "hf_posext.commands.finetune"
+            script = command.index("-m") + 1
         else:
             script = 1
-            if command[1] != "scripts/finetune.py":
-                continue  # e.g. scripts/make_tiny_model.py
+            if command[1] != "finetune":
+                build_parser().parse_args(command[1:])  # e.g. hf-posext tiny-model: its flags parse
+                continue
         config = config_from_args(command[script + 1:])
         if "--config" in command:
             assert config.model == "out/tiny-llama"

@@ -19,8 +19,7 @@ def test_quickstart_runs_and_reloads_identically():
 
 def test_reproduce_quick_writes_every_result(tmp_path):
     # The laptop reproduction's whole pipeline at toy sizes (~15 s): train, extend, fine-tune, evaluate, report.
-    script = EXAMPLES.parent / "scripts" / "reproduce.py"
-    command = [sys.executable, str(script), "--quick", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
+    command = [sys.executable, "-m", "hf_posext.commands.reproduce", "--quick", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
                "--no-progress"]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -38,7 +37,7 @@ def test_reproduce_quick_writes_every_result(tmp_path):
             assert all(1 < row["perplexity"] < 256 for curve in curves for row in curve)
         assert (tmp_path / f"repro_{name}.png").stat().st_size > 0
     report = (tmp_path / "reproduction.md").read_text()
-    assert "scripts/reproduce.py --quick" in report and "| dynamic_yarn" in report
+    assert "hf-posext reproduce --quick" in report and "| dynamic_yarn" in report
 
 
 def test_quickstart_takes_methods_without_a_factor():

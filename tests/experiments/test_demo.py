@@ -8,7 +8,7 @@ import pytest
 import torch
 from models import single_thread
 
-from hf_posext.cli import main
+from hf_posext.commands.main import main
 from hf_posext.experiments.demo import DYNAMIC_METHODS, QUICK, ROPE_METHODS
 from hf_posext.experiments.tinylm import pretrain
 from hf_posext.methods import available_methods
@@ -61,6 +61,7 @@ def test_every_rope_method_is_the_plain_model_at_the_training_length(demo):
 
 def test_trained_model_is_cached(demo):
     root, report = demo
+    assert set(report["cached"]) == set(report["train"]) and not any(report["cached"].values())  # a fresh cache
     model, _, info = pretrain(QUICK.model, root / "cache", progress=False)
     assert info == report["train"]["rope"]
     assert info["parameters"] == sum(p.numel() for p in model.parameters())

@@ -8,7 +8,7 @@ import torch
 from hf_posext.experiments import tinylm
 from hf_posext.data import stdlib_files
 from hf_posext.experiments.tinylm import TinyLMConfig, pretrain, stdlib_corpus
-from hf_posext.fixtures import BOS_ID
+from hf_posext.testing import BOS_ID
 
 TINY = TinyLMConfig(seq_len=16, steps=4, batch_size=2, hidden_size=16, num_layers=1, num_heads=2, warmup_steps=1,
                     max_train_bytes=50_000)
@@ -80,7 +80,7 @@ def test_passkey_task_sequences_fit_and_end_with_the_answer():
     import random
 
     from hf_posext.eval.passkey import fit_filler
-    from hf_posext.fixtures import PAD_ID, byte_tokenizer
+    from hf_posext.testing import PAD_ID, byte_tokenizer
 
     tok = byte_tokenizer()
     fillers = fit_filler(tok, 120, task="")

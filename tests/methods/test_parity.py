@@ -14,7 +14,8 @@ from models import ARCHITECTURES, tiny_config, tiny_model, tokens
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
-from hf_posext.rope_utils import compute_dynamic_yarn_parameters, default_inv_freq, yarn_inv_freq, yarn_mscale
+from hf_posext.methods.yarn.rope import compute_dynamic_yarn_parameters
+from hf_posext.rope_utils import default_inv_freq, yarn_inv_freq, yarn_mscale
 
 FACTORS = [1.5, 2, 4, 8, 16, 32]
 HEAD_DIMS = [32, 64, 128]
@@ -125,7 +126,7 @@ def with_frequencies(model, freqs, mscale):
 def test_dynamic_yarn_equals_paper_reference(arch, head_dim):
     """A fresh forward over L tokens uses s(L) = min(factor, max(1, L / L_orig)) at every position
     (transformers' semantics, ``exact_cache=False``; the exact-cache semantics are tested in
-    test_dynamic_cache.py).
+    tests/exact_dynamic/test_exact_dynamic.py).
 
     The reference's float64 frequencies differ from any fp32 computation by rounding, which long
     positions amplify; the tolerance is the error transformers' own static ``yarn`` at s(L) shows

@@ -75,6 +75,7 @@ def gguf_keys(path: Path, arch: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # downloads llama-cpp-python's 76 MB sdist once into .cache/
 def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
     root = converter_dir()
     cases = {}

@@ -18,7 +18,7 @@ from transformers import AutoConfig, LlamaConfig, Qwen2Config
 from vanilla import vanilla_load_error
 
 import hf_posext
-from hf_posext.cli import main as cli_main
+from hf_posext.commands.main import main as cli_main
 from hf_posext.export import extend_checkpoint, model_card
 from hf_posext.readers import llamacpp, sglang, support, vllm
 from hf_posext.readers.rope import intended_rope

@@ -8,8 +8,8 @@ import pytest
 from models import tiny_model
 from transformers import AutoTokenizer
 
-from hf_posext.cli import main as cli_main
-from hf_posext.fixtures import byte_tokenizer
+from hf_posext.commands.main import main as cli_main
+from hf_posext.testing import byte_tokenizer
 from hf_posext.readers.tokenizer import TOKENIZER_CONFIG, raise_model_max_length
 
 L_ORIG = 64

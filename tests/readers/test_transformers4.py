@@ -43,6 +43,7 @@ LOAD_WITH_4X = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # pip-installs transformers 4.57 into a cached throwaway venv
 def test_transformers_4_57_gives_transformers_5_logits_or_refuses(tmp_path):
     python = transformers4_python()
     ids = tokens(3 * L_ORIG)

@@ -10,8 +10,8 @@ import yaml
 
 from hf_posext import available_methods
 from hf_posext.methods import method_class
-from hf_posext.train.cli import build_parser, config_from_args
-from hf_posext.train.config import TrainConfig, build_scheduler
+from hf_posext.commands.finetune import build_parser, config_from_args
+from hf_posext.train.config import FIELD_CHECKS, TrainConfig, build_scheduler
 
 REQUIRED = dict(model="m", output_dir="o", dataset=["d.txt"])
 
@@ -26,7 +26,7 @@ def test_defaults_are_the_yarn_recipe():
     assert str(config.checkpoint_path) == "o-checkpoints"
 
 
-def test_issue_flags_exist():
+def test_the_recipe_flags_exist():
     flags = {opt for action in build_parser()._actions for opt in action.option_strings}
     for flag in ("--model", "--method", "--factor", "--dataset", "--seq-len", "--max-train-steps", "--output-dir",
                  "--checkpointing-steps", "--resume", "--lora", "--pose", "--config"):
@@ -191,3 +191,8 @@ def test_schedules_through_get_scheduler_keep_the_recipe_shapes(scheduler):
         schedule.step()
     expected = [0.0, 0.5, 1.0, 0.75, 0.5, 0.25] if scheduler == "linear" else [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
     assert rates == pytest.approx(expected)
+
+
+def test_every_setting_has_a_check():
+    # A new field without an entry would fail on construction; this names the missing ones instead.
+    assert list(FIELD_CHECKS) == [f.name for f in dataclasses.fields(TrainConfig)]

@@ -27,7 +27,7 @@ def test_a_method_with_a_factor_keeps_the_recipe_default_and_a_typed_factor_wins
 
 
 def test_the_finetune_flags_give_alibi_no_factor_and_yarn_the_default():
-    from hf_posext.train.cli import config_from_args
+    from hf_posext.commands.finetune import config_from_args
 
     common = ["--model", "m", "--output-dir", "out", "--dataset", "d.txt"]
     assert config_from_args([*common, "--method", "alibi"]).factor == 1

@@ -1,6 +1,6 @@
 """A real two-process run of the recipe: ``torchrun --nproc_per_node 2`` on CPU (gloo), ~20-30 s.
 
-``accelerate launch --cpu --num_processes 2`` starts only one process (REFERENCE.md), so the
+``accelerate launch --cpu --num_processes 2`` starts only one process (accelerate's CPU launcher), so the
 test launches torchrun itself; accelerate picks the gloo backend from torchrun's environment.
 It checks that the two ranks end with identical weights, that one training state holds both
 ranks' RNG states, that the loss falls, and that data parallelism computes what one process
@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 
 DRIVER = """
 import sys, torch

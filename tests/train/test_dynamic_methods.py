@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_posext.fixtures import byte_tokenizer, make_tiny_model
+from hf_posext.testing import byte_tokenizer, make_tiny_model
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 

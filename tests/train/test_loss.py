@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import Gemma2Config, Gemma2ForCausalLM, GraniteConfig, GraniteForCausalLM
 
-from hf_posext.fixtures import make_tiny_model
+from hf_posext.testing import make_tiny_model
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss, chunked_head_loss

@@ -1,0 +1,298 @@
+"""The Markdown tables the docs show, generated from the committed benchmark JSON.
+
+Each table has a name; a page holds it between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
+lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``). A table
+whose JSON is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` checks that
+every committed block equals what this script writes from the committed JSON.
+
+    python benchmarks/tables.py              # rewrite every marked block
+    python benchmarks/tables.py --check      # exit 1 naming the stale blocks
+    python benchmarks/tables.py --print gpu-mfu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+SEARCHED = ("docs", "benchmarks")
+BLOCK = re.compile(r"(<!-- table:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def load(relative: str) -> dict[str, Any] | None:
+    path = RESULTS / relative
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def missing(relative: str) -> str:
+    return f"_Not measured yet: no {Path(relative).name} (the GPU session of benchmarks/gpu/PLAN.md writes it)._"
+
+
+def kilo(n: int | str) -> str:
+    return f"{int(n) // 1024}k" if int(n) % 1024 == 0 else str(n)
+
+
+# --- CPU results ---------------------------------------------------------------------------------
+
+def real_model_rows(kind: str) -> tuple[list[int], list[tuple[str, list[Any]]]]:
+    """``(lengths, [(row name, [cell value or None])])`` of ``real_model/results.json`` for ppl or passkey."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import real_model
+
+    cells = load("real_model/results.json")["cells"]
+    plan = real_model.WITH_PASSKEY_4X
+    lengths = list(plan.lengths if kind == "ppl" else plan.passkey_lengths)
+    lengths = [n for n in lengths if any(k.startswith(f"{kind}/") and k.endswith(f"/{n}") for k in cells)]
+    rows: dict[str, list[Any]] = {}
+    for i, n in enumerate(lengths):
+        for name, method, factor in [*real_model.variants(plan, n, kind == "ppl"), ("tuned", "tuned", None)]:
+            key = f"{kind}/tuned/{n}" if method == "tuned" else real_model.cell_key(kind, method, factor, n)
+            rows.setdefault(name, [None] * len(lengths))[i] = cells.get(key, {}).get("value")
+    return lengths, list(rows.items())
+
+
+def row_label(name: str) -> str:
+    if name == "tuned":
+        return "YaRN s = 4 after the fine-tune"
+    return name.replace(" s=", ", s = ")
+
+
+def real_model_ppl() -> str:
+    lengths, rows = real_model_rows("ppl")
+    header = ["method", *[f"{kilo(n)} ({n / 8192:g}x)" for n in lengths]]
+    return table(header, [[row_label(name), *[f"{v['perplexity']:.2f}" if v else "-" for v in values]]
+                          for name, values in rows])
+
+
+def real_model_passkey() -> str:
+    lengths, rows = real_model_rows("passkey")
+
+    def cell(value: dict[str, Any] | None) -> str:
+        if not value:
+            return "-"
+        found = [value["correct"][d][0] for d in range(len(value["depths"]))]
+        return f"{sum(found)}/{len(found) * value['trials']} ({''.join('x' if f else '.' for f in found)})"
+
+    header = ["method", *[f"{kilo(n)} ({n / 8192:g}x)" for n in lengths]]
+    return table(header, [[row_label(name), *map(cell, values)] for name, values in rows if any(values)])
+
+
+def patch_overhead() -> str:
+    data = load("patch_overhead.json")
+    order = ["linear", "ntk", "yarn", "dynamic_ntk (exact_cache=False)", "dynamic_yarn (exact_cache=False)",
+             "dynamic_ntk", "dynamic_yarn"]
+    labels = {"dynamic_ntk (exact_cache=False)": "dynamic_ntk, `exact_cache=False`",
+              "dynamic_yarn (exact_cache=False)": "dynamic_yarn, `exact_cache=False`",
+              "dynamic_ntk": "dynamic_ntk (exact, default)", "dynamic_yarn": "dynamic_yarn (exact, default)"}
+    lengths = sorted({r["length"] for r in data["rows"]})
+    ratio = {(r["method"], r["length"]): r["ratio"] for r in data["rows"]}
+    methods = [m for m in order if any(k[0] == m for k in ratio)]
+    header = ["method", f"{lengths[0]} tokens", *map(str, lengths[1:])]
+    fmt = lambda v: f"{v:.3f}" if v < 2 else f"{v:.2f}"  # noqa: E731
+    return table(header, [[labels.get(m, m), *[fmt(ratio[m, n]) for n in lengths]] for m in methods])
+
+
+def long_train() -> str:
+    data = load("long_train.json")
+    header = ["tokens", "recipe peak", "`Trainer` peak", "memory ratio", "recipe tok/CPU-s", "`Trainer` tok/CPU-s",
+              "throughput ratio", "loss recipe / `Trainer`"]
+    rows = []
+    for length in sorted(data["ratios"], key=int):
+        recipe, trainer = data["runs"][length]["recipe"], data["runs"][length]["trainer"]
+        ratio = data["ratios"][length]
+        rows.append([length, f"{recipe['peak_step_mib'] / 1024:.2f} GiB", f"{trainer['peak_step_mib'] / 1024:.2f} GiB",
+                     f"{ratio['memory_ratio']:.2f}", f"{recipe['tokens_per_cpu_s']:.2f}",
+                     f"{trainer['tokens_per_cpu_s']:.2f}", f"{ratio['throughput_ratio']:.2f}",
+                     f"{recipe['loss']:.6f} / {trainer['loss']:.6f}"])
+    return table(header, rows)
+
+
+def alibi_cpu() -> str:
+    data = load("alibi.json")
+    lengths = data["settings"]["lengths"]
+    by = {(r["path"], r["length"]): r for r in data["rows"] if "skipped" not in r}
+    labels = {"alibi_folded": "`folded`", "alibi_flex": "`flex`", "alibi_sdpa": "`sdpa` (additive bias)",
+              "alibi_eager": "`eager`"}
+    rows = []
+    for path, label in labels.items():
+        if not any(p == path for p, _ in by):
+            continue
+        cells = [f"{by[path, n]['time_ratio']:.2f}" if (path, n) in by else "-" for n in lengths]
+        last = by.get((path, lengths[-1]))
+        memory = last["memory_ratio"] if last else None
+        rows.append([label, *cells, "-" if memory is None else f"{memory:.2f}x" if memory < 10 else f"{memory:.1f}x"])
+    return table(["path", *map(kilo, lengths), f"memory at {kilo(lengths[-1])}"], rows)
+
+
+# --- GPU results ---------------------------------------------------------------------------------
+
+def gpu_check() -> str:
+    data = load("gpu/check.json")
+    keys = ("grad_rel_error", "logit_error", "bound", "wrapping", "mfu", "tokens_per_s", "peak_memory_gib", "reason")
+    shown = {"mfu": lambda v: f"MFU {v:.1%}", "tokens_per_s": lambda v: f"{v:,.0f} tokens/s",
+             "peak_memory_gib": lambda v: f"{v:.1f} GiB peak"}
+    rows = []
+    for name, item in data["items"].items():
+        details = [shown[k](item[k]) if k in shown else f"{k} {item[k]:.3g}" if isinstance(item[k], float)
+                   else f"{k} {item[k]}" for k in keys if k in item]
+        if "error" in item:
+            details.append(item["error"].split(":")[0])
+        rows.append([f"`{name}`", item["status"], f"{item['seconds']:.1f}", "; ".join(details)])
+    return f"{data['device']}, torch {data['torch']}.\n\n" + table(["item", "status", "seconds", "details"], rows)
+
+
+def decode_rows(results: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[r["label"], f"{r['decode_tokens_per_s']:.1f}",
+             f"{r['decode_ratio_vs_static']:.2f}" if "decode_ratio_vs_static" in r else ""] for r in results]
+
+
+def gpu_dynamic_decode() -> str:
+    data = load("gpu/dynamic_decode.json")
+    return table(["", "decode tokens/s", "vs static"], decode_rows(data["results"]))
+
+
+def gpu_finetune_real() -> str:
+    data = load("gpu/finetune_real/finetune_real.json")
+    if data is None:
+        return missing("gpu/finetune_real/finetune_real.json")
+    plan = data["settings"]["plan"]
+    header = ["model", *[f"ppl {kilo(n)}" for n in plan["ppl_lengths"]],
+              *[f"passkey {kilo(n)}" for n in plan["passkey_lengths"]]]
+    rows = [[name, *[f"{r['perplexity'][str(n)]:.2f}" for n in plan["ppl_lengths"]],
+             *[f"{r['passkey'][str(n)]:.0%}" if "passkey" in r else "-" for n in plan["passkey_lengths"]]]
+            for name, r in data["results"].items()]
+    t, goals, trained = data["training"], data["goals"], data["original_context"]
+    longest, met = kilo(max(plan["passkey_lengths"])), lambda goal: "met" if goal["met"] else "not met"
+    where = (data["environment"].get("gpu") or {}).get("name", data["device"])
+    return (table(header, rows) + f"\n\n{t['steps']} steps of {plan['global_batch']} x "
+            f"{plan.get('train_seq_len') or int(plan['factor'] * trained)} tokens in {data['wall_s']['fine-tune']:.0f} s ({t['stopped_by']}), loss "
+            f"{t['losses'][0]:.3f} -> {t['losses'][-1]:.3f}; {where}. Goals: passkey >= 90% at {longest} "
+            f"{met(goals['passkey_at_longest'])}; perplexity at {kilo(max(plan['ppl_lengths']))} <= the base model's "
+            f"at {kilo(trained)} {met(goals['ppl_longest_vs_base_at_trained'])}.")
+
+
+def gpu_mfu() -> str:
+    data = load("gpu/mfu/mfu.json")
+    if data is None:
+        return missing("gpu/mfu/mfu.json")
+    rows = []
+    for r in data["rows"]:
+        if r.get("status") == "ok":
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+            rows.append([f"`{r['variant']}`", r["tokens"], f"{r['step_s']:.3f}", f"{r['tokens_per_s']:,.0f}", mfu,
+                         f"{r['peak_memory_mib'] / 1024:.1f} GiB"])
+        else:
+            rows.append([f"`{r['variant']}`", r.get("tokens", "-"), r.get("status"), "", "",
+                         (r.get("reason") or r.get("error", ""))[:80].replace("|", "/").replace("\n", " ")])
+    return table(["variant", "tokens", "step (s)", "tokens/s", "MFU", "peak memory"], rows)
+
+
+def gpu_prefill() -> str:
+    data = load("gpu/prefill/prefill.json")
+    if data is None:
+        return missing("gpu/prefill/prefill.json")
+    rows = [[r["tokens"], r["method"] + (" (one forward each, first call)" if r["status"] == "probe" else ""),
+             f"{r['exact_prefill_s']:.3f}", f"{r['transformers_prefill_s']:.3f}", f"{r['ratio']:.1f}x"]
+            if r["status"] in ("ok", "probe") else [r["tokens"], "skipped", "", "", r["reason"]]
+            for r in data["prefill"]]
+    text = table(["prompt tokens (4x L_orig)", "method", "exact (s)", "transformers (s)", "ratio"], rows)
+    if "decode" in data:
+        text += (f"\n\nDecode of the last {data['settings']['new_tokens']} tokens up to {data['decode']['tokens']}:\n\n"
+                 + table(["", "decode tokens/s", "vs static"], decode_rows(data["decode"]["rows"])))
+    return text
+
+
+def gpu_sedca() -> str:
+    data = load("gpu/sedca/sedca.json")
+    if data is None:
+        return missing("gpu/sedca/sedca.json")
+    if data.get("status") == "skip":
+        return f"_Skipped: {data['reason']}._"
+    rows = [[f"`{r['variant']}`", r["tokens"], f"{r['prefill_s']:.3f}", f"{r['peak_memory_mib'] / 1024:.2f} GiB",
+             f"{r.get('time_vs_sdpa', float('nan')):.2f}x", f"{r.get('memory_vs_sdpa', float('nan')):.2f}x"]
+            if r["status"] == "ok" else [f"`{r['variant']}`", r["tokens"], r["status"], "", "", ""]
+            for r in data["speed"]]
+    parity = data["parity"]
+    lines = [f"{m}: {'ok' if p['ok'] else 'FAIL'} ({p['ratio_to_native']:.2f}x the native bf16 error)"
+             if "ratio_to_native" in p else f"{m}: {p['error']}" for m, p in parity["methods"].items()]
+    return (table(["variant", "tokens", "prefill (s)", "peak memory", "time vs SDPA", "memory vs SDPA"], rows)
+            + f"\n\nbf16 parity at {parity['tokens']} tokens (bound 3x the native model's bf16 error): "
+            + "; ".join(lines) + ".")
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "real-model-ppl": real_model_ppl,
+    "real-model-passkey": real_model_passkey,
+    "patch-overhead": patch_overhead,
+    "long-train": long_train,
+    "alibi-cpu": alibi_cpu,
+    "gpu-check": gpu_check,
+    "gpu-dynamic-decode": gpu_dynamic_decode,
+    "gpu-finetune-real": gpu_finetune_real,
+    "gpu-mfu": gpu_mfu,
+    "gpu-prefill": gpu_prefill,
+    "gpu-sedca": gpu_sedca,
+}
+
+
+def render(name: str) -> str:
+    if name not in TABLES:
+        raise ValueError(f"unknown table {name!r}; the tables are: {', '.join(TABLES)}")
+    return TABLES[name]()
+
+
+def rewrite(text: str, cache: dict[str, str] | None = None) -> str:
+    """``text`` with every marked block replaced by its table."""
+    cache = {} if cache is None else cache
+
+    def block(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in cache:
+            cache[name] = render(name)
+        return f"{match[1]}{cache[name]}\n{match[4]}"
+
+    return BLOCK.sub(block, text)
+
+
+def marked_pages(root: Path = ROOT) -> list[Path]:
+    """The Markdown files under :data:`SEARCHED` holding at least one marked block."""
+    pages = [p for folder in SEARCHED for p in sorted((root / folder).rglob("*.md"))]
+    return [p for p in pages if BLOCK.search(p.read_text())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
+    parser.add_argument("--print", dest="show", metavar="NAME", help="print one table")
+    args = parser.parse_args(argv)
+    if args.show:
+        print(render(args.show))
+        return 0
+    cache: dict[str, str] = {}
+    stale = []
+    for page in marked_pages():
+        text = page.read_text()
+        new = rewrite(text, cache)
+        if new != text:
+            stale.append(page.relative_to(ROOT))
+            if not args.check:
+                page.write_text(new)
+    verb = "stale" if args.check else "rewrote"
+    print(f"{verb}: {', '.join(map(str, stale))}" if stale else "every marked table is current")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

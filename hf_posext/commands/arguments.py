@@ -1,0 +1,130 @@
+"""Command-line values shared by every command: ``hf-posext patch``, ``hf-posext eval``, ``hf-posext finetune``.
+
+A method argument is given the same way everywhere, ``--set KEY=VALUE`` (repeatable)::
+
+    hf-posext patch base out --method yarn --factor 4 --set beta_fast=64 --set mscale_all_dim=1
+    hf-posext finetune --config run.yaml --set beta_fast=64
+
+KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1``, ``true``,
+``[1, 2]``) and kept as a string otherwise (``mode=tail``). ``factor`` has its own flag
+(``--factor``) everywhere and is refused in ``--set``.
+
+Every command reports bad input (``ValueError``, ``OSError``: a missing or unreadable file, an
+invalid ``config.json``) as one line and exit code 2 (:func:`run_command`); ``--debug`` or the
+environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .. import validation
+from ..methods import method_class
+
+#: Method arguments that have a flag of their own in every command.
+OWN_FLAGS = {"factor": "--factor"}
+
+#: Where a command writes when not given ``--out``: ``./hf_posext_out/<command>`` (one folder to find or delete).
+OUTPUT_ROOT = "hf_posext_out"
+
+#: What the commands report as bad input in one line rather than with a traceback.
+USER_ERRORS = (ValueError, OSError)
+
+
+class KeyValueError(ValueError, argparse.ArgumentTypeError):
+    """A malformed ``KEY=VALUE``; an ``ArgumentTypeError`` so that argparse prints its message."""
+
+
+def parse_key_value(text: str) -> tuple[str, Any]:
+    """``"beta-fast=64"`` -> ``("beta_fast", 64)``.
+
+    Raises:
+        KeyValueError: no ``=`` or an empty key.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise KeyValueError(f"--set expects KEY=VALUE (e.g. beta_fast=32), got {text!r}")
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = value
+    return key.strip().replace("-", "_"), parsed
+
+
+def parse_key_values(items: Iterable[str | tuple[str, Any]] | None) -> dict[str, Any]:
+    """A mapping from ``KEY=VALUE`` strings (or pairs already parsed); later keys win."""
+    pairs = (item if isinstance(item, tuple) else parse_key_value(item) for item in items or ())
+    return dict(pairs)
+
+
+def parse_bool(value: Any, name: str = "value") -> bool:
+    """:func:`hf_posext.validation.parse_bool` for flags: its error is an ``ArgumentTypeError`` argparse prints.
+
+    Raises:
+        KeyValueError: anything but true/false/yes/no/1/0 (any case), naming ``name`` and the spellings.
+    """
+    try:
+        return validation.parse_bool(value, name)
+    except ValueError as err:
+        raise KeyValueError(str(err)) from None
+
+
+def method_kwargs(items: Iterable[str | tuple[str, Any]] | None) -> dict[str, Any]:
+    """:func:`parse_key_values` for method arguments: a key with a flag of its own is refused.
+
+    Raises:
+        KeyValueError: e.g. ``factor=8`` (use ``--factor 8``).
+    """
+    values = parse_key_values(items)
+    for key, flag in OWN_FLAGS.items():
+        if key in values:
+            raise KeyValueError(f"--set {key}={values[key]!r}: {key} has its own flag, use {flag} {values[key]}")
+    return values
+
+
+def check_factor(method: str, factor: float | None) -> None:
+    """Refuse a method that scales RoPE (aliases included) without a factor: it would silently be the identity.
+
+    Raises:
+        ValueError: an unknown method (listing the known ones) or a missing factor.
+    """
+    if method_class(method).scales_rope and factor is None:
+        raise ValueError(f"--method {method} needs --factor (the context scale s, e.g. --factor 4)")
+
+
+def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> int:
+    """``command()``; bad input (:data:`USER_ERRORS`) is printed as one line and gives exit code 2.
+
+    With ``debug`` or ``HF_POSEXT_DEBUG`` set (not ``0``) the exception propagates with its traceback.
+    """
+    try:
+        return command()
+    except USER_ERRORS as err:
+        if debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0"):
+            raise
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup (````code````, ``:func:`name```), for terminal help."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
+
+
+def default_out(command: str) -> str:
+    """``hf_posext_out/<command>``: the output folder of ``command`` when ``--out`` is not given."""
+    return f"{OUTPUT_ROOT}/{command}"
+
+
+def add_set_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *aliases: str,
+                     dest: str = "set", help: str = "a method argument, e.g. beta_fast=32 (repeatable)") -> None:
+    """Add ``--set KEY=VALUE`` (repeatable; parsed to pairs, see :func:`parse_key_values`)."""
+    parser.add_argument("--set", *aliases, dest=dest, action="append", type=parse_key_value, metavar="KEY=VALUE",
+                        help=help)

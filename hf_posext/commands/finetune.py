@@ -1,0 +1,152 @@
+"""``hf-posext finetune``: the fine-tune recipe's command line (patch -> data -> train -> save).
+
+    hf-posext finetune --config examples/finetune_tiny.yaml --max-train-steps 40
+    accelerate launch --config_file examples/accelerate/fsdp2.yaml -m hf_posext.commands.finetune --config run.yaml
+
+Every setting is a flag (``seq_len`` -> ``--seq-len``) and a key of the ``--config`` YAML file,
+with its help taken from the :class:`~hf_posext.train.config.TrainConfig` field; flags win over
+the file, the file over the defaults. Booleans take ``--lora``/``--lora false``/``--no-lora``;
+method arguments ``--set KEY=VALUE``. The guide: docs/guides/finetune.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from transformers import HfArgumentParser
+
+from .arguments import parse_bool, parse_key_value, parse_key_values, run_command
+
+if TYPE_CHECKING:
+    from ..train.config import TrainConfig
+
+PROG = "hf-posext finetune"
+DESCRIPTION = "Fine-tune a model for a longer context (the YaRN recipe by default): patch -> data -> train -> save."
+
+
+class RecipeArgumentParser(HfArgumentParser):
+    """``HfArgumentParser`` plus two kinds of flag it does not build.
+
+    * A mapping field (``method_kwargs``) becomes a repeatable ``KEY=VALUE`` flag; HfArgumentParser
+      would hand the text to ``dict()``.
+    * A boolean that defaults to False also gets ``--no-NAME``, so a flag can switch off what a YAML
+      file switched on; HfArgumentParser adds it only to booleans that default to True.
+    """
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        if typing.get_origin(field.type) is dict:
+            metadata = dict(field.metadata)
+            flags = [*metadata.pop("aliases", []), f"--{field.name.replace('_', '-')}"]
+            parser.add_argument(*flags, dest=field.name, action="append", type=parse_key_value, metavar="KEY=VALUE",
+                                **metadata)
+            return
+        HfArgumentParser._parse_dataclass_field(parser, field)
+        if field.type is bool:
+            # One spelling of booleans for flags and YAML (transformers' also takes t/y/f/n).
+            parser._option_string_actions[f"--{field.name}"].type = _flag_bool(field.name)
+        if field.type is bool and field.default is False:
+            parser.add_argument(f"--no-{field.name.replace('_', '-')}", dest=field.name, action="store_false",
+                                help=f"turn {field.name} off")
+
+
+def _flag_bool(name: str):
+    def parse(text: str) -> bool:
+        return parse_bool(text, name)
+
+    return parse
+
+
+def _mapping_fields() -> set[str]:
+    from ..train.config import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    return {f.name for f in dataclasses.fields(TrainConfig) if typing.get_origin(hints[f.name]) is dict}
+
+
+def build_parser(description: str | None = DESCRIPTION, prog: str | None = PROG) -> RecipeArgumentParser:
+    """The recipe's argument parser: ``--config`` plus one flag per ``TrainConfig`` field."""
+    from ..train.config import TrainConfig
+
+    parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog)
+    parser.add_argument("--config", help="a YAML file with the same keys as these flags (flags win over it)")
+    return parser
+
+
+def config_from_args(argv: Sequence[str] | None = None, description: str | None = DESCRIPTION) -> TrainConfig:
+    """Parse ``argv`` (and its ``--config`` file) into a validated :class:`TrainConfig`.
+
+    Raises:
+        ValueError: a bad or unknown setting (from the YAML file or the flags).
+        FileNotFoundError: a ``--config`` file that does not exist.
+    """
+    from ..train.config import TrainConfig, load_yaml
+
+    parser = build_parser(description)
+    config_file = parser.parse_known_args(argv)[0].config
+    mappings = _mapping_fields()
+    if config_file:
+        # Not HfArgumentParser.parse_yaml_file: it builds the config from the file alone, so a
+        # file without e.g. `model` would fail before the flags could fill it in, and flags could
+        # not win over the file. The file's values become the parser's defaults instead.
+        values = TrainConfig.check_keys(load_yaml(config_file), source=config_file)
+        for name in mappings & set(values):
+            # Kept as pairs, so that --set KEY=VALUE appends to them and wins key by key.
+            values[name] = list(_mapping(values[name], name, config_file).items())
+        parser.set_defaults(**values)
+    args: dict[str, Any] = vars(parser.parse_args(argv))
+    args.pop("config")
+    for name in mappings:
+        args[name] = parse_key_values(args[name])
+    return TrainConfig.from_dict(args, source=config_file or "flags")
+
+
+def _mapping(value: Any, name: str, source: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: {name} must be a mapping (KEY: VALUE lines), got {value!r}")
+    return value
+
+
+def summary(result: Any) -> str:
+    """What a finished run prints: where it went and, with ``eval_blocks``, perplexity before and after."""
+    lines = [f"wrote {result.output_dir} ({result.steps} steps, final loss {result.final_loss:.4f})"]
+    if result.eval:
+        lines += ["", "held-out perplexity (eval_blocks)", "| before | after |", "|---:|---:|",
+                  "| " + " | ".join(f"{result.eval[k]:.4f}" if k in result.eval else "-" for k in ("before", "after"))
+                  + " |"]
+    return "\n".join(lines)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    from accelerate import PartialState
+
+    from ..train.loop import train  # the heavy part (accelerate, peft), once the flags parsed
+
+    result = train(config_from_args(argv))
+    if PartialState().is_main_process:
+        print(summary(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hf-posext finetune ARGS`` and ``python -m hf_posext.commands.finetune ARGS`` (what ``accelerate launch -m`` runs)."""
+    return run_command(PROG, lambda: _run(argv))
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``hf-posext finetune``; its flags are the recipe parser's (:func:`build_parser`), read from the rest of the line."""
+    p = subparsers.add_parser("finetune", help="fine-tune a model for a longer context (YaRN recipe); --help lists the settings",
+                              add_help=False, prefix_chars="\0")
+    p.add_argument("recipe_args", nargs="*")
+    p.set_defaults(func=lambda args: _run(args.recipe_args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

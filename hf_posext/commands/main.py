@@ -1,0 +1,133 @@
+"""The ``hf-posext`` command line: the entry point, ``hf-posext methods`` and ``hf-posext patch``.
+
+    hf-posext methods                                        # list the methods and their aliases
+    hf-posext patch path/to/llama out/llama-16k --method yarn --factor 4
+
+Every other sub-command is a module of this package with ``add_parser(subparsers)``
+(:data:`SUBCOMMAND_MODULES`); handlers import their heavy modules when they run, not on ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..methods import available_methods, method_aliases, method_class
+from .arguments import add_set_argument, check_factor, method_kwargs, plain, run_command
+
+
+def aliases_by_method() -> dict[str, list[str]]:
+    """``{"linear": ["pi"], ...}``: each registered method's aliases (methods without one left out)."""
+    aliases: dict[str, list[str]] = {}
+    for alias, name in method_aliases().items():
+        aliases.setdefault(name, []).append(alias)
+    return aliases
+
+
+def method_names() -> str:
+    """``"linear (alias pi), ntk (alias ntk_aware), ..."``: every method with its aliases, from the registry."""
+    aliases = aliases_by_method()
+    return ", ".join(f"{name} (alias {', '.join(aliases[name])})" if name in aliases else name
+                     for name in available_methods())
+
+
+def methods_markdown() -> str:
+    """The Markdown table of the methods and their aliases (``hf-posext methods --markdown``; docs/guides/cli.md holds it)."""
+    aliases = aliases_by_method()
+    rows = [f"| `{name}` | {', '.join(f'`{a}`' for a in aliases.get(name, [])) or '-'} |" for name in available_methods()]
+    return "\n".join(["| method | aliases |", "|---|---|", *rows])
+
+
+def _methods(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(methods_markdown())
+        return 0
+    aliases = aliases_by_method()
+    rows = [("method", "aliases", "what it is", "paper")]
+    for name in available_methods():
+        cls = method_class(name)
+        summary = plain((cls.__doc__ or "").strip().splitlines()[0])
+        rows.append((name, ", ".join(aliases.get(name, [])) or "-", summary, cls.paper))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+    return 0
+
+
+def _patch(args: argparse.Namespace) -> int:
+    from transformers import AutoConfig
+
+    from ..export import extend_checkpoint
+    from ..gguf import resolve_model_source
+    from ..patching import patch_info
+    from ..readers import print_engine_warning
+
+    check_factor(args.method, args.factor)
+    extra = method_kwargs(args.set)
+    if args.original_max_position_embeddings is not None:
+        extra["original_max_position_embeddings"] = args.original_max_position_embeddings
+    source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
+    if Path(source).is_file():
+        raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
+    out = extend_checkpoint(
+        source, args.output_dir, args.method, args.factor, override=args.override, overwrite=args.overwrite,
+        **extra
+    )
+    print(f"wrote {out}")
+    saved = AutoConfig.from_pretrained(out)  # what every reader will read: the engines' verdict on it
+    print_engine_warning(saved, patch_info(saved)["context_length"], args.method)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-posext", description="Extend the context window of rotary decoders "
+                                     "(PI, NTK, YaRN, dynamic scaling, ALiBi...) in Hugging Face checkpoints.",
+                                     epilog="hf-posext COMMAND --help shows a command's flags.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (also: HF_POSEXT_DEBUG=1)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("methods", help="list the position-encoding methods and their aliases")
+    p.add_argument("--markdown", action="store_true", help="print the methods and aliases as a Markdown table")
+    p.set_defaults(func=_methods)
+
+    p = sub.add_parser("patch", help="write a checkpoint with an extended context (weights untouched)")
+    p.add_argument("model", help="checkpoint folder, Hub id or local .gguf file")
+    p.add_argument("output_dir", help="the folder the patched checkpoint is written to")
+    p.add_argument("--method", required=True, help=f"one of: {method_names()}")
+    p.add_argument("--factor", type=float, default=None,
+                   help="context scale s >= 1; required by the methods that scale RoPE, not by "
+                        f"{', '.join(m for m in available_methods() if not method_class(m).scales_rope)}")
+    p.add_argument("--original-max-position-embeddings", type=int, default=None,
+                   help="the pretraining context L_orig (default: the checkpoint's)")
+    p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
+                   "pretraining context; without it the method composes on that scaling")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty output folder: its checkpoint files are replaced, other files kept")
+    add_set_argument(p)
+    p.set_defaults(func=_patch)
+
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+#: The modules of the other sub-commands, in ``--help`` order, each with ``add_parser(subparsers)``.
+SUBCOMMAND_MODULES: tuple[str, ...] = tuple(f"hf_posext.commands.{name}" for name in (
+    "eval", "finetune", "demo", "reproduce", "push", "tiny_model",
+))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hf-posext ARGS``; returns the exit code (2: bad input, reported in one line)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.command_argv = argv[argv.index(args.command) + 1:]  # what followed the command's name
+    return run_command("hf-posext", lambda: args.func(args), debug=args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The transformers integration boundary: everything that touches transformers' internals, in one place.
+
+hf-posext plugs into transformers 5.x through its documented extension points:
+
+* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its
+  ``__init__`` (and again by ``@dynamic_rope_update`` when ``"dynamic" in rope_type``);
+* ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
+  config is validated (transformers only *warns* for a type it has no validator for);
+* ``AttentionInterface`` / ``AttentionMaskInterface``, where attention implementations are registered;
+* rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``.
+
+Internal: not part of the public API.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.nn as nn
+from transformers import modeling_rope_utils
+from transformers.cache_utils import StaticLayer
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+RopeInitFn = Callable[..., Any]
+Validator = Callable[[Any, dict[str, Any], "set[str] | None"], None]
+
+
+def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator) -> None:
+    """Make ``rope_type`` loadable by every transformers model with a rotary embedding.
+
+    Args:
+        rope_type: the name written to ``config.rope_parameters["rope_type"]``.
+        init_fn: ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)``.
+        validate: ``validate(config, rope_parameters, ignore_keys)``, called when a config is validated.
+            transformers' contract (its own types'): a missing required key raises ``KeyError``, an
+            unknown one is warned about (:func:`check_received_keys`), a bad value raises ``ValueError``.
+    """
+    existing = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(rope_type)
+    if existing is not None and existing is not init_fn:
+        raise ValueError(f"rope_type {rope_type!r} is already registered by {existing.__module__}")
+    modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] = init_fn
+
+    def validator(self, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
+        validate(self, rope_parameters, ignore_keys)
+
+    setattr(RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", validator)
+
+
+def check_received_keys(
+    config: Any, rope_parameters: dict[str, Any], required: set[str], optional: set[str], ignore_keys: set[str] | None
+) -> None:
+    """transformers' own key check of a rope entry: ``KeyError`` for a missing required key, a warning naming
+    each unknown one (``partial_rotary_factor`` is always allowed)."""
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type"))
+    config._check_received_keys(rope_type, set(rope_parameters), set(required), set(optional), ignore_keys=ignore_keys)
+
+
+def is_registered_rope_type(rope_type: str) -> bool:
+    return rope_type == "default" or rope_type in modeling_rope_utils.ROPE_INIT_FUNCTIONS
+
+
+def rotary_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every rotary embedding that reads the config's rope type."""
+    for name, module in model.named_modules():
+        if hasattr(module, "rope_type") and hasattr(module, "config") and _frequency_buffer(module) is not None:
+            yield name, module
+
+
+def _frequency_buffer(module: nn.Module) -> Any:
+    """``inv_freq``, or with per-layer-type rope parameters (Gemma 3) the first ``<layer type>_inv_freq``."""
+    if isinstance(module.rope_type, dict):
+        return next((getattr(module, f"{key}_inv_freq", None) for key in module.rope_type), None)
+    return getattr(module, "inv_freq", None)
+
+
+def rotary_device(module: nn.Module) -> Any:
+    """The device of a rotary module's frequencies."""
+    return _frequency_buffer(module).device
+
+
+def replace_module(model: nn.Module, qualified_name: str, new: nn.Module) -> None:
+    parent_name, _, child = qualified_name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def rebuild_rotary(module: nn.Module) -> nn.Module:
+    """A fresh rotary module of the same class built from ``module.config`` (patched by then).
+
+    The new ``inv_freq`` stays in fp32 on the old module's device whatever the model dtype.
+    """
+    new = type(module)(config=module.config)
+    return new.to(device=rotary_device(module))
+
+
+def restore_scaling_on_reset(rotary: nn.Module) -> None:
+    """Make transformers' dynamic reset restore ``attention_scaling`` along with ``inv_freq``.
+
+    ``@dynamic_rope_update`` sets both when a sequence grows past the longest seen, but when a
+    sequence shorter than the original context follows, it puts back only ``inv_freq``: a dynamic
+    YaRN model would keep the grown mscale on plain-RoPE frequencies. A forward pre-hook, run
+    before that update on the same state, restores the scaling the module was built with in
+    exactly that case. No effect on dynamic NTK, whose scaling is always 1.
+    """
+    if not hasattr(rotary, "attention_scaling"):  # per-layer-type modules: no dynamic YaRN (patching refuses it)
+        return
+    initial = rotary.attention_scaling
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if module.max_seq_len_cached <= module.original_max_seq_len:  # nothing grown: no reset coming
+            return
+        position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
+        if int(position_ids.max()) + 1 < module.original_max_seq_len:  # transformers' reset condition
+            module.attention_scaling = initial
+
+    rotary.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def rope_init_function(rope_type: str) -> RopeInitFn:
+    """transformers' ``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` for ``rope_type``."""
+    return modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
+
+
+def is_preallocated_cache(cache: Any) -> bool:
+    """Whether ``cache`` hands attention preallocated key buffers (``StaticCache``'s layers) rather than the keys so far."""
+    return any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ()))
+
+
+def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any]) -> None:
+    """Register ``attention_fn`` and its mask function as ``config._attn_implementation = name``.
+
+    transformers builds no causal mask at all for an attention name without a mask function, so
+    the two are always registered together.
+    """
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, mask_fn)
+
+
+def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask_like: str) -> None:
+    """Register ``attention_fn`` as ``config._attn_implementation = name``, masked like ``mask_like``.
+
+    Without an ``AttentionMaskInterface`` entry transformers silently builds no causal mask at all.
+    """
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_like])
+
+
+def attention_function(implementation: str, module: nn.Module) -> Callable[..., Any]:
+    """The attention function ``module`` would call for ``config._attn_implementation = implementation``.
+
+    ``"eager"`` is not in transformers' registry: each model file defines its own ``eager_attention_forward``.
+    """
+    if implementation == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def set_saved_attribute(config: Any, name: str, value: Any) -> None:
+    """Make ``config.save_pretrained`` write ``name: value`` at the top of config.json; ``None`` removes it.
+
+    ``PreTrainedConfig.to_dict`` serializes the instance ``__dict__``; ``rope_scaling`` is a
+    property aliasing ``rope_parameters`` in transformers 5, so only ``__dict__`` can hold it
+    (reading ``config.rope_scaling`` still gives ``rope_parameters``).
+    """
+    if value is None:
+        config.__dict__.pop(name, None)
+    else:
+        config.__dict__[name] = value

@@ -1,0 +1,41 @@
+"""NTK-aware scaling, static (a raised rope base, native ``default``) and dynamic (native ``dynamic``).
+
+bloc97 2023 and emozilla 2023, formalised in the YaRN paper (arXiv 2309.00071, sec. 3.1 and 3.3);
+the maths and the composition rule: docs/methods/ntk.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...rope_utils import ntk_pair_factors, ntk_theta
+from ..base import BaseRope, MethodConfig
+from ..dynamic import DynamicScaling
+
+
+@dataclass(frozen=True)
+class NTKConfig(MethodConfig):
+    """Static NTK-aware: rope base raised to theta * s^(d/(d-2)) (native ``default``)."""
+
+    paper = "bloc97 2023; YaRN paper arXiv:2309.00071 sec. 3.1"
+    composes = True
+
+    def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        return {**base.rope_parameters, "rope_theta": ntk_theta(base.theta, self.factor, base.rotary_dim)}
+
+    def pair_factors(self, base: BaseRope) -> torch.Tensor:
+        return ntk_pair_factors(self.factor, base.rotary_dim)
+
+
+@dataclass(frozen=True)
+class DynamicNTKConfig(DynamicScaling):
+    """Dynamic NTK: NTK base recomputed from the current length (native ``dynamic``)."""
+
+    paper = "emozilla 2023; YaRN paper arXiv:2309.00071 sec. 3.3"
+    static_equivalent = "ntk"
+
+    def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        return {**base.rope_parameters, "rope_type": "dynamic", "factor": self.factor}

@@ -1,0 +1,270 @@
+"""The method registry: one :func:`register_method` (or :func:`register_family`) call per family folder.
+
+A family folder's ``__init__.py`` registers its config classes, their surgery, the rope types
+and attention functions transformers must know, and aliases. Everything else (CLIs, the loader,
+tests, ``import hf_posext``'s registration with transformers) reads this registry instead of
+writing method names down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .. import integration
+from .base import MethodConfig
+from .surgery import NO_SURGERY, Surgery
+
+
+class RopeType(NamedTuple):
+    """A rope type registered with transformers' ``ROPE_INIT_FUNCTIONS``.
+
+    Attributes:
+        init: ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)``.
+        validate: ``validate(config, rope_parameters, ignore_keys)``, called when a config is validated:
+            a missing required key raises ``KeyError``, an unknown one is warned about
+            (:func:`hf_posext.integration.check_received_keys`), a bad value raises ``ValueError``.
+        old_names: earlier names of the type that saved checkpoints may still carry (registered too).
+    """
+
+    init: Callable[..., Any]
+    validate: Callable[[Any, dict[str, Any], "set[str] | None"], None]
+    old_names: tuple[str, ...] = ()
+
+
+class AttentionFunctions(NamedTuple):
+    """An attention implementation registered with transformers (``config._attn_implementation = name``).
+
+    Attributes:
+        forward: the ``AttentionInterface`` function.
+        mask: the ``AttentionMaskInterface`` function (without one transformers builds no causal mask).
+    """
+
+    forward: Callable[..., Any]
+    mask: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method of a family: its name, config class, surgery and aliases."""
+
+    name: str
+    config_cls: type[MethodConfig]
+    surgery: Surgery | type[Surgery] | None = None
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one family folder registered."""
+
+    name: str
+    methods: tuple[str, ...]
+    rope_types: dict[str, RopeType] = field(default_factory=dict)
+    attention: dict[str, AttentionFunctions] = field(default_factory=dict)
+
+
+_METHODS: dict[str, type[MethodConfig]] = {}
+_ALIASES: dict[str, str] = {}
+_SURGERY: dict[type[MethodConfig], Surgery] = {}
+_FAMILIES: dict[str, Family] = {}
+_ROPE_TYPES: dict[str, RopeType] = {}
+_ATTENTION: dict[str, AttentionFunctions] = {}
+_installed = False
+
+
+def register_method(
+    name: str,
+    config_cls: type[MethodConfig],
+    *,
+    surgery: Surgery | type[Surgery] | None = None,
+    aliases: Sequence[str] = (),
+    rope_types: Mapping[str, RopeType] | None = None,
+    attention: Mapping[str, AttentionFunctions] | None = None,
+    family: str | None = None,
+) -> Family:
+    """Register a one-method family; see :func:`register_family`.
+
+    ``family`` defaults to the folder ``config_cls`` is defined in (``hf_posext/methods/<family>/``),
+    else to ``name``.
+    """
+    return register_family(
+        family or _folder_of(config_cls) or name,
+        methods=[MethodSpec(name, config_cls, surgery, tuple(aliases))],
+        rope_types=rope_types,
+        attention=attention,
+    )
+
+
+def _folder_of(config_cls: type) -> str | None:
+    """The family folder (a sub-package of hf_posext.methods) ``config_cls`` is defined in, or ``None``."""
+    methods, _, _ = __name__.rpartition(".")
+    module = getattr(config_cls, "__module__", "")
+    if not module.startswith(methods + "."):
+        return None
+    folder = module[len(methods) + 1 :].split(".")[0]
+    return folder if hasattr(sys.modules.get(f"{methods}.{folder}"), "__path__") else None
+
+
+def register_family(
+    name: str,
+    *,
+    methods: Sequence[MethodSpec],
+    rope_types: Mapping[str, RopeType] | None = None,
+    attention: Mapping[str, AttentionFunctions] | None = None,
+) -> Family:
+    """Register a family's methods, surgery, rope types and attention functions, all or nothing.
+
+    Sets each config class's ``name``. Once ``import hf_posext`` has registered the registry with
+    transformers, a family registered later (a plugin) is registered with transformers at once.
+
+    Raises:
+        ValueError: a name or alias taken or not lower-case, a class that is not a
+            :class:`~hf_posext.methods.base.MethodConfig`, or a rope type / attention name that
+            another family registered with other functions.
+    """
+    rope_types, attention = dict(rope_types or {}), dict(attention or {})
+    if name in _FAMILIES:
+        raise ValueError(f"method family {name!r} is already registered")
+    keys = [key for spec in methods for key in (spec.name, *spec.aliases)]
+    for key in keys:
+        if not isinstance(key, str) or not key or key != key.lower():
+            raise ValueError(f"method names are non-empty lower-case strings, got {key!r}")
+        if key in _METHODS or key in _ALIASES or keys.count(key) > 1:
+            raise ValueError(f"method name {key!r} is already registered")
+    for spec in methods:
+        if not (isinstance(spec.config_cls, type) and issubclass(spec.config_cls, MethodConfig)):
+            raise ValueError(f"{spec.name}: config_cls must be a MethodConfig subclass, got {spec.config_cls!r}")
+        if not dataclasses.is_dataclass(spec.config_cls):
+            raise ValueError(f"{spec.name}: config_cls {spec.config_cls.__name__} must be a frozen dataclass")
+    for kind, given, known in (("rope type", rope_types, _ROPE_TYPES), ("attention", attention, _ATTENTION)):
+        for key, value in given.items():
+            if key in known and known[key] != value:
+                raise ValueError(f"{kind} {key!r} is already registered with other functions")
+    for spec in methods:
+        spec.config_cls.name = spec.name
+        _METHODS[spec.name] = spec.config_cls
+        for alias in spec.aliases:
+            _ALIASES[alias] = spec.name
+        if spec.surgery is not None:
+            _SURGERY[spec.config_cls] = spec.surgery() if isinstance(spec.surgery, type) else spec.surgery
+    _ROPE_TYPES.update(rope_types)
+    _ATTENTION.update(attention)
+    registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention)
+    _FAMILIES[name] = registered
+    if _installed:
+        _register_family_with_transformers(registered)
+    return registered
+
+
+def register_with_transformers() -> None:
+    """Register every registered rope type and attention function with transformers (``import hf_posext`` does)."""
+    global _installed
+    for family in _FAMILIES.values():
+        _register_family_with_transformers(family)
+    _installed = True
+
+
+def _register_family_with_transformers(family: Family) -> None:
+    for rope_type, entry in family.rope_types.items():
+        for key in (rope_type, *entry.old_names):
+            integration.register_rope_type(key, entry.init, entry.validate)
+    for attention_name, functions in family.attention.items():
+        integration.register_attention(attention_name, functions.forward, functions.mask)
+
+
+def families() -> dict[str, Family]:
+    """``{family name: what it registered}``, sorted by name."""
+    return dict(sorted(_FAMILIES.items()))
+
+
+def rope_types() -> dict[str, RopeType]:
+    """Every rope type a family registered (old names excluded)."""
+    return dict(_ROPE_TYPES)
+
+
+def attention_functions() -> dict[str, AttentionFunctions]:
+    """Every attention implementation a family registered."""
+    return dict(_ATTENTION)
+
+
+def available_methods() -> list[str]:
+    """The registered method names (aliases excluded), sorted."""
+    return sorted(_METHODS)
+
+
+def method_aliases() -> dict[str, str]:
+    """``{alias: registered name}`` of every alias (e.g. ``"pi": "linear"``)."""
+    return dict(sorted(_ALIASES.items()))
+
+
+def canonical_name(name: str) -> str:
+    """The registered name of ``name`` or of the alias ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    return method_class(name).name
+
+
+def method_class(name: str) -> type[MethodConfig]:
+    """The config class registered under ``name`` or one of its aliases.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    key = _ALIASES.get(name, name) if isinstance(name, str) else name
+    if key not in _METHODS:
+        known = ", ".join(available_methods())
+        aliases = ", ".join(f"{a} (= {n})" for a, n in sorted(_ALIASES.items()))
+        raise ValueError(f"unknown method {name!r}; available methods: {known}; aliases: {aliases}")
+    return _METHODS[key]
+
+
+def method_config(method: str | MethodConfig, **kwargs: Any) -> MethodConfig:
+    """A method config from a name (or alias) and keyword arguments; a config passes through (with ``kwargs`` replaced).
+
+    Example:
+        >>> hf_posext.method_config("yarn", factor=4)
+        YarnConfig(factor=4.0, original_max_position_embeddings=None, beta_fast=32.0, beta_slow=1.0, attention_factor=None)
+
+    Raises:
+        ValueError: for an unknown method or an argument the method does not take.
+    """
+    if isinstance(method, MethodConfig):
+        if kwargs:
+            return dataclasses.replace(method, **kwargs)
+        return method
+    cls = method_class(method)
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"method {cls.name!r} does not take {unknown}; its arguments are: {', '.join(allowed)}")
+    return cls(**kwargs)
+
+
+#: The name :func:`method_config` had before 0.2.
+make_method = method_config
+
+
+def surgery_for(method: MethodConfig | type[MethodConfig]) -> Surgery:
+    """The surgery registered for ``method``'s class or its nearest base class (:data:`NO_SURGERY` if none)."""
+    cls = method if isinstance(method, type) else type(method)
+    for base in cls.__mro__:
+        if base in _SURGERY:
+            return _SURGERY[base]
+    return NO_SURGERY
+
+
+def needs_surgery(method: str | MethodConfig | type[MethodConfig]) -> bool:
+    """Whether ``method`` does more to a model than new rope parameters (then a saved checkpoint
+    needs ``import hf_posext`` or :func:`hf_posext.from_pretrained` to load as saved)."""
+    return surgery_for(method_class(method) if isinstance(method, str) else method) is not NO_SURGERY
+
+
+def composable_methods() -> list[str]:
+    """The methods that can be applied on top of a checkpoint's own static scaling."""
+    return [name for name in available_methods() if _METHODS[name].composes]

@@ -1,0 +1,63 @@
+"""The ``Accelerator`` of a fine-tune run and its data-parallel layout; the strategy comes from the launcher.
+
+DDP, FSDP2, DeepSpeed ZeRO-3 and context parallelism are chosen by the ``accelerate launch``
+config (examples/accelerate/*.yaml), never here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import is_bf16_available
+
+from .config import TrainConfig
+
+
+def resolve_mixed_precision(choice: str) -> str | None:
+    """``auto``: the launcher's setting if any, else bf16 on an accelerator that has it, else fp32.
+
+    Returns None to let ``Accelerator`` read the launcher's setting.
+    """
+    if choice != "auto":
+        return choice
+    if os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        return None
+    # is_bf16_available is True on a bare CPU, where bf16 autocast is slower than fp32: ask only
+    # when there is an accelerator (CUDA, XPU, MPS, ...).
+    return "bf16" if torch.accelerator.is_available() and is_bf16_available() else "no"
+
+
+def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator:
+    """An ``Accelerator`` for ``config``; the strategy (DDP, FSDP2, ...) comes from the launcher."""
+    kwargs: dict[str, Any] = {"gradient_accumulation_steps": accumulation}
+    mixed = resolve_mixed_precision(config.mixed_precision)
+    if mixed is not None:
+        kwargs["mixed_precision"] = mixed
+    if config.report_to != "none":
+        kwargs["log_with"] = config.report_to
+        kwargs["project_dir"] = str(config.checkpoint_path / "logs")
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and not torch.accelerator.is_available():
+        # Under torchrun on a machine without accelerators, accelerate only goes multi-process
+        # (gloo) when told it runs on CPU; otherwise every rank silently trains alone.
+        kwargs["cpu"] = True
+    accelerator = Accelerator(**kwargs)
+    if accelerator.num_processes != launched:
+        raise RuntimeError(
+            f"launched with WORLD_SIZE={launched} but accelerate runs {accelerator.num_processes} process(es); "
+            "start multi-process runs with accelerate launch or torchrun"
+        )
+    return accelerator
+
+
+def data_parallel_layout(accelerator: Accelerator) -> tuple[int, int]:
+    """``(size, rank)`` of the data-parallel group: context/tensor-parallel peers share a batch."""
+    pc = accelerator.parallelism_config
+    if pc is not None and pc.non_data_parallel_size > 1:
+        if pc.data_parallel_size == 1:
+            return 1, 0
+        return pc.data_parallel_size, accelerator.torch_device_mesh["dp"].get_local_rank()
+    return accelerator.num_processes, accelerator.process_index

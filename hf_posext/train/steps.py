@@ -1,0 +1,73 @@
+"""What one step of the recipe computes: the training loss of a batch, and the held-out evaluation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from accelerate import Accelerator
+
+from .blocks import take_blocks
+from .loss import causal_lm_loss
+
+
+def forward_loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                 pose: bool = False, accelerator: Accelerator | None = None, loss_chunk_size: int = 0) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``input_ids`` ``[batch, seq]`` at ``position_ids``.
+
+    Labels are shifted here rather than inside the model, so that context parallelism can shard
+    inputs and labels alike (accelerate's CP guide); the last position has no target.
+    ``loss_chunk_size > 0`` computes the same loss without all logits (see loss.py).
+    """
+    shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
+    kwargs: dict[str, Any] = {}
+    if pose:
+        # Skipped positions would otherwise be read as packed-sequence boundaries (see pose.py).
+        kwargs["attention_mask"] = torch.ones_like(input_ids)
+    buffers = [input_ids, position_ids, shift_labels]
+    cp = accelerator is not None and accelerator.parallelism_config is not None and \
+        accelerator.parallelism_config.cp_enabled
+    if cp:
+        with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
+                                                no_restore_buffers=set(buffers)):
+            if loss_chunk_size:
+                return causal_lm_loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, **kwargs)
+            return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
+                         shift_labels=shift_labels, use_cache=False, **kwargs).loss
+    if loss_chunk_size:
+        return causal_lm_loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, **kwargs)
+    return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
+                 shift_labels=shift_labels, use_cache=False, **kwargs).loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, blocks: np.ndarray, accelerator: Accelerator, dp_size: int, dp_rank: int,
+             micro_batch_size: int = 1) -> dict[str, float]:
+    """Mean loss and perplexity of ``blocks`` (full length, contiguous positions), over all processes.
+
+    Every process runs the same number of forwards (sharded models need that); the padding
+    repeats a block with weight 0.
+    """
+    model.eval()
+    count = len(blocks)
+    per_rank = math.ceil(count / dp_size)
+    total = torch.zeros(2, device=accelerator.device, dtype=torch.float64)
+    for start in range(0, per_rank, micro_batch_size):
+        slots = [dp_rank * per_rank + i for i in range(start, min(start + micro_batch_size, per_rank))]
+        weights = [1.0 if slot < count else 0.0 for slot in slots]
+        input_ids = take_blocks(blocks, [slot % count for slot in slots]).to(accelerator.device)
+        positions = torch.arange(input_ids.shape[1], device=accelerator.device).expand_as(input_ids)
+        with accelerator.autocast():
+            logits = model(input_ids=input_ids, position_ids=positions, use_cache=False).logits.float()
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none"
+        ).mean(dim=1)
+        weight = torch.tensor(weights, device=nll.device, dtype=torch.float64)
+        total += torch.stack([(nll.double() * weight).sum(), weight.sum()])
+    total = accelerator.reduce(total, reduction="sum")
+    model.train()
+    loss = float(total[0] / total[1])
+    return {"loss": loss, "perplexity": math.exp(loss)}

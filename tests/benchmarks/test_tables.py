@@ -1,0 +1,55 @@
+"""The docs' benchmark tables are generated: every marked block equals what ``benchmarks/tables.py`` writes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import tables  # noqa: E402  (benchmarks/ is not a package)
+
+
+def test_every_marked_block_in_the_docs_is_what_the_generator_writes_from_the_committed_json():
+    pages = tables.marked_pages()
+    assert pages, "no page holds a <!-- table:NAME --> block"
+    cache: dict[str, str] = {}
+    stale = [str(p.relative_to(ROOT)) for p in pages if tables.rewrite(p.read_text(), cache) != p.read_text()]
+    assert not stale, f"run `python benchmarks/tables.py`: stale tables in {stale}"
+
+
+@pytest.mark.parametrize("name", sorted(tables.TABLES))
+def test_every_table_renders_from_what_is_committed(name):
+    text = tables.render(name)
+    assert text.startswith(("|", "_Not measured yet", "_Skipped", "NVIDIA")), text[:200]
+
+
+def test_a_table_cell_is_the_json_value_of_its_row_and_column():
+    cells = json.loads((ROOT / "benchmarks/results/real_model/results.json").read_text())["cells"]
+    rows = {line.split(" | ")[0].lstrip("| "): line.strip("|").split("|")
+            for line in tables.real_model_ppl().splitlines()[2:]}
+    assert rows["yarn, s = 4"][4].strip() == f"{cells['ppl/yarn@4/32768']['value']['perplexity']:.2f}"
+    assert rows["linear, s = L/8k"][3].strip() == f"{cells['ppl/linear@2/16384']['value']['perplexity']:.2f}"
+
+
+def test_rewrite_replaces_the_blocks_only_and_check_names_a_stale_page(tmp_path, monkeypatch, capsys):
+    page = tmp_path / "site" / "page.md"
+    page.parent.mkdir()
+    page.write_text("# Title\n\ntext before\n<!-- table:patch-overhead -->\nold\n<!-- /table:patch-overhead -->\nafter\n")
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "marked_pages", lambda root=tmp_path: [page])
+    assert tables.main(["--check"]) == 1 and "stale: site/page.md" in capsys.readouterr().out
+    assert "old" in page.read_text()
+    assert tables.main([]) == 0
+    text = page.read_text()
+    assert text.startswith("# Title\n\ntext before\n<!-- table:patch-overhead -->\n| method |")
+    assert text.endswith("|\n<!-- /table:patch-overhead -->\nafter\n") and "old" not in text
+    assert tables.main(["--check"]) == 0
+
+
+def test_an_unknown_table_name_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="gpu-mfu"):
+        tables.render("no-such-table")

@@ -1,0 +1,54 @@
+"""``hf-posext finetune``: the recipe's flags behind the sub-command, ``python -m`` and the closing summary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_posext.commands.finetune import main as finetune_main
+from hf_posext.commands.finetune import summary
+from hf_posext.commands.main import main
+from hf_posext.train.loop import TrainResult
+
+
+def test_help_is_the_recipe_parsers(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["finetune", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: hf-posext finetune") and "--max_train_steps" in text and "--set" in text
+
+
+def test_sub_command_and_module_report_bad_input_alike(tmp_path, capsys):
+    argv = ["--config", str(tmp_path / "missing.yaml")]
+    assert main(["finetune", *argv]) == 2
+    assert finetune_main(argv) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == [f"hf-posext: error: config file '{tmp_path / 'missing.yaml'}' does not exist",
+                      f"hf-posext finetune: error: config file '{tmp_path / 'missing.yaml'}' does not exist"]
+
+
+def test_python_dash_m_runs_the_command(tmp_path):
+    # What `accelerate launch -m hf_posext.commands.finetune` starts in every process.
+    done = subprocess.run([sys.executable, "-m", "hf_posext.commands.finetune", "--model", "m", "--dataset", "d.txt"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("output_dir is required: the folder the fine-tuned checkpoint is written to "
+                                        "(--output-dir)")
+
+
+def test_summary_prints_perplexity_before_and_after():
+    result = TrainResult(output_dir=Path("out/m"), steps=30, tokens=100, final_loss=1.23456, losses=[2.0, 1.23456],
+                         eval={"before": 12.3456, "after": 6.54321})
+    assert summary(result).splitlines() == [
+        "wrote out/m (30 steps, final loss 1.2346)",
+        "",
+        "held-out perplexity (eval_blocks)",
+        "| before | after |",
+        "|---:|---:|",
+        "| 12.3456 | 6.5432 |",
+    ]
+    assert summary(TrainResult(Path("o"), 1, 1, 0.5, [0.5])) == "wrote o (1 steps, final loss 0.5000)"

@@ -1,0 +1,183 @@
+"""The method registry: one folder per family, found rather than listed, and registered with transformers from it."""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from transformers import modeling_rope_utils
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+import hf_posext
+import hf_posext.readers.transformers5
+from hf_posext import methods
+from hf_posext.methods.registry import MethodSpec, RopeType, register_family, register_method
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(hf_posext.__file__).parent
+
+
+def test_every_family_folder_is_registered_and_nothing_else():
+    folders = {info.name for info in pkgutil.iter_modules(methods.__path__) if info.ispkg}
+    assert set(methods.families()) == folders
+    registered = [name for family in methods.families().values() for name in family.methods]
+    assert sorted(registered) == hf_posext.available_methods()
+
+
+def test_config_classes_are_found_at_the_top_level_and_in_methods():
+    for name in hf_posext.available_methods():
+        cls = hf_posext.method_class(name)
+        assert cls.name == name
+        assert getattr(hf_posext, cls.__name__) is cls is getattr(methods, cls.__name__)
+        assert cls.__name__ in hf_posext.__all__
+
+
+def test_registered_rope_types_and_attention_reach_transformers():
+    for name, entry in methods.registry.rope_types().items():
+        for key in (name, *entry.old_names):
+            assert modeling_rope_utils.ROPE_INIT_FUNCTIONS[key] is entry.init
+    for name, functions in methods.registry.attention_functions().items():
+        assert ALL_ATTENTION_FUNCTIONS[name] is functions.forward
+        assert ALL_MASK_ATTENTION_FUNCTIONS[name] is functions.mask
+
+
+def test_checkpoints_saved_under_the_old_rope_type_names_still_load():
+    assert hf_posext.readers.transformers5.renamed_rope_types().items() >= {
+        "hf_posext_dynamic_yarn": "hf_posext_dynamic_yarn (requires: import hf_posext)",
+        "hf_posext_none": "hf_posext_none (requires: import hf_posext)",
+    }.items()
+
+
+def test_the_saved_names_are_unchanged():
+    families = methods.families()
+    assert set(families["yarn"].rope_types) == {"hf_posext_dynamic_yarn (requires: import hf_posext)"}
+    assert set(families["alibi"].rope_types) == set(families["absolute"].rope_types) == {
+        "hf_posext_none (requires: import hf_posext)"
+    }
+    assert set(families["alibi"].attention) == {"hf_posext_alibi (requires: import hf_posext)", "hf_posext_alibi"}
+
+
+def test_a_refused_registration_leaves_nothing_behind():
+    before = (hf_posext.available_methods(), hf_posext.method_aliases(), methods.families().keys())
+
+    class Toy(hf_posext.YarnConfig):
+        pass
+
+    with pytest.raises(ValueError, match="'pi' is already registered"):
+        register_family("toy", methods=[MethodSpec("toy", Toy), MethodSpec("toy2", Toy, aliases=("pi",))])
+    with pytest.raises(ValueError, match="already registered with other functions"):
+        register_method("toy", Toy, rope_types={"hf_posext_none (requires: import hf_posext)": RopeType(print, print)})
+    with pytest.raises(ValueError, match="must be a MethodConfig subclass"):
+        register_method("toy", dict)
+    assert (hf_posext.available_methods(), hf_posext.method_aliases(), methods.families().keys()) == before
+
+
+def test_deprecated_names_still_work():
+    with pytest.warns(DeprecationWarning, match="MethodConfig"):
+        assert hf_posext.PositionMethod is hf_posext.MethodConfig
+    assert hf_posext.make_method is hf_posext.method_config
+
+
+TOY_FAMILY = '''
+"""A throwaway family written by tests/methods/test_registry.py."""
+
+from dataclasses import dataclass
+
+from ...rope_utils import default_inv_freq, rope_parameters_for, rotary_dim_of
+from ..base import MethodConfig
+from ..registry import RopeType, register_method
+
+TOY_ROPE_TYPE = "hf_posext_toy"
+
+
+def toy_rope(config, device=None, seq_len=None, layer_type=None):
+    params = rope_parameters_for(config, layer_type)
+    return default_inv_freq(params["rope_theta"], rotary_dim_of(config, params), device) / params["factor"], 1.0
+
+
+@dataclass(frozen=True)
+class ToyConfig(MethodConfig):
+    """Toy: every frequency divided by factor, through a rope type of its own."""
+
+    paper = "none"
+
+    def rope_parameters(self, base):
+        return {**base.rope_parameters, "rope_type": TOY_ROPE_TYPE, "factor": self.factor}
+
+
+register_method("toy", ToyConfig, aliases=("toy_alias",), rope_types={TOY_ROPE_TYPE: RopeType(toy_rope, lambda config, parameters, ignore_keys: None)})
+'''
+
+
+def test_adding_a_method_is_adding_a_folder(tmp_path):
+    """A family folder dropped into a copy of the package is a method everywhere: the registry, the
+    ``hf-posext`` command, transformers and the tests parametrised over the registry."""
+    shutil.copytree(PACKAGE_DIR, tmp_path / "hf_posext", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "hf_posext" / "methods" / "toy").mkdir()
+    (tmp_path / "hf_posext" / "methods" / "toy" / "__init__.py").write_text(textwrap.dedent(TOY_FAMILY))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    found = run("-c", textwrap.dedent("""
+        import hf_posext
+        from transformers import modeling_rope_utils
+        assert hf_posext.__file__.startswith(%r), hf_posext.__file__
+        assert "toy" in hf_posext.available_methods() and hf_posext.method_aliases()["toy_alias"] == "toy"
+        assert "hf_posext_toy" in modeling_rope_utils.ROPE_INIT_FUNCTIONS
+        print(hf_posext.ToyConfig.__name__)
+    """ % str(tmp_path)))
+    assert found.strip() == "ToyConfig"
+    script = re.search(r'^hf-posext = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    module, _, function = script.group(1).partition(":")  # the console script, wherever the CLI lives
+    listed = run("-c", f"import sys; from {module} import {function}; sys.exit({function}(['methods']))")
+    assert any(line.startswith("toy ") for line in listed.splitlines())
+    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_patching.py"), "-k", "toy")
+    assert " passed" in tests and "failed" not in tests
+    assert "deselected" in tests  # only the toy's cases ran
+
+
+def test_the_readers_hints_name_registered_static_methods():
+    for name in hf_posext.available_methods():
+        static = hf_posext.method_class(name).static_equivalent
+        assert static is None or (static in hf_posext.available_methods() and not hf_posext.method_class(static).dynamic)
+    assert {n for n in hf_posext.available_methods() if hf_posext.method_class(n).static_equivalent} == {
+        n for n in hf_posext.available_methods() if hf_posext.method_class(n).dynamic
+    }
+
+
+def test_the_public_surface_resolves_and_is_documented():
+    for name in hf_posext.__all__:
+        value = getattr(hf_posext, name)
+        assert name == "__version__" or name == "SUPPORTED_MODEL_TYPES" or value.__doc__, name
+    assert "PositionMethod" not in hf_posext.__all__
+
+
+def test_a_family_registered_after_import_reaches_transformers_at_once():
+    """An out-of-tree family (a plugin) calls register_method after ``import hf_posext``."""
+    code = textwrap.dedent(TOY_FAMILY).replace("from ...rope_utils", "from hf_posext.rope_utils").replace(
+        "from ..base", "from hf_posext.methods.base").replace("from ..registry", "from hf_posext.methods.registry")
+    code = "import hf_posext\n" + code + textwrap.dedent("""
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=16)
+        model = hf_posext.patch_model(LlamaForCausalLM(config), "toy_alias", factor=2)
+        assert model.config.rope_parameters["rope_type"] == "hf_posext_toy"
+        assert hf_posext.patched_method(model) == ToyConfig(factor=2, original_max_position_embeddings=16)
+        model(torch.tensor([[1, 2, 3]]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
