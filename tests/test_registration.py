@@ -1,6 +1,6 @@
 """Every rope type hf-posext registers follows transformers' validation contract (issue 24, item 10).
 
-The checks of transformers 5.x ``tests/utils/test_modeling_rope_utils.py::RopeTest::test_rope_validation``
+The checks of transformers 5.x' own ``RopeTest::test_rope_validation`` (its ``utils/test_modeling_rope_utils.py``)
 (flat, nested per layer type, nested with the same entry for every layer type), run over the rope types
 ``import hf_posext`` registers: a type's entry without its required keys raises ``KeyError``, a key
 that belongs to another type's parameters raises too (the required ones are still missing), and an

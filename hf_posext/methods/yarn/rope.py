@@ -12,7 +12,6 @@ import torch
 
 from ... import integration
 from ...rope_utils import (
-    DYNAMIC_YARN_ROPE_TYPE,
     default_inv_freq,
     dynamic_yarn_scale,
     rope_parameters_for,
