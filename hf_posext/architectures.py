@@ -212,7 +212,9 @@ def _reference_rotation(x: torch.Tensor, angles: torch.Tensor, scaling: float) -
 
 
 def check_exact_dynamic(
-    config: PreTrainedConfig, model: nn.Module | None, rotary: nn.Module | None = None
+    config: PreTrainedConfig, model: nn.Module | None, rotary: nn.Module | None = None, *,
+    purpose: str = "exact_cache=True",
+    fallback: str = "patch with exact_cache=False (transformers' dynamic behaviour, stale cached keys)",
 ) -> list[nn.Module]:
     """Refuse ``exact_cache=True`` on a model whose attention rotates differently than the exact wrapper.
 
@@ -224,6 +226,8 @@ def check_exact_dynamic(
         model: ``None`` checks only what the config decides.
         rotary: the rotary module to check with; default: the model's first (a base model being
             built has not registered its own yet).
+        purpose, fallback: what needs the check and what to do instead, for the messages (the
+            training-free methods rotate in the same pairing).
 
     Returns:
         The attention modules (none without a model).
@@ -231,35 +235,34 @@ def check_exact_dynamic(
     Raises:
         ValueError: naming what does not fit and the ``exact_cache=False`` alternative.
     """
-    fallback = "patch with exact_cache=False (transformers' dynamic behaviour, stale cached keys)"
     model_type = getattr(config, "model_type", None)
     if nested_rope_keys(config):
         raise ValueError(
-            f"exact_cache=True does not support per-layer-type rope parameters (model_type={model_type!r}, layer "
+            f"{purpose} does not support per-layer-type rope parameters (model_type={model_type!r}, layer "
             f"types {nested_rope_keys(config)}); {fallback}"
         )
     if model_type in EXACT_DYNAMIC_UNSUPPORTED:
         raise ValueError(
-            f"exact_cache=True does not support model_type={model_type!r}: {EXACT_DYNAMIC_UNSUPPORTED[model_type]}; "
+            f"{purpose} does not support model_type={model_type!r}: {EXACT_DYNAMIC_UNSUPPORTED[model_type]}; "
             f"{fallback}"
         )
     if getattr(config, "qk_rope_head_dim", None):
         raise ValueError(
-            f"exact_cache=True does not support multi-head latent attention (model_type={model_type!r}: rope on "
+            f"{purpose} does not support multi-head latent attention (model_type={model_type!r}: rope on "
             f"qk_rope_head_dim={config.qk_rope_head_dim} channels after the un-rotated ones); {fallback}"
         )
     if model is None:
         return []
     attention = attention_modules(model)
     if not attention:
-        raise ValueError(f"exact_cache=True: {type(model).__name__} has no attention module (a ...Attention class "
+        raise ValueError(f"{purpose}: {type(model).__name__} has no attention module (a ...Attention class "
                          f"with layer_idx) to wrap; {fallback}")
     source = sys.modules[type(attention[0]).__module__]
     apply = getattr(source, "apply_rotary_pos_emb", None)
     if rotary is None:
         rotary = next((m for _, m in integration.rotary_modules(model)), None)
     if apply is None or rotary is None:
-        raise ValueError(f"exact_cache=True: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
+        raise ValueError(f"{purpose}: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
                          f"module) whose convention can be checked; {fallback}")
     device = rotary.inv_freq.device
     if device.type == "meta":  # a model being built by from_pretrained: the same module with values, on CPU
@@ -273,13 +276,13 @@ def check_exact_dynamic(
         try:
             rotated, _ = apply(x, x, cos, sin)
         except Exception as error:  # any failure means the convention cannot be confirmed
-            raise ValueError(f"exact_cache=True: {source.__name__}.apply_rotary_pos_emb could not be checked "
+            raise ValueError(f"{purpose}: {source.__name__}.apply_rotary_pos_emb could not be checked "
                              f"({type(error).__name__}: {error}); {fallback}") from error
         angles = positions[0, :, None].float() * rotary.inv_freq.float()
         expected = _reference_rotation(x, angles, float(getattr(rotary, "attention_scaling", 1.0)))
     if rotated.shape != expected.shape or not torch.allclose(rotated, expected, rtol=1e-4, atol=1e-5):
         raise ValueError(
-            f"exact_cache=True: {source.__name__}.apply_rotary_pos_emb does not rotate channel pairs (i, i + "
+            f"{purpose}: {source.__name__}.apply_rotary_pos_emb does not rotate channel pairs (i, i + "
             f"rotary_dim / 2) as the exact wrapper does (e.g. interleaved pairs, as in Cohere); {fallback}"
         )
     return attention

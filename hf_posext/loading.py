@@ -20,8 +20,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from . import readers
 from .gguf import resolve_model_source
+from .methods.dca import DualChunkConfig
 from .methods.registry import surgery_for
-from .patching import CONFIG_KEY, method_from_record
+from .patching import CONFIG_KEY, method_from_record, patch_model
 
 _hook_handle: Any = None
 
@@ -41,6 +42,8 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     if name == "embed_tokens" and not isinstance(submodule, nn.Embedding):
         return None
     record = getattr(getattr(parent, "config", None), CONFIG_KEY, None)
+    if record is None and name == "embed_tokens":
+        record = _adopt_dual_chunk_config(parent.config)
     if not isinstance(record, dict) or "method" not in record:
         return None
     method = method_from_record(record)
@@ -49,6 +52,25 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     readers.restore_on_load(parent.config)  # old rope type names, legacy fields; before the rotary is built
     surgery_for(method).on_model_init(method, parent)
     return None
+
+
+def _adopt_dual_chunk_config(config: Any) -> dict[str, Any] | None:
+    """Patch, with ``dca``, a config that ships ``dual_chunk_attention_config`` and no hf-posext record.
+
+    Qwen2.5-7B/14B-Instruct-1M (and Qwen3 2507's 1M configs) carry vLLM's field
+    ``{chunk_size, local_size, original_max_position_embeddings}``, which transformers ignores: the
+    model would run plain RoPE far past its chunk size. The config keeps its advertised context.
+    """
+    fields = getattr(config, "dual_chunk_attention_config", None)
+    if not isinstance(fields, dict) or "chunk_size" not in fields:
+        return None
+    chunk = int(fields["chunk_size"])
+    original = int(fields.get("original_max_position_embeddings") or chunk)
+    local = fields.get("local_size")
+    factor = max(1.0, int(config.max_position_embeddings) / original)
+    patch_model(config, DualChunkConfig(factor=factor, original_max_position_embeddings=original, chunk_size=chunk,
+                                        local_size=None if local is None else int(local)))
+    return getattr(config, CONFIG_KEY)
 
 
 def set_construction_hook(enabled: bool) -> None:

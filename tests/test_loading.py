@@ -21,6 +21,8 @@ CASES = {
     "dynamic_yarn": {"factor": 4},
     "dynamic_ntk": {"factor": 4, "exact_cache": False},
     "yarn": {"factor": 4},
+    "self_extend": {"group_size": 4, "window_size": 8},
+    "dca": {},
 }
 
 

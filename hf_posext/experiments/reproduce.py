@@ -53,7 +53,7 @@ class ReproConfig:
     model: TinyLMConfig = TinyLMConfig()
     #: ``rope`` and every registered method that replaces RoPE (ALiBi, sinusoidal, learned).
     positions: tuple[str, ...] = field(default_factory=lambda: (
-        "rope", *(m for m in available_methods() if not method_class(m).scales_rope)))
+        "rope", *(m for m in available_methods() if not method_class(m).scales_rope and not method_class(m).takes_factor)))
     multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     documents: int = 24
     factor: float = 8.0

@@ -107,6 +107,9 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
     method = (getattr(config, "hf_posext", None) or {}).get("method")
+    if method in ("self_extend", "dca"):
+        verdicts.update(_remap_verdicts(config, method))
+        return verdicts
     if method is not None and method_class(method).adds_weights:
         verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
     elif rope_type in transformers5.custom_rope_types():
@@ -116,6 +119,30 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     else:
         verdicts["llama.cpp"] = _engine_verdict(llamacpp.effective_rope(keys), intended,
                                                 int(keys.get("context_length", 0)), context)
+    return verdicts
+
+
+#: Model types whose vLLM model file reads ``dual_chunk_attention_config`` (vLLM main: qwen2.py,
+#: qwen2_moe.py, qwen3.py, qwen3_moe.py).
+VLLM_DUAL_CHUNK_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+
+
+def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
+    """Readers of a self_extend / dca checkpoint (docs/methods/training_free.md): attention, not rope."""
+    plain = "runs the checkpoint's rope with plain attention: no remapped positions"
+    verdicts: dict[str, Verdict] = {
+        "transformers 5": ("right", "after `import hf_posext`; without it, from_pretrained refuses the "
+                                    "attn_implementation config.json names"),
+        "transformers 4.57": ("wrong", f"{plain} (hf-posext's record is not read; not run here)"),
+        "vLLM": ("wrong", f"{plain} (vLLM has no Self-Extend)"),
+        "SGLang": ("wrong", f"{plain} (not checked per model)"),
+        "llama.cpp": ("wrong", f"the converter keeps the rope only: {plain}"),
+    }
+    if method == "dca" and getattr(config, "model_type", None) in VLLM_DUAL_CHUNK_MODEL_TYPES:
+        verdicts["vLLM"] = ("right", "reads dual_chunk_attention_config (DualChunkFlashAttention; plain-theta "
+                                     "frequencies)")
+    elif method == "dca":
+        verdicts["vLLM"] = ("wrong", f"{plain} (vLLM reads dual_chunk_attention_config for the Qwen family only)")
     return verdicts
 
 

@@ -63,6 +63,9 @@ def test_the_saved_names_are_unchanged():
         "hf_posext_none (requires: import hf_posext)"
     }
     assert set(families["alibi"].attention) == {"hf_posext_alibi (requires: import hf_posext)", "hf_posext_alibi"}
+    assert set(methods.registry.attention_functions()) == {
+        "hf_posext_alibi (requires: import hf_posext)", "hf_posext_alibi",
+        "hf_posext_remap (requires: import hf_posext)", "hf_posext_remap_eager", "hf_posext_remap_sdpa"}
 
 
 def test_a_refused_registration_leaves_nothing_behind():

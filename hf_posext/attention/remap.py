@@ -1,0 +1,367 @@
+"""Attention over remapped positions: what the training-free methods (Self-Extend, DCA) share.
+
+In transformers 5 an attention function receives queries and keys already rotated at their true
+positions. A method that scores some (query, key) pairs at other positions turns them further by
+the difference, ``R(p' theta) x = R((p' - p) theta) R(p theta) x`` (:func:`rotate_by`, fp32); the
+rotary module's attention factor is already in q and k, so it is counted once.
+
+:func:`segmented_attention` then scores each block of query rows against its keys as a few
+column segments, each with its own (query, key) variant, or two variants chosen per pair; the
+segments are concatenated into one row of scores, masked and normalised by one fp32 softmax. It
+never holds more than one ``[block, keys]`` score matrix per head, whatever the length.
+The methods say where their segments are (:class:`Layout`); the maths is in
+``docs/methods/training_free.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from .. import integration
+
+#: The attribute of an attention module holding its :class:`RemapState`.
+STATE_ATTR = "_hf_posext_remap"
+#: ``config._attn_implementation`` of the remapping wrapper of kernel ``k``: ``ATTENTION_PREFIX + k``.
+ATTENTION_PREFIX = "hf_posext_remap_"
+#: The ``attn_implementation`` a patched config.json carries: transformers without hf-posext refuses to
+#: load it (rather than silently running plain RoPE); with it, the model gets the wrapper of sdpa
+#: (or of the kernel ``from_pretrained(..., attn_implementation=...)`` asks for).
+SAVED_ATTENTION = "hf_posext_remap (requires: import hf_posext)"
+#: The kernels whose masks the wrapper reads (and that run short inputs unchanged).
+SUPPORTED_KERNELS = ("eager", "sdpa")
+#: Score elements per head group and block: keeps one block's scores near 64 MiB in fp32.
+BLOCK_ELEMENTS = 2**24
+
+
+def rotate_by(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Turn already-rotated ``x`` by ``delta`` more positions, rotate-half pairing, in fp32.
+
+    Args:
+        x: ``[batch, heads, seq, head_dim]``; channels past ``2 * len(inv_freq)`` are passed through.
+        delta: ``[batch, seq]`` position differences (integers).
+        inv_freq: ``[rotary_dim // 2]`` the rotary module's frequencies.
+
+    Returns:
+        ``[batch, heads, seq, head_dim]`` float32.
+    """
+    half = inv_freq.shape[0]
+    angles = delta.to(torch.float32)[:, None, :, None] * inv_freq.to(device=x.device, dtype=torch.float32)
+    cos, sin = angles.cos(), angles.sin()
+    x = x.to(torch.float32)
+    first, second = x[..., :half], x[..., half : 2 * half]
+    turned = (first * cos - second * sin, second * cos + first * sin)
+    return torch.cat((*turned, x[..., 2 * half :]), dim=-1) if 2 * half < x.shape[-1] else torch.cat(turned, dim=-1)
+
+
+@dataclass
+class Piece:
+    """Keys ``[start, stop)`` of one query block, scored by ``query . key``, or per pair by one of two variants.
+
+    ``query`` is ``[rows, kv_heads, groups * block, head_dim]``, ``key`` ``[rows, kv_heads, keys, head_dim]``
+    (already sliced to the piece). With ``other`` set, a pair scores ``query . key`` where
+    ``first`` (``[block, stop - start]`` bool) is True and ``other[0] . other[1]`` elsewhere.
+    """
+
+    start: int
+    stop: int
+    query: torch.Tensor
+    key: torch.Tensor
+    other: tuple[torch.Tensor, torch.Tensor] | None = None
+    first: torch.Tensor | None = None
+    #: The block's own keys (``stop - start`` = rows): causal, top-left aligned.
+    causal: bool = False
+
+
+class Layout(Protocol):
+    """Where a method's score segments are, for the rows of a batch that share one position offset."""
+
+    def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
+        """Query row ranges ``[start, stop)`` (0-based among the new tokens) of at most ``size`` rows."""
+        ...
+
+    def pieces(self, start: int, stop: int) -> list[Piece]:
+        """The pieces of query rows ``[start, stop)``, covering keys ``[0, past + stop)`` in order."""
+        ...
+
+
+class Remapping(Protocol):
+    """A method's position remapping, with its hyper-parameters resolved for one model."""
+
+    name: str
+
+    def active(self, last_position: int) -> bool:
+        """Whether any pair up to query position ``last_position`` is scored at other positions."""
+        ...
+
+    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
+               inv_freq: torch.Tensor) -> Layout:
+        """The pieces for rows sharing ``offset``; ``query`` ``[rows, heads, seq, d]``, ``key`` ``[rows, kv_heads, kv_len, d]``."""
+        ...
+
+
+class RemapState:
+    """What an attention module needs to remap positions; a plain object, so that it is never saved.
+
+    Args:
+        remapping: the method's remapping.
+        rotary: the model's rotary module (its current ``inv_freq`` turns q and k).
+        kernel: the model's own kernel, ``"eager"`` or ``"sdpa"``.
+    """
+
+    def __init__(self, remapping: Remapping, rotary: nn.Module, kernel: str) -> None:
+        self.remapping = remapping
+        self.rotary = rotary
+        self.kernel = kernel
+        self.hooks: list[Any] = []
+
+    @property
+    def attention_name(self) -> str:
+        return ATTENTION_PREFIX + self.kernel
+
+
+def remap_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-interface function of the training-free methods.
+
+    Inputs where no pair is remapped (all of them inside Self-Extend's window or DCA's first
+    chunk) go to the model's own kernel unchanged.
+
+    Args:
+        module: an attention module carrying a :class:`RemapState`.
+        query: rotated ``[batch, heads, seq, head_dim]``.
+        key, value: rotated keys and values, cache included, ``[batch, kv_heads, kv_len, head_dim]``.
+        attention_mask: the kernel's mask ``[batch, 1, seq, kv_len]`` or ``None``.
+        **kwargs: ``position_ids`` ``[batch or 1, seq]`` and the kernel's arguments.
+
+    Returns:
+        ``(output [batch, seq, heads, head_dim], None)``.
+    """
+    state: RemapState | None = getattr(module, STATE_ATTR, None)
+    if state is None:
+        raise ValueError(f"{type(module).__name__} is not set up for remapped attention; use hf_posext.patch_model")
+    position_ids = kwargs.get("position_ids")
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"{state.remapping.name} needs the forward's position_ids among the attention arguments, "
+                         f"got {type(position_ids).__name__}")
+    refuse_unsupported(module, kwargs, state.remapping.name)
+    kernel = integration.attention_function(state.kernel, module)
+    if not state.remapping.active(int(position_ids[:, -1].max())):
+        return kernel(module, query, key, value, attention_mask, **kwargs)
+    batch, heads, seq, _ = query.shape
+    kv_len = key.shape[2]
+    past = kv_len - seq
+    offsets = row_offsets(position_ids, batch, kv_len)
+    inv_freq = state.rotary.inv_freq
+    if attention_mask is not None and attention_mask.shape[0] != batch:
+        attention_mask = attention_mask.expand(batch, *attention_mask.shape[1:])
+    output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
+    for offset in torch.unique(offsets).tolist():
+        rows = (offsets == offset).nonzero().flatten()
+        every = rows.numel() == batch
+        pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
+        layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
+        mask = None if attention_mask is None else pick(attention_mask)
+        fused = mask is None and flash_available(module, kwargs, query)
+        attend = flash_segmented_attention if fused else segmented_attention
+        out = attend(module, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
+        if every:
+            output = out
+        else:
+            output[rows] = out
+    return output.to(query.dtype), None
+
+
+def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Tensor:
+    """``[batch]`` offsets ``o`` with key column ``j`` at position ``j + o`` in each row.
+
+    The last new token of a row sits at ``position_ids[:, -1]`` and the cache holds the keys before
+    it contiguously (``DynamicCache``); left-padding columns get positions below the row's first
+    real token, which they never need, being masked.
+    """
+    last = position_ids[:, -1].expand(batch) if position_ids.shape[0] == 1 else position_ids[:, -1]
+    return last - (kv_len - 1)
+
+
+def _block_size(heads: int, kv_len: int) -> int:
+    return max(1, BLOCK_ELEMENTS // max(1, heads * kv_len))
+
+
+def segmented_attention(
+    module: nn.Module,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layout: Layout,
+    past: int,
+    seq: int,
+    offset: int,
+    heads: int,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """One softmax over each query row's pieces (rows sharing one position offset).
+
+    Args:
+        module: the attention module (``scaling``, ``training``).
+        value: ``[rows, kv_heads, kv_len, head_dim]``.
+        attention_mask: the kernel's mask for these rows, ``[rows, 1, seq, >= kv_len]`` bool (True:
+            attend) or additive float, or ``None`` (causal).
+        layout: the method's pieces.
+        past: cached keys before the new tokens (``kv_len - seq``).
+        seq: new tokens (query rows).
+        offset: the rows' position offset (:func:`row_offsets`).
+        heads: query heads.
+        kwargs: the attention arguments (``scaling``, ``dropout``, ``softcap``).
+
+    Returns:
+        ``[rows, seq, heads, head_dim]`` float32.
+    """
+    rows, kv_heads, kv_len, _ = value.shape
+    groups = heads // kv_heads
+    scaling = kwargs.get("scaling")
+    scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))
+    softcap = kwargs.get("softcap")
+    dropout = float(kwargs.get("dropout", 0.0) or 0.0) if module.training else 0.0
+    value32 = value.to(torch.float32)
+    output = value32.new_empty(rows, seq, heads, value.shape[-1])
+    lowest = torch.finfo(torch.float32).min
+    for start, stop in layout.blocks(past, seq, offset, _block_size(heads, kv_len)):
+        block, keys = stop - start, past + stop
+        parts = []
+        for piece in layout.pieces(start, stop):
+            part = torch.matmul(piece.query, piece.key.transpose(-1, -2))
+            if piece.other is not None:
+                alternative = torch.matmul(piece.other[0], piece.other[1].transpose(-1, -2))
+                part = torch.where(piece.first.repeat(groups, 1), part, alternative)
+            parts.append(part)
+        scores = (torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]).mul_(scaling)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap).mul_(softcap)
+        scores = scores.view(rows, kv_heads, groups, block, keys)
+        if attention_mask is None:
+            columns = torch.arange(keys, device=value.device)
+            causal = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
+            scores.masked_fill_(~causal, lowest)
+        else:
+            mask = attention_mask[:, :, start:stop, :keys][:, :, None]
+            if mask.dtype == torch.bool:
+                scores.masked_fill_(~mask, lowest)
+            else:
+                scores.add_(mask.to(torch.float32)).clamp_(min=lowest)
+        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+        total = scores.sum(dim=-1, keepdim=True)
+        if dropout:
+            scores = nn.functional.dropout(scores, p=dropout, training=True)
+        out = torch.matmul(scores, value32[:, :, None, :keys]).div_(total)  # [rows, kv_heads, groups, block, dim]
+        output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
+    return output
+
+
+#: Query rows per block of the fused path (its masks are ``[rows, window]`` at most).
+FLASH_BLOCK = 256
+
+
+def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tensor) -> bool:
+    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor."""
+    return (query.device.type == "cpu" and kwargs.get("softcap") is None
+            and not (module.training and kwargs.get("dropout"))
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
+
+
+def flash_segmented_attention(
+    module: nn.Module,
+    value: torch.Tensor,
+    attention_mask: None,
+    layout: Layout,
+    past: int,
+    seq: int,
+    offset: int,
+    heads: int,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """:func:`segmented_attention` by PyTorch's fused CPU flash kernel, one call per piece, merged by log-sum-exp.
+
+    The kernel returns each piece's output and log-sum-exp, so the union of the pieces is one
+    exact softmax without any score matrix in memory (the ChunkLlama / LongLM flash paths merge
+    the same way). Only for causal inputs without a padding mask; arguments as :func:`segmented_attention`.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    rows, kv_heads, _, dim = value.shape
+    groups = heads // kv_heads
+    scaling = kwargs.get("scaling")
+    scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))
+    value32 = value.to(torch.float32)
+    output = value32.new_empty(rows, seq, heads, dim)
+    for start, stop in layout.blocks(past, seq, offset, FLASH_BLOCK):
+        block = stop - start
+        total_out: torch.Tensor | None = None
+        total_lse: torch.Tensor | None = None
+        for piece in layout.pieces(start, stop):
+            v = value32[:, :, piece.start : piece.stop]
+            if piece.causal:
+                q = piece.query.reshape(rows, heads, block, -1)
+                out, lse = flash(q, piece.key.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                 0.0, True, scale=scaling)
+                parts = [(out, lse)]
+            elif piece.other is None:
+                out, lse = flash(piece.query, piece.key, v, 0.0, False, scale=scaling)
+                parts = [(out.reshape(rows, heads, block, -1), lse.reshape(rows, heads, block))]
+            else:
+                parts = []
+                for (q, k), allowed in (((piece.query, piece.key), piece.first),
+                                        (piece.other, ~piece.first)):
+                    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=v.device)
+                    bias.masked_fill_(~allowed, float("-inf"))
+                    out, lse = flash(q, k, v, 0.0, False, attn_mask=bias.repeat(groups, 1)[None, None], scale=scaling)
+                    # the kernel gives a row with no allowed key lse = 0 (and output 0): mark it empty
+                    lse = lse.reshape(rows, heads, block).masked_fill(~allowed.any(-1), float("-inf"))
+                    parts.append((out.reshape(rows, heads, block, -1), lse))
+            for out, lse in parts:
+                empty = torch.isneginf(lse)
+                out = torch.where(empty[..., None], 0.0, out)
+                if total_out is None:
+                    total_out, total_lse = out, lse
+                    continue
+                merged = torch.logaddexp(total_lse, lse)
+                keep = torch.where(torch.isneginf(merged), 0.0, torch.exp(total_lse - merged))
+                add = torch.where(torch.isneginf(merged), 0.0, torch.exp(lse - merged))
+                total_out = total_out * keep[..., None] + out * add[..., None]
+                total_lse = merged
+        output[:, start:stop] = total_out.transpose(1, 2)
+    return output
+
+
+def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[batch, heads, seq, dim]`` -> ``[batch, kv_heads, groups, seq, dim]`` (GQA without repeating keys)."""
+    batch, heads, seq, dim = query.shape
+    return query.reshape(batch, kv_heads, heads // kv_heads, seq, dim)
+
+
+def block_rows(query: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows ``[start, stop)`` of a :func:`group_queries` tensor as ``[batch, kv_heads, groups * block, dim]``."""
+    return query[:, :, :, start:stop].flatten(2, 3)
+
+
+def refuse_unsupported(module: nn.Module, kwargs: dict[str, Any], name: str) -> None:
+    """Attention features the remapping path does not implement raise rather than being ignored."""
+    if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
+        raise ValueError(f"{name} does not support attention sinks ({type(module).__name__})")
+
+
+def refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of the base model: key columns must be the tokens so far (their positions follow)."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is not None and integration.is_preallocated_cache(cache):
+        raise ValueError(
+            f"training-free attention (self_extend, dca) needs a cache that grows with the sequence (DynamicCache, "
+            f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic'"
+        )

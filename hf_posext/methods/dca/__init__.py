@@ -1,0 +1,14 @@
+"""Dual Chunk Attention (``dca``, An et al. 2024): chunked positions; docs/methods/training_free.md.
+
+:mod:`.config` holds the config (and Qwen's ``dual_chunk_attention_config``), :mod:`.remap` the
+positions as attention pieces; the attention and surgery are shared with Self-Extend.
+"""
+
+from ..registry import register_method
+from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
+from .config import DualChunkConfig
+from .remap import DualChunkRemapping
+
+register_method("dca", DualChunkConfig, surgery=RemapSurgery, attention=REMAP_ATTENTIONS)
+
+__all__ = ["DualChunkConfig", "DualChunkRemapping"]

@@ -1,0 +1,70 @@
+"""Dual Chunk Attention's config: chunk size and local window (ChunkLlama's defaults from L0).
+
+An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models", arXiv:2402.17463,
+section 3 (code: HKUNLP/ChunkLlama ``chunkllama_attn_replace.py``). Qwen2.5-1M checkpoints ship it as
+``dual_chunk_attention_config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..base import whole_number
+from ..remapping import AttentionRemapMethod
+from .remap import DualChunkRemapping
+
+
+@dataclass(frozen=True)
+class DualChunkConfig(AttentionRemapMethod):
+    """Dual Chunk Attention (An et al. 2024): keys at j mod c; intra-, successive- and inter-chunk queries.
+
+    Args:
+        factor: the context the patched config advertises, ``factor * L0`` (DCA itself has no reach
+            limit: no distance ever exceeds ``chunk_size``).
+        chunk_size: an int <= L0; default ``3 * L0 // 4``.
+        local_size: an int >= 1 below ``chunk_size``; default ``L0 // 8``.
+    """
+
+    paper: ClassVar[str] = "An et al. 2024, DCA (ChunkLlama), arXiv:2402.17463"
+
+    chunk_size: int | None = None
+    local_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunk_size is not None:
+            object.__setattr__(self, "chunk_size", whole_number(
+                self.name, "chunk_size", self.chunk_size, minimum=2, allowed="an int >= 2, at most L0 (or None: 3 L0 // 4)"))
+        if self.local_size is not None:
+            object.__setattr__(self, "local_size", whole_number(
+                self.name, "local_size", self.local_size, minimum=1, allowed="an int >= 1 below chunk_size (or None: L0 // 8)"))
+
+    def resolve(self, original: int) -> tuple[int, int]:
+        """``(chunk_size, local_size)`` for the checkpoint's context ``original`` (L0).
+
+        Raises:
+            ValueError: ``chunk_size > L0`` or ``local_size >= chunk_size``.
+        """
+        chunk = self.chunk_size if self.chunk_size is not None else 3 * original // 4
+        local = self.local_size if self.local_size is not None else max(1, original // 8)
+        if not 2 <= chunk <= original:
+            raise ValueError(f"{self.name}: chunk_size must be an int in [2, {original}] (at most the original context "
+                             f"L0={original}), got {chunk!r}")
+        if not 1 <= local < chunk:
+            raise ValueError(f"{self.name}: local_size must be an int in [1, {chunk}) (below chunk_size={chunk}), "
+                             f"got {local!r}")
+        return chunk, local
+
+    def reach(self, original: int) -> int:
+        self.resolve(original)
+        return round(self.factor * original)
+
+    def config_fields(self, original: int) -> dict[str, Any]:
+        """vLLM's ``dual_chunk_attention_config`` (as Qwen2.5-1M ships it), which vLLM runs for the Qwen2 family."""
+        chunk, local = self.resolve(original)
+        return {"dual_chunk_attention_config": {
+            "chunk_size": chunk, "local_size": local, "original_max_position_embeddings": original}}
+
+    def remapping(self, original: int) -> DualChunkRemapping:
+        return DualChunkRemapping(*self.resolve(original))

@@ -1,0 +1,165 @@
+"""Remapped attention (Self-Extend, DCA) in use: KV cache, padding, beams, shipped ropes, reloads, refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import registry
+import torch
+from methods.training_free_reference import (
+    dca_scores,
+    reference_model,
+    self_extend_scores,
+)
+from models import tiny_model, tokens
+
+import hf_posext
+from hf_posext.attention import remap
+from hf_posext.attention.remap import rotate_by
+
+L0 = 64
+METHODS = {
+    "self_extend": ({"group_size": 4, "window_size": 16}, self_extend_scores),
+    "dca": ({"chunk_size": 48, "local_size": 8}, dca_scores),
+}
+
+
+def logits(model, ids, **kwargs):
+    with torch.no_grad():
+        return model(ids, **kwargs).logits
+
+
+def test_rotate_by_composes_rotations_in_fp32():
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
+    x = torch.randn(2, 3, 5, 20)
+    positions = torch.arange(5).expand(2, 5)
+    once = rotate_by(x, positions + 7, inv_freq)
+    twice = rotate_by(rotate_by(x, positions, inv_freq), torch.full((2, 5), 7), inv_freq)
+    torch.testing.assert_close(twice, once, rtol=0, atol=1e-5)
+    assert torch.equal(once[..., 16:], x[..., 16:])  # channels past rotary_dim pass through
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_fused_cpu_path_equals_the_score_matrix_path(method, monkeypatch):
+    model = hf_posext.patch_model(tiny_model("llama", attn_implementation="sdpa"), method, **METHODS[method][0])
+    ids = tokens(3 * L0)
+    calls = []
+    fused = remap.flash_segmented_attention
+    monkeypatch.setattr(remap, "flash_segmented_attention", lambda *a: calls.append(1) or fused(*a))
+    expected = logits(model, ids)
+    assert calls  # an unpadded sdpa forward takes the fused path
+    monkeypatch.setattr(remap, "flash_available", lambda *a: False)
+    torch.testing.assert_close(logits(model, ids), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_cached_greedy_generation_equals_full_forward_at_every_step(method, impl):
+    model = hf_posext.patch_model(tiny_model("llama", attn_implementation=impl), method, **METHODS[method][0])
+    prompt = tokens(100)
+    out = model.generate(prompt, max_new_tokens=40, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    for step, step_logits in enumerate(out.logits):
+        full = logits(model, out.sequences[:, : prompt.shape[1] + step])[:, -1]
+        assert (step_logits - full).abs().max() <= 1e-4, step
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_left_padded_batches_equal_the_rows_alone(method):
+    model = hf_posext.patch_model(tiny_model("llama", attn_implementation="sdpa"), method, **METHODS[method][0])
+    model.generation_config.pad_token_id = 0
+    long, short = tokens(150, seed=2), tokens(110, seed=3)
+    pad = long.shape[1] - short.shape[1]
+    batch = torch.cat((long, torch.cat((torch.zeros(1, pad, dtype=torch.long), short), dim=1)))
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    together = model.generate(batch, attention_mask=mask, max_new_tokens=12, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True)
+    for row, ids in enumerate((long, short)):
+        alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        assert torch.equal(together.sequences[row, -12:], alone.sequences[0, -12:])
+        for step in range(12):
+            assert (together.logits[step][row] - alone.logits[step][0]).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_beam_search_runs_and_keeps_its_best_beam_consistent(method):
+    model = hf_posext.patch_model(tiny_model("llama"), method, **METHODS[method][0])
+    out = model.generate(tokens(100), max_new_tokens=8, num_beams=3, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True)
+    assert out.sequences.shape == (1, 108)
+    scores = torch.log_softmax(logits(model, out.sequences), dim=-1)[0, 99:-1]
+    best = scores.gather(-1, out.sequences[0, 100:, None]).sum()
+    torch.testing.assert_close(best / 8, out.sequences_scores[0], rtol=0, atol=1e-3)
+
+
+SHIPPED = {
+    "raised theta": {"rope_type": "default", "rope_theta": 500000.0},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 2.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 32},
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("shipped", sorted(SHIPPED))
+def test_runs_on_top_of_a_shipped_rope_with_its_attention_factor_once(method, shipped):
+    base = tiny_model("llama", rope_parameters=SHIPPED[shipped])
+    ids = tokens(3 * L0)
+    kwargs, scores = METHODS[method]
+    patched = hf_posext.patch_model(copy.deepcopy(base), method, **kwargs)
+    assert patched.config.rope_parameters == base.config.rope_parameters
+    expected = logits(reference_model(base, scores, **kwargs), ids)
+    assert (logits(patched, ids) - expected).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_runs_on_top_of_a_composed_longrope(method):
+    base = hf_posext.patch_model(tiny_model("llama", rope_parameters=SHIPPED["yarn"]), "yarn", factor=2)
+    composed = copy.deepcopy(base.config.rope_parameters)
+    assert composed["rope_type"] == "longrope"
+    checkpoint = tiny_model("llama", rope_parameters=composed, max_positions=base.config.max_position_embeddings)
+    ids = tokens(3 * L0)
+    kwargs, scores = METHODS[method]
+    patched = hf_posext.patch_model(copy.deepcopy(checkpoint), method, **kwargs)
+    expected = logits(reference_model(checkpoint, scores, **kwargs), ids)
+    assert (logits(patched, ids) - expected).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_unpatch_restores_the_model_bit_for_bit(method):
+    base = tiny_model("llama", attn_implementation="sdpa")
+    ids = tokens(3 * L0)
+    expected = logits(base, ids)
+    patched = hf_posext.patch_model(base, method, **METHODS[method][0])
+    assert not torch.equal(logits(patched, ids), expected)
+    hf_posext.unpatch_model(patched)
+    assert patched.config._attn_implementation == "sdpa"
+    assert torch.equal(logits(patched, ids), expected)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_static_cache_is_refused(method):
+    model = hf_posext.patch_model(tiny_model("llama"), method, **METHODS[method][0])
+    with pytest.raises(ValueError, match="needs a cache that grows"):
+        model.generate(tokens(20), max_new_tokens=2, cache_implementation="static")
+
+
+@pytest.mark.parametrize(("model_type", "message"), [
+    ("cohere", r"does not rotate channel pairs \(i, i \+ rotary_dim / 2\)"),
+    ("deepseek_v3", r"does not support multi-head latent attention"),
+])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_interleaved_pairs_and_latent_attention_are_refused_naming_the_architecture(model_type, message, method):
+    model = registry.tiny_model(model_type)
+    with pytest.raises(ValueError, match=rf"{method} \(model_type='{model_type}'\).*{message}"):
+        hf_posext.patch_model(model, method)
+    assert hf_posext.patch_info(model)["method"] is None
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_latent_attention_config_alone_is_refused_too(method):
+    config = registry.tiny_config("deepseek_v3")
+    with pytest.raises(ValueError, match=rf"{method} \(model_type='deepseek_v3'\).*multi-head latent attention"):
+        hf_posext.patch_model(config, method)
+    assert not hasattr(config, "hf_posext")
