@@ -10,19 +10,21 @@ as transformers' native ``rope_type="yarn"``.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_posext
+from hf_posext.commands.arguments import run_command
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="checkpoint folder or Hub id; default: a tiny random Llama")
     parser.add_argument("--method", default="yarn", choices=hf_posext.available_methods())
-    parser.add_argument("--factor", type=float, default=4)
+    parser.add_argument("--factor", type=float, help="context scale s; default 4, none for alibi, sinusoidal, learned")
     args = parser.parse_args()
 
     if args.model:
@@ -33,7 +35,10 @@ def main() -> None:
         model = AutoModelForCausalLM.from_config(config)
     model.eval()
 
-    hf_posext.patch_model(model, args.method, factor=args.factor)
+    factor = args.factor
+    if factor is None and hf_posext.method_class(args.method).takes_factor:
+        factor = 4
+    hf_posext.patch_model(model, args.method, factor=factor)
     print(hf_posext.patch_info(model))
 
     length = model.config.max_position_embeddings
@@ -47,7 +52,8 @@ def main() -> None:
         with torch.no_grad():
             same = torch.allclose(reloaded(prompt).logits, model(prompt).logits, atol=1e-5)
         print(f"reloaded from {folder}: rope_parameters={reloaded.config.rope_parameters}, same logits: {same}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command("quickstart", main))  # bad input: one line on stderr, exit code 2

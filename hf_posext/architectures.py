@@ -16,6 +16,7 @@ import torch.nn as nn
 from transformers import PreTrainedConfig
 
 from . import integration
+from .config_checks import check_rope_config
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check
 #: (parity with transformers' own rope types, cached generation, save and reload); a test keeps it
@@ -90,8 +91,10 @@ def check_config(config: PreTrainedConfig) -> None:
         raise _unsupported(config, "its config has no rope_parameters (no rotary embedding transformers configures)")
     keys = nested_rope_keys(config)
     entries = [params[key] for key in keys if params[key] is not None] if keys else [params]
-    if not entries or any("rope_type" not in entry and "type" not in entry for entry in entries):
+    if not entries or any(isinstance(entry, dict) and "rope_type" not in entry and "type" not in entry
+                          for entry in entries):
         raise _unsupported(config, f"its rope_parameters {params} name no rope_type")
+    check_rope_config(config)
 
 
 def rope_layer_types(config: PreTrainedConfig, requested: Sequence[str] | None, scales_rope: bool) -> list[str]:

@@ -62,6 +62,33 @@ def _scaled_base(
     return plain.double() / inv_freq.double(), float(attention_factor)
 
 
+def shipped_rope(config: PreTrainedConfig, layer_type: str | None = None) -> tuple[dict[str, Any], int, int]:
+    """The checkpoint's own rope parameters, ``max_position_embeddings`` and the context it reaches (L0).
+
+    Read from an earlier patch's record when there is one (whatever that patch was, ``override``
+    included), else from the config; L0 is :func:`_reach` for a shipped static scaling and the
+    pretraining context for plain RoPE. No method's own ``original_max_position_embeddings``
+    enters it: every patch starts from the checkpoint.
+    """
+    record = getattr(config, CONFIG_KEY, None)
+    if record is not None:
+        shipped = copy.deepcopy(rope_entry(record["base_rope_parameters"], layer_type))
+        return shipped, int(record["base_max_position_embeddings"]), int(record["base_original_max_position_embeddings"])
+    shipped = copy.deepcopy(dict(rope_entry(config.rope_parameters or {}, layer_type)))
+    max_positions = int(config.max_position_embeddings)
+    if shipped.get("rope_type", shipped.get("type", "default")) in COMPOSABLE_ROPE_TYPES:
+        return shipped, max_positions, _reach(shipped, max_positions, config)
+    return shipped, max_positions, _pretraining_context(shipped, max_positions, config)
+
+
+def _pretraining_context(shipped: dict[str, Any], max_positions: int, config: PreTrainedConfig) -> int:
+    return int(
+        shipped.get("original_max_position_embeddings")
+        or getattr(config, "original_max_position_embeddings", None)
+        or max_positions
+    )
+
+
 def base_rope(config: PreTrainedConfig, method: MethodConfig, override: bool, layer_type: str | None = None) -> BaseRope:
     """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``.
 
@@ -72,22 +99,10 @@ def base_rope(config: PreTrainedConfig, method: MethodConfig, override: bool, la
     Args:
         layer_type: the entry of per-layer-type rope parameters to read; ``None`` for a flat config.
     """
-    record = getattr(config, CONFIG_KEY, None)
-    if record is not None:
-        shipped = copy.deepcopy(rope_entry(record["base_rope_parameters"], layer_type))
-        max_positions = int(record["base_max_position_embeddings"])
-    else:
-        shipped = dict(rope_entry(config.rope_parameters or {}, layer_type))
-        max_positions = int(config.max_position_embeddings)
+    shipped, max_positions, reach = shipped_rope(config, layer_type)
     rope_type = shipped.get("rope_type", shipped.get("type", "default"))
-    original = int(
-        shipped.get("original_max_position_embeddings")
-        or getattr(config, "original_max_position_embeddings", None)
-        or max_positions
-    )
+    original = reach if rope_type == "default" else _pretraining_context(shipped, max_positions, config)
     compose = rope_type != "default" and not override
-    if record is not None and (compose or rope_type == "default"):
-        original = int(record["base_original_max_position_embeddings"])
     if compose:
         if rope_type not in COMPOSABLE_ROPE_TYPES or not method.composes:
             raise ValueError(
@@ -96,8 +111,7 @@ def base_rope(config: PreTrainedConfig, method: MethodConfig, override: bool, la
                 f"{method.name!r} on {rope_type!r}. Pass override=True to replace its scaling with {method.name!r} on "
                 f"top of plain RoPE with rope_theta={shipped.get('rope_theta')} and original context {original}."
             )
-        if record is None:
-            original = _reach(shipped, max_positions, config)
+        original = reach
         if method.original_max_position_embeddings is not None:
             original = method.original_max_position_embeddings
         divisors, attention_factor = _scaled_base(config, shipped, max_positions, original)

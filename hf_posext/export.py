@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
-from transformers import AutoConfig
 
 from .files import output_folder
 from .methods import method_class
@@ -20,6 +19,7 @@ from .patching import patch_info, patch_model
 from .readers import support
 from .readers.hub_card import base_model_id, readers_section
 from .readers.tokenizer import raise_model_max_length
+from .config_checks import check_weight_files, read_config
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:
@@ -128,7 +128,8 @@ def extend_checkpoint(
         source_dir = Path(snapshot_download(str(source)))
     if not (source_dir / "config.json").is_file():
         raise FileNotFoundError(f"{source_dir} has no config.json: not a transformers checkpoint")
-    config = AutoConfig.from_pretrained(source_dir)
+    config = read_config(source_dir)
+    check_weight_files(source_dir)  # copied byte for byte and vouched for by the completion marker: whole or refused
     patch_model(config, method, factor=factor, **kwargs)
     copied = [item for item in source_dir.iterdir()
               if item.name not in CONFIG_ONLY_FILES and not item.name.startswith(".")]

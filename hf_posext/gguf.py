@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from .files import atomic_directory
+from .files import atomic_directory, verify_folder
+
+logger = logging.getLogger("hf_posext")
 
 #: Bytes of the file hashed for its cache key: the GGUF header, metadata and tensor index.
 HEADER_BYTES = 1 << 20
@@ -63,14 +67,22 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     Raises:
         ImportError: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
         FileNotFoundError: no such file.
+        ValueError: a file transformers cannot read (truncated, damaged...), naming it.
     """
     file = _gguf_file(path)
     try:
         import gguf  # noqa: F401  (transformers needs it; fail with the install line instead of its message)
     except ImportError as err:
         raise ImportError(f"reading {file.name} needs the gguf package: pip install 'hf-posext[gguf]'") from err
-    model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    except (ValueError, struct.error, KeyError, IndexError, EOFError) as err:
+        # raised deep inside the reader ("cannot reshape array of size ..."), naming neither the file nor why
+        raise ValueError(
+            f"{file} cannot be read as a GGUF model ({file.stat().st_size} bytes: truncated, damaged, or a model "
+            f"transformers cannot read): {type(err).__name__}: {err}"
+        ) from err
     return model, tokenizer
 
 
@@ -121,8 +133,13 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
     """
     file = _gguf_file(path)
     folder = cached_checkpoint_path(file, cache_dir)
-    if (folder / SOURCE_RECORD).is_file():
-        return folder
+    if folder.exists():
+        # The completion marker lists every file's size: a deleted or truncated file (or no marker)
+        # means the cache cannot vouch for its weights, and an output copied from it would.
+        damage = verify_folder(folder) or (None if (folder / SOURCE_RECORD).is_file() else f"{SOURCE_RECORD} is missing")
+        if damage is None:
+            return folder
+        logger.warning("the cached conversion %s of %s is damaged (%s): converting it again", folder, file.name, damage)
     model, tokenizer = load_gguf(file)
     record = {"gguf_file": str(file), "size": file.stat().st_size, "identity": gguf_identity(file)}
     return save_checkpoint(model, tokenizer, folder, record)

@@ -26,7 +26,7 @@ from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 RopeInitFn = Callable[..., Any]
-Validator = Callable[[dict[str, Any]], None]
+Validator = Callable[[Any, dict[str, Any], "set[str] | None"], None]
 
 
 def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator) -> None:
@@ -35,7 +35,9 @@ def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator)
     Args:
         rope_type: the name written to ``config.rope_parameters["rope_type"]``.
         init_fn: ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)``.
-        validate: called with the rope parameters dict when a config is validated; raises on bad values.
+        validate: ``validate(config, rope_parameters, ignore_keys)``, called when a config is validated.
+            transformers' contract (its own types'): a missing required key raises ``KeyError``, an
+            unknown one is warned about (:func:`check_received_keys`), a bad value raises ``ValueError``.
     """
     existing = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(rope_type)
     if existing is not None and existing is not init_fn:
@@ -43,9 +45,18 @@ def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator)
     modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] = init_fn
 
     def validator(self, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
-        validate(rope_parameters)
+        validate(self, rope_parameters, ignore_keys)
 
     setattr(RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", validator)
+
+
+def check_received_keys(
+    config: Any, rope_parameters: dict[str, Any], required: set[str], optional: set[str], ignore_keys: set[str] | None
+) -> None:
+    """transformers' own key check of a rope entry: ``KeyError`` for a missing required key, a warning naming
+    each unknown one (``partial_rotary_factor`` is always allowed)."""
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type"))
+    config._check_received_keys(rope_type, set(rope_parameters), set(required), set(optional), ignore_keys=ignore_keys)
 
 
 def is_registered_rope_type(rope_type: str) -> bool:

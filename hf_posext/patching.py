@@ -19,7 +19,7 @@ from transformers import PreTrainedConfig
 
 from . import architectures, integration, readers
 from .architectures import SUPPORTED_MODEL_TYPES
-from .checkpoint_rope import CONFIG_KEY, base_rope
+from .checkpoint_rope import CONFIG_KEY, base_rope, shipped_rope
 from .methods.base import BaseRope, MethodConfig
 from .methods.registry import available_methods, method_class, method_config, surgery_for
 from .transaction import restore, snapshot
@@ -75,10 +75,12 @@ def _patch_config(
 ) -> None:
     architectures.check_config(config)
     keys = architectures.rope_layer_types(config, layer_types, method.scales_rope)
+    # The record keeps what the checkpoint itself had, whatever this patch replaces (override=True
+    # included), so that unpatch restores it and a later patch starts from it.
+    base_parameters, _, checkpoint_reach = shipped_rope(config, keys[-1] if keys else None)
     if not keys:
         base = base_rope(config, method, override)
         rope_parameters, max_positions = _method_rope(method, base)
-        base_parameters = base.rope_parameters
     else:
         # Per-layer-type rope parameters (Gemma 3): the chosen layer types get the method, the
         # others keep the checkpoint's entry; the record keeps the whole nested dict for unpatch.
@@ -105,7 +107,7 @@ def _patch_config(
             ),
             "base_rope_parameters": base_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
-            "base_original_max_position_embeddings": base.original_max_position_embeddings,
+            "base_original_max_position_embeddings": checkpoint_reach,
             "base_reader_fields": reader_fields,
             **({"composed_on": base.rope_type} if base.pair_divisors is not None else {}),
             **({"layer_types": keys} if keys else {}),

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..config_checks import check_device, check_weight_files, read_config
 from ..gguf import gguf_identity, is_gguf, resolve_model_source
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -25,15 +26,18 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
         attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None``: transformers' default.
 
     Raises:
-        ValueError: an unknown dtype.
+        ValueError: an unknown dtype or device, a malformed config.json, broken weight files.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype), "device_map": device}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    check_device(device)
     path = resolve_model_source(path)  # a .gguf file -> its cached safetensors conversion
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    config = read_config(path)
+    check_weight_files(path)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 

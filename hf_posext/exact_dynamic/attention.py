@@ -157,7 +157,7 @@ def _attend_decoding(
         newest = torch.zeros(1, dtype=torch.long, device=call.inv_freq.device)  # offsets: the newest key is at 0
         return grid_rotations(newest, kv_len, call.inv_freq, scaling)[:, None]
 
-    if not uses_complex_rotation(query):
+    if not uses_complex_rotation(query, key):
         def real_tables() -> tuple[torch.Tensor, torch.Tensor]:
             table = rotation()
             return table.real.to(query.dtype), table.imag.to(query.dtype)

@@ -231,13 +231,27 @@ class ExactDynamicRope:
             self.original = int(params["original_max_position_embeddings"])
             # s(L) = min(factor, L / L_orig) stops changing at the first L with L / L_orig >= factor
             self.saturation = math.ceil(float(params["factor"]) * self.original)
+        self.hooks: list[Any] = []  # removable handles of the base model's cache guard
+        self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
+        self._init_caches()
+
+    def _init_caches(self) -> None:
+        """The lock and what is only a cache (frequencies, plans, kernels, scratch buffers): never copied."""
         self._lock = threading.Lock()
         self._frequencies: OrderedDict[tuple[int, str], tuple[torch.Tensor, float]] = OrderedDict()
         self._plans: OrderedDict[tuple, tuple[weakref.ref, ForwardPlan]] = OrderedDict()
         self._kernels: dict[type, Any] = {}
         self._scratch = threading.local()
-        self.hooks: list[Any] = []  # removable handles of the base model's cache guard
-        self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
+
+    def __getstate__(self) -> dict[str, Any]:
+        # copy.deepcopy, pickle and torch.save(model) copy what defines the model; a lock, weak
+        # references and thread-local buffers cannot be copied and a copy fills its own caches.
+        caches = {"_lock", "_frequencies", "_plans", "_kernels", "_scratch"}
+        return {key: value for key, value in self.__dict__.items() if key not in caches}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_caches()
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
         """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""

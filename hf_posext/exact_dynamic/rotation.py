@@ -66,9 +66,15 @@ def cos_sin(
 
 
 
-def uses_complex_rotation(x: torch.Tensor) -> bool:
+def uses_complex_rotation(x: torch.Tensor, *others: torch.Tensor) -> bool:
     """Whether ``x``'s rotations take the complex-multiply path: fp32 (no complex type rounds like
-    bf16/fp16) on CPU or CUDA (other backends' complex support is partial); else :func:`rotate`."""
+    bf16/fp16) on CPU or CUDA (other backends' complex support is partial); else :func:`rotate`.
+
+    Not when autograd records ``x`` or any of ``others`` (training): that path writes into scratch
+    buffers (``out=``), which autograd refuses; :func:`rotate` is the same maths, differentiable.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others)):
+        return False
     return x.dtype == torch.float32 and x.device.type in ("cpu", "cuda")
 
 

@@ -112,7 +112,7 @@ def attend_rowwise(
     """
     scaling = kwargs.get("scaling")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if uses_complex_rotation(query):
+    if uses_complex_rotation(query, key, value):
         chunks = list(_row_chunks(rowwise, key))
         attend_complex(
             plan, query, key, value, attention_mask, positions, key_positions, rowwise, merge, scaling, chunks

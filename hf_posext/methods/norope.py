@@ -11,8 +11,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import integration
 from ..rope_utils import NO_ROPE_TYPE, rope_parameters_for, rotary_dim_of
-from .base import BaseRope, MethodConfig
+from .base import CONFIG_KEY, BaseRope, MethodConfig
 from .registry import RopeType
 
 
@@ -53,8 +54,24 @@ def compute_no_rope_parameters(
     return torch.zeros(rotary_dim // 2, dtype=torch.float32, device=device), 1.0
 
 
-def validate_no_rope_parameters(rope_parameters: dict[str, Any]) -> None:
-    """Nothing to validate: the type has no parameters of its own (``rope_theta`` is kept for unpatch)."""
+def validate_no_rope_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
+    """No rotary embedding: only ever written by a method that replaces RoPE, which its config's record names.
+
+    Its own parameters are ``rope_theta`` (kept for unpatch); what it needs is that record
+    (``config.hf_posext``): an entry of this type without it is missing the method that gives the
+    model its positions, and is refused like any entry missing a required key.
+
+    Raises:
+        KeyError: no ``hf_posext`` record naming the method (an unknown key is warned about).
+    """
+    integration.check_received_keys(config, rope_parameters, {"rope_type"}, {"rope_theta"}, ignore_keys)
+    record = getattr(config, CONFIG_KEY, None)
+    if not isinstance(record, dict) or not record.get("method"):
+        raise KeyError(
+            f"rope_type {rope_parameters.get('rope_type')!r} switches rotary embeddings off for a method that replaces "
+            f"them, and needs the config's {CONFIG_KEY!r} record naming that method (written by hf_posext.patch_model); "
+            "this config has none"
+        )
 
 
 #: The rope types of every family that switches RoPE off (its name before 0.1's rename included).

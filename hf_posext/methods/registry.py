@@ -24,12 +24,14 @@ class RopeType(NamedTuple):
 
     Attributes:
         init: ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)``.
-        validate: called with the rope parameters dict when a config is validated; raises on bad values.
+        validate: ``validate(config, rope_parameters, ignore_keys)``, called when a config is validated:
+            a missing required key raises ``KeyError``, an unknown one is warned about
+            (:func:`hf_posext.integration.check_received_keys`), a bad value raises ``ValueError``.
         old_names: earlier names of the type that saved checkpoints may still carry (registered too).
     """
 
     init: Callable[..., Any]
-    validate: Callable[[dict[str, Any]], None]
+    validate: Callable[[Any, dict[str, Any], "set[str] | None"], None]
     old_names: tuple[str, ...] = ()
 
 

@@ -35,6 +35,32 @@ REMAP_ATTENTIONS = {
 }
 
 _BASE_FIELDS = "base_config_fields"
+#: The attribute of the base model holding the handle of its attention guard.
+_GUARD_HANDLE = "_hf_posext_remap_guard"
+
+
+def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a remapped base model: its attention implementation must still be the remapping's."""
+    current = module.config._attn_implementation
+    if current != SAVED_ATTENTION and not str(current).startswith(ATTENTION_PREFIX):
+        method = module.config.hf_posext["method"]
+        raise ValueError(
+            f"attn_implementation was changed to {current!r} after {method} was patched in (it needs the remapping "
+            f"attention {ATTENTION_PREFIX}<kernel>; without it the model runs plain RoPE past its context); to run "
+            f"{method} on {current!r}, unpatch, set the implementation, then call hf_posext.patch_model(model, "
+            f"{method!r}, ...) again"
+        )
+
+
+def _install_guard(base: nn.Module) -> None:
+    _remove_guard(base)
+    base.__dict__[_GUARD_HANDLE] = base.register_forward_pre_hook(_refuse_changed_attention, with_kwargs=True)
+
+
+def _remove_guard(base: nn.Module) -> None:
+    handle = base.__dict__.pop(_GUARD_HANDLE, None)
+    if handle is not None:
+        handle.remove()
 
 
 def _original(config: PreTrainedConfig) -> int:
@@ -64,12 +90,15 @@ class RemapSurgery(Surgery):
 
     def patch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
         install_remapping(model, method.remapping(_original(model.config)))
+        _install_guard(getattr(model, "base_model", model))
 
     def unpatch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
         uninstall_remapping(model)
+        _remove_guard(getattr(model, "base_model", model))
 
     def on_rotary_init(self, method: AttentionRemapMethod, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
         install_remapping(base_model, method.remapping(_original(base_model.config)), rotary)
+        _install_guard(base_model)
         return None
 
     def missing(self, method: AttentionRemapMethod, model: nn.Module) -> str | None:

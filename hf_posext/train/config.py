@@ -30,6 +30,8 @@ SCHEDULERS = tuple(kind.value for kind in SchedulerType
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 REPORT_TO = ("none", "tensorboard", "wandb", "all")
+#: The recipe's context scale when none is given, for the methods that take one (the YaRN paper's 16).
+DEFAULT_FACTOR = 16.0
 #: Field types read from text by their flag's parser; a YAML string value is read the same way.
 _NUMBER_TYPES: dict[Any, type] = {int: int, float: float, int | None: int, float | None: float}
 # Literal types give the flags their choices (HfArgumentParser reads them).
@@ -49,7 +51,9 @@ class TrainConfig:
 
     model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer, or a local .gguf file")
     method: str = HfArg(default="yarn", help="a position method from hf_posext.available_methods()")
-    factor: float = HfArg(default=16.0, help="the context scale s; the model is trained for s * L_orig tokens")
+    factor: float | None = HfArg(
+        default=None, help=f"the context scale s; the model is trained for s * L_orig tokens; default {DEFAULT_FACTOR:g} "
+        "(the YaRN paper's), 1 for the methods that take no factor (alibi, sinusoidal, learned)")
     output_dir: str = HfArg(default="", help="where the final checkpoint is written (atomically)")
     overwrite: bool = HfArg(
         default=False, help="write into a non-empty output_dir: its checkpoint files are replaced, other files kept")
@@ -163,6 +167,8 @@ class TrainConfig:
         """
         for field in dataclasses.fields(self):
             setattr(self, field.name, FIELD_CHECKS[field.name](field.name, getattr(self, field.name)))
+        if self.factor is None:  # a default nobody typed must not be refused by a method that takes no factor
+            self.factor = DEFAULT_FACTOR if method_class(self.method).takes_factor else 1.0
         if self.activation_offload and not self.activation_checkpointing:
             raise ValueError("activation_offload offloads the checkpointed activations: it needs "
                              "activation_checkpointing=True")
@@ -270,7 +276,7 @@ def _target_modules(name: str, value: Any) -> list[str]:
 FIELD_CHECKS: dict[str, Check] = {
     "model": required("a Hub id or a local checkpoint folder (--model)"),
     "method": _method,
-    "factor": _factor,
+    "factor": optional(_factor),  # None: DEFAULT_FACTOR, or 1 for a method that takes no factor
     "output_dir": required("the folder the fine-tuned checkpoint is written to (--output-dir)"),
     "overwrite": anything,
     "dataset": required("an HF dataset name or local .txt/.jsonl files (--dataset)"),

@@ -20,6 +20,7 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from ..config_checks import check_weight_files, read_config
 from ..data import check_dataset, is_local_dataset
 from ..gguf import resolve_model_source
 from ..patching import patch_model
@@ -71,11 +72,13 @@ class TrainResult:
 def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]:
     """The checkpoint in fp32 (master weights; autocast gives bf16 compute), patched, and its tokenizer."""
     source = resolve_model_source(config.model)  # a .gguf file -> its cached safetensors conversion
+    model_config = read_config(source)
+    check_weight_files(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer of {config.model!r} has no EOS token, needed to separate documents")
     model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=torch.float32, attn_implementation=config.attn_implementation
+        source, config=model_config, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
     patch_model(model, config.method, factor=config.factor, **config.method_kwargs)
     return model, tokenizer

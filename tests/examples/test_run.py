@@ -38,3 +38,10 @@ def test_reproduce_quick_writes_every_result(tmp_path):
         assert (tmp_path / f"repro_{name}.png").stat().st_size > 0
     report = (tmp_path / "reproduction.md").read_text()
     assert "hf-posext reproduce --quick" in report and "| dynamic_yarn" in report
+
+
+def test_quickstart_takes_methods_without_a_factor():
+    result = subprocess.run([sys.executable, str(EXAMPLES / "quickstart.py"), "--method", "alibi"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert "'method': 'alibi'" in result.stdout and "same logits: True" in result.stdout

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from typing import Any, Literal
 
 import torch
@@ -22,6 +23,8 @@ from transformers import masking_utils
 
 from .folded import folded_alibi, folded_mask, is_key_padding
 from .slopes import alibi_slopes
+
+logger = logging.getLogger("hf_posext")
 
 #: The ``attn_implementation`` name. Vanilla transformers refuses an unknown one with
 #: 'Specified `attn_implementation="<name>"` is not supported' before anything of hf-posext can run,
@@ -274,18 +277,45 @@ def sdpa_alibi(
 
 
 _compiled_flex = None
+#: Device types on which compiling flex_attention failed in this process: they run it uncompiled.
+_FLEX_COMPILE_FAILED: set[str] = set()
 
 
-def _flex_attention():
-    """``flex_attention``, compiled once per process when :data:`FLEX_COMPILE`."""
+def _flex_attention(device_type: str = "cpu"):
+    """``flex_attention``, compiled once per process when :data:`FLEX_COMPILE` (and it compiles on ``device_type``)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    if not FLEX_COMPILE:
+    if not FLEX_COMPILE or device_type in _FLEX_COMPILE_FAILED:
         return flex_attention
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention)
     return _compiled_flex
+
+
+def _run_flex(query: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``flex_attention(query, ...)``; when inductor fails to compile it, the same call uncompiled (with a warning).
+
+    Seen with PyTorch 2.13.0 on CPU: a left-padded batch's decoding steps (one query row per
+    sequence) pick inductor's CPU flex-decoding template, whose C++ does not compile
+    ("'cur_kvSplitSize0' was not declared"). That template came with PyTorch 2.10 (pytorch#159835),
+    so 2.10 and later may be affected; CUDA uses other templates. Uncompiled, PyTorch evaluates the
+    same score_mod and mask_mod on materialised scores: the same result, at the memory of an
+    unfused path (fine for the CPU, where this backend is for testing; use 'sdpa' or 'folded' there).
+    """
+    device_type = query.device.type
+    try:
+        return _flex_attention(device_type)(query, *args, **kwargs)
+    except torch._dynamo.exc.BackendCompilerFailed as err:
+        if not FLEX_COMPILE or device_type in _FLEX_COMPILE_FAILED:
+            raise
+        _FLEX_COMPILE_FAILED.add(device_type)
+        logger.warning(
+            "ALiBi backend 'flex': torch %s could not compile flex_attention on %s (%s); running it uncompiled on %s "
+            "from now on (same result, unfused memory). Patch with backend='sdpa' or 'folded' to avoid this.",
+            torch.__version__, device_type, str(err).strip().splitlines()[0][:200], device_type,
+        )
+        return _flex_attention(device_type)(query, *args, **kwargs)
 
 
 def flex_alibi(
@@ -323,9 +353,7 @@ def flex_alibi(
         # flex_attention's GQA needs a power-of-two head count (as transformers' own flex path notes)
         key, value = _repeat_kv(key, heads // kv_heads), _repeat_kv(value, heads // kv_heads)
         enable_gqa = False
-    out = _flex_attention()(
-        query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=enable_gqa
-    )
+    out = _run_flex(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=enable_gqa)
     return out.transpose(1, 2).contiguous(), None
 
 

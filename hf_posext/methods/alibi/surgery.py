@@ -1,4 +1,9 @@
-"""ALiBi's surgery: the attention implementation, in the config and while a checkpoint is loaded."""
+"""ALiBi's surgery: the attention implementation, in the config and while a checkpoint is loaded.
+
+ALiBi's position signal is its attention function: a model whose attention implementation is
+changed behind the patch (``model.set_attn_implementation("sdpa")``) would run with no position
+information at all, so a guard on the base model refuses that forward (as exact dynamic scaling does).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,37 @@ from transformers import PreTrainedConfig
 from ..surgery import Surgery
 from .attention import ALIBI_ATTENTION, NATIVE_TO_BACKEND, OLD_ALIBI_ATTENTION
 from .config import AlibiConfig
+
+
+#: The attribute of the base model holding the handle of its attention guard.
+_GUARD_HANDLE = "_hf_posext_alibi_guard"
+
+
+def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of an ALiBi base model: its attention implementation must still be ALiBi's."""
+    current = module.config._attn_implementation
+    if current not in (ALIBI_ATTENTION, OLD_ALIBI_ATTENTION):
+        backend = NATIVE_TO_BACKEND.get(current, "sdpa")
+        raise ValueError(
+            f"attn_implementation was changed to {current!r} after ALiBi was patched in (it needs {ALIBI_ATTENTION!r}; "
+            f"without it the model has no position information); to run ALiBi on {current!r} call "
+            f"hf_posext.patch_model(model, 'alibi', backend={backend!r}) instead"
+        )
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    return getattr(model, "base_model", model)
+
+
+def _install_guard(base: nn.Module) -> None:
+    _remove_guard(base)
+    base.__dict__[_GUARD_HANDLE] = base.register_forward_pre_hook(_refuse_changed_attention, with_kwargs=True)
+
+
+def _remove_guard(base: nn.Module) -> None:
+    handle = base.__dict__.pop(_GUARD_HANDLE, None)
+    if handle is not None:
+        handle.remove()
 
 
 class AlibiSurgery(Surgery):
@@ -27,6 +63,12 @@ class AlibiSurgery(Surgery):
         config._attn_implementation = record.get("base_attn_implementation")
         config.__dict__.pop("attn_implementation", None)
 
+    def patch_modules(self, method: AlibiConfig, model: nn.Module) -> None:
+        _install_guard(_base_model(model))
+
+    def unpatch_modules(self, method: AlibiConfig, model: nn.Module) -> None:
+        _remove_guard(_base_model(model))
+
     def on_model_init(self, method: AlibiConfig, base_model: nn.Module) -> None:
         """A model is being built from an ALiBi config: keep it ALiBi.
 
@@ -41,6 +83,7 @@ class AlibiSurgery(Surgery):
             if requested in NATIVE_TO_BACKEND:
                 config.hf_posext["backend"] = NATIVE_TO_BACKEND[requested]
             config._attn_implementation = ALIBI_ATTENTION
+        _install_guard(base_model)
 
     def missing(self, method: AlibiConfig, model: nn.Module) -> str | None:
         if model.config._attn_implementation != ALIBI_ATTENTION:

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from ... import integration
 from ...rope_utils import (
-    DYNAMIC_YARN_ROPE_TYPE,
     default_inv_freq,
     dynamic_yarn_scale,
     rope_parameters_for,
@@ -23,6 +23,10 @@ from ...rope_utils import (
 from .config import DynamicYarnConfig
 
 _VALIDATED_KEYS = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"}
+#: What a dynamic YaRN entry must have and may have (a composed one carries the checkpoint's own scaling).
+_REQUIRED_KEYS = {"rope_type", "factor", "original_max_position_embeddings"}
+_OPTIONAL_KEYS = {"rope_theta", "beta_fast", "beta_slow", "attention_factor", "truncate", "base_factors",
+                  "base_attention_factor"}
 
 
 def compute_dynamic_yarn_parameters(
@@ -76,14 +80,12 @@ def _composed_dynamic_yarn(
     return (base_inv_freq / factors).float().to(device), attention * yarn_attention_factor(params.get("attention_factor"), scale)
 
 
-def validate_dynamic_yarn_parameters(rope_parameters: dict[str, Any]) -> None:
+def validate_dynamic_yarn_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
     """transformers' validator for dynamic YaRN's rope parameters: the keys it needs, and its config's checks.
 
     Raises:
-        KeyError: without ``factor`` or ``original_max_position_embeddings``.
+        KeyError: without ``factor`` or ``original_max_position_embeddings`` (an unknown key is warned about).
         ValueError: a value :class:`~hf_posext.methods.yarn.DynamicYarnConfig` refuses.
     """
-    missing = {"factor", "original_max_position_embeddings"} - set(rope_parameters)
-    if missing:
-        raise KeyError(f"rope_type {DYNAMIC_YARN_ROPE_TYPE!r} needs {sorted(missing)} in rope_parameters")
+    integration.check_received_keys(config, rope_parameters, _REQUIRED_KEYS, _OPTIONAL_KEYS, ignore_keys)
     DynamicYarnConfig(**{k: v for k, v in rope_parameters.items() if k in _VALIDATED_KEYS})

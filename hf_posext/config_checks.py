@@ -1,0 +1,330 @@
+"""What the commands read (a checkpoint's config and weights), checked as strictly as what is typed.
+
+The checks of a model source (typed values: :mod:`hf_posext.validation`): :func:`check_rope_config`
+(every rope field of a config, and its ``hf_posext`` record, in type, range and presence), :func:`read_config` (a
+checkpoint's ``config.json`` read by transformers and then checked, every error naming the file),
+:func:`check_weight_files` (a sharded checkpoint's index against its shards, every safetensors
+header against its file's size) and :func:`check_device`. Each raises ``ValueError`` naming the
+bad value and what is allowed, which the commands print as one line with exit code 2
+(:func:`hf_posext.commands.arguments.run_command`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, PreTrainedConfig
+
+from . import integration
+from .methods import method_class
+from .methods.base import CONFIG_KEY
+from .rope_utils import DYNAMIC_YARN_ROPE_TYPE
+
+#: The keys each rope type cannot do without (transformers' own validators require the same).
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    DYNAMIC_YARN_ROPE_TYPE: ("factor", "original_max_position_embeddings"),
+}
+#: Real-valued fields: (lower bound, whether the bound itself is allowed).
+_REALS: dict[str, tuple[float, bool]] = {
+    "factor": (1.0, True),
+    "low_freq_factor": (0.0, False),
+    "high_freq_factor": (0.0, False),
+    "beta_fast": (0.0, False),
+    "beta_slow": (0.0, False),
+    "attention_factor": (0.0, False),
+    "base_attention_factor": (0.0, False),
+    "short_mscale": (0.0, False),
+    "long_mscale": (0.0, False),
+    "mscale": (0.0, True),
+    "mscale_all_dim": (0.0, True),
+}
+#: Per-pair lists: one positive divisor per rotated channel pair.
+_PAIR_LISTS = ("short_factor", "long_factor", "base_factors")
+
+
+def _is_real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+
+
+def _is_whole(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameters",
+                     fallback: Callable[[str], Any] = lambda key: None, unknown_types: bool = False) -> None:
+    """Check one rope-parameters entry: its type is known, its required keys are there, every value in range.
+
+    Args:
+        entry: the entry (``config.rope_parameters`` or one layer type's).
+        pairs: rotated channel pairs (``rotary_dim // 2``) for the per-pair lists' length; ``None``: unknown.
+        where: how the messages name the entry.
+        fallback: a key the entry lacks, read from elsewhere (``original_max_position_embeddings`` at the
+            config's top level, as Phi-3 keeps it).
+        unknown_types: pass an entry whose rope type is not registered unchecked (a config.json before
+            transformers reads it: model configs rename some, Phi-3's ``su``, Qwen2-VL's ``mrope``).
+
+    Raises:
+        ValueError: naming the field, its value and what is allowed.
+    """
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} must be a mapping of rope fields (rope_type, rope_theta, ...), got {entry!r}")
+    rope_type = entry.get("rope_type", entry.get("type", "default"))
+    if not isinstance(rope_type, str) or not integration.is_registered_rope_type(rope_type):
+        if unknown_types and isinstance(rope_type, str):
+            return
+        raise ValueError(f"{where}['rope_type'] must name a rope type transformers knows (default, linear, dynamic, "
+                         f"yarn, llama3, longrope, ... or one hf-posext registers), got {rope_type!r}")
+    for key in REQUIRED_KEYS.get(rope_type, ()):
+        if entry.get(key) is None and fallback(key) is None:
+            raise ValueError(f"{where} of rope_type {rope_type!r} needs {key!r} (it has {sorted(entry)})")
+    theta = entry.get("rope_theta")
+    if theta is not None and not (_is_real(theta) and theta > 1):
+        raise ValueError(f"{where}['rope_theta'] must be a finite number > 1, got {theta!r}")
+    partial = entry.get("partial_rotary_factor")
+    if partial is not None and not (_is_real(partial) and 0 < partial <= 1):
+        raise ValueError(f"{where}['partial_rotary_factor'] must be a number in (0, 1], got {partial!r}")
+    original = entry.get("original_max_position_embeddings", fallback("original_max_position_embeddings"))
+    if original is not None and not (_is_whole(original) and original >= 1):
+        raise ValueError(f"{where}['original_max_position_embeddings'] must be a positive integer, got {original!r}")
+    for key, (bound, inclusive) in _REALS.items():
+        value = entry.get(key)
+        if value is None:
+            continue
+        if not (_is_real(value) and (value >= bound if inclusive else value > bound)):
+            raise ValueError(f"{where}['{key}'] must be a finite number {'>=' if inclusive else '>'} {bound:g}, "
+                             f"got {value!r}")
+    low, high = entry.get("low_freq_factor"), entry.get("high_freq_factor")
+    if low is not None and high is not None and high <= low:
+        raise ValueError(f"{where}['high_freq_factor'] must be greater than low_freq_factor "
+                         f"({entry['low_freq_factor']!r}), got {entry['high_freq_factor']!r}")
+    beta_fast, beta_slow = entry.get("beta_fast") or 32.0, entry.get("beta_slow") or 1.0  # transformers' defaults
+    if beta_fast <= beta_slow:
+        raise ValueError(f"{where}['beta_fast'] must be greater than beta_slow ({beta_slow!r}), got {beta_fast!r}")
+    if entry.get("truncate") is not None and not isinstance(entry["truncate"], bool):
+        raise ValueError(f"{where}['truncate'] must be true or false, got {entry['truncate']!r}")
+    for key in _PAIR_LISTS:
+        if entry.get(key) is None:
+            continue
+        values = entry[key]
+        if not isinstance(values, list) or not all(_is_real(v) and v > 0 for v in values):
+            raise ValueError(f"{where}['{key}'] must be a list of positive numbers, one per rotated channel pair, "
+                             f"got {values!r}")
+        if pairs is not None and len(values) != pairs:
+            raise ValueError(f"{where}['{key}'] must have one entry per rotated channel pair ({pairs}), "
+                             f"got {len(values)}")
+
+
+def _pairs(config: Any, entry: dict[str, Any]) -> int | None:
+    head_dim = getattr(config, "head_dim", None)
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if not _is_whole(head_dim) or head_dim < 1:
+        if not (_is_whole(hidden) and _is_whole(heads) and heads > 0):
+            return None
+        head_dim = hidden // heads
+    partial = entry.get("partial_rotary_factor", 1.0)
+    return int(head_dim * partial) // 2 if _is_real(partial) and 0 < partial <= 1 else None
+
+
+def _entries(rope_parameters: Any, layer_types: list[str]) -> list[tuple[str, Any]]:
+    if layer_types:
+        return [(f"rope_parameters[{key!r}]", rope_parameters[key]) for key in layer_types
+                if rope_parameters[key] is not None]
+    return [("rope_parameters", rope_parameters)]
+
+
+def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> None:
+    """Every rope field of ``config`` and of its ``hf_posext`` record, in type, range and presence.
+
+    Args:
+        unknown_types: leave entries of an unregistered rope type to transformers (:func:`check_rope_entry`).
+
+    Raises:
+        ValueError: naming the field, its value and what is allowed.
+    """
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if max_positions is not None and not (_is_whole(max_positions) and max_positions >= 1):
+        raise ValueError(f"max_position_embeddings must be a positive integer, got {max_positions!r}")
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise ValueError(f"rope_parameters must be a mapping of rope fields (rope_type, rope_theta, ...), got {params!r}")
+    layer_types = list(config.nested_rope_parameter_keys(params)) if hasattr(config, "nested_rope_parameter_keys") else []
+
+    def top_level(key: str) -> Any:
+        value = getattr(config, key, None)
+        if value is None and key == "original_max_position_embeddings":
+            return max_positions  # what transformers reads it as when an entry lacks it
+        return value
+
+    for where, entry in _entries(params, layer_types):
+        check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level,
+                         unknown_types)
+    record = getattr(config, CONFIG_KEY, None)
+    if record is None:
+        return
+    if not isinstance(record, dict) or not isinstance(record.get("method"), str):
+        raise ValueError(f"{CONFIG_KEY} (the record of an hf-posext patch) must be a mapping with a 'method', got "
+                         f"{record!r}")
+    method_class(record["method"])  # names the known methods
+    for key in ("base_max_position_embeddings", "base_original_max_position_embeddings"):
+        if key in record and not (_is_whole(record[key]) and record[key] >= 1):
+            raise ValueError(f"{CONFIG_KEY}['{key}'] must be a positive integer, got {record[key]!r}")
+    base = record.get("base_rope_parameters")
+    if base is not None:
+        for where, entry in _entries(base, [key for key in layer_types if isinstance(base, dict) and key in base]):
+            check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}),
+                             f"{CONFIG_KEY}['base_rope_parameters']" + where.removeprefix("rope_parameters"), top_level)
+
+
+def _raw_config(file: Path) -> PreTrainedConfig | None:
+    """``config.json``'s fields on a bare config object (no transformers validation), to name what is wrong."""
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    bare = PreTrainedConfig.__new__(PreTrainedConfig)
+    bare.__dict__.update(raw)
+    rope = raw.get("rope_parameters", raw.get("rope_scaling"))
+    if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()):
+        # transformers 4's layout (Phi-4-mini, StableLM): theta and the partial rotary factor at the top level
+        rope = {key: raw[key] for key in ("rope_theta", "partial_rotary_factor") if key in raw} | rope
+    bare.__dict__["rope_parameters"] = rope
+    return bare
+
+
+def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
+    """``AutoConfig.from_pretrained(source)``, then :func:`check_rope_config`; errors name ``config.json``.
+
+    Raises:
+        ValueError: a bad field (naming it and the file), or a config transformers cannot read.
+        OSError: no config to read.
+    """
+    folder = Path(source)
+    where = str(folder / "config.json") if folder.is_dir() else str(source)
+    raw = _raw_config(folder / "config.json") if folder.is_dir() else None
+    if raw is not None:
+        # before transformers reads it: its warnings about a field refused here would be a second line
+        try:
+            check_rope_config(raw, unknown_types=True)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        except Exception:  # noqa: BLE001, S110
+            pass  # a layout the bare reading does not know: transformers' reading and the check below decide
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except OSError:
+        raise
+    except Exception as err:  # transformers' own validation: KeyError, TypeError, ZeroDivisionError...
+        raise ValueError(f"{where}: transformers cannot read this config: {type(err).__name__}: {err}") from err
+    try:
+        check_rope_config(config)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
+    return config
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete safetensors file (its header against its size), or None."""
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes)"
+    if size < 8:
+        return f"is {size} bytes, shorter than a safetensors header"
+    with path.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if length > size - 8:
+            return f"has a header of {length} bytes in a file of {size} (truncated or not safetensors)"
+        try:
+            header = json.loads(handle.read(length))
+        except ValueError:
+            return "has an unreadable header (not safetensors, or damaged)"
+    if not isinstance(header, dict):
+        return "has an unreadable header (not safetensors, or damaged)"
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        return "has an unreadable header (not safetensors, or damaged)"
+    if 8 + length + end != size:
+        return f"is {size} bytes, its header describes {8 + length + end} (truncated or changed)"
+    return None
+
+
+def _tensor_names(path: Path) -> set[str]:
+    with path.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        return set(json.loads(handle.read(length))) - {"__metadata__"}
+
+
+def check_weight_files(folder: str | os.PathLike) -> None:
+    """A local checkpoint's weights are all there and whole: index against shards, safetensors headers against sizes.
+
+    Raises:
+        ValueError: naming the missing, empty, truncated or unreadable file.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    indexes = [*folder.glob("*.safetensors.index.json"), *folder.glob("*.bin.index.json")]
+    for index in sorted(indexes):
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = {str(name) for name in weight_map.values()}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{index}: not a readable weight index ({type(err).__name__}: {err})") from None
+        for shard in sorted(shards):
+            if not (folder / shard).is_file():
+                raise ValueError(f"{folder / shard} is missing: {index.name} names it for "
+                                 f"{sum(v == shard for v in weight_map.values())} tensors")
+        for shard in sorted(s for s in shards if s.endswith(".safetensors")):
+            problem = _safetensors_problem(folder / shard)
+            if problem is None:
+                missing = {k for k, v in weight_map.items() if v == shard} - _tensor_names(folder / shard)
+                if missing:
+                    problem = f"lacks {len(missing)} tensors {index.name} puts there (e.g. {sorted(missing)[0]})"
+            if problem:
+                raise ValueError(f"{folder / shard} {problem}")
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem:
+            raise ValueError(f"{path} {problem}")
+
+
+def check_device(device: str) -> None:
+    """``auto``, or a device this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``...).
+
+    Raises:
+        ValueError: an unknown device name, or one this machine lacks.
+    """
+    if device == "auto":
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device}: not a device name (auto, cpu, cuda, cuda:1, mps...)") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}); "
+                             "use --device cpu or auto")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu or auto")
+
+
+__all__ = ["check_device", "check_rope_config", "check_rope_entry", "check_weight_files", "read_config"]

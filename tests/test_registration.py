@@ -1,0 +1,68 @@
+"""Every rope type hf-posext registers follows transformers' validation contract (issue 24, item 10).
+
+The checks of transformers 5.x' own ``RopeTest::test_rope_validation`` (its ``utils/test_modeling_rope_utils.py``)
+(flat, nested per layer type, nested with the same entry for every layer type), run over the rope types
+``import hf_posext`` registers: a type's entry without its required keys raises ``KeyError``, a key
+that belongs to another type's parameters raises too (the required ones are still missing), and an
+unknown key in an otherwise valid entry is warned about by name.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from transformers import Gemma3TextConfig, LlamaConfig, modeling_rope_utils
+
+import hf_posext  # noqa: F401  (registers the rope types under test)
+from hf_posext.readers.transformers5 import custom_rope_types
+from hf_posext.rope_utils import NO_ROPE_TYPE
+
+#: transformers' own list: parameters that belong to other rope types than ours.
+OTHER_TYPES_PARAMETERS = ("factor", "attention_factor", "beta_fast", "beta_slow", "short_factor", "long_factor")
+LAYOUTS = [(True, True), (True, False), (False, False)]  # (nested, same entry for every layer type)
+
+
+def config_with(rope_parameters, nested, same, **extra):
+    """transformers' get_config_with_rope_parameters, with extra config attributes (an hf-posext record)."""
+    if nested:
+        config = Gemma3TextConfig(**extra)
+        config.layer_types = ["full_attention", "sliding_attention"]
+        sliding = dict(rope_parameters) if same else {"rope_type": "default", "rope_theta": 10000.0}
+        config.rope_parameters = {"full_attention": rope_parameters, "sliding_attention": sliding}
+    else:
+        config = LlamaConfig(**extra)
+        config.layer_types = None
+        config.rope_parameters = rope_parameters
+    return config
+
+
+def valid_entry(rope_type):
+    """A complete entry of ``rope_type`` and the config attributes it needs, as a patch writes them."""
+    if rope_type in (NO_ROPE_TYPE, "hf_posext_none"):
+        return {"rope_type": rope_type, "rope_theta": 10000.0}, {"hf_posext": {"method": "alibi"}}
+    return {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}, {}
+
+
+def test_every_custom_rope_type_is_registered():
+    assert set(custom_rope_types()) <= set(modeling_rope_utils.ROPE_INIT_FUNCTIONS)
+
+
+@pytest.mark.parametrize(("nested", "same"), LAYOUTS)
+@pytest.mark.parametrize("rope_type", custom_rope_types())
+def test_transformers_rope_validation_rules_hold_for_every_registered_type(rope_type, nested, same, caplog):
+    with pytest.raises(KeyError):
+        config_with({"rope_type": rope_type, "rope_theta": 10000.0}, nested, same).validate_rope()
+    for param in OTHER_TYPES_PARAMETERS:
+        with pytest.raises(KeyError):
+            config_with({"rope_type": rope_type, "rope_theta": 10000.0, param: True}, nested, same).validate_rope()
+    entry, extra = valid_entry(rope_type)
+    config = config_with(dict(entry), nested, same, **extra)
+    with caplog.at_level(logging.WARNING, logger="transformers.modeling_rope_utils"):
+        caplog.clear()
+        config.validate_rope()
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+        config = config_with({**entry, "mrope_sections": True}, nested, same, **extra)
+        config.validate_rope()
+    unknown = [r.getMessage() for r in caplog.records if "mrope_sections" in r.getMessage()]
+    assert len(unknown) == (2 if same else 1), [r.getMessage() for r in caplog.records]
