@@ -176,7 +176,6 @@ def test_the_path_check_finds_paths_and_can_fail():
 MODULES = sorted(ROOT.glob("hf_posext/**/*.py"))
 
 
-@pytest.mark.xfail(strict=False, reason="module docstrings owned by other branches are trimmed as those branches land")
 def test_module_docstrings_are_short():
     long = {}
     for module in MODULES:

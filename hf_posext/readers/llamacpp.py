@@ -1,26 +1,8 @@
 """llama.cpp: the GGUF rope keys ``convert_hf_to_gguf.py`` writes for a saved config, and what llama.cpp runs.
 
-Re-written from the converter shipped in llama-cpp-python 0.3.36's source package
-(``vendor/llama.cpp/conversion/base.py``, ``TextModel.__init__`` and ``set_gguf_parameters``;
-copied from no file). The converter reads config.json itself, not through transformers:
-
-* the rope dict is ``rope_parameters``, else ``rope_scaling``; a top-level ``rope_theta`` fills it;
-* ``{arch}.context_length`` = the first of ``max_position_embeddings, n_ctx, n_positions, ...``
-  (so a linear checkpoint, whose ``max_position_embeddings`` stays at the original context for
-  vLLM and SGLang, converts with ``context_length`` = L0 and ``scaling.factor`` = s: run it with
-  ``-c s*L0``, as the vicuna-13b-v1.5-16k GGUFs are);
-* ``linear`` -> ``rope.scaling.type = linear`` + ``factor``; ``yarn`` -> ``yarn`` + ``factor``,
-  ``original_context_length``, ``yarn_beta_fast/slow`` and ``attention_factor`` as
-  ``yarn_attn_factor``; ``llama3`` -> a ``rope_freqs`` tensor (Llama only); ``longrope`` ->
-  ``rope.scaling.type = longrope``; ``dynamic`` is skipped without a word ("HunYuan, handled in
-  model class"): plain RoPE; any other type logs "Unknown RoPE type" and converts as plain RoPE;
-* ``rope.freq_base`` = ``rope_theta``.
-
-What llama.cpp 0.3.36 *runs* for those keys (measured by running it: docs/readers/llamacpp.md):
-for the llama, qwen2 and qwen3 graphs it reads neither ``yarn_attn_factor`` nor
-``yarn_beta_fast/slow`` (the attention factor is 0.1 ln(s) + 1 times ``rope.scaling.attn_factor``,
-a key the converter never writes; the betas are 32 and 1), and ``longrope`` without factor
-tensors is plain RoPE. ``hf-posext gguf export`` writes what it reads instead (:mod:`hf_posext.gguf_rope`).
+Re-written from the converter of llama-cpp-python 0.3.36's source package (copied from no file);
+what llama.cpp 0.3.36 runs for those keys was measured by running it. The rules and the
+measurements: docs/readers/llamacpp.md ("What the converter writes").
 """
 
 from __future__ import annotations
