@@ -33,14 +33,14 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the tests' llama.cpp environment and tiny models
 
-from llamacpp_env import CONVERTER, llamacpp_logits, llamacpp_python
-from models import tiny_model
+from llamacpp_env import CONVERTER, llamacpp_logits, llamacpp_python  # noqa: E402
+from models import tiny_model  # noqa: E402
 
-import hf_posext
-from hf_posext.gguf_export import export_gguf
-from hf_posext.gguf_writer import patch_gguf
+import hf_posext  # noqa: E402
+from hf_posext.gguf_export import export_gguf  # noqa: E402
+from hf_posext.gguf_writer import patch_gguf  # noqa: E402
 
 L0 = 64
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
@@ -146,7 +146,10 @@ def compare(ref: np.ndarray, got: np.ndarray, ids: list[int]) -> dict[str, float
     lp, lq = _log_softmax(ref), _log_softmax(got)
     kl = (np.exp(lp) * (lp - lq)).sum(-1)
     nxt = np.asarray(ids[1:])
-    nll = lambda lg: float(-lg[np.arange(len(nxt)), nxt].mean())
+
+    def nll(lg: np.ndarray) -> float:
+        return float(-lg[np.arange(len(nxt)), nxt].mean())
+
     return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "max_abs_diff": float(np.abs(ref - got).max()),
             "ppl_transformers": float(np.exp(nll(lp[:-1]))), "ppl_llamacpp": float(np.exp(nll(lq[:-1])))}
 

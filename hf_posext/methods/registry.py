@@ -31,7 +31,7 @@ class RopeType(NamedTuple):
     """
 
     init: Callable[..., Any]
-    validate: Callable[[Any, dict[str, Any], "set[str] | None"], None]
+    validate: Callable[[Any, dict[str, Any], set[str] | None], None]
     old_names: tuple[str, ...] = ()
 
 

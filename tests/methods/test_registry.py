@@ -133,14 +133,14 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    found = run("-c", textwrap.dedent("""
+    found = run("-c", textwrap.dedent(f"""
         import hf_posext
         from transformers import modeling_rope_utils
-        assert hf_posext.__file__.startswith(%r), hf_posext.__file__
+        assert hf_posext.__file__.startswith({str(tmp_path)!r}), hf_posext.__file__
         assert "toy" in hf_posext.available_methods() and hf_posext.method_aliases()["toy_alias"] == "toy"
         assert "hf_posext_toy" in modeling_rope_utils.ROPE_INIT_FUNCTIONS
         print(hf_posext.ToyConfig.__name__)
-    """ % str(tmp_path)))
+    """))
     assert found.strip() == "ToyConfig"
     script = re.search(r'^hf-posext = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
     module, _, function = script.group(1).partition(":")  # the console script, wherever the CLI lives
