@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_posext._compat import rebuild_rotary, replace_module, rotary_modules
+from hf_posext.integration import rebuild_rotary, replace_module, rotary_modules
 from real_model import Cells, gguf_file, reference_text
 
 from hf_posext import patch_model, unpatch_model
