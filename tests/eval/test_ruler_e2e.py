@@ -7,7 +7,9 @@ from ruler_retrieval import train_retriever, word_tokenizer
 
 from hf_posext.eval.ruler import ruler_accuracy
 
-pytestmark = pytest.mark.slow
+# One thread: the 500-step recipe is reproducible there (measured: 90% vs 0%); with two threads one run did not
+# learn the task in 500 steps, so its result depended on the kernels' summation order.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def test_a_model_that_learned_retrieval_scores_clearly_above_one_that_did_not():
