@@ -25,7 +25,7 @@ from ..attention.remap import (
 from ..attention.remap_install import install_remapping, uninstall_remapping
 from .registry import AttentionFunctions
 from .remapping import AttentionRemapMethod
-from .surgery import Surgery
+from .surgery import Surgery, install_forward_guard, remove_forward_guard
 
 #: The wrapper of each kernel, masked as that kernel is, and the name saved checkpoints carry.
 REMAP_ATTENTIONS = {
@@ -51,16 +51,6 @@ def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, 
             f"{method!r}, ...) again"
         )
 
-
-def _install_guard(base: nn.Module) -> None:
-    _remove_guard(base)
-    base.__dict__[_GUARD_HANDLE] = base.register_forward_pre_hook(_refuse_changed_attention, with_kwargs=True)
-
-
-def _remove_guard(base: nn.Module) -> None:
-    handle = base.__dict__.pop(_GUARD_HANDLE, None)
-    if handle is not None:
-        handle.remove()
 
 
 def _original(config: PreTrainedConfig) -> int:
@@ -90,15 +80,15 @@ class RemapSurgery(Surgery):
 
     def patch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
         install_remapping(model, method.remapping(_original(model.config)))
-        _install_guard(getattr(model, "base_model", model))
+        install_forward_guard(getattr(model, "base_model", model), _GUARD_HANDLE, _refuse_changed_attention)
 
     def unpatch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
         uninstall_remapping(model)
-        _remove_guard(getattr(model, "base_model", model))
+        remove_forward_guard(getattr(model, "base_model", model), _GUARD_HANDLE)
 
     def on_rotary_init(self, method: AttentionRemapMethod, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
         install_remapping(base_model, method.remapping(_original(base_model.config)), rotary)
-        _install_guard(base_model)
+        install_forward_guard(base_model, _GUARD_HANDLE, _refuse_changed_attention)
         return None
 
     def missing(self, method: AttentionRemapMethod, model: nn.Module) -> str | None:

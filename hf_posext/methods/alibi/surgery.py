@@ -12,7 +12,7 @@ from typing import Any
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from ..surgery import Surgery
+from ..surgery import Surgery, install_forward_guard, remove_forward_guard
 from .attention import ALIBI_ATTENTION, NATIVE_TO_BACKEND, OLD_ALIBI_ATTENTION
 from .config import AlibiConfig
 
@@ -37,16 +37,6 @@ def _base_model(model: nn.Module) -> nn.Module:
     return getattr(model, "base_model", model)
 
 
-def _install_guard(base: nn.Module) -> None:
-    _remove_guard(base)
-    base.__dict__[_GUARD_HANDLE] = base.register_forward_pre_hook(_refuse_changed_attention, with_kwargs=True)
-
-
-def _remove_guard(base: nn.Module) -> None:
-    handle = base.__dict__.pop(_GUARD_HANDLE, None)
-    if handle is not None:
-        handle.remove()
-
 
 class AlibiSurgery(Surgery):
     def patch_config(self, method: AlibiConfig, config: PreTrainedConfig) -> None:
@@ -64,10 +54,10 @@ class AlibiSurgery(Surgery):
         config.__dict__.pop("attn_implementation", None)
 
     def patch_modules(self, method: AlibiConfig, model: nn.Module) -> None:
-        _install_guard(_base_model(model))
+        install_forward_guard(_base_model(model), _GUARD_HANDLE, _refuse_changed_attention)
 
     def unpatch_modules(self, method: AlibiConfig, model: nn.Module) -> None:
-        _remove_guard(_base_model(model))
+        remove_forward_guard(_base_model(model), _GUARD_HANDLE)
 
     def on_model_init(self, method: AlibiConfig, base_model: nn.Module) -> None:
         """A model is being built from an ALiBi config: keep it ALiBi.
@@ -83,7 +73,7 @@ class AlibiSurgery(Surgery):
             if requested in NATIVE_TO_BACKEND:
                 config.hf_posext["backend"] = NATIVE_TO_BACKEND[requested]
             config._attn_implementation = ALIBI_ATTENTION
-        _install_guard(base_model)
+        install_forward_guard(base_model, _GUARD_HANDLE, _refuse_changed_attention)
 
     def missing(self, method: AlibiConfig, model: nn.Module) -> str | None:
         if model.config._attn_implementation != ALIBI_ATTENTION:
