@@ -218,7 +218,7 @@ def test_cached_generation_equals_a_full_forward(name):
         out = model(ids[:, :16], position_ids=positions[:, :16], use_cache=True)
         cache, steps = out.past_key_values, [out.logits]
         for t in range(16, 24):
-            out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], cache=cache, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 
@@ -326,7 +326,7 @@ def test_composed_dynamic_yarn_cached_generation_equals_a_full_forward():
         out = model(ids[:, :16], position_ids=positions[:, :16], use_cache=True)
         cache, steps = out.past_key_values, [out.logits[:, -1:]]
         for t in range(16, 24):
-            out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], cache=cache, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 15:], rtol=0, atol=1e-5)
 
