@@ -125,9 +125,12 @@ def rope_init_function(rope_type: str) -> RopeInitFn:
     return modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
 
 
-def is_preallocated_cache(cache: Any) -> bool:
-    """Whether ``cache`` hands attention preallocated key buffers (``StaticCache``'s layers) rather than the keys so far."""
-    return any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ()))
+def preallocated_cache(forward_kwargs: dict[str, Any]) -> Any | None:
+    """The cache a model forward was given if it hands attention preallocated key buffers (``StaticCache``'s
+    layers) rather than the keys so far, else ``None``; transformers 5.24 names it ``cache`` (``past_key_values``
+    before)."""
+    cache = forward_kwargs.get("cache", forward_kwargs.get("past_key_values"))
+    return cache if any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ())) else None
 
 
 def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any]) -> None:

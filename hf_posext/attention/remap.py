@@ -359,8 +359,8 @@ def refuse_unsupported(module: nn.Module, kwargs: dict[str, Any], name: str) -> 
 
 def refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of the base model: key columns must be the tokens so far (their positions follow)."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is not None and integration.is_preallocated_cache(cache):
+    cache = integration.preallocated_cache(kwargs)
+    if cache is not None:
         raise ValueError(
             f"training-free attention (self_extend, dca) needs a cache that grows with the sequence (DynamicCache, "
             f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic'"

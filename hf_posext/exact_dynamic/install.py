@@ -116,8 +116,8 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
 
 def _refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of the base model: the wrapper needs the keys seen so far, not a preallocated buffer."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is not None and integration.is_preallocated_cache(cache):
+    cache = integration.preallocated_cache(kwargs)
+    if cache is not None:
         raise ValueError(
             f"exact dynamic scaling (exact_cache=True) needs a cache that grows with the sequence (DynamicCache, "
             f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic', or patch with "
