@@ -3,7 +3,7 @@
 Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, tests/llamacpp_env.py), then:
 
 1. tiny Llama (2 layers, head_dim 32, q/k scaled x4, SmolLM2's tokenizer so that llama.cpp's
-   converter takes it) extended to 3 x L0 = 192 tokens: each case is patched in transformers,
+   converter takes it; and a few Qwen2, Qwen3 and Mistral cases) extended to 3 x L0 = 192 tokens: each case is patched in transformers,
    exported with ``hf-posext gguf export`` (llama.cpp's converter + the rope fix) and patched
    GGUF to GGUF from the converted base; max |logit diff| of llama.cpp against transformers,
    and the same for the converter's own GGUF (no fix), which shows what llama.cpp ignores;
@@ -61,6 +61,18 @@ CASES = {
     "yarn on yarn": ("yarn", "yarn", {}),
     "linear on yarn": ("yarn", "linear", {}),
 }
+#: The other accepted architectures (llama.cpp's qwen2 / qwen3 graphs, and Mistral, which the converter
+#: writes as ``llama``): name: (model type, method, method arguments) on a plain base, factor 4. The
+#: qwen graphs load no ``rope_freqs``, so their per-pair cases are refused (tests/test_gguf_rope.py).
+ARCH_CASES = {
+    "qwen2 unextended": ("qwen2", None, {}),
+    "qwen2 linear": ("qwen2", "linear", {}),
+    "qwen2 yarn attention_factor=1.3": ("qwen2", "yarn", {"attention_factor": 1.3}),
+    "qwen3 unextended": ("qwen3", None, {}),
+    "qwen3 yarn attention_factor=1.3": ("qwen3", "yarn", {"attention_factor": 1.3}),
+    "mistral unextended": ("mistral", None, {}),
+    "mistral yarn beta_fast=16 beta_slow=2": ("mistral", "yarn", {"beta_fast": 16.0, "beta_slow": 2.0}),
+}
 
 
 def smollm2_gguf() -> Path | None:
@@ -81,15 +93,39 @@ def ids_for(length: int) -> list[int]:
     return np.random.default_rng(1).integers(0, 49152, length).tolist()
 
 
+def sentencepiece_model(work: Path) -> Path:
+    """A 512-piece SentencePiece model trained on the standard library's docs, once (for the Qwen cases).
+
+    transformers 5 loads any tokenizer in a ``qwen2``/``qwen3`` folder as ``Qwen2Tokenizer`` (Qwen's
+    pre-tokenizer over SmolLM2's vocabulary), whose hash llama.cpp's converter does not recognise; its
+    Qwen2 class takes a ``tokenizer.model`` first. The cases feed token ids, so the vocabulary is moot.
+    """
+    import pydoc_data.topics
+
+    path = work / "spm-512.model"
+    if not path.is_file():  # sentencepiece lives in the llama.cpp venv (the converter imports it)
+        text = work / "spm-text.txt"
+        text.write_text("\n".join(pydoc_data.topics.topics.values()))
+        train = ("import sys, sentencepiece; sentencepiece.SentencePieceTrainer.train(input=sys.argv[1], "
+                 "model_prefix=sys.argv[2], vocab_size=512, model_type='bpe', minloglevel=2)")
+        subprocess.run([str(llamacpp_python()), "-c", train, str(text), str(path.with_suffix(""))], check=True,
+                       capture_output=True)
+    return path
+
+
 def save_case(model, folder: Path, tokenizer: Path) -> Path:
     model.save_pretrained(folder)
+    if model.config.model_type in ("qwen2", "qwen3"):
+        shutil.copy(sentencepiece_model(folder.parent), folder / "tokenizer.model")
+        return folder
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer / name, folder / name)
     return folder
 
 
-def base_model(base: str):
-    return tiny_model("llama", max_positions=L0, vocab_size=49152, tie_word_embeddings=True, **BASES[base])
+def base_model(base: str, arch: str = "llama"):
+    extra = {"sliding_window": None} if arch == "mistral" else {}  # the converter drops it (export warns)
+    return tiny_model(arch, max_positions=L0, vocab_size=49152, tie_word_embeddings=True, **BASES[base], **extra)
 
 
 def logits(model, ids: list[int]) -> np.ndarray:
@@ -104,19 +140,27 @@ def convert_raw(folder: Path, out: Path, python: Path) -> Path:
     return out
 
 
+def case(name: str) -> tuple[str, str, str | None, dict]:
+    """``(model type, base rope, method, method arguments)`` of a :data:`CASES` or :data:`ARCH_CASES` name."""
+    if name in CASES:
+        return ("llama", *CASES[name])
+    arch, method, kwargs = ARCH_CASES[name]
+    return arch, "plain", method, kwargs
+
+
 def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str, float]]:
     """``{case: {exported, direct, converter_only}}``: max |logit diff| against transformers at 3 x L0."""
     python, tokenizer = llamacpp_python(), tokenizer_dir()
     ids = ids_for(3 * L0)
-    base_gguf: dict[str, Path] = {}
+    base_gguf: dict[tuple[str, str], Path] = {}
     rows: dict[str, dict[str, float]] = {}
     for name in names or list(CASES):
-        base, method, kwargs = CASES[name]
-        model = base_model(base)
-        if base not in base_gguf:
-            folder = save_case(model, work / f"base-{base}", tokenizer)
-            base_gguf[base] = export_gguf(folder, work / f"base-{base}.gguf", converter=CONVERTER, python=python,
-                                          outtype="f32")
+        arch, base, method, kwargs = case(name)
+        model = base_model(base, arch)
+        if (arch, base) not in base_gguf:
+            folder = save_case(model, work / f"base-{arch}-{base}", tokenizer)
+            base_gguf[arch, base] = export_gguf(folder, work / f"base-{arch}-{base}.gguf", converter=CONVERTER,
+                                                python=python, outtype="f32")
         if method:
             hf_posext.patch_model(model, method, factor=4, **kwargs)
         ref = logits(model, ids)
@@ -127,7 +171,7 @@ def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str,
         raw = convert_raw(folder, work / f"{slug}.raw.gguf", python)
         row["converter_only"] = float(np.abs(llamacpp_logits(raw, ids) - ref).max())
         if method:
-            direct = patch_gguf(base_gguf[base], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
+            direct = patch_gguf(base_gguf[arch, base], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
             row["direct"] = float(np.abs(llamacpp_logits(direct, ids) - ref).max())
             row["direct_vs_exported"] = float(np.abs(llamacpp_logits(direct, ids) - llamacpp_logits(exported, ids)).max())
         rows[name] = row
@@ -141,17 +185,24 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def compare(ref: np.ndarray, got: np.ndarray, ids: list[int]) -> dict[str, float]:
-    """Mean per-token KL(transformers || llama.cpp), max |diff|, and both perplexities of the next tokens."""
-    lp, lq = _log_softmax(ref), _log_softmax(got)
-    kl = (np.exp(lp) * (lp - lq)).sum(-1)
-    nxt = np.asarray(ids[1:])
+def compare(ref: np.ndarray, got: np.ndarray, ids: list[int], rows: int = 512) -> dict[str, float]:
+    """Mean per-token KL(transformers || llama.cpp), max |diff|, and both perplexities of the next tokens.
 
-    def nll(lg: np.ndarray) -> float:
-        return float(-lg[np.arange(len(nxt)), nxt].mean())
-
-    return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "max_abs_diff": float(np.abs(ref - got).max()),
-            "ppl_transformers": float(np.exp(nll(lp[:-1]))), "ppl_llamacpp": float(np.exp(nll(lq[:-1])))}
+    In float64, ``rows`` positions at a time: at 16k tokens a whole ``[tokens, 49152]`` float64 copy is 6 GiB.
+    """
+    kl, diff, nll_ref, nll_got = [], 0.0, [], []
+    nxt = np.asarray(ids[1:] + [0])
+    for start in range(0, len(ids), rows):
+        lp, lq = _log_softmax(ref[start:start + rows]), _log_softmax(got[start:start + rows])
+        kl.append((np.exp(lp) * (lp - lq)).sum(-1))
+        diff = max(diff, float(np.abs(ref[start:start + rows] - got[start:start + rows]).max()))
+        at = np.arange(len(lp)), nxt[start:start + rows]
+        nll_ref.append(-lp[at])
+        nll_got.append(-lq[at])
+    kls = np.concatenate(kl)
+    ppl = [float(np.exp(np.concatenate(n)[:-1].mean())) for n in (nll_ref, nll_got)]  # the last has no next token
+    return {"kl_mean": float(kls.mean()), "kl_max": float(kls.max()), "max_abs_diff": diff,
+            "ppl_transformers": ppl[0], "ppl_llamacpp": ppl[1]}
 
 
 REAL_CASES = {"unpatched": (None, {}), "yarn": ("yarn", {}),
@@ -211,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(ROOT / ".cache" / "llamacpp-bench"))
     parser.add_argument("--real", action="store_true", help="also SmolLM2 Q4_1 patched GGUF to GGUF")
     parser.add_argument("--real-tokens", type=int, default=2048)
-    parser.add_argument("--no-tiny", action="store_true")
+    parser.add_argument("--no-tiny", action="store_true", help="skip the tiny cases (Llama and the other architectures)")
+    parser.add_argument("--architectures", action="store_true", help="the tiny Qwen2/Qwen3/Mistral cases, even with --no-tiny")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llamacpp.json"))
     args = parser.parse_args(argv)
@@ -223,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_tiny:
         results["tiny_llama_3x"] = {"command": "python benchmarks/llamacpp_gguf.py", "tokens": 3 * L0,
                                     "cases": tiny_gaps(work)}
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    if not args.no_tiny or args.architectures:
+        results["tiny_architectures_3x"] = {"command": "python benchmarks/llamacpp_gguf.py --no-tiny --architectures",
+                                            "tokens": 3 * L0, "cases": tiny_gaps(work, list(ARCH_CASES))}
         out.write_text(json.dumps(results, indent=2) + "\n")
     if args.real:
         key = f"smollm2_q4_1_{args.real_tokens}"

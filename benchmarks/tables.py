@@ -136,6 +136,29 @@ def alibi_cpu() -> str:
     return table(["path", *map(kilo, lengths), f"memory at {kilo(lengths[-1])}"], rows)
 
 
+def llamacpp_gaps(key: str) -> str:
+    data = load("llamacpp.json")
+    if not data or key not in data:
+        return f"_Not measured yet: no {key} in llamacpp.json (python benchmarks/llamacpp_gguf.py)._"
+    rows = [[name, f"{row['exported']:.2e}", f"{row['direct']:.2e}" if "direct" in row else "-",
+             f"{row['converter_only']:.3g}"] for name, row in data[key]["cases"].items()]
+    return table(["case", "`gguf export`", "GGUF to GGUF", "converter only"], rows)
+
+
+def llamacpp_smollm2() -> str:
+    data = load("llamacpp_smollm2.json")
+    rows = []
+    for key in sorted((k for k in data if k.startswith("smollm2_q4_1_")), key=lambda k: int(k.rsplit("_", 1)[1])):
+        own = data[key]["cases"]["unpatched"]["kl_mean"]
+        for name, row in data[key]["cases"].items():
+            rows.append([kilo(row["tokens"]), name, f"{row['kl_mean']:.4f}", f"{row['kl_mean'] / own:.2f}",
+                         f"{row['max_abs_diff']:.2f}", f"{row['ppl_transformers']:.3f}", f"{row['ppl_llamacpp']:.3f}",
+                         f"{(row['ppl_llamacpp'] / row['ppl_transformers'] - 1):+.2%}",
+                         "yes" if row["tensor_bytes_unchanged"] else "**no**"])
+    return table(["tokens", "case", "mean KL", "KL / unpatched", "max abs diff", "ppl transformers", "ppl llama.cpp",
+                  "ppl gap", "tensor bytes unchanged"], rows)
+
+
 # --- GPU results ---------------------------------------------------------------------------------
 
 def gpu_check() -> str:
@@ -238,6 +261,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "patch-overhead": patch_overhead,
     "long-train": long_train,
     "alibi-cpu": alibi_cpu,
+    "llamacpp-tiny": lambda: llamacpp_gaps("tiny_llama_3x"),
+    "llamacpp-architectures": lambda: llamacpp_gaps("tiny_architectures_3x"),
+    "llamacpp-smollm2": llamacpp_smollm2,
     "gpu-check": gpu_check,
     "gpu-dynamic-decode": gpu_dynamic_decode,
     "gpu-finetune-real": gpu_finetune_real,

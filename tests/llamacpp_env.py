@@ -33,7 +33,8 @@ SOURCE = CACHE / f"llama_cpp_python-{VERSION}"
 VENV = CACHE / "venv"
 CONVERTER = SOURCE / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
 
-# Reads a GGUF and token ids, writes llama.cpp's logits for every position ([tokens, vocab] .npy).
+# Reads a GGUF and token ids, writes llama.cpp's logits for every position ([tokens, vocab] .npy). Micro-batches
+# of at most 2048 tokens: one of 16k would need a 16k x 16k x heads attention buffer.
 RUN = """
 import json, sys
 import numpy as np
@@ -41,7 +42,7 @@ import llama_cpp
 path, ids_file, out = sys.argv[1:4]
 ids = json.loads(open(ids_file).read())
 n = len(ids)
-model = llama_cpp.Llama(model_path=path, n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True, verbose=False,
+model = llama_cpp.Llama(model_path=path, n_ctx=n, n_batch=n, n_ubatch=min(n, 2048), logits_all=True, verbose=False,
                         n_threads=int(sys.argv[4]) if len(sys.argv) > 4 else 1)
 model.eval(ids)
 np.save(out, np.asarray(model.scores[:n], dtype=np.float32))

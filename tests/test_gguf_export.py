@@ -13,6 +13,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,3 +54,32 @@ def test_smollm2_q4_1_patched_directly_runs_as_the_dequantized_model(tmp_path):
         assert row["tensor_bytes_unchanged"], name
         assert row["kl_mean"] <= 3 * own, (name, row, own)
         assert abs(row["ppl_llamacpp"] / row["ppl_transformers"] - 1) < 0.02, (name, row)
+
+
+def test_llamacpp_runs_qwen2_qwen3_and_mistral_extensions_as_transformers(tmp_path):
+    rows = bench.tiny_gaps(tmp_path, list(bench.ARCH_CASES))
+    for arch in ("qwen2", "qwen3", "mistral"):
+        floor = rows[f"{arch} unextended"]["exported"]  # this architecture's own llama.cpp-vs-transformers gap
+        assert 0 < floor < 1e-2, (arch, floor)
+        extended = {name: row for name, row in rows.items() if name.startswith(arch + " ") and "direct" in row}
+        assert extended, arch
+        for name, row in extended.items():
+            assert row["exported"] <= 3 * floor, (name, row, floor)
+            assert row["direct"] <= 3 * floor, (name, row, floor)
+            assert row["direct_vs_exported"] <= floor, (name, row, floor)
+            if "attention_factor" in name or "beta" in name:  # what the converter alone writes, llama.cpp ignores
+                assert row["converter_only"] > 30 * floor, (name, row)
+
+
+def test_a_mistral_sliding_window_is_dropped_by_the_converter_and_export_says_so(tmp_path, caplog):
+    ids = bench.ids_for(3 * bench.L0)
+    window = 2 * bench.L0
+    model = bench.tiny_model("mistral", max_positions=bench.L0, vocab_size=49152, tie_word_embeddings=True,
+                             sliding_window=window)
+    folder = bench.save_case(model, tmp_path / "mistral-window", bench.tokenizer_dir())
+    with caplog.at_level("WARNING", logger="hf_posext"):
+        out = bench.export_gguf(folder, tmp_path / "mistral-window.gguf", converter=bench.CONVERTER,
+                                python=bench.llamacpp_python(), outtype="f32")
+    assert f"{window}-token sliding window" in caplog.text
+    gap = np.abs(bench.llamacpp_logits(out, ids) - bench.logits(model, ids))
+    assert gap[:window].max() < 1e-2 < gap[window:].max(), (gap[:window].max(), gap[window:].max())

@@ -132,3 +132,13 @@ def test_per_pair_scalings_are_refused_where_llamacpp_has_no_rope_freqs():
         gguf_rope_for(case_config("yarn other betas"), "qwen2")
     with pytest.raises(ValueError, match="GGUF architecture 'gemma3' is not supported"):
         gguf_rope_for(case_config("yarn"), "gemma3")
+
+
+def test_the_sliding_windows_llamacpp_drops_are_named():
+    from hf_posext.gguf_export import dropped_sliding_window
+
+    assert dropped_sliding_window(tiny_config("mistral", sliding_window=128)) == 128
+    assert dropped_sliding_window(tiny_config("mistral", sliding_window=None)) is None
+    assert dropped_sliding_window(tiny_config("qwen2", sliding_window=128)) is None  # use_sliding_window=False
+    assert dropped_sliding_window(tiny_config("qwen2", sliding_window=128, use_sliding_window=True)) == 128
+    assert dropped_sliding_window(tiny_config("llama")) is None
