@@ -152,6 +152,25 @@ def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_like])
 
 
+def remove_attention_state(model: nn.Module, attr: str) -> Any | None:
+    """Undo an attention wrapper's install: pop the state each attention module holds under ``attr``.
+
+    The state (``hooks``, ``attention_name``, ``kernel``) loses its forward hooks, and
+    ``config._attn_implementation`` goes back to the kernel it wrapped. None when nothing was installed.
+    """
+    state = None
+    for module in model.modules():
+        if attr in module.__dict__:
+            state = module.__dict__.pop(attr)
+    if state is None:
+        return None
+    for hook in state.hooks:
+        hook.remove()
+    if model.config._attn_implementation == state.attention_name:
+        model.config._attn_implementation = state.kernel
+    return state
+
+
 def attention_function(implementation: str, module: nn.Module) -> Callable[..., Any]:
     """The attention function ``module`` would call for ``config._attn_implementation = implementation``.
 

@@ -58,13 +58,4 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
 
 def uninstall_remapping(model: nn.Module) -> None:
     """Undo :func:`install_remapping` (a no-op when it is not installed)."""
-    state = None
-    for module in model.modules():
-        if STATE_ATTR in module.__dict__:
-            state = module.__dict__.pop(STATE_ATTR)
-    if state is None:
-        return
-    for hook in state.hooks:
-        hook.remove()
-    if model.config._attn_implementation == state.attention_name:
-        model.config._attn_implementation = state.kernel
+    integration.remove_attention_state(model, STATE_ATTR)

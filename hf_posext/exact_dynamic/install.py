@@ -135,13 +135,4 @@ def disable_exact_dynamic_cache(model: nn.Module) -> None:
     stand_ins = [(n, m) for n, m in model.named_modules() if isinstance(m, ExactDynamicRotaryEmbedding)]
     for name, module in stand_ins:
         integration.replace_module(model, name, module.rotary)
-    rope = None
-    for module in model.modules():
-        if STATE_ATTR in module.__dict__:
-            rope = module.__dict__.pop(STATE_ATTR)
-    if rope is None:
-        return
-    for hook in rope.hooks:
-        hook.remove()
-    if model.config._attn_implementation == rope.attention_name:
-        model.config._attn_implementation = rope.kernel
+    integration.remove_attention_state(model, STATE_ATTR)
