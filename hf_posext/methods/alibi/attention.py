@@ -174,10 +174,9 @@ def flex_block_mask(
         padding = masking_utils.prepare_padding_mask(attention_mask, kv_length, kv_offset)
         mask_function = masking_utils.and_masks(mask_function, masking_utils.padding_mask_function(padding))
     mask_function = masking_utils.add_offsets_to_mask_function(mask_function, q_offset, kv_offset)
-    block_mask = create_block_mask(
-        mask_mod=mask_function, B=batch_size, H=None, Q_LEN=q_length, KV_LEN=kv_length, device=device,
-        _compile=FLEX_COMPILE,
-    )
+    # torch.compile(create_block_mask) is what its deprecated _compile=True flag ran (PyTorch 2.13).
+    make = torch.compile(create_block_mask) if FLEX_COMPILE else create_block_mask
+    block_mask = make(mask_function, batch_size, None, q_length, kv_length, device)
     block_mask.hf_posext_query_shift = q_offset - kv_offset
     return block_mask
 
