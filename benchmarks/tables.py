@@ -136,6 +136,30 @@ def alibi_cpu() -> str:
     return table(["path", *map(kilo, lengths), f"memory at {kilo(lengths[-1])}"], rows)
 
 
+def training_free_real_model() -> str:
+    """Passkeys found / asked with 95% Wilson intervals, and perplexity, per method (training_free/results.json)."""
+    from hf_posext.eval.ruler.score import wilson_interval
+
+    data = load("training_free/results.json")
+    cells, methods = data["cells"], list(data["settings"]["methods"])
+    passkey_lengths = sorted({int(k.split("/")[2]) for k in cells if k.startswith("passkey/")})
+    ppl_lengths = sorted({int(k.split("/")[2]) for k in cells if k.startswith("ppl/")})
+    rows = []
+    for method in methods:
+        row = [method]
+        for n in passkey_lengths:
+            found = [c["value"] for k, c in cells.items() if k.startswith(f"passkey/{method}/{n}/")]
+            low, high = wilson_interval(sum(found), len(found)) if found else (0.0, 0.0)
+            row.append(f"{sum(found)}/{len(found)} ({low:.2f}-{high:.2f})" if found else "-")
+        for n in ppl_lengths:
+            value = cells.get(f"ppl/{method}/{n}", {}).get("value")
+            row.append(f"{value:.2f}" if value else "-")
+        rows.append(row)
+    header = ["method", *[f"passkey {kilo(n)} (95% interval)" for n in passkey_lengths],
+              *[f"ppl {kilo(n)}" for n in ppl_lengths]]
+    return table(header, rows)
+
+
 def llamacpp_gaps(key: str) -> str:
     data = load("llamacpp.json")
     if not data or key not in data:
@@ -261,6 +285,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "patch-overhead": patch_overhead,
     "long-train": long_train,
     "alibi-cpu": alibi_cpu,
+    "training-free-real-model": training_free_real_model,
     "llamacpp-tiny": lambda: llamacpp_gaps("tiny_llama_3x"),
     "llamacpp-architectures": lambda: llamacpp_gaps("tiny_architectures_3x"),
     "llamacpp-smollm2": llamacpp_smollm2,
