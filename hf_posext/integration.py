@@ -14,6 +14,7 @@ Internal: not part of the public API.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -131,6 +132,25 @@ def preallocated_cache(forward_kwargs: dict[str, Any]) -> Any | None:
     before)."""
     cache = forward_kwargs.get("cache", forward_kwargs.get("past_key_values"))
     return cache if any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ())) else None
+
+
+def _refuse_preallocated_cache(needs: str, alternative: str, module: nn.Module, args: tuple,
+                               kwargs: dict[str, Any]) -> None:
+    cache = preallocated_cache(kwargs)
+    if cache is not None:
+        raise ValueError(f"{needs} needs a cache that grows with the sequence (DynamicCache, the default), got "
+                         f"{type(cache).__name__}; generate with cache_implementation='dynamic'{alternative}")
+
+
+def guard_growing_cache(base_model: nn.Module, needs: str, alternative: str = "") -> Any:
+    """Refuse a preallocated cache in ``base_model``'s forward (a pre-hook; its handle is returned).
+
+    For attention that needs the keys seen so far: the message says ``needs`` needs a cache that
+    grows with the sequence and how to generate with one, then ``alternative``. The hook is a
+    partial of a module function, so the model still deep-copies and pickles.
+    """
+    hook = functools.partial(_refuse_preallocated_cache, needs, alternative)
+    return base_model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any]) -> None:

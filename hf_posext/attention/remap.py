@@ -355,13 +355,3 @@ def refuse_unsupported(module: nn.Module, kwargs: dict[str, Any], name: str) -> 
     """Attention features the remapping path does not implement raise rather than being ignored."""
     if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
         raise ValueError(f"{name} does not support attention sinks ({type(module).__name__})")
-
-
-def refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-    """Forward pre-hook of the base model: key columns must be the tokens so far (their positions follow)."""
-    cache = integration.preallocated_cache(kwargs)
-    if cache is not None:
-        raise ValueError(
-            f"training-free attention (self_extend, dca) needs a cache that grows with the sequence (DynamicCache, "
-            f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic'"
-        )

@@ -13,7 +13,6 @@ from .remap import (
     SUPPORTED_KERNELS,
     Remapping,
     RemapState,
-    refuse_preallocated_cache,
     remap_attention,
 )
 
@@ -52,7 +51,7 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
         module.__dict__[STATE_ATTR] = state
     config._attn_implementation = state.attention_name
     base = model.get_submodule(found[0][0].rpartition(".")[0]) if found else model
-    state.hooks.append(base.register_forward_pre_hook(refuse_preallocated_cache, with_kwargs=True))
+    state.hooks.append(integration.guard_growing_cache(base, "training-free attention (self_extend, dca)"))
     return state
 
 

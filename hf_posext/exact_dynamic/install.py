@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -114,20 +113,11 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
     return ExactDynamicRotaryEmbedding(rotary, rope)
 
 
-def _refuse_preallocated_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-    """Forward pre-hook of the base model: the wrapper needs the keys seen so far, not a preallocated buffer."""
-    cache = integration.preallocated_cache(kwargs)
-    if cache is not None:
-        raise ValueError(
-            f"exact dynamic scaling (exact_cache=True) needs a cache that grows with the sequence (DynamicCache, "
-            f"the default), got {type(cache).__name__}; generate with cache_implementation='dynamic', or patch with "
-            f"exact_cache=False (transformers' behaviour, stale cached keys)"
-        )
-
-
 def _guard_cache(base_model: nn.Module, rope: ExactDynamicRope) -> None:
     """Refuse preallocated caches in ``base_model``'s forward; the hook goes with ``rope`` on disable."""
-    rope.hooks.append(base_model.register_forward_pre_hook(_refuse_preallocated_cache, with_kwargs=True))
+    rope.hooks.append(integration.guard_growing_cache(
+        base_model, "exact dynamic scaling (exact_cache=True)",
+        ", or patch with exact_cache=False (transformers' behaviour, stale cached keys)"))
 
 
 def disable_exact_dynamic_cache(model: nn.Module) -> None:
