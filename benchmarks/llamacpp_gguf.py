@@ -167,13 +167,15 @@ def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str,
         slug = name.replace(" ", "_").replace("=", "")
         folder = save_case(model, work / slug, tokenizer)
         exported = export_gguf(folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32")
-        row = {"exported": float(np.abs(llamacpp_logits(exported, ids) - ref).max())}
+        exported_logits = llamacpp_logits(exported, ids)
+        row = {"exported": float(np.abs(exported_logits - ref).max())}
         raw = convert_raw(folder, work / f"{slug}.raw.gguf", python)
         row["converter_only"] = float(np.abs(llamacpp_logits(raw, ids) - ref).max())
         if method:
             direct = patch_gguf(base_gguf[arch, base], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
-            row["direct"] = float(np.abs(llamacpp_logits(direct, ids) - ref).max())
-            row["direct_vs_exported"] = float(np.abs(llamacpp_logits(direct, ids) - llamacpp_logits(exported, ids)).max())
+            direct_logits = llamacpp_logits(direct, ids)
+            row["direct"] = float(np.abs(direct_logits - ref).max())
+            row["direct_vs_exported"] = float(np.abs(direct_logits - exported_logits).max())
         rows[name] = row
         print(name, row, flush=True)
     return rows
