@@ -17,3 +17,16 @@ def one_thread():
     """Opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``; see models.single_thread."""
     with single_thread():
         yield
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    """Each test starts without accelerate's process-wide state, as a new process would.
+
+    ``Accelerator()`` refuses a second precision in one process; the recipe's ``auto`` precision is
+    bf16 on CPUs with bf16 instructions and fp32 elsewhere, so tests would otherwise depend on order.
+    """
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)

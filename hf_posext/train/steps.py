@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -27,16 +28,22 @@ def forward_loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.
     if pose:
         # Skipped positions would otherwise be read as packed-sequence boundaries (see pose.py).
         kwargs["attention_mask"] = torch.ones_like(input_ids)
+    # The chunked loss applies the LM head outside the model's forward: under the same autocast as
+    # the forward (accelerate wraps only ``model.forward``), so it matches the model's own logits.
+    autocast = accelerator.autocast() if accelerator is not None else contextlib.nullcontext()
     buffers = [input_ids, position_ids, shift_labels]
     cp = accelerator is not None and accelerator.parallelism_config is not None and \
         accelerator.parallelism_config.cp_enabled
-    if cp:
-        with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
-                                                no_restore_buffers=set(buffers)):
-            if loss_chunk_size:
-                return causal_lm_loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, **kwargs)
-            return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
-                         shift_labels=shift_labels, use_cache=False, **kwargs).loss
+    with autocast:
+        if cp:
+            with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
+                                                    no_restore_buffers=set(buffers)):
+                return _loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, kwargs)
+        return _loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, kwargs)
+
+
+def _loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, shift_labels: torch.Tensor,
+          loss_chunk_size: int, kwargs: dict[str, Any]) -> torch.Tensor:
     if loss_chunk_size:
         return causal_lm_loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, **kwargs)
     return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,

@@ -39,6 +39,19 @@ torch.save(result.losses, f"{out}/losses{{rank}}.pt")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_on_a_cpu_is_bf16_only_where_bf16_is_native(monkeypatch, native):
+    from hf_posext.train import distributed
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(distributed, "cpu_has_native_bf16", lambda: native)
+    assert distributed.resolve_mixed_precision("auto") == ("bf16" if native else "no")
+    assert distributed.resolve_mixed_precision("no") == "no"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    assert distributed.resolve_mixed_precision("auto") is None  # the launcher's setting
+
+
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun is not installed next to this Python")
 def test_two_process_run_stays_in_sync_and_matches_gradient_accumulation(tmp_path):

@@ -260,6 +260,24 @@ def test_recipe_steps_with_and_without_the_chunked_loss_agree(recipe_assets, tmp
         torch.testing.assert_close(got[name], want[name], **TOL)
 
 
+def test_recipe_in_bf16_autocast_trains_with_the_chunked_loss(recipe_assets, tmp_path):
+    """The chunked head runs under the forward's autocast (it was fp32 and refused the bf16 logits)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        fp32 = train(recipe_config(recipe_assets, tmp_path / "fp32", loss_chunk_size=7))
+        AcceleratorState._reset_state(reset_partial_state=True)
+        plain = train(recipe_config(recipe_assets, tmp_path / "plain", loss_chunk_size=0, mixed_precision="bf16"))
+        AcceleratorState._reset_state(reset_partial_state=True)
+        chunked = train(recipe_config(recipe_assets, tmp_path / "chunked", loss_chunk_size=7, mixed_precision="bf16"))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    bf16_error = (torch.tensor(plain.losses) - torch.tensor(fp32.losses)).abs().max()
+    assert (torch.tensor(chunked.losses) - torch.tensor(plain.losses)).abs().max() <= bf16_error + 1e-3
+    assert (torch.tensor(chunked.losses) - torch.tensor(fp32.losses)).abs().max() / fp32.losses[0] < 0.02
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
