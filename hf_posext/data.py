@@ -7,6 +7,7 @@ docs/guides/evaluation.md.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import os
@@ -23,6 +24,9 @@ import torch
 STDLIB = "stdlib"
 #: Files a folder contributes; a ``.jsonl`` file holds one document per line, the others one each.
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")
+
+#: A dataset item starting with it is a glob of files left out of the others (``!*/pydoc_data/*``).
+EXCLUDE_PREFIX = "!"
 
 Split = Literal["train", "test", "all"]
 
@@ -71,7 +75,7 @@ def _looks_local(item: str) -> bool:
     return (
         item == STDLIB
         or any(ch in item for ch in "*?[")
-        or item.startswith((".", "/", "~"))
+        or item.startswith((EXCLUDE_PREFIX, ".", "/", "~"))
         or item.endswith(TEXT_SUFFIXES)
         or os.path.exists(os.path.expanduser(item))
         or os.sep in item and item.count("/") != 1
@@ -95,11 +99,20 @@ def is_local_dataset(items: Sequence[str]) -> bool:
 def resolve_local_files(items: Iterable[str | os.PathLike], split: str = "train") -> list[Path]:
     """Expand files, folders, globs and ``stdlib`` (its ``split``) into a file list (order fixes the data).
 
+    An item ``!PATTERN`` leaves out every file whose path matches the glob ``PATTERN`` (``fnmatch``
+    on the absolute path, so ``*`` also matches ``/``): e.g. ``stdlib !*/pydoc_data/*`` keeps the
+    Python Language Reference, which the real-model evaluations read, out of training.
+
     Raises:
-        FileNotFoundError: for an item that names no file, listing what was looked for.
+        FileNotFoundError: for an item that names no file, listing what was looked for, or an
+            exclusion that matches none of the files (a mistyped pattern would silently keep them).
     """
     files: list[Path] = []
+    excludes: list[str] = []
     for item in map(str, items):
+        if item.startswith(EXCLUDE_PREFIX):
+            excludes.append(item)
+            continue
         expanded = os.path.expanduser(item)
         if item == STDLIB:
             matched = stdlib_files(split if split in ("train", "test", "all") else "train")  # type: ignore[arg-type]
@@ -117,6 +130,14 @@ def resolve_local_files(items: Iterable[str | os.PathLike], split: str = "train"
         if not matched:
             raise FileNotFoundError(f"dataset {item!r} matches no {'/'.join(TEXT_SUFFIXES)} file")
         files.extend(matched)
+    for item in excludes:
+        pattern = os.path.expanduser(item[len(EXCLUDE_PREFIX):])
+        kept = [path for path in files if not fnmatch.fnmatch(str(path.absolute()), pattern)]
+        if len(kept) == len(files):
+            raise FileNotFoundError(f"dataset exclusion {item!r} matches none of the dataset's files")
+        files = kept
+    if excludes and not files:
+        raise FileNotFoundError(f"dataset {[str(i) for i in items]!r}: the exclusions leave no file")
     return files
 
 

@@ -72,6 +72,35 @@ def test_glob_and_stdlib_sources(tmp_path):
     assert train_files and test_files and not set(train_files) & set(test_files)
 
 
+def test_an_exclamation_item_leaves_matching_files_out(tmp_path):
+    for name in ("keep.py", "eval/reference.py", "eval/other.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x\n")
+    files = resolve_local_files([str(tmp_path), "!*/eval/*.py"])
+    assert files == [tmp_path / "eval" / "other.txt", tmp_path / "keep.py"]
+    # The recipe's real-model run: the standard library without the text the evaluations read.
+    stdlib = resolve_local_files(["stdlib", "!*/pydoc_data/*"])
+    assert stdlib and not any("pydoc_data" in path.parts for path in stdlib)
+    assert any("pydoc_data" in path.parts for path in resolve_local_files(["stdlib"]))
+
+
+def test_an_exclusion_matching_nothing_or_everything_is_refused(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"exclusion '!\*/typo/\*' matches none"):
+        resolve_local_files([str(tmp_path), "!*/typo/*"])
+    with pytest.raises(FileNotFoundError, match="leave no file"):
+        check_dataset([str(tmp_path), "!*.txt"])
+
+
+def test_blocks_cache_changes_with_the_exclusions(tmp_path):
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text(name * 40)
+    tok = CountingTokenizer()
+    both = load_blocks([str(tmp_path)], tok, 8, cache_dir=tmp_path / "cache")
+    only_a = load_blocks([str(tmp_path), "!*/b.txt"], tok, 8, cache_dir=tmp_path / "cache")
+    assert tok.texts == 3 and only_a.shape[0] < both.shape[0]
+
+
 @pytest.mark.parametrize("item", ["missing/notes.txt", "/nowhere/*.jsonl", "./no-such-folder"])
 def test_missing_local_data_is_named(tmp_path, item):
     with pytest.raises(FileNotFoundError, match=item.replace("*", r"\*").replace(".", r"\.")):
