@@ -1,7 +1,8 @@
-"""Checkpoints for others to load: model cards and config-only context extension.
+"""Checkpoints for others to load: model cards, config-only context extension, adapter merges.
 
-Nothing here loads weights: :func:`extend_checkpoint` copies a checkpoint's files byte for byte
-and rewrites only ``config.json`` and ``README.md``, so extending a 70B model takes seconds.
+:func:`extend_checkpoint` loads no weights: it copies a checkpoint's files byte for byte and
+rewrites only ``config.json`` and ``README.md``, so extending a 70B model takes seconds.
+:func:`merge_adapter` rebuilds a LoRA fine-tune from its base and its adapter.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 
 from .files import output_folder
@@ -90,11 +92,14 @@ CONFIG_ONLY_FILES = ("config.json", "README.md")
 #: files, custom code of ``trust_remote_code`` models, the model card and the recipe's results.
 #: ``hf-posext push`` uploads these (unless told otherwise) and the checkpoint writers own them
 #: (with ``--overwrite`` they replace these files of an existing folder and keep the others).
+#: Where a LoRA fine-tune keeps its adapter inside the merged checkpoint (PEFT's files).
+ADAPTER_FOLDER = "adapter"
 MODEL_REPO_FILES = (
     "*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
     "vocab.json", "vocab.txt", "merges.txt", "spiece.model", "chat_template.jinja", "chat_template.json",
     "configuration_*.py", "modeling_*.py", "tokenization_*.py", "README.md", "train_results.json",
+    ADAPTER_FOLDER,
 )
 
 
@@ -143,4 +148,53 @@ def extend_checkpoint(
         config.save_pretrained(tmp)
         raise_model_max_length(tmp, patch_info(config)["context_length"])
         model_card(config, base_model=str(source)).save(tmp / "README.md")
+    return Path(output_dir)
+
+
+def merge_adapter(
+    source: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    adapter: str | os.PathLike,
+    method: str,
+    factor: float | None,
+    *,
+    overwrite: bool = False,
+    **kwargs: Any,
+) -> Path:
+    """Write ``source`` patched with ``method`` and with a PEFT ``adapter`` merged into its weights.
+
+    The rebuild of a LoRA fine-tune from its base model and its small adapter (the recipe writes
+    one in ``<output_dir>/adapter``): the adapter was trained on the patched model, so the base is
+    patched the same way first. Weights are merged in fp32 and saved in the base's dtype.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``source`` or no PEFT adapter at ``adapter``.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter_dir = Path(adapter)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"no PEFT adapter at {adapter_dir} (it has no adapter_config.json)")
+    source_dir = Path(source)
+    if not (source_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{source_dir} has no config.json: not a transformers checkpoint")
+    config = read_config(source_dir)
+    check_weight_files(source_dir)
+    saved_dtype = getattr(config, "dtype", None) or torch.float32
+    if isinstance(saved_dtype, str):
+        saved_dtype = getattr(torch, saved_dtype)
+    model = AutoModelForCausalLM.from_pretrained(source_dir, config=config, dtype=torch.float32)
+    patch_model(model, method, factor=factor, **kwargs)
+    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(source_dir)
+    owns = (*MODEL_REPO_FILES, ADAPTER_FOLDER)
+    with output_folder(output_dir, overwrite=overwrite, sources=[source_dir, adapter_dir], owns=owns) as tmp:
+        state_dict = {k: v.to(saved_dtype) for k, v in merged.state_dict().items()}
+        merged.save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        shutil.copytree(adapter_dir, tmp / ADAPTER_FOLDER, ignore=shutil.ignore_patterns(".*"))
+        raise_model_max_length(tmp, patch_info(merged.config)["context_length"])
+        model_card(merged.config, base_model=str(source),
+                   extra={"adapter": f"{adapter_dir} (merged)"}).save(tmp / "README.md")
     return Path(output_dir)

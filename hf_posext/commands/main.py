@@ -61,7 +61,7 @@ def _methods(args: argparse.Namespace) -> int:
 def _patch(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from ..export import extend_checkpoint
+    from ..export import extend_checkpoint, merge_adapter
     from ..gguf import is_gguf, resolve_model_source
     from ..patching import patch_info
     from ..readers import print_engine_warning
@@ -70,6 +70,9 @@ def _patch(args: argparse.Namespace) -> int:
     extra = method_kwargs(args.set)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
+    if args.adapter is not None and is_gguf(args.output_dir):
+        raise ValueError(f"--adapter writes a transformers checkpoint folder, not {args.output_dir}; merge first, "
+                         "then hf-posext gguf export")
     if is_gguf(args.model) and is_gguf(args.output_dir):  # GGUF to GGUF: rope metadata only, tensors as stored
         from ..gguf_writer import patch_gguf
 
@@ -80,10 +83,14 @@ def _patch(args: argparse.Namespace) -> int:
     source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
     if Path(source).is_file():
         raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
-    out = extend_checkpoint(
-        source, args.output_dir, args.method, args.factor, override=args.override, overwrite=args.overwrite,
-        **extra
-    )
+    if args.adapter is not None:
+        out = merge_adapter(source, args.output_dir, args.adapter, args.method, args.factor, override=args.override,
+                            overwrite=args.overwrite, **extra)
+    else:
+        out = extend_checkpoint(
+            source, args.output_dir, args.method, args.factor, override=args.override, overwrite=args.overwrite,
+            **extra
+        )
     print(f"wrote {out}")
     saved = AutoConfig.from_pretrained(out)  # what every reader will read: the engines' verdict on it
     print_engine_warning(saved, patch_info(saved)["context_length"], args.method)
@@ -116,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "pretraining context; without it the method composes on that scaling")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty output folder: its checkpoint files are replaced, other files kept")
+    p.add_argument("--adapter", default=None, metavar="FOLDER",
+                   help="a PEFT LoRA adapter trained on the patched model (a LoRA fine-tune's <output>/adapter): "
+                        "merged into the weights, which are then written in full")
     add_set_argument(p)
     p.set_defaults(func=_patch)
 

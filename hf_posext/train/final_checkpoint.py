@@ -20,7 +20,7 @@ from accelerate.utils import DistributedType
 from transformers import PreTrainedModel
 
 from ..data import is_local_dataset
-from ..export import MODEL_REPO_FILES, model_card
+from ..export import ADAPTER_FOLDER, MODEL_REPO_FILES, model_card
 from ..files import check_output_dir, output_folder
 from ..readers.tokenizer import raise_model_max_length
 from .checkpointing import TrainProgress
@@ -73,7 +73,9 @@ def save_final(
     output_dir = Path(config.output_dir)
     if accelerator.is_main_process:
         base = unwrapped
+        adapter_state = None
         if config.lora:
+            adapter_state = state_dict
             state_dict = merged_state_dict(state_dict, unwrapped.peft_config["default"])
             base = unwrapped.get_base_model()
         state_dict = {k: v.detach().to("cpu", save_dtype) for k, v in state_dict.items()}
@@ -98,6 +100,9 @@ def save_final(
         with output_folder(output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES,
                            keep_on_failure=True) as tmp:
             base.save_pretrained(tmp, state_dict=state_dict)
+            if adapter_state is not None:
+                # The small file to publish or commit: hf-posext patch BASE OUT --adapter rebuilds the merged model.
+                unwrapped.save_pretrained(tmp / ADAPTER_FOLDER, state_dict=adapter_state)
             tokenizer.save_pretrained(tmp)
             raise_model_max_length(tmp, plan.context)
             (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")

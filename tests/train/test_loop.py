@@ -185,6 +185,40 @@ def test_lora_merged_checkpoint_reproduces_peft_logits(assets, tmp_path):
     assert not torch.equal(merged["model.norm.weight"], base["model.norm.weight"])
 
 
+def test_lora_run_writes_its_adapter_and_patch_rebuilds_the_merged_checkpoint(assets, tmp_path):
+    """The small adapter is what gets published; base + adapter through `hf-posext patch` is the run's model."""
+    from hf_posext.commands.main import main
+
+    result = train(config(assets, tmp_path, lora=True, lora_rank=4, learning_rate=1e-2, max_train_steps=2,
+                          activation_checkpointing=False))
+    adapter = Path(result.output_dir) / "adapter"
+    assert (adapter / "adapter_config.json").is_file()
+    saved = load_file(adapter / "adapter_model.safetensors")
+    assert any("lora_A" in k for k in saved) and any("input_layernorm" in k for k in saved)
+    assert not any("mlp.up_proj.weight" in k for k in saved)  # frozen weights stay out of the adapter
+    rebuilt = tmp_path / "rebuilt"
+    assert main(["patch", str(assets / "llama"), str(rebuilt), "--method", "yarn", "--factor", "2",
+                 "--adapter", str(adapter)]) == 0
+    want = load_file(Path(result.output_dir) / "model.safetensors")
+    got = load_file(rebuilt / "model.safetensors")
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=name)
+    input_ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(2))
+    logits, rope = vanilla_logits(rebuilt, input_ids, tmp_path / "rebuilt.pt")
+    expected, _ = vanilla_logits(Path(result.output_dir), input_ids, tmp_path / "run.pt")
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    assert rope["rope_type"] == "yarn" and (rebuilt / "adapter" / "adapter_config.json").is_file()
+
+
+def test_patch_with_a_missing_adapter_is_one_line(assets, tmp_path, capsys):
+    from hf_posext.commands.main import main
+
+    assert main(["patch", str(assets / "llama"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2",
+                 "--adapter", str(tmp_path / "nothing")]) == 2
+    assert "no PEFT adapter at" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 def test_state_dict_merge_matches_peft_merge_and_unload(assets):
     from transformers import AutoModelForCausalLM
 
