@@ -1,7 +1,8 @@
 """Self-Extend and DCA on a real model: SmolLM2-135M-Instruct (trained at 8k) at 16k and 32k, no fine-tuning.
 
-Passkey retrieval (hf_posext.eval.passkey, the YaRN prompt) with ``--keys`` keys per cell spread
-over depths 0..1, and perplexity of the last 2048 tokens of the Python Language Reference cut to
+Passkey retrieval (hf_posext.eval.passkey, the YaRN prompt) with ``--keys`` keys per cell over
+depths 0..1 (:func:`key_schedule`: up to 20; more keys add prompts), and perplexity of the last
+2048 tokens of the Python Language Reference cut to
 8k/16k/32k, for: none, yarn (s = 4), self_extend (factor 4: G = 5, W = 2048), dca (ChunkLlama's
 defaults: chunk 6144, local 1024), and self_extend on yarn (the checkpoint's rope set to yarn s = 2,
 reaching 16k, then self_extend factor 2 on it: G = 3, W = 4096). Cells run round-robin over the
@@ -76,8 +77,29 @@ class Variant:
                 replace_module(self.model, name, rebuild_rotary(module))
 
 
-def depths(keys: int) -> list[float]:
-    return [round(i / (keys - 1), 3) for i in range(keys)] if keys > 1 else [0.5]
+#: Keys 0-9 sit at depths i/9 (the first ten-key run), keys 10-19 halfway between (0.05, 0.15...):
+#: a later run tops a cell up with new prompts and keeps the old ones. Key i's seed is 1000 i + 7.
+FIRST_KEYS = 10
+MAX_KEYS = 2 * FIRST_KEYS
+
+
+def key_schedule(keys: int) -> list[tuple[int, float]]:
+    """``(index, depth)`` of the first ``keys`` passkey prompts of a cell (the same for every row)."""
+    if not 1 <= keys <= MAX_KEYS:
+        raise ValueError(f"--keys must be in 1..{MAX_KEYS}, got {keys}")
+    return [(i, round(i / (FIRST_KEYS - 1), 3) if i < FIRST_KEYS else round((i - FIRST_KEYS + 0.5) / FIRST_KEYS, 3))
+            for i in range(keys)]
+
+
+def passkey_found(model: Any, tokenizer: Any, length: int, index: int, depth: float) -> bool:
+    """Whether ``model`` retrieves key ``index`` of the schedule at ``depth`` of a ``length``-token prompt."""
+    result = passkey_accuracy(model, tokenizer, [length - 10], [depth], 1, seed=1000 * index + 7, progress=False)
+    return bool(result.samples[0]["correct"])
+
+
+#: What every cell of results.json shares (the rows and their key count may grow between runs).
+SETTINGS = {"score_last": 2048, "document_end": 32768, "key_schedule": "i < 10: depth i/9; else (i - 9.5)/10; "
+            "seed 1000 i + 7"}
 
 
 def report(cells: Cells, lengths: list[int], keys: int) -> str:
@@ -115,15 +137,14 @@ def report(cells: Cells, lengths: list[int], keys: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
-    parser.add_argument("--keys", type=int, default=10)
+    parser.add_argument("--keys", type=int, default=10, help=f"keys per cell, 1..{MAX_KEYS} (see key_schedule)")
     parser.add_argument("--ppl", type=int, nargs="*", default=[8192, 16384, 32768])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plot")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cells = Cells(OUT / "results.json", {"keys": args.keys, "score_last": 2048, "document_end": 32768,
-                                         "methods": {k: [v[0], v[1], v[2]] for k, v in METHODS.items()}})
+    cells = Cells(OUT / "results.json", SETTINGS)
     if args.report:
         print(report(cells, args.lengths, args.keys))
         return 0
@@ -132,13 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
     document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:32768]
     for length in sorted(args.lengths):
-        for index, depth in enumerate(depths(args.keys)):
+        for index, depth in key_schedule(args.keys):
             for row in args.methods:
                 def key(row: str = row, length: int = length, depth: float = depth, index: int = index) -> bool:
                     with Variant(model, row) as m:
-                        result = passkey_accuracy(m, tokenizer, [length - 10], [depth], 1, seed=1000 * index + 7,
-                                                  progress=False)
-                    return bool(result.samples[0]["correct"])
+                        return passkey_found(m, tokenizer, length, index, depth)
                 found = cells.get(f"passkey/{row}/{length}/{depth}", key)
                 print(row, length, depth, found, cells.cells[f"passkey/{row}/{length}/{depth}"]["seconds"], flush=True)
             report(cells, args.lengths, args.keys)

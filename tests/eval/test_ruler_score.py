@@ -6,6 +6,7 @@ import pytest
 
 from hf_posext.eval.ruler import (
     effective_length,
+    mcnemar_exact,
     string_match_all,
     string_match_part,
     summary,
@@ -51,6 +52,19 @@ def test_wilson_interval_edges_and_bad_input():
         wilson_interval(0, 0)
     with pytest.raises(ValueError, match=r"successes must lie in \[0, n=3\]"):
         wilson_interval(4, 3)
+
+
+def test_mcnemar_exact_counts_discordant_prompts_and_matches_the_binomial():
+    # b = 3, c = 0: p = 2 * 0.5**3 = 0.25 (the Self-Extend vs YaRN pair at 16k, stop 27).
+    first = [True] * 9 + [False]
+    second = [True] * 6 + [False] * 4
+    assert mcnemar_exact(first, second) == (3, 0, 0.25)
+    # b = 1, c = 5: p = 2 * (1 + 6) / 64.
+    assert mcnemar_exact([1, 0, 0, 0, 0, 0, 1], [0, 1, 1, 1, 1, 1, 1]) == (1, 5, 14 / 64)
+    assert mcnemar_exact([True, False], [True, False]) == (0, 0, 1.0)
+    assert mcnemar_exact([True] * 4, [False] * 4)[2] == 0.125
+    with pytest.raises(ValueError, match="same prompts: 2 vs 3"):
+        mcnemar_exact([True, True], [True, True, False])
 
 
 def test_summary_reports_percent_count_and_bounds():

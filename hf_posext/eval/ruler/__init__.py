@@ -14,6 +14,7 @@ from .score import (
     effective_length,
     string_match_all,
     string_match_part,
+    mcnemar_exact,
     summary,
     wilson_interval,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "string_match_all",
     "string_match_part",
     "summary",
+    "mcnemar_exact",
     "wilson_interval",
     "wrapper_for",
 ]

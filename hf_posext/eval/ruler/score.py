@@ -69,6 +69,29 @@ def wilson_interval(successes: float, n: int, z: float = 1.959963984540054) -> t
     return low, high
 
 
+def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> tuple[int, int, float]:
+    """The exact (binomial) McNemar test of two rows scored on the same prompts.
+
+    Only the discordant prompts count: ``b`` that ``first`` gets right and ``second`` wrong, ``c``
+    the reverse; under "the rows are equally good" b ~ Binomial(b + c, 1/2).
+
+    Returns:
+        ``(b, c, p)``: p is two-sided, ``min(1, 2 P[X <= min(b, c)])``; 1.0 with no discordant prompt.
+
+    Raises:
+        ValueError: rows of different lengths (they must be scored on the same prompts).
+    """
+    if len(first) != len(second):
+        raise ValueError(f"the rows must hold the same prompts: {len(first)} vs {len(second)} results")
+    b = sum(bool(x) and not bool(y) for x, y in zip(first, second))
+    c = sum(bool(y) and not bool(x) for x, y in zip(first, second))
+    n = b + c
+    if n == 0:
+        return b, c, 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
+    return b, c, min(1.0, 2 * tail)
+
+
 def summary(scores: Sequence[float]) -> dict[str, float | int]:
     """``{"accuracy", "n", "low", "high"}`` of per-sample scores in [0, 1], accuracy and bounds in %."""
     n = len(scores)
@@ -106,5 +129,6 @@ __all__ = [
     "string_match_all",
     "string_match_part",
     "summary",
+    "mcnemar_exact",
     "wilson_interval",
 ]
