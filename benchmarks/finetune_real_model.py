@@ -1,0 +1,137 @@
+"""The recipe's result on a real model: SmolLM2-135M-Instruct fine-tuned from 8k to 32k (YaRN s = 4), evaluated.
+
+The checkpoint comes from ``hf-posext finetune --config examples/finetune_smollm2_32k.yaml``
+(docs/results/finetune_smollm2.md has the exact commands). On the same prompts and scored tokens
+as ``benchmarks/training_free_real_model.py`` (its :func:`key_schedule`, document and cuts):
+
+- passkey at 16k and 32k, ``--keys`` (<= 20) keys per cell over depths 0..1;
+- perplexity of the last 2048 tokens of the Python Language Reference cut to 8k, 16k and 32k
+  (the fine-tune never reads it: its data excludes ``pydoc_data``).
+
+Each cell is saved at once to ``results/finetune_smollm2/results.json`` (keyed on the checkpoint's
+content): a killed run resumes. ``--report`` writes the table with Wilson intervals and exact
+McNemar tests against the training-free rows (``results/training_free/results.json``), the passkey
+heat maps before and after, the perplexity curves and the loss curve.
+
+    nice -n 5 python benchmarks/finetune_real_model.py runs/smollm2-32k --lengths 16384 32768 --keys 20 > ft.log 2>&1 &
+    python benchmarks/finetune_real_model.py runs/smollm2-32k --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_model import Cells, reference_text  # noqa: E402
+from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
+from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found  # noqa: E402
+
+from hf_posext.eval.checkpoint import load_model, model_fingerprint  # noqa: E402
+from hf_posext.eval.perplexity import truncated_perplexity  # noqa: E402
+from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text  # noqa: E402
+from hf_posext.eval.ruler.score import mcnemar_exact, wilson_interval  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "finetune_smollm2"
+ROW = "yarn s=4 fine-tuned"
+#: The training-free rows it is compared with, paired on the same prompts.
+BASELINES = ("none", "yarn s=4", "self_extend f=4", "dca")
+PPL_LENGTHS = (8192, 16384, 32768)
+
+
+def passkeys(cells: dict[str, Any], row: str, length: int) -> dict[float, bool]:
+    """``{depth: found}`` of ``row``'s cell at ``length``."""
+    prefix = f"passkey/{row}/{length}/"
+    return {float(k[len(prefix):]): bool(v["value"]) for k, v in cells.items() if k.startswith(prefix)}
+
+
+def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
+    """Markdown report and plots from the fine-tuned cells and the training-free ones."""
+    baseline_cells = json.loads((TRAINING_FREE / "results.json").read_text())["cells"]
+    everything = {**baseline_cells, **cells.cells}
+    rows, curves, grids, tests = [], {}, {}, []
+    for row in (*BASELINES, ROW):
+        line = [row]
+        for length in lengths:
+            found = list(passkeys(everything, row, length).values())
+            low, high = wilson_interval(sum(found), len(found)) if found else (0.0, 0.0)
+            line.append(f"{sum(found)}/{len(found)} ({low:.2f}-{high:.2f})" if found else "-")
+        ppls = [everything.get(f"ppl/{row}/{n}", {}).get("value") for n in PPL_LENGTHS]
+        line += [f"{p:.2f}" if p else "-" for p in ppls]
+        rows.append(line)
+        if any(ppls):
+            curves[row] = ([n for n, p in zip(PPL_LENGTHS, ppls) if p], [p for p in ppls if p])
+    for length in lengths:
+        mine = passkeys(everything, ROW, length)
+        for other in BASELINES[1:]:
+            theirs = passkeys(everything, other, length)
+            common = sorted(set(mine) & set(theirs))
+            if common:
+                b, c, p = mcnemar_exact([mine[d] for d in common], [theirs[d] for d in common])
+                tests.append([f"{length // 1024}k", other, len(common), b, c, f"{p:.3g}"])
+    for row in ("yarn s=4", ROW):
+        depths = sorted({d for n in lengths for d in passkeys(everything, row, n)})
+        if depths:
+            grid = [[float(passkeys(everything, row, n).get(d, float("nan"))) for n in lengths] for d in depths]
+            grids[row] = (lengths, depths, grid)
+    text = ("# SmolLM2-135M-Instruct fine-tuned from 8k to 32k (YaRN s=4), against no fine-tuning\n\n"
+            f"Checkpoint `{checkpoint}`; keys found / asked with 95% Wilson intervals; perplexity of the last "
+            "2048 tokens of the Python Language Reference (held out of training).\n\n"
+            + markdown_table(["row", *[f"passkey {n // 1024}k" for n in lengths],
+                              *[f"ppl {n // 1024}k" for n in PPL_LENGTHS]], rows)
+            + "\n\nPaired on the same prompts (exact McNemar; b: fine-tuned right, other wrong; c: the reverse):\n\n"
+            + markdown_table(["length", "against", "prompts", "b", "c", "p"], tests) + "\n")
+    write_text(OUT / "results.md", text)
+    if grids:
+        plot_heatmaps(OUT / "passkey.png", grids, title="SmolLM2-135M passkey before / after fine-tuning")
+    if curves:
+        plot_curves(OUT / "perplexity.png", curves, title="SmolLM2-135M perplexity by length", vline=TRAINED)
+    results = checkpoint / "train_results.json"
+    if results.exists():
+        losses = json.loads(results.read_text())["losses"]
+        plot_curves(OUT / "loss.png", {"training loss": (list(range(1, len(losses) + 1)), losses)},
+                    title="fine-tuning loss per optimizer step", xlabel="optimizer step", ylabel="loss")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="the fine-tuned checkpoint folder")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--keys", type=int, default=20)
+    parser.add_argument("--ppl", type=int, nargs="*", default=list(PPL_LENGTHS))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="weights' dtype (bfloat16: benchmarks/results/cpu_bf16.json for its accuracy)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--report", action="store_true", help="only rewrite the table and plots")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    settings = {**SETTINGS, "row": ROW, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
+    cells = Cells(OUT / "results.json", settings)
+    if args.report:
+        print(report(cells, args.lengths, args.checkpoint))
+        return 0
+    model, tokenizer = load_model(str(args.checkpoint), dtype=args.dtype, device="cpu", attn_implementation="sdpa")
+    document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:SETTINGS["document_end"]]
+    for length in args.ppl:
+        def ppl(length: int = length) -> float:
+            return truncated_perplexity(model, [document], [length], score_last=min(2048, length // 2),
+                                        end_at=SETTINGS["document_end"], progress=False)[0].perplexity
+        print(ROW, length, "ppl", cells.get(f"ppl/{ROW}/{length}", ppl), flush=True)
+    for length in sorted(args.lengths):
+        for index, depth in key_schedule(args.keys):
+            found = cells.get(f"passkey/{ROW}/{length}/{depth}",
+                              lambda i=index, d=depth, n=length: passkey_found(model, tokenizer, n, i, d))
+            print(ROW, length, depth, found, flush=True)
+        report(cells, args.lengths, args.checkpoint)
+    print(report(cells, args.lengths, args.checkpoint))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
