@@ -50,7 +50,7 @@ def header_commands(path: Path) -> list[list[str]]:
 
 def test_every_expected_config_ships():
     assert sorted(p.name for p in ACCELERATE_CONFIGS) == sorted(EXPECTED)
-    assert [p.name for p in RECIPE_CONFIGS] == ["finetune_tiny.yaml"]
+    assert [p.name for p in RECIPE_CONFIGS] == ["finetune_smollm2_32k.yaml", "finetune_tiny.yaml"]
 
 
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
@@ -95,10 +95,21 @@ def test_header_launch_commands_are_valid(path):
                 build_parser().parse_args(command[1:])  # e.g. hf-posext tiny-model: its flags parse
                 continue
         config = config_from_args(command[script + 1:])
-        if "--config" in command:
+        if "--model" in command:
+            assert config.model == command[command.index("--model") + 1]
+        elif "--config" in command:
             assert config.model == "out/tiny-llama"
         else:
             assert config.method == "yarn" and config.factor >= 4
+
+
+def test_real_model_recipe_config_is_the_documented_run():
+    """examples/finetune_smollm2_32k.yaml: what docs/results/finetune_smollm2.md says it runs."""
+    config = config_from_args(["--config", str(ROOT / "examples" / "finetune_smollm2_32k.yaml"), "--model", "x.gguf",
+                               "--output-dir", "out"])
+    assert (config.method, config.factor, config.seq_len, config.max_train_steps) == ("yarn", 4, 32768, 400)
+    assert config.lora and config.pose and config.pose_window == 1024 and config.mixed_precision == "auto"
+    assert config.dataset == ["stdlib", "!*/pydoc_data/*"]
 
 
 def test_tiny_recipe_config_is_a_short_cpu_run():
