@@ -164,6 +164,25 @@ def training_free_real_model() -> str:
     return table(header, rows)
 
 
+def cpu_bf16() -> str:
+    """The recipe's step and the long forward in bf16 against fp32 on this CPU (cpu_bf16.json)."""
+    data = load("cpu_bf16.json") or {}
+    lines = []
+    if "train" in data:
+        t = data["train"]
+        lines.append(table(
+            ["recipe step", "fp32 tok/s (CPU s)", "bf16 tok/s (CPU s)", "speed-up (CPU time)", "speed-up (wall)",
+             "max loss difference"],
+            [[f"{t['window']} tokens x {t['batch']}, {t['steps']} steps, {t['threads']} thread(s)",
+              f"{t['tokens_per_cpu_s']['no']:.1f}", f"{t['tokens_per_cpu_s']['bf16']:.1f}",
+              f"{t['speedup_cpu_time']:.2f}x", f"{t['speedup']:.2f}x", f"{100 * t['max_relative_loss_difference']:.2f}%"]]))
+    if "forward" in data:
+        rows = [[kilo(r["length"]), r["precision"], f"{r['perplexity']:.3f}", f"{r['ppl_seconds']:.0f}",
+                 "".join("y" if c else "n" for c in r["passkey_correct"])] for r in data["forward"]["rows"]]
+        lines.append(table(["length", "precision", "perplexity", "seconds", "passkeys found"], rows))
+    return "\n\n".join(lines) if lines else "_Not measured yet: no cpu_bf16.json (benchmarks/bench_cpu_bf16.py)._"
+
+
 def llamacpp_gaps(key: str) -> str:
     data = load("llamacpp.json")
     if not data or key not in data:
@@ -290,6 +309,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long-train": long_train,
     "alibi-cpu": alibi_cpu,
     "training-free-real-model": training_free_real_model,
+    "cpu-bf16": cpu_bf16,
     "llamacpp-tiny": lambda: llamacpp_gaps("tiny_llama_3x"),
     "llamacpp-architectures": lambda: llamacpp_gaps("tiny_architectures_3x"),
     "llamacpp-smollm2": llamacpp_smollm2,
