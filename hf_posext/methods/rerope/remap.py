@@ -1,0 +1,39 @@
+"""ReRoPE's positions as a :class:`hf_posext.attention.remap.SplitLayout`.
+
+Pairs closer than w score at their true positions. Farther ones: ReRoPE puts the query at w and the
+key at 0 (``rerope_patch.py``); leaky ReRoPE puts the query at ``(i + w (k - 1)) / k`` and the key at
+``j / k`` (``leaky_rerope_patch.py``: linear scaling by k, the query offset by ``w (k - 1)``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...attention.remap import SplitLayout, group_queries, rotate_by
+
+
+class ReRopeRemapping:
+    """ReRoPE with window ``window`` (w); leaky with ``leak`` (k) set."""
+
+    name = "rerope"
+
+    def __init__(self, window: int, leak: float | None) -> None:
+        self.window, self.leak = window, leak
+
+    def active(self, last_position: int) -> bool:
+        return last_position >= self.window
+
+    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
+               inv_freq: torch.Tensor) -> SplitLayout:
+        window, leak = self.window, self.leak
+        rows, kv_heads, kv_len, _ = key.shape
+        key_pos = (torch.arange(kv_len, device=query.device) + offset).expand(rows, kv_len).to(torch.float64)
+        query_pos = key_pos[:, past:]
+        if leak is None:
+            far_query, far_key = torch.full_like(query_pos, window), torch.zeros_like(key_pos)
+        else:
+            far_query, far_key = (query_pos + window * (leak - 1)) / leak, key_pos / leak
+        near = (group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32))
+        far = (group_queries(rotate_by(query, far_query - query_pos, inv_freq), kv_heads),
+               rotate_by(key, far_key - key_pos, inv_freq))
+        return SplitLayout(window, past, near, far)
