@@ -1,4 +1,4 @@
-"""Attention over remapped positions: what the training-free methods (Self-Extend, DCA) share.
+"""Attention over remapped positions: what the training-free methods (Self-Extend, DCA, STRING, ReRoPE) share.
 
 In transformers 5 an attention function receives queries and keys already rotated at their true
 positions. A method that scores some (query, key) pairs at other positions turns them further by
@@ -176,8 +176,8 @@ def remap_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-interface function of the training-free methods.
 
-    Inputs where no pair is remapped (all of them inside Self-Extend's window or DCA's first
-    chunk) go to the model's own kernel unchanged.
+    Inputs where no pair is remapped (all of them inside the method's window: Self-Extend's W,
+    DCA's first chunk, STRING's shift, ReRoPE's w) go to the model's own kernel unchanged.
 
     Args:
         module: an attention module carrying a :class:`RemapState`.
