@@ -21,7 +21,8 @@ def logits(model, ids):
 
 
 #: Every remapping method (with its defaults from L0), leaky ReRoPE as well.
-CASES = [("self_extend", {}), ("dca", {}), ("string", {}), ("rerope", {}), ("rerope", {"leak": 16})]
+CASES = [("self_extend", {}), ("dca", {}), ("string", {}), ("rerope", {}), ("rerope", {"leak": 16}),
+         ("string", {"qk_scale": True}), ("rerope", {"log_scale": True})]
 
 
 @pytest.mark.parametrize(("method", "kwargs"), CASES)

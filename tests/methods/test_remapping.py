@@ -26,17 +26,28 @@ METHODS = {
     "dca": ({"chunk_size": 48, "local_size": 8}, dca_scores),
     "string": ({"shift": 24, "local_window": 8}, string_scores),
     "rerope": ({"window": 16}, rerope_scores),
-    "leaky_rerope": ({"window": 16, "leak": 4}, rerope_scores),
+    "rerope-leaky": ({"window": 16, "leak": 4}, rerope_scores),
+    # the authors' optional scalings (references take L0 for log_scale)
+    "string-qk_scale": ({"shift": 24, "local_window": 8, "qk_scale": True}, string_scores),
+    "rerope-log_scale": ({"window": 16, "leak": 4, "log_scale": True}, rerope_scores),
 }
 
 
 def patch(model, case):
-    """``model`` patched with the method of ``case`` (a key of METHODS) and its arguments."""
-    return hf_posext.patch_model(model, case.removeprefix("leaky_"), **METHODS[case][0])
+    """``model`` patched with the method of ``case`` (a key of METHODS: ``name`` or ``name-variant``)."""
+    return hf_posext.patch_model(model, case.split("-")[0], **METHODS[case][0])
+
+
+def reference_arguments(case, patched):
+    """The reference's arguments for ``case``; log_scale takes the L0 the patch resolved (a composed rope's reach)."""
+    kwargs = dict(METHODS[case][0])
+    if kwargs.get("log_scale"):
+        kwargs["log_scale"] = patched.config.hf_posext["original_max_position_embeddings"]
+    return kwargs
 
 
 #: The registered names of the remapping methods.
-NAMES = sorted({case.removeprefix("leaky_") for case in METHODS})
+NAMES = sorted({case.split("-")[0] for case in METHODS})
 
 
 def logits(model, ids, **kwargs):
@@ -120,10 +131,9 @@ SHIPPED = {
 def test_runs_on_top_of_a_shipped_rope_with_its_attention_factor_once(method, shipped):
     base = tiny_model("llama", rope_parameters=SHIPPED[shipped])
     ids = tokens(3 * L0)
-    kwargs, scores = METHODS[method]
     patched = patch(copy.deepcopy(base), method)
     assert patched.config.rope_parameters == base.config.rope_parameters
-    expected = logits(reference_model(base, scores, **kwargs), ids)
+    expected = logits(reference_model(base, METHODS[method][1], **reference_arguments(method, patched)), ids)
     assert (logits(patched, ids) - expected).abs().max() <= 1e-4
 
 
@@ -134,9 +144,8 @@ def test_runs_on_top_of_a_composed_longrope(method):
     assert composed["rope_type"] == "longrope"
     checkpoint = tiny_model("llama", rope_parameters=composed, max_positions=base.config.max_position_embeddings)
     ids = tokens(3 * L0)
-    kwargs, scores = METHODS[method]
     patched = patch(copy.deepcopy(checkpoint), method)
-    expected = logits(reference_model(checkpoint, scores, **kwargs), ids)
+    expected = logits(reference_model(checkpoint, METHODS[method][1], **reference_arguments(method, patched)), ids)
     assert (logits(patched, ids) - expected).abs().max() <= 1e-4
 
 

@@ -36,12 +36,26 @@ def test_matches_the_authors_float64_reference_at_3x(arch, impl, block_elements,
     assert (logits(base, ids) - expected).abs().max() > 1e-2  # the remapping shows in the logits
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("leak", [None, 16])
-def test_inside_the_window_the_model_is_unchanged_bit_for_bit(impl, leak):
+def test_the_authors_log_n_query_scale_is_opt_in_and_matches_their_code(arch, impl, leak):
+    base = tiny_model(arch, attn_implementation=impl)
+    ids = tokens(3 * L0)
+    expected = logits(reference_model(base, rerope_scores, window=16, leak=leak, log_scale=L0), ids)
+    patched = hf_posext.patch_model(copy.deepcopy(base), "rerope", window=16, leak=leak, log_scale=True)
+    assert (logits(patched, ids) - expected).abs().max() <= 1e-4
+    without = logits(reference_model(base, rerope_scores, window=16, leak=leak), ids)
+    assert (without - expected).abs().max() > 1e-3  # positions past L0 are scaled
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("leak", [None, 16])
+@pytest.mark.parametrize("log_scale", [False, True])
+def test_inside_the_window_the_model_is_unchanged_bit_for_bit(impl, leak, log_scale):
     base = tiny_model("llama", attn_implementation=impl)
     ids = tokens(16)
-    patched = hf_posext.patch_model(copy.deepcopy(base), "rerope", window=16, leak=leak)
+    patched = hf_posext.patch_model(copy.deepcopy(base), "rerope", window=16, leak=leak, log_scale=log_scale)
     assert torch.equal(logits(patched, ids), logits(base, ids))
 
 
@@ -51,7 +65,8 @@ def test_defaults_are_the_authors():
     assert (method.resolve(L0), method.leak) == (8, 16.0)
     model = hf_posext.patch_model(tiny_model("llama"), "rerope", factor=4)
     assert model.config.max_position_embeddings == 4 * L0
-    assert hf_posext.patch_info(model)["window"] is None and hf_posext.patch_info(model)["leak"] is None
+    info = hf_posext.patch_info(model)
+    assert (info["window"], info["leak"], info["log_scale"]) == (None, None, False)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -62,6 +77,7 @@ def test_defaults_are_the_authors():
     ({"leak": 0.5}, r"leak must be a finite number > 1.*got 0.5"),
     ({"leak": -4}, r"leak must be a finite number > 1.*got -4"),
     ({"leak": "16"}, r"leak must be a finite number > 1.*got '16'"),
+    ({"log_scale": "yes"}, r"log_scale must be True or False.*got 'yes'"),
 ])
 def test_bad_values_raise_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -53,6 +53,19 @@ def test_the_key_at_distance_shift_is_scored_at_the_local_window():
     assert not torch.equal(logits(patched, ids), logits(base, ids))
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("length", [20, 3 * L0])
+def test_the_authors_qk_scale_is_opt_in_and_matches_their_code(arch, impl, length):
+    base = tiny_model(arch, attn_implementation=impl)
+    ids = tokens(length)
+    expected = logits(reference_model(base, string_scores, shift=24, local_window=8, qk_scale=True), ids)
+    patched = hf_posext.patch_model(copy.deepcopy(base), "string", shift=24, local_window=8, qk_scale=True)
+    assert (logits(patched, ids) - expected).abs().max() <= 1e-4
+    without = logits(reference_model(base, string_scores, shift=24, local_window=8), ids)
+    assert (without - expected).abs().max() > 1e-3  # the scale applies at every length, as theirs
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_inside_the_shift_the_model_is_unchanged_bit_for_bit(impl):
     base = tiny_model("llama", attn_implementation=impl)
@@ -67,6 +80,7 @@ def test_defaults_are_the_authors():
     model = hf_posext.patch_model(tiny_model("llama"), "string")
     assert model.config.max_position_embeddings == L0  # a method for the trained window
     assert model.config.string_config == {"shifted_offset": 21, "local_value": 10}
+    assert hf_posext.patch_info(model)["qk_scale"] is False
     assert hf_posext.patch_model(tiny_model("llama"), "string", factor=2).config.max_position_embeddings == 2 * L0
 
 
@@ -77,6 +91,7 @@ def test_defaults_are_the_authors():
     ({"local_window": 0}, r"local_window must be an int >= 1.*got 0"),
     ({"local_window": -1}, r"local_window must be an int >= 1.*got -1"),
     ({"shift": 8, "local_window": 8}, r"local_window must be below shift=8.*got 8"),
+    ({"qk_scale": 2}, r"qk_scale must be True or False.*got 2"),
 ])
 def test_bad_values_raise_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):

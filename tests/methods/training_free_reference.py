@@ -18,6 +18,7 @@ factor, and merges as the authors do:
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
@@ -74,14 +75,25 @@ def relative_scores(q, k, inv_freq, factor, groups, rel):
     return torch.stack(rows, dim=2)
 
 
-def string_scores(q, k, inv_freq, factor, groups, shift, local_window):
-    """STRING: distance d below the shift S kept, d >= S scored at d - S + W (the key at d = S at W)."""
+def string_scores(q, k, inv_freq, factor, groups, shift, local_window, qk_scale=False):
+    """STRING: distance d below the shift S kept, d >= S scored at d - S + W (the key at d = S at W).
+
+    ``qk_scale``: the authors' cos/sin multiplied by ``0.1 ln 2 + 1`` (``replace_with_string``), q and k both.
+    """
+    if qk_scale:
+        factor = factor * (0.1 * math.log(2) + 1)
     return relative_scores(q, k, inv_freq, factor, groups,
                            lambda d: torch.where(d < shift, d, d - shift + local_window))
 
 
-def rerope_scores(q, k, inv_freq, factor, groups, window, leak=None):
-    """ReRoPE: min(d, w); leaky ReRoPE: w + (d - w) / k beyond the window w."""
+def rerope_scores(q, k, inv_freq, factor, groups, window, leak=None, log_scale=None):
+    """ReRoPE: min(d, w); leaky ReRoPE: w + (d - w) / k beyond the window w.
+
+    ``log_scale`` (the trained context L0): queries times ``max(1, ln(i + 1) / ln L0)``, as the authors' code.
+    """
+    if log_scale is not None:
+        positions = torch.arange(q.shape[2], dtype=torch.float64)
+        q = q * (torch.log(positions + 1) / math.log(log_scale)).clamp(min=1)[:, None]
     beyond = (lambda d: torch.full_like(d, float(window))) if leak is None else (lambda d: window + (d - window) / leak)
     return relative_scores(q, k, inv_freq, factor, groups, lambda d: torch.where(d < window, d, beyond(d)))
 

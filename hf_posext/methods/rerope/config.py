@@ -26,12 +26,15 @@ class ReRopeConfig(AttentionRemapMethod):
             reach limit: no distance is scored beyond w, or beyond ``w + (L - w) / k`` leaky).
         window: w, an int with 1 <= w < L0; default ``L0 // 8``.
         leak: k, a number > 1 for leaky ReRoPE (the authors use 16); ``None``: plain ReRoPE.
+        log_scale: multiply each query by ``max(1, ln(i + 1) / ln L0)`` as the authors' code does
+            (off by default: it changes nothing below L0 tokens).
     """
 
     paper: ClassVar[str] = "Su 2023, ReRoPE, https://kexue.fm/archives/9708"
 
     window: int | None = None
     leak: float | None = None
+    log_scale: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,6 +47,8 @@ class ReRopeConfig(AttentionRemapMethod):
             if leak <= 1:
                 raise ValueError(f"{self.name}: leak must be a finite number {allowed}, got {self.leak!r}")
             object.__setattr__(self, "leak", leak)
+        if not isinstance(self.log_scale, bool):
+            raise ValueError(f"{self.name}: log_scale must be True or False, got {self.log_scale!r}")
 
     def resolve(self, original: int) -> int:
         """The window w for the checkpoint's context ``original`` (L0).
@@ -62,4 +67,4 @@ class ReRopeConfig(AttentionRemapMethod):
         return round(self.factor * original)
 
     def remapping(self, original: int) -> ReRopeRemapping:
-        return ReRopeRemapping(self.resolve(original), self.leak)
+        return ReRopeRemapping(self.resolve(original), self.leak, original if self.log_scale else None)

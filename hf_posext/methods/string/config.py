@@ -7,6 +7,7 @@ section 4 (code: HKUNLP/STRING ``string_for_llama.py``; README: ``shifted_offset
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -16,6 +17,8 @@ from .remap import StringRemapping
 
 #: The authors' ``shifted_offset`` as a share of the trained context and their ``small_local_value``.
 SHIFT_SHARE, LOCAL_WINDOW = 0.33, 128
+#: The authors' cos/sin multiplier (``replace_with_string``: "STRING will make the attention map smooth").
+QK_SCALE = 0.1 * math.log(2) + 1
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,15 @@ class StringConfig(AttentionRemapMethod):
             meant for the trained window; past ``L0 + S - W`` distances exceed the trained ones).
         shift: S, an int with W < S < L0; default ``int(0.33 * L0)``.
         local_window: W, an int >= 1 below S; default 128, or ``S // 2`` when that is smaller.
+        qk_scale: multiply q and k by ``1 + 0.1 ln 2`` (logits by its square) at every length, as the
+            authors' code does (off by default: then inputs shorter than S run the model unchanged).
     """
 
     paper: ClassVar[str] = "An et al. 2024, STRING, arXiv:2410.18745"
 
     shift: int | None = None
     local_window: int | None = None
+    qk_scale: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -47,6 +53,8 @@ class StringConfig(AttentionRemapMethod):
             object.__setattr__(self, "local_window", whole_number(
                 self.name, "local_window", self.local_window, minimum=1,
                 allowed="an int >= 1 below shift (or None: 128)"))
+        if not isinstance(self.qk_scale, bool):
+            raise ValueError(f"{self.name}: qk_scale must be True or False, got {self.qk_scale!r}")
         if self.shift is not None and self.local_window is not None and self.local_window >= self.shift:
             raise ValueError(f"{self.name}: local_window must be below shift={self.shift} (W < S), got "
                              f"{self.local_window!r}")
@@ -77,4 +85,4 @@ class StringConfig(AttentionRemapMethod):
         return {"string_config": {"shifted_offset": shift, "local_value": window}}
 
     def remapping(self, original: int) -> StringRemapping:
-        return StringRemapping(*self.resolve(original))
+        return StringRemapping(*self.resolve(original), QK_SCALE if self.qk_scale else None)
