@@ -30,7 +30,8 @@ class ReRopeRemapping:
                inv_freq: torch.Tensor) -> SplitLayout:
         window, leak = self.window, self.leak
         rows, kv_heads, kv_len, _ = key.shape
-        key_pos = (torch.arange(kv_len, device=query.device) + offset).expand(rows, kv_len).to(torch.float64)
+        # fp32 (every device has it): positions are exact below 2**24, as transformers' own rotary angles
+        key_pos = (torch.arange(kv_len, device=query.device) + offset).expand(rows, kv_len).to(torch.float32)
         query_pos = key_pos[:, past:]
         if leak is None:
             far_query, far_key = torch.full_like(query_pos, window), torch.zeros_like(key_pos)
@@ -38,7 +39,7 @@ class ReRopeRemapping:
             far_query, far_key = (query_pos + window * (leak - 1)) / leak, key_pos / leak
         if self.log_scale is not None:
             scale = (torch.log1p(query_pos) / math.log(self.log_scale)).clamp(min=1)
-            query = query.to(torch.float32) * scale.to(torch.float32)[:, None, :, None]
+            query = query.to(torch.float32) * scale[:, None, :, None]
         near = (group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32))
         far = (group_queries(rotate_by(query, far_query - query_pos, inv_freq), kv_heads),
                rotate_by(key, far_key - key_pos, inv_freq))
