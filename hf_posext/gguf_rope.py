@@ -49,6 +49,10 @@ REFUSED_METHODS = {
                    "unchanged GGUF with llama-completion --grp-attn-n G --grp-attn-w W",
     "dca": "llama.cpp has no dual-chunk attention; its nearest run-time option is llama-completion's grouped "
            "attention (--grp-attn-n G --grp-attn-w W), or write a static method (--method yarn)",
+    "string": "llama.cpp has no STRING (positions shifted inside attention, not a file field); run the unchanged GGUF",
+    "rerope": "llama.cpp has no ReRoPE (positions capped inside attention, not a file field); its nearest run-time "
+              "option is llama-completion's grouped attention (--grp-attn-n G --grp-attn-w W), or write a static "
+              "method (--method yarn)",
 }
 
 

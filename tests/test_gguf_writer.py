@@ -125,6 +125,8 @@ def test_bad_inputs_are_refused_and_nothing_is_written(tmp_path):
     assert (tmp_path / "exists.gguf").read_bytes() == b"keep me"
     _bad(tmp_path, lambda: patch_gguf(src, tmp_path / "o.gguf", "dynamic_yarn", factor=4), "use --method yarn")
     _bad(tmp_path, lambda: patch_gguf(src, tmp_path / "o.gguf", "self_extend"), "--grp-attn-n")
+    _bad(tmp_path, lambda: patch_gguf(src, tmp_path / "o.gguf", "string"), "llama.cpp has no STRING")
+    _bad(tmp_path, lambda: patch_gguf(src, tmp_path / "o.gguf", "rerope"), "llama.cpp has no ReRoPE")
     _bad(tmp_path, lambda: patch_gguf(tmp_path / "missing.gguf", tmp_path / "o.gguf", "yarn", factor=4), "no GGUF file")
     patch_gguf(src, tmp_path / "exists.gguf", "yarn", factor=4, overwrite=True)
     assert read_rope(open_gguf(tmp_path / "exists.gguf")).scaling_type == "yarn"

@@ -23,6 +23,8 @@ CASES = {
     "yarn": {"factor": 4},
     "self_extend": {"group_size": 4, "window_size": 8},
     "dca": {},
+    "string": {"shift": 6, "local_window": 2},
+    "rerope": {"window": 4, "leak": 16},
 }
 
 

@@ -1,4 +1,4 @@
-"""Attention over remapped positions: what the training-free methods (Self-Extend, DCA) share.
+"""Attention over remapped positions: what the training-free methods (Self-Extend, DCA, STRING, ReRoPE) share.
 
 In transformers 5 an attention function receives queries and keys already rotated at their true
 positions. A method that scores some (query, key) pairs at other positions turns them further by
@@ -89,6 +89,48 @@ class Layout(Protocol):
         ...
 
 
+class SplitLayout:
+    """Pairs closer than ``window`` score ``near``, farther ones ``far``: Self-Extend, STRING, ReRoPE.
+
+    Each variant is a (query, key) pair of tensors, queries as :func:`group_queries` gives them
+    (``[rows, kv_heads, groups, seq, d]``), keys ``[rows, kv_heads, kv_len, d]``; the far key may be
+    the near one (STRING turns only the query). For a block of at most ``window`` query rows ``[a, b)``
+    keys ``j <= a - window`` are far for every row, keys ``j > b - 1 - window`` near for every row (the
+    block's own keys a causal square), and the ``b - a - 1`` columns between are chosen per pair
+    (``i - j < window``: near), as the authors' selection merge.
+    """
+
+    def __init__(self, window: int, past: int, near: tuple[torch.Tensor, torch.Tensor],
+                 far: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.window, self.past = window, past
+        self.query, self.key = near
+        self.far_query, self.far_key = far
+
+    def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
+        size = min(size, self.window)  # then a block's mixed columns all precede its own keys
+        for start in range(0, seq, size):
+            yield start, min(seq, start + size)
+
+    def pieces(self, start: int, stop: int) -> list[Piece]:
+        a, b, window = self.past + start, self.past + stop, self.window
+        far = max(0, min(a - window + 1, b))
+        mixed = max(far, b - window)
+        near_query = block_rows(self.query, start, stop)
+        pieces = []
+        if far > 0:
+            pieces.append(Piece(0, far, block_rows(self.far_query, start, stop), self.far_key[:, :, :far]))
+        if mixed > far:
+            rows = torch.arange(a, b, device=self.key.device)[:, None]
+            near = rows - torch.arange(far, mixed, device=self.key.device)[None, :] < window
+            pieces.append(Piece(far, mixed, near_query, self.key[:, :, far:mixed],
+                                other=(block_rows(self.far_query, start, stop), self.far_key[:, :, far:mixed]),
+                                first=near))
+        if a > mixed:
+            pieces.append(Piece(mixed, a, near_query, self.key[:, :, mixed:a]))
+        pieces.append(Piece(a, b, near_query, self.key[:, :, a:b], causal=True))
+        return pieces
+
+
 class Remapping(Protocol):
     """A method's position remapping, with its hyper-parameters resolved for one model."""
 
@@ -134,8 +176,8 @@ def remap_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-interface function of the training-free methods.
 
-    Inputs where no pair is remapped (all of them inside Self-Extend's window or DCA's first
-    chunk) go to the model's own kernel unchanged.
+    Inputs where no pair is remapped (all of them inside the method's window: Self-Extend's W,
+    DCA's first chunk, STRING's shift, ReRoPE's w) go to the model's own kernel unchanged.
 
     Args:
         module: an attention module carrying a :class:`RemapState`.

@@ -51,7 +51,7 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
         module.__dict__[STATE_ATTR] = state
     config._attn_implementation = state.attention_name
     base = model.get_submodule(found[0][0].rpartition(".")[0]) if found else model
-    state.hooks.append(integration.guard_growing_cache(base, "training-free attention (self_extend, dca)"))
+    state.hooks.append(integration.guard_growing_cache(base, f"training-free attention ({remapping.name})"))
     return state
 
 

@@ -1,4 +1,4 @@
-"""Surgery of the training-free methods (``self_extend``, ``dca``): the remapping attention wrapper.
+"""Surgery of the training-free methods (``self_extend``, ``dca``, ``string``, ``rerope``): the remapping attention wrapper.
 
 The rotary modules keep the checkpoint's frequencies; the attention modules get the method's
 remapping and ``config._attn_implementation`` names the wrapper of the model's kernel

@@ -1,4 +1,4 @@
-"""The base of the training-free methods that remap positions inside attention (Self-Extend, DCA).
+"""The base of the training-free methods that remap positions inside attention (Self-Extend, DCA, STRING, ReRoPE).
 
 They keep the checkpoint's rotary embedding as it is (plain, raised theta, or a shipped static
 scaling: llama3, yarn, longrope) and score some (query, key) pairs at other positions

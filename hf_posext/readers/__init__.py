@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import integration
 from ..methods.registry import method_class
+from ..methods.remapping import AttentionRemapMethod
 from ..rope_utils import rotary_dim_of
 from . import llamacpp, sglang, transformers4, transformers5, vllm
 from .rope import intended_rope
@@ -107,7 +108,7 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
     method = (getattr(config, "hf_posext", None) or {}).get("method")
-    if method in ("self_extend", "dca"):
+    if method is not None and issubclass(method_class(method), AttentionRemapMethod):
         verdicts.update(_remap_verdicts(config, method))
         return verdicts
     if method is not None and method_class(method).adds_weights:
@@ -131,13 +132,13 @@ VLLM_DUAL_CHUNK_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 
 
 def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
-    """Readers of a self_extend / dca checkpoint (docs/methods/training_free.md): attention, not rope."""
+    """Readers of a remapping method's checkpoint (self_extend, dca, string, rerope; docs/methods/training_free.md)."""
     plain = "runs the checkpoint's rope with plain attention: no remapped positions"
     verdicts: dict[str, Verdict] = {
         "transformers 5": ("right", "after `import hf_posext`; without it, from_pretrained refuses the "
                                     "attn_implementation config.json names"),
         "transformers 4.57": ("wrong", f"{plain} (hf-posext's record is not read; not run here)"),
-        "vLLM": ("wrong", f"{plain} (vLLM has no Self-Extend)"),
+        "vLLM": ("wrong", f"{plain} (vLLM has no {method})"),
         "SGLang": ("wrong", f"{plain} (not checked per model)"),
         "llama.cpp": ("wrong", f"the converter keeps the rope only: {plain}"),
     }
@@ -146,6 +147,9 @@ def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
                                      "frequencies)")
     elif method == "dca":
         verdicts["vLLM"] = ("wrong", f"{plain} (vLLM reads dual_chunk_attention_config for the Qwen family only)")
+    elif method == "string":
+        verdicts["vLLM"] = ("wrong", f"{plain} (vLLM has no STRING; the authors' fork, HKUNLP/STRING vllm_string, "
+                                     "reads the string_config a patched Llama config carries)")
     return verdicts
 
 

@@ -69,6 +69,20 @@ def test_cells_resume_and_a_changed_setting_starts_again(tmp_path):
     assert calls == ["x", "changed"] and len(changed.runs) == 1
 
 
+def test_cells_of_rows_whose_definition_is_unchanged_survive_new_and_changed_rows(tmp_path):
+    """Adding a method to a table (training_free_real_model) keeps the hours of cells the others took."""
+    path = tmp_path / "results.json"
+    cells = real_model.Cells(path, {"a": 1, "rows": {"none": None, "dca": {}}}, rows_key="rows")
+    for key in ("passkey/none/8/0.5", "ppl/dca/8"):
+        cells.get(key, lambda: 1.0)
+    grown = real_model.Cells(path, {"a": 1, "rows": {"none": None, "dca": {"x": 2}, "string": {}}}, rows_key="rows")
+    assert set(grown.cells) == {"passkey/none/8/0.5"} and len(grown.runs) == 2
+    assert grown.get("ppl/string/8", lambda: 3.0) == 3.0
+    assert real_model.json.loads(path.read_text())["settings"]["rows"]["string"] == {}
+    changed = real_model.Cells(path, {"a": 2, "rows": {"none": None}}, rows_key="rows")
+    assert changed.cells == {}
+
+
 def test_estimate_fits_a_quadratic_cost():
     # t(L) = 1e-3 L + 1e-7 L^2 seconds, measured exactly: the fit gives back the plan's minutes.
     cost = lambda n: 1e-3 * n + 1e-7 * n * n  # noqa: E731

@@ -20,23 +20,30 @@ def logits(model, ids):
         return model(ids).logits
 
 
-@pytest.mark.parametrize("method", ["self_extend", "dca"])
+#: Every remapping method (with its defaults from L0), leaky ReRoPE as well.
+CASES = [("self_extend", {}), ("dca", {}), ("string", {}), ("rerope", {}), ("rerope", {"leak": 16}),
+         ("string", {"qk_scale": True}), ("rerope", {"log_scale": True})]
+
+
+@pytest.mark.parametrize(("method", "kwargs"), CASES)
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_transformers_own_from_pretrained_reloads_the_method_with_the_requested_kernel(method, impl, tmp_path):
-    model = hf_posext.patch_model(tiny_model("qwen2", attn_implementation=impl), method, factor=3)
+def test_transformers_own_from_pretrained_reloads_the_method_with_the_requested_kernel(method, kwargs, impl, tmp_path):
+    model = hf_posext.patch_model(tiny_model("qwen2", attn_implementation=impl), method, factor=3, **kwargs)
     ids = tokens(192)
     expected = logits(model, ids)
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=impl)
     assert loaded.config._attn_implementation == f"hf_posext_remap_{impl}"
     assert hf_posext.patch_info(loaded)["method"] == method
+    assert hf_posext.patched_method(loaded) == hf_posext.patched_method(model)
     assert torch.equal(logits(loaded, ids), expected)
     default = AutoModelForCausalLM.from_pretrained(tmp_path)  # no kernel asked for: sdpa's wrapper
     assert default.config._attn_implementation == "hf_posext_remap_sdpa"
 
 
-def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly(tmp_path):
-    hf_posext.patch_model(tiny_model("llama"), "dca").save_pretrained(tmp_path)
+@pytest.mark.parametrize("method", sorted({method for method, _ in CASES}))
+def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly(method, tmp_path):
+    hf_posext.patch_model(tiny_model("llama"), method).save_pretrained(tmp_path)
     code = ("from transformers import AutoModelForCausalLM\n"
             f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
@@ -63,7 +70,8 @@ def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
 
 
 @pytest.mark.parametrize(("method", "arch", "vllm"), [
-    ("self_extend", "qwen2", "wrong"), ("dca", "qwen2", "right"), ("dca", "llama", "wrong")])
+    ("self_extend", "qwen2", "wrong"), ("dca", "qwen2", "right"), ("dca", "llama", "wrong"),
+    ("string", "llama", "wrong"), ("rerope", "qwen2", "wrong")])
 def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
     from hf_posext.readers import support
 
@@ -73,7 +81,7 @@ def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
     assert verdicts["llama.cpp"][0] == "wrong"
 
 
-def test_the_command_line_evaluates_and_patches_both_methods(tmp_path):
+def test_the_command_line_evaluates_and_patches_every_remapping_method(tmp_path):
     from hf_posext.commands.main import main
     from hf_posext.testing import make_tiny_model
 
@@ -82,11 +90,16 @@ def test_the_command_line_evaluates_and_patches_both_methods(tmp_path):
     text.write_text("def add(a, b):\n    return a + b\n" * 6)
     out = tmp_path / "ppl"
     assert main(["eval", "ppl", str(path), "--data", str(text), "--lengths", "16,96", "--method",
-                 "none,self_extend,dca", "--factor", "3", "--out", str(out), "--no-progress"]) == 0
+                 "none,self_extend,dca,string,rerope", "--factor", "3", "--out", str(out), "--no-progress"]) == 0
     import json
 
     results = json.loads((out / "ppl.json").read_text())["results"]
-    assert [results[k]["patch"]["method"] for k in ("self_extend/truncated", "dca/truncated")] == ["self_extend", "dca"]
+    names = ["self_extend", "dca", "string", "rerope"]
+    assert [results[f"{name}/truncated"]["patch"]["method"] for name in names] == names
     assert main(["patch", str(path), str(tmp_path / "se"), "--method", "self_extend", "--set", "group_size=4",
                  "--set", "window_size=8"]) == 0
     assert hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "se"))["group_size"] == 4
+    assert main(["patch", str(path), str(tmp_path / "leaky"), "--method", "rerope", "--set", "window=4",
+                 "--set", "leak=16"]) == 0
+    info = hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "leaky"))
+    assert (info["window"], info["leak"]) == (4, 16.0)

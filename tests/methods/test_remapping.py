@@ -1,4 +1,4 @@
-"""Remapped attention (Self-Extend, DCA) in use: KV cache, padding, beams, shipped ropes, reloads, refusals."""
+"""Remapped attention (Self-Extend, DCA, STRING, ReRoPE) in use: KV cache, padding, beams, shipped ropes, reloads, refusals."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import torch
 from methods.training_free_reference import (
     dca_scores,
     reference_model,
+    rerope_scores,
     self_extend_scores,
+    string_scores,
 )
 from models import tiny_model, tokens
 
@@ -22,7 +24,30 @@ L0 = 64
 METHODS = {
     "self_extend": ({"group_size": 4, "window_size": 16}, self_extend_scores),
     "dca": ({"chunk_size": 48, "local_size": 8}, dca_scores),
+    "string": ({"shift": 24, "local_window": 8}, string_scores),
+    "rerope": ({"window": 16}, rerope_scores),
+    "rerope-leaky": ({"window": 16, "leak": 4}, rerope_scores),
+    # the authors' optional scalings (references take L0 for log_scale)
+    "string-qk_scale": ({"shift": 24, "local_window": 8, "qk_scale": True}, string_scores),
+    "rerope-log_scale": ({"window": 16, "leak": 4, "log_scale": True}, rerope_scores),
 }
+
+
+def patch(model, case):
+    """``model`` patched with the method of ``case`` (a key of METHODS: ``name`` or ``name-variant``)."""
+    return hf_posext.patch_model(model, case.split("-")[0], **METHODS[case][0])
+
+
+def reference_arguments(case, patched):
+    """The reference's arguments for ``case``; log_scale takes the L0 the patch resolved (a composed rope's reach)."""
+    kwargs = dict(METHODS[case][0])
+    if kwargs.get("log_scale"):
+        kwargs["log_scale"] = patched.config.hf_posext["original_max_position_embeddings"]
+    return kwargs
+
+
+#: The registered names of the remapping methods.
+NAMES = sorted({case.split("-")[0] for case in METHODS})
 
 
 def logits(model, ids, **kwargs):
@@ -42,7 +67,7 @@ def test_rotate_by_composes_rotations_in_fp32():
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_the_fused_cpu_path_equals_the_score_matrix_path(method, monkeypatch):
-    model = hf_posext.patch_model(tiny_model("llama", attn_implementation="sdpa"), method, **METHODS[method][0])
+    model = patch(tiny_model("llama", attn_implementation="sdpa"), method)
     ids = tokens(3 * L0)
     calls = []
     fused = remap.flash_segmented_attention
@@ -56,7 +81,7 @@ def test_the_fused_cpu_path_equals_the_score_matrix_path(method, monkeypatch):
 @pytest.mark.parametrize("method", sorted(METHODS))
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_cached_greedy_generation_equals_full_forward_at_every_step(method, impl):
-    model = hf_posext.patch_model(tiny_model("llama", attn_implementation=impl), method, **METHODS[method][0])
+    model = patch(tiny_model("llama", attn_implementation=impl), method)
     prompt = tokens(100)
     out = model.generate(prompt, max_new_tokens=40, do_sample=False, output_logits=True, return_dict_in_generate=True)
     for step, step_logits in enumerate(out.logits):
@@ -66,7 +91,7 @@ def test_cached_greedy_generation_equals_full_forward_at_every_step(method, impl
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_left_padded_batches_equal_the_rows_alone(method):
-    model = hf_posext.patch_model(tiny_model("llama", attn_implementation="sdpa"), method, **METHODS[method][0])
+    model = patch(tiny_model("llama", attn_implementation="sdpa"), method)
     model.generation_config.pad_token_id = 0
     long, short = tokens(150, seed=2), tokens(110, seed=3)
     pad = long.shape[1] - short.shape[1]
@@ -84,7 +109,7 @@ def test_left_padded_batches_equal_the_rows_alone(method):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_beam_search_runs_and_keeps_its_best_beam_consistent(method):
-    model = hf_posext.patch_model(tiny_model("llama"), method, **METHODS[method][0])
+    model = patch(tiny_model("llama"), method)
     out = model.generate(tokens(100), max_new_tokens=8, num_beams=3, do_sample=False, output_scores=True,
                          return_dict_in_generate=True)
     assert out.sequences.shape == (1, 108)
@@ -106,10 +131,9 @@ SHIPPED = {
 def test_runs_on_top_of_a_shipped_rope_with_its_attention_factor_once(method, shipped):
     base = tiny_model("llama", rope_parameters=SHIPPED[shipped])
     ids = tokens(3 * L0)
-    kwargs, scores = METHODS[method]
-    patched = hf_posext.patch_model(copy.deepcopy(base), method, **kwargs)
+    patched = patch(copy.deepcopy(base), method)
     assert patched.config.rope_parameters == base.config.rope_parameters
-    expected = logits(reference_model(base, scores, **kwargs), ids)
+    expected = logits(reference_model(base, METHODS[method][1], **reference_arguments(method, patched)), ids)
     assert (logits(patched, ids) - expected).abs().max() <= 1e-4
 
 
@@ -120,9 +144,8 @@ def test_runs_on_top_of_a_composed_longrope(method):
     assert composed["rope_type"] == "longrope"
     checkpoint = tiny_model("llama", rope_parameters=composed, max_positions=base.config.max_position_embeddings)
     ids = tokens(3 * L0)
-    kwargs, scores = METHODS[method]
-    patched = hf_posext.patch_model(copy.deepcopy(checkpoint), method, **kwargs)
-    expected = logits(reference_model(checkpoint, scores, **kwargs), ids)
+    patched = patch(copy.deepcopy(checkpoint), method)
+    expected = logits(reference_model(checkpoint, METHODS[method][1], **reference_arguments(method, patched)), ids)
     assert (logits(patched, ids) - expected).abs().max() <= 1e-4
 
 
@@ -131,7 +154,7 @@ def test_unpatch_restores_the_model_bit_for_bit(method):
     base = tiny_model("llama", attn_implementation="sdpa")
     ids = tokens(3 * L0)
     expected = logits(base, ids)
-    patched = hf_posext.patch_model(base, method, **METHODS[method][0])
+    patched = patch(base, method)
     assert not torch.equal(logits(patched, ids), expected)
     hf_posext.unpatch_model(patched)
     assert patched.config._attn_implementation == "sdpa"
@@ -140,7 +163,7 @@ def test_unpatch_restores_the_model_bit_for_bit(method):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_a_static_cache_is_refused(method):
-    model = hf_posext.patch_model(tiny_model("llama"), method, **METHODS[method][0])
+    model = patch(tiny_model("llama"), method)
     with pytest.raises(ValueError, match="needs a cache that grows"):
         model.generate(tokens(20), max_new_tokens=2, cache_implementation="static")
 
@@ -149,7 +172,7 @@ def test_a_static_cache_is_refused(method):
     ("cohere", r"does not rotate channel pairs \(i, i \+ rotary_dim / 2\)"),
     ("deepseek_v3", r"does not support multi-head latent attention"),
 ])
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", NAMES)
 def test_interleaved_pairs_and_latent_attention_are_refused_naming_the_architecture(model_type, message, method):
     model = registry.tiny_model(model_type)
     with pytest.raises(ValueError, match=rf"{method} \(model_type='{model_type}'\).*{message}"):
@@ -157,7 +180,7 @@ def test_interleaved_pairs_and_latent_attention_are_refused_naming_the_architect
     assert hf_posext.patch_info(model)["method"] is None
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", NAMES)
 def test_a_latent_attention_config_alone_is_refused_too(method):
     config = registry.tiny_config("deepseek_v3")
     with pytest.raises(ValueError, match=rf"{method} \(model_type='deepseek_v3'\).*multi-head latent attention"):

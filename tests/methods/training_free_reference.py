@@ -1,4 +1,4 @@
-"""Float64 references of Self-Extend and DCA, written from the authors' eager code, run inside a tiny model.
+"""Float64 references of the training-free methods, written from the authors' code, run inside a tiny model.
 
 The reference model is a copy of the model whose rotary module is switched off (hf-posext's
 no-rope type: q and k reach attention un-rotated); its attention function then rotates them in
@@ -9,12 +9,16 @@ factor, and merges as the authors do:
   grouped logits with keys at ``j // G`` and queries at ``i // G + W - W // G``, chosen by
   ``i - j < W`` before one softmax;
 * DCA (ChunkLlama ``chunkllama_attn_replace.py``): keys at ``j mod c``, queries at ``i mod c``
-  (own chunk), ``min(i mod c + c, S)`` (previous chunk), ``min(2c - 1, S)`` (older chunks).
+  (own chunk), ``min(i mod c + c, S)`` (previous chunk), ``min(2c - 1, S)`` (older chunks);
+* STRING (HKUNLP/STRING ``string_for_llama.py``, decode path) and ReRoPE (bojone/rerope
+  ``rerope_patch.py``, ``leaky_rerope_patch.py``): each pair scored at an explicit relative position
+  rel(i - j), the query turned by rel and the key left at 0, one query row at a time.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
@@ -57,6 +61,41 @@ def dca_scores(q, k, inv_freq, factor, groups, chunk_size, local_size):
     inter = _scores(q, k, torch.full_like(i, min(2 * c - 1, chunk_size)), j % c, inv_freq, factor, groups)
     relation = (i // c)[:, None] - (j // c)[None, :]
     return torch.where(relation == 0, intra, torch.where(relation == 1, succ, inter))
+
+
+def relative_scores(q, k, inv_freq, factor, groups, rel):
+    """``R(rel(i - j)) q_i . k_j`` for every pair (float64), ``rel`` mapping distances to positions."""
+    keys = _rotate(k, torch.zeros(k.shape[2]), inv_freq, factor).repeat_interleave(groups, dim=1)
+    distances = torch.arange(k.shape[2])
+    rows = []
+    for i in range(q.shape[2]):
+        positions = rel((i - distances).clamp(min=0).double())
+        turned = _rotate(q[:, :, i : i + 1].expand(-1, -1, k.shape[2], -1), positions, inv_freq, factor)
+        rows.append((turned * keys).sum(-1))
+    return torch.stack(rows, dim=2)
+
+
+def string_scores(q, k, inv_freq, factor, groups, shift, local_window, qk_scale=False):
+    """STRING: distance d below the shift S kept, d >= S scored at d - S + W (the key at d = S at W).
+
+    ``qk_scale``: the authors' cos/sin multiplied by ``0.1 ln 2 + 1`` (``replace_with_string``), q and k both.
+    """
+    if qk_scale:
+        factor = factor * (0.1 * math.log(2) + 1)
+    return relative_scores(q, k, inv_freq, factor, groups,
+                           lambda d: torch.where(d < shift, d, d - shift + local_window))
+
+
+def rerope_scores(q, k, inv_freq, factor, groups, window, leak=None, log_scale=None):
+    """ReRoPE: min(d, w); leaky ReRoPE: w + (d - w) / k beyond the window w.
+
+    ``log_scale`` (the trained context L0): queries times ``max(1, ln(i + 1) / ln L0)``, as the authors' code.
+    """
+    if log_scale is not None:
+        positions = torch.arange(q.shape[2], dtype=torch.float64)
+        q = q * (torch.log(positions + 1) / math.log(log_scale)).clamp(min=1)[:, None]
+    beyond = (lambda d: torch.full_like(d, float(window))) if leak is None else (lambda d: window + (d - window) / leak)
+    return relative_scores(q, k, inv_freq, factor, groups, lambda d: torch.where(d < window, d, beyond(d)))
 
 
 def reference_model(model, scores_fn, **params):

@@ -1,18 +1,14 @@
-"""Self-Extend's positions as pieces of :func:`hf_posext.attention.remap.segmented_attention`.
+"""Self-Extend's positions as a :class:`hf_posext.attention.remap.SplitLayout`.
 
-For a block of at most W query rows ``[a, b)`` (key columns, causal) keys ``j <= a - W`` are
-grouped for every row, keys ``j > b - 1 - W`` are neighbours for every row (the block's own keys
-``[a, b)`` a causal square), and the ``b - a - 1`` columns in between are chosen per pair
-(``i - j < W``: neighbour), as LongLM's selection merge.
+Pairs closer than W score at their true positions; farther ones with the key at ``j // G`` and the
+query at ``i // G + W - W // G``, as LongLM's selection merge.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 
-from ...attention.remap import Piece, block_rows, group_queries, rotate_by
+from ...attention.remap import SplitLayout, group_queries, rotate_by
 
 
 class SelfExtendRemapping:
@@ -27,44 +23,13 @@ class SelfExtendRemapping:
         return self.group > 1 and last_position >= self.window
 
     def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
-               inv_freq: torch.Tensor) -> _Layout:
-        return _Layout(self, query, key, past, offset, inv_freq)
-
-
-class _Layout:
-    def __init__(self, remap: SelfExtendRemapping, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
-                 inv_freq: torch.Tensor) -> None:
-        group, window = remap.group, remap.window
+               inv_freq: torch.Tensor) -> SplitLayout:
+        group, window = self.group, self.window
         rows, kv_heads, kv_len, _ = key.shape
-        device = query.device
-        key_pos = (torch.arange(kv_len, device=device) + offset).expand(rows, kv_len)
+        key_pos = (torch.arange(kv_len, device=query.device) + offset).expand(rows, kv_len)
         query_pos = key_pos[:, past:]
         grouped_query = query_pos.div(group, rounding_mode="floor") + window - window // group
-        self.window, self.past = window, past
-        self.query = group_queries(query.to(torch.float32), kv_heads)
-        self.key = key.to(torch.float32)
-        self.grouped_query = group_queries(rotate_by(query, grouped_query - query_pos, inv_freq), kv_heads)
-        self.grouped_key = rotate_by(key, key_pos.div(group, rounding_mode="floor") - key_pos, inv_freq)
-
-    def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
-        size = min(size, self.window)  # then a block's mixed columns all precede its own keys
-        for start in range(0, seq, size):
-            yield start, min(seq, start + size)
-
-    def pieces(self, start: int, stop: int) -> list[Piece]:
-        a, b, window = self.past + start, self.past + stop, self.window
-        far = max(0, min(a - window + 1, b))
-        mixed = max(far, b - window)
-        pieces = []
-        if far > 0:
-            pieces.append(Piece(0, far, block_rows(self.grouped_query, start, stop), self.grouped_key[:, :, :far]))
-        if mixed > far:
-            rows = torch.arange(a, b, device=self.key.device)[:, None]
-            near = rows - torch.arange(far, mixed, device=self.key.device)[None, :] < window
-            pieces.append(Piece(far, mixed, block_rows(self.query, start, stop), self.key[:, :, far:mixed],
-                                other=(block_rows(self.grouped_query, start, stop), self.grouped_key[:, :, far:mixed]),
-                                first=near))
-        if a > mixed:
-            pieces.append(Piece(mixed, a, block_rows(self.query, start, stop), self.key[:, :, mixed:a]))
-        pieces.append(Piece(a, b, block_rows(self.query, start, stop), self.key[:, :, a:b], causal=True))
-        return pieces
+        near = (group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32))
+        far = (group_queries(rotate_by(query, grouped_query - query_pos, inv_freq), kv_heads),
+               rotate_by(key, key_pos.div(group, rounding_mode="floor") - key_pos, inv_freq))
+        return SplitLayout(window, past, near, far)

@@ -1,0 +1,14 @@
+"""ReRoPE and leaky ReRoPE (``rerope``, Su 2023): distances capped at a window; docs/methods/training_free.md.
+
+:mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
+surgery are shared with the other remapping methods (:mod:`hf_posext.attention.remap`, :mod:`..remap_surgery`).
+"""
+
+from ..registry import register_method
+from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
+from .config import ReRopeConfig
+from .remap import ReRopeRemapping
+
+register_method("rerope", ReRopeConfig, surgery=RemapSurgery, attention=REMAP_ATTENTIONS)
+
+__all__ = ["ReRopeConfig", "ReRopeRemapping"]

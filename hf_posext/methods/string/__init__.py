@@ -1,0 +1,14 @@
+"""STRING (``string``, An et al. 2024): shifted positions inside the trained window; docs/methods/training_free.md.
+
+:mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
+surgery are shared with the other remapping methods (:mod:`hf_posext.attention.remap`, :mod:`..remap_surgery`).
+"""
+
+from ..registry import register_method
+from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
+from .config import StringConfig
+from .remap import StringRemapping
+
+register_method("string", StringConfig, surgery=RemapSurgery, attention=REMAP_ATTENTIONS)
+
+__all__ = ["StringConfig", "StringRemapping"]

@@ -1,0 +1,35 @@
+"""STRING's positions as a :class:`hf_posext.attention.remap.SplitLayout`.
+
+Pairs closer than S score at their true positions; farther ones with the query moved back by
+``S - W`` (the key stays), as the authors' ``position_ids - shifted_offset + small_local_value``.
+With ``qk_scale`` the queries carry the square of the authors' q/k multiplier, at every length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...attention.remap import SplitLayout, group_queries, rotate_by
+
+
+class StringRemapping:
+    """STRING with shift ``shift`` (S), local window ``local_window`` (W) and an optional q/k multiplier."""
+
+    name = "string"
+
+    def __init__(self, shift: int, local_window: int, qk_scale: float | None = None) -> None:
+        self.shift, self.local_window, self.qk_scale = shift, local_window, qk_scale
+
+    def active(self, last_position: int) -> bool:
+        return self.qk_scale is not None or last_position >= self.shift
+
+    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
+               inv_freq: torch.Tensor) -> SplitLayout:
+        rows, kv_heads, _, _ = key.shape
+        back = torch.full((rows, query.shape[2]), self.local_window - self.shift, device=query.device)
+        key32 = key.to(torch.float32)
+        if self.qk_scale is not None:  # on q alone: one product scales every logit as q and k both would
+            query = query.to(torch.float32) * self.qk_scale**2
+        near = (group_queries(query.to(torch.float32), kv_heads), key32)
+        far = (group_queries(rotate_by(query, back, inv_freq), kv_heads), key32)
+        return SplitLayout(self.shift, past, near, far)
