@@ -90,3 +90,29 @@ def test_the_command_line_evaluates_and_patches_both_methods(tmp_path):
     assert main(["patch", str(path), str(tmp_path / "se"), "--method", "self_extend", "--set", "group_size=4",
                  "--set", "window_size=8"]) == 0
     assert hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "se"))["group_size"] == 4
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"chunk_size": 0, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+    ({"chunk_size": None, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+    ({"chunk_size": 48.7, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+    ({"chunk_size": 48, "local_size": "8"}, "dual_chunk_attention_config.local_size must be an int >= 1"),
+    ({"chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 0},
+     "dual_chunk_attention_config.original_max_position_embeddings must be an int >= 1"),
+])
+def test_a_bad_dual_chunk_attention_config_is_one_error_naming_the_field(tmp_path, capsys, fields, message):
+    from hf_posext.commands.main import main
+
+    plain = tiny_model("qwen2", attn_implementation="sdpa", max_positions=256)
+    plain.config.dual_chunk_attention_config = fields
+    plain.save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=message):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    text = tmp_path / "doc.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 6)
+    capsys.readouterr()
+    assert main(["eval", "ppl", str(tmp_path / "ckpt"), "--data", str(text), "--lengths", "16",
+                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "Traceback" not in captured.err, captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
