@@ -234,6 +234,9 @@ def segmented_attention(
     value32 = value.to(torch.float32)
     output = value32.new_empty(rows, seq, heads, value.shape[-1])
     lowest = torch.finfo(torch.float32).min
+    # In place only when autograd does not record: backward needs the scores each op would overwrite
+    # (amax's input, tanh's output); in place keeps inference at one score matrix per block.
+    inplace = not torch.is_grad_enabled()
     for start, stop in layout.blocks(past, seq, offset, _block_size(heads, kv_len)):
         block, keys = stop - start, past + stop
         parts = []
@@ -243,27 +246,40 @@ def segmented_attention(
                 alternative = torch.matmul(piece.other[0], piece.other[1].transpose(-1, -2))
                 part = torch.where(piece.first.repeat(groups, 1), part, alternative)
             parts.append(part)
-        scores = (torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]).mul_(scaling)
+        scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        scores = scores.mul_(scaling) if inplace else scores * scaling
         if softcap is not None:
-            scores = torch.tanh(scores / softcap).mul_(softcap)
+            scores = torch.tanh(scores / softcap)
+            scores = scores.mul_(softcap) if inplace else scores * softcap
         scores = scores.view(rows, kv_heads, groups, block, keys)
         if attention_mask is None:
             columns = torch.arange(keys, device=value.device)
-            causal = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
-            scores.masked_fill_(~causal, lowest)
+            allowed = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
         else:
-            mask = attention_mask[:, :, start:stop, :keys][:, :, None]
-            if mask.dtype == torch.bool:
-                scores.masked_fill_(~mask, lowest)
-            else:
-                scores.add_(mask.to(torch.float32)).clamp_(min=lowest)
-        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-        total = scores.sum(dim=-1, keepdim=True)
-        if dropout:
-            scores = nn.functional.dropout(scores, p=dropout, training=True)
-        out = torch.matmul(scores, value32[:, :, None, :keys]).div_(total)  # [rows, kv_heads, groups, block, dim]
+            allowed = attention_mask[:, :, start:stop, :keys][:, :, None]
+        if allowed.dtype == torch.bool:
+            scores = scores.masked_fill_(~allowed, lowest) if inplace else scores.masked_fill(~allowed, lowest)
+        else:
+            bias = allowed.to(torch.float32)
+            scores = scores.add_(bias).clamp_(min=lowest) if inplace else (scores + bias).clamp(min=lowest)
+        values = value32[:, :, None, :keys]
+        if inplace:
+            scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+            total = scores.sum(dim=-1, keepdim=True)
+            if dropout:
+                scores = nn.functional.dropout(scores, p=dropout, training=True)
+            out = torch.matmul(scores, values).div_(total)  # [rows, kv_heads, groups, block, dim]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+            if dropout:
+                probs = nn.functional.dropout(probs, p=dropout, training=True)
+            out = torch.matmul(probs, values)
         output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
     return output
+
+
+def _records(query: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and query.requires_grad
 
 
 #: Query rows per block of the fused path (its masks are ``[rows, window]`` at most).
@@ -271,8 +287,12 @@ FLASH_BLOCK = 256
 
 
 def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tensor) -> bool:
-    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor."""
-    return (query.device.type == "cpu" and kwargs.get("softcap") is None
+    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor, no autograd.
+
+    The kernel's backward ignores the gradient of its log-sum-exp, which the merge of the pieces
+    needs (training through it gave gradients tens of percent off): training takes the score path.
+    """
+    return (query.device.type == "cpu" and kwargs.get("softcap") is None and not _records(query)
             and not (module.training and kwargs.get("dropout"))
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
 

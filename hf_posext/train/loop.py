@@ -33,7 +33,7 @@ from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .plan import plan_run
 from .pose import pose_position_ids
-from .steps import evaluate, forward_loss
+from .steps import check_finite_loss, evaluate, forward_loss
 
 #: Settings that must not change between a run and its resumption (they change the result).
 RESUME_INVARIANTS = (
@@ -252,6 +252,7 @@ class FinetuneRecipe:
             with accelerator.accumulate(self.model):
                 loss = forward_loss(self.model, input_ids, positions, pose=config.pose, accelerator=accelerator,
                                     loss_chunk_size=config.loss_chunk_size)
+                check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and config.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(self.params, config.max_grad_norm)
