@@ -116,6 +116,38 @@ def test_training_gradients_equal_the_float64_references(method, impl, padded):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_pose_positions_are_remapped_from_the_positions_given(method, impl):
+    """PoSE's skip-wise positions [0..31, 200..231]: the tokens score as at their true positions.
+
+    The reference is the same model on a 232-token sequence holding the tokens at those
+    positions, the skipped ones masked out (plain RoPE agrees to ~1e-7 here).
+    """
+    model = hf_posext.patch_model(tiny_model("llama", attn_implementation=impl), method, **METHODS[method][0])
+    ids = tokens(64, batch=2, seed=5)
+    positions = torch.cat((torch.arange(32), torch.arange(200, 232)))[None].expand(2, -1)
+    with torch.no_grad():
+        got = model(ids, position_ids=positions, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        full = torch.zeros(2, 232, dtype=torch.long)
+        full[:, positions[0]] = ids
+        mask = torch.zeros_like(full)
+        mask[:, positions[0]] = 1
+        expected = model(full, position_ids=torch.arange(232)[None].expand(2, -1), attention_mask=mask,
+                         use_cache=False).logits[:, positions[0]]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_positions_that_jump_after_a_cache_are_refused(method):
+    model = hf_posext.patch_model(tiny_model("llama", attn_implementation="sdpa"), method, **METHODS[method][0])
+    with torch.no_grad():
+        cache = model(tokens(100), use_cache=True).past_key_values
+        with pytest.raises(ValueError, match=r"position_ids that jump .* after cached keys"):
+            model(tokens(8), position_ids=torch.tensor([[100, 101, 102, 103, 150, 151, 152, 153]]),
+                  past_key_values=cache, attention_mask=torch.ones(1, 108, dtype=torch.long))
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
 def test_beam_search_runs_and_keeps_its_best_beam_consistent(method):
     model = hf_posext.patch_model(tiny_model("llama"), method, **METHODS[method][0])
     out = model.generate(tokens(100), max_new_tokens=8, num_beams=3, do_sample=False, output_scores=True,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ...attention.remap import Piece, block_rows, group_queries, rotate_by
+from ...attention.remap import PairLayout, Piece, block_rows, group_queries, rotate_by
 
 
 class SelfExtendRemapping:
@@ -29,6 +29,19 @@ class SelfExtendRemapping:
     def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
                inv_freq: torch.Tensor) -> _Layout:
         return _Layout(self, query, key, past, offset, inv_freq)
+
+    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                          inv_freq: torch.Tensor) -> PairLayout:
+        """Every pair chooses by its positions' distance ``i - j < W``."""
+        group, window = self.group, self.window
+        positions = positions[None]
+        kv_heads = key.shape[1]
+        grouped_query = rotate_by(query, positions.div(group, rounding_mode="floor") + window - window // group
+                                  - positions, inv_freq)
+        grouped_key = rotate_by(key, positions.div(group, rounding_mode="floor") - positions, inv_freq)
+        near = positions[0, :, None] - positions[0, None, :] < window
+        return PairLayout([(group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32)),
+                           (group_queries(grouped_query, kv_heads), grouped_key)], [near])
 
 
 class _Layout:
