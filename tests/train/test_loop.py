@@ -333,3 +333,28 @@ def test_remapping_methods_train_on_the_eager_kernel(assets, tmp_path, method, c
     result = train(config(assets, tmp_path, method=method, factor=2, max_train_steps=3, attn_implementation="eager",
                           loss_chunk_size=chunk, activation_checkpointing=False))
     assert all(math.isfinite(loss) for loss in result.losses), result.losses
+
+
+def test_resume_invariants_are_every_setting_but_the_ones_said_not_to_change_the_result(assets, tmp_path):
+    """Derived from TrainConfig's fields: a new field is refused on a change until classified as free."""
+    import dataclasses
+
+    from hf_posext.train.loop import RESUME_FREE, RESUME_INVARIANTS, _check_resume_config, resume_invariants
+
+    names = {field.name for field in dataclasses.fields(TrainConfig)}
+    assert set(RESUME_FREE) <= names and all(RESUME_FREE.values())  # no stale name, every one with its reason
+    assert set(RESUME_INVARIANTS) == names - set(RESUME_FREE)
+    for name in ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "lora_dropout",
+                 "mixed_precision", "loss_chunk_size", "attn_implementation"):
+        assert name in RESUME_INVARIANTS
+
+    @dataclasses.dataclass
+    class Extended(TrainConfig):
+        new_setting: int = 0
+
+    assert "new_setting" in resume_invariants(Extended)
+    current = config(assets, tmp_path)
+    saved = {**current.to_dict(), "weight_decay": 0.1, "adam_beta2": 0.999, "output_dir": "elsewhere"}
+    with pytest.raises(ValueError, match=r"adam_beta2: 0.999 -> 0.95; weight_decay: 0.1 -> 0.0"):
+        _check_resume_config(saved, current)
+    _check_resume_config({**current.to_dict(), "output_dir": "elsewhere", "report_to": "tensorboard"}, current)
