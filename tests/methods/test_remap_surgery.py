@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posext
 from hf_posext.attention.remap import SAVED_ATTENTION
+from hf_posext.rope_utils import REMAP_ROPE_TYPE
 
 
 def logits(model, ids):
@@ -35,13 +36,17 @@ def test_transformers_own_from_pretrained_reloads_the_method_with_the_requested_
     assert default.config._attn_implementation == "hf_posext_remap_sdpa"
 
 
-def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly(tmp_path):
-    hf_posext.patch_model(tiny_model("llama"), "dca").save_pretrained(tmp_path)
-    code = ("from transformers import AutoModelForCausalLM\n"
-            f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode != 0
-    assert SAVED_ATTENTION in done.stderr
+@pytest.mark.parametrize("method", ["self_extend", "dca"])
+def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly_whatever_kernel_is_asked(tmp_path, method):
+    """The saved attention name is replaced by an explicit kernel; the rope type is the second guard (as ALiBi's)."""
+    hf_posext.patch_model(tiny_model("llama"), method, factor=2).save_pretrained(tmp_path)
+    for kwargs, guard in (("", SAVED_ATTENTION), (", attn_implementation='sdpa'", REMAP_ROPE_TYPE),
+                          (", attn_implementation='eager'", REMAP_ROPE_TYPE)):
+        code = ("from transformers import AutoModelForCausalLM\n"
+                f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}{kwargs})\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode != 0, kwargs
+        assert guard in done.stderr, (kwargs, done.stderr[-2000:])
 
 
 def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
@@ -63,13 +68,15 @@ def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
 
 
 @pytest.mark.parametrize(("method", "arch", "vllm"), [
-    ("self_extend", "qwen2", "wrong"), ("dca", "qwen2", "right"), ("dca", "llama", "wrong")])
+    ("self_extend", "qwen2", "refused"), ("dca", "qwen2", "right"), ("dca", "llama", "refused")])
 def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
     from hf_posext.readers import support
 
     verdicts = support(hf_posext.patch_model(tiny_model(arch), method, factor=2).config, 128)
     assert verdicts["vLLM"][0] == vllm
     assert verdicts["transformers 5"][0] == "right" and "import hf_posext" in verdicts["transformers 5"][1]
+    assert REMAP_ROPE_TYPE in verdicts["transformers 5"][1]
+    assert verdicts["transformers 4.57"][0] == "refused" and verdicts["SGLang"][0] == "refused"
     assert verdicts["llama.cpp"][0] == "wrong"
 
 
@@ -116,3 +123,10 @@ def test_a_bad_dual_chunk_attention_config_is_one_error_naming_the_field(tmp_pat
     captured = capsys.readouterr()
     assert message in captured.err and "Traceback" not in captured.err, captured.err
     assert len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+def test_a_bad_remapped_rope_type_is_refused_naming_the_key():
+    config = hf_posext.patch_model(tiny_model("llama"), "self_extend", factor=2).config
+    config.rope_parameters = {**config.rope_parameters, "remapped_rope_type": "bogus"}
+    with pytest.raises(ValueError, match=r"rope_parameters\['remapped_rope_type'\] must name .* got 'bogus'"):
+        config.validate_rope()

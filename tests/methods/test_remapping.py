@@ -17,6 +17,7 @@ from models import tiny_model, tokens
 import hf_posext
 from hf_posext.attention import remap
 from hf_posext.attention.remap import rotate_by
+from hf_posext.rope_utils import REMAP_ROPE_TYPE
 
 L0 = 64
 METHODS = {
@@ -173,7 +174,11 @@ def test_runs_on_top_of_a_shipped_rope_with_its_attention_factor_once(method, sh
     ids = tokens(3 * L0)
     kwargs, scores = METHODS[method]
     patched = hf_posext.patch_model(copy.deepcopy(base), method, **kwargs)
-    assert patched.config.rope_parameters == base.config.rope_parameters
+    # the shipped rope under the remapping's rope type (vanilla transformers' second guard), same frequencies
+    assert patched.config.rope_parameters == {**base.config.rope_parameters, "rope_type": REMAP_ROPE_TYPE,
+                                              "remapped_rope_type": SHIPPED[shipped]["rope_type"]}
+    assert torch.equal(patched.model.rotary_emb.inv_freq, base.model.rotary_emb.inv_freq)
+    assert patched.model.rotary_emb.attention_scaling == base.model.rotary_emb.attention_scaling
     expected = logits(reference_model(base, scores, **kwargs), ids)
     assert (logits(patched, ids) - expected).abs().max() <= 1e-4
 
