@@ -21,8 +21,10 @@ from .files import atomic_directory, verify_folder
 
 logger = logging.getLogger("hf_posext")
 
-#: Bytes of the file hashed for its cache key: the GGUF header, metadata and tensor index.
-HEADER_BYTES = 1 << 20
+#: Bytes read at a time while hashing a file for its cache key.
+HASH_CHUNK = 8 << 20
+#: Hashes already computed in this process, by (path, size, mtime_ns): a file is hashed once per run.
+_IDENTITIES: dict[tuple[str, int, int], str] = {}
 #: The file in a converted checkpoint recording which GGUF file it came from.
 SOURCE_RECORD = "gguf_source.json"
 
@@ -47,12 +49,22 @@ def _gguf_file(path: str | os.PathLike) -> Path:
 
 
 def gguf_identity(path: str | os.PathLike) -> str:
-    """A 16-hex-digit key of the file's content: its size and the hash of its first MiB."""
+    """A 16-hex-digit key of the file's whole content (its size and SHA-256), read in 8 MiB chunks.
+
+    Every byte counts: a file rewritten in place (one tensor changed) is another model, and the
+    cached conversion and eval's resume fingerprint are keyed on this. 0.18-0.25 s for the 98 MB
+    SmolLM2 file here; repeated calls in one process reuse it while size and mtime are unchanged.
+    """
     file = _gguf_file(path)
-    digest = hashlib.sha256(str(file.stat().st_size).encode())
-    with file.open("rb") as handle:
-        digest.update(handle.read(HEADER_BYTES))
-    return digest.hexdigest()[:16]
+    stat = file.stat()
+    memo = (str(file), stat.st_size, stat.st_mtime_ns)
+    if memo not in _IDENTITIES:
+        digest = hashlib.sha256(str(stat.st_size).encode())
+        with file.open("rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+        _IDENTITIES[memo] = digest.hexdigest()[:16]
+    return _IDENTITIES[memo]
 
 
 def cached_checkpoint_path(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -28,6 +28,7 @@ from transformers import AutoConfig
 from .files import output_file
 from .gguf_rope import ARCHITECTURES, gguf_rope_for
 from .gguf_writer import architecture, open_gguf, write_gguf
+from .validation import choice
 
 logger = logging.getLogger("hf_posext")
 
@@ -88,6 +89,10 @@ def dropped_sliding_window(config: Any) -> int | None:
     return int(window) if used and window else None
 
 
+#: The converter's ``--outtype`` values (llama.cpp's ``convert_hf_to_gguf.py`` argparse choices).
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "tq1_0", "tq2_0", "auto")
+
+
 def export_gguf(checkpoint: str | os.PathLike, dst: str | os.PathLike, *, converter: str | os.PathLike | None = None,
                 outtype: str | None = None, python: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
     """Convert ``checkpoint`` with llama.cpp's converter and write its rope as llama.cpp reads it.
@@ -96,14 +101,17 @@ def export_gguf(checkpoint: str | os.PathLike, dst: str | os.PathLike, *, conver
         checkpoint: a local transformers checkpoint folder (from ``hf-posext patch`` or the recipe).
         dst: the GGUF file to write (atomically; an existing one only with ``overwrite``).
         converter: ``convert_hf_to_gguf.py`` (:func:`find_converter`).
-        outtype: the converter's ``--outtype`` (f32, f16, bf16, q8_0, auto); its default if None.
+        outtype: the converter's ``--outtype`` (one of :data:`OUTTYPES`); its default if None.
         python: the interpreter running the converter (default: this one).
         overwrite: replace an existing ``dst``.
 
     Raises:
-        ValueError: the checkpoint's rope has no GGUF form (checked before converting).
+        ValueError: an ``outtype`` the converter does not take, or the checkpoint's rope has no GGUF
+            form (both checked before converting).
         RuntimeError: the converter failed (its last output lines are in the message).
     """
+    if outtype is not None:
+        choice(OUTTYPES)("outtype", outtype)
     source = Path(checkpoint)
     if not (source / "config.json").is_file():
         raise ValueError(f"{str(checkpoint)!r} is not a checkpoint folder (no config.json)")
@@ -132,4 +140,4 @@ def export_gguf(checkpoint: str | os.PathLike, dst: str | os.PathLike, *, conver
     return Path(dst)
 
 
-__all__ = ["LLAMA_CPP_PYTHON", "dropped_sliding_window", "export_gguf", "find_converter"]
+__all__ = ["LLAMA_CPP_PYTHON", "OUTTYPES", "dropped_sliding_window", "export_gguf", "find_converter"]

@@ -87,7 +87,13 @@ def read_rope(reader: Any) -> GGUFRope:
     llama.cpp's default scaling type is ``linear`` with factor 0 (= 1), the same as ``none``.
     """
     arch = architecture(reader)
-    factor = _value(reader, f"{arch}.rope.scaling.factor", _value(reader, f"{arch}.rope.scale_linear", 0.0))
+    key = f"{arch}.rope.scaling.factor" if f"{arch}.rope.scaling.factor" in reader.fields else f"{arch}.rope.scale_linear"
+    factor = float(_value(reader, key, 0.0))
+    scaling_type = str(_value(reader, f"{arch}.rope.scaling.type", "linear"))
+    # llama.cpp scales linear and yarn by 1 / factor (0: unset, no scaling) and never scales type none
+    if scaling_type in ("linear", "yarn") and factor != 0 and not factor >= 1:
+        raise ValueError(f"{key} = {factor!r} with rope.scaling.type {scaling_type!r}: a scaling factor must be >= 1 "
+                         "(or 0: unset); below 1 llama.cpp would compress positions, which hf-posext does not model")
     freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
     context = _value(reader, f"{arch}.context_length")
     if context is None:
@@ -95,8 +101,8 @@ def read_rope(reader: Any) -> GGUFRope:
     return GGUFRope(
         freq_base=float(_value(reader, f"{arch}.rope.freq_base", 10000.0)),
         context_length=int(context),
-        scaling_type=str(_value(reader, f"{arch}.rope.scaling.type", "linear")),
-        factor=float(factor) or 1.0,
+        scaling_type=scaling_type,
+        factor=factor or 1.0,
         original_context_length=_value(reader, f"{arch}.rope.scaling.original_context_length"),
         attn_factor=float(_value(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
         rope_freqs=None if freqs is None else tuple(float(x) for x in np.asarray(freqs.data, dtype=np.float64)),

@@ -23,6 +23,7 @@ from .gguf import resolve_model_source
 from .methods.dca import DualChunkConfig
 from .methods.registry import surgery_for
 from .patching import CONFIG_KEY, method_from_record, patch_model
+from .validation import whole_number
 
 _hook_handle: Any = None
 
@@ -64,12 +65,21 @@ def _adopt_dual_chunk_config(config: Any) -> dict[str, Any] | None:
     fields = getattr(config, "dual_chunk_attention_config", None)
     if not isinstance(fields, dict) or "chunk_size" not in fields:
         return None
-    chunk = int(fields["chunk_size"])
-    original = int(fields.get("original_max_position_embeddings") or chunk)
+    field = "dual_chunk_attention_config."
+    chunk = whole_number("", field + "chunk_size", fields["chunk_size"], minimum=2, allowed="an int >= 2")
+    original = fields.get("original_max_position_embeddings")
+    original = chunk if original is None else whole_number(
+        "", field + "original_max_position_embeddings", original, minimum=1, allowed="an int >= 1 (or absent: chunk_size)")
     local = fields.get("local_size")
+    if local is not None:
+        local = whole_number("", field + "local_size", local, minimum=1, allowed="an int >= 1 below chunk_size")
     factor = max(1.0, int(config.max_position_embeddings) / original)
-    patch_model(config, DualChunkConfig(factor=factor, original_max_position_embeddings=original, chunk_size=chunk,
-                                        local_size=None if local is None else int(local)))
+    try:
+        method = DualChunkConfig(factor=factor, original_max_position_embeddings=original, chunk_size=chunk,
+                                 local_size=local)
+        patch_model(config, method)
+    except ValueError as error:  # e.g. local_size >= chunk_size: name the field the values came from
+        raise ValueError(f"dual_chunk_attention_config {fields!r}: {error}") from error
     return getattr(config, CONFIG_KEY)
 
 

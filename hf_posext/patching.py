@@ -22,7 +22,7 @@ from .architectures import SUPPORTED_MODEL_TYPES
 from .checkpoint_rope import CONFIG_KEY, base_rope, shipped_rope
 from .methods.base import BaseRope, MethodConfig
 from .methods.registry import available_methods, method_class, method_config, surgery_for
-from .transaction import restore, snapshot
+from .transaction import Snapshot, restore, snapshot
 
 __all__ = [
     "CONFIG_KEY", "SUPPORTED_MODEL_TYPES", "MethodName", "patch_info", "patch_model", "patched_method", "unpatch_model",
@@ -269,6 +269,15 @@ def _check_method_fits(config: PreTrainedConfig, method: MethodConfig, model: nn
             f"types {nested}); methods that do: {', '.join(fitting)}"
         )
     surgery_for(method).check(method, config, model)
+
+
+def snapshot_model(model: nn.Module) -> Snapshot:
+    """The model's state (config, rotary modules, surgery, hooks) for :func:`~hf_posext.transaction.restore`.
+
+    Patches only ever replace configs and modules (never change them in place), so restoring it
+    after any patches and unpatches gives the model as it was, patched or not, bit for bit.
+    """
+    return snapshot(_modules_with_originals(model))
 
 
 def method_from_record(record: dict[str, Any]) -> MethodConfig:

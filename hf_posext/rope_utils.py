@@ -25,6 +25,13 @@ DYNAMIC_YARN_ROPE_TYPE = "hf_posext_dynamic_yarn (requires: import hf_posext)"
 #: ALiBi and the absolute-position baselines. Named like DYNAMIC_YARN_ROPE_TYPE.
 NO_ROPE_TYPE = "hf_posext_none (requires: import hf_posext)"
 
+#: The rope type of a Self-Extend/DCA checkpoint: the checkpoint's own rope (named by
+#: ``remapped_rope_type``) under a name vanilla transformers refuses even when the saved attention
+#: name is replaced by an explicit ``attn_implementation``. Named like DYNAMIC_YARN_ROPE_TYPE.
+REMAP_ROPE_TYPE = "hf_posext_remap (requires: import hf_posext)"
+#: The key of a :data:`REMAP_ROPE_TYPE` entry naming the checkpoint's own rope type.
+REMAPPED_TYPE_KEY = "remapped_rope_type"
+
 
 def rope_parameters_for(config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """``config.rope_parameters``, or its entry for ``layer_type`` when the config nests them by layer type."""

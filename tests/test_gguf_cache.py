@@ -79,3 +79,19 @@ def test_an_unreadable_gguf_is_one_line_naming_the_file(tmp_path, monkeypatch, c
     lines = err.strip().splitlines()
     assert len(lines) == 1 and str(file) in lines[0] and "GGUF" in lines[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_identity_covers_the_whole_file(tmp_path):
+    """A GGUF rewritten in place past its first MiB (a norm tensor changed) is another file."""
+    from hf_posext.gguf import gguf_identity
+
+    path = tmp_path / "big.gguf"
+    data = bytearray(range(256)) * (3 * 4096)  # 3 MiB
+    path.write_bytes(bytes(data))
+    before = gguf_identity(path)
+    data[-10] ^= 1  # same size, a byte near the end
+    path.write_bytes(bytes(data))
+    assert gguf_identity(path) != before
+    data[-10] ^= 1
+    path.write_bytes(bytes(data))
+    assert gguf_identity(path) == before  # the content, not the time it was written

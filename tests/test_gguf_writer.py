@@ -130,3 +130,24 @@ def test_bad_inputs_are_refused_and_nothing_is_written(tmp_path):
     _bad(tmp_path, lambda: patch_gguf(tmp_path / "missing.gguf", tmp_path / "o.gguf", "yarn", factor=4), "no GGUF file")
     patch_gguf(src, tmp_path / "exists.gguf", "yarn", factor=4, overwrite=True)
     assert read_rope(open_gguf(tmp_path / "exists.gguf")).scaling_type == "yarn"
+
+
+@pytest.mark.parametrize(("kind", "factor"), [("linear", 0.5), ("yarn", 0.5), ("linear", -2.0), ("yarn", -2.0),
+                                              ("linear", float("nan"))])
+def test_a_files_own_scaling_factor_below_1_is_refused_naming_the_key(tmp_path, capsys, kind, factor):
+    src = write_tiny_gguf(tmp_path / "tiny.gguf", **{"rope.scaling.type": kind, "rope.scaling.factor": factor})
+    _bad(tmp_path, lambda: patch_gguf(src, tmp_path / "o.gguf", "yarn", factor=4),
+         rf"llama.rope.scaling.factor = {factor!r} .*{kind}.*must be >= 1")
+    capsys.readouterr()
+    assert cli_main(["patch", str(src), str(tmp_path / "o.gguf"), "--method", "yarn", "--factor", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"llama.rope.scaling.factor = {factor!r}" in err[0], err
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_a_factor_of_0_or_1_is_llamacpps_unscaled_rope(tmp_path):
+    for factor in (0.0, 1.0):
+        src = write_tiny_gguf(tmp_path / f"f{factor}.gguf", **{"rope.scaling.type": "linear", "rope.scaling.factor": factor})
+        assert read_rope(open_gguf(src)).factor == 1.0
+    none = write_tiny_gguf(tmp_path / "none.gguf", **{"rope.scaling.type": "none", "rope.scaling.factor": 0.5})
+    assert read_rope(open_gguf(none)).scaling_type == "none"  # llama.cpp never scales type none

@@ -10,7 +10,8 @@ column segments, each with its own (query, key) variant, or two variants chosen 
 segments are concatenated into one row of scores, masked and normalised by one fp32 softmax. It
 never holds more than one ``[block, keys]`` score matrix per head, whatever the length.
 The methods say where their segments are (:class:`Layout`); the maths is in
-``docs/methods/training_free.md``.
+``docs/methods/training_free.md``. Longer than ~400 lines: the score path, the fused merge and
+the positioned path read the same pieces, and are checked against each other.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class Piece:
     first: torch.Tensor | None = None
     #: The block's own keys (``stop - start`` = rows): causal, top-left aligned.
     causal: bool = False
+    #: A third variant: where ``first`` is False, ``other`` scores where ``second`` is True, ``third`` elsewhere.
+    third: tuple[torch.Tensor, torch.Tensor] | None = None
+    second: torch.Tensor | None = None
 
 
 class Layout(Protocol):
@@ -131,6 +135,37 @@ class SplitLayout:
         return pieces
 
 
+class PairLayout:
+    """A :class:`Layout` where every pair picks its variant by its own positions (two or three variants).
+
+    Args:
+        variants: ``(query, key)`` pairs, queries as :func:`group_queries` gives them
+            ``[1, kv_heads, groups, seq, d]``, keys ``[1, kv_heads, seq, d]``.
+        choices: ``[seq, seq]`` bool masks: ``choices[0]`` picks the first variant, ``choices[1]``
+            (with three variants) the second among the rest.
+    """
+
+    def __init__(self, variants: list[tuple[torch.Tensor, torch.Tensor]], choices: list[torch.Tensor]) -> None:
+        self.variants, self.choices = variants, choices
+
+    def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
+        for start in range(0, seq, size):
+            yield start, min(seq, start + size)
+
+    def pieces(self, start: int, stop: int) -> list[Piece]:
+        (q0, k0), (q1, k1), *rest = self.variants
+        third = (block_rows(rest[0][0], start, stop), rest[0][1][:, :, :stop]) if rest else None
+        return [Piece(0, stop, block_rows(q0, start, stop), k0[:, :, :stop],
+                      other=(block_rows(q1, start, stop), k1[:, :, :stop]), first=self.choices[0][start:stop, :stop],
+                      third=third, second=self.choices[1][start:stop, :stop] if rest else None)]
+
+
+def positioned_split(window: int, positions: torch.Tensor, near: tuple[torch.Tensor, torch.Tensor],
+                     far: tuple[torch.Tensor, torch.Tensor]) -> PairLayout:
+    """:class:`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near when ``i - j < window``."""
+    return PairLayout([near, far], [positions[:, None] - positions[None, :] < window])
+
+
 class Remapping(Protocol):
     """A method's position remapping, with its hyper-parameters resolved for one model."""
 
@@ -143,6 +178,11 @@ class Remapping(Protocol):
     def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
                inv_freq: torch.Tensor) -> Layout:
         """The pieces for rows sharing ``offset``; ``query`` ``[rows, heads, seq, d]``, ``key`` ``[rows, kv_heads, kv_len, d]``."""
+        ...
+
+    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                          inv_freq: torch.Tensor) -> Layout:
+        """The pieces of one row without a cache whose tokens sit at ``positions`` ``[seq]`` (any increasing ids)."""
         ...
 
 
@@ -203,10 +243,12 @@ def remap_attention(
     batch, heads, seq, _ = query.shape
     kv_len = key.shape[2]
     past = kv_len - seq
-    offsets = row_offsets(position_ids, batch, kv_len)
     inv_freq = state.rotary.inv_freq
     if attention_mask is not None and attention_mask.shape[0] != batch:
         attention_mask = attention_mask.expand(batch, *attention_mask.shape[1:])
+    if seq > 1 and bool((position_ids.diff(dim=-1) > 1).any()):
+        return positioned_attention(module, query, key, value, attention_mask, position_ids, state, kwargs), None
+    offsets = row_offsets(position_ids, batch, kv_len)
     output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
     for offset in torch.unique(offsets).tolist():
         rows = (offsets == offset).nonzero().flatten()
@@ -222,6 +264,35 @@ def remap_attention(
         else:
             output[rows] = out
     return output.to(query.dtype), None
+
+
+def positioned_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, position_ids: torch.Tensor, state: RemapState,
+                         kwargs: dict[str, Any]) -> torch.Tensor:
+    """:func:`remap_attention` for position ids that jump forward (PoSE's chunks): pairs remapped from those ids.
+
+    Every row is scored on its own, each pair by the variant its two positions select; the keys
+    must be the new tokens themselves (no cache: the positions of cached keys are not known).
+
+    Raises:
+        ValueError: cached keys before jumping positions.
+    """
+    batch, heads, seq, _ = query.shape
+    if not hasattr(state.remapping, "positioned_layout"):
+        raise ValueError(f"{state.remapping.name}: position_ids that jump (e.g. PoSE's chunks) are not supported by "
+                         "this method yet (it remaps contiguous positions only); give contiguous position_ids")
+    if key.shape[2] != seq:
+        raise ValueError(f"{state.remapping.name}: position_ids that jump (e.g. PoSE's chunks) after cached keys "
+                         f"cannot be remapped (the cache does not keep its keys' positions); run such inputs "
+                         f"without a cache (use_cache=False)")
+    output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
+    for row in range(batch):
+        positions = position_ids[row if position_ids.shape[0] > 1 else 0]
+        pick = slice(row, row + 1)
+        layout = state.remapping.positioned_layout(query[pick], key[pick], positions, state.rotary.inv_freq)
+        mask = None if attention_mask is None else attention_mask[pick]
+        output[pick] = segmented_attention(module, value[pick], mask, layout, 0, seq, 0, heads, kwargs)
+    return output.to(query.dtype)
 
 
 def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Tensor:
@@ -276,6 +347,9 @@ def segmented_attention(
     value32 = value.to(torch.float32)
     output = value32.new_empty(rows, seq, heads, value.shape[-1])
     lowest = torch.finfo(torch.float32).min
+    # In place only when autograd does not record: backward needs the scores each op would overwrite
+    # (amax's input, tanh's output); in place keeps inference at one score matrix per block.
+    inplace = not torch.is_grad_enabled()
     for start, stop in layout.blocks(past, seq, offset, _block_size(heads, kv_len)):
         block, keys = stop - start, past + stop
         parts = []
@@ -283,29 +357,45 @@ def segmented_attention(
             part = torch.matmul(piece.query, piece.key.transpose(-1, -2))
             if piece.other is not None:
                 alternative = torch.matmul(piece.other[0], piece.other[1].transpose(-1, -2))
+                if piece.third is not None:
+                    third = torch.matmul(piece.third[0], piece.third[1].transpose(-1, -2))
+                    alternative = torch.where(piece.second.repeat(groups, 1), alternative, third)
                 part = torch.where(piece.first.repeat(groups, 1), part, alternative)
             parts.append(part)
-        scores = (torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]).mul_(scaling)
+        scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        scores = scores.mul_(scaling) if inplace else scores * scaling
         if softcap is not None:
-            scores = torch.tanh(scores / softcap).mul_(softcap)
+            scores = torch.tanh(scores / softcap)
+            scores = scores.mul_(softcap) if inplace else scores * softcap
         scores = scores.view(rows, kv_heads, groups, block, keys)
         if attention_mask is None:
             columns = torch.arange(keys, device=value.device)
-            causal = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
-            scores.masked_fill_(~causal, lowest)
+            allowed = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
         else:
-            mask = attention_mask[:, :, start:stop, :keys][:, :, None]
-            if mask.dtype == torch.bool:
-                scores.masked_fill_(~mask, lowest)
-            else:
-                scores.add_(mask.to(torch.float32)).clamp_(min=lowest)
-        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-        total = scores.sum(dim=-1, keepdim=True)
-        if dropout:
-            scores = nn.functional.dropout(scores, p=dropout, training=True)
-        out = torch.matmul(scores, value32[:, :, None, :keys]).div_(total)  # [rows, kv_heads, groups, block, dim]
+            allowed = attention_mask[:, :, start:stop, :keys][:, :, None]
+        if allowed.dtype == torch.bool:
+            scores = scores.masked_fill_(~allowed, lowest) if inplace else scores.masked_fill(~allowed, lowest)
+        else:
+            bias = allowed.to(torch.float32)
+            scores = scores.add_(bias).clamp_(min=lowest) if inplace else (scores + bias).clamp(min=lowest)
+        values = value32[:, :, None, :keys]
+        if inplace:
+            scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+            total = scores.sum(dim=-1, keepdim=True)
+            if dropout:
+                scores = nn.functional.dropout(scores, p=dropout, training=True)
+            out = torch.matmul(scores, values).div_(total)  # [rows, kv_heads, groups, block, dim]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+            if dropout:
+                probs = nn.functional.dropout(probs, p=dropout, training=True)
+            out = torch.matmul(probs, values)
         output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
     return output
+
+
+def _records(query: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and query.requires_grad
 
 
 #: Query rows per block of the fused path (its masks are ``[rows, window]`` at most).
@@ -313,8 +403,12 @@ FLASH_BLOCK = 256
 
 
 def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tensor) -> bool:
-    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor."""
-    return (query.device.type == "cpu" and kwargs.get("softcap") is None
+    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor, no autograd.
+
+    The kernel's backward ignores the gradient of its log-sum-exp, which the merge of the pieces
+    needs (training through it gave gradients tens of percent off): training takes the score path.
+    """
+    return (query.device.type == "cpu" and kwargs.get("softcap") is None and not _records(query)
             and not (module.training and kwargs.get("dropout"))
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
 

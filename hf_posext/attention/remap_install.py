@@ -6,6 +6,7 @@ from torch import nn
 
 from .. import integration
 from ..architectures import check_exact_dynamic
+from ..rope_utils import REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY, rope_parameters_for
 from .remap import (
     ATTENTION_PREFIX,
     SAVED_ATTENTION,
@@ -45,6 +46,10 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
     purpose = f"{remapping.name} (model_type={getattr(config, 'model_type', None)!r})"
     attention = check_exact_dynamic(config, model, rotary, purpose=purpose,
                                     fallback="use a rope method (yarn, ntk) instead")
+    params = rope_parameters_for(config)
+    if params.get("rope_type") == REMAP_ROPE_TYPE:
+        # transformers' forward switches longrope's factors by the module's rope type: the shipped one
+        rotary.rope_type = params.get(REMAPPED_TYPE_KEY, "default")
     state = RemapState(remapping, rotary, kernel)
     integration.register_attention_wrapper(state.attention_name, remap_attention, mask_like=kernel)
     for module in attention:

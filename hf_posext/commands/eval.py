@@ -24,7 +24,8 @@ from typing import Any
 from ..eval.checkpoint import DTYPES, load_model, model_fingerprint
 from ..files import check_output_dir, write_text
 from ..methods import make_method
-from ..patching import patch_info, patch_model, unpatch_model
+from ..patching import patch_info, patch_model, snapshot_model
+from ..transaction import Snapshot, restore
 from .arguments import check_factor, default_out, method_kwargs
 
 def _ints(text: str) -> list[int]:
@@ -57,19 +58,26 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class _Patched:
-    """``with _Patched(model, "yarn", factor=4):`` patches for the block; ``"none"`` leaves the model alone."""
+    """``with _Patched(model, "yarn", factor=4):`` patches for the block; ``"none"`` leaves the model alone.
+
+    Leaving the block restores the model as it was on entry (a checkpoint saved patched stays
+    patched for the next method and for ``none``), not the checkpoint's base rope.
+    """
 
     def __init__(self, model: Any, method: str, factor: float | None, extra: dict[str, Any]) -> None:
         self.model, self.method, self.factor, self.extra = model, method, factor, extra
+        self.saved: Snapshot | None = None
 
     def __enter__(self) -> dict[str, Any]:
         if self.method != "none":
+            self.saved = snapshot_model(self.model)
             patch_model(self.model, self.method, factor=self.factor, **self.extra)
         return patch_info(self.model)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.method != "none":
-            unpatch_model(self.model)
+        if self.saved is not None:
+            restore(self.saved)
+            self.saved = None
 
 
 def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
@@ -85,7 +93,7 @@ def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any
     for method in methods:
         if method != "none":
             # A context-scaling method without --factor would silently be the identity.
-            check_factor(method, args.factor)
+            check_factor(method, args.factor, extra)
             make_method(method, **({} if args.factor is None else {"factor": args.factor}), **extra)
     return methods, extra
 

@@ -10,8 +10,11 @@ from typing import Any
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..gguf_export import export_gguf
+    from ..gguf_export import OUTTYPES, export_gguf
+    from ..validation import choice
 
+    if args.outtype is not None:
+        choice(OUTTYPES)("--outtype", args.outtype)  # the flag's name in the message, before any conversion
     out = export_gguf(args.checkpoint, args.output, converter=args.converter, outtype=args.outtype, python=args.python,
                       overwrite=args.overwrite)
     print(f"wrote {out}")
@@ -27,7 +30,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("output", help="the .gguf file to write")
     p.add_argument("--converter", default=None, help="llama.cpp's convert_hf_to_gguf.py (default: "
                    "$HF_POSEXT_LLAMACPP_CONVERTER, else the one in hf-posext's cache)")
-    p.add_argument("--outtype", default=None, help="the converter's --outtype (f32, f16, bf16, q8_0, auto)")
+    p.add_argument("--outtype", default=None, help="the converter's --outtype: f32, f16, bf16, q8_0, tq1_0, tq2_0 or auto")
     p.add_argument("--python", default=None, help="the Python that runs the converter (needs torch, transformers, "
                    "numpy, sentencepiece); default: this one")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")

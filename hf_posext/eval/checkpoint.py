@@ -52,7 +52,7 @@ def model_fingerprint(model: str) -> str:
     A local folder: a hash of ``config.json``'s bytes and of the name, size and modification time
     of every other file (weights, tokenizer, generation config; documents and hidden files
     excluded), so a model retrained in place is evaluated again while a moved folder resumes.
-    A ``.gguf`` file: :func:`~hf_posext.gguf.gguf_identity` (its size and first MiB). A Hub id:
+    A ``.gguf`` file: :func:`~hf_posext.gguf.gguf_identity` (its size and the hash of its whole content). A Hub id:
     the id (its revision is not looked up).
     """
     folder = Path(model)

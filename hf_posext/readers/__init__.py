@@ -13,7 +13,7 @@ from typing import Any
 from .. import integration
 from ..methods.registry import method_class
 from ..methods.remapping import AttentionRemapMethod
-from ..rope_utils import rotary_dim_of
+from ..rope_utils import REMAP_ROPE_TYPE, rotary_dim_of
 from . import llamacpp, sglang, transformers4, transformers5, vllm
 from .rope import intended_rope
 
@@ -108,9 +108,6 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
     method = (getattr(config, "hf_posext", None) or {}).get("method")
-    if method is not None and issubclass(method_class(method), AttentionRemapMethod):
-        verdicts.update(_remap_verdicts(config, method))
-        return verdicts
     if method is not None and method_class(method).adds_weights:
         verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
     elif rope_type in transformers5.custom_rope_types():
@@ -123,6 +120,8 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
         if status == "wrong":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
             how += "; `hf-posext gguf export` writes the GGUF rope llama.cpp reads"
         verdicts["llama.cpp"] = (status, how)
+    if method is not None and issubclass(method_class(method), AttentionRemapMethod):
+        verdicts.update(_remap_verdicts(config, method))
     return verdicts
 
 
@@ -132,24 +131,20 @@ VLLM_DUAL_CHUNK_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 
 
 def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
-    """Readers of a remapping method's checkpoint (self_extend, dca, string, rerope; docs/methods/training_free.md)."""
-    plain = "runs the checkpoint's rope with plain attention: no remapped positions"
+    """Readers of a remapping method's checkpoint (docs/methods/training_free.md), beyond its rope type's verdicts.
+
+    Its rope type (:data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`) is one only hf-posext registers,
+    so the other readers refuse it as they refuse every custom type; vLLM's Qwen-family files take
+    ``dual_chunk_attention_config`` before they look at the rope type.
+    """
     verdicts: dict[str, Verdict] = {
         "transformers 5": ("right", "after `import hf_posext`; without it, from_pretrained refuses the "
-                                    "attn_implementation config.json names"),
-        "transformers 4.57": ("wrong", f"{plain} (hf-posext's record is not read; not run here)"),
-        "vLLM": ("wrong", f"{plain} (vLLM has no {method})"),
-        "SGLang": ("wrong", f"{plain} (not checked per model)"),
-        "llama.cpp": ("wrong", f"the converter keeps the rope only: {plain}"),
+                                    "attn_implementation config.json names, and with an explicit attn_implementation "
+                                    f"building the model raises KeyError: {REMAP_ROPE_TYPE!r}"),
     }
     if method == "dca" and getattr(config, "model_type", None) in VLLM_DUAL_CHUNK_MODEL_TYPES:
-        verdicts["vLLM"] = ("right", "reads dual_chunk_attention_config (DualChunkFlashAttention; plain-theta "
-                                     "frequencies)")
-    elif method == "dca":
-        verdicts["vLLM"] = ("wrong", f"{plain} (vLLM reads dual_chunk_attention_config for the Qwen family only)")
-    elif method == "string":
-        verdicts["vLLM"] = ("wrong", f"{plain} (vLLM has no STRING; the authors' fork, HKUNLP/STRING vllm_string, "
-                                     "reads the string_config a patched Llama config carries)")
+        verdicts["vLLM"] = ("right", "reads dual_chunk_attention_config before the rope type (get_rope's dual-chunk "
+                                     "branch, DualChunkFlashAttention; plain-theta frequencies; not run here)")
     return verdicts
 
 

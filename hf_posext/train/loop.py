@@ -8,6 +8,7 @@ guarantees and how to call it: docs/notes/training.md.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,15 +34,32 @@ from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .plan import plan_run
 from .pose import pose_position_ids
-from .steps import evaluate, forward_loss
+from .steps import check_finite_loss, evaluate, forward_loss
+
+#: The settings a resumed run may change, each with why it leaves the result as it is; every other
+#: field of :class:`TrainConfig` (a new one included) must match the saved run (:func:`resume_invariants`).
+RESUME_FREE = {
+    "output_dir": "where the final checkpoint is written",
+    "overwrite": "whether an existing output may be replaced",
+    "checkpointing_steps": "how often training states are saved (saving draws no random numbers)",
+    "checkpoint_dir": "where training states are kept",
+    "checkpoints_total_limit": "how many training states are kept",
+    "resume": "which training state the run continues from",
+    "cache_dir": "where the tokenized data is cached (the data itself is checked by dataset, seq_len...)",
+    "report_to": "where metrics are logged",
+    "save_dtype": "the dtype the final weights are written in, after training",
+    "activation_checkpointing": "recomputes the same activations in the backward: memory, not maths",
+    "activation_offload": "where checkpointed activations wait: memory, not maths",
+}
+
+
+def resume_invariants(config_class: type = TrainConfig) -> tuple[str, ...]:
+    """Every field of ``config_class`` but :data:`RESUME_FREE`: the settings that change the result."""
+    return tuple(field.name for field in dataclasses.fields(config_class) if field.name not in RESUME_FREE)
+
 
 #: Settings that must not change between a run and its resumption (they change the result).
-RESUME_INVARIANTS = (
-    "model", "method", "factor", "dataset", "dataset_split", "text_field", "seq_len", "max_train_steps",
-    "learning_rate", "lr_scheduler", "lr_scheduler_kwargs", "warmup_steps", "global_batch_size",
-    "micro_batch_size", "lora", "lora_rank", "lora_alpha", "lora_target_modules", "pose", "pose_window",
-    "pose_chunks", "eval_blocks", "seed", "method_kwargs",
-)
+RESUME_INVARIANTS = resume_invariants()
 
 StepCallback = Callable[[TrainProgress], None]
 
@@ -252,6 +270,7 @@ class FinetuneRecipe:
             with accelerator.accumulate(self.model):
                 loss = forward_loss(self.model, input_ids, positions, pose=config.pose, accelerator=accelerator,
                                     loss_chunk_size=config.loss_chunk_size)
+                check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and config.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(self.params, config.max_grad_norm)

@@ -50,6 +50,26 @@ def _loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
                  shift_labels=shift_labels, use_cache=False, **kwargs).loss
 
 
+def check_finite_loss(loss: torch.Tensor, step: int, accelerator: Accelerator | None = None) -> None:
+    """Raise before a non-finite micro-batch loss is back-propagated, on every process alike.
+
+    Nothing of the step is applied or saved then: a NaN step would otherwise poison the weights,
+    and the run would write them (training states and the final model) and exit 0.
+
+    Raises:
+        ValueError: naming the step (1-based) and the loss.
+    """
+    bad = ~torch.isfinite(loss.detach()).all()
+    if accelerator is not None and accelerator.num_processes > 1:  # every process stops, none waits in backward
+        bad = accelerator.reduce(bad.float(), reduction="sum") > 0
+    if bool(bad):
+        raise ValueError(
+            f"step {step}: the training loss is {float(loss.detach().float().mean())} (on this or another process); "
+            "stopped before it was applied, nothing of this step saved: lower learning_rate, use "
+            "mixed_precision=no or fp32 weights, or check the data and the method's settings"
+        )
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, blocks: np.ndarray, accelerator: Accelerator, dp_size: int, dp_rank: int,
              micro_batch_size: int = 1) -> dict[str, float]:

@@ -93,6 +93,7 @@ def test_bad_input_is_reported(checkpoint, tmp_path, capsys):
     [
         (["--method", "yarn,bogus", "--factor", "2"], "unknown method 'bogus'"),
         (["--method", "none,dynamic"], "--method dynamic needs --factor"),
+        (["--method", "none,self_extend"], "--method self_extend needs --factor"),
         (["--method", "yarn", "--factor", "2", "--set", "beta_fast=nan"], "beta_fast must be a finite number"),
         (["--method", "yarn", "--factor", "2", "--set", "factor=4"], "factor has its own flag"),
     ],
@@ -134,3 +135,33 @@ def test_resume_is_keyed_on_the_model_content_not_its_path(checkpoint, tmp_path,
     model_dir.rename(tmp_path / "moved")
     assert main([*argv[:2], str(tmp_path / "moved"), *argv[3:]]) == 0
     assert "done in an earlier run, skipped" in capsys.readouterr().out
+
+
+def test_none_after_a_method_is_the_checkpoint_as_loaded_even_a_patched_one(checkpoint, tmp_path):
+    """Leaving a method's context restores the model on entry, not the checkpoint's base rope."""
+    path, text = checkpoint
+    patched = tmp_path / "yarn2"
+    assert main(["patch", str(path), str(patched), "--method", "yarn", "--factor", "2"]) == 0
+    out = tmp_path / "ppl"
+    assert main(["eval", "ppl", str(patched), "--data", str(text), "--lengths", "16,64", "--method", "linear,none",
+                 "--factor", "4", "--out", str(out), "--no-progress"]) == 0
+    results = json.loads((out / "ppl.json").read_text())["results"]
+    assert results["none/truncated"]["patch"]["method"] == "yarn"
+    assert results["none/truncated"]["patch"]["factor"] == 2
+    model = AutoModelForCausalLM.from_pretrained(patched)
+    docs = encode_documents(load_texts([str(text)]), byte_tokenizer())
+    expected = [p.perplexity for p in truncated_perplexity(model, docs, [16, 64], progress=False)]
+    assert [p["perplexity"] for p in results["none/truncated"]["points"]] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_method_context_restores_the_model_bit_for_bit(checkpoint, tmp_path):
+    path, _ = checkpoint
+    model = patch_model(AutoModelForCausalLM.from_pretrained(path), "yarn", factor=2)
+    ids = torch.arange(60)[None] % 50
+    with torch.no_grad():
+        before = model(ids).logits
+        for method in ("linear", "self_extend", "alibi"):
+            with eval_cli._Patched(model, method, 4 if method != "alibi" else None, {}):
+                pass
+            assert eval_cli.patch_info(model)["method"] == "yarn"
+            assert torch.equal(model(ids).logits, before), method

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posext
 from hf_posext.attention.remap import SAVED_ATTENTION
+from hf_posext.rope_utils import REMAP_ROPE_TYPE
 
 
 def logits(model, ids):
@@ -42,13 +43,17 @@ def test_transformers_own_from_pretrained_reloads_the_method_with_the_requested_
 
 
 @pytest.mark.parametrize("method", sorted({method for method, _ in CASES}))
-def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly(method, tmp_path):
-    hf_posext.patch_model(tiny_model("llama"), method).save_pretrained(tmp_path)
-    code = ("from transformers import AutoModelForCausalLM\n"
-            f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode != 0
-    assert SAVED_ATTENTION in done.stderr
+def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly_whatever_kernel_is_asked(tmp_path, method):
+    """The saved attention name is replaced by an explicit kernel; the rope type is the second guard (as ALiBi's)."""
+    factor = {"factor": 2} if method in ("self_extend", "dca") else {}
+    hf_posext.patch_model(tiny_model("llama"), method, **factor).save_pretrained(tmp_path)
+    for kwargs, guard in (("", SAVED_ATTENTION), (", attn_implementation='sdpa'", REMAP_ROPE_TYPE),
+                          (", attn_implementation='eager'", REMAP_ROPE_TYPE)):
+        code = ("from transformers import AutoModelForCausalLM\n"
+                f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}{kwargs})\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode != 0, kwargs
+        assert guard in done.stderr, (kwargs, done.stderr[-2000:])
 
 
 def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
@@ -70,14 +75,16 @@ def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
 
 
 @pytest.mark.parametrize(("method", "arch", "vllm"), [
-    ("self_extend", "qwen2", "wrong"), ("dca", "qwen2", "right"), ("dca", "llama", "wrong"),
-    ("string", "llama", "wrong"), ("rerope", "qwen2", "wrong")])
+    ("self_extend", "qwen2", "refused"), ("dca", "qwen2", "right"), ("dca", "llama", "refused"),
+    ("string", "llama", "refused"), ("rerope", "qwen2", "refused")])
 def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
     from hf_posext.readers import support
 
     verdicts = support(hf_posext.patch_model(tiny_model(arch), method, factor=2).config, 128)
     assert verdicts["vLLM"][0] == vllm
     assert verdicts["transformers 5"][0] == "right" and "import hf_posext" in verdicts["transformers 5"][1]
+    assert REMAP_ROPE_TYPE in verdicts["transformers 5"][1]
+    assert verdicts["transformers 4.57"][0] == "refused" and verdicts["SGLang"][0] == "refused"
     assert verdicts["llama.cpp"][0] == "wrong"
 
 
@@ -103,3 +110,36 @@ def test_the_command_line_evaluates_and_patches_every_remapping_method(tmp_path)
                  "--set", "leak=16"]) == 0
     info = hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "leaky"))
     assert (info["window"], info["leak"]) == (4, 16.0)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"chunk_size": 0, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+    ({"chunk_size": None, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+    ({"chunk_size": 48.7, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+    ({"chunk_size": 48, "local_size": "8"}, "dual_chunk_attention_config.local_size must be an int >= 1"),
+    ({"chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 0},
+     "dual_chunk_attention_config.original_max_position_embeddings must be an int >= 1"),
+])
+def test_a_bad_dual_chunk_attention_config_is_one_error_naming_the_field(tmp_path, capsys, fields, message):
+    from hf_posext.commands.main import main
+
+    plain = tiny_model("qwen2", attn_implementation="sdpa", max_positions=256)
+    plain.config.dual_chunk_attention_config = fields
+    plain.save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=message):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    text = tmp_path / "doc.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 6)
+    capsys.readouterr()
+    assert main(["eval", "ppl", str(tmp_path / "ckpt"), "--data", str(text), "--lengths", "16",
+                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "Traceback" not in captured.err, captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+def test_a_bad_remapped_rope_type_is_refused_naming_the_key():
+    config = hf_posext.patch_model(tiny_model("llama"), "self_extend", factor=2).config
+    config.rope_parameters = {**config.rope_parameters, "remapped_rope_type": "bogus"}
+    with pytest.raises(ValueError, match=r"rope_parameters\['remapped_rope_type'\] must name .* got 'bogus'"):
+        config.validate_rope()

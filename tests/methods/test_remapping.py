@@ -19,6 +19,7 @@ from models import tiny_model, tokens
 import hf_posext
 from hf_posext.attention import remap
 from hf_posext.attention.remap import rotate_by
+from hf_posext.rope_utils import REMAP_ROPE_TYPE
 
 L0 = 64
 METHODS = {
@@ -107,6 +108,70 @@ def test_left_padded_batches_equal_the_rows_alone(method):
             assert (together.logits[step][row] - alone.logits[step][0]).abs().max() <= 1e-4
 
 
+def _loss_gradients(model, ids, mask):
+    model.zero_grad()
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, 1:] = labels[:, 1:].masked_fill(mask[:, :-1] == 0, -100)  # no token predicted from a padding row
+    model(ids, attention_mask=mask, labels=labels).loss.backward()
+    return {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_training_gradients_equal_the_float64_references(method, impl, padded):
+    """Autograd through the masked path (every padded batch; every step on a GPU) and the unpadded CPU path.
+
+    The fused CPU kernel's backward ignores the gradient of its log-sum-exp, which the merge of
+    the pieces needs: training must not take it (its gradients were 37% off).
+    """
+    base = tiny_model("llama", attn_implementation=impl)
+    model = patch(copy.deepcopy(base), method).train()
+    reference = reference_model(base, METHODS[method][1], **reference_arguments(method, model)).train()
+    ids = tokens(130, batch=2, seed=4)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :30] = 0  # left padding: the remapping's masked path
+    got = _loss_gradients(model, ids, mask)
+    expected = _loss_gradients(reference, ids, mask)
+    assert got.keys() == expected.keys() and got
+    for name, grad in expected.items():
+        assert torch.isfinite(got[name]).all(), name
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_pose_positions_are_remapped_from_the_positions_given(method, impl):
+    """PoSE's skip-wise positions [0..31, 200..231]: the tokens score as at their true positions.
+
+    The reference is the same model on a 232-token sequence holding the tokens at those
+    positions, the skipped ones masked out (plain RoPE agrees to ~1e-7 here).
+    """
+    model = patch(tiny_model("llama", attn_implementation=impl), method)
+    ids = tokens(64, batch=2, seed=5)
+    positions = torch.cat((torch.arange(32), torch.arange(200, 232)))[None].expand(2, -1)
+    with torch.no_grad():
+        got = model(ids, position_ids=positions, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        full = torch.zeros(2, 232, dtype=torch.long)
+        full[:, positions[0]] = ids
+        mask = torch.zeros_like(full)
+        mask[:, positions[0]] = 1
+        expected = model(full, position_ids=torch.arange(232)[None].expand(2, -1), attention_mask=mask,
+                         use_cache=False).logits[:, positions[0]]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_positions_that_jump_after_a_cache_are_refused(method):
+    model = patch(tiny_model("llama", attn_implementation="sdpa"), method)
+    with torch.no_grad():
+        cache = model(tokens(100), use_cache=True).past_key_values
+        with pytest.raises(ValueError, match=r"position_ids that jump .* after cached keys"):
+            model(tokens(8), position_ids=torch.tensor([[100, 101, 102, 103, 150, 151, 152, 153]]),
+                  cache=cache, attention_mask=torch.ones(1, 108, dtype=torch.long))
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_beam_search_runs_and_keeps_its_best_beam_consistent(method):
     model = patch(tiny_model("llama"), method)
@@ -132,7 +197,11 @@ def test_runs_on_top_of_a_shipped_rope_with_its_attention_factor_once(method, sh
     base = tiny_model("llama", rope_parameters=SHIPPED[shipped])
     ids = tokens(3 * L0)
     patched = patch(copy.deepcopy(base), method)
-    assert patched.config.rope_parameters == base.config.rope_parameters
+    # the shipped rope under the remapping's rope type (vanilla transformers' second guard), same frequencies
+    assert patched.config.rope_parameters == {**base.config.rope_parameters, "rope_type": REMAP_ROPE_TYPE,
+                                              "remapped_rope_type": SHIPPED[shipped]["rope_type"]}
+    assert torch.equal(patched.model.rotary_emb.inv_freq, base.model.rotary_emb.inv_freq)
+    assert patched.model.rotary_emb.attention_scaling == base.model.rotary_emb.attention_scaling
     expected = logits(reference_model(base, METHODS[method][1], **reference_arguments(method, patched)), ids)
     assert (logits(patched, ids) - expected).abs().max() <= 1e-4
 

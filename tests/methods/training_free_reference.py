@@ -115,7 +115,8 @@ def reference_model(model, scores_fn, **params):
         allowed = torch.ones(seq, seq, dtype=torch.bool).tril()
         if attention_mask is not None:
             allowed = allowed & attention_mask.bool()
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        # the lowest finite value, as transformers' masks: a fully masked (padding) row is uniform, not NaN
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1)
         out = probs @ v.repeat_interleave(groups, dim=1)
         return out.transpose(1, 2).to(query.dtype), None

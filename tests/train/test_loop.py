@@ -9,6 +9,7 @@ LoRA path's merged checkpoint reproduces the PEFT model's logits; bad input fail
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -337,3 +338,57 @@ def test_cleanup_closes_the_bar_when_a_step_fails(assets, tmp_path, monkeypatch)
             recipe.cleanup()
     assert bar is not None and bar.disable  # it existed while training failed, and cleanup closed it
     assert recipe.bar is None
+
+
+def test_a_non_finite_loss_stops_training_before_anything_is_saved(assets, tmp_path, monkeypatch):
+    """A NaN step raises naming the step and the loss; no training state or model is written for it."""
+    import hf_posext.train.loop as loop
+
+    real = loop.forward_loss
+    calls = []
+
+    def nan_from_step_2(*args, **kwargs):
+        calls.append(1)
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if len(calls) > 2 else loss  # two micro-batches per step
+
+    monkeypatch.setattr(loop, "forward_loss", nan_from_step_2)
+    cfg = config(assets, tmp_path, max_train_steps=3, checkpointing_steps=1)
+    with pytest.raises(ValueError, match=r"step 2: the training loss is nan"):
+        train(cfg)
+    assert not Path(cfg.output_dir).exists()
+    assert sorted(p.name for p in cfg.checkpoint_path.iterdir()) == ["step_00000001"]
+
+
+@pytest.mark.parametrize("method", ["self_extend", "dca"])
+@pytest.mark.parametrize("chunk", [0, 64])
+def test_remapping_methods_train_on_the_eager_kernel(assets, tmp_path, method, chunk):
+    """Was NaN from step 2 (loss_chunk_size 0) or "logits are not its LM head's output" (chunked)."""
+    result = train(config(assets, tmp_path, method=method, factor=2, max_train_steps=3, attn_implementation="eager",
+                          loss_chunk_size=chunk, activation_checkpointing=False))
+    assert all(math.isfinite(loss) for loss in result.losses), result.losses
+
+
+def test_resume_invariants_are_every_setting_but_the_ones_said_not_to_change_the_result(assets, tmp_path):
+    """Derived from TrainConfig's fields: a new field is refused on a change until classified as free."""
+    import dataclasses
+
+    from hf_posext.train.loop import RESUME_FREE, RESUME_INVARIANTS, _check_resume_config, resume_invariants
+
+    names = {field.name for field in dataclasses.fields(TrainConfig)}
+    assert set(RESUME_FREE) <= names and all(RESUME_FREE.values())  # no stale name, every one with its reason
+    assert set(RESUME_INVARIANTS) == names - set(RESUME_FREE)
+    for name in ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "lora_dropout",
+                 "mixed_precision", "loss_chunk_size", "attn_implementation"):
+        assert name in RESUME_INVARIANTS
+
+    @dataclasses.dataclass
+    class Extended(TrainConfig):
+        new_setting: int = 0
+
+    assert "new_setting" in resume_invariants(Extended)
+    current = config(assets, tmp_path)
+    saved = {**current.to_dict(), "weight_decay": 0.1, "adam_beta2": 0.999, "output_dir": "elsewhere"}
+    with pytest.raises(ValueError, match=r"adam_beta2: 0.999 -> 0.95; weight_decay: 0.1 -> 0.0"):
+        _check_resume_config(saved, current)
+    _check_resume_config({**current.to_dict(), "output_dir": "elsewhere", "report_to": "tensorboard"}, current)

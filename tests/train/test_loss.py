@@ -73,6 +73,17 @@ def test_without_gradients_it_is_the_same_loss():
     torch.testing.assert_close(got, want, **TOL)
 
 
+def test_a_diverged_model_gives_a_nan_loss_not_a_wrong_head_error():
+    """NaN logits are not "a transform the chunked loss does not know": the loss is NaN and the recipe says so."""
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    ids = tokens(24)
+    labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=IGNORE_INDEX)
+    loss = causal_lm_loss(model, ids, torch.arange(24)[None], labels, 8)
+    assert torch.isnan(loss)
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_chunked_head_loss_keeps_no_logits_for_the_backward(recompute):
     """Once the forward returns, no tensor the graph saved has the vocabulary's width."""

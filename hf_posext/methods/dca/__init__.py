@@ -6,9 +6,10 @@ positions as attention pieces; the attention and surgery are shared with Self-Ex
 
 from ..registry import register_method
 from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
+from ..remapping import REMAP_ROPE_TYPES
 from .config import DualChunkConfig
 from .remap import DualChunkRemapping
 
-register_method("dca", DualChunkConfig, surgery=RemapSurgery, attention=REMAP_ATTENTIONS)
+register_method("dca", DualChunkConfig, surgery=RemapSurgery, rope_types=REMAP_ROPE_TYPES, attention=REMAP_ATTENTIONS)
 
 __all__ = ["DualChunkConfig", "DualChunkRemapping"]

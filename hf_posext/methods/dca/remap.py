@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ...attention.remap import Piece, block_rows, group_queries, rotate_by
+from ...attention.remap import PairLayout, Piece, block_rows, group_queries, rotate_by
 
 
 class DualChunkRemapping:
@@ -31,6 +31,20 @@ class DualChunkRemapping:
     def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
                inv_freq: torch.Tensor) -> _Layout:
         return _Layout(self, query, key, past, offset, inv_freq)
+
+    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                          inv_freq: torch.Tensor) -> PairLayout:
+        """Every pair chooses by its positions' chunks: the same (intra), the previous (successive), older (inter)."""
+        chunk, size = self.chunk, self.chunk_size
+        positions = positions[None]
+        kv_heads = key.shape[1]
+        within = positions.remainder(chunk)
+        variants = [rotate_by(query, target - positions, inv_freq)
+                    for target in (within, (within + chunk).clamp(max=size), torch.full_like(within, min(2 * chunk - 1, size)))]
+        shared = rotate_by(key, within - positions, inv_freq)
+        chunks = positions[0].div(chunk, rounding_mode="floor")
+        relation = chunks[:, None] - chunks[None, :]
+        return PairLayout([(group_queries(q, kv_heads), shared) for q in variants], [relation == 0, relation == 1])
 
 
 class _Layout:

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ...attention.remap import SplitLayout, group_queries, rotate_by
+from ...attention.remap import PairLayout, SplitLayout, group_queries, positioned_split, rotate_by
 
 
 class ReRopeRemapping:
@@ -28,11 +28,22 @@ class ReRopeRemapping:
 
     def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
                inv_freq: torch.Tensor) -> SplitLayout:
-        window, leak = self.window, self.leak
-        rows, kv_heads, kv_len, _ = key.shape
+        rows, _, kv_len, _ = key.shape
         # fp32 (every device has it): positions are exact below 2**24, as transformers' own rotary angles
         key_pos = (torch.arange(kv_len, device=query.device) + offset).expand(rows, kv_len).to(torch.float32)
-        query_pos = key_pos[:, past:]
+        return SplitLayout(self.window, past, *self._variants(query, key, key_pos[:, past:], key_pos, inv_freq))
+
+    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                          inv_freq: torch.Tensor) -> PairLayout:
+        """Tokens at any increasing ``positions`` (PoSE): near when ``i - j < w``, far pairs from those positions."""
+        pos = positions.to(torch.float32)[None]
+        return positioned_split(self.window, positions, *self._variants(query, key, pos, pos, inv_freq))
+
+    def _variants(self, query: torch.Tensor, key: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor,
+                  inv_freq: torch.Tensor
+                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        window, leak = self.window, self.leak
+        kv_heads = key.shape[1]
         if leak is None:
             far_query, far_key = torch.full_like(query_pos, window), torch.zeros_like(key_pos)
         else:
@@ -43,4 +54,4 @@ class ReRopeRemapping:
         near = (group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32))
         far = (group_queries(rotate_by(query, far_query - query_pos, inv_freq), kv_heads),
                rotate_by(key, far_key - key_pos, inv_freq))
-        return SplitLayout(window, past, near, far)
+        return near, far

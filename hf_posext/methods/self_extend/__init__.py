@@ -6,9 +6,10 @@ surgery are shared with DCA (:mod:`hf_posext.attention.remap`, :mod:`..remap_sur
 
 from ..registry import register_method
 from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
+from ..remapping import REMAP_ROPE_TYPES
 from .config import SelfExtendConfig
 from .remap import SelfExtendRemapping
 
-register_method("self_extend", SelfExtendConfig, surgery=RemapSurgery, attention=REMAP_ATTENTIONS)
+register_method("self_extend", SelfExtendConfig, surgery=RemapSurgery, rope_types=REMAP_ROPE_TYPES, attention=REMAP_ATTENTIONS)
 
 __all__ = ["SelfExtendConfig", "SelfExtendRemapping"]

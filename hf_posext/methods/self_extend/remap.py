@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention.remap import SplitLayout, group_queries, rotate_by
+from ...attention.remap import PairLayout, SplitLayout, group_queries, rotate_by
 
 
 class SelfExtendRemapping:
@@ -33,3 +33,16 @@ class SelfExtendRemapping:
         far = (group_queries(rotate_by(query, grouped_query - query_pos, inv_freq), kv_heads),
                rotate_by(key, key_pos.div(group, rounding_mode="floor") - key_pos, inv_freq))
         return SplitLayout(window, past, near, far)
+
+    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                          inv_freq: torch.Tensor) -> PairLayout:
+        """Every pair chooses by its positions' distance ``i - j < W``."""
+        group, window = self.group, self.window
+        positions = positions[None]
+        kv_heads = key.shape[1]
+        grouped_query = rotate_by(query, positions.div(group, rounding_mode="floor") + window - window // group
+                                  - positions, inv_freq)
+        grouped_key = rotate_by(key, positions.div(group, rounding_mode="floor") - positions, inv_freq)
+        near = positions[0, :, None] - positions[0, None, :] < window
+        return PairLayout([(group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32)),
+                           (group_queries(grouped_query, kv_heads), grouped_key)], [near])

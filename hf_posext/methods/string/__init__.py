@@ -6,9 +6,10 @@ surgery are shared with the other remapping methods (:mod:`hf_posext.attention.r
 
 from ..registry import register_method
 from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
+from ..remapping import REMAP_ROPE_TYPES
 from .config import StringConfig
 from .remap import StringRemapping
 
-register_method("string", StringConfig, surgery=RemapSurgery, attention=REMAP_ATTENTIONS)
+register_method("string", StringConfig, surgery=RemapSurgery, rope_types=REMAP_ROPE_TYPES, attention=REMAP_ATTENTIONS)
 
 __all__ = ["StringConfig", "StringRemapping"]

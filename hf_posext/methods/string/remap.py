@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention.remap import SplitLayout, group_queries, rotate_by
+from ...attention.remap import PairLayout, SplitLayout, group_queries, positioned_split, rotate_by
 
 
 class StringRemapping:
@@ -25,6 +25,15 @@ class StringRemapping:
 
     def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
                inv_freq: torch.Tensor) -> SplitLayout:
+        return SplitLayout(self.shift, past, *self._variants(query, key, inv_freq))
+
+    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                          inv_freq: torch.Tensor) -> PairLayout:
+        """Tokens at any increasing ``positions`` (PoSE): near when ``i - j < S``; the shift is the same."""
+        return positioned_split(self.shift, positions, *self._variants(query, key, inv_freq))
+
+    def _variants(self, query: torch.Tensor, key: torch.Tensor, inv_freq: torch.Tensor
+                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         rows, kv_heads, _, _ = key.shape
         back = torch.full((rows, query.shape[2]), self.local_window - self.shift, device=query.device)
         key32 = key.to(torch.float32)
@@ -32,4 +41,4 @@ class StringRemapping:
             query = query.to(torch.float32) * self.qk_scale**2
         near = (group_queries(query.to(torch.float32), kv_heads), key32)
         far = (group_queries(rotate_by(query, back, inv_freq), kv_heads), key32)
-        return SplitLayout(self.shift, past, near, far)
+        return near, far
