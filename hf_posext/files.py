@@ -159,6 +159,10 @@ def _entries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name != MARKER and not p.name.startswith(_INPLACE_PREFIX))
 
 
+def _shown(names: Sequence[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def check_output_dir(
     path: str | os.PathLike,
     *,
@@ -189,15 +193,19 @@ def check_output_dir(
             where = "is" if real == src else "is inside"
             raise ValueError(f"output folder {str(target)!r} {where} the source {str(source)!r}; "
                              "write to a separate folder")
-    if target.is_dir() and not overwrite:
-        entries = _entries(target)
-        if reuse_own:
-            entries = [name for name in entries if not _owned(name, owns)]
-        if entries:
-            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-            raise ValueError(f"output folder {str(target)!r} is not empty ({shown}); pass --overwrite "
-                             "(overwrite=True) to replace the files this command writes and keep the others, "
-                             "or choose an empty folder")
+    entries = _entries(target) if target.is_dir() else []
+    replaced = [name for name in entries if _owned(name, owns)]
+    if entries and not overwrite:
+        foreign = [name for name in entries if not _owned(name, owns)] if reuse_own else entries
+        if foreign:
+            kept = [name for name in entries if name not in replaced]
+            said = (f"to replace {_shown(replaced)} (this command writes them)" if replaced
+                    else "to write into it (it replaces none of these)")
+            said += f" and keep {_shown(kept)}" if kept and replaced else ""
+            raise ValueError(f"output folder {str(target)!r} is not empty ({_shown(entries)}); pass --overwrite "
+                             f"(overwrite=True) {said}, or choose an empty folder")
+    elif replaced and not reuse_own:
+        logger.warning("%s: replacing %s (--overwrite)", target, _shown(replaced))
     return target
 
 

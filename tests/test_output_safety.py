@@ -140,6 +140,21 @@ def test_2_a_non_empty_out_is_refused_unless_overwrite_and_keeps_what_is_not_our
         assert (out / name).read_text() == "mine"
 
 
+def test_2_what_overwrite_replaces_is_said_before_it_does(assets, tmp_path, capsys, caplog):
+    """The user's own README.md would become the model card: the refusal says so, and so does the run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    (out / "notes.txt").write_text("mine")
+    assert patch(assets / "base", out) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite (overwrite=True) to replace README.md (this command writes them) and keep notes.txt" in err
+    with caplog.at_level(logging.WARNING, logger="hf_posext"):
+        assert patch(assets / "base", out, "--overwrite") == 0
+    assert "replacing README.md" in caplog.text and "notes.txt" not in caplog.text
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 def test_2_the_recipe_refuses_a_non_empty_out_before_training(assets, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()

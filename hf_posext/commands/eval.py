@@ -99,7 +99,7 @@ def _ppl(args: argparse.Namespace) -> int:
     modes = ["truncated", "sliding"] if args.mode == "both" else [args.mode]
     settings = _settings(args)
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ppl.*",), reuse_own=True)
-    done = ResultFile(out / "ppl.json", settings)
+    done = ResultFile(out / "ppl.json", settings, overwrite=args.overwrite)
     results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
     docs = encode_documents(load_texts(args.data, split=args.split, text_field=args.text_field), tokenizer)
@@ -150,7 +150,7 @@ def _passkey(args: argparse.Namespace) -> int:
     methods, extra = _checked_methods(args)
     settings = _settings(args)
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
-    done = ResultFile(out / "passkey.json", settings)
+    done = ResultFile(out / "passkey.json", settings, overwrite=args.overwrite)
     results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
@@ -248,7 +248,7 @@ def _ruler(args: argparse.Namespace) -> int:
     settings = {k: v for k, v in _settings(args).items()
                 if k not in ("lengths", "tasks", "method", "quick", "batch_size")} | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
-    done = ResultFile(out / "ruler.json", settings)
+    done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
