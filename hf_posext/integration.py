@@ -30,6 +30,29 @@ RopeInitFn = Callable[..., Any]
 Validator = Callable[[Any, dict[str, Any], "set[str] | None"], None]
 
 
+def check_rope_type_free(rope_type: str, init_fn: RopeInitFn) -> None:
+    """Refuse ``rope_type`` when transformers (or another plugin) holds it with another function.
+
+    Raises:
+        ValueError: naming the rope type and the module that holds it.
+    """
+    existing = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(rope_type)
+    if existing is not None and existing is not init_fn:
+        raise ValueError(f"rope_type {rope_type!r} is already registered by {existing.__module__}")
+
+
+def check_attention_free(name: str, attention_fn: Callable[..., Any]) -> None:
+    """Refuse an attention name transformers (or another plugin) holds with another function ("eager" included).
+
+    Raises:
+        ValueError: naming the attention implementation.
+    """
+    existing = ALL_ATTENTION_FUNCTIONS.get(name)
+    if name == "eager" or (existing is not None and existing is not attention_fn):
+        holder = "transformers" if name == "eager" else getattr(existing, "__module__", "another package")
+        raise ValueError(f"attention {name!r} is already registered by {holder}")
+
+
 def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator) -> None:
     """Make ``rope_type`` loadable by every transformers model with a rotary embedding.
 
@@ -40,9 +63,7 @@ def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator)
             transformers' contract (its own types'): a missing required key raises ``KeyError``, an
             unknown one is warned about (:func:`check_received_keys`), a bad value raises ``ValueError``.
     """
-    existing = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(rope_type)
-    if existing is not None and existing is not init_fn:
-        raise ValueError(f"rope_type {rope_type!r} is already registered by {existing.__module__}")
+    check_rope_type_free(rope_type, init_fn)
     modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] = init_fn
 
     def validator(self, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
@@ -159,6 +180,7 @@ def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Cal
     transformers builds no causal mask at all for an attention name without a mask function, so
     the two are always registered together.
     """
+    check_attention_free(name, attention_fn)
     AttentionInterface.register(name, attention_fn)
     AttentionMaskInterface.register(name, mask_fn)
 
