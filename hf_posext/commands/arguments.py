@@ -2,7 +2,7 @@
 
 A method argument is given the same way everywhere, ``--set KEY=VALUE`` (repeatable)::
 
-    hf-posext patch base out --method yarn --factor 4 --set beta_fast=64 --set mscale_all_dim=1
+    hf-posext patch base out --method yarn --factor 4 --set beta_fast=64 --set beta_slow=2
     hf-posext finetune --config run.yaml --set beta_fast=64
 
 KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1``, ``true``,
