@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .files import atomic_directory, verify_folder
+from .validation import require
 
 logger = logging.getLogger("hf_posext")
 
@@ -65,15 +66,12 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     """transformers' own reading of a GGUF file: the dequantized model and the tokenizer.
 
     Raises:
-        ImportError: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
+        MissingExtra: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
         FileNotFoundError: no such file.
         ValueError: a file transformers cannot read (truncated, damaged...), naming it.
     """
     file = _gguf_file(path)
-    try:
-        import gguf  # noqa: F401  (transformers needs it; fail with the install line instead of its message)
-    except ImportError as err:
-        raise ImportError(f"reading {file.name} needs the gguf package: pip install 'hf-posext[gguf]'") from err
+    require("gguf", "gguf", f"reading {file.name}")  # transformers needs it; fail with the install line instead
     try:
         model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)

@@ -19,6 +19,23 @@ Check = Callable[[str, Any], Any]
 BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
+class MissingExtra(ImportError):
+    """An optional dependency the input needs is not installed; the message names the extra to install.
+
+    The commands report it in one line, like bad input (the user fixes it, not the code).
+    """
+
+
+def require(module: str, extra: str, why: str) -> Any:
+    """``import module``, or :class:`MissingExtra`: ``"<why> needs the <module> package: pip install 'hf-posext[<extra>]'"``."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingExtra(f"{why} needs the {module!r} package: pip install 'hf-posext[{extra}]'") from err
+
+
 def _label(owner: str, name: str) -> str:
     return f"{owner}: {name}" if owner else name
 

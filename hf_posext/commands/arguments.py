@@ -10,7 +10,7 @@ KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1`
 (``--factor``) everywhere and is refused in ``--set``.
 
 Every command reports bad input (``ValueError``, ``OSError``: a missing or unreadable file, an
-invalid ``config.json``) as one line and exit code 2 (:func:`run_command`); ``--debug`` or the
+invalid ``config.json``; a missing optional package) as one line and exit code 2 (:func:`run_command`); ``--debug`` or the
 environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
 """
 
@@ -33,8 +33,9 @@ OWN_FLAGS = {"factor": "--factor"}
 #: Where a command writes when not given ``--out``: ``./hf_posext_out/<command>`` (one folder to find or delete).
 OUTPUT_ROOT = "hf_posext_out"
 
-#: What the commands report as bad input in one line rather than with a traceback.
-USER_ERRORS = (ValueError, OSError)
+#: What the commands report as bad input in one line rather than with a traceback (a missing optional
+#: package included: the message names the extra to install).
+USER_ERRORS = (ValueError, OSError, validation.MissingExtra)
 
 
 class KeyValueError(ValueError, argparse.ArgumentTypeError):

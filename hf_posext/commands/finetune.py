@@ -94,7 +94,7 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
         # Not HfArgumentParser.parse_yaml_file: it builds the config from the file alone, so a
         # file without e.g. `model` would fail before the flags could fill it in, and flags could
         # not win over the file. The file's values become the parser's defaults instead.
-        values = TrainConfig.check_keys(load_yaml(config_file), source=config_file)
+        values = TrainConfig.check_file_values(load_yaml(config_file), source=config_file)
         for name in mappings & set(values):
             # Kept as pairs, so that --set KEY=VALUE appends to them and wins key by key.
             values[name] = list(_mapping(values[name], name, config_file).items())
