@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config_checks import check_device, check_weight_files, read_config
-from ..gguf import gguf_identity, is_gguf, resolve_model_source
+from ..gguf import check_model_source, gguf_identity, is_gguf, resolve_model_source
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -55,6 +55,7 @@ def model_fingerprint(model: str) -> str:
     A ``.gguf`` file: :func:`~hf_posext.gguf.gguf_identity` (its size and first MiB). A Hub id:
     the id (its revision is not looked up).
     """
+    check_model_source(model)
     folder = Path(model)
     if is_gguf(model) and folder.is_file():
         return f"gguf:{gguf_identity(model)}"
