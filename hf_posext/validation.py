@@ -7,6 +7,7 @@ builders (:func:`integer`, :func:`number`, :func:`choice`...) make a declarative
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -29,8 +30,6 @@ class MissingExtra(ImportError):
 
 def require(module: str, extra: str, why: str) -> Any:
     """``import module``, or :class:`MissingExtra`: ``"<why> needs the <module> package: pip install 'hf-posext[<extra>]'"``."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as err:
