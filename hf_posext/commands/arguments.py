@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import validation
-from ..methods import method_class
+from ..methods import method_config
 
 #: Method arguments that have a flag of their own in every command.
 OWN_FLAGS = {"factor": "--factor"}
@@ -89,13 +89,16 @@ def method_kwargs(items: Iterable[str | tuple[str, Any]] | None) -> dict[str, An
     return values
 
 
-def check_factor(method: str, factor: float | None) -> None:
-    """Refuse a method that scales RoPE (aliases included) without a factor: it would silently be the identity.
+def check_factor(method: str, factor: float | None, extra: dict[str, Any] | None = None) -> None:
+    """Refuse a method (aliases included) that would silently be the identity without ``--factor``.
+
+    That is every method that scales RoPE, and Self-Extend without a ``group_size`` in ``extra``
+    (``--set``'s arguments): :meth:`~hf_posext.methods.base.MethodConfig.needs_factor`.
 
     Raises:
-        ValueError: an unknown method (listing the known ones) or a missing factor.
+        ValueError: an unknown method (listing the known ones), a bad argument or a missing factor.
     """
-    if method_class(method).scales_rope and factor is None:
+    if factor is None and method_config(method, **(extra or {})).needs_factor():
         raise ValueError(f"--method {method} needs --factor (the context scale s, e.g. --factor 4)")
 
 

@@ -85,7 +85,7 @@ def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any
     for method in methods:
         if method != "none":
             # A context-scaling method without --factor would silently be the identity.
-            check_factor(method, args.factor)
+            check_factor(method, args.factor, extra)
             make_method(method, **({} if args.factor is None else {"factor": args.factor}), **extra)
     return methods, extra
 

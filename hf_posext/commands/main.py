@@ -66,8 +66,8 @@ def _patch(args: argparse.Namespace) -> int:
     from ..patching import patch_info
     from ..readers import print_engine_warning
 
-    check_factor(args.method, args.factor)
     extra = method_kwargs(args.set)
+    check_factor(args.method, args.factor, extra)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
     if is_gguf(args.model) and is_gguf(args.output_dir):  # GGUF to GGUF: rope metadata only, tensors as stored

@@ -102,6 +102,14 @@ class MethodConfig:
                                   minimum=1, allowed="a positive int or None")
             object.__setattr__(self, "original_max_position_embeddings", length)
 
+    def needs_factor(self) -> bool:
+        """Whether this config, given no factor, leaves every model as it is (a command then asks for one).
+
+        The methods that scale RoPE are the identity at ``factor=1``; a method whose own arguments
+        set its effect (Self-Extend's ``group_size``) says so in its override.
+        """
+        return self.scales_rope
+
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         """The ``rope_parameters`` a config patched with this method carries."""
         raise NotImplementedError

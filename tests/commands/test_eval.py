@@ -93,6 +93,7 @@ def test_bad_input_is_reported(checkpoint, tmp_path, capsys):
     [
         (["--method", "yarn,bogus", "--factor", "2"], "unknown method 'bogus'"),
         (["--method", "none,dynamic"], "--method dynamic needs --factor"),
+        (["--method", "none,self_extend"], "--method self_extend needs --factor"),
         (["--method", "yarn", "--factor", "2", "--set", "beta_fast=nan"], "beta_fast must be a finite number"),
         (["--method", "yarn", "--factor", "2", "--set", "factor=4"], "factor has its own flag"),
     ],

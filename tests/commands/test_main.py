@@ -32,11 +32,16 @@ def test_patch_takes_no_factor_for_methods_without_one(base, tmp_path, method):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["hf_posext"]["method"] == method
 
 
-@pytest.mark.parametrize("method", ["yarn", "dynamic", "pi"])
-def test_patch_needs_a_factor_for_methods_that_scale_rope(base, tmp_path, capsys, method):
+@pytest.mark.parametrize("method", ["yarn", "dynamic", "pi", "self_extend"])
+def test_patch_needs_a_factor_for_methods_that_are_the_identity_without_one(base, tmp_path, capsys, method):
     assert main(["patch", str(base), str(tmp_path / "out"), "--method", method]) == 2
     assert f"--method {method} needs --factor" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_self_extend_with_a_group_size_needs_no_factor(base, tmp_path):
+    assert main(["patch", str(base), str(tmp_path / "out"), "--method", "self_extend", "--set", "group_size=4"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["hf_posext"]["group_size"] == 4
 
 
 def one_line_error(capsys) -> str:

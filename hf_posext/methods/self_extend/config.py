@@ -50,6 +50,10 @@ class SelfExtendConfig(AttentionRemapMethod):
                 f"the context); got factor={self.factor!r}, group_size={self.group_size!r}, window_size={self.window_size!r}"
             )
 
+    def needs_factor(self) -> bool:
+        """Without a factor or a ``group_size`` the group resolves to 1: the model unchanged."""
+        return self.group_size is None
+
     def resolve(self, original: int) -> tuple[int, int]:
         """``(G, W)`` for the checkpoint's context ``original`` (L0).
 
