@@ -112,7 +112,7 @@ def check_method_arguments(line: str, namespace) -> None:
         if name and name != "none":
             factor = getattr(namespace, "factor", None)
             try:
-                check_factor(name, factor)
+                check_factor(name, factor, kwargs)
                 method_config(name, **({} if factor is None else {"factor": factor}), **kwargs)
             except (ValueError, TypeError) as err:
                 raise AssertionError(f"`{line}`: the command would refuse it: {err}") from None

@@ -90,3 +90,12 @@ def test_the_command_line_evaluates_and_patches_both_methods(tmp_path):
     assert main(["patch", str(path), str(tmp_path / "se"), "--method", "self_extend", "--set", "group_size=4",
                  "--set", "window_size=8"]) == 0
     assert hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "se"))["group_size"] == 4
+
+
+def test_from_config_of_a_dual_chunk_config_leaves_the_callers_config_alone():
+    config = tiny_model("qwen2", max_positions=256).config
+    config.dual_chunk_attention_config = {"chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 64}
+    before = copy.deepcopy(config.to_dict())
+    model = AutoModelForCausalLM.from_config(config)
+    assert hf_posext.patch_info(model)["method"] == "dca"  # the model runs DCA ...
+    assert config.to_dict() == before and model.config is not config  # ... on its own copy of the config
