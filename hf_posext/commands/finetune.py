@@ -42,6 +42,10 @@ class RecipeArgumentParser(HfArgumentParser):
       file switched on; HfArgumentParser adds it only to booleans that default to True.
     """
 
+    def error(self, message: str) -> typing.NoReturn:
+        """One line and exit code 2, as every other bad input (argparse would print the whole usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the settings)\n")
+
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
         if typing.get_origin(field.type) is dict:
