@@ -112,7 +112,30 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
     args.pop("config")
     for name in mappings:
         args[name] = parse_key_values(args[name])
-    return TrainConfig.from_dict(args, source=config_file or "flags")
+    try:
+        return TrainConfig.from_dict(args, source=config_file or "flags")
+    except ValueError as err:
+        raise ValueError(_as_written(str(err), argv, config_file)) from None
+
+
+def _as_written(message: str, argv: Sequence[str] | None, config_file: str | None) -> str:
+    """``message`` (``"seq_len must be ..."``) prefixed with where the user wrote the setting: its flag as
+    spelled (``--seq-len``), else the config file."""
+    name = message.split(" ", 1)[0].rstrip(":=")
+    if name not in {f.name for f in dataclasses.fields(_train_config())}:
+        return message
+    spellings = {f"--{name}", f"--{name.replace('_', '-')}"}
+    for token in reversed(list(sys.argv[1:] if argv is None else argv)):
+        flag = token.split("=", 1)[0]
+        if flag in spellings:
+            return f"{flag}: {message}"
+    return f"{config_file}: {message}" if config_file else message
+
+
+def _train_config() -> type:
+    from ..train.config import TrainConfig
+
+    return TrainConfig
 
 
 #: Settings that are always local paths; ``model`` and ``dataset`` may also be Hub names.

@@ -78,13 +78,13 @@ RECIPE_NUMBERS = [f.name for f in dataclasses.fields(TrainConfig)
 @pytest.mark.parametrize("value", ["x", "nan", "inf", "-1"])
 def test_the_recipes_numbers_are_one_line_naming_the_setting(field, value, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    argv = ["--model", "m", "--dataset", "d.txt", "--output-dir", "out", f"--{field}={value}"]
+    argv = ["--model", "m", "--dataset", "d.txt", "--output-dir", "out", f"--{field.replace('_', '-')}={value}"]
     try:
         code = finetune.main(argv)
     except SystemExit as exit_:  # argparse's own type check
         code = exit_.code
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and field in err[0] and value in err[0], err
+    assert len(err) == 1 and f"--{field.replace('_', '-')}" in err[0] and value in err[0], err
     assert not list(tmp_path.iterdir())
     assert FIELD_CHECKS[field].__name__ != "anything"
