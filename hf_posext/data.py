@@ -20,6 +20,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from .validation import require
+
 #: ``dataset``/``--data`` value selecting the Python standard library's sources.
 STDLIB = "stdlib"
 #: Files a folder contributes; a ``.jsonl`` file holds one document per line, the others one each.
@@ -141,23 +143,26 @@ def resolve_local_files(items: Iterable[str | os.PathLike], split: str = "train"
     return files
 
 
+def _datasets(name: str) -> Any:
+    """The ``datasets`` package, needed to read ``name`` as an HF dataset.
+
+    Raises:
+        MissingExtra: ``datasets`` is not installed, naming ``name`` and the extra to install.
+    """
+    return require("datasets", "train", f"dataset {name!r} is not a local file, so it is read as an HF dataset, which")
+
+
 def check_dataset(items: Sequence[str], split: str = "train") -> None:
     """Fail fast on a dataset that cannot be read: a missing local file or an unknown HF dataset.
 
     Raises:
         FileNotFoundError: a local file, folder or glob that matches nothing.
-        ImportError: an HF dataset name without the ``datasets`` package.
+        MissingExtra: an HF dataset name without the ``datasets`` package (naming the extra).
     """
     if is_local_dataset(items):
         resolve_local_files(items, split)
         return
-    try:
-        import datasets  # noqa: F401
-    except ImportError as err:
-        raise ImportError(
-            f"dataset {items[0]!r} is not a local file, so it is read as an HF dataset, which needs the "
-            "'datasets' package: pip install datasets"
-        ) from err
+    _datasets(items[0])
 
 
 def iter_local_documents(files: Iterable[Path], text_field: str = "text") -> Iterator[str]:
@@ -194,12 +199,7 @@ def iter_local_documents(files: Iterable[Path], text_field: str = "text") -> Ite
 
 
 def _iter_hub_documents(name: str, split: str, text_field: str) -> Iterator[str]:
-    try:
-        import datasets
-    except ImportError as err:
-        raise FileNotFoundError(
-            f"{name!r} is not a file or folder; to read it as a Hugging Face dataset install `datasets`"
-        ) from err
+    datasets = _datasets(name)
     try:
         stream = datasets.load_dataset(name, split=split, streaming=True)
     except Exception as err:  # datasets raises several unrelated types for a bad name/split

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -38,6 +39,36 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # someone else's live process
         return True
     return True
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux allows (changing it is not thread-safe)."""
+    try:
+        with open(f"/proc/{os.getpid()}/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def _give_usual_mode(path: Path) -> None:
+    """Give a finished file (or every file under a finished folder) the mode a plain ``open`` gives it.
+
+    Writers that stage through a temporary file of their own (safetensors' ``save_file``) leave
+    it 0600; a file we write is as readable as any other file the user writes: 0666 less the
+    umask, plus the execute bits it had (less the umask).
+    """
+    umask = _umask()
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
+    for file in files:
+        current = stat.S_IMODE(file.stat().st_mode)
+        wanted = (0o666 | (current & 0o111)) & ~umask
+        if current != wanted:
+            file.chmod(wanted)
 
 
 def _files(folder: Path) -> dict[str, int]:
@@ -83,7 +114,10 @@ def _remove_tree(path: Path) -> None:
 
 
 def clean_stale(target: str | os.PathLike) -> None:
-    """Remove the temporary folders a killed write of ``target`` left (their process is gone).
+    """Remove the temporaries a killed write of ``target`` left (their process is gone).
+
+    Folders (:func:`output_folder`'s ``.NAME.tmp-PID-*``, ``.NAME.old-PID``, ``NAME/.hf_posext.tmp-PID-*``)
+    and files (:func:`atomic_file`'s ``.NAME.PID.tmp``).
 
     A staged folder that holds the completion marker is a finished output whose move failed:
     it is kept, and a warning says where it is.
@@ -94,6 +128,13 @@ def clean_stale(target: str | os.PathLike) -> None:
     staged = re.compile(rf"^\.{name}\.tmp-(?:(\d+)-)?")
     inside = re.compile(rf"^{re.escape(_INPLACE_PREFIX)}(\d+)-")
     old = re.compile(rf"^\.{name}\.old-(\d+)?")
+    single = re.compile(rf"^\.{name}\.(\d+)\.tmp$")
+    if not target.parent.is_dir():
+        return
+    for path in target.parent.iterdir():
+        match = single.match(path.name)
+        if match and path.is_file() and not path.is_symlink() and not _pid_alive(int(match.group(1))):
+            path.unlink(missing_ok=True)
     candidates = [(p, staged.match(p.name) or old.match(p.name)) for p in target.parent.iterdir()]
     if target.is_dir():
         candidates += [(p, inside.match(p.name)) for p in target.iterdir()]
@@ -116,6 +157,10 @@ def _owned(name: str, owns: Sequence[str] | None) -> bool:
 
 def _entries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name != MARKER and not p.name.startswith(_INPLACE_PREFIX))
+
+
+def _shown(names: Sequence[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def check_output_dir(
@@ -148,15 +193,19 @@ def check_output_dir(
             where = "is" if real == src else "is inside"
             raise ValueError(f"output folder {str(target)!r} {where} the source {str(source)!r}; "
                              "write to a separate folder")
-    if target.is_dir() and not overwrite:
-        entries = _entries(target)
-        if reuse_own:
-            entries = [name for name in entries if not _owned(name, owns)]
-        if entries:
-            shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-            raise ValueError(f"output folder {str(target)!r} is not empty ({shown}); pass --overwrite "
-                             "(overwrite=True) to replace the files this command writes and keep the others, "
-                             "or choose an empty folder")
+    entries = _entries(target) if target.is_dir() else []
+    replaced = [name for name in entries if _owned(name, owns)]
+    if entries and not overwrite:
+        foreign = [name for name in entries if not _owned(name, owns)] if reuse_own else entries
+        if foreign:
+            kept = [name for name in entries if name not in replaced]
+            said = (f"to replace {_shown(replaced)} (this command writes them)" if replaced
+                    else "to write into it (it replaces none of these)")
+            said += f" and keep {_shown(kept)}" if kept and replaced else ""
+            raise ValueError(f"output folder {str(target)!r} is not empty ({_shown(entries)}); pass --overwrite "
+                             f"(overwrite=True) {said}, or choose an empty folder")
+    elif replaced and not reuse_own:
+        logger.warning("%s: replacing %s (--overwrite)", target, _shown(replaced))
     return target
 
 
@@ -265,6 +314,7 @@ def output_folder(
     os.mkdir(staged)
     try:
         yield staged
+        _give_usual_mode(staged)
         write_marker(staged)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
@@ -303,9 +353,11 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(target)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         yield tmp
+        _give_usual_mode(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

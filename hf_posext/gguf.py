@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .files import atomic_directory, verify_folder
+from .validation import path_shape, require
 
 logger = logging.getLogger("hf_posext")
 
@@ -77,15 +78,12 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     """transformers' own reading of a GGUF file: the dequantized model and the tokenizer.
 
     Raises:
-        ImportError: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
+        MissingExtra: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
         FileNotFoundError: no such file.
         ValueError: a file transformers cannot read (truncated, damaged...), naming it.
     """
     file = _gguf_file(path)
-    try:
-        import gguf  # noqa: F401  (transformers needs it; fail with the install line instead of its message)
-    except ImportError as err:
-        raise ImportError(f"reading {file.name} needs the gguf package: pip install 'hf-posext[gguf]'") from err
+    require("gguf", "gguf", f"reading {file.name}")  # transformers needs it; fail with the install line instead
     try:
         model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
@@ -157,13 +155,37 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
     return save_checkpoint(model, tokenizer, folder, record)
 
 
+def check_model_source(source: str | os.PathLike, what: str = "model") -> None:
+    """Refuse a local path that does not exist before anything reads it as a Hub id.
+
+    A source that can only be a path (:func:`hf_posext.validation.path_shape`) and names nothing
+    here would otherwise go to the Hub and fail seconds later with a network error naming no path.
+
+    Raises:
+        FileNotFoundError: naming ``source`` and why it is a path.
+    """
+    text = str(source)
+    if os.path.exists(os.path.expanduser(text)):
+        return
+    reason = path_shape(text)
+    if reason is not None:
+        raise FileNotFoundError(f"{what} {text!r} does not exist (a local path: {reason}); "
+                                "give an existing checkpoint folder or .gguf file, or a Hub id as org/name")
+
+
 def resolve_model_source(source: str | os.PathLike) -> str:
-    """``source`` itself, or for a ``.gguf`` file the folder of its cached conversion."""
+    """``source`` itself, or for a ``.gguf`` file the folder of its cached conversion.
+
+    Raises:
+        FileNotFoundError: a path-shaped source that does not exist (:func:`check_model_source`).
+    """
+    check_model_source(source)
     return str(gguf_checkpoint(source)) if is_gguf(source) else str(source)
 
 
 __all__ = [
     "cached_checkpoint_path",
+    "check_model_source",
     "default_cache_dir",
     "gguf_checkpoint",
     "gguf_identity",

@@ -29,17 +29,14 @@ from .gguf_rope import (
 )
 from .methods import canonical_name
 from .patching import patch_model
+from .validation import require
 
 #: Key suffixes (after ``{arch}.``) this module owns: removed from the source, written anew.
 OWNED_SUFFIXES = ("context_length", "rope.freq_base", "rope.scaling.")
 
 
 def _gguf() -> Any:
-    try:
-        import gguf
-    except ImportError as err:
-        raise ImportError("writing GGUF files needs the gguf package: pip install 'hf-posext[gguf]'") from err
-    return gguf
+    return require("gguf", "gguf", "writing GGUF files")
 
 
 def open_gguf(path: str | os.PathLike) -> Any:

@@ -7,13 +7,15 @@ hf-posext plugs into transformers 5.x through its documented extension points:
 * ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
   config is validated (transformers only *warns* for a type it has no validator for);
 * ``AttentionInterface`` / ``AttentionMaskInterface``, where attention implementations are registered;
-* rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``.
+* rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``;
+* ``PreTrainedModel._from_config``, wrapped to copy a config the construction hook would patch.
 
 Internal: not part of the public API.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from collections.abc import Callable, Iterator
@@ -24,10 +26,55 @@ from transformers import modeling_rope_utils
 from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface, PreTrainedModel
 
 RopeInitFn = Callable[..., Any]
 Validator = Callable[[Any, dict[str, Any], "set[str] | None"], None]
+
+
+def check_rope_type_free(rope_type: str, init_fn: RopeInitFn) -> None:
+    """Refuse ``rope_type`` when transformers (or another plugin) holds it with another function.
+
+    Raises:
+        ValueError: naming the rope type and the module that holds it.
+    """
+    existing = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(rope_type)
+    if existing is not None and existing is not init_fn:
+        raise ValueError(f"rope_type {rope_type!r} is already registered by {existing.__module__}")
+
+
+def check_attention_free(name: str, attention_fn: Callable[..., Any]) -> None:
+    """Refuse an attention name transformers (or another plugin) holds with another function ("eager" included).
+
+    Raises:
+        ValueError: naming the attention implementation.
+    """
+    existing = ALL_ATTENTION_FUNCTIONS.get(name)
+    if name == "eager" or (existing is not None and existing is not attention_fn):
+        holder = "transformers" if name == "eager" else getattr(existing, "__module__", "another package")
+        raise ValueError(f"attention {name!r} is already registered by {holder}")
+
+
+def copy_config_in_from_config(copy_when: Callable[[Any], bool]) -> Callable[[], None]:
+    """Make ``from_config`` build from a deep copy of a config for which ``copy_when(config)`` holds.
+
+    transformers 5.24 builds the model on the caller's config object itself; a construction hook that
+    patches the config while the model is built (Qwen's ``dual_chunk_attention_config`` adopted as
+    DCA) would otherwise change the caller's config. Returns the undo.
+    """
+    original = PreTrainedModel.__dict__["_from_config"]
+    build = original.__func__
+
+    @functools.wraps(build)
+    def _from_config(cls: type, config: Any, **kwargs: Any) -> Any:
+        return build(cls, copy.deepcopy(config) if copy_when(config) else config, **kwargs)
+
+    PreTrainedModel._from_config = classmethod(_from_config)  # type: ignore[assignment,method-assign]
+
+    def undo() -> None:
+        PreTrainedModel._from_config = original  # type: ignore[method-assign]
+
+    return undo
 
 
 def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator) -> None:
@@ -40,9 +87,7 @@ def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator)
             transformers' contract (its own types'): a missing required key raises ``KeyError``, an
             unknown one is warned about (:func:`check_received_keys`), a bad value raises ``ValueError``.
     """
-    existing = modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(rope_type)
-    if existing is not None and existing is not init_fn:
-        raise ValueError(f"rope_type {rope_type!r} is already registered by {existing.__module__}")
+    check_rope_type_free(rope_type, init_fn)
     modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] = init_fn
 
     def validator(self, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
@@ -159,6 +204,7 @@ def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Cal
     transformers builds no causal mask at all for an attention name without a mask function, so
     the two are always registered together.
     """
+    check_attention_free(name, attention_fn)
     AttentionInterface.register(name, attention_fn)
     AttentionMaskInterface.register(name, mask_fn)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch.nn as nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from . import readers
+from . import integration, readers
 from .gguf import resolve_model_source
 from .methods.dca import DualChunkConfig
 from .methods.registry import surgery_for
@@ -26,6 +26,7 @@ from .patching import CONFIG_KEY, method_from_record, patch_model
 from .validation import whole_number
 
 _hook_handle: Any = None
+_undo_from_config: Any = None
 
 
 def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) -> nn.Module | None:
@@ -53,6 +54,12 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     readers.restore_on_load(parent.config)  # old rope type names, legacy fields; before the rotary is built
     surgery_for(method).on_model_init(method, parent)
     return None
+
+
+def _adopts_dual_chunk_config(config: Any) -> bool:
+    """Whether building a model from ``config`` patches it (:func:`_adopt_dual_chunk_config`)."""
+    fields = getattr(config, "dual_chunk_attention_config", None)
+    return isinstance(fields, dict) and "chunk_size" in fields and getattr(config, CONFIG_KEY, None) is None
 
 
 def _adopt_dual_chunk_config(config: Any) -> dict[str, Any] | None:
@@ -89,12 +96,15 @@ def set_construction_hook(enabled: bool) -> None:
     With it removed, models built from a patched config that needs surgery come out without it;
     :func:`from_pretrained` then raises instead of returning such a model.
     """
-    global _hook_handle
+    global _hook_handle, _undo_from_config
     if enabled and _hook_handle is None:
         _hook_handle = nn.modules.module.register_module_module_registration_hook(on_submodule_registered)
+        _undo_from_config = integration.copy_config_in_from_config(_adopts_dual_chunk_config)
     elif not enabled and _hook_handle is not None:
         _hook_handle.remove()
         _hook_handle = None
+        _undo_from_config()
+        _undo_from_config = None
 
 
 def from_pretrained(

@@ -7,9 +7,11 @@ builders (:func:`integer`, :func:`number`, :func:`choice`...) make a declarative
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 #: ``check(name, value) -> normalised value``; raises ``ValueError`` naming ``name``.
@@ -17,6 +19,43 @@ Check = Callable[[str, Any], Any]
 
 #: The spellings of a boolean, any case; nothing else is one.
 BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+class MissingExtra(ImportError):
+    """An optional dependency the input needs is not installed; the message names the extra to install.
+
+    The commands report it in one line, like bad input (the user fixes it, not the code).
+    """
+
+
+def require(module: str, extra: str, why: str) -> Any:
+    """``import module``, or :class:`MissingExtra`: ``"<why> needs the <module> package: pip install 'hf-posext[<extra>]'"``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingExtra(f"{why} needs the {module!r} package: pip install 'hf-posext[{extra}]'") from err
+
+
+#: Suffixes only a file has (a Hub id never ends with one).
+FILE_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt", ".pth", ".yaml", ".yml", ".txt", ".jsonl")
+
+
+def path_shape(source: str) -> str | None:
+    """Why ``source`` can only be a local path, not a Hub id (``org/name`` or ``name``); None if it may be one.
+
+    A path: it starts with ``.``, ``/`` or ``~``, holds a backslash or more than one ``/``, ends
+    with a file suffix (``.gguf``, ``.safetensors``...), or is ``A/B`` where the folder ``A`` exists
+    here (``out/typo`` beside an ``out/`` folder). Only ``org/name`` and ``name`` may be Hub ids.
+    """
+    if source.startswith((".", "/", "~")):
+        return f"it starts with {source[0]!r}"
+    if "\\" in source or source.count("/") > 1:
+        return "a Hub id is org/name"
+    if source.lower().endswith(FILE_SUFFIXES):
+        return f"it ends with {source[source.rfind('.'):]!r}"
+    if "/" in source and Path(source.split("/")[0]).is_dir():
+        return f"the folder {source.split('/')[0]!r} exists here"
+    return None
 
 
 def _label(owner: str, name: str) -> str:

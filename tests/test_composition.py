@@ -152,8 +152,13 @@ def test_yarn_keeps_the_base_frequencies_of_its_fast_pairs(name):
     kept = int((turns >= 32).sum())
     assert 0 < kept < len(turns)
     divisors = torch.tensor(composed.config.rope_parameters["long_factor"])
-    exact = kept if name == "phi-3-mini-128k" else int((divisors[:kept] == 1).sum())
-    assert exact > 0 and bool((divisors[:exact] == 1).all()) or name == "phi-3-mini-128k"
+    if name == "phi-3-mini-128k":  # longrope: the kept pairs keep the shipped long factors, exactly
+        shipped = torch.tensor(base.config.rope_parameters["long_factor"])
+        assert torch.equal(divisors[:kept], shipped[:kept]) and not torch.equal(divisors, shipped)
+        exact = kept
+    else:
+        exact = int((divisors[:kept] == 1).sum())
+        assert exact > 0 and bool((divisors[:exact] == 1).all())
     # Phi-3 runs its short factors below 4096: the composition starts from the long ones (see yarn.py)
     for position in (5000, reach_of(name) - 1) if name == "phi-3-mini-128k" else (17, 4096, reach_of(name) - 1):
         _, _, base_cos, base_sin = run_rotary(base, position)

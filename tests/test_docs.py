@@ -1,7 +1,8 @@
 """The README and the docs site say only what is true of the repository.
 
-* every command in a ``bash`` block parses: ``hf-posext ...`` with the real argument parser,
-  ``python -m X`` names an importable module, ``python path.py`` / ``bash path.sh`` a file
+* every command in a ``bash`` block parses: ``hf-posext ...`` with the real argument parser (and
+  its ``--method``/``--factor``/``--set`` make a method), so do the ``hf-posext ...`` examples of
+  the package's module docstrings; ``python -m X`` names an importable module, ``python path.py`` / ``bash path.sh`` a file
   that exists; every ``python`` block compiles and every ``yaml`` block loads;
 * every repository path the package, the tests, the scripts and the docs cite exists;
 * module docstrings stay short (what the module is for; the long form lives in ``docs/``).
@@ -18,6 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from hf_posext import method_config
+from hf_posext.commands.arguments import check_factor, method_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")])
@@ -79,9 +83,10 @@ def check_command(line: str, parser) -> None:
     head, args = tokens[0], tokens[1:]
     if head == "hf-posext":
         try:
-            parser.parse_args(args)
+            namespace = parser.parse_args(args)
         except SystemExit as exit_:
             raise AssertionError(f"`{line}` does not parse (exit {exit_.code})") from None
+        check_method_arguments(line, namespace)
     elif head in ("python", "python3"):
         if args[:1] == ["-m"]:
             assert importlib.util.find_spec(args[1]) is not None, f"`{line}`: no module {args[1]}"
@@ -96,6 +101,46 @@ def check_command(line: str, parser) -> None:
             assert (ROOT / script).is_file(), f"`{line}`: no file {script}"
     else:
         raise AssertionError(f"`{line}`: unknown command {head!r} (add it to EXTERNAL if it is not ours)")
+
+
+def check_method_arguments(line: str, namespace) -> None:
+    """The command's ``--method``, ``--factor`` and ``--set`` make a method, as the command checks before it runs."""
+    if not isinstance(getattr(namespace, "method", None), str):
+        return
+    kwargs = method_kwargs(getattr(namespace, "set", None))
+    for name in (n.strip() for n in namespace.method.split(",")):
+        if name and name != "none":
+            factor = getattr(namespace, "factor", None)
+            try:
+                check_factor(name, factor, kwargs)
+                method_config(name, **({} if factor is None else {"factor": factor}), **kwargs)
+            except (ValueError, TypeError) as err:
+                raise AssertionError(f"`{line}`: the command would refuse it: {err}") from None
+
+
+def docstring_commands() -> list[tuple[Path, str]]:
+    """``hf-posext SUBCOMMAND ...`` lines of the package's module docstrings (prose such as "hf-posext plugs" left out)."""
+    subcommands = next(a for a in _parser()._actions if a.dest == "command").choices
+    found = []
+    for module in sorted(ROOT.glob("hf_posext/**/*.py")):
+        doc = ast.get_docstring(ast.parse(module.read_text())) or ""
+        for line in shell_lines(doc):
+            words = line.split()
+            if words[0] == "hf-posext" and len(words) > 1 and words[1] in subcommands:
+                found.append((module, line))
+    return found
+
+
+DOCSTRING_COMMANDS = docstring_commands()
+
+
+@pytest.mark.parametrize(("module", "line"), DOCSTRING_COMMANDS, ids=_ids(DOCSTRING_COMMANDS))
+def test_every_command_in_a_module_docstring_parses(module, line, parser):
+    check_command(line, parser)
+
+
+def test_module_docstrings_hold_commands_to_check():
+    assert {m.name for m, _ in DOCSTRING_COMMANDS} >= {"arguments.py", "eval.py", "main.py", "tiny_model.py"}
 
 
 @pytest.mark.parametrize(("page", "line"), COMMANDS, ids=_ids(COMMANDS))
@@ -114,10 +159,11 @@ def test_every_python_and_yaml_snippet_in_the_docs_parses(page, lang, body):
 @pytest.mark.parametrize(
     "line",
     ["hf-posext patch a b --method yarn --factor 4", "python -m hf_posext.no_such_module", "python scripts/no_such.py",
-     "hf-posext no-such-command", "frobnicate --now"],
+     "hf-posext no-such-command", "frobnicate --now", "hf-posext patch a b --method yarn --factor 4 --set nope=1",
+     "hf-posext eval ppl m --lengths 8 --method none,yarn"],
 )
 def test_the_command_check_can_fail(line, parser):
-    if line.startswith("hf-posext patch"):
+    if line == "hf-posext patch a b --method yarn --factor 4":
         check_command(line, parser)
         return
     with pytest.raises(AssertionError):

@@ -99,6 +99,7 @@ def test_1_the_recipe_saves_into_a_mount_point_and_never_loses_a_finished_run(as
     mount_point(monkeypatch, out)
     result = train(run_config(assets, out))
     assert result.output_dir == out and (out / "model.safetensors").exists() and (out / MARKER).exists()
+    assert file_modes(out) == {0o666 & ~current_umask()}  # safetensors' own temporary file is 0600
 
     # A move that fails for another reason (disk full): the finished checkpoint stays, the error says where.
     full = tmp_path / "full"
@@ -139,6 +140,21 @@ def test_2_a_non_empty_out_is_refused_unless_overwrite_and_keeps_what_is_not_our
         assert (out / name).read_text() == "mine"
 
 
+def test_2_what_overwrite_replaces_is_said_before_it_does(assets, tmp_path, capsys, caplog):
+    """The user's own README.md would become the model card: the refusal says so, and so does the run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    (out / "notes.txt").write_text("mine")
+    assert patch(assets / "base", out) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite (overwrite=True) to replace README.md (this command writes them) and keep notes.txt" in err
+    with caplog.at_level(logging.WARNING, logger="hf_posext"):
+        assert patch(assets / "base", out, "--overwrite") == 0
+    assert "replacing README.md" in caplog.text and "notes.txt" not in caplog.text
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 def test_2_the_recipe_refuses_a_non_empty_out_before_training(assets, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
@@ -155,6 +171,18 @@ def test_2_the_recipe_refuses_a_non_empty_out_before_training(assets, tmp_path, 
     with pytest.raises(ValueError, match=r"fresh-checkpoints.*step_00000002.*--overwrite"):
         train(run_config(assets, tmp_path / "fresh", checkpointing_steps=2))
     assert trained == [] and not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "containing"])
+def test_2_checkpoints_in_the_output_folder_are_refused_before_training(assets, tmp_path, monkeypatch, where):
+    """The final save would refuse a folder holding ``step_*`` (or eat them): refused before the first step."""
+    out = tmp_path / "out"
+    checkpoints = {"same": out, "inside": out / "checkpoints", "containing": tmp_path}[where]
+    trained = []
+    monkeypatch.setattr(loop, "forward_loss", lambda *a, **k: trained.append(1))
+    with pytest.raises(ValueError, match=r"--checkpoint-dir .* --output-dir"):
+        train(run_config(assets, out, checkpointing_steps=1, checkpoint_dir=str(checkpoints)))
+    assert trained == [] and not out.exists()
 
 
 # -- 3: OUT == SRC, OUT inside SRC ------------------------------------------------------------------
@@ -295,6 +323,27 @@ def test_11_a_run_resumes_past_a_truncated_state(assets, states, tmp_path):
         handle.truncate(100)
     result = train(run_config(assets, tmp_path / "model", max_train_steps=4, resume="latest"))
     assert result.steps == 4 and len(result.losses) == 4
+
+
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def file_modes(folder: Path) -> set[int]:
+    return {stat.S_IMODE(p.stat().st_mode) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_every_written_file_gets_the_mode_a_plain_open_gives(assets, tmp_path, umask):
+    old_umask = os.umask(umask)
+    try:
+        assert cli_main(["tiny-model", str(tmp_path / "tiny")]) == 0
+        assert patch(tmp_path / "tiny", tmp_path / "patched") == 0
+    finally:
+        os.umask(old_umask)
+    assert file_modes(tmp_path / "tiny") == file_modes(tmp_path / "patched") == {0o666 & ~umask}
 
 
 # -- 14: what push sends, and permissions -----------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A method argument is given the same way everywhere, ``--set KEY=VALUE`` (repeatable)::
 
-    hf-posext patch base out --method yarn --factor 4 --set beta_fast=64 --set mscale_all_dim=1
+    hf-posext patch base out --method yarn --factor 4 --set beta_fast=64 --set beta_slow=2
     hf-posext finetune --config run.yaml --set beta_fast=64
 
 KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1``, ``true``,
@@ -10,7 +10,7 @@ KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1`
 (``--factor``) everywhere and is refused in ``--set``.
 
 Every command reports bad input (``ValueError``, ``OSError``: a missing or unreadable file, an
-invalid ``config.json``) as one line and exit code 2 (:func:`run_command`); ``--debug`` or the
+invalid ``config.json``; a missing optional package) as one line and exit code 2 (:func:`run_command`); ``--debug`` or the
 environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
 """
 
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -33,8 +35,9 @@ OWN_FLAGS = {"factor": "--factor"}
 #: Where a command writes when not given ``--out``: ``./hf_posext_out/<command>`` (one folder to find or delete).
 OUTPUT_ROOT = "hf_posext_out"
 
-#: What the commands report as bad input in one line rather than with a traceback.
-USER_ERRORS = (ValueError, OSError)
+#: What the commands report as bad input in one line rather than with a traceback (a missing optional
+#: package included: the message names the extra to install).
+USER_ERRORS = (ValueError, OSError, validation.MissingExtra)
 
 
 class KeyValueError(ValueError, argparse.ArgumentTypeError):
@@ -99,6 +102,51 @@ def check_factor(method: str, factor: float | None, extra: dict[str, Any] | None
     """
     if factor is None and method_config(method, **(extra or {})).needs_factor():
         raise ValueError(f"--method {method} needs --factor (the context scale s, e.g. --factor 4)")
+
+
+def whole(minimum: int, multiple_of: int = 1) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (and a multiple of ``multiple_of``), else a message
+    argparse prints after the flag as the user wrote it (``argument --trials: ...``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum or value % multiple_of:
+            extra = f" and a multiple of {multiple_of}" if multiple_of > 1 else ""
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}{extra}, got {text!r}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    parse.checked = True  # type: ignore[attr-defined]
+    return parse
+
+
+def real(low: float, high: float = float("inf")) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in ``[low, high]`` (nan and inf refused), else argparse's message."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and low <= value <= high):
+            allowed = f">= {low:g}" if math.isinf(high) else f"in [{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"expected a finite number {allowed}, got {text!r}")
+        return value
+
+    parse.__name__ = f"number >= {low:g}"
+    parse.checked = True  # type: ignore[attr-defined]
+    return parse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``prog: error: message``) and exit code 2, as
+    every other bad input of the commands; ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
 
 def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> int:

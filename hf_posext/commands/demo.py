@@ -9,6 +9,8 @@ The experiment itself is :mod:`hf_posext.experiments.demo`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from typing import Any
 
 from .arguments import default_out, plain
@@ -29,7 +31,13 @@ def _main(args: argparse.Namespace) -> int:
     from ..files import check_output_dir
 
     config = QUICK if args.quick else FULL
-    check_output_dir(args.out, overwrite=args.overwrite, owns=("demo.*",), reuse_own=True)
+    out = check_output_dir(args.out, overwrite=args.overwrite, owns=("demo.*",), reuse_own=True)
+    previous = json.loads((out / "demo.json").read_text()) if (out / "demo.json").is_file() else {}
+    if not args.overwrite and isinstance(previous, dict) and previous.get("config") not in (
+            None, json.loads(json.dumps(dataclasses.asdict(config)))):
+        raise ValueError(f"{str(out / 'demo.json')!r} holds the results of the other demo configuration "
+                         f"({'the full run' if args.quick else '--quick'}); pass --overwrite to replace them, "
+                         "or choose another --out (nothing was written)")
     report = run_demo(config, args.cache_dir, args.out, progress=not args.no_progress)
     train = report["train"]["rope"]
     print(

@@ -26,7 +26,7 @@ from ..files import check_output_dir, write_text
 from ..methods import make_method
 from ..patching import patch_info, patch_model, snapshot_model
 from ..transaction import Snapshot, restore
-from .arguments import check_factor, default_out, method_kwargs
+from .arguments import check_factor, default_out, method_kwargs, real, whole
 
 def _ints(text: str) -> list[int]:
     try:
@@ -40,11 +40,18 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+_ints.checked = True  # type: ignore[attr-defined]
+
+
+def _depths(text: str) -> list[float]:
+    depth = real(0.0, 1.0)
+    values = [depth(v.strip()) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated depths in [0, 1], got {text!r}")
+    return values
+
+
+_depths.checked = True  # type: ignore[attr-defined]
 
 
 def _names(text: str) -> list[str]:
@@ -107,7 +114,7 @@ def _ppl(args: argparse.Namespace) -> int:
     modes = ["truncated", "sliding"] if args.mode == "both" else [args.mode]
     settings = _settings(args)
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ppl.*",), reuse_own=True)
-    done = ResultFile(out / "ppl.json", settings)
+    done = ResultFile(out / "ppl.json", settings, overwrite=args.overwrite)
     results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
     docs = encode_documents(load_texts(args.data, split=args.split, text_field=args.text_field), tokenizer)
@@ -158,7 +165,7 @@ def _passkey(args: argparse.Namespace) -> int:
     methods, extra = _checked_methods(args)
     settings = _settings(args)
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
-    done = ResultFile(out / "passkey.json", settings)
+    done = ResultFile(out / "passkey.json", settings, overwrite=args.overwrite)
     results = done.results
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
@@ -256,7 +263,7 @@ def _ruler(args: argparse.Namespace) -> int:
     settings = {k: v for k, v in _settings(args).items()
                 if k not in ("lengths", "tasks", "method", "quick", "batch_size")} | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
-    done = ResultFile(out / "ruler.json", settings)
+    done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
@@ -290,7 +297,7 @@ def _common(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("--method", default="none",
                    help="comma-separated methods to compare (hf-posext methods lists them), 'none' = the checkpoint "
                         "as is (default: none)")
-    p.add_argument("--factor", type=float, default=None, help="context scale s for --method")
+    p.add_argument("--factor", type=real(1.0), default=None, help="context scale s >= 1 for --method")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32 (repeatable)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights' dtype; auto: the checkpoint's (default)")
     p.add_argument("--device", default="auto",
@@ -317,19 +324,19 @@ def add_parser(subparsers: Any) -> None:
                    help=".jsonl field or dataset column with the text (default: text), as in the recipe")
     p.add_argument("--mode", default="truncated", choices=["truncated", "sliding", "both"],
                    help="truncated: first L tokens of each document, one forward; sliding: windows of L with --stride")
-    p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256, as YaRN)")
-    p.add_argument("--document-tokens", type=int, default=None,
+    p.add_argument("--stride", type=whole(1), default=256, help="sliding-window stride (default 256, as YaRN)")
+    p.add_argument("--document-tokens", type=whole(1), default=None,
                    help="sliding mode: read the first N tokens of each document (default: the longest length)")
-    p.add_argument("--score-last", type=int, default=None, help="truncated mode: score only the last N tokens")
-    p.add_argument("--max-documents", type=int, default=20, help="documents per length (default 20)")
-    p.add_argument("--batch-size", type=int, default=1, help="truncated mode: documents per forward")
+    p.add_argument("--score-last", type=whole(1), default=None, help="truncated mode: score only the last N tokens")
+    p.add_argument("--max-documents", type=whole(1), default=20, help="documents per length (default 20)")
+    p.add_argument("--batch-size", type=whole(1), default=1, help="truncated mode: documents per forward")
     p.set_defaults(func=_ppl)
 
     p = sub.add_parser("passkey", help="passkey retrieval accuracy by length and key depth (JSON, CSV, heat-map PNG)")
     _common(p, default_out("eval-passkey"))
-    p.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="key depths in [0, 1]")
-    p.add_argument("--trials", type=int, default=5, help="prompts per (length, depth) (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the keys")
+    p.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="key depths in [0, 1]")
+    p.add_argument("--trials", type=whole(1), default=5, help="prompts per (length, depth) (default 5)")
+    p.add_argument("--seed", type=whole(0), default=0, help="seeds the keys")
     p.set_defaults(func=_passkey)
 
     p = sub.add_parser("ruler", help="RULER-style long-context tasks by length, with Wilson intervals (JSON, CSV, PNG)")
@@ -337,11 +344,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tasks", default=None,
                    help="comma-separated tasks or groups: all, niah, niah_single, niah_multikey, multihop, aggregation, "
                         "qa, or names such as niah_single_1,vt,cwe (default: all; --quick: one per category)")
-    p.add_argument("--samples", type=int, default=None, help="prompts per (task, length) (default 20; --quick: 2)")
+    p.add_argument("--samples", type=whole(1), default=None, help="prompts per (task, length) (default 20; --quick: 2)")
     p.add_argument("--quick", action="store_true", help="a smoke run: one task per category, 2 samples")
-    p.add_argument("--seed", type=int, default=0, help="seeds every prompt")
-    p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call (default: what fits in memory)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--seed", type=whole(0), default=0, help="seeds every prompt")
+    p.add_argument("--batch-size", type=whole(1), default=None, help="prompts per generate call (default: what fits in memory)")
+    p.add_argument("--max-new-tokens", type=whole(1), default=None,
                    help="cap every task's generation budget (RULER's: niah 128, vt 30, cwe 120, fwe 50, qa 32) to save time")
     p.add_argument("--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template")
     p.set_defaults(func=_ruler)

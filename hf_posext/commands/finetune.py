@@ -5,7 +5,7 @@
 
 Every setting is a flag (``seq_len`` -> ``--seq-len``) and a key of the ``--config`` YAML file,
 with its help taken from the :class:`~hf_posext.train.config.TrainConfig` field; flags win over
-the file, the file over the defaults. Booleans take ``--lora``/``--lora false``/``--no-lora``;
+the file, the file over the defaults; the file's relative paths are read against its folder. Booleans take ``--lora``/``--lora false``/``--no-lora``;
 method arguments ``--set KEY=VALUE``. The guide: docs/guides/finetune.md.
 """
 
@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transformers import HfArgumentParser
 
+from ..data import EXCLUDE_PREFIX, STDLIB
+from ..validation import path_shape
 from .arguments import parse_bool, parse_key_value, parse_key_values, run_command
 
 if TYPE_CHECKING:
@@ -37,6 +41,10 @@ class RecipeArgumentParser(HfArgumentParser):
     * A boolean that defaults to False also gets ``--no-NAME``, so a flag can switch off what a YAML
       file switched on; HfArgumentParser adds it only to booleans that default to True.
     """
+
+    def error(self, message: str) -> typing.NoReturn:
+        """One line and exit code 2, as every other bad input (argparse would print the whole usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the settings)\n")
 
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
@@ -94,7 +102,8 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
         # Not HfArgumentParser.parse_yaml_file: it builds the config from the file alone, so a
         # file without e.g. `model` would fail before the flags could fill it in, and flags could
         # not win over the file. The file's values become the parser's defaults instead.
-        values = TrainConfig.check_keys(load_yaml(config_file), source=config_file)
+        values = _relative_to(Path(config_file).parent,
+                              TrainConfig.check_file_values(load_yaml(config_file), source=config_file))
         for name in mappings & set(values):
             # Kept as pairs, so that --set KEY=VALUE appends to them and wins key by key.
             values[name] = list(_mapping(values[name], name, config_file).items())
@@ -103,7 +112,73 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
     args.pop("config")
     for name in mappings:
         args[name] = parse_key_values(args[name])
-    return TrainConfig.from_dict(args, source=config_file or "flags")
+    try:
+        return TrainConfig.from_dict(args, source=config_file or "flags")
+    except ValueError as err:
+        raise ValueError(_as_written(str(err), argv, config_file)) from None
+
+
+def _as_written(message: str, argv: Sequence[str] | None, config_file: str | None) -> str:
+    """``message`` (``"seq_len must be ..."``) prefixed with where the user wrote the setting: its flag as
+    spelled (``--seq-len``), else the config file."""
+    name = message.split(" ", 1)[0].rstrip(":=")
+    if name not in {f.name for f in dataclasses.fields(_train_config())}:
+        return message
+    spellings = {f"--{name}", f"--{name.replace('_', '-')}"}
+    for token in reversed(list(sys.argv[1:] if argv is None else argv)):
+        flag = token.split("=", 1)[0]
+        if flag in spellings:
+            return f"{flag}: {message}"
+    return f"{config_file}: {message}" if config_file else message
+
+
+def _train_config() -> type:
+    from ..train.config import TrainConfig
+
+    return TrainConfig
+
+
+#: Settings that are always local paths; ``model`` and ``dataset`` may also be Hub names.
+_PATH_SETTINGS = ("output_dir", "checkpoint_dir", "cache_dir")
+
+
+def _relative_to(folder: Path, values: dict[str, Any]) -> dict[str, Any]:
+    """A config file's relative paths read against the file's folder, not the working directory.
+
+    ``model`` and each ``dataset`` item only when they are paths: one that exists beside the file or
+    cannot be a Hub name (:func:`hf_posext.validation.path_shape`); ``stdlib`` and Hub names stay.
+    """
+
+    def local(item: Any, always: bool = False) -> Any:
+        if not isinstance(item, str) or not item or os.path.isabs(os.path.expanduser(item)) or item.startswith("~"):
+            return item
+        beside = os.path.normpath(folder / item)
+        if always or os.path.exists(beside) or path_shape(item) is not None or any(c in item for c in "*?["):
+            return beside
+        return item
+
+    values = dict(values)
+    for name in _PATH_SETTINGS:
+        if name in values:
+            values[name] = local(values[name], always=True)
+    if "model" in values:
+        values["model"] = local(values["model"])
+    if isinstance(values.get("resume"), str) and values["resume"] != "latest":
+        values["resume"] = local(values["resume"], always=True)
+    def dataset_item(item: Any) -> Any:
+        if item == STDLIB:
+            return item
+        if isinstance(item, str) and item.startswith(EXCLUDE_PREFIX):
+            # An exclusion is a glob over absolute paths: a leading * matches anywhere and stays as it is.
+            pattern = item[len(EXCLUDE_PREFIX):]
+            return item if pattern.startswith("*") else EXCLUDE_PREFIX + str(local(pattern, always=True))
+        return local(item)
+
+    if "dataset" in values:
+        items = values["dataset"]
+        resolved = [dataset_item(item) for item in ([items] if isinstance(items, str) else items)]
+        values["dataset"] = resolved[0] if isinstance(items, str) else resolved
+    return values
 
 
 def _mapping(value: Any, name: str, source: str) -> dict[str, Any]:

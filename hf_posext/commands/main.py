@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..methods import available_methods, method_aliases, method_class
-from .arguments import add_set_argument, check_factor, method_kwargs, plain, run_command
+from .arguments import OneLineParser, add_set_argument, check_factor, method_kwargs, plain, real, run_command, whole
 
 
 def aliases_by_method() -> dict[str, list[str]]:
@@ -98,7 +98,7 @@ def _patch(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-posext", description="Extend the context window of rotary decoders "
+    parser = OneLineParser(prog="hf-posext", description="Extend the context window of rotary decoders "
                                      "(PI, NTK, YaRN, dynamic scaling, ALiBi...) in Hugging Face checkpoints.",
                                      epilog="hf-posext COMMAND --help shows a command's flags.")
     parser.add_argument("--debug", action="store_true",
@@ -114,10 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output_dir", help="the folder the patched checkpoint is written to; a .gguf file for a .gguf model: "
                    "the same GGUF with the method's rope as llama.cpp reads it")
     p.add_argument("--method", required=True, help=f"one of: {method_names()}")
-    p.add_argument("--factor", type=float, default=None,
+    p.add_argument("--factor", type=real(1.0), default=None,
                    help="context scale s >= 1; required by the methods that scale RoPE, not by "
                         f"{', '.join(m for m in available_methods() if not method_class(m).scales_rope)}")
-    p.add_argument("--original-max-position-embeddings", type=int, default=None,
+    p.add_argument("--original-max-position-embeddings", type=whole(1), default=None,
                    help="the pretraining context L_orig (default: the checkpoint's)")
     p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
                    "pretraining context; without it the method composes on that scaling")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .arguments import default_out, plain, run_command
+from .arguments import OneLineParser, default_out, plain, run_command
 
 PROG = "hf-posext reproduce"
 
@@ -72,7 +72,7 @@ def add_parser(subparsers: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hf_posext.commands.reproduce ARGS``, the same as ``hf-posext reproduce ARGS``."""
-    parser = argparse.ArgumentParser(prog=PROG, description=plain(__doc__.split("\n\n")[0]))
+    parser = OneLineParser(prog=PROG, description=plain(__doc__.split("\n\n")[0]))
     _add_arguments(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .arguments import plain
+from .arguments import plain, whole
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -26,11 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("output_dir", help="the checkpoint folder to write (config, safetensors weights, byte tokenizer)")
     p.add_argument("--arch", default="llama",
                    help="model type: llama (default) or another hf-posext supports tiny (an unknown one lists them)")
-    p.add_argument("--hidden-size", type=int, default=64, help="model width, split over 4 query heads and 2 key/value heads (default 64)")
-    p.add_argument("--num-layers", type=int, default=2, help="decoder layers (default 2)")
-    p.add_argument("--max-position-embeddings", type=int, default=128,
+    p.add_argument("--hidden-size", type=whole(8, multiple_of=8), default=64,
+                   help="model width, a multiple of 8: split over 4 query heads and 2 key/value heads of an even size (default 64)")
+    p.add_argument("--num-layers", type=whole(1), default=2, help="decoder layers (default 2)")
+    p.add_argument("--max-position-embeddings", type=whole(2), default=128,
                    help="the pretraining context L_orig the methods extend (default 128)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the random weights (default 0)")
+    p.add_argument("--seed", type=whole(0), default=0, help="seeds the random weights (default 0)")
 
 
 def add_parser(subparsers: Any) -> None:

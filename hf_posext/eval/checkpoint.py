@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config_checks import check_device, check_weight_files, read_config
-from ..gguf import gguf_identity, is_gguf, resolve_model_source
+from ..readers.tokenizer import check_tokenizer_config
+from ..gguf import check_model_source, gguf_identity, is_gguf, resolve_model_source
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -37,6 +38,7 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
     path = resolve_model_source(path)  # a .gguf file -> its cached safetensors conversion
     config = read_config(path)
     check_weight_files(path)
+    check_tokenizer_config(path)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
@@ -55,6 +57,7 @@ def model_fingerprint(model: str) -> str:
     A ``.gguf`` file: :func:`~hf_posext.gguf.gguf_identity` (its size and the hash of its whole content). A Hub id:
     the id (its revision is not looked up).
     """
+    check_model_source(model)
     folder = Path(model)
     if is_gguf(model) and folder.is_file():
         return f"gguf:{gguf_identity(model)}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import platform
@@ -22,6 +23,8 @@ import torch
 import transformers
 
 from ..files import atomic_file, write_text
+
+logger = logging.getLogger("hf_posext")
 
 
 def environment() -> dict[str, Any]:
@@ -51,11 +54,22 @@ def write_json(path: str | os.PathLike, payload: Any) -> Path:
     return write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
+def _differences(before: Any, now: Mapping[str, Any]) -> str:
+    """``"factor 2.0 -> 4.0, another model"``: what changed between two settings dicts."""
+    before = before if isinstance(before, dict) else {}
+    changed = []
+    for key in sorted(set(before) | set(now), key=lambda k: (k != "model_content", k)):
+        if before.get(key) != now.get(key):
+            changed.append("another model" if key == "model_content" else f"{key} {before.get(key)} -> {now.get(key)}")
+    return ", ".join(changed) or "unreadable settings"
+
+
 class ResultFile:
     """A JSON file of named results, saved as each one comes and reused by a rerun with the same settings.
 
     ``{"settings", "results", "environment", "seconds"}``: an interrupted evaluation or experiment
-    resumes where it stopped, and changing any setting starts it afresh.
+    resumes where it stopped. Results of other settings (another model, factor, sample count) are
+    owned results: replaced only with ``overwrite``, refused otherwise (docs/guides/files_and_safety.md).
 
         results = ResultFile(out / "ppl.json", settings)
         row = results.get("yarn/truncated", lambda: measure("yarn"))   # computed once, then read
@@ -63,13 +77,28 @@ class ResultFile:
     Args:
         path: the JSON file.
         settings: everything the results depend on (JSON-serialisable; compared after a round trip).
+        overwrite: start afresh when the file holds results of other settings (they are named in a warning).
+
+    Raises:
+        ValueError: the file holds results of other settings and ``overwrite`` is not set, naming the
+            settings that differ; nothing is written.
     """
 
-    def __init__(self, path: str | os.PathLike, settings: Mapping[str, Any]) -> None:
+    def __init__(self, path: str | os.PathLike, settings: Mapping[str, Any], *, overwrite: bool = False) -> None:
         self.path = Path(path)
         self.settings = json.loads(json.dumps(settings, default=str))
         previous = json.loads(self.path.read_text()) if self.path.exists() else {}
+        if not isinstance(previous, dict):
+            raise ValueError(f"{str(self.path)!r} is not a results file of hf-posext (a JSON object); "
+                             "move it away or choose another --out")
         same = previous.get("settings") == self.settings
+        if not same and previous.get("results"):
+            differ = _differences(previous.get("settings"), self.settings)
+            if not overwrite:
+                raise ValueError(f"{str(self.path)!r} holds {len(previous['results'])} results of other settings "
+                                 f"({differ}); pass --overwrite (overwrite=True) to replace them, or choose another "
+                                 "--out (nothing was written)")
+            logger.warning("%s: replacing %d results of other settings (%s)", self.path, len(previous["results"]), differ)
         self.results: dict[str, Any] = previous.get("results", {}) if same else {}
         self.seconds: float = previous.get("seconds", 0.0) if same and self.results else 0.0
         self._start = time.perf_counter()

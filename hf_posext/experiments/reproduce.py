@@ -121,7 +121,8 @@ def _both_metrics(model: Any, docs: list[torch.Tensor], lengths: list[int], n_sc
 
 def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 1: every position encoding trained from scratch, evaluated up to max(multiples) x L_train."""
-    stage = ResultFile(out / "scratch.json", _settings(config, "model", "multiples", "documents"))
+    stage = ResultFile(out / "scratch.json", _settings(config, "model", "multiples", "documents"),
+                       overwrite=True)  # its own stage file: a changed setting reruns the stage, with a warning
     lengths = [m * config.model.seq_len for m in config.multiples]
     for position in config.positions:
         if position != "rope" and position not in available_methods():
@@ -141,7 +142,7 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
     """Experiment 2: the RoPE model extended to s x L_train by every method, then PI/NTK/YaRN fine-tuned."""
     stage = ResultFile(out / "extension.json", _settings(config, "model", "multiples", "documents", "factor", "finetune_multiple",
                                                "finetune_steps", "finetune_batch", "finetune_lr", "finetune_warmup",
-                                               "finetune_bytes"))
+                                               "finetune_bytes"), overwrite=True)
     train_len = config.model.seq_len
     lengths = [m * train_len for m in config.multiples]
     model, tokenizer, _ = pretrain(config.model, cache_dir, progress=progress)
@@ -207,7 +208,7 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
 def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 3: retrieval-trained RoPE and ALiBi models, passkey accuracy beyond L_train."""
     stage = ResultFile(out / "passkey.json", _settings(config, "passkey_model", "passkey_multiples", "passkey_depths",
-                                             "passkey_trials"))
+                                             "passkey_trials"), overwrite=True)
     base = config.passkey_model
     lengths = [m * base.seq_len for m in config.passkey_multiples]
     runs: list[tuple[str, str, str | None]] = [("rope", "rope (none)", None), ("rope", "rope + yarn", "yarn")]

@@ -144,6 +144,12 @@ def register_family(
         for key, value in given.items():
             if key in known and known[key] != value:
                 raise ValueError(f"{kind} {key!r} is already registered with other functions")
+    # transformers' own names too, before anything is kept: a registration is all or nothing.
+    for rope_type, entry in rope_types.items():
+        for key in (rope_type, *entry.old_names):
+            integration.check_rope_type_free(key, entry.init)
+    for attention_name, functions in attention.items():
+        integration.check_attention_free(attention_name, functions.forward)
     for spec in methods:
         spec.config_cls.name = spec.name
         _METHODS[spec.name] = spec.config_cls

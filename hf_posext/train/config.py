@@ -148,15 +148,7 @@ class TrainConfig:
         """
         hints = typing.get_type_hints(type(self))
         for field in dataclasses.fields(self):
-            value, hint = getattr(self, field.name), hints[field.name]
-            if hint is bool:
-                setattr(self, field.name, parse_bool(value, field.name))
-            elif isinstance(value, str) and hint in _NUMBER_TYPES:
-                kind = _NUMBER_TYPES[hint]
-                try:
-                    setattr(self, field.name, kind(value))
-                except ValueError:
-                    raise ValueError(f"{field.name} must be a number ({kind.__name__}), got {value!r}") from None
+            setattr(self, field.name, _read_text(field.name, hints[field.name], getattr(self, field.name)))
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad setting and what is allowed.
@@ -219,6 +211,23 @@ class TrainConfig:
         return normalized
 
     @classmethod
+    def check_file_values(cls, values: dict[str, Any], source: str) -> dict[str, Any]:
+        """``values`` of a config file, each read and checked alone, before flags are merged in.
+
+        Raises:
+            ValueError: ``"<source>: <field> must be ..."``: the file and the field as written there.
+        """
+        hints = typing.get_type_hints(cls)
+        checked = {}
+        for name, value in cls.check_keys(values, source).items():
+            try:
+                value = _read_text(name, hints[name], value)
+                checked[name] = value if value is None else FIELD_CHECKS[name](name, value)
+            except ValueError as err:
+                raise ValueError(f"{source}: {err}") from None
+        return checked
+
+    @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
         """Build a config from ``values`` whose keys may use ``-`` or ``_``.
 
@@ -226,6 +235,19 @@ class TrainConfig:
             ValueError: for a key that is no setting, listing the settings, or a bad value.
         """
         return cls(**cls.check_keys(values, source))
+
+
+def _read_text(name: str, hint: Any, value: Any) -> Any:
+    """A boolean or number given as text read as its flag reads it (see ``TrainConfig._read_text_values``)."""
+    if hint is bool:
+        return parse_bool(value, name)
+    if isinstance(value, str) and hint in _NUMBER_TYPES:
+        kind = _NUMBER_TYPES[hint]
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number ({kind.__name__}), got {value!r}") from None
+    return value
 
 
 def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:

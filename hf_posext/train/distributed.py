@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import is_bf16_available
 
 from .config import TrainConfig
@@ -37,6 +38,10 @@ def resolve_mixed_precision(choice: str) -> str | None:
     if choice != "auto":
         return choice
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        return None
+    # A second run in one process (a notebook, a test): accelerate refuses another precision than
+    # the first Accelerator's, so "auto" keeps the process's (its state is a class-level dict).
+    if getattr(AcceleratorState, "_shared_state", None):
         return None
     if torch.accelerator.is_available():
         return "bf16" if is_bf16_available() else "no"

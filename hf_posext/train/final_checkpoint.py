@@ -40,6 +40,22 @@ def save_dtype_for(config: TrainConfig, model: PreTrainedModel) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
+def _check_apart(checkpoints: Path, output: Path) -> None:
+    """Refuse training states written into the final checkpoint's folder, or around it.
+
+    The final save refuses (or, with ``overwrite``, prunes) a folder holding ``step_*`` folders,
+    and a checkpoint folder holding the model is not resumable: either way the run would be lost
+    after its last step.
+    """
+    states, final = Path(os.path.realpath(checkpoints)), Path(os.path.realpath(output))
+    where = ("is" if states == final else "is inside" if final in states.parents
+             else "contains" if states in final.parents else None)
+    if where:
+        raise ValueError(f"--checkpoint-dir (checkpoint_dir) {str(checkpoints)!r} {where} --output-dir (output_dir) "
+                         f"{str(output)!r}; give the training states a folder of their own (default: "
+                         f"{str(output)!r} + '-checkpoints')")
+
+
 def check_final_output(config: TrainConfig) -> Path:
     """Refuse ``config.output_dir`` now, before any training, if the final save would refuse it.
 
@@ -48,6 +64,7 @@ def check_final_output(config: TrainConfig) -> Path:
     """
     sources = [config.model] if os.path.isdir(config.model) else []
     if config.checkpointing_steps:
+        _check_apart(config.checkpoint_path, Path(config.output_dir))
         check_output_dir(config.checkpoint_path, overwrite=config.overwrite, sources=sources,
                          owns=("step_*", ".step_*"), reuse_own=bool(config.resume))
     return check_output_dir(config.output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES)

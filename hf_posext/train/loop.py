@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..config_checks import check_weight_files, read_config
 from ..data import check_dataset, is_local_dataset
+from ..readers.tokenizer import check_tokenizer_config
 from ..gguf import resolve_model_source
 from ..patching import patch_model
 from ..readers import print_engine_warning
@@ -153,6 +154,8 @@ class FinetuneRecipe:
         """
         config = self.config
         check_dataset(config.dataset, config.dataset_split)
+        if Path(config.model).is_dir():  # the tokenizer reads it first, the final save rewrites it
+            check_tokenizer_config(config.model)
         resume_from: Path | None = None
         if config.resume and config.resume != "latest":
             resume_from = check_resumable(config.resume)

@@ -127,12 +127,17 @@ def test_resume_is_keyed_on_the_model_content_not_its_path(checkpoint, tmp_path,
     with torch.no_grad():
         model.lm_head.weight.mul_(3.0)
     model.save_pretrained(model_dir)
-    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 2  # the earlier model's results would be replaced
+    assert "another model" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "ppl.json").read_text())["results"]["none/truncated"] == first
+    assert main([*argv, "--overwrite"]) == 0
     assert "skipped" not in capsys.readouterr().out
     second = json.loads((tmp_path / "out" / "ppl.json").read_text())["results"]["none/truncated"]
     assert second["points"][0]["perplexity"] != first["points"][0]["perplexity"]
     # A moved folder is the same model: resumed.
     model_dir.rename(tmp_path / "moved")
+    first = second
     assert main([*argv[:2], str(tmp_path / "moved"), *argv[3:]]) == 0
     assert "done in an earlier run, skipped" in capsys.readouterr().out
 
@@ -165,3 +170,20 @@ def test_a_method_context_restores_the_model_bit_for_bit(checkpoint, tmp_path):
                 pass
             assert eval_cli.patch_info(model)["method"] == "yarn"
             assert torch.equal(model(ids).logits, before), method
+
+
+@pytest.mark.parametrize("command", ["ppl", "passkey"])
+def test_two_models_never_replace_each_others_results_in_the_default_out(checkpoint, tmp_path, capsys, monkeypatch,
+                                                                         command):
+    source, text = checkpoint
+    other = make_tiny_model(tmp_path / "other", hidden_size=32, max_position_embeddings=32, seed=1)
+    monkeypatch.chdir(tmp_path)
+    extra = ["--data", str(text), "--lengths", "24"] if command == "ppl" else ["--lengths", "300", "--trials", "1",
+                                                                              "--depths", "0.5"]
+    assert main(["eval", command, str(source), "--no-progress", *extra]) == 0
+    saved = (tmp_path / "hf_posext_out" / f"eval-{command}" / f"{command}.json").read_text()
+    capsys.readouterr()
+    assert main(["eval", command, str(other), "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{command}.json" in err and "another model" in err and "--overwrite" in err
+    assert (tmp_path / "hf_posext_out" / f"eval-{command}" / f"{command}.json").read_text() == saved

@@ -52,3 +52,26 @@ def test_summary_prints_perplexity_before_and_after():
         "| 12.3456 | 6.5432 |",
     ]
     assert summary(TrainResult(Path("o"), 1, 1, 0.5, [0.5])) == "wrote o (1 steps, final loss 0.5000)"
+
+
+def test_a_hub_dataset_without_datasets_names_the_extra(tmp_path, capsys, monkeypatch):
+    from hf_posext.testing import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", hidden_size=32, max_position_embeddings=32)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # what a missing package looks like to `import datasets`
+    argv = ["--model", str(model), "--dataset", "wikitext", "--output-dir", str(tmp_path / "out")]
+    capsys.readouterr()
+    assert finetune_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'wikitext'" in err[0] and "pip install 'hf-posext[train]'" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("line", "field"), [("factor: four", "factor"), ("max-train-steps: many", "max_train_steps"),
+                                              ("seq_len: 1.5", "seq_len"), ("lora: maybe", "lora")])
+def test_a_bad_yaml_value_is_one_line_naming_the_file_and_field(tmp_path, capsys, line, field):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: m\ndataset: d.txt\noutput-dir: {tmp_path / 'out'}\n{line}\n")
+    assert finetune_main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(config) in err[0] and field in err[0] and "usage" not in err[0], err

@@ -155,3 +155,11 @@ def test_the_cli_guide_lists_every_command_and_the_registrys_aliases():
     commands = build_parser()._subparsers._group_actions[0].choices
     for name in commands:
         assert f"| `hf-posext {name}" in text, f"docs/guides/cli.md does not list hf-posext {name}"
+
+
+def test_dca_without_a_factor_or_chunk_size_is_refused(base, tmp_path, capsys):
+    """With no factor DCA would advertise no longer context yet change logits inside it (its chunks are < L0)."""
+    assert main(["patch", str(base), str(tmp_path / "out"), "--method", "dca"]) == 2
+    assert "--method dca needs --factor" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert main(["patch", str(base), str(tmp_path / "out"), "--method", "dca", "--factor", "2"]) == 0
+    assert main(["patch", str(base), str(tmp_path / "sized"), "--method", "dca", "--set", "chunk_size=48"]) == 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hf_posext.eval.report import ResultFile
 
 
@@ -24,6 +26,9 @@ def test_results_are_saved_at_once_and_reused_only_with_the_same_settings(tmp_pa
     # The same settings (a tuple reads back as a list): the result is read, not computed again.
     again = ResultFile(path, {"lengths": (128, 256), "factor": 4.0})
     assert "yarn" in again and again.get("yarn", lambda: compute(2)) == {"value": 1} and calls == [1]
-    # Another setting starts afresh.
-    other = ResultFile(path, {"lengths": (128, 256), "factor": 8.0})
+    # Another setting would replace the results: refused, naming the file and the setting, unless overwrite.
+    with pytest.raises(ValueError, match=r"ppl.json.* other settings \(factor 4.0 -> 8.0\).*--overwrite"):
+        ResultFile(path, {"lengths": (128, 256), "factor": 8.0})
+    assert json.loads(path.read_text())["results"] == {"yarn": {"value": 1}}
+    other = ResultFile(path, {"lengths": (128, 256), "factor": 8.0}, overwrite=True)
     assert "yarn" not in other and other.get("yarn", lambda: compute(3)) == {"value": 3} and calls == [1, 3]

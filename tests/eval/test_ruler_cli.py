@@ -77,9 +77,15 @@ def test_resumes_cell_by_cell(checkpoint, tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert run(checkpoint, out, "--lengths", "1000,1020", "--tasks", "niah_single_1,niah_single_2") == 0
     assert calls == [] and "done in an earlier run, skipped" in capsys.readouterr().out
-    # Other samples: a new evaluation.
-    assert main(["eval", "ruler", str(checkpoint), "--samples", "1", "--max-new-tokens", "3", "--out", str(out),
-                 "--no-progress", "--lengths", "1000", "--tasks", "niah_single_1"]) == 0
+    # Other samples or another factor would replace the cells: refused; --overwrite starts a new evaluation.
+    other = ["eval", "ruler", str(checkpoint), "--samples", "1", "--max-new-tokens", "3", "--out", str(out),
+             "--no-progress", "--lengths", "1000", "--tasks", "niah_single_1"]
+    capsys.readouterr()
+    assert main(other) == 2 and "samples 2 -> 1" in capsys.readouterr().err
+    assert main([*other[:4], "2", *other[5:], "--method", "yarn", "--factor", "1.5"]) == 2
+    assert "factor None -> 1.5" in capsys.readouterr().err
+    assert len(json.loads((out / "ruler.json").read_text())["results"]) == 4
+    assert main([*other, "--overwrite"]) == 0
     assert list(json.loads((out / "ruler.json").read_text())["results"]) == ["none/niah_single_1/1000"]
 
 

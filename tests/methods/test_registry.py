@@ -19,7 +19,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 import hf_posext
 import hf_posext.readers.transformers5
 from hf_posext import methods
-from hf_posext.methods.registry import MethodSpec, RopeType, register_family, register_method
+from hf_posext.methods.registry import AttentionFunctions, MethodSpec, RopeType, register_family, register_method
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = Path(hf_posext.__file__).parent
@@ -80,7 +80,17 @@ def test_a_refused_registration_leaves_nothing_behind():
         register_method("toy", Toy, rope_types={"hf_posext_none (requires: import hf_posext)": RopeType(print, print)})
     with pytest.raises(ValueError, match="must be a MethodConfig subclass"):
         register_method("toy", dict)
+    # Names transformers itself holds (a rope type, an attention kernel) are refused before anything is kept.
+    with pytest.raises(ValueError, match="rope_type 'linear' is already registered"):
+        register_method("toy", Toy, rope_types={"linear": RopeType(print, print)})
+    with pytest.raises(ValueError, match="attention 'sdpa' is already registered"):
+        register_method("toy", Toy, attention={"sdpa": AttentionFunctions(print, print)})
     assert (hf_posext.available_methods(), hf_posext.method_aliases(), methods.families().keys()) == before
+    assert modeling_rope_utils.ROPE_INIT_FUNCTIONS["linear"] is not print
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not print and ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] is not print
+    # A retry fails for the same reason, not "already registered": the refused attempt kept nothing.
+    with pytest.raises(ValueError, match="rope_type 'linear' is already registered"):
+        register_method("toy", Toy, rope_types={"linear": RopeType(print, print)})
 
 
 def test_deprecated_names_still_work():

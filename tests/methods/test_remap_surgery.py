@@ -143,3 +143,12 @@ def test_a_bad_remapped_rope_type_is_refused_naming_the_key():
     config.rope_parameters = {**config.rope_parameters, "remapped_rope_type": "bogus"}
     with pytest.raises(ValueError, match=r"rope_parameters\['remapped_rope_type'\] must name .* got 'bogus'"):
         config.validate_rope()
+
+
+def test_from_config_of_a_dual_chunk_config_leaves_the_callers_config_alone():
+    config = tiny_model("qwen2", max_positions=256).config
+    config.dual_chunk_attention_config = {"chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 64}
+    before = copy.deepcopy(config.to_dict())
+    model = AutoModelForCausalLM.from_config(config)
+    assert hf_posext.patch_info(model)["method"] == "dca"  # the model runs DCA ...
+    assert config.to_dict() == before and model.config is not config  # ... on its own copy of the config

@@ -161,7 +161,9 @@ def test_quoted_numbers_read_as_their_flags_read_them(tmp_path):
     by_yaml = config_from_args(["--config", str(tmp_path / "run.yaml")])
     by_flags = config_from_args(["--model", "m", "--output-dir", "o", "--dataset", "d.txt", "--factor", "4",
                                  "--seq-len", "128"])
-    assert by_yaml == by_flags == TrainConfig(**REQUIRED, factor="4", seq_len="128")
+    # The file's relative paths are read against its folder (flags against the working directory).
+    assert by_yaml == dataclasses.replace(by_flags, output_dir=str(tmp_path / "o"), dataset=[str(tmp_path / "d.txt")])
+    assert by_flags == TrainConfig(**REQUIRED, factor="4", seq_len="128")
     assert (by_yaml.factor, by_yaml.seq_len) == (4.0, 128)
     with pytest.raises(ValueError, match=r"factor must be a number \(float\), got 'four'"):
         TrainConfig(**REQUIRED, factor="four")

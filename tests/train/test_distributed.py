@@ -52,6 +52,18 @@ def test_auto_precision_on_a_cpu_is_bf16_only_where_bf16_is_native(monkeypatch, 
     assert distributed.resolve_mixed_precision("auto") is None  # the launcher's setting
 
 
+def test_auto_precision_keeps_the_precision_of_an_earlier_run_in_the_process(monkeypatch):
+    from accelerate import Accelerator
+
+    from hf_posext.train import distributed
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr(distributed, "cpu_has_native_bf16", lambda: True)
+    Accelerator(mixed_precision="no", cpu=True)
+    assert distributed.resolve_mixed_precision("auto") is None  # bf16 now would be refused by accelerate
+    assert Accelerator(mixed_precision=distributed.resolve_mixed_precision("auto"), cpu=True).mixed_precision == "no"
+
+
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun is not installed next to this Python")
 def test_two_process_run_stays_in_sync_and_matches_gradient_accumulation(tmp_path):

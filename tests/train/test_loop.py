@@ -285,7 +285,6 @@ def test_finetune_command_runs_from_flags(assets, tmp_path, capsys):
     assert finetune_main(["--config", str(tmp_path / "missing.yaml")]) == 2
 
 
-@pytest.mark.skipif("alibi" not in __import__("hf_posext").available_methods(), reason="ALiBi not registered")
 def test_alibi_fine_tunes_beyond_the_original_context(assets, tmp_path):
     result = train(config(assets, tmp_path, method="alibi", factor=1, seq_len=2 * ORIGINAL_CONTEXT, max_train_steps=3))
     saved = json.loads((Path(result.output_dir) / "config.json").read_text())

@@ -40,6 +40,11 @@ class DualChunkConfig(AttentionRemapMethod):
             object.__setattr__(self, "local_size", whole_number(
                 self.name, "local_size", self.local_size, minimum=1, allowed="an int >= 1 below chunk_size (or None: L0 // 8)"))
 
+    def needs_factor(self) -> bool:
+        """Without a factor or a ``chunk_size`` DCA advertises no longer context, yet its default chunks
+        (``3 L0 // 4``) already change the logits inside L0: nothing asked for, something changed."""
+        return self.chunk_size is None
+
     def resolve(self, original: int) -> tuple[int, int]:
         """``(chunk_size, local_size)`` for the checkpoint's context ``original`` (L0).
 
