@@ -23,6 +23,7 @@ CASES = {
     "yarn": {"factor": 4},
     "self_extend": {"group_size": 4, "window_size": 8},
     "dca": {},
+    "longrope": {"factor": 4},
 }
 
 
