@@ -302,6 +302,33 @@ def gpu_sedca() -> str:
             + "; ".join(lines) + ".")
 
 
+def longrope_tiny() -> str:
+    """Perplexity by context length per method and factor on the demo's tiny model (longrope_tiny.json)."""
+    data = load("longrope_tiny.json")
+    if data is None:
+        return "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
+    header = ["method", *[f"{n} ({m}x)" for n, m in zip(data["lengths"], data["multiples"])]]
+    rows = [[name, *[f"{p['perplexity']:.3f}" for p in row["points"]]] for name, row in data["rows"].items()]
+    return table(header, rows)
+
+
+def longrope_cache() -> str:
+    """The search's result per factor, the cache gap past the switch and the decode speed (longrope_tiny.json)."""
+    data = load("longrope_tiny.json")
+    if data is None:
+        return "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
+    rows = [[f"search at s = {s} ({r['length']} tokens)", f"{r['start_perplexity']:.4f} -> {r['perplexity']:.4f}",
+             f"{len(r['history'])} rounds, {r['history'][-1]['evaluated'] if r['history'] else 1} candidates, "
+             f"{r['seconds']:.0f} s"] for s, r in data["searches"].items()]
+    cache, speed = data["cache"], data["decode_ms"]
+    rows.append(["cached decoding past the switch, max abs logit gap to a full forward",
+                 f"transformers' cache {cache['transformers']:.1e}", f"exact_cache=True {cache['exact_cache']:.1e}"])
+    rows.append(["decode step (ms)", f"transformers' cache {speed['transformers']:.2f}",
+                 f"exact_cache=True {speed['exact_cache']:.2f} ({speed['transformers'] / speed['exact_cache']:.2f}x "
+                 "the speed)"])
+    return table(["what", "measured", ""], rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "real-model-ppl": real_model_ppl,
     "real-model-passkey": real_model_passkey,
@@ -319,6 +346,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-mfu": gpu_mfu,
     "gpu-prefill": gpu_prefill,
     "gpu-sedca": gpu_sedca,
+    "longrope-tiny": longrope_tiny,
+    "longrope-cache": longrope_cache,
 }
 
 

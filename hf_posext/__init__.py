@@ -29,6 +29,7 @@ from .methods import (
     needs_surgery,
 )
 from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, patched_method, unpatch_model
+from .longrope_search import LongRopeSearchResult, search_longrope
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "AutoPatchedModelForCausalLM",
     "BaseRope",
+    "LongRopeSearchResult",
     "MethodConfig",
     "__version__",
     "available_methods",
@@ -64,6 +66,7 @@ __all__ = [
     "patch_info",
     "patch_model",
     "patched_method",
+    "search_longrope",
     "unpatch_model",
     *sorted(_methods.config_classes()),
 ]

@@ -47,6 +47,10 @@ EXACT_DYNAMIC_UNSUPPORTED = {
     "kolibri1": "some layers use no RoPE",
     "lara_mini": "some layers use no RoPE",
     "gpt_neox_japanese": "its attention rotates with its own rotary layout",
+    # found with longrope's attention factor; with trained (non-unit) q/k norm weights dynamic_ntk
+    # differed from the unpatched model by 0.21 within L_orig too
+    "hunyuan_v1_dense": "its attention normalises queries and keys after RoPE",
+    "hunyuan_v1_moe": "its attention normalises queries and keys after RoPE",
     "persimmon": "its attention does not pass position_ids to the attention function",
     "qwen3_5_text": "multimodal (3D) position ids",
     "qwen3_5_moe_text": "multimodal (3D) position ids",

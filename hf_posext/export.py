@@ -110,6 +110,7 @@ def extend_checkpoint(
     factor: float,
     *,
     overwrite: bool = False,
+    extra_files: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> Path:
     """Write ``source`` with its config extended by ``method`` to ``output_dir``; weights untouched.
@@ -120,6 +121,7 @@ def extend_checkpoint(
             refused when it is the source, inside it, or not empty).
         overwrite: write into a non-empty ``output_dir``: the checkpoint's files are replaced,
             other files are kept.
+        extra_files: ``{name: text}`` written into the checkpoint with it (a search's log).
         method, factor, **kwargs: as for :func:`hf_posext.patch_model`.
 
     Returns:
@@ -138,7 +140,7 @@ def extend_checkpoint(
     patch_model(config, method, factor=factor, **kwargs)
     copied = [item for item in source_dir.iterdir()
               if item.name not in CONFIG_ONLY_FILES and not item.name.startswith(".")]
-    owns = (*MODEL_REPO_FILES, *(item.name for item in copied))
+    owns = (*MODEL_REPO_FILES, *(item.name for item in copied), *(extra_files or {}))
     with output_folder(output_dir, overwrite=overwrite, sources=[source_dir], owns=owns) as tmp:
         for item in copied:
             if item.is_dir():
@@ -148,6 +150,8 @@ def extend_checkpoint(
         config.save_pretrained(tmp)
         raise_model_max_length(tmp, patch_info(config)["context_length"])
         model_card(config, base_model=str(source)).save(tmp / "README.md")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
     return Path(output_dir)
 
 

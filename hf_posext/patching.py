@@ -38,7 +38,7 @@ MAX_CONTEXT = 2**31 - 1
 #: tests/test_patching.py checks that it equals the registry (available_methods() plus method_aliases()).
 MethodName = Literal[
     "linear", "pi", "ntk", "ntk_aware", "dynamic_ntk", "dynamic", "yarn", "dynamic_yarn", "alibi", "sinusoidal",
-    "learned", "self_extend", "dca", "string", "rerope",
+    "learned", "self_extend", "dca", "string", "rerope", "longrope",
 ]
 ModelOrConfig = TypeVar("ModelOrConfig", nn.Module, PreTrainedConfig)
 

@@ -352,3 +352,47 @@ def test_the_docs_list_the_supported_model_types():
     assert block, "docs/methods/index.md lacks the generated block; run python scripts/supported_models.py"
     listed = re.findall(r"`([^`]+)`", block.group(1))
     assert listed == list(SUPPORTED_MODEL_TYPES), "docs/methods/index.md is stale; run python scripts/supported_models.py"
+
+
+#: Why exact_cache=True is refused for longrope: the dynamic methods' reasons, less the config's (Phi-3 takes longrope).
+LONGROPE_EXACT_REFUSED = {reason for reason in EXACT_REFUSED if reason != "config refuses dynamic"}
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_MODEL_TYPES)
+def test_longrope_equals_transformers_and_its_cache_is_exact_or_refused(arch):
+    """exact_cache=False is transformers' own ``longrope`` model; exact_cache=True equals it within L_orig
+    and, past the switch to the long factors, cached decoding equals a forward at every step."""
+    sequence = ids(L_ORIG + 6)
+    dims = rotary_dims(tiny_model(arch))
+    reason = exact_refusal(arch)
+    model = tiny_model(arch)
+    if arch in EXACT_REFUSED["per-layer-type"]:
+        with pytest.raises(ValueError, match="does not support per-layer-type rope parameters"):
+            hf_posext.patch_model(model, "longrope", factor=FACTOR, exact_cache=False)
+        return
+    hf_posext.patch_model(model, "longrope", factor=FACTOR, exact_cache=False)
+    entry = model.config.rope_parameters
+    assert len(entry["long_factor"]) == dims[None] // 2
+    config = tiny_config(arch, rope_parameters=copy.deepcopy(entry), max_position_embeddings=FACTOR * L_ORIG)
+    native = model_class(config)(config).eval()
+    native.load_state_dict(model.state_dict())
+    assert torch.equal(logits(model, sequence), logits(native, sequence)), arch
+    before = logits(native, sequence[:, :L_ORIG])
+    model = tiny_model(arch)
+    if reason in LONGROPE_EXACT_REFUSED:
+        with pytest.raises(ValueError, match=re.escape(EXACT_MESSAGES[reason])):
+            hf_posext.patch_model(model, "longrope", factor=FACTOR)
+        return
+    hf_posext.patch_model(model, "longrope", factor=FACTOR)
+    error = (logits(model, sequence[:, :L_ORIG]) - before).abs().max().item()
+    assert error <= TOL, f"{arch}: exact path within L_orig differs from transformers' longrope by {error:.2e}"
+    prompt = L_ORIG - 2
+    with torch.no_grad():
+        out = model(sequence[:, :prompt], use_cache=True)
+        cache = out.cache
+        for t in range(prompt, sequence.shape[1]):
+            out = model(sequence[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            expected = model(sequence[:, : t + 1], use_cache=False).logits[:, -1]
+            step = (out.logits[:, -1] - expected).abs().max().item()
+            assert step <= 2e-5, f"{arch}: cached step at position {t} differs from a forward by {step:.2e}"

@@ -25,6 +25,7 @@ CASES = {
     "dca": {},
     "string": {"shift": 6, "local_window": 2},
     "rerope": {"window": 4, "leak": 16},
+    "longrope": {"factor": 4},
 }
 
 

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: The modules of the other sub-commands, in ``--help`` order, each with ``add_parser(subparsers)``.
 SUBCOMMAND_MODULES: tuple[str, ...] = tuple(f"hf_posext.commands.{name}" for name in (
-    "eval", "finetune", "demo", "reproduce", "push", "tiny_model", "gguf",
+    "eval", "finetune", "demo", "reproduce", "push", "tiny_model", "gguf", "search",
 ))
 
 

@@ -13,7 +13,7 @@ from .install import (
     enable_exact_dynamic_cache,
     exact_rotary_at_init,
 )
-from .forward_plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, ExactDynamicRope, ForwardPlan
+from .forward_plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, ExactDynamicRope, ForwardPlan, length_dependent
 from .rotation import apply_rotary, cos_sin, grid_rotations
 
 __all__ = [
@@ -30,4 +30,5 @@ __all__ = [
     "exact_dynamic_attention",
     "exact_rotary_at_init",
     "grid_rotations",
+    "length_dependent",
 ]

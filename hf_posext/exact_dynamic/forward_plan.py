@@ -27,8 +27,9 @@ from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, rotary_dim_of
 from .frequencies import frequency_rows
 from .rotation import multipliers
 
-#: The rope types whose frequencies depend on the sequence length, handled here.
-EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE)
+#: The rope types whose frequencies depend on the sequence length, handled here (``longrope``: its
+#: one switch from short to long factors past L_orig; see :func:`length_dependent`).
+EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE, "longrope")
 #: ``config._attn_implementation`` while exact dynamic scaling is on is this prefix plus the kernel.
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 #: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
@@ -54,6 +55,19 @@ _MAX_PLANS = 8
 _MAX_FREQUENCIES = 64
 #: Lengths computed together when decoding asks for one that is not kept: the next steps' too.
 _FREQUENCIES_AHEAD = 32
+
+
+def length_dependent(rope_parameters: dict[str, Any] | None) -> bool:
+    """Whether these (flat) rope parameters give frequencies that change with the sequence length.
+
+    The dynamic types always do; ``longrope`` only when its short and long factors differ (a
+    composition saved as ``longrope`` writes equal lists, and then nothing switches).
+    """
+    params = rope_parameters or {}
+    rope_type = params.get("rope_type")
+    if rope_type == "longrope":
+        return [float(f) for f in params.get("short_factor") or ()] != [float(f) for f in params.get("long_factor") or ()]
+    return rope_type in EXACT_ROPE_TYPES
 
 
 class Scratch:
@@ -227,6 +241,10 @@ class ExactDynamicRope:
             # transformers' dynamic NTK reads L_orig from max_position_embeddings and never stops growing
             self.original = int(config.max_position_embeddings)
             self.saturation: int | None = None
+        elif self.rope_type == "longrope":
+            # short factors up to L_orig tokens, long ones from L_orig + 1 on: one switch, two frequency sets
+            self.original = int(params["original_max_position_embeddings"])
+            self.saturation = self.original + 1
         else:
             self.original = int(params["original_max_position_embeddings"])
             # s(L) = min(factor, L / L_orig) stops changing at the first L with L / L_orig >= factor

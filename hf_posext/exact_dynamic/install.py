@@ -9,7 +9,7 @@ import torch.nn as nn
 from .. import integration
 from ..architectures import check_exact_dynamic
 from .attention import exact_dynamic_attention
-from .forward_plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, STATE_ATTR, ExactDynamicRope
+from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, ExactDynamicRope, length_dependent
 
 #: The attention kernels the exact wrapper can slice masks for.
 SUPPORTED_KERNELS = ("eager", "sdpa")
@@ -58,7 +58,7 @@ def _install(model: nn.Module, rotary: nn.Module | None = None) -> ExactDynamicR
             wrapper (:func:`hf_posext.architectures.check_exact_dynamic`).
     """
     config = model.config
-    if (config.rope_parameters or {}).get("rope_type") not in EXACT_ROPE_TYPES:
+    if not length_dependent(config.rope_parameters):
         return None
     # A config that already names the wrapper (a model built from a patched model's config) wraps its kernel.
     kernel = (config._attn_implementation or "eager").removeprefix(ATTENTION_PREFIX)

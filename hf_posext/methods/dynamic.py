@@ -1,4 +1,4 @@
-"""What the dynamic methods (``dynamic_ntk``, ``dynamic_yarn``) share: the ``exact_cache`` option and its surgery.
+"""What the length-dependent methods (``dynamic_ntk``, ``dynamic_yarn``, ``longrope``) share: ``exact_cache`` and its surgery.
 
 Dynamic methods recompute the rotary frequencies from the current sequence length. With
 ``exact_cache=True`` (the default) :mod:`hf_posext.exact_dynamic` keeps KV-cached decoding equal
@@ -15,27 +15,25 @@ from transformers import PreTrainedConfig
 
 from .. import architectures, integration
 from ..exact_dynamic import (
-    EXACT_ROPE_TYPES,
     ExactDynamicRotaryEmbedding,
     disable_exact_dynamic_cache,
     enable_exact_dynamic_cache,
     exact_rotary_at_init,
+    length_dependent,
 )
 from .base import MethodConfig
 from .surgery import Surgery
 
 
 @dataclass(frozen=True)
-class DynamicScaling(MethodConfig):
-    """Base of the dynamic methods.
+class ExactCacheOption(MethodConfig):
+    """Base of the methods whose frequencies change with the length (the dynamic ones, ``longrope``'s switch).
 
     Args:
         exact_cache: keep KV-cached decoding equal to a forward pass at every step
             (:mod:`hf_posext.exact_dynamic`); ``False`` rotates each key once before caching, as
-            transformers does for its dynamic types and the YaRN repository for dynamic YaRN.
+            transformers does for its dynamic types and ``longrope``, and the YaRN repository for dynamic YaRN.
     """
-
-    dynamic = True
 
     exact_cache: bool = True
 
@@ -45,32 +43,38 @@ class DynamicScaling(MethodConfig):
             raise ValueError(f"{self.name}: exact_cache must be True or False, got {self.exact_cache!r}")
 
 
+@dataclass(frozen=True)
+class DynamicScaling(ExactCacheOption):
+    """Base of the dynamic methods (frequencies recomputed from the current length; ``exact_cache`` as above)."""
+
+    dynamic = True
+
+
 class DynamicSurgery(Surgery):
     """Exact KV-cache scaling (``exact_cache=True``) or transformers' own with the scaling reset fixed."""
 
-    def check(self, method: DynamicScaling, config: PreTrainedConfig, model: nn.Module | None) -> None:
+    def check(self, method: ExactCacheOption, config: PreTrainedConfig, model: nn.Module | None) -> None:
         if method.exact_cache:
             architectures.check_exact_dynamic(config, model)
 
-    def patch_modules(self, method: DynamicScaling, model: nn.Module) -> None:
+    def patch_modules(self, method: ExactCacheOption, model: nn.Module) -> None:
         if method.exact_cache:
             enable_exact_dynamic_cache(model)
         else:  # the rotary modules were just rebuilt by patch_model, so each gets the hook once
             for _, rotary in integration.rotary_modules(model):
                 integration.restore_scaling_on_reset(rotary)
 
-    def unpatch_modules(self, method: DynamicScaling, model: nn.Module) -> None:
+    def unpatch_modules(self, method: ExactCacheOption, model: nn.Module) -> None:
         disable_exact_dynamic_cache(model)
 
-    def on_rotary_init(self, method: DynamicScaling, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
+    def on_rotary_init(self, method: ExactCacheOption, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
         if not method.exact_cache:
             integration.restore_scaling_on_reset(rotary)
             return None
         return exact_rotary_at_init(base_model, rotary)
 
-    def missing(self, method: DynamicScaling, model: nn.Module) -> str | None:
+    def missing(self, method: ExactCacheOption, model: nn.Module) -> str | None:
         if not method.exact_cache:
             return None
-        rope_type = (model.config.rope_parameters or {}).get("rope_type")
         stand_in = any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
-        return "the exact KV-cache wrapper" if rope_type in EXACT_ROPE_TYPES and not stand_in else None
+        return "the exact KV-cache wrapper" if length_dependent(model.config.rope_parameters) and not stand_in else None

@@ -12,7 +12,7 @@ from typing import Any
 KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
 #: Top-level config fields only 4.x (and engines reading a 4.x-style config) need.
-LEGACY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor")
+LEGACY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "original_max_position_embeddings")
 
 
 def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
@@ -24,11 +24,15 @@ def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
     """
     scaling = {k: v for k, v in rope_parameters.items() if k not in ("rope_theta", "partial_rotary_factor")}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    return {
+    fields = {
         "rope_theta": rope_parameters["rope_theta"],
         "rope_scaling": None if rope_type == "default" else scaling,
         "partial_rotary_factor": rope_parameters.get("partial_rotary_factor"),
     }
+    if rope_type == "longrope":
+        # 4.57's longrope reads L0 from the top level only (else max_position_embeddings: never switches)
+        fields["original_max_position_embeddings"] = rope_parameters["original_max_position_embeddings"]
+    return fields
 
 
 def verdict(rope_type: str) -> tuple[str, str]:

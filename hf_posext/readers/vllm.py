@@ -58,4 +58,6 @@ def effective_rope(config: Any) -> RopeDescription:
             "yarn", theta, factor=rope["factor"], original=rope["original_max_position_embeddings"],
             beta_fast=rope.get("beta_fast", 32), beta_slow=rope.get("beta_slow", 1),
         )
+    if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
+        return describe("longrope", theta)
     raise ValueError(f"Unknown RoPE scaling type {rope_type}")

@@ -174,3 +174,11 @@ def test_model_card_names_no_local_path(tmp_path):
     card = model_card(config, base_model=str(tmp_path / "base"))
     assert str(tmp_path) not in str(card) and ABSOLUTE_PATH.search(str(card)) is None and card.data.base_model is None
     assert model_card(config, base_model="my-org/tiny-base").data.base_model == "my-org/tiny-base"
+
+
+def test_vllm_reads_a_longrope_checkpoint(tmp_path):
+    # vLLM get_rope (commit 07b12f1) has a longrope branch (Phi3LongRoPEScaledRotaryEmbedding) for every model
+    config, _ = saved(tmp_path, "longrope", factor=4)
+    assert vllm.effective_rope(config) == intended_rope(config.rope_parameters)
+    assert vllm.max_model_len(config) == 4 * L_ORIG
+    assert support(config, 4 * L_ORIG)["vLLM"][0] == "right"

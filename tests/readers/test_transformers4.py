@@ -18,7 +18,7 @@ import hf_posext
 from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE, NO_ROPE_TYPE
 
 L_ORIG = 64
-NATIVE = ("linear", "ntk", "dynamic_ntk", "yarn")
+NATIVE = ("linear", "ntk", "dynamic_ntk", "yarn", "longrope")
 NOT_IN_4X = {"dynamic_yarn": DYNAMIC_YARN_ROPE_TYPE, "alibi": NO_ROPE_TYPE}
 
 LOAD_WITH_4X = textwrap.dedent(
@@ -51,9 +51,10 @@ def test_transformers_4_57_gives_transformers_5_logits_or_refuses(tmp_path):
     for arch in ("llama", "qwen2"):
         for method in (*NATIVE, *NOT_IN_4X):
             kwargs = {} if method == "alibi" else {"factor": 4}
-            if method == "dynamic_ntk":
+            if method in ("dynamic_ntk", "longrope"):
                 # transformers' own dynamic NTK, which 4.57 and 5 share: frequencies from the whole
-                # sequence's length (hf-posext's default exact cache computes them per position)
+                # sequence's length (hf-posext's default exact cache computes them per position); longrope
+                # likewise: 4.57's full forward takes the long factors for every position past L_orig
                 kwargs["exact_cache"] = False
             model = hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), method, **kwargs)
             model.save_pretrained(tmp_path / f"{arch}-{method}")

@@ -1,0 +1,168 @@
+"""LongRoPE on the demo's tiny byte-level Llama: searched factors against YaRN, PI and NTK, and the exact cache.
+
+    nice -n 10 python benchmarks/longrope_tiny.py           # ~10 min on 2 CPU cores (+ ~3 min once: the model)
+    python benchmarks/longrope_tiny.py --quick              # seconds: the demo's QUICK sizes, nothing written
+
+Searches long factors at 8x and 16x the training length on training-split stdlib text
+(hf_posext.search_longrope), then measures every method at a fixed factor s on held-out files with
+the demo's protocol (the same last 127 bytes read with 1x-16x of context); then cached decoding
+across the switch against the full forward, with transformers' native cache and with
+exact_cache=True, and the decode speed of both. Writes benchmarks/results/longrope_tiny.json;
+docs/methods/longrope.md shows its tables (benchmarks/tables.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import environment, write_results  # noqa: E402
+
+import hf_posext  # noqa: E402
+from hf_posext.data import encode_documents, iter_local_documents, stdlib_files  # noqa: E402
+from hf_posext.eval.perplexity import truncated_perplexity  # noqa: E402
+from hf_posext.experiments.demo import FULL, QUICK, held_out_documents  # noqa: E402
+from hf_posext.experiments.tinylm import pretrain  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "longrope_tiny.json"
+
+
+def training_documents(tokenizer: Any, min_tokens: int, count: int, seed: int = 0) -> torch.Tensor:
+    """``[count, min_tokens]``: the first ``min_tokens`` bytes of training-split stdlib files (search text)."""
+    files = [p for p in stdlib_files("train") if p.stat().st_size >= 2 * min_tokens]
+    chosen = sorted(random.Random(seed).sample(files, 4 * count))
+    docs = [d[:min_tokens] for d in encode_documents(iter_local_documents(chosen), tokenizer) if d.numel() >= min_tokens]
+    return torch.stack(docs[:count])
+
+
+def cache_gaps(model: Any, ids: torch.Tensor, prompt: int) -> float:
+    """Max |logits| difference between cached decoding from a ``prompt``-token prefill and full forwards."""
+    worst = 0.0
+    with torch.no_grad():
+        out = model(ids[:, :prompt], use_cache=True)
+        cache = out.cache
+        for t in range(prompt, ids.shape[1]):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            full = model(ids[:, : t + 1], use_cache=False).logits[:, -1]
+            worst = max(worst, (out.logits[:, -1] - full).abs().max().item())
+    return worst
+
+
+def decode_ms(model: Any, ids: torch.Tensor, prompt: int, steps: int) -> float:
+    """Milliseconds per decoding step after a ``prompt``-token prefill (teacher-forced, DynamicCache)."""
+    with torch.no_grad():
+        cache = model(ids[:, :prompt], use_cache=True).cache
+        start = time.perf_counter()
+        for t in range(prompt, prompt + steps):
+            cache = model(ids[:, t : t + 1], cache=cache, use_cache=True).cache
+    return 1000 * (time.perf_counter() - start) / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the demo's QUICK sizes; writes nothing")
+    parser.add_argument("--population", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--search-documents", type=int, default=4)
+    args = parser.parse_args(argv)
+    config = QUICK if args.quick else FULL
+    begin = time.perf_counter()
+    model, tokenizer, _ = pretrain(config.model, progress=False)
+    train_len = config.model.seq_len
+    multiples = config.multiples
+    lengths = [m * train_len for m in multiples]
+    docs = held_out_documents(tokenizer, lengths[-1] + 1, config.documents, config.seed)
+    factors = (8.0, 16.0) if not args.quick else (4.0, 16.0)
+    searches: dict[str, Any] = {}
+    for s in factors:
+        length = int(s * train_len)
+        text = training_documents(tokenizer, length, args.search_documents)
+        t0 = time.perf_counter()
+        result = hf_posext.search_longrope(model, text, factor=s, length=length, population=args.population,
+                                           rounds=args.rounds, seed=0)
+        searches[str(int(s))] = {**result.to_dict(), "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"search s={s:g} at {length}: {result.start_perplexity:.4f} -> {result.perplexity:.4f}", flush=True)
+
+    def measure(name: str, method: str, s: float, **kwargs: Any) -> None:
+        if method != "none":
+            hf_posext.patch_model(model, method, factor=s, **kwargs)
+        points = truncated_perplexity(model, docs, lengths, score_last=train_len - 1, end_at=lengths[-1],
+                                      progress=False)
+        if method != "none":
+            hf_posext.unpatch_model(model)
+        rows[name] = {"method": method, "factor": s, **{k: v for k, v in kwargs.items() if k != "long_factor"},
+                      "points": [p.to_dict() for p in points]}
+        print(f"{name:<32}" + " ".join(f"{p.perplexity:9.3f}" for p in points), flush=True)
+
+    rows: dict[str, Any] = {}
+    measure("none", "none", 1.0)
+    for s in factors:
+        searched = searches[str(int(s))]["long_factor"]
+        measure(f"linear s={s:g}", "linear", s)
+        measure(f"ntk s={s:g}", "ntk", s)
+        measure(f"yarn s={s:g}", "yarn", s)
+        measure(f"longrope s={s:g} (YaRN start)", "longrope", s, exact_cache=False)
+        measure(f"longrope s={s:g} (searched)", "longrope", s, long_factor=searched, exact_cache=False)
+    s = factors[-1]
+    measure(f"longrope s={s:g} (searched, exact_cache)", "longrope", s,
+            long_factor=searches[str(int(s))]["long_factor"], exact_cache=True)
+
+    ids = docs[0][None, : 2 * train_len]
+    prompt = train_len - 28
+    cache: dict[str, float] = {}
+    speed: dict[str, float] = {}
+    for exact in (False, True):
+        hf_posext.patch_model(model, "longrope", factor=s, long_factor=searches[str(int(s))]["long_factor"],
+                              exact_cache=exact)
+        cache["exact_cache" if exact else "transformers"] = cache_gaps(model, ids, prompt)
+        hf_posext.unpatch_model(model)
+    decode_ids = docs[0][None, : lengths[-1]]
+    times: dict[str, list[float]] = {"transformers": [], "exact_cache": []}
+    for _ in range(3):
+        for exact in (False, True):
+            hf_posext.patch_model(model, "longrope", factor=s, long_factor=searches[str(int(s))]["long_factor"],
+                                  exact_cache=exact)
+            times["exact_cache" if exact else "transformers"].append(
+                decode_ms(model, decode_ids, lengths[-1] // 2, 64 if not args.quick else 4))
+            hf_posext.unpatch_model(model)
+    speed = {k: statistics.median(v) for k, v in times.items()}
+    print(f"cache gap past the switch: {cache}; decode ms/token at {lengths[-1] // 2}: {speed}")
+    payload = {
+        "protocol": {
+            "model": f"the demo's tiny byte-level Llama (hf_posext/experiments/demo.py), trained at {train_len} tokens",
+            "metric": f"perplexity (per byte) of the same last {train_len - 1} bytes of {len(docs)} held-out stdlib "
+                      "files, read with L tokens of context",
+            "factor": "fixed s per row at every length; longrope rows with exact_cache=False (transformers' full "
+                      "forward: every position with the long factors past L_orig) unless marked",
+            "search": f"population {args.population}, {args.rounds} rounds, seed 0, fitness = perplexity of the first "
+                      f"s x {train_len} bytes of {args.search_documents} training-split stdlib files",
+            "cache": f"max |logits| difference, cached decoding from a {prompt}-token prefill to {2 * train_len} "
+                     "tokens against a full forward of each prefix, fp32, s = 16, searched factors",
+            "speed": f"median of 3 runs, ms per decoding step after a {lengths[-1] // 2}-token prompt, 64 steps",
+        },
+        "lengths": lengths,
+        "multiples": list(multiples),
+        "rows": rows,
+        "searches": searches,
+        "cache": cache,
+        "decode_ms": speed,
+        "environment": environment(),
+        "seconds": round(time.perf_counter() - begin, 1),
+    }
+    if not args.quick:
+        write_results(OUT, payload)
+        print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

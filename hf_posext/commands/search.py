@@ -1,0 +1,103 @@
+"""``hf-posext search longrope``: LongRoPE's factor search on your own model and text, then a checkpoint carrying them.
+
+    hf-posext search longrope path/to/model out/model-lr8 --factor 8 --length 1024 --data notes.txt \\
+        --population 16 --rounds 8
+
+Writes OUT (the model with a native ``longrope`` config holding the searched factors, loadable
+by vanilla transformers) and ``OUT/longrope_search.json`` (settings, result, per-round history).
+The search state is written after every round to ``OUT.search-state.json`` beside OUT; rerunning
+the same command resumes from it, and it is removed once OUT is written (docs/methods/longrope.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..files import check_output_dir
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse bad flags before anything is loaded or written (one line naming the flag)."""
+    if not args.factor >= 1:
+        raise ValueError(f"--factor must be >= 1 (the context scale s), got {args.factor}")
+    if args.population < 2:
+        raise ValueError(f"--population must be >= 2 (the best half are kept as parents), got {args.population}")
+    if args.rounds < 0:
+        raise ValueError(f"--rounds must be >= 0, got {args.rounds}")
+    if args.documents < 1:
+        raise ValueError(f"--documents must be >= 1, got {args.documents}")
+
+
+def _longrope(args: argparse.Namespace) -> int:
+    from ..gguf import resolve_model_source
+
+    _check_args(args)
+    source = Path(resolve_model_source(args.model))  # a .gguf file -> its cached safetensors conversion
+    if not (source / "config.json").is_file():
+        raise ValueError(f"MODEL {args.model!r} is not a checkpoint folder with a config.json (or a .gguf file)")
+    check_output_dir(args.out, overwrite=args.overwrite, sources=[source])
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..checkpoint_rope import base_rope
+    from ..config_checks import read_config
+    from ..data import encode_documents, load_texts
+    from ..eval.checkpoint import load_model
+    from ..export import extend_checkpoint
+    from ..longrope_search import search_longrope
+    from ..methods import method_config
+
+    config = read_config(source)
+    original = base_rope(config, method_config("longrope"), override=True).original_max_position_embeddings
+    if args.length <= original:
+        raise ValueError(f"--length must be above the model's original context {original} (the long factors are used "
+                         f"past it), got {args.length}")
+    documents = encode_documents(load_texts(args.data, split=args.split), AutoTokenizer.from_pretrained(source))
+    long_enough = [d[: args.length] for d in documents if len(d) >= args.length][: args.documents]
+    if not long_enough:
+        longest = max((len(d) for d in documents), default=0)
+        raise ValueError(f"--length {args.length} is beyond the text: the longest document of --data has {longest} "
+                         "tokens")
+    model, _ = load_model(str(source), args.dtype, args.device)
+    state = Path(f"{str(args.out).rstrip('/')}.search-state.json")
+    result = search_longrope(model, torch.stack(long_enough), factor=args.factor, length=args.length,
+                             population=args.population, rounds=args.rounds, seed=args.seed, state_path=state,
+                             progress=not args.no_progress)
+    log: dict[str, Any] = {
+        "model": str(source), "data": list(args.data), "documents": len(long_enough),
+        "settings": {"factor": args.factor, "length": args.length, "population": args.population,
+                     "rounds": args.rounds, "seed": args.seed},
+        "result": result.to_dict(),
+    }
+    out = extend_checkpoint(source, args.out, "longrope", args.factor, long_factor=result.long_factor,
+                            overwrite=args.overwrite, extra_files={"longrope_search.json": json.dumps(log, indent=2)})
+    state.unlink(missing_ok=True)
+    print(f"perplexity at {args.length}: {result.start_perplexity:.4g} (YaRN's factors) -> {result.perplexity:.4g}")
+    print(f"wrote {out} and {out / 'longrope_search.json'}")
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``hf-posext search longrope``."""
+    parser = subparsers.add_parser("search", help="search a method's parameters on your model and text (longrope)")
+    sub = parser.add_subparsers(dest="search_command", required=True)
+    p = sub.add_parser("longrope", help="LongRoPE's evolutionary search of per-pair factors; writes a checkpoint")
+    p.add_argument("model", help="checkpoint folder (with its tokenizer) or a local .gguf file")
+    p.add_argument("out", help="the folder the checkpoint with the searched factors is written to")
+    p.add_argument("--factor", type=float, required=True, help="context scale s >= 1")
+    p.add_argument("--length", type=int, required=True, help="target length L (above the original context): "
+                   "fitness is the perplexity of the first L tokens of each document")
+    p.add_argument("--data", nargs="+", required=True, help="text files, folders or globs (as hf-posext eval ppl)")
+    p.add_argument("--split", default="train", help="the stdlib split or dataset split of --data (default: train)")
+    p.add_argument("--population", type=int, default=64, help="candidates per round (default 64, as LongRoPE)")
+    p.add_argument("--rounds", type=int, default=40, help="evolution rounds (default 40, as LongRoPE)")
+    p.add_argument("--documents", type=int, default=5, help="documents of at least L tokens scored (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--dtype", default="float32", help="weights' dtype (default float32)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 ...")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty output folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_longrope)

@@ -1,0 +1,127 @@
+"""LongRoPE: one rescale factor per rotary pair, short factors up to L_orig and long ones past it.
+
+Ding et al. 2024, arXiv:2402.13753 (microsoft/LongRoPE). Written as transformers' native
+``longrope`` entry, so vanilla transformers, vLLM and SGLang load the checkpoint; the exact KV
+cache across the switch, the default factors and the search: docs/methods/longrope.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...rope_utils import default_inv_freq, yarn_pair_factors
+from ..base import BaseRope, real_number
+from ..dynamic import ExactCacheOption
+
+
+def yarn_long_factors(theta: float, rotary_dim: int, original: int, factor: float) -> list[float]:
+    """LongRoPE's starting point: YaRN's per-pair ramp as divisors, ``rotary_dim // 2`` of them.
+
+    Pair i's frequency theta^(-2i/d) is divided by 1 (pairs making more than 32 turns over
+    ``original``) up to ``factor`` (fewer than 1 turn), linear in i between (YaRN's ramp as
+    transformers computes it): non-decreasing, between 1 and ``factor``.
+    """
+    inv_freq = default_inv_freq(theta, rotary_dim).double()
+    return [float(f) for f in yarn_pair_factors(inv_freq, original, factor)]
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """transformers' default cos/sin multiplier of ``longrope``, sqrt(1 + ln s / ln L_orig) (1 for s <= 1)."""
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def _factor_list(name: str, field: str, given: Any) -> tuple[float, ...] | None:
+    if given is None:
+        return None
+    if isinstance(given, torch.Tensor):
+        given = given.tolist()
+    if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+        raise ValueError(f"{name}: {field} must be a list of positive numbers (one per rotary pair) or None, got {given!r}")
+    values = tuple(real_number(name, field, v, "a list of positive numbers") for v in given)
+    bad = [v for v in values if not (v > 0 and math.isfinite(v))]
+    if not values or bad:
+        raise ValueError(f"{name}: {field} must be a non-empty list of positive finite numbers, got {list(given)!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class LongRopeConfig(ExactCacheOption):
+    """LongRoPE: per-pair factors, short ones up to L_orig and long ones past it (native ``longrope``).
+
+    Args:
+        long_factor: one divisor per rotary pair used past L_orig; ``None``: YaRN's ramp at ``factor``
+            (:func:`yarn_long_factors`), what LongRoPE's search starts from (:func:`hf_posext.search_longrope`).
+        short_factor: the divisors up to L_orig; ``None``: ones (the model as pretrained).
+        attention_factor: the cos/sin multiplier; ``None``: transformers' sqrt(1 + ln s / ln L_orig).
+        exact_cache: cached decoding across the switch equals a forward pass (docs/methods/longrope.md).
+    """
+
+    paper = "Ding et al. 2024, LongRoPE, arXiv:2402.13753"
+    composes = True
+    #: the exact cache needs one flat rope entry (as the dynamic methods)
+    per_layer_type_rope = False
+
+    long_factor: tuple[float, ...] | None = None
+    short_factor: tuple[float, ...] | None = None
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for field in ("long_factor", "short_factor"):
+            object.__setattr__(self, field, _factor_list(self.name, field, getattr(self, field)))
+        if self.attention_factor is not None:
+            value = real_number(self.name, "attention_factor", self.attention_factor, "> 0 or None")
+            if not value > 0:
+                raise ValueError(
+                    f"{self.name}: attention_factor must be a positive number or None, got {self.attention_factor!r}"
+                )
+            object.__setattr__(self, "attention_factor", value)
+
+    def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        pairs = base.rotary_dim // 2
+        original = base.original_max_position_embeddings
+        long = list(self.long_factor) if self.long_factor else yarn_long_factors(base.theta, base.rotary_dim, original,
+                                                                                 self.factor)
+        short = list(self.short_factor) if self.short_factor else [1.0] * pairs
+        for field, values in (("long_factor", long), ("short_factor", short)):
+            if len(values) != pairs:
+                raise ValueError(
+                    f"{self.name}: {field} has {len(values)} entries; this model has {pairs} rotary pairs "
+                    f"(rotary dim {base.rotary_dim}), one factor each"
+                )
+        params = {
+            **base.rope_parameters,
+            "rope_type": "longrope",
+            "short_factor": short,
+            "long_factor": long,
+            "factor": self.factor,
+            "original_max_position_embeddings": original,
+        }
+        # written out (transformers' default when not given): vLLM and Phi-3.5-MoE's config read
+        # short_mscale / long_mscale, transformers attention_factor (hf_posext.rope_utils)
+        attention = self.attention_factor if self.attention_factor is not None else longrope_attention_factor(
+            self.factor, original)
+        params.update(attention_factor=attention, short_mscale=attention, long_mscale=attention)
+        return params
+
+    # On a checkpoint that ships a static scaling, LongRoPE without factors composes as YaRN's ramp on
+    # its divisors (the search's starting point) with LongRoPE's temperature; factors are absolute.
+    def pair_factors(self, base: BaseRope) -> torch.Tensor | None:
+        if self.long_factor is not None or self.short_factor is not None:
+            raise ValueError(
+                f"{self.name}: long_factor and short_factor divide plain RoPE's frequencies; this checkpoint already "
+                f"ships rope_type={base.rope_type!r}. Pass override=True to replace its scaling."
+            )
+        if base.pair_divisors is None:
+            return None
+        base_inv_freq = default_inv_freq(base.theta, base.rotary_dim).double() / base.pair_divisors
+        return yarn_pair_factors(base_inv_freq, base.original_max_position_embeddings, self.factor)
+
+    def temperature(self, base: BaseRope) -> float:
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return longrope_attention_factor(self.factor, base.original_max_position_embeddings)

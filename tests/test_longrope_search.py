@@ -1,0 +1,140 @@
+"""LongRoPE's factor search (hf_posext.search_longrope) and ``hf-posext search longrope``.
+
+Properties from the paper's algorithm: every candidate non-decreasing and between 1 and s, never a
+repeat, the result never worse than its start, the same seed the same search, a killed search
+resumed equal to an uninterrupted one, and the fitness equal to a perplexity computed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from models import tiny_model, tokens
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_posext
+from hf_posext import longrope_search
+from hf_posext.commands.main import main
+from hf_posext.testing import make_tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+L_ORIG = 16
+
+
+def search(model, ids, **kwargs):
+    settings = dict(factor=4, length=48, population=6, rounds=3, seed=0, progress=False)
+    return hf_posext.search_longrope(model, ids, **{**settings, **kwargs})
+
+
+def test_search_properties_and_determinism(monkeypatch):
+    model = tiny_model("llama", max_positions=L_ORIG)
+    ids = tokens(64, batch=2)
+    seen: list[tuple[float, ...]] = []
+    evaluate = longrope_search._Search.perplexity
+
+    def recording(self, factors):
+        if factors not in self.evaluated:
+            seen.append(factors)
+        return evaluate(self, factors)
+
+    monkeypatch.setattr(longrope_search._Search, "perplexity", recording)
+    result = search(model, ids)
+    assert len(seen) == len(set(seen)) > 6  # repeats are skipped
+    for factors in seen:
+        assert len(factors) == 16 and all(1 <= a <= b <= 4 for a, b in zip(factors, factors[1:]))
+    assert result.perplexity <= result.start_perplexity
+    assert [h["round"] for h in result.history] == [1, 2, 3]
+    assert all(a["best_perplexity"] >= b["best_perplexity"] for a, b in zip(result.history, result.history[1:]))
+    assert hf_posext.patched_method(model) is None  # the model is left as it was
+    assert search(model, ids).to_dict() == result.to_dict()
+
+
+def test_fitness_is_the_perplexity_of_transformers_longrope_model():
+    model = tiny_model("llama", max_positions=L_ORIG)
+    ids = tokens(64, batch=2)
+    result = search(model, ids, rounds=1)
+    hf_posext.patch_model(model, "longrope", factor=4, long_factor=result.long_factor, exact_cache=False)
+    with torch.no_grad():
+        logits = model(ids[:, :48]).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:48].reshape(-1))
+    assert math.isclose(result.perplexity, math.exp(nll.item()), rel_tol=1e-5)
+
+
+def test_killed_search_resumes_to_the_same_result(tmp_path, monkeypatch):
+    model = tiny_model("llama", max_positions=L_ORIG)
+    ids = tokens(64)
+    uninterrupted = search(model, ids)
+    state = tmp_path / "state.json"
+    written = longrope_search.write_text
+    calls = []
+
+    def killed_after_two_rounds(path, text):
+        written(path, text)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(longrope_search, "write_text", killed_after_two_rounds)
+    with pytest.raises(KeyboardInterrupt):
+        search(model, ids, state_path=state)
+    assert json.loads(state.read_text())["round"] == 2 and hf_posext.patched_method(model) is None
+    monkeypatch.setattr(longrope_search, "write_text", written)
+    assert search(model, ids, state_path=state).to_dict() == uninterrupted.to_dict()
+    with pytest.raises(ValueError, match="holds the state of another search"):
+        search(model, ids, state_path=state, seed=5)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"factor": 0.5}, "factor must be >= 1"),
+    ({"length": 16}, "length must be above the original context 16"),
+    ({"length": 65}, "length 65 is beyond the text"),
+    ({"population": 1}, "population must be"),
+    ({"rounds": -1}, "rounds must be"),
+])
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        search(tiny_model("llama", max_positions=L_ORIG), tokens(64), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search")
+    path = make_tiny_model(root / "tiny", hidden_size=32, max_position_embeddings=16)
+    text = root / "doc.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 6)
+    return path, text
+
+
+def test_cli_writes_a_checkpoint_with_the_factors_and_a_log(checkpoint, tmp_path, capsys):
+    path, text = checkpoint
+    out = tmp_path / "out"
+    assert main(["search", "longrope", str(path), str(out), "--factor", "4", "--length", "40", "--data", str(text),
+                 "--population", "4", "--rounds", "2", "--no-progress"]) == 0
+    log = json.loads((out / "longrope_search.json").read_text())
+    config = AutoConfig.from_pretrained(out)
+    assert config.rope_parameters["rope_type"] == "longrope"
+    assert config.rope_parameters["long_factor"] == log["result"]["long_factor"]
+    assert len(log["result"]["history"]) == 2 and not (tmp_path / "out.search-state.json").exists()
+    assert isinstance(AutoModelForCausalLM.from_pretrained(out), torch.nn.Module)
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--factor", "0.5"], "--factor must be >= 1"),
+    (["--length", "16"], "--length must be above the model's original context 16"),
+    (["--length", "4000"], "--length 4000 is beyond the text"),
+    (["--population", "1"], "--population must be >= 2"),
+])
+def test_cli_bad_input_is_one_line_naming_the_flag_and_writes_nothing(checkpoint, tmp_path, capsys, flags, message):
+    path, text = checkpoint
+    args = {"--factor": "4", "--length": "40", "--population": "4", "--rounds": "1"}
+    args.update(dict(zip(flags[::2], flags[1::2])))
+    argv = ["search", "longrope", str(path), str(tmp_path / "out"), "--data", str(text), "--no-progress"]
+    assert main([*argv, *(x for kv in args.items() for x in kv)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
