@@ -124,10 +124,10 @@ def test_cli_writes_a_checkpoint_with_the_factors_and_a_log(checkpoint, tmp_path
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--factor", "0.5"], "--factor must be >= 1"),
+    (["--factor", "0.5"], "argument --factor: expected a finite number >= 1, got '0.5'"),
     (["--length", "16"], "--length must be above the model's original context 16"),
     (["--length", "4000"], "--length 4000 is beyond the text"),
-    (["--population", "1"], "--population must be >= 2"),
+    (["--population", "1"], "argument --population: expected an integer >= 2, got '1'"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag_and_writes_nothing(checkpoint, tmp_path, capsys, flags, message):
     path, text = checkpoint

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import check_output_dir
+from .arguments import real, whole
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -87,15 +88,15 @@ def add_parser(subparsers: Any) -> None:
     p = sub.add_parser("longrope", help="LongRoPE's evolutionary search of per-pair factors; writes a checkpoint")
     p.add_argument("model", help="checkpoint folder (with its tokenizer) or a local .gguf file")
     p.add_argument("out", help="the folder the checkpoint with the searched factors is written to")
-    p.add_argument("--factor", type=float, required=True, help="context scale s >= 1")
-    p.add_argument("--length", type=int, required=True, help="target length L (above the original context): "
+    p.add_argument("--factor", type=real(1.0), required=True, help="context scale s >= 1")
+    p.add_argument("--length", type=whole(2), required=True, help="target length L (above the original context): "
                    "fitness is the perplexity of the first L tokens of each document")
     p.add_argument("--data", nargs="+", required=True, help="text files, folders or globs (as hf-posext eval ppl)")
     p.add_argument("--split", default="train", help="the stdlib split or dataset split of --data (default: train)")
-    p.add_argument("--population", type=int, default=64, help="candidates per round (default 64, as LongRoPE)")
-    p.add_argument("--rounds", type=int, default=40, help="evolution rounds (default 40, as LongRoPE)")
-    p.add_argument("--documents", type=int, default=5, help="documents of at least L tokens scored (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--population", type=whole(2), default=64, help="candidates per round (default 64, as LongRoPE)")
+    p.add_argument("--rounds", type=whole(0), default=40, help="evolution rounds (default 40, as LongRoPE)")
+    p.add_argument("--documents", type=whole(1), default=5, help="documents of at least L tokens scored (default 5)")
+    p.add_argument("--seed", type=whole(0), default=0, help="random seed (default 0)")
     p.add_argument("--dtype", default="float32", help="weights' dtype (default float32)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 ...")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty output folder")
