@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .files import output_folder
 from .methods import method_class
@@ -174,9 +176,6 @@ def merge_adapter(
     Raises:
         FileNotFoundError: no checkpoint at ``source`` or no PEFT adapter at ``adapter``.
     """
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     adapter_dir = Path(adapter)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise FileNotFoundError(f"no PEFT adapter at {adapter_dir} (it has no adapter_config.json)")

@@ -53,7 +53,14 @@ def compute_remap_rope_parameters(config: Any, device: torch.device | str | None
 
 def validate_remap_rope_parameters(config: Any, rope_parameters: dict[str, Any],
                                    ignore_keys: set[str] | None = None) -> None:
-    """Validate the shipped entry by its own type's validator (``remapped_rope_type`` is the one extra key)."""
+    """Validate the shipped entry by its own type's validator (``remapped_rope_type`` is the one extra key).
+
+    Raises:
+        KeyError: no ``remapped_rope_type`` (transformers' rule for a missing required key).
+    """
+    if REMAPPED_TYPE_KEY not in rope_parameters:
+        raise KeyError(f"Missing required keys in `rope_parameters` for 'rope_type'='{REMAP_ROPE_TYPE}': "
+                       f"{{'{REMAPPED_TYPE_KEY}'}}")
     params = shipped_parameters(rope_parameters)
     shipped = params["rope_type"]
     if not isinstance(shipped, str) or shipped == REMAP_ROPE_TYPE or not integration.is_registered_rope_type(shipped):
