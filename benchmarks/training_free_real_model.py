@@ -149,17 +149,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plot")
-    parser.add_argument("--out", type=Path, default=OUT, help="folder of results.json, the table and plots")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"folder of results.json, the table and plots (default {OUT.name}/, {OUT.name}_bf16/ "
+                        "for --dtype bfloat16)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="weights' dtype; bfloat16 cells go to their own results.json (benchmarks/results/"
+                        "cpu_bf16.json for its accuracy)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cells = Cells(args.out / "results.json", {**SETTINGS, "methods": {k: [v[0], v[1], v[2]] for k, v in METHODS.items()}},
+    args.out = args.out or (OUT if args.dtype == "float32" else OUT.with_name(f"{OUT.name}_bf16"))
+    dtype = {} if args.dtype == "float32" else {"dtype": args.dtype}
+    cells = Cells(args.out / "results.json",
+                  {**SETTINGS, **dtype, "methods": {k: [v[0], v[1], v[2]] for k, v in METHODS.items()}},
                   rows_key="methods")
     if args.report:
         print(report(cells, args.lengths, args.keys, args.out))
         return 0
     folder = gguf_checkpoint(gguf_file(None))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa",
+                                                 dtype=getattr(torch, args.dtype)).eval()
     document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:32768]
     for length in sorted(args.lengths):
         for index, depth in key_schedule(args.keys):

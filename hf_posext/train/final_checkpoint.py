@@ -17,11 +17,13 @@ import torch
 import torch.nn as nn
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
+from huggingface_hub import ModelCard
 from transformers import PreTrainedModel
 
-from ..data import is_local_dataset
+from ..data import STDLIB, is_local_dataset
 from ..export import ADAPTER_FOLDER, MODEL_REPO_FILES, model_card
 from ..files import check_output_dir, output_folder
+from ..readers.hub_card import base_model_id
 from ..readers.tokenizer import raise_model_max_length
 from .checkpointing import TrainProgress
 from .config import TrainConfig
@@ -120,10 +122,17 @@ def save_final(
             if adapter_state is not None:
                 # The small file to publish or commit: hf-posext patch BASE OUT --adapter rebuilds the merged model.
                 unwrapped.save_pretrained(tmp / ADAPTER_FOLDER, state_dict=adapter_state)
+                # PEFT names the local folder the base was loaded from (a cache path): name its Hub id, or none.
+                adapter_config = tmp / ADAPTER_FOLDER / "adapter_config.json"
+                adapter_config.write_text(json.dumps({**json.loads(adapter_config.read_text()),
+                                                      "base_model_name_or_path": base_model_id(config.model)}, indent=2))
             tokenizer.save_pretrained(tmp)
             raise_model_max_length(tmp, plan.context)
             (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
-            card_for(base.config, config, plan, progress, eval_results).save(tmp / "README.md")
+            card = card_for(base.config, config, plan, progress, eval_results)
+            card.save(tmp / "README.md")
+            if adapter_state is not None:
+                adapter_card(card, config).save(tmp / ADAPTER_FOLDER / "README.md")  # replaces PEFT's empty template
     accelerator.wait_for_everyone()
     return output_dir
 
@@ -131,10 +140,30 @@ def save_final(
 def _describe_data(config: TrainConfig) -> str:
     if not is_local_dataset(config.dataset):
         return f"{config.dataset[0]} ({config.dataset_split} split)"
-    if config.dataset == ["stdlib"]:
-        return f"Python standard library sources ({config.dataset_split} split)"
-    names = [Path(item).name for item in config.dataset]
-    return "local files: " + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    kept = [item for item in config.dataset if not item.startswith("!")]
+    excluded = [item[1:] for item in config.dataset if item.startswith("!")]
+    names = [f"Python standard library sources ({config.dataset_split} split)" if item == STDLIB else Path(item).name
+             for item in kept]
+    text = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    text = text if kept == [STDLIB] else "local files: " + text
+    return text + (f", without {', '.join(f'`{e}`' for e in excluded)}" if excluded else "")
+
+
+def adapter_card(card: ModelCard, config: TrainConfig) -> ModelCard:
+    """The model card of the ``adapter/`` folder: the merged checkpoint's, plus how to rebuild it."""
+    adapter = ModelCard(card.content)
+    adapter.data.library_name = "peft"
+    adapter.data.tags = [*(adapter.data.tags or []), "lora"]
+    factor = f" --factor {config.factor:g}" if config.factor is not None else ""
+    adapter.text += (
+        "\n## This folder\n\n"
+        f"The LoRA adapter (PEFT) of the fine-tune above; the merged checkpoint is the base model with the "
+        f"`{config.method}` patch and this adapter merged, rebuilt by:\n\n"
+        f"```bash\nhf-posext patch BASE OUT --method {config.method}{factor} --adapter {ADAPTER_FOLDER}\n```\n\n"
+        "with BASE the model it was trained from (the same weights: a quantized GGUF dequantized, not another "
+        "release of the model).\n"
+    )
+    return adapter
 
 
 def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: TrainProgress,

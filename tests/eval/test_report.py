@@ -32,3 +32,9 @@ def test_results_are_saved_at_once_and_reused_only_with_the_same_settings(tmp_pa
     assert json.loads(path.read_text())["results"] == {"yarn": {"value": 1}}
     other = ResultFile(path, {"lengths": (128, 256), "factor": 8.0}, overwrite=True)
     assert "yarn" not in other and other.get("yarn", lambda: compute(3)) == {"value": 3} and calls == [1, 3]
+
+
+def test_markdown_table_without_rows_is_its_header():
+    from hf_posext.eval.report import markdown_table
+
+    assert markdown_table(["length", "p"], []) == "| length | p |\n|--------|---|"

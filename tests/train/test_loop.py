@@ -197,6 +197,11 @@ def test_lora_run_writes_its_adapter_and_patch_rebuilds_the_merged_checkpoint(as
     saved = load_file(adapter / "adapter_model.safetensors")
     assert any("lora_A" in k for k in saved) and any("input_layernorm" in k for k in saved)
     assert not any("mlp.up_proj.weight" in k for k in saved)  # frozen weights stay out of the adapter
+    # Its own card (not PEFT's empty template) says how to rebuild; its config names no local folder.
+    card = (adapter / "README.md").read_text()
+    assert "library_name: peft" in card and "More Information Needed" not in card
+    assert "hf-posext patch BASE OUT --method yarn --factor 2 --adapter adapter" in card
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] is None
     rebuilt = tmp_path / "rebuilt"
     assert main(["patch", str(assets / "llama"), str(rebuilt), "--method", "yarn", "--factor", "2",
                  "--adapter", str(adapter)]) == 0
@@ -269,6 +274,17 @@ def test_bad_input_fails_before_training(assets, tmp_path, monkeypatch, override
         train(config(assets, tmp_path, **overrides))
     assert not (tmp_path / "model").exists()
     assert not (tmp_path / "model-checkpoints").exists()
+
+
+def test_card_describes_the_data_with_its_exclusions(assets, tmp_path):
+    from hf_posext.train.final_checkpoint import _describe_data
+
+    def described(dataset):
+        return _describe_data(config(assets, tmp_path, dataset=dataset))
+
+    assert described(["stdlib", "!*/pydoc_data/*"]) == "Python standard library sources (train split), without `*/pydoc_data/*`"
+    assert described(["stdlib"]) == "Python standard library sources (train split)"
+    assert described(["a/x.txt", "b/y.md", "!*/y.md"]) == "local files: x.txt, y.md, without `*/y.md`"
 
 
 def test_finetune_command_runs_from_flags(assets, tmp_path, capsys):
