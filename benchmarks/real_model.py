@@ -194,6 +194,10 @@ class Cells:
 
     def save(self) -> None:
         self.runs[-1]["seconds"] = round(time.perf_counter() - self.start, 1)
+        # Another process may share the file (one per length or per row): keep the cells it saved.
+        on_disk = json.loads(self.path.read_text()) if self.path.exists() else {}
+        if on_disk.get("settings") == self.settings:
+            self.cells = {**on_disk.get("cells", {}), **self.cells}
         write_json(self.path, {"settings": self.settings, "cells": self.cells, "runs": self.runs,
                                "environment": environment()})
         self.after_save(self)

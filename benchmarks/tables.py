@@ -164,6 +164,15 @@ def training_free_real_model() -> str:
     return table(header, rows)
 
 
+def finetune_smollm2() -> str:
+    """The fine-tuned SmolLM2 against the training-free rows (finetune_smollm2/results.md, its tables only).
+
+    ``benchmarks/finetune_real_model.py --report`` writes that file from its cells and the training-free ones.
+    """
+    text = (RESULTS / "finetune_smollm2" / "results.md").read_text()
+    return text[text.index("\n|") + 1:].rstrip()
+
+
 def cpu_bf16() -> str:
     """The recipe's step and the long forward in bf16 against fp32 on this CPU (cpu_bf16.json)."""
     data = load("cpu_bf16.json") or {}
@@ -337,6 +346,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "alibi-cpu": alibi_cpu,
     "training-free-real-model": training_free_real_model,
     "cpu-bf16": cpu_bf16,
+    "finetune-smollm2": finetune_smollm2,
     "llamacpp-tiny": lambda: llamacpp_gaps("tiny_llama_3x"),
     "llamacpp-architectures": lambda: llamacpp_gaps("tiny_architectures_3x"),
     "llamacpp-smollm2": llamacpp_smollm2,
