@@ -10,9 +10,13 @@ ratios hold on a noisy machine:
 2. ``forward``: perplexity of the same scored tokens and passkey answers on the same prompts at
    16k and 32k (YaRN s = 4), fp32 against bf16 weights and against bf16 autocast (goal: ppl
    within 0.5%, the same answers), with the time of each forward.
+3. ``sdpa``: PyTorch's CPU SDPA kernel alone at SmolLM2's attention shape (9 heads of 64, causal),
+   forward at ``--lengths`` and forward + backward at ``--window``, fp32 against bf16, best of
+   ``--repeats`` interleaved runs: what caps the two parts above.
 
     python benchmarks/bench_cpu_bf16.py --part train --steps 20 --threads 1
     nice -n 10 python benchmarks/bench_cpu_bf16.py --part forward --lengths 16384 32768 --keys 2
+    python benchmarks/bench_cpu_bf16.py --part sdpa --lengths 2048 8192 --threads 1
     python benchmarks/bench_cpu_bf16.py --part train --steps 2 --window 128 --quick   # seconds: a smoke run
 """
 
@@ -138,9 +142,37 @@ def forward_part(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows, "summary": summary}
 
 
+def sdpa_part(args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds and GFLOP/s of causal SDPA in fp32 and bf16 at SmolLM2's shape (best of ``--repeats``)."""
+    heads, head_dim = 9, 64
+    rows = []
+    cases = [("forward", n) for n in args.lengths] + [("forward+backward", args.window)]
+    for kind, n in cases:
+        flops = 4 * heads * head_dim * n * n / 2 * (3.5 if kind != "forward" else 1)  # causal; backward ~2.5x
+        best: dict[str, float] = {}
+        for _ in range(args.repeats):
+            for dtype in (torch.float32, torch.bfloat16):
+                generator = torch.Generator().manual_seed(0)
+                q, k, v = (torch.randn(1, heads, n, head_dim, generator=generator).to(dtype).requires_grad_(kind != "forward")
+                           for _ in range(3))
+                start = time.perf_counter()
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                if kind != "forward":
+                    out.sum().backward()
+                seconds = time.perf_counter() - start
+                name = str(dtype).removeprefix("torch.")
+                best[name] = min(best.get(name, float("inf")), seconds)
+        rows.append({"kind": kind, "length": n, "seconds": best,
+                     "gflops": {k: flops / v / 1e9 for k, v in best.items()},
+                     "speedup": best["float32"] / best["bfloat16"]})
+        print(rows[-1], flush=True)
+    return {"threads": args.threads, "repeats": args.repeats, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("train", "forward"), required=True)
+    parser.add_argument("--part", choices=("train", "forward", "sdpa"), required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="sdpa: interleaved runs, the best kept")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--window", type=int, default=1024, help="PoSE window (tokens per sequence)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per optimizer step")
@@ -155,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if not cpu_has_native_bf16():
         print("note: this CPU has no bf16 matrix instructions; bf16 is emulated here", flush=True)
     started = time.perf_counter()
-    result = train_part(args, Path(args.work)) if args.part == "train" else forward_part(args)
+    parts = {"train": lambda: train_part(args, Path(args.work)), "forward": lambda: forward_part(args),
+             "sdpa": lambda: sdpa_part(args)}
+    result = parts[args.part]()
     result["wall_seconds"] = time.perf_counter() - started
     print({k: v for k, v in result.items() if k not in ("rows", "seconds", "cpu_seconds", "losses")}, flush=True)
     if not args.quick:
