@@ -9,6 +9,7 @@ step (hf-posext's causal definition: docs/methods/longrope.md).
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -119,6 +120,16 @@ def test_equals_transformers_longrope_model(arch):
     by_hand.update(long_factor=yarn_ratio(by_hand["rope_theta"], rotary_dim, L_ORIG, FACTOR),
                    short_factor=[1.0] * (rotary_dim // 2), attention_factor=1.5)
     torch.testing.assert_close(logits(model, ids), logits(native(base, by_hand), ids), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)  # (transformers' Phi-3 takes only longrope: no YaRN to compare with)
+def test_default_factors_with_yarns_attention_factor_are_yarn_past_the_switch(arch):
+    """The search's start: past L_orig, the default factors with YaRN's 0.1 ln s + 1 give YaRN's logits."""
+    ids = tokens(3 * L_ORIG)
+    yarn = logits(hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), "yarn", factor=FACTOR), ids)
+    longrope = hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), "longrope", factor=FACTOR, attention_factor=0.1 * math.log(FACTOR) + 1,
+                                     exact_cache=False)
+    torch.testing.assert_close(logits(longrope, ids), yarn, rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("arch", (*ARCHS, "phi3-partial"))
