@@ -260,11 +260,12 @@ class ExactDynamicRope:
         self._plans: OrderedDict[tuple, tuple[weakref.ref, ForwardPlan]] = OrderedDict()
         self._kernels: dict[type, Any] = {}
         self._scratch = threading.local()
+        self._forward = threading.local()  # the cache this thread's forward was given (weakly)
 
     def __getstate__(self) -> dict[str, Any]:
         # copy.deepcopy, pickle and torch.save(model) copy what defines the model; a lock, weak
         # references and thread-local buffers cannot be copied and a copy fills its own caches.
-        caches = {"_lock", "_frequencies", "_plans", "_kernels", "_scratch"}
+        caches = {"_lock", "_frequencies", "_plans", "_kernels", "_scratch", "_forward"}
         return {key: value for key, value in self.__dict__.items() if key not in caches}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -330,6 +331,31 @@ class ExactDynamicRope:
             while len(self._plans) > _MAX_PLANS:
                 self._plans.popitem(last=False)
         return plan
+
+    def note_cache(self, cache: Any) -> None:
+        """Remember (weakly) the cache this thread's forward was given, for :meth:`cache_layer`."""
+        try:
+            self._forward.cache = weakref.ref(cache) if cache is not None else None
+        except TypeError:  # an object without weak references: no rotated keys for it
+            self._forward.cache = None
+
+    def cache_layer(self, module: nn.Module, key: torch.Tensor) -> Any | None:
+        """The cache layer of ``module`` whose key tensor is ``key`` (the keys attention was handed are the
+        cache's own, so rotating them in place rotates the cache), or ``None`` (no cache, another kind)."""
+        ref = getattr(self._forward, "cache", None)
+        cache = ref() if ref is not None else None
+        layers, index = getattr(cache, "layers", None), getattr(module, "layer_idx", None)
+        if layers is None or not isinstance(index, int) or not 0 <= index < len(layers):
+            return None
+        layer, keys = layers[index], getattr(layers[index], "keys", None)
+        if keys is key:
+            return layer
+        # a sliding-window layer keeps a view of the last keys it hands attention: the same memory
+        kept = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.dim() == key.dim() else 0
+        if 0 < kept <= key.shape[-2] and keys.stride() == key.stride() and keys.data_ptr() == key[
+                ..., key.shape[-2] - kept :, :].data_ptr() and callable(getattr(layer, "get_seq_length", None)):
+            return layer
+        return None
 
     def scratch(self) -> Scratch:
         """This thread's :class:`Scratch` kept between forwards (:meth:`ForwardPlan.scratch`)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -113,11 +115,17 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
     return ExactDynamicRotaryEmbedding(rotary, rope)
 
 
+def _note_cache(rope: ExactDynamicRope, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    rope.note_cache(kwargs.get("cache", kwargs.get("past_key_values")))
+
+
 def _guard_cache(base_model: nn.Module, rope: ExactDynamicRope) -> None:
-    """Refuse preallocated caches in ``base_model``'s forward; the hook goes with ``rope`` on disable."""
+    """Refuse preallocated caches in ``base_model``'s forward and tell ``rope`` which cache a forward
+    was given (past saturation its keys are kept rotated); the hooks go with ``rope`` on disable."""
     rope.hooks.append(integration.guard_growing_cache(
         base_model, "exact dynamic scaling (exact_cache=True)",
         ", or patch with exact_cache=False (transformers' behaviour, stale cached keys)"))
+    rope.hooks.append(base_model.register_forward_pre_hook(functools.partial(_note_cache, rope), with_kwargs=True))
 
 
 def disable_exact_dynamic_cache(model: nn.Module) -> None:
