@@ -12,14 +12,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
+from .forward_plan import ATTENTION_PREFIX, ROTATED_ATTR, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
 from .rotation import apply_rotary, cos_sin, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
 
 logger = logging.getLogger("hf_posext")
-
-#: The attribute of a cache layer that counts its leading keys stored rotated (:func:`_attend_rotated`).
-ROTATED_ATTR = "_hf_posext_rotated_keys"
 
 
 def key_positions_of(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -78,6 +75,13 @@ def exact_dynamic_attention(
     kv_len = key.shape[2]
     if positions.shape != (batch, seq):
         raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
+    if plan.native:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
+        layer = rope.cache_layer(module, key)
+        if layer is None:
+            raise RuntimeError(f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
+                               "(a cache layer of another kind); patch with exact_cache=False for this cache")
+        setattr(layer, ROTATED_ATTR, _rotated(layer, kv_len, seq)[0] + kv_len)
+        return kernel(module, query, key, value, attention_mask, **kwargs)
     layer = rope.cache_layer(module, key) if rope.saturation is not None and not key.requires_grad else None
     if layer is not None:
         if plan.single and plan.memo(("saturated",), lambda: bool((positions + 1 >= rope.saturation).all())):

@@ -34,6 +34,9 @@ EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE, "longrope")
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 #: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
 STATE_ATTR = "_hf_posext_exact_dynamic"
+#: The attribute of a cache layer that counts the tokens, from the sequence's start, whose keys it
+#: stores rotated (past saturation; :func:`hf_posext.exact_dynamic.attention._attend_rotated`).
+ROTATED_ATTR = "_hf_posext_rotated_keys"
 
 #: Elements of rotated-key copies the row-wise path may build at once on the CPU, and of cos/sin
 #: tables a forward may keep for its layers (beyond that they are recomputed per layer). On the
@@ -128,6 +131,8 @@ class ForwardPlan:
         self.positions = positions
         self.calls: list[Call] = []
         self.rowwise: RowWise | None = None
+        #: every query past saturation and every cached key stored rotated: the model rotates (plain decoding)
+        self.native = False
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
         self._memo: dict[tuple, Any] = {}
@@ -356,6 +361,28 @@ class ExactDynamicRope:
                 ..., key.shape[-2] - kept :, :].data_ptr() and callable(getattr(layer, "get_seq_length", None)):
             return layer
         return None
+
+    def keys_rotated(self, plan: ForwardPlan) -> bool:
+        """Whether every query of ``plan`` is past saturation and the cache this forward was given stores
+        every key rotated (after the switch): then the model can rotate as a static one does."""
+        if self.saturation is None or not plan.single:
+            return False
+        ref = getattr(self._forward, "cache", None)
+        layers = getattr(ref() if ref is not None else None, "layers", None)
+        if not layers or not bool((plan.positions + 1 >= self.saturation).all()):
+            return False
+        for layer in layers:
+            rotated = getattr(layer, ROTATED_ATTR, None)
+            if not rotated or not callable(getattr(layer, "get_seq_length", None)) or rotated != layer.get_seq_length():
+                return False
+        return True
+
+    def saturated_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' rotary output past saturation: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the multiplier."""
+        inv_freq, scaling = self.frequencies(self.saturation, positions.device)
+        freqs = positions[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
     def scratch(self) -> Scratch:
         """This thread's :class:`Scratch` kept between forwards (:meth:`ForwardPlan.scratch`)."""

@@ -22,7 +22,8 @@ class ExactDynamicRotaryEmbedding(nn.Module):
 
     It returns the identity rotation, so queries and keys reach the cache un-rotated, and plans
     the attention wrapper's rotations from the forward's ``position_ids`` (the layers find that
-    plan by the same tensor, :meth:`ExactDynamicRope.plan`).
+    plan by the same tensor, :meth:`ExactDynamicRope.plan`). Past saturation, once the cache
+    stores its keys rotated, it returns the real rotation instead (a plain cached decode).
 
     Args:
         rotary: the dynamic rotary module it replaces (kept as ``.rotary`` to be put back).
@@ -42,7 +43,10 @@ class ExactDynamicRotaryEmbedding(nn.Module):
                 f"attn_implementation was changed to {current!r} after exact dynamic scaling was enabled (it needs "
                 f"{self.rope.attention_name!r}); call hf_posext.patch_model again after changing it"
             )
-        self.rope.plan(position_ids, x.shape[0])
+        plan = self.rope.plan(position_ids, x.shape[0])
+        if self.rope.keys_rotated(plan):  # past the switch: the layers rotate, the cache keeps rotated keys
+            plan.native = True
+            return self.rope.saturated_cos_sin(plan.positions, x.dtype)
         shape = (x.shape[0], position_ids.shape[-1], self.rope.rotary_dim)
         one = torch.ones((), dtype=x.dtype, device=x.device).expand(shape)
         zero = torch.zeros((), dtype=x.dtype, device=x.device).expand(shape)
