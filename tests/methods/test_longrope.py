@@ -166,6 +166,19 @@ def test_past_the_switch_the_cache_holds_transformers_long_keys(arch):
         torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=TOL)
 
 
+def test_the_switch_rotates_the_cache_once_and_later_steps_are_plain(monkeypatch):
+    from hf_posext.exact_dynamic import attention
+
+    calls = []
+    rotate = attention._attend_rotated
+    monkeypatch.setattr(attention, "_attend_rotated", lambda *args: (calls.append(args[4].shape[2]), rotate(*args))[1])
+    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+    ids = tokens(3 * L_ORIG)
+    steps = cached_steps(model, ids, L_ORIG - 3)
+    assert calls == [L_ORIG + 1] * model.config.num_hidden_layers  # only the forward that crosses L_orig
+    torch.testing.assert_close(steps[:, -1], logits(model, ids[:, :-1])[:, -1], rtol=0, atol=TOL)
+
+
 def test_a_cache_cropped_back_before_the_switch_stays_exact():
     model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
     ids = tokens(2 * L_ORIG)
