@@ -159,12 +159,14 @@ def _attend_rotated(
     switch), each later one only its new keys, and attention is the plain kernel's.
     """
     call, positions, kv_len, dtype = plan.calls[0], plan.positions, key.shape[2], query.dtype
-    first, done = _rotated(layer, kv_len, query.shape[2])
-    key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
-    k_cos, k_sin = plan.tables(("k rotated", done, kv_len),
-                               lambda: cos_sin(key_positions[:, done:], call.inv_freq, call.scaling, dtype))
-    key[:, :, done:] = apply_rotary(key[:, :, done:], k_cos, k_sin)
-    setattr(layer, ROTATED_ATTR, first + kv_len)
+    if id(layer) not in plan.rotated_layers:  # once per layer and forward
+        plan.rotated_layers.add(id(layer))
+        first, done = _rotated(layer, kv_len, query.shape[2])
+        key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
+        k_cos, k_sin = plan.tables(("k rotated", done, kv_len),
+                                   lambda: cos_sin(key_positions[:, done:], call.inv_freq, call.scaling, dtype))
+        key[:, :, done:] = apply_rotary(key[:, :, done:], k_cos, k_sin)
+        setattr(layer, ROTATED_ATTR, first + kv_len)
     q_cos, q_sin = plan.tables(("q", 0), lambda: cos_sin(positions, call.inv_freq, call.scaling, dtype))
     return kernel(module, apply_rotary(query, q_cos, q_sin), key, value, attention_mask, **kwargs)
 

@@ -133,6 +133,9 @@ class ForwardPlan:
         self.rowwise: RowWise | None = None
         #: every query past saturation and every cached key stored rotated: the model rotates (plain decoding)
         self.native = False
+        #: ids of the cache layers whose keys this forward rotated (an attention that calls the kernel
+        #: twice with the same keys, as DiffLlama's, must not rotate them twice)
+        self.rotated_layers: set[int] = set()
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
         self._memo: dict[tuple, Any] = {}
