@@ -1,11 +1,13 @@
 """LongRoPE on the demo's tiny byte-level Llama: searched factors against YaRN, PI and NTK, and the exact cache.
 
-    nice -n 10 python benchmarks/longrope_tiny.py           # ~10 min on 2 CPU cores (+ ~3 min once: the model)
+    nice -n 10 python benchmarks/longrope_tiny.py           # ~35 min on 2 loaded CPU cores (+ ~3 min once: the model)
     python benchmarks/longrope_tiny.py --quick              # seconds: the demo's QUICK sizes, nothing written
 
 Searches long factors at 8x and 16x the training length on training-split stdlib text
-(hf_posext.search_longrope), then measures every method at a fixed factor s on held-out files with
-the demo's protocol (the same last 127 bytes read with 1x-16x of context); then cached decoding
+(hf_posext.search_longrope) twice: fitness on the last 127 tokens of each window (the table's
+protocol) and on all tokens (the paper's); then measures every method at a fixed factor s on
+held-out files with the demo's protocol (the same last 127 bytes read with 1x-16x of context) and
+the all-token perplexity of the held-out files at s x 128 tokens; then cached decoding
 across the switch against the full forward, with transformers' native cache and with
 exact_cache=True, and the decode speed of both. Writes benchmarks/results/longrope_tiny.json;
 docs/methods/longrope.md shows its tables (benchmarks/tables.py).
@@ -14,6 +16,7 @@ docs/methods/longrope.md shows its tables (benchmarks/tables.py).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -58,13 +61,14 @@ def cache_gaps(model: Any, ids: torch.Tensor, prompt: int) -> float:
 
 
 def decode_ms(model: Any, ids: torch.Tensor, prompt: int, steps: int) -> float:
-    """Milliseconds per decoding step after a ``prompt``-token prefill (teacher-forced, DynamicCache)."""
+    """CPU milliseconds per decoding step after a ``prompt``-token prefill (teacher-forced, DynamicCache);
+    process time, so that other jobs on the machine do not decide the ratio (run with one torch thread)."""
     with torch.no_grad():
         cache = model(ids[:, :prompt], use_cache=True).cache
-        start = time.perf_counter()
+        start = time.process_time()
         for t in range(prompt, prompt + steps):
             cache = model(ids[:, t : t + 1], cache=cache, use_cache=True).cache
-    return 1000 * (time.perf_counter() - start) / steps
+    return 1000 * (time.process_time() - start) / steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--population", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--search-documents", type=int, default=4)
+    parser.add_argument("--searches-from", type=Path, default=None,
+                        help="reuse the searches of this results file (re-measure only)")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="with --searches-from: reuse its perplexity rows too; re-measure the cache and speed")
     args = parser.parse_args(argv)
     config = QUICK if args.quick else FULL
     begin = time.perf_counter()
@@ -83,54 +91,72 @@ def main(argv: list[str] | None = None) -> int:
     docs = held_out_documents(tokenizer, lengths[-1] + 1, config.documents, config.seed)
     factors = (8.0, 16.0) if not args.quick else (4.0, 16.0)
     searches: dict[str, Any] = {}
+    if args.searches_from is not None:
+        searches = json.loads(args.searches_from.read_text())["searches"]
+    tail = train_len - 1
     for s in factors:
         length = int(s * train_len)
         text = training_documents(tokenizer, length, args.search_documents)
-        t0 = time.perf_counter()
-        result = hf_posext.search_longrope(model, text, factor=s, length=length, population=args.population,
-                                           rounds=args.rounds, seed=0)
-        searches[str(int(s))] = {**result.to_dict(), "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"search s={s:g} at {length}: {result.start_perplexity:.4f} -> {result.perplexity:.4f}", flush=True)
+        for key, score_last in ((f"{s:g} last {tail}", tail), (f"{s:g} all", None)):
+            if key in searches:
+                continue
+            t0 = time.perf_counter()
+            result = hf_posext.search_longrope(model, text, factor=s, length=length, population=args.population,
+                                               rounds=args.rounds, seed=0, score_last=score_last, progress=False)
+            searches[key] = {**result.to_dict(), "seconds": round(time.perf_counter() - t0, 1)}
+            print(f"search {key} at {length}: {result.start_perplexity:.4f} -> {result.perplexity:.4f}", flush=True)
 
     def measure(name: str, method: str, s: float, **kwargs: Any) -> None:
         if method != "none":
             hf_posext.patch_model(model, method, factor=s, **kwargs)
         points = truncated_perplexity(model, docs, lengths, score_last=train_len - 1, end_at=lengths[-1],
                                       progress=False)
+        target = int(s * train_len) if s > 1 else train_len
+        whole = truncated_perplexity(model, docs, [target], progress=False)[0]
         if method != "none":
             hf_posext.unpatch_model(model)
         rows[name] = {"method": method, "factor": s, **{k: v for k, v in kwargs.items() if k != "long_factor"},
-                      "points": [p.to_dict() for p in points]}
-        print(f"{name:<32}" + " ".join(f"{p.perplexity:9.3f}" for p in points), flush=True)
+                      "points": [p.to_dict() for p in points], "all_tokens": whole.to_dict()}
+        print(f"{name:<44}" + " ".join(f"{p.perplexity:9.3f}" for p in points) + f" | all {whole.perplexity:.3f}",
+              flush=True)
 
     rows: dict[str, Any] = {}
-    measure("none", "none", 1.0)
-    for s in factors:
-        searched = searches[str(int(s))]["long_factor"]
+    reuse = args.cache_only and args.searches_from is not None
+    if reuse:
+        rows = json.loads(args.searches_from.read_text())["rows"]
+    else:
+        measure("none", "none", 1.0)
+    for s in (factors if not reuse else ()):
         measure(f"linear s={s:g}", "linear", s)
         measure(f"ntk s={s:g}", "ntk", s)
         measure(f"yarn s={s:g}", "yarn", s)
-        measure(f"longrope s={s:g} (YaRN start)", "longrope", s, exact_cache=False)
-        measure(f"longrope s={s:g} (searched)", "longrope", s, long_factor=searched, exact_cache=False)
+        start = searches[f"{s:g} all"]
+        measure(f"longrope s={s:g} (YaRN start)", "longrope", s, attention_factor=start["attention_factor"],
+                exact_cache=False)
+        for key, label in ((f"{s:g} last {tail}", f"searched, last {tail}"), (f"{s:g} all", "searched, all tokens")):
+            measure(f"longrope s={s:g} ({label})", "longrope", s, long_factor=searches[key]["long_factor"],
+                    attention_factor=searches[key]["attention_factor"], exact_cache=False)
     s = factors[-1]
-    measure(f"longrope s={s:g} (searched, exact_cache)", "longrope", s,
-            long_factor=searches[str(int(s))]["long_factor"], exact_cache=True)
+    best = searches[f"{s:g} last {tail}"]
+    if not args.cache_only:
+        measure(f"longrope s={s:g} (searched, last {tail}, exact_cache)", "longrope", s,
+                long_factor=best["long_factor"], attention_factor=best["attention_factor"], exact_cache=True)
 
     ids = docs[0][None, : 2 * train_len]
     prompt = train_len - 28
     cache: dict[str, float] = {}
     speed: dict[str, float] = {}
     for exact in (False, True):
-        hf_posext.patch_model(model, "longrope", factor=s, long_factor=searches[str(int(s))]["long_factor"],
-                              exact_cache=exact)
+        hf_posext.patch_model(model, "longrope", factor=s, long_factor=best["long_factor"],
+                              attention_factor=best["attention_factor"], exact_cache=exact)
         cache["exact_cache" if exact else "transformers"] = cache_gaps(model, ids, prompt)
         hf_posext.unpatch_model(model)
     decode_ids = docs[0][None, : lengths[-1]]
     times: dict[str, list[float]] = {"transformers": [], "exact_cache": []}
-    for _ in range(3):
+    for _ in range(5):
         for exact in (False, True):
-            hf_posext.patch_model(model, "longrope", factor=s, long_factor=searches[str(int(s))]["long_factor"],
-                                  exact_cache=exact)
+            hf_posext.patch_model(model, "longrope", factor=s, long_factor=best["long_factor"],
+                                  attention_factor=best["attention_factor"], exact_cache=exact)
             times["exact_cache" if exact else "transformers"].append(
                 decode_ms(model, decode_ids, lengths[-1] // 2, 64 if not args.quick else 4))
             hf_posext.unpatch_model(model)
@@ -143,11 +169,16 @@ def main(argv: list[str] | None = None) -> int:
                       "files, read with L tokens of context",
             "factor": "fixed s per row at every length; longrope rows with exact_cache=False (transformers' full "
                       "forward: every position with the long factors past L_orig) unless marked",
-            "search": f"population {args.population}, {args.rounds} rounds, seed 0, fitness = perplexity of the first "
-                      f"s x {train_len} bytes of {args.search_documents} training-split stdlib files",
+            "all_tokens": "each row's all_tokens: perplexity of every token of the first s x "
+                          f"{train_len} bytes of the held-out files (the paper's perplexity at the target length)",
+            "search": f"population {args.population}, {args.rounds} rounds, seed 0, start = YaRN (its factors and "
+                      f"attention factor 0.1 ln s + 1), fitness = perplexity of the last {tail} ('last {tail}') or "
+                      f"of all tokens ('all') of the first s x {train_len} bytes of {args.search_documents} "
+                      "training-split stdlib files",
             "cache": f"max |logits| difference, cached decoding from a {prompt}-token prefill to {2 * train_len} "
                      "tokens against a full forward of each prefix, fp32, s = 16, searched factors",
-            "speed": f"median of 3 runs, ms per decoding step after a {lengths[-1] // 2}-token prompt, 64 steps",
+            "speed": f"median of 5 interleaved runs, ms of process CPU time (one torch thread) per decoding step "
+                     f"after a {lengths[-1] // 2}-token prompt, 64 steps",
         },
         "lengths": lengths,
         "multiples": list(multiples),

@@ -316,8 +316,11 @@ def longrope_tiny() -> str:
     data = load("longrope_tiny.json")
     if data is None:
         return "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
-    header = ["method", *[f"{n} ({m}x)" for n, m in zip(data["lengths"], data["multiples"])]]
-    rows = [[name, *[f"{p['perplexity']:.3f}" for p in row["points"]]] for name, row in data["rows"].items()]
+    header = ["method", *[f"{n} ({m}x)" for n, m in zip(data["lengths"], data["multiples"])],
+              "all tokens at s·128"]
+    rows = [[name, *[f"{p['perplexity']:.3f}" for p in row["points"]],
+             f"{row['all_tokens']['perplexity']:.3f}" if "all_tokens" in row else "-"]
+            for name, row in data["rows"].items()]
     return table(header, rows)
 
 
@@ -326,9 +329,9 @@ def longrope_cache() -> str:
     data = load("longrope_tiny.json")
     if data is None:
         return "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
-    rows = [[f"search at s = {s} ({r['length']} tokens)", f"{r['start_perplexity']:.4f} -> {r['perplexity']:.4f}",
+    rows = [[f"search {key} ({r['length']} tokens)", f"{r['start_perplexity']:.4f} -> {r['perplexity']:.4f}",
              f"{len(r['history'])} rounds, {r['history'][-1]['evaluated'] if r['history'] else 1} candidates, "
-             f"{r['seconds']:.0f} s"] for s, r in data["searches"].items()]
+             f"{r['seconds']:.0f} s"] for key, r in data["searches"].items()]
     cache, speed = data["cache"], data["decode_ms"]
     rows.append(["cached decoding past the switch, max abs logit gap to a full forward",
                  f"transformers' cache {cache['transformers']:.1e}", f"exact_cache=True {cache['exact_cache']:.1e}"])

@@ -3,12 +3,14 @@
 Ding et al. 2024, arXiv:2402.13753 sec. 3.2 (microsoft/LongRoPE ``evolution/``): a population
 started from YaRN's factors and mutations of them; each round keeps the best half and adds
 mutants and crossovers, non-decreasing, never a repeat; fitness = perplexity at the target length
-(transformers' ``longrope`` full forward: every position with the long factors). Resumable: the
-state is written atomically after every round. Algorithm, defaults and measured results:
+(transformers' ``longrope`` full forward: every position with the long factors), of every token or
+the last ``score_last`` of each window. The start is YaRN exactly past L_orig: its factors and its
+attention factor 0.1 ln s + 1. Resumable: the state is written atomically after every round. Algorithm, defaults and measured results:
 docs/methods/longrope.md.
 
     result = hf_posext.search_longrope(model, ids, factor=8, length=1024, population=16, rounds=8)
-    hf_posext.patch_model(model, "longrope", factor=8, long_factor=result.long_factor)
+    hf_posext.patch_model(model, "longrope", factor=8, long_factor=result.long_factor,
+                          attention_factor=result.attention_factor)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .files import write_text
 from .methods import method_config
 from .methods.longrope import yarn_long_factors
 from .patching import patch_model, patched_method, unpatch_model
+from .rope_utils import yarn_mscale
 from .validation import real_number, whole_number
 
 #: Version of the state file's layout (a state of another version is refused, not misread).
@@ -48,6 +51,9 @@ class LongRopeSearchResult:
         start_perplexity: the perplexity of the starting factors (YaRN's ramp unless given).
         history: one entry per round: ``{"round", "best_perplexity", "evaluated"}`` (candidates
             evaluated so far, the starting population included).
+        attention_factor: the cos/sin multiplier every candidate was scored with (pass it to
+            ``patch_model`` with the factors; default YaRN's 0.1 ln s + 1).
+        score_last: the tokens scored at the end of each window (``length - 1``: all of them).
         factor, length, original_max_position_embeddings: what was searched for.
     """
 
@@ -58,6 +64,8 @@ class LongRopeSearchResult:
     factor: float = 1.0
     length: int = 0
     original_max_position_embeddings: int = 0
+    attention_factor: float = 1.0
+    score_last: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,9 +75,10 @@ class _Search:
     """The population, every candidate evaluated so far, and the random state: what a state file holds."""
 
     def __init__(self, model: nn.Module, documents: torch.Tensor, factor: float, length: int, step: float,
-                 rng: random.Random) -> None:
+                 rng: random.Random, attention_factor: float, score_last: int) -> None:
         self.model, self.documents, self.factor, self.length, self.step, self.rng = (
             model, documents, factor, length, step, rng)
+        self.attention_factor, self.score_last = attention_factor, score_last
         self.evaluated: dict[tuple[float, ...], float] = {}
         self.population: list[tuple[float, ...]] = []
 
@@ -77,21 +86,22 @@ class _Search:
         return tuple(round(f, 6) for f in factors)
 
     def perplexity(self, factors: tuple[float, ...]) -> float:
-        """Perplexity of ``documents[:, :length]`` with these long factors (memoised: repeats are never re-run)."""
+        """Perplexity of the last ``score_last`` tokens of ``documents[:, :length]`` with these long factors
+        (memoised: repeats are never re-run)."""
         if factors in self.evaluated:
             return self.evaluated[factors]
         verbosity = transformers_logging.get_verbosity()
         transformers_logging.set_verbosity_error()  # its note on the mscale keys vLLM reads, once per candidate
         try:
-            patch_model(self.model, "longrope", factor=self.factor, long_factor=list(factors), exact_cache=False,
-                        override=True)
+            patch_model(self.model, "longrope", factor=self.factor, long_factor=list(factors),
+                        attention_factor=self.attention_factor, exact_cache=False, override=True)
         finally:
             transformers_logging.set_verbosity(verbosity)
         with torch.inference_mode():
             device = next(self.model.parameters()).device
-            nll = sum(float(sequence_nll(self.model, row[None, : self.length].to(device), self.length - 1))
+            nll = sum(float(sequence_nll(self.model, row[None, : self.length].to(device), self.score_last))
                       for row in self.documents)
-        value = math.exp(nll / (len(self.documents) * (self.length - 1)))
+        value = math.exp(nll / (len(self.documents) * self.score_last))
         self.evaluated[factors] = value
         return value
 
@@ -142,7 +152,8 @@ def _fingerprint(model: nn.Module, documents: torch.Tensor, settings: dict[str, 
 
 
 def _check(model: nn.Module, input_ids: torch.Tensor, factor: Any, length: Any, population: Any, rounds: Any,
-           step: Any, original: int) -> tuple[torch.Tensor, float, int, int, int, float]:
+           step: Any, original: int, score_last: Any, attention_factor: Any) -> tuple[torch.Tensor, float, int, int, int,
+                                                                                       float, int, float]:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() not in (1, 2) or input_ids.is_floating_point():
         raise ValueError(f"input_ids must be an integer tensor [seq] or [documents, seq], got {input_ids!r:.80}")
     documents = input_ids if input_ids.dim() == 2 else input_ids[None]
@@ -160,7 +171,17 @@ def _check(model: nn.Module, input_ids: torch.Tensor, factor: Any, length: Any, 
     step = real_number("search_longrope", "step", step, "> 0")
     if step <= 0:
         raise ValueError(f"search_longrope: step must be > 0, got {step!r}")
-    return documents, factor, length, population, rounds, step
+    if score_last is None:
+        score_last = length - 1
+    if isinstance(score_last, bool) or not isinstance(score_last, int) or not 1 <= score_last <= length - 1:
+        raise ValueError(f"search_longrope: score_last must be an int in [1, {length - 1}] (tokens scored at the end "
+                         f"of each {length}-token window) or None, got {score_last!r}")
+    if attention_factor is None:
+        attention_factor = yarn_mscale(factor)
+    attention_factor = real_number("search_longrope", "attention_factor", attention_factor, "> 0 or None")
+    if not (attention_factor > 0 and math.isfinite(attention_factor)):
+        raise ValueError(f"search_longrope: attention_factor must be a positive number or None, got {attention_factor!r}")
+    return documents, factor, length, population, rounds, step, score_last, attention_factor
 
 
 def search_longrope(
@@ -173,6 +194,8 @@ def search_longrope(
     seed: int = 0,
     *,
     start: list[float] | None = None,
+    attention_factor: float | None = None,
+    score_last: int | None = None,
     step: float = 0.01,
     state_path: str | Path | None = None,
     progress: bool = True,
@@ -190,6 +213,10 @@ def search_longrope(
         rounds: evolution rounds after the starting population.
         seed: the random seed (a seed gives the same search).
         start: the factors to start from (default: YaRN's ramp, :func:`~hf_posext.methods.longrope.yarn_long_factors`).
+        attention_factor: the cos/sin multiplier of every candidate (default YaRN's 0.1 ln s + 1, so that
+            the start is YaRN exactly past L_orig; LongRoPE's sqrt(1 + ln s / ln L_orig) is another choice).
+        score_last: score the last n tokens of each window (default ``None``: all ``length - 1``, the
+            paper's perplexity at the target length; a smaller n weighs only the far positions).
         step: the grid mutations sample on (LongRoPE: 0.01).
         state_path: a JSON file the state is written to after every round; a run finding a state of the
             same search there resumes from it.
@@ -204,17 +231,17 @@ def search_longrope(
                          "(hf_posext.unpatch_model first)")
     base = base_rope(model.config, method_config("longrope"), override=True)
     original = base.original_max_position_embeddings
-    documents, factor, length, population, rounds, step = _check(
-        model, input_ids, factor, length, population, rounds, step, original)
+    documents, factor, length, population, rounds, step, score_last, attention_factor = _check(
+        model, input_ids, factor, length, population, rounds, step, original, score_last, attention_factor)
     pairs = base.rotary_dim // 2
     first = start if start is not None else yarn_long_factors(base.theta, base.rotary_dim, original, factor)
     method_config("longrope", factor=factor, long_factor=first)  # validates start
     if len(first) != pairs:
         raise ValueError(f"search_longrope: start has {len(first)} factors; the model has {pairs} rotary pairs")
     settings = {"factor": factor, "length": length, "population": population, "seed": seed, "step": step,
-                "start": [float(f) for f in first]}
+                "start": [float(f) for f in first], "attention_factor": attention_factor, "score_last": score_last}
     fingerprint = _fingerprint(model, documents[:, :length], settings)
-    search = _Search(model, documents, factor, length, step, random.Random(seed))
+    search = _Search(model, documents, factor, length, step, random.Random(seed), attention_factor, score_last)
     history: list[dict[str, Any]] = []
     done = 0
     state = Path(state_path) if state_path is not None else None
@@ -279,4 +306,5 @@ def search_longrope(
     return LongRopeSearchResult(
         long_factor=[float(f) for f in best_factors], perplexity=best, start_perplexity=start_perplexity,
         history=history, factor=factor, length=length, original_max_position_embeddings=original,
+        attention_factor=attention_factor, score_last=score_last,
     )

@@ -57,11 +57,40 @@ def test_fitness_is_the_perplexity_of_transformers_longrope_model():
     model = tiny_model("llama", max_positions=L_ORIG)
     ids = tokens(64, batch=2)
     result = search(model, ids, rounds=1)
-    hf_posext.patch_model(model, "longrope", factor=4, long_factor=result.long_factor, exact_cache=False)
+    hf_posext.patch_model(model, "longrope", factor=4, long_factor=result.long_factor,
+                          attention_factor=result.attention_factor, exact_cache=False)
     with torch.no_grad():
         logits = model(ids[:, :48]).logits[:, :-1]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:48].reshape(-1))
     assert math.isclose(result.perplexity, math.exp(nll.item()), rel_tol=1e-5)
+
+
+def perplexity_by_hand(model, ids, length, score_last):
+    with torch.no_grad():
+        logits = model(ids[:, :length]).logits[:, -score_last - 1 : -1]
+    targets = ids[:, length - score_last : length]
+    return math.exp(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).item())
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen3"))
+def test_the_start_is_yarn_exactly(arch):
+    """The starting individual is YaRN at the searched length: its factors and its attention factor 0.1 ln s + 1."""
+    model = tiny_model(arch, max_positions=L_ORIG)
+    ids = tokens(64, batch=2)
+    result = search(model, ids, rounds=0, population=2)
+    assert result.attention_factor == pytest.approx(0.1 * math.log(4) + 1, rel=1e-12)
+    hf_posext.patch_model(model, "yarn", factor=4)
+    assert math.isclose(result.start_perplexity, perplexity_by_hand(model, ids, 48, 47), rel_tol=1e-5)
+
+
+def test_score_last_scores_the_last_tokens_of_each_window():
+    model = tiny_model("llama", max_positions=L_ORIG)
+    ids = tokens(64, batch=2)
+    result = search(model, ids, rounds=1, score_last=10)
+    hf_posext.patch_model(model, "longrope", factor=4, long_factor=result.long_factor,
+                          attention_factor=result.attention_factor, exact_cache=False)
+    assert result.score_last == 10
+    assert math.isclose(result.perplexity, perplexity_by_hand(model, ids, 48, 10), rel_tol=1e-5)
 
 
 def test_killed_search_resumes_to_the_same_result(tmp_path, monkeypatch):
@@ -94,6 +123,8 @@ def test_killed_search_resumes_to_the_same_result(tmp_path, monkeypatch):
     ({"length": 65}, "length 65 is beyond the text"),
     ({"population": 1}, "population must be"),
     ({"rounds": -1}, "rounds must be"),
+    ({"score_last": 48}, "score_last must be an int in \\[1, 47\\]"),
+    ({"attention_factor": 0}, "attention_factor must be a positive number"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -118,6 +149,7 @@ def test_cli_writes_a_checkpoint_with_the_factors_and_a_log(checkpoint, tmp_path
     config = AutoConfig.from_pretrained(out)
     assert config.rope_parameters["rope_type"] == "longrope"
     assert config.rope_parameters["long_factor"] == log["result"]["long_factor"]
+    assert config.rope_parameters["attention_factor"] == log["result"]["attention_factor"] == 0.1 * math.log(4) + 1
     assert len(log["result"]["history"]) == 2 and not (tmp_path / "out.search-state.json").exists()
     assert isinstance(AutoModelForCausalLM.from_pretrained(out), torch.nn.Module)
     assert "wrote" in capsys.readouterr().out
@@ -128,6 +160,7 @@ def test_cli_writes_a_checkpoint_with_the_factors_and_a_log(checkpoint, tmp_path
     (["--length", "16"], "--length must be above the model's original context 16"),
     (["--length", "4000"], "--length 4000 is beyond the text"),
     (["--population", "1"], "argument --population: expected an integer >= 2, got '1'"),
+    (["--score-last", "40"], "--score-last must be in [1, 39]"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag_and_writes_nothing(checkpoint, tmp_path, capsys, flags, message):
     path, text = checkpoint

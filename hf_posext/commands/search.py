@@ -28,6 +28,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--population must be >= 2 (the best half are kept as parents), got {args.population}")
     if args.rounds < 0:
         raise ValueError(f"--rounds must be >= 0, got {args.rounds}")
+    if args.score_last is not None and not 1 <= args.score_last < args.length:
+        raise ValueError(f"--score-last must be in [1, {args.length - 1}] (below --length), got {args.score_last}")
     if args.documents < 1:
         raise ValueError(f"--documents must be >= 1, got {args.documents}")
 
@@ -66,15 +68,16 @@ def _longrope(args: argparse.Namespace) -> int:
     state = Path(f"{str(args.out).rstrip('/')}.search-state.json")
     result = search_longrope(model, torch.stack(long_enough), factor=args.factor, length=args.length,
                              population=args.population, rounds=args.rounds, seed=args.seed, state_path=state,
-                             progress=not args.no_progress)
+                             score_last=args.score_last, progress=not args.no_progress)
     log: dict[str, Any] = {
         "model": str(source), "data": list(args.data), "documents": len(long_enough),
         "settings": {"factor": args.factor, "length": args.length, "population": args.population,
-                     "rounds": args.rounds, "seed": args.seed},
+                     "rounds": args.rounds, "seed": args.seed, "score_last": result.score_last,
+                     "attention_factor": result.attention_factor},
         "result": result.to_dict(),
     }
     out = extend_checkpoint(source, args.out, "longrope", args.factor, long_factor=result.long_factor,
-                            overwrite=args.overwrite, extra_files={"longrope_search.json": json.dumps(log, indent=2)})
+                            attention_factor=result.attention_factor, overwrite=args.overwrite, extra_files={"longrope_search.json": json.dumps(log, indent=2)})
     state.unlink(missing_ok=True)
     print(f"perplexity at {args.length}: {result.start_perplexity:.4g} (YaRN's factors) -> {result.perplexity:.4g}")
     print(f"wrote {out} and {out / 'longrope_search.json'}")
@@ -95,6 +98,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--split", default="train", help="the stdlib split or dataset split of --data (default: train)")
     p.add_argument("--population", type=whole(2), default=64, help="candidates per round (default 64, as LongRoPE)")
     p.add_argument("--rounds", type=whole(0), default=40, help="evolution rounds (default 40, as LongRoPE)")
+    p.add_argument("--score-last", type=whole(1), default=None, help="score only the last N tokens of each L-token "
+                   "window (default: all of them)")
     p.add_argument("--documents", type=whole(1), default=5, help="documents of at least L tokens scored (default 5)")
     p.add_argument("--seed", type=whole(0), default=0, help="random seed (default 0)")
     p.add_argument("--dtype", default="float32", help="weights' dtype (default float32)")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
+from .forward_plan import ATTENTION_PREFIX, ROTATED_ATTR, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
 from .rotation import apply_rotary, cos_sin, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
 
@@ -75,6 +75,18 @@ def exact_dynamic_attention(
     kv_len = key.shape[2]
     if positions.shape != (batch, seq):
         raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
+    if plan.native:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
+        layer = rope.cache_layer(module, key)
+        if layer is None:
+            raise RuntimeError(f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
+                               "(a cache layer of another kind); patch with exact_cache=False for this cache")
+        setattr(layer, ROTATED_ATTR, _rotated(layer, kv_len, seq)[0] + kv_len)
+        return kernel(module, query, key, value, attention_mask, **kwargs)
+    layer = rope.cache_layer(module, key) if rope.saturation is not None and not key.requires_grad else None
+    if layer is not None:
+        if plan.single and plan.memo(("saturated",), lambda: bool((positions + 1 >= rope.saturation).all())):
+            return _attend_rotated(plan, kernel, module, query, key, value, attention_mask, layer, kwargs)
+        _unrotate(plan, key, layer, seq)
     if plan.single and seq == 1:
         return _attend_decoding(plan, kernel, module, query, key, value, attention_mask, calls[0], kwargs)
     key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
@@ -127,6 +139,59 @@ def exact_dynamic_attention(
         attend(plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge,
                kwargs)
     return output, weights[0]
+
+
+def _attend_rotated(
+    plan: ForwardPlan,
+    kernel: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer: Any,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every query past saturation (``longrope`` past its switch): the frequencies no longer change.
+
+    The cache's keys are rotated in place with them, as transformers' rotary module would have, and
+    ``layer`` records up to which token they are: the first such forward rotates every cached key once (the
+    switch), each later one only its new keys, and attention is the plain kernel's.
+    """
+    call, positions, kv_len, dtype = plan.calls[0], plan.positions, key.shape[2], query.dtype
+    if id(layer) not in plan.rotated_layers:  # once per layer and forward
+        plan.rotated_layers.add(id(layer))
+        first, done = _rotated(layer, kv_len, query.shape[2])
+        key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
+        k_cos, k_sin = plan.tables(("k rotated", done, kv_len),
+                                   lambda: cos_sin(key_positions[:, done:], call.inv_freq, call.scaling, dtype))
+        key[:, :, done:] = apply_rotary(key[:, :, done:], k_cos, k_sin)
+        setattr(layer, ROTATED_ATTR, first + kv_len)
+    q_cos, q_sin = plan.tables(("q", 0), lambda: cos_sin(positions, call.inv_freq, call.scaling, dtype))
+    return kernel(module, apply_rotary(query, q_cos, q_sin), key, value, attention_mask, **kwargs)
+
+
+def _rotated(layer: Any, kv_len: int, new: int) -> tuple[int, int]:
+    """``(first, done)``: the sequence index of the first of the ``kv_len`` keys attention was handed
+    (a sliding window's are the last ones) and how many of them, before the ``new`` ones, are stored
+    rotated; the layer counts the rotated tokens from the sequence's start (crop-safe: clamped)."""
+    first = max(int(layer.get_seq_length()) - kv_len, 0)
+    return first, max(0, min(int(getattr(layer, ROTATED_ATTR, 0)) - first, kv_len - new))
+
+
+def _unrotate(plan: ForwardPlan, key: torch.Tensor, layer: Any, new: int) -> None:
+    """Turn the cache's rotated keys (:func:`_attend_rotated`) back to un-rotated ones, in place: a forward
+    with a query before saturation (a cache cropped back) needs them as the other paths do. The last
+    ``new`` keys are this forward's own (un-rotated)."""
+    _, done = _rotated(layer, key.shape[2], new)
+    if not done:
+        return
+    rope, positions = plan.rope, plan.positions
+    inv_freq, scaling = rope.frequencies(rope.saturation, key.device)
+    key_positions = key_positions_of(positions, key.shape[2])[:, :done]
+    cos, sin = cos_sin(key_positions, inv_freq[None], None, torch.float32)
+    key[:, :, :done] = apply_rotary(key[:, :, :done].float(), cos / scaling, -sin / scaling).to(key.dtype)
+    setattr(layer, ROTATED_ATTR, 0)
 
 
 def _attend_decoding(

@@ -34,6 +34,9 @@ EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE, "longrope")
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 #: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
 STATE_ATTR = "_hf_posext_exact_dynamic"
+#: The attribute of a cache layer that counts the tokens, from the sequence's start, whose keys it
+#: stores rotated (past saturation; :func:`hf_posext.exact_dynamic.attention._attend_rotated`).
+ROTATED_ATTR = "_hf_posext_rotated_keys"
 
 #: Elements of rotated-key copies the row-wise path may build at once on the CPU, and of cos/sin
 #: tables a forward may keep for its layers (beyond that they are recomputed per layer). On the
@@ -128,6 +131,11 @@ class ForwardPlan:
         self.positions = positions
         self.calls: list[Call] = []
         self.rowwise: RowWise | None = None
+        #: every query past saturation and every cached key stored rotated: the model rotates (plain decoding)
+        self.native = False
+        #: ids of the cache layers whose keys this forward rotated (an attention that calls the kernel
+        #: twice with the same keys, as DiffLlama's, must not rotate them twice)
+        self.rotated_layers: set[int] = set()
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
         self._memo: dict[tuple, Any] = {}
@@ -260,11 +268,12 @@ class ExactDynamicRope:
         self._plans: OrderedDict[tuple, tuple[weakref.ref, ForwardPlan]] = OrderedDict()
         self._kernels: dict[type, Any] = {}
         self._scratch = threading.local()
+        self._forward = threading.local()  # the cache this thread's forward was given (weakly)
 
     def __getstate__(self) -> dict[str, Any]:
         # copy.deepcopy, pickle and torch.save(model) copy what defines the model; a lock, weak
         # references and thread-local buffers cannot be copied and a copy fills its own caches.
-        caches = {"_lock", "_frequencies", "_plans", "_kernels", "_scratch"}
+        caches = {"_lock", "_frequencies", "_plans", "_kernels", "_scratch", "_forward"}
         return {key: value for key, value in self.__dict__.items() if key not in caches}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -330,6 +339,53 @@ class ExactDynamicRope:
             while len(self._plans) > _MAX_PLANS:
                 self._plans.popitem(last=False)
         return plan
+
+    def note_cache(self, cache: Any) -> None:
+        """Remember (weakly) the cache this thread's forward was given, for :meth:`cache_layer`."""
+        try:
+            self._forward.cache = weakref.ref(cache) if cache is not None else None
+        except TypeError:  # an object without weak references: no rotated keys for it
+            self._forward.cache = None
+
+    def cache_layer(self, module: nn.Module, key: torch.Tensor) -> Any | None:
+        """The cache layer of ``module`` whose key tensor is ``key`` (the keys attention was handed are the
+        cache's own, so rotating them in place rotates the cache), or ``None`` (no cache, another kind)."""
+        ref = getattr(self._forward, "cache", None)
+        cache = ref() if ref is not None else None
+        layers, index = getattr(cache, "layers", None), getattr(module, "layer_idx", None)
+        if layers is None or not isinstance(index, int) or not 0 <= index < len(layers):
+            return None
+        layer, keys = layers[index], getattr(layers[index], "keys", None)
+        if keys is key:
+            return layer
+        # a sliding-window layer keeps a view of the last keys it hands attention: the same memory
+        kept = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.dim() == key.dim() else 0
+        if 0 < kept <= key.shape[-2] and keys.stride() == key.stride() and keys.data_ptr() == key[
+                ..., key.shape[-2] - kept :, :].data_ptr() and callable(getattr(layer, "get_seq_length", None)):
+            return layer
+        return None
+
+    def keys_rotated(self, plan: ForwardPlan) -> bool:
+        """Whether every query of ``plan`` is past saturation and the cache this forward was given stores
+        every key rotated (after the switch): then the model can rotate as a static one does."""
+        if self.saturation is None or not plan.single:
+            return False
+        ref = getattr(self._forward, "cache", None)
+        layers = getattr(ref() if ref is not None else None, "layers", None)
+        if not layers or not bool((plan.positions + 1 >= self.saturation).all()):
+            return False
+        for layer in layers:
+            rotated = getattr(layer, ROTATED_ATTR, None)
+            if not rotated or not callable(getattr(layer, "get_seq_length", None)) or rotated != layer.get_seq_length():
+                return False
+        return True
+
+    def saturated_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' rotary output past saturation: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the multiplier."""
+        inv_freq, scaling = self.frequencies(self.saturation, positions.device)
+        freqs = positions[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
     def scratch(self) -> Scratch:
         """This thread's :class:`Scratch` kept between forwards (:meth:`ForwardPlan.scratch`)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -20,7 +22,8 @@ class ExactDynamicRotaryEmbedding(nn.Module):
 
     It returns the identity rotation, so queries and keys reach the cache un-rotated, and plans
     the attention wrapper's rotations from the forward's ``position_ids`` (the layers find that
-    plan by the same tensor, :meth:`ExactDynamicRope.plan`).
+    plan by the same tensor, :meth:`ExactDynamicRope.plan`). Past saturation, once the cache
+    stores its keys rotated, it returns the real rotation instead (a plain cached decode).
 
     Args:
         rotary: the dynamic rotary module it replaces (kept as ``.rotary`` to be put back).
@@ -40,7 +43,10 @@ class ExactDynamicRotaryEmbedding(nn.Module):
                 f"attn_implementation was changed to {current!r} after exact dynamic scaling was enabled (it needs "
                 f"{self.rope.attention_name!r}); call hf_posext.patch_model again after changing it"
             )
-        self.rope.plan(position_ids, x.shape[0])
+        plan = self.rope.plan(position_ids, x.shape[0])
+        if self.rope.keys_rotated(plan):  # past the switch: the layers rotate, the cache keeps rotated keys
+            plan.native = True
+            return self.rope.saturated_cos_sin(plan.positions, x.dtype)
         shape = (x.shape[0], position_ids.shape[-1], self.rope.rotary_dim)
         one = torch.ones((), dtype=x.dtype, device=x.device).expand(shape)
         zero = torch.zeros((), dtype=x.dtype, device=x.device).expand(shape)
@@ -113,11 +119,17 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
     return ExactDynamicRotaryEmbedding(rotary, rope)
 
 
+def _note_cache(rope: ExactDynamicRope, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    rope.note_cache(kwargs.get("cache", kwargs.get("past_key_values")))
+
+
 def _guard_cache(base_model: nn.Module, rope: ExactDynamicRope) -> None:
-    """Refuse preallocated caches in ``base_model``'s forward; the hook goes with ``rope`` on disable."""
+    """Refuse preallocated caches in ``base_model``'s forward and tell ``rope`` which cache a forward
+    was given (past saturation its keys are kept rotated); the hooks go with ``rope`` on disable."""
     rope.hooks.append(integration.guard_growing_cache(
         base_model, "exact dynamic scaling (exact_cache=True)",
         ", or patch with exact_cache=False (transformers' behaviour, stale cached keys)"))
+    rope.hooks.append(base_model.register_forward_pre_hook(functools.partial(_note_cache, rope), with_kwargs=True))
 
 
 def disable_exact_dynamic_cache(model: nn.Module) -> None:

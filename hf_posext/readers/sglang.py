@@ -1,7 +1,7 @@
 """SGLang: the context length and rope it derives from a saved config.
 
-Re-written from SGLang's ``get_context_length`` and ``get_rope`` (0.5.x, commit 108c36c; copied
-from no file); what each rule says: docs/readers/index.md.
+Re-written from SGLang's ``get_context_length`` and ``get_rope`` (0.5.x, commit 108c36c; ``longrope``:
+``Phi3LongRoPEScaledRotaryEmbedding``; copied from no file); what each rule says: docs/readers/index.md.
 """
 
 from __future__ import annotations
@@ -50,4 +50,6 @@ def effective_rope(config: Any, rotary_dim: int) -> RopeDescription:
             "yarn", theta, factor=rope["factor"], original=rope["original_max_position_embeddings"],
             beta_fast=rope.get("beta_fast", 32), beta_slow=rope.get("beta_slow", 1),
         )
+    if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
+        return describe("longrope", theta)
     raise ValueError(f"Unknown RoPE scaling type {rope_type}")

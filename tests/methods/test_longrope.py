@@ -9,6 +9,7 @@ step (hf-posext's causal definition: docs/methods/longrope.md).
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -121,6 +122,16 @@ def test_equals_transformers_longrope_model(arch):
     torch.testing.assert_close(logits(model, ids), logits(native(base, by_hand), ids), rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize("arch", ARCHS)  # (transformers' Phi-3 takes only longrope: no YaRN to compare with)
+def test_default_factors_with_yarns_attention_factor_are_yarn_past_the_switch(arch):
+    """The search's start: past L_orig, the default factors with YaRN's 0.1 ln s + 1 give YaRN's logits."""
+    ids = tokens(3 * L_ORIG)
+    yarn = logits(hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), "yarn", factor=FACTOR), ids)
+    longrope = hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), "longrope", factor=FACTOR, attention_factor=0.1 * math.log(FACTOR) + 1,
+                                     exact_cache=False)
+    torch.testing.assert_close(logits(longrope, ids), yarn, rtol=0, atol=TOL)
+
+
 @pytest.mark.parametrize("arch", (*ARCHS, "phi3-partial"))
 def test_cached_decoding_across_the_switch_equals_full_forward(arch):
     model = phi3() if arch == "phi3-partial" else tiny_model(arch, max_positions=L_ORIG)
@@ -134,6 +145,51 @@ def test_cached_decoding_across_the_switch_equals_full_forward(arch):
         torch.testing.assert_close(steps[:, length - prompt], logits(model, ids[:, :length])[:, -1], rtol=0, atol=TOL)
     # a prompt past the switch, then decoding
     torch.testing.assert_close(cached_steps(model, ids, 2 * L_ORIG), full[:, 2 * L_ORIG - prompt :], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ("llama", "phi3-partial"))
+def test_past_the_switch_the_cache_holds_transformers_long_keys(arch):
+    """The switch re-rotates the cached keys once; from then on the cache is what transformers' own
+    full forward caches (keys rotated with the long factors) and a decoding step is a plain one.
+    One layer: deeper layers' keys before L_orig come from hidden states that differ by definition."""
+    make = ((lambda: phi3(num_hidden_layers=1)) if arch == "phi3-partial"
+            else (lambda: tiny_model(arch, max_positions=L_ORIG, layers=1)))
+    model = hf_posext.patch_model(make(), "longrope", factor=FACTOR)
+    native_model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, exact_cache=False)
+    ids = tokens(2 * L_ORIG + 3, batch=2)
+    with torch.no_grad():
+        cache = model(ids[:, : L_ORIG - 3], use_cache=True).cache
+        for t in range(L_ORIG - 3, ids.shape[1]):
+            cache = model(ids[:, t : t + 1], cache=cache, use_cache=True).cache
+        reference = native_model(ids, use_cache=True).cache
+    for ours, theirs in zip(cache.layers, reference.layers, strict=True):
+        torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=TOL)
+
+
+def test_the_switch_rotates_the_cache_once_and_later_steps_are_plain(monkeypatch):
+    from hf_posext.exact_dynamic import attention
+
+    calls = []
+    rotate = attention._attend_rotated
+    monkeypatch.setattr(attention, "_attend_rotated", lambda *args: (calls.append(args[4].shape[2]), rotate(*args))[1])
+    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+    ids = tokens(3 * L_ORIG)
+    steps = cached_steps(model, ids, L_ORIG - 3)
+    assert calls == [L_ORIG + 1] * model.config.num_hidden_layers  # only the forward that crosses L_orig
+    torch.testing.assert_close(steps[:, -1], logits(model, ids[:, :-1])[:, -1], rtol=0, atol=TOL)
+
+
+def test_a_cache_cropped_back_before_the_switch_stays_exact():
+    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+    ids = tokens(2 * L_ORIG)
+    with torch.no_grad():
+        cache = model(ids[:, : L_ORIG + 4], use_cache=True).cache
+        cache = model(ids[:, L_ORIG + 4 : L_ORIG + 5], cache=cache, use_cache=True).cache  # past the switch
+        cache.crop(-11)  # back to L_orig - 6 keys
+        for t in range(L_ORIG - 6, 2 * L_ORIG - 1):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            torch.testing.assert_close(out.logits[:, -1], logits(model, ids[:, : t + 1])[:, -1], rtol=0, atol=TOL)
 
 
 def test_native_cache_is_not_exact_across_the_switch():

@@ -182,3 +182,12 @@ def test_vllm_reads_a_longrope_checkpoint(tmp_path):
     assert vllm.effective_rope(config) == intended_rope(config.rope_parameters)
     assert vllm.max_model_len(config) == 4 * L_ORIG
     assert support(config, 4 * L_ORIG)["vLLM"][0] == "right"
+
+
+def test_sglang_reads_a_longrope_checkpoint(tmp_path):
+    # SGLang get_rope (rotary_embedding/factory.py, commit 108c36c) has a longrope branch
+    # (Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short_mscale / long_mscale)
+    config, _ = saved(tmp_path, "longrope", factor=4)
+    assert sglang.effective_rope(config, HEAD_DIM) == intended_rope(config.rope_parameters)
+    assert sglang.context_length(config) == 4 * L_ORIG
+    assert support(config, 4 * L_ORIG)["SGLang"][0] == "right"
