@@ -34,8 +34,7 @@ EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE, "longrope")
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 #: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
 STATE_ATTR = "_hf_posext_exact_dynamic"
-#: The attribute of a cache layer that counts the tokens, from the sequence's start, whose keys it
-#: stores rotated (past saturation; :func:`hf_posext.exact_dynamic.attention._attend_rotated`).
+#: The attribute of a cache layer counting the tokens from the start whose keys it stores rotated.
 ROTATED_ATTR = "_hf_posext_rotated_keys"
 
 #: Elements of rotated-key copies the row-wise path may build at once on the CPU, and of cos/sin
@@ -131,11 +130,8 @@ class ForwardPlan:
         self.positions = positions
         self.calls: list[Call] = []
         self.rowwise: RowWise | None = None
-        #: every query past saturation and every cached key stored rotated: the model rotates (plain decoding)
-        self.native = False
-        #: ids of the cache layers whose keys this forward rotated (an attention that calls the kernel
-        #: twice with the same keys, as DiffLlama's, must not rotate them twice)
-        self.rotated_layers: set[int] = set()
+        self.native = False  # every query past saturation, every cached key stored rotated: plain decoding
+        self.rotated_layers: set[int] = set()  # cache layers this forward rotated (DiffLlama attends twice)
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
         self._memo: dict[tuple, Any] = {}
