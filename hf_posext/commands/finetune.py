@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import HfArgumentParser
-
+from .. import integration
 from ..data import EXCLUDE_PREFIX, STDLIB
 from ..validation import path_shape
 from .arguments import parse_bool, parse_key_value, parse_key_values, run_command
@@ -33,7 +32,7 @@ PROG = "hf-posext finetune"
 DESCRIPTION = "Fine-tune a model for a longer context (the YaRN recipe by default): patch -> data -> train -> save."
 
 
-class RecipeArgumentParser(HfArgumentParser):
+class RecipeArgumentParser(integration.FieldArgumentParser):
     """``HfArgumentParser`` plus two kinds of flag it does not build.
 
     * A mapping field (``method_kwargs``) becomes a repeatable ``KEY=VALUE`` flag; HfArgumentParser
@@ -46,15 +45,14 @@ class RecipeArgumentParser(HfArgumentParser):
         """One line and exit code 2, as every other bad input (argparse would print the whole usage first)."""
         self.exit(2, f"{self.prog}: error: {message} (--help lists the settings)\n")
 
-    @staticmethod
-    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+    def add_field(self, parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
         if typing.get_origin(field.type) is dict:
             metadata = dict(field.metadata)
             flags = [*metadata.pop("aliases", []), f"--{field.name.replace('_', '-')}"]
             parser.add_argument(*flags, dest=field.name, action="append", type=parse_key_value, metavar="KEY=VALUE",
                                 **metadata)
             return
-        HfArgumentParser._parse_dataclass_field(parser, field)
+        self.add_default_field(parser, field)
         if field.type is bool:
             # One spelling of booleans for flags and YAML (transformers' also takes t/y/f/n).
             parser._option_string_actions[f"--{field.name}"].type = _flag_bool(field.name)

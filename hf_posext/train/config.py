@@ -16,8 +16,8 @@ from typing import Any, Literal
 import torch
 import yaml
 from transformers import SchedulerType, get_scheduler
-from transformers.hf_argparser import HfArg
 
+from ..integration import HfArg
 from ..methods import make_method, method_class
 from ..validation import (
     Check, anything, choice, integer, mapping, number, optional, parse_bool, real_number, required,
