@@ -11,18 +11,17 @@ transformers and installs the construction hook that redoes a method's surgery w
 checkpoint is loaded (:mod:`hf_posext.loading`); it has no other side effect.
 """
 
-import warnings as _warnings
 from typing import Any as _Any
 
 from . import methods as _methods
 from .loading import AutoPatchedModelForCausalLM, from_pretrained
 from .loading import set_construction_hook as _set_construction_hook
+from .methods.deprecated import deprecated_attribute as _deprecated_attribute
 from .methods import (
     BaseRope,
     MethodConfig,
     available_methods,
     canonical_name,
-    make_method,
     method_aliases,
     method_class,
     method_config,
@@ -40,12 +39,8 @@ _methods.register_with_transformers()
 _set_construction_hook(True)
 
 
-def __getattr__(name: str) -> _Any:
-    if name == "PositionMethod":
-        _warnings.warn("hf_posext.PositionMethod is deprecated; use hf_posext.MethodConfig", DeprecationWarning,
-                       stacklevel=2)
-        return MethodConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> _Any:  # the deprecated names (hf_posext/methods/deprecated.py)
+    return _deprecated_attribute(__name__, name)
 
 
 __all__ = [
@@ -58,7 +53,6 @@ __all__ = [
     "available_methods",
     "canonical_name",
     "from_pretrained",
-    "make_method",
     "method_aliases",
     "method_class",
     "method_config",

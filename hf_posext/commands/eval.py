@@ -23,7 +23,7 @@ from typing import Any
 
 from ..eval.checkpoint import DTYPES, load_model, model_fingerprint
 from ..files import check_output_dir, write_text
-from ..methods import make_method
+from ..methods import method_config
 from ..patching import patch_info, patch_model, snapshot_model
 from ..transaction import Snapshot, restore
 from .arguments import check_factor, default_out, method_kwargs, real, whole
@@ -101,7 +101,7 @@ def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any
         if method != "none":
             # A context-scaling method without --factor would silently be the identity.
             check_factor(method, args.factor, extra)
-            make_method(method, **({} if args.factor is None else {"factor": args.factor}), **extra)
+            method_config(method, **({} if args.factor is None else {"factor": args.factor}), **extra)
     return methods, extra
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import os
 import pkgutil
 import re
@@ -93,10 +95,38 @@ def test_a_refused_registration_leaves_nothing_behind():
         register_method("toy", Toy, rope_types={"linear": RopeType(print, print)})
 
 
-def test_deprecated_names_still_work():
-    with pytest.warns(DeprecationWarning, match="MethodConfig"):
-        assert hf_posext.PositionMethod is hf_posext.MethodConfig
-    assert hf_posext.make_method is hf_posext.method_config
+#: Every deprecated name, its replacement, and the modules it was importable from.
+DEPRECATED = [
+    (module, old, new)
+    for old, new, modules in [
+        ("PositionMethod", "MethodConfig", ("hf_posext", "hf_posext.methods", "hf_posext.methods.base")),
+        ("make_method", "method_config", ("hf_posext", "hf_posext.methods", "hf_posext.methods.registry")),
+    ]
+    for module in modules
+]
+
+
+@pytest.mark.parametrize(("module", "old", "new"), DEPRECATED)
+def test_a_deprecated_name_works_warns_naming_its_replacement_and_is_not_exported(module, old, new):
+    imported = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning) as caught:
+        assert getattr(imported, old) is getattr(imported, new)
+    assert [str(w.message) for w in caught] == [f"{module}.{old} is deprecated; use {module}.{new}"]
+    assert caught[0].filename == __file__  # attributed to the caller, so Python shows it once per call site
+    assert old not in getattr(imported, "__all__", ())
+
+
+def test_the_package_uses_no_deprecated_name():
+    package = Path(hf_posext.__file__).parent
+    used = [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if (isinstance(node, ast.Name) and node.id in {old for _, old, _ in DEPRECATED})
+        or (isinstance(node, ast.alias) and node.name in {old for _, old, _ in DEPRECATED})
+        or (isinstance(node, ast.Attribute) and node.attr in {old for _, old, _ in DEPRECATED})
+    ]
+    assert used == []
 
 
 TOY_FAMILY = '''
