@@ -56,9 +56,21 @@ class RecipeArgumentParser(integration.FieldArgumentParser):
         if field.type is bool:
             # One spelling of booleans for flags and YAML (transformers' also takes t/y/f/n).
             parser._option_string_actions[f"--{field.name}"].type = _flag_bool(field.name)
+        # --no-NAME's default: SUPPRESS, as the field's default comes from --NAME (added first); so the
+        # help does not say "(default: True)" for a flag that turns something off
         if field.type is bool and field.default is False:
             parser.add_argument(f"--no-{field.name.replace('_', '-')}", dest=field.name, action="store_false",
-                                help=f"turn {field.name} off")
+                                default=argparse.SUPPRESS, help=f"turn {field.name} off")
+        elif field.type is bool and field.default is True:  # HfArgumentParser's own --no_NAME
+            negative = parser._option_string_actions[f"--no_{field.name}"]
+            negative.default, negative.help = argparse.SUPPRESS, f"turn {field.name} off"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """HfArgumentParser's formatter, less "(default: None)": a None default's meaning is in the field's help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def _flag_bool(name: str):
@@ -79,7 +91,7 @@ def build_parser(description: str | None = DESCRIPTION, prog: str | None = PROG)
     """The recipe's argument parser: ``--config`` plus one flag per ``TrainConfig`` field."""
     from ..train.config import TrainConfig
 
-    parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog)
+    parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog, formatter_class=_HelpFormatter)
     parser.add_argument("--config", help="a YAML file with the same keys as these flags (flags win over it)")
     return parser
 

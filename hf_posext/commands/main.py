@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(PI, NTK, YaRN, dynamic scaling, ALiBi...) in Hugging Face checkpoints.",
                                      epilog="hf-posext COMMAND --help shows a command's flags.")
     parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error (also: HF_POSEXT_DEBUG=1)")
+                        help="show the traceback of an error; anywhere on the line (also: HF_POSEXT_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("methods", help="list the position-encoding methods and their aliases")
@@ -143,9 +143,13 @@ SUBCOMMAND_MODULES: tuple[str, ...] = tuple(f"hf_posext.commands.{name}" for nam
 def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext ARGS``; returns the exit code (2: bad input, reported in one line)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug anywhere before a "--": each sub-command (and the recipe's own parser) would refuse it
+    end = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:end]
+    argv = [a for a in argv[:end] if a != "--debug"] + argv[end:]
     args = build_parser().parse_args(argv)
     args.command_argv = argv[argv.index(args.command) + 1:]  # what followed the command's name
-    return run_command("hf-posext", lambda: args.func(args), debug=args.debug)
+    return run_command("hf-posext", lambda: args.func(args), debug=debug)
 
 
 if __name__ == "__main__":
