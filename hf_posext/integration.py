@@ -11,8 +11,7 @@ hf-posext plugs into transformers 5.x through its documented extension points:
 * ``PreTrainedModel._from_config``, wrapped to copy a config the construction hook would patch;
 * ``config._attn_implementation``, ``masking_utils``' mask builders (ALiBi's masks), the private
   field hook of ``HfArgumentParser`` (:class:`FieldArgumentParser`), ``HfArg``, ``bytes_to_unicode``.
-
-Outside this module the package imports from transformers only its public top-level names
+Elsewhere the package imports only transformers' public top-level names
 (tests/test_package_structure.py). Internal: not part of the public API.
 """
 
