@@ -191,6 +191,13 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
     assert "deselected" in tests  # only the toy's cases ran
 
 
+def test_the_plugin_api_is_the_top_levels():
+    """What a third-party method needs, exported as peft exports register_peft_method."""
+    for name, value in [("register_method", register_method), ("Surgery", methods.surgery.Surgery),
+                        ("RopeType", RopeType), ("AttentionFunctions", AttentionFunctions)]:
+        assert name in hf_posext.__all__ and getattr(hf_posext, name) is value
+
+
 def test_the_readers_hints_name_registered_static_methods():
     for name in hf_posext.available_methods():
         static = hf_posext.method_class(name).static_equivalent
@@ -208,9 +215,9 @@ def test_the_public_surface_resolves_and_is_documented():
 
 
 def test_a_family_registered_after_import_reaches_transformers_at_once():
-    """An out-of-tree family (a plugin) calls register_method after ``import hf_posext``."""
+    """An out-of-tree family (a plugin) calls register_method after ``import hf_posext``, with the top level's names."""
     code = textwrap.dedent(TOY_FAMILY).replace("from ...rope_utils", "from hf_posext.rope_utils").replace(
-        "from ..base", "from hf_posext.methods.base").replace("from ..registry", "from hf_posext.methods.registry")
+        "from ..base", "from hf_posext").replace("from ..registry", "from hf_posext")
     code = "import hf_posext\n" + code + textwrap.dedent("""
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
