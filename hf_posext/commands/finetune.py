@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .. import integration
 from ..data import EXCLUDE_PREFIX, STDLIB
 from ..validation import path_shape
-from .arguments import parse_bool, parse_key_value, parse_key_values, run_command
+from .arguments import parse_bool, parse_key_value, parse_key_values, run_command, take_debug
 
 if TYPE_CHECKING:
     from ..train.config import TrainConfig
@@ -222,7 +222,8 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext finetune ARGS`` and ``python -m hf_posext.commands.finetune ARGS`` (what ``accelerate launch -m`` runs)."""
-    return run_command(PROG, lambda: _run(argv))
+    debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
+    return run_command(PROG, lambda: _run(argv), debug=debug)
 
 
 def add_parser(subparsers: Any) -> None:

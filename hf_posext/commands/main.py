@@ -17,7 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..methods import available_methods, method_aliases, method_class
-from .arguments import OneLineParser, add_set_argument, check_factor, method_kwargs, plain, real, run_command, whole
+from .arguments import (
+    OneLineParser,
+    add_set_argument,
+    check_factor,
+    method_kwargs,
+    plain,
+    real,
+    run_command,
+    take_debug,
+    whole,
+)
 
 
 def aliases_by_method() -> dict[str, list[str]]:
@@ -142,11 +152,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = tuple(f"hf_posext.commands.{name}" for nam
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext ARGS``; returns the exit code (2: bad input, reported in one line)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # --debug anywhere before a "--": each sub-command (and the recipe's own parser) would refuse it
-    end = argv.index("--") if "--" in argv else len(argv)
-    debug = "--debug" in argv[:end]
-    argv = [a for a in argv[:end] if a != "--debug"] + argv[end:]
+    # --debug anywhere: each sub-command's parser (and the recipe's own) would refuse it
+    debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.command_argv = argv[argv.index(args.command) + 1:]  # what followed the command's name
     return run_command("hf-posext", lambda: args.func(args), debug=debug)

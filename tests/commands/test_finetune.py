@@ -42,6 +42,11 @@ def test_sub_command_and_module_report_bad_input_alike(tmp_path, capsys):
                       f"hf-posext finetune: error: config file '{tmp_path / 'missing.yaml'}' does not exist"]
 
 
+def test_debug_on_the_module_entry_point_shows_the_traceback(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        finetune_main(["--config", str(tmp_path / "missing.yaml"), "--debug"])
+
+
 def test_python_dash_m_runs_the_command(tmp_path):
     # What `accelerate launch -m hf_posext.commands.finetune` starts in every process.
     done = subprocess.run([sys.executable, "-m", "hf_posext.commands.finetune", "--model", "m", "--dataset", "d.txt"],
