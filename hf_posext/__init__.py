@@ -5,28 +5,33 @@
 
     model = hf_posext.from_pretrained("out/llama-yarn-16k")   # a saved patched checkpoint
 
-The names in ``__all__`` are the public, stable API; submodules are internal and may change.
+The names in ``__all__`` are the public, stable API, the plugin API included (``register_method``,
+``Surgery``, ``RopeType``, ``AttentionFunctions``: docs/methods/adding-a-method.md); submodules are
+internal and may change.
 Importing the package registers the methods' rope types and attention functions with
 transformers and installs the construction hook that redoes a method's surgery while a patched
 checkpoint is loaded (:mod:`hf_posext.loading`); it has no other side effect.
 """
 
-import warnings as _warnings
 from typing import Any as _Any
 
 from . import methods as _methods
 from .loading import AutoPatchedModelForCausalLM, from_pretrained
 from .loading import set_construction_hook as _set_construction_hook
+from .methods.deprecated import deprecated_attribute as _deprecated_attribute
 from .methods import (
+    AttentionFunctions,
     BaseRope,
     MethodConfig,
+    RopeType,
+    Surgery,
     available_methods,
     canonical_name,
-    make_method,
     method_aliases,
     method_class,
     method_config,
     needs_surgery,
+    register_method,
 )
 from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, patched_method, unpatch_model
 from .longrope_search import LongRopeSearchResult, search_longrope
@@ -40,25 +45,23 @@ _methods.register_with_transformers()
 _set_construction_hook(True)
 
 
-def __getattr__(name: str) -> _Any:
-    if name == "PositionMethod":
-        _warnings.warn("hf_posext.PositionMethod is deprecated; use hf_posext.MethodConfig", DeprecationWarning,
-                       stacklevel=2)
-        return MethodConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> _Any:  # the deprecated names (hf_posext/methods/deprecated.py)
+    return _deprecated_attribute(__name__, name)
 
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "AttentionFunctions",
     "AutoPatchedModelForCausalLM",
     "BaseRope",
     "LongRopeSearchResult",
     "MethodConfig",
+    "RopeType",
+    "Surgery",
     "__version__",
     "available_methods",
     "canonical_name",
     "from_pretrained",
-    "make_method",
     "method_aliases",
     "method_class",
     "method_config",
@@ -66,6 +69,7 @@ __all__ = [
     "patch_info",
     "patch_model",
     "patched_method",
+    "register_method",
     "search_longrope",
     "unpatch_model",
     *sorted(_methods.config_classes()),

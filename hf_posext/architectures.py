@@ -1,7 +1,7 @@
 """Which models hf-posext can patch: decided by transformers' rotary contract, not by a list of names.
 
 A decoder config with ``rope_parameters`` and rotary modules that read ``ROPE_INIT_FUNCTIONS``
-(probed); the exact dynamic cache also needs rotate-half pairing. :data:`SUPPORTED_MODEL_TYPES`
+(probed); the attention wrappers (exact dynamic cache, remapping) also need rotate-half pairing. :data:`SUPPORTED_MODEL_TYPES`
 is the tested list (docs/methods/index.md).
 """
 
@@ -36,9 +36,9 @@ SUPPORTED_MODEL_TYPES = (
     "vaultgemma", "youtu",
 )
 
-#: Model types whose attention passes the checks below but treats RoPE otherwise than the exact
-#: dynamic wrapper assumes, found by tests/test_architectures.py (the exact path differed from the
-#: unpatched model within L_orig, or could not run): refused for ``exact_cache=True``.
+#: Model types whose attention passes the checks below but treats RoPE otherwise than the attention
+#: wrappers assume, found by tests/test_architectures.py (the exact dynamic path differed from the
+#: unpatched model within L_orig, or could not run): refused by :func:`check_wrappable_attention`.
 EXACT_DYNAMIC_UNSUPPORTED = {
     "afmoe": "some layers use no RoPE",
     "exaone4": "some layers use no RoPE",
@@ -215,29 +215,28 @@ def _reference_rotation(x: torch.Tensor, angles: torch.Tensor, scaling: float) -
     return torch.cat((first * cos - second * sin, second * cos + first * sin, rest), dim=-1)
 
 
-def check_exact_dynamic(
-    config: PreTrainedConfig, model: nn.Module | None, rotary: nn.Module | None = None, *,
-    purpose: str = "exact_cache=True",
-    fallback: str = "patch with exact_cache=False (transformers' dynamic behaviour, stale cached keys)",
+def check_wrappable_attention(
+    config: PreTrainedConfig, model: nn.Module | None, rotary: nn.Module | None = None, *, purpose: str, fallback: str,
 ) -> list[nn.Module]:
-    """Refuse ``exact_cache=True`` on a model whose attention rotates differently than the exact wrapper.
+    """Refuse a model whose attention an hf-posext attention wrapper cannot rotate for.
 
-    The wrapper hands the layers the identity rotation and rotates queries and keys itself in
-    the rotate-half pairing, so it needs one set of flat rope parameters, attention modules it
-    can find, and the model's own ``apply_rotary_pos_emb`` to rotate exactly that way.
+    The wrappers (exact dynamic scaling, the training-free methods' remapping) rotate queries and
+    keys themselves in the rotate-half pairing, so they need one set of flat rope parameters,
+    attention modules they can find, and the model's own ``apply_rotary_pos_emb`` to rotate
+    exactly that way.
 
     Args:
         model: ``None`` checks only what the config decides.
         rotary: the rotary module to check with; default: the model's first (a base model being
             built has not registered its own yet).
-        purpose, fallback: what needs the check and what to do instead, for the messages (the
-            training-free methods rotate in the same pairing).
+        purpose, fallback: what needs the check (``"exact_cache=True"``, ``"self_extend (model_type=...)"``)
+            and what to do instead, for the messages.
 
     Returns:
         The attention modules (none without a model).
 
     Raises:
-        ValueError: naming what does not fit and the ``exact_cache=False`` alternative.
+        ValueError: naming what does not fit, ``purpose`` and ``fallback``.
     """
     model_type = getattr(config, "model_type", None)
     if nested_rope_keys(config):
@@ -287,7 +286,7 @@ def check_exact_dynamic(
     if rotated.shape != expected.shape or not torch.allclose(rotated, expected, rtol=1e-4, atol=1e-5):
         raise ValueError(
             f"{purpose}: {source.__name__}.apply_rotary_pos_emb does not rotate channel pairs (i, i + "
-            f"rotary_dim / 2) as the exact wrapper does (e.g. interleaved pairs, as in Cohere); {fallback}"
+            f"rotary_dim / 2) as the wrapper does (e.g. interleaved pairs, as in Cohere); {fallback}"
         )
     return attention
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from . import integration
 from .methods.base import CONFIG_KEY, BaseRope, MethodConfig
 from .methods.registry import composable_methods
 from .rope_utils import default_inv_freq, rotary_dim_of
@@ -52,7 +52,7 @@ def _scaled_base(
     probe.rope_parameters = copy.deepcopy(rope_parameters)
     probe.max_position_embeddings = max_positions
     rotary_dim = rotary_dim_of(probe, rope_parameters)
-    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_parameters["rope_type"]](probe, "cpu", seq_len=reach)
+    inv_freq, attention_factor = integration.rope_init_function(rope_parameters["rope_type"])(probe, "cpu", seq_len=reach)
     if rope_parameters["rope_type"] == "longrope":
         # its divisors are written down: take them as they are, so that the pairs a method keeps
         # are bit for bit the checkpoint's (a divisor recovered from fp32 frequencies is not)

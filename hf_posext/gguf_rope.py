@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 from transformers import LlamaConfig, PreTrainedConfig, Qwen2Config, Qwen3Config
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from . import integration
 from .rope_utils import (
     DYNAMIC_YARN_ROPE_TYPE,
     NO_ROPE_TYPE,
@@ -130,7 +130,7 @@ def reach_of(config: PreTrainedConfig) -> int:
 def _rope_init(config: PreTrainedConfig, reach: int) -> tuple[torch.Tensor, float]:
     """transformers' own (inv_freq, attention_factor) for ``config`` at length ``reach``."""
     probe = copy.deepcopy(config)
-    return ROPE_INIT_FUNCTIONS[probe.rope_parameters["rope_type"]](probe, "cpu", seq_len=reach)
+    return integration.rope_init_function(probe.rope_parameters["rope_type"])(probe, "cpu", seq_len=reach)
 
 
 def _default_yarn(params: dict[str, Any]) -> bool:

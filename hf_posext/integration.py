@@ -8,25 +8,54 @@ hf-posext plugs into transformers 5.x through its documented extension points:
   config is validated (transformers only *warns* for a type it has no validator for);
 * ``AttentionInterface`` / ``AttentionMaskInterface``, where attention implementations are registered;
 * rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``;
-* ``PreTrainedModel._from_config``, wrapped to copy a config the construction hook would patch.
-
-Internal: not part of the public API.
+* ``PreTrainedModel._from_config``, wrapped to copy a config the construction hook would patch;
+* ``config._attn_implementation``, ``masking_utils``' mask builders (ALiBi's masks), the private
+  field hook of ``HfArgumentParser`` (:class:`FieldArgumentParser`), ``HfArg``, ``bytes_to_unicode``.
+Elsewhere the package imports only transformers' public top-level names
+(tests/test_package_structure.py). Internal: not part of the public API.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.nn as nn
-from transformers import modeling_rope_utils
+from transformers import HfArgumentParser, modeling_rope_utils
 from transformers.cache_utils import StaticLayer
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+from transformers.hf_argparser import HfArg
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    AttentionMaskInterface,
+    add_offsets_to_mask_function,
+    and_masks,
+    causal_mask_function,
+    flash_attention_mask,
+    padding_mask_function,
+    prepare_padding_mask,
+    sdpa_mask,
+)
 from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface, PreTrainedModel
+
+#: Re-exported for the package: transformers' helpers that its top level does not export.
+__all__ = [
+    "HfArg",
+    "add_offsets_to_mask_function",
+    "and_masks",
+    "bytes_to_unicode",
+    "causal_mask_function",
+    "flash_attention_mask",
+    "padding_mask_function",
+    "prepare_padding_mask",
+    "sdpa_mask",
+]
 
 RopeInitFn = Callable[..., Any]
 Validator = Callable[[Any, dict[str, Any], "set[str] | None"], None]
@@ -209,13 +238,18 @@ def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Cal
     AttentionMaskInterface.register(name, mask_fn)
 
 
+def mask_function(kernel: str) -> Callable[..., Any]:
+    """The mask function transformers builds ``kernel``'s causal mask with (``"sdpa"``, ``"eager"``...)."""
+    return ALL_MASK_ATTENTION_FUNCTIONS[kernel]
+
+
 def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask_like: str) -> None:
     """Register ``attention_fn`` as ``config._attn_implementation = name``, masked like ``mask_like``.
 
     Without an ``AttentionMaskInterface`` entry transformers silently builds no causal mask at all.
     """
     AttentionInterface.register(name, attention_fn)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask_like])
+    AttentionMaskInterface.register(name, mask_function(mask_like))
 
 
 def remove_attention_state(model: nn.Module, attr: str) -> Any | None:
@@ -232,9 +266,23 @@ def remove_attention_state(model: nn.Module, attr: str) -> Any | None:
         return None
     for hook in state.hooks:
         hook.remove()
-    if model.config._attn_implementation == state.attention_name:
-        model.config._attn_implementation = state.kernel
+    if attention_implementation(model.config) == state.attention_name:
+        set_attention_implementation(model.config, state.kernel)
     return state
+
+
+def attention_implementation(config: Any) -> str | None:
+    """``config._attn_implementation``: the attention a model built from ``config`` runs (``None``: not resolved yet)."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def set_attention_implementation(config: Any, name: str | None) -> None:
+    """Make the model of ``config`` run the attention registered as ``name`` from its next forward.
+
+    transformers 5.24 keeps it in the private ``_attn_implementation`` (a property that also sets it
+    on sub-configs); it is never saved: a saved config carries ``attn_implementation`` instead.
+    """
+    config._attn_implementation = name
 
 
 def attention_function(implementation: str, module: nn.Module) -> Callable[..., Any]:
@@ -258,3 +306,23 @@ def set_saved_attribute(config: Any, name: str, value: Any) -> None:
         config.__dict__.pop(name, None)
     else:
         config.__dict__[name] = value
+
+
+class FieldArgumentParser(HfArgumentParser):
+    """``HfArgumentParser`` whose flag building per dataclass field can be extended by a public method.
+
+    transformers 5.24 builds each field's flag in the private static ``_parse_dataclass_field``;
+    a subclass overrides :meth:`add_field` instead, and calls :meth:`add_default_field` for the
+    flag HfArgumentParser would build.
+    """
+
+    def add_field(self, parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        """Add the flag(s) of ``field`` to ``parser`` (a group of this parser); default: HfArgumentParser's."""
+        self.add_default_field(parser, field)
+
+    @staticmethod
+    def add_default_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        HfArgumentParser._parse_dataclass_field(parser, field)
+
+    def _parse_dataclass_field(self, parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:  # type: ignore[override]
+        self.add_field(parser, field)  # transformers calls it as self._parse_dataclass_field per field

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from .files import atomic_directory
+from .integration import bytes_to_unicode
 
 #: Number of byte tokens; ids 0..255 are the bytes themselves.
 NUM_BYTES = 256

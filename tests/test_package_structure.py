@@ -11,6 +11,8 @@ Checked on the source (ast), so a new module is covered without a list:
   ``hf-posext --help`` loads none of it;
 * a method family folder imports no other family's folder (shared code lives beside them);
 * ``rope_utils`` imports nothing of the package;
+* only ``integration.py`` touches transformers' internals (:func:`transformers_internals` says what
+  counts);
 * the method modules' docstrings are a few lines (the maths is in ``docs/methods/``);
 * no module over :data:`MAX_LINES` lines unless its docstring says why, in a sentence starting
   "Longer than ~400 lines" (the convention docs/layout.md states).
@@ -18,10 +20,15 @@ Checked on the source (ast), so a new module is covered without a list:
 
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+import torch.nn as nn
+import transformers
+from transformers import GenerationMixin, HfArgumentParser, PreTrainedConfig, PreTrainedModel
 
 import hf_posext
 
@@ -224,3 +231,88 @@ def test_method_module_docstrings_say_what_the_module_is_for_in_a_few_lines(name
     docstring = ast.get_docstring(ast.parse(MODULES[name].read_text(encoding="utf-8"))) or ""
     assert docstring, f"{MODULES[name]} has no module docstring"
     assert docstring.count("\n") + 1 <= MAX_DOCSTRING_LINES, f"{MODULES[name]}: the maths goes to docs/methods/"
+
+
+#: The one module that may touch transformers' internals (its docstring lists what it touches).
+BOUNDARY = f"{PACKAGE}.integration"
+#: transformers submodules the rest of the package may import: its documented logging API.
+PUBLIC_SUBMODULES = {"transformers.utils.logging"}
+
+
+def _private_transformers_attributes() -> set[str]:
+    """The private (``_name``, not dunder) attributes of transformers' config, model and argument parser
+    classes, less those they inherit from torch's ``nn.Module``, argparse or ``object``."""
+    inherited = set(dir(nn.Module)) | set(dir(argparse.ArgumentParser)) | set(dir(object))
+    classes = (PreTrainedConfig, PreTrainedModel, GenerationMixin, HfArgumentParser)
+    return {n for c in classes for n in dir(c) if n.startswith("_") and not n.startswith("__")} - inherited
+
+
+def _is_internal(module: str, name: str | None = None) -> bool:
+    """Whether ``from module import name`` (``name=None``: ``import module``) reaches past transformers'
+    public top level: a submodule (``modeling_rope_utils``, ``masking_utils``...) or a private name."""
+    if module in PUBLIC_SUBMODULES or (name is not None and f"{module}.{name}" in PUBLIC_SUBMODULES):
+        return False
+    if module != "transformers":
+        return module.startswith("transformers.")
+    if name is None:
+        return False
+    return name.startswith("_") and name != "__version__" or isinstance(getattr(transformers, name, None), ModuleType)
+
+
+def transformers_internals(tree: ast.Module, private: set[str]) -> list[str]:
+    """What a module's source reaches of transformers beyond its public top-level names, anywhere in it:
+
+    * ``import transformers.x`` or ``from transformers.x import ...`` (but :data:`PUBLIC_SUBMODULES`);
+    * ``from transformers import name`` or ``transformers.name`` with ``name`` private or a submodule;
+    * ``obj._name``, ``getattr(obj, "_name")`` or ``def _name`` (an override) with ``_name`` in ``private``,
+      the private attributes of transformers' classes (``config._attn_implementation``).
+    """
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names if _is_internal(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("transformers"):
+            module = node.module or ""
+            found += [f"line {node.lineno}: from {module} import {a.name}" for a in node.names
+                      if _is_internal(module, a.name)]
+        elif isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name) and node.value.id == "transformers" and _is_internal("transformers", node.attr):
+                found.append(f"line {node.lineno}: transformers.{node.attr}")
+            elif node.attr in private:
+                found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and node.value in private:
+            found.append(f"line {node.lineno}: {node.value!r}")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in private:
+            found.append(f"line {node.lineno}: def {node.name}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n != BOUNDARY))
+def test_only_integration_touches_transformers_internals(name):
+    found = transformers_internals(ast.parse(MODULES[name].read_text(encoding="utf-8")),
+                                   _private_transformers_attributes())
+    assert found == [], f"{MODULES[name]} reaches transformers' internals (go through {BOUNDARY}): {found}"
+
+
+@pytest.mark.parametrize("source", [
+    "from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS",
+    "import transformers.modeling_utils",
+    "from transformers import masking_utils",
+    "from transformers import _private",
+    "import transformers\ntransformers.cache_utils.StaticLayer",
+    "config._attn_implementation = 'eager'",
+    "getattr(config, '_attn_implementation', None)",
+    "class P(HfArgumentParser):\n    def _parse_dataclass_field(self, parser, field): ...",
+])
+def test_the_boundary_check_can_fail(source):
+    assert transformers_internals(ast.parse(source), _private_transformers_attributes()) != []
+
+
+@pytest.mark.parametrize("source", [
+    "from transformers import AutoConfig, PreTrainedConfig",
+    "import transformers\ntransformers.__version__",
+    "from transformers.utils import logging",
+    "config.rope_parameters",
+])
+def test_the_boundary_check_passes_public_names(source):
+    assert transformers_internals(ast.parse(source), _private_transformers_attributes()) == []

@@ -33,8 +33,6 @@ ATTENTION_PREFIX = "hf_posext_remap_"
 #: load it (rather than silently running plain RoPE); with it, the model gets the wrapper of sdpa
 #: (or of the kernel ``from_pretrained(..., attn_implementation=...)`` asks for).
 SAVED_ATTENTION = "hf_posext_remap (requires: import hf_posext)"
-#: The kernels whose masks the wrapper reads (and that run short inputs unchanged).
-SUPPORTED_KERNELS = ("eager", "sdpa")
 #: Score elements per head group and block: keeps one block's scores near 64 MiB in fp32.
 BLOCK_ELEMENTS = 2**24
 

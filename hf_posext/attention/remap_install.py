@@ -1,21 +1,16 @@
-"""Switching remapped attention (:mod:`.remap`) on and off in a model: state, kernel name, cache guard."""
+"""Switching remapped attention (:mod:`.remap`) on and off in a model, with :func:`.wrapper.install_wrapper`."""
 
 from __future__ import annotations
 
 from torch import nn
 
 from .. import integration
-from ..architectures import check_exact_dynamic
 from ..rope_utils import REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY, rope_parameters_for
-from .remap import (
-    ATTENTION_PREFIX,
-    SAVED_ATTENTION,
-    STATE_ATTR,
-    SUPPORTED_KERNELS,
-    Remapping,
-    RemapState,
-    remap_attention,
-)
+from .remap import ATTENTION_PREFIX, SAVED_ATTENTION, STATE_ATTR, Remapping, RemapState, remap_attention
+from .wrapper import install_wrapper
+
+#: What to do instead when a model cannot be remapped.
+FALLBACK = "use a rope method (yarn, ntk) instead"
 
 
 def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module | None = None) -> RemapState:
@@ -31,32 +26,22 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
             does not rotate channel pairs ``(i, i + d/2)`` (interleaved pairs, multi-head latent attention).
     """
     uninstall_remapping(model)
-    config = model.config
-    requested = config._attn_implementation
-    kernel = "sdpa" if requested == SAVED_ATTENTION else (requested or "eager").removeprefix(ATTENTION_PREFIX)
-    if kernel not in SUPPORTED_KERNELS:
-        raise ValueError(f"{remapping.name} supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load "
-                         f"the model with one of those")
-    found = [(name, module) for name, module in integration.rotary_modules(model)]
-    if rotary is None:
-        if len(found) != 1:
-            raise ValueError(f"{remapping.name} needs exactly one rotary module, {type(model).__name__} has "
-                             f"{[name for name, _ in found]}")
-        rotary = found[0][1]
-    purpose = f"{remapping.name} (model_type={getattr(config, 'model_type', None)!r})"
-    attention = check_exact_dynamic(config, model, rotary, purpose=purpose,
-                                    fallback="use a rope method (yarn, ntk) instead")
-    params = rope_parameters_for(config)
+    found = list(integration.rotary_modules(model))
+    if rotary is None and len(found) != 1:
+        raise ValueError(f"{remapping.name} needs exactly one rotary module, {type(model).__name__} has "
+                         f"{[name for name, _ in found]}")
+    used = rotary if rotary is not None else found[0][1]
+    base = model.get_submodule(found[0][0].rpartition(".")[0]) if found else model
+    state = install_wrapper(
+        model, lambda kernel: RemapState(remapping, used, kernel), remap_attention,
+        prefix=ATTENTION_PREFIX, state_attr=STATE_ATTR, saved=SAVED_ATTENTION, rotary=rotary,
+        purpose=f"{remapping.name} (model_type={getattr(model.config, 'model_type', None)!r})", fallback=FALLBACK,
+        guarded=[base], needs=f"training-free attention ({remapping.name})",
+    )
+    params = rope_parameters_for(model.config)
     if params.get("rope_type") == REMAP_ROPE_TYPE:
         # transformers' forward switches longrope's factors by the module's rope type: the shipped one
-        rotary.rope_type = params.get(REMAPPED_TYPE_KEY, "default")
-    state = RemapState(remapping, rotary, kernel)
-    integration.register_attention_wrapper(state.attention_name, remap_attention, mask_like=kernel)
-    for module in attention:
-        module.__dict__[STATE_ATTR] = state
-    config._attn_implementation = state.attention_name
-    base = model.get_submodule(found[0][0].rpartition(".")[0]) if found else model
-    state.hooks.append(integration.guard_growing_cache(base, f"training-free attention ({remapping.name})"))
+        used.rope_type = params.get(REMAPPED_TYPE_KEY, "default")
     return state
 
 

@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .. import validation
@@ -162,6 +162,13 @@ def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> i
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+
+
+def take_debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
+    """``(whether --debug is in argv before any "--", argv without it)``: --debug anywhere on the line."""
+    argv = list(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    return "--debug" in argv[:end], [a for a in argv[:end] if a != "--debug"] + argv[end:]
 
 
 def plain(text: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..eval.checkpoint import DTYPES, load_model, model_fingerprint
 from ..files import check_output_dir, write_text
-from ..methods import make_method
+from ..methods import method_config
 from ..patching import patch_info, patch_model, snapshot_model
 from ..transaction import Snapshot, restore
 from .arguments import check_factor, default_out, method_kwargs, real, whole
@@ -101,7 +101,7 @@ def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any
         if method != "none":
             # A context-scaling method without --factor would silently be the identity.
             check_factor(method, args.factor, extra)
-            make_method(method, **({} if args.factor is None else {"factor": args.factor}), **extra)
+            method_config(method, **({} if args.factor is None else {"factor": args.factor}), **extra)
     return methods, extra
 
 
@@ -204,21 +204,25 @@ def _passkey(args: argparse.Namespace) -> int:
     return 0
 
 
-def _context_limit(model: str, methods: list[str], factor: float | None, extra: dict[str, Any]) -> tuple[int, int]:
-    """``(trained, reachable)``: the checkpoint's context and the longest any of ``methods`` gives it (config only)."""
+def _context_limit(model: str, methods: list[str], factor: float | None, extra: dict[str, Any]) -> tuple[int, int, str]:
+    """``(pretrained, reachable, as saved)``: the checkpoint's pretraining context, the longest any of ``methods``
+    gives it (``none``: the checkpoint as saved, an hf-posext patch included), and what a patch saved gives, in words
+    (config only)."""
     from transformers import AutoConfig
 
     from ..gguf import resolve_model_source
 
     config = AutoConfig.from_pretrained(resolve_model_source(model))
-    trained = int(config.max_position_embeddings)
-    reach = trained
+    info = patch_info(config)
+    pretrained = int(info.get("original_max_position_embeddings") or config.max_position_embeddings)
+    reach = int(info.get("context_length") or config.max_position_embeddings)
+    saved = f"; as saved: {info['method']} to {reach}" if info.get("method") else ""
     for method in methods:
         if method != "none":
             patched = patch_model(copy.deepcopy(config), method, factor=factor, **extra)
-            info = patch_info(patched)
-            reach = max(reach, int(info.get("context_length") or info["max_position_embeddings"]))
-    return trained, reach
+            patched_info = patch_info(patched)
+            reach = max(reach, int(patched_info.get("context_length") or patched_info["max_position_embeddings"]))
+    return pretrained, reach, saved
 
 
 class _MethodCells:
@@ -245,12 +249,12 @@ def _ruler(args: argparse.Namespace) -> int:
     samples = args.samples or (2 if args.quick else 20)
     if samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
-    trained, reach = _context_limit(args.model, methods, args.factor, extra)
+    trained, reach, saved = _context_limit(args.model, methods, args.factor, extra)
     if max(args.lengths) > reach:
         raise ValueError(
             f"--lengths {max(args.lengths)} is longer than the model can take with --method {args.method}: "
-            f"{reach} tokens (trained context {trained}); use a method that extends it (e.g. --method none,yarn "
-            f"--factor {math.ceil(100 * max(args.lengths) / trained) / 100:g}) or shorter lengths"
+            f"{reach} tokens (pretrained context {trained}{saved}); use a method that extends it (e.g. --method "
+            f"none,yarn --factor {math.ceil(100 * max(args.lengths) / trained) / 100:g}) or shorter lengths"
         )
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(args.model))
     wrapper = wrapper_for(tokenizer, False if args.no_chat_template else None)

@@ -20,11 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import HfArgumentParser
-
+from .. import integration
 from ..data import EXCLUDE_PREFIX, STDLIB
 from ..validation import path_shape
-from .arguments import parse_bool, parse_key_value, parse_key_values, run_command
+from .arguments import parse_bool, parse_key_value, parse_key_values, run_command, take_debug
 
 if TYPE_CHECKING:
     from ..train.config import TrainConfig
@@ -33,7 +32,7 @@ PROG = "hf-posext finetune"
 DESCRIPTION = "Fine-tune a model for a longer context (the YaRN recipe by default): patch -> data -> train -> save."
 
 
-class RecipeArgumentParser(HfArgumentParser):
+class RecipeArgumentParser(integration.FieldArgumentParser):
     """``HfArgumentParser`` plus two kinds of flag it does not build.
 
     * A mapping field (``method_kwargs``) becomes a repeatable ``KEY=VALUE`` flag; HfArgumentParser
@@ -46,21 +45,32 @@ class RecipeArgumentParser(HfArgumentParser):
         """One line and exit code 2, as every other bad input (argparse would print the whole usage first)."""
         self.exit(2, f"{self.prog}: error: {message} (--help lists the settings)\n")
 
-    @staticmethod
-    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+    def add_field(self, parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
         if typing.get_origin(field.type) is dict:
             metadata = dict(field.metadata)
             flags = [*metadata.pop("aliases", []), f"--{field.name.replace('_', '-')}"]
             parser.add_argument(*flags, dest=field.name, action="append", type=parse_key_value, metavar="KEY=VALUE",
                                 **metadata)
             return
-        HfArgumentParser._parse_dataclass_field(parser, field)
+        self.add_default_field(parser, field)
         if field.type is bool:
             # One spelling of booleans for flags and YAML (transformers' also takes t/y/f/n).
             parser._option_string_actions[f"--{field.name}"].type = _flag_bool(field.name)
+        # --no-NAME's default: SUPPRESS, as the field's default comes from --NAME (added first); so the
+        # help does not say "(default: True)" for a flag that turns something off
         if field.type is bool and field.default is False:
             parser.add_argument(f"--no-{field.name.replace('_', '-')}", dest=field.name, action="store_false",
-                                help=f"turn {field.name} off")
+                                default=argparse.SUPPRESS, help=f"turn {field.name} off")
+        elif field.type is bool and field.default is True:  # HfArgumentParser's own --no_NAME
+            negative = parser._option_string_actions[f"--no_{field.name}"]
+            negative.default, negative.help = argparse.SUPPRESS, f"turn {field.name} off"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """HfArgumentParser's formatter, less "(default: None)": a None default's meaning is in the field's help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def _flag_bool(name: str):
@@ -81,7 +91,7 @@ def build_parser(description: str | None = DESCRIPTION, prog: str | None = PROG)
     """The recipe's argument parser: ``--config`` plus one flag per ``TrainConfig`` field."""
     from ..train.config import TrainConfig
 
-    parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog)
+    parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog, formatter_class=_HelpFormatter)
     parser.add_argument("--config", help="a YAML file with the same keys as these flags (flags win over it)")
     return parser
 
@@ -212,7 +222,8 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext finetune ARGS`` and ``python -m hf_posext.commands.finetune ARGS`` (what ``accelerate launch -m`` runs)."""
-    return run_command(PROG, lambda: _run(argv))
+    debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
+    return run_command(PROG, lambda: _run(argv), debug=debug)
 
 
 def add_parser(subparsers: Any) -> None:

@@ -17,7 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..methods import available_methods, method_aliases, method_class
-from .arguments import OneLineParser, add_set_argument, check_factor, method_kwargs, plain, real, run_command, whole
+from .arguments import (
+    OneLineParser,
+    add_set_argument,
+    check_factor,
+    method_kwargs,
+    plain,
+    real,
+    run_command,
+    take_debug,
+    whole,
+)
 
 
 def aliases_by_method() -> dict[str, list[str]]:
@@ -102,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(PI, NTK, YaRN, dynamic scaling, ALiBi...) in Hugging Face checkpoints.",
                                      epilog="hf-posext COMMAND --help shows a command's flags.")
     parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error (also: HF_POSEXT_DEBUG=1)")
+                        help="show the traceback of an error; anywhere on the line (also: HF_POSEXT_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("methods", help="list the position-encoding methods and their aliases")
@@ -142,10 +152,11 @@ SUBCOMMAND_MODULES: tuple[str, ...] = tuple(f"hf_posext.commands.{name}" for nam
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext ARGS``; returns the exit code (2: bad input, reported in one line)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug anywhere: each sub-command's parser (and the recipe's own) would refuse it
+    debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.command_argv = argv[argv.index(args.command) + 1:]  # what followed the command's name
-    return run_command("hf-posext", lambda: args.func(args), debug=args.debug)
+    return run_command("hf-posext", lambda: args.func(args), debug=debug)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,22 @@ import torch
 import torch.nn as nn
 
 from .. import integration
-from ..architectures import check_exact_dynamic
+from ..attention.guard import check_attention_kept
+from ..attention.wrapper import SUPPORTED_KERNELS, install_wrapper
 from .attention import exact_dynamic_attention
 from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, ExactDynamicRope, length_dependent
 
-#: The attention kernels the exact wrapper can slice masks for.
-SUPPORTED_KERNELS = ("eager", "sdpa")
+__all__ = [
+    "SUPPORTED_KERNELS",
+    "ExactDynamicRotaryEmbedding",
+    "disable_exact_dynamic_cache",
+    "enable_exact_dynamic_cache",
+    "exact_rotary_at_init",
+]
+
+#: What exact dynamic scaling is called in messages, and what to do instead.
+PURPOSE = "exact_cache=True"
+FALLBACK = "patch with exact_cache=False (transformers' dynamic behaviour, stale cached keys)"
 
 
 class ExactDynamicRotaryEmbedding(nn.Module):
@@ -37,12 +47,10 @@ class ExactDynamicRotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Identity ``(cos, sin)``, ``[batch, seq, rotary_dim]`` in ``x.dtype``, for ``position_ids`` ``[batch or 1, seq]``."""
-        current = self.rope.config._attn_implementation
-        if current != self.rope.attention_name:
-            raise ValueError(
-                f"attn_implementation was changed to {current!r} after exact dynamic scaling was enabled (it needs "
-                f"{self.rope.attention_name!r}); call hf_posext.patch_model again after changing it"
-            )
+        check_attention_kept(self.rope.config, lambda current: current == self.rope.attention_name,
+                             what="exact dynamic scaling",
+                             needs=repr(self.rope.attention_name),
+                             advice="call hf_posext.patch_model again after changing it")
         plan = self.rope.plan(position_ids, x.shape[0])
         if self.rope.keys_rotated(plan):  # past the switch: the layers rotate, the cache keeps rotated keys
             plan.native = True
@@ -53,33 +61,33 @@ class ExactDynamicRotaryEmbedding(nn.Module):
         return one, zero
 
 
-def _install(model: nn.Module, rotary: nn.Module | None = None) -> ExactDynamicRope | None:
+def _install(model: nn.Module, rotary: nn.Module | None, guarded: list[nn.Module]) -> ExactDynamicRope | None:
     """Attach a new :class:`ExactDynamicRope` to ``model``'s attention and select the wrapper kernel.
 
     ``None`` (nothing done) when the config's rope type is not dynamic. The rotary modules are
-    left to the caller; ``rotary`` is the one a base model being built is registering.
+    left to the caller; ``rotary`` is the one a base model being built is registering; the
+    ``guarded`` modules refuse preallocated caches and tell the state which cache a forward was
+    given (past saturation its keys are kept rotated).
 
     Raises:
         ValueError: a kernel other than eager/sdpa, or an attention that rotates otherwise than the
-            wrapper (:func:`hf_posext.architectures.check_exact_dynamic`).
+            wrapper (:func:`hf_posext.architectures.check_wrappable_attention`).
     """
     config = model.config
     if not length_dependent(config.rope_parameters):
         return None
-    # A config that already names the wrapper (a model built from a patched model's config) wraps its kernel.
-    kernel = (config._attn_implementation or "eager").removeprefix(ATTENTION_PREFIX)
-    if kernel not in SUPPORTED_KERNELS:
-        raise ValueError(
-            f"exact_cache=True supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load the model "
-            f"with one of those or patch with exact_cache=False (transformers' behaviour, stale cached keys)"
-        )
-    attention = check_exact_dynamic(config, model, rotary)
-    rope = ExactDynamicRope(config, kernel)
-    integration.register_attention_wrapper(rope.attention_name, exact_dynamic_attention, mask_like=kernel)
-    for module in attention:
-        setattr(module, STATE_ATTR, rope)
-    config._attn_implementation = rope.attention_name
+    rope = install_wrapper(
+        model, lambda kernel: ExactDynamicRope(config, kernel), exact_dynamic_attention,
+        prefix=ATTENTION_PREFIX, state_attr=STATE_ATTR, purpose=PURPOSE, fallback=FALLBACK, rotary=rotary,
+        guarded=guarded, needs="exact dynamic scaling (exact_cache=True)", alternative=f", or {FALLBACK}",
+    )
+    for base in guarded:  # the hooks go with the state on disable
+        rope.hooks.append(base.register_forward_pre_hook(functools.partial(_note_cache, rope), with_kwargs=True))
     return rope
+
+
+def _note_cache(rope: ExactDynamicRope, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    rope.note_cache(kwargs.get("cache", kwargs.get("past_key_values")))
 
 
 def enable_exact_dynamic_cache(model: nn.Module) -> None:
@@ -92,12 +100,12 @@ def enable_exact_dynamic_cache(model: nn.Module) -> None:
         ValueError: an attention implementation other than ``eager``/``sdpa``, or no attention modules.
     """
     disable_exact_dynamic_cache(model)
-    rope = _install(model)
+    rotaries = list(integration.rotary_modules(model))
+    rope = _install(model, None, [model.get_submodule(name.rpartition(".")[0]) for name, _ in rotaries])
     if rope is None:
         return
-    for name, rotary in list(integration.rotary_modules(model)):
+    for name, rotary in rotaries:
         integration.replace_module(model, name, ExactDynamicRotaryEmbedding(rotary, rope))
-        _guard_cache(model.get_submodule(name.rpartition(".")[0]), rope)
 
 
 def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
@@ -112,24 +120,8 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
     Raises:
         ValueError: as :func:`enable_exact_dynamic_cache`.
     """
-    rope = _install(base_model, rotary)
-    if rope is None:
-        return None
-    _guard_cache(base_model, rope)
-    return ExactDynamicRotaryEmbedding(rotary, rope)
-
-
-def _note_cache(rope: ExactDynamicRope, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-    rope.note_cache(kwargs.get("cache", kwargs.get("past_key_values")))
-
-
-def _guard_cache(base_model: nn.Module, rope: ExactDynamicRope) -> None:
-    """Refuse preallocated caches in ``base_model``'s forward and tell ``rope`` which cache a forward
-    was given (past saturation its keys are kept rotated); the hooks go with ``rope`` on disable."""
-    rope.hooks.append(integration.guard_growing_cache(
-        base_model, "exact dynamic scaling (exact_cache=True)",
-        ", or patch with exact_cache=False (transformers' behaviour, stale cached keys)"))
-    rope.hooks.append(base_model.register_forward_pre_hook(functools.partial(_note_cache, rope), with_kwargs=True))
+    rope = _install(base_model, rotary, [base_model])
+    return None if rope is None else ExactDynamicRotaryEmbedding(rotary, rope)
 
 
 def disable_exact_dynamic_cache(model: nn.Module) -> None:

@@ -9,10 +9,10 @@ families share; a family imports only those and lower layers, never another fami
 
 import importlib
 import pkgutil
-import warnings
 from typing import Any
 
 from .base import BaseRope, MethodConfig
+from .deprecated import deprecated_attribute
 from .registry import (
     AttentionFunctions,
     Family,
@@ -22,7 +22,6 @@ from .registry import (
     canonical_name,
     composable_methods,
     families,
-    make_method,
     method_aliases,
     method_class,
     method_config,
@@ -51,11 +50,8 @@ def config_classes() -> dict[str, type[MethodConfig]]:
 globals().update(config_classes())
 
 
-def __getattr__(name: str) -> Any:
-    if name == "PositionMethod":
-        warnings.warn("PositionMethod is deprecated; use MethodConfig", DeprecationWarning, stacklevel=2)
-        return MethodConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> Any:  # the deprecated names (.deprecated)
+    return deprecated_attribute(__name__, name)
 
 
 __all__ = [
@@ -72,7 +68,6 @@ __all__ = [
     "composable_methods",
     "config_classes",
     "families",
-    "make_method",
     "method_aliases",
     "method_class",
     "method_config",

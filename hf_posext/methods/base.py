@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..rope_utils import longrope_rope_parameters
+from .deprecated import deprecated_attribute
 from ..validation import real_number, whole_number  # re-exported: the methods' checks
 
 #: The config attribute holding what a patch did (the method's name and arguments, what the
@@ -168,5 +169,5 @@ class MethodConfig:
         return {"method": self.name, **dataclasses.asdict(self)}
 
 
-#: Deprecated name of :class:`MethodConfig` (kept so that code written against 0.1 keeps working).
-PositionMethod = MethodConfig
+def __getattr__(name: str) -> Any:  # PositionMethod, the 0.1 name of MethodConfig
+    return deprecated_attribute(__name__, name)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from .. import architectures, integration
+from .. import integration
+from ..architectures import check_wrappable_attention
 from ..exact_dynamic import (
     ExactDynamicRotaryEmbedding,
     disable_exact_dynamic_cache,
@@ -21,6 +22,7 @@ from ..exact_dynamic import (
     exact_rotary_at_init,
     length_dependent,
 )
+from ..exact_dynamic.install import FALLBACK, PURPOSE
 from .base import MethodConfig
 from .surgery import Surgery
 
@@ -55,7 +57,7 @@ class DynamicSurgery(Surgery):
 
     def check(self, method: ExactCacheOption, config: PreTrainedConfig, model: nn.Module | None) -> None:
         if method.exact_cache:
-            architectures.check_exact_dynamic(config, model)
+            check_wrappable_attention(config, model, purpose=PURPOSE, fallback=FALLBACK)
 
     def patch_modules(self, method: ExactCacheOption, model: nn.Module) -> None:
         if method.exact_cache:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from .. import integration
 from .base import MethodConfig
+from .deprecated import deprecated_attribute
 from .surgery import NO_SURGERY, Surgery
 
 
@@ -252,8 +253,8 @@ def method_config(method: str | MethodConfig, **kwargs: Any) -> MethodConfig:
     return cls(**kwargs)
 
 
-#: The name :func:`method_config` had before 0.2.
-make_method = method_config
+def __getattr__(name: str) -> Any:  # make_method, the 0.1 name of method_config
+    return deprecated_attribute(__name__, name)
 
 
 def surgery_for(method: MethodConfig | type[MethodConfig]) -> Surgery:

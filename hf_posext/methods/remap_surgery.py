@@ -2,7 +2,7 @@
 
 The rotary modules keep the checkpoint's frequencies; the attention modules get the method's
 remapping and ``config._attn_implementation`` names the wrapper of the model's kernel
-(:mod:`hf_posext.attention.remap_install`), in :func:`~hf_posext.patch_model` and again while a
+(:mod:`hf_posext.attention.remap_install`, :mod:`hf_posext.attention.wrapper`), in :func:`~hf_posext.patch_model` and again while a
 saved checkpoint is built (so ``attn_implementation="sdpa"`` at load picks the sdpa wrapper).
 """
 
@@ -12,25 +12,21 @@ from typing import Any
 
 from torch import nn
 from transformers import PreTrainedConfig
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from ..architectures import check_exact_dynamic
-from ..attention.remap import (
-    ATTENTION_PREFIX,
-    SAVED_ATTENTION,
-    STATE_ATTR,
-    SUPPORTED_KERNELS,
-    remap_attention,
-)
-from ..attention.remap_install import install_remapping, uninstall_remapping
+from .. import integration
+from ..architectures import check_wrappable_attention
+from ..attention.remap import ATTENTION_PREFIX, SAVED_ATTENTION, STATE_ATTR, remap_attention
+from ..attention.remap_install import FALLBACK, install_remapping, uninstall_remapping
+from ..attention.guard import check_attention_kept, install_forward_guard, remove_forward_guard
+from ..attention.wrapper import SUPPORTED_KERNELS
 from .registry import AttentionFunctions
 from .remapping import AttentionRemapMethod
-from .surgery import Surgery, install_forward_guard, remove_forward_guard
+from .surgery import Surgery
 
 #: The wrapper of each kernel, masked as that kernel is, and the name saved checkpoints carry.
 REMAP_ATTENTIONS = {
-    SAVED_ATTENTION: AttentionFunctions(remap_attention, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]),
-    **{ATTENTION_PREFIX + kernel: AttentionFunctions(remap_attention, ALL_MASK_ATTENTION_FUNCTIONS[kernel])
+    SAVED_ATTENTION: AttentionFunctions(remap_attention, integration.mask_function("sdpa")),
+    **{ATTENTION_PREFIX + kernel: AttentionFunctions(remap_attention, integration.mask_function(kernel))
        for kernel in SUPPORTED_KERNELS},
 }
 
@@ -39,18 +35,20 @@ _BASE_FIELDS = "base_config_fields"
 _GUARD_HANDLE = "_hf_posext_remap_guard"
 
 
+def _is_remapping(implementation: str | None) -> bool:
+    return implementation == SAVED_ATTENTION or str(implementation).startswith(ATTENTION_PREFIX)
+
+
 def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of a remapped base model: its attention implementation must still be the remapping's."""
-    current = module.config._attn_implementation
-    if current != SAVED_ATTENTION and not str(current).startswith(ATTENTION_PREFIX):
-        method = module.config.hf_posext["method"]
-        raise ValueError(
-            f"attn_implementation was changed to {current!r} after {method} was patched in (it needs the remapping "
-            f"attention {ATTENTION_PREFIX}<kernel>; without it the model runs plain RoPE past its context); to run "
-            f"{method} on {current!r}, unpatch, set the implementation, then call hf_posext.patch_model(model, "
-            f"{method!r}, ...) again"
-        )
-
+    method = module.config.hf_posext["method"]
+    check_attention_kept(
+        module.config, _is_remapping, what=method,
+        needs=f"the remapping attention {ATTENTION_PREFIX}<kernel>; without it the model runs plain RoPE past its "
+              f"context",
+        advice=f"to run {method} on another kernel, unpatch, set the implementation, then call "
+               f"hf_posext.patch_model(model, {method!r}, ...) again",
+    )
 
 
 def _original(config: PreTrainedConfig) -> int:
@@ -60,8 +58,8 @@ def _original(config: PreTrainedConfig) -> int:
 class RemapSurgery(Surgery):
     def check(self, method: AttentionRemapMethod, config: PreTrainedConfig, model: nn.Module | None) -> None:
         """Interleaved rotary pairs, multi-head latent attention, per-layer-type rope: refused before any change."""
-        check_exact_dynamic(config, model, purpose=f"{method.name} (model_type={getattr(config, 'model_type', None)!r})",
-                            fallback="use a rope method (yarn, ntk) instead")
+        check_wrappable_attention(config, model, purpose=f"{method.name} (model_type={getattr(config, 'model_type', None)!r})",
+                                  fallback=FALLBACK)
 
     def patch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig) -> None:
         fields = method.config_fields(_original(config))

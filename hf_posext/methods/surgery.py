@@ -8,13 +8,15 @@ architecture check refuses. RoPE-only methods have none (:data:`NO_SURGERY`, eve
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
+from ..attention.guard import install_forward_guard, remove_forward_guard
 from .base import MethodConfig
+
+__all__ = ["NO_SURGERY", "Surgery", "install_forward_guard", "remove_forward_guard"]
 
 
 class Surgery:
@@ -74,21 +76,3 @@ class Surgery:
 
 #: The surgery of methods that need none (RoPE-only methods).
 NO_SURGERY = Surgery()
-
-
-def install_forward_guard(base: nn.Module, name: str, check: Callable[..., Any]) -> None:
-    """Run ``check(module, args, kwargs)`` before every forward of ``base`` (once: a second call replaces it).
-
-    The methods whose surgery depends on the attention path use it to refuse a later
-    ``set_attn_implementation`` instead of running without their position scheme.
-    """
-    remove_forward_guard(base, name)
-    base.__dict__[name] = base.register_forward_pre_hook(check, with_kwargs=True)
-
-
-def remove_forward_guard(base: nn.Module, name: str) -> None:
-    """Undo :func:`install_forward_guard` (nothing to do if none is installed)."""
-    handle = base.__dict__.pop(name, None)
-    if handle is not None:
-        handle.remove()
-

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import torch
 import yaml
 from transformers import SchedulerType, get_scheduler
-from transformers.hf_argparser import HfArg
 
-from ..methods import make_method, method_class
+from ..integration import HfArg
+from ..methods import method_class, method_config
 from ..validation import (
     Check, anything, choice, integer, mapping, number, optional, parse_bool, real_number, required,
 )
@@ -186,7 +186,7 @@ class TrainConfig:
                 f"--factor {self.method_kwargs['factor']} (or factor: in the YAML file)"
             )
         # The method's own checks (ALiBi takes factor 1 only, unknown arguments...), before any model loads.
-        make_method(self.method, factor=self.factor, **self.method_kwargs)
+        method_config(self.method, factor=self.factor, **self.method_kwargs)
 
     @property
     def checkpoint_path(self) -> Path:

@@ -22,6 +22,17 @@ def test_help_is_the_recipe_parsers(capsys):
     assert text.startswith("usage: hf-posext finetune") and "--max_train_steps" in text and "--set" in text
 
 
+def test_help_shows_no_default_that_is_not_one(capsys):
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    # --no-NAME's store_false "default" is the flag's opposite, not a setting; None means "see the help"
+    assert "turn overwrite off (default" not in text and "turn lora off (default" not in text
+    assert "--no-activation-checkpointing turn activation_checkpointing off --activation_offload" in text
+    assert "(default: None)" not in text
+    assert "default 16 (the YaRN paper's)" in text
+
+
 def test_sub_command_and_module_report_bad_input_alike(tmp_path, capsys):
     argv = ["--config", str(tmp_path / "missing.yaml")]
     assert main(["finetune", *argv]) == 2
@@ -29,6 +40,11 @@ def test_sub_command_and_module_report_bad_input_alike(tmp_path, capsys):
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors == [f"hf-posext: error: config file '{tmp_path / 'missing.yaml'}' does not exist",
                       f"hf-posext finetune: error: config file '{tmp_path / 'missing.yaml'}' does not exist"]
+
+
+def test_debug_on_the_module_entry_point_shows_the_traceback(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        finetune_main(["--config", str(tmp_path / "missing.yaml"), "--debug"])
 
 
 def test_python_dash_m_runs_the_command(tmp_path):

@@ -76,6 +76,8 @@ def test_an_invalid_config_json_is_one_line_naming_the_file(tmp_path, capsys, mo
     assert str(broken / "config.json") in one_line_error(capsys)
     with pytest.raises(OSError):  # the traceback on request
         main(["--debug", *argv])
+    with pytest.raises(OSError):  # after the sub-command too
+        main([*argv, "--debug"])
     monkeypatch.setenv("HF_POSEXT_DEBUG", "1")
     with pytest.raises(OSError):
         main(argv)
@@ -163,3 +165,11 @@ def test_dca_without_a_factor_or_chunk_size_is_refused(base, tmp_path, capsys):
     assert "--method dca needs --factor" in capsys.readouterr().err and not (tmp_path / "out").exists()
     assert main(["patch", str(base), str(tmp_path / "out"), "--method", "dca", "--factor", "2"]) == 0
     assert main(["patch", str(base), str(tmp_path / "sized"), "--method", "dca", "--set", "chunk_size=48"]) == 0
+
+
+def test_debug_after_a_sub_command_with_its_own_parser(tmp_path, capsys):
+    argv = ["finetune", "--config", str(tmp_path / "missing.yaml")]
+    assert main(argv) == 2
+    assert "missing.yaml" in one_line_error(capsys)
+    with pytest.raises(FileNotFoundError):
+        main([*argv, "--debug"])

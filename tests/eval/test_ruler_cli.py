@@ -40,7 +40,10 @@ def test_writes_json_csv_table_and_plots_equal_to_the_library(checkpoint, tmp_pa
         rows = list(csv.DictReader(f))
     assert {"method", "task", "length", "accuracy", "n", "low", "high"} <= set(rows[0])
     assert len(rows) == 2 * (2 * 2 + 2)  # per method: 2 tasks x 2 lengths, plus the average at each length
-    assert "none/niah_single_1" in (out / "ruler.md").read_text()
+    table = (out / "ruler.md").read_text()
+    assert "none/niah_single_1" in table
+    # the tiny model scores 0: no length reaches the threshold, said in words rather than "None"
+    assert "None" not in table and "- none: effective length (> 85.6): none (not above 85.6 at 1000)" in table
     assert (out / "ruler_niah.png").stat().st_size > 0 and (out / "ruler_tasks.png").stat().st_size > 0
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
@@ -109,6 +112,17 @@ def test_bad_tasks_and_lengths_are_refused_before_the_model_loads(checkpoint, tm
     assert main(["eval", "ruler", str(checkpoint), "--out", str(tmp_path / "out"), "--no-progress", *extra]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_hint_for_a_patched_checkpoint_counts_from_its_pretrained_context(checkpoint, tmp_path, capsys):
+    patched = tmp_path / "yarn2"
+    assert main(["patch", str(checkpoint), str(patched), "--method", "yarn", "--factor", "2"]) == 0
+    argv = ["eval", "ruler", str(patched), "--out", str(tmp_path / "out"), "--no-progress", "--lengths", "4096"]
+    assert main([*argv, "--method", "none,yarn", "--factor", "2"]) == 2
+    error = capsys.readouterr().err
+    # 2048 as saved (yarn x2 of 1024); the hint is a factor that reaches 4096 from 1024, not the one that failed
+    assert "2048 tokens (pretrained context 1024; as saved: yarn to 2048)" in error
+    assert "--method none,yarn --factor 4)" in error
 
 
 def test_quick_runs_one_task_per_category_with_two_samples(checkpoint, tmp_path):

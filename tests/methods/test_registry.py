@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import os
 import pkgutil
 import re
@@ -93,10 +95,38 @@ def test_a_refused_registration_leaves_nothing_behind():
         register_method("toy", Toy, rope_types={"linear": RopeType(print, print)})
 
 
-def test_deprecated_names_still_work():
-    with pytest.warns(DeprecationWarning, match="MethodConfig"):
-        assert hf_posext.PositionMethod is hf_posext.MethodConfig
-    assert hf_posext.make_method is hf_posext.method_config
+#: Every deprecated name, its replacement, and the modules it was importable from.
+DEPRECATED = [
+    (module, old, new)
+    for old, new, modules in [
+        ("PositionMethod", "MethodConfig", ("hf_posext", "hf_posext.methods", "hf_posext.methods.base")),
+        ("make_method", "method_config", ("hf_posext", "hf_posext.methods", "hf_posext.methods.registry")),
+    ]
+    for module in modules
+]
+
+
+@pytest.mark.parametrize(("module", "old", "new"), DEPRECATED)
+def test_a_deprecated_name_works_warns_naming_its_replacement_and_is_not_exported(module, old, new):
+    imported = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning) as caught:
+        assert getattr(imported, old) is getattr(imported, new)
+    assert [str(w.message) for w in caught] == [f"{module}.{old} is deprecated; use {module}.{new}"]
+    assert caught[0].filename == __file__  # attributed to the caller, so Python shows it once per call site
+    assert old not in getattr(imported, "__all__", ())
+
+
+def test_the_package_uses_no_deprecated_name():
+    package = Path(hf_posext.__file__).parent
+    used = [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if (isinstance(node, ast.Name) and node.id in {old for _, old, _ in DEPRECATED})
+        or (isinstance(node, ast.alias) and node.name in {old for _, old, _ in DEPRECATED})
+        or (isinstance(node, ast.Attribute) and node.attr in {old for _, old, _ in DEPRECATED})
+    ]
+    assert used == []
 
 
 TOY_FAMILY = '''
@@ -161,6 +191,13 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
     assert "deselected" in tests  # only the toy's cases ran
 
 
+def test_the_plugin_api_is_the_top_levels():
+    """What a third-party method needs, exported as peft exports register_peft_method."""
+    for name, value in [("register_method", register_method), ("Surgery", methods.surgery.Surgery),
+                        ("RopeType", RopeType), ("AttentionFunctions", AttentionFunctions)]:
+        assert name in hf_posext.__all__ and getattr(hf_posext, name) is value
+
+
 def test_the_readers_hints_name_registered_static_methods():
     for name in hf_posext.available_methods():
         static = hf_posext.method_class(name).static_equivalent
@@ -178,9 +215,9 @@ def test_the_public_surface_resolves_and_is_documented():
 
 
 def test_a_family_registered_after_import_reaches_transformers_at_once():
-    """An out-of-tree family (a plugin) calls register_method after ``import hf_posext``."""
+    """An out-of-tree family (a plugin) calls register_method after ``import hf_posext``, with the top level's names."""
     code = textwrap.dedent(TOY_FAMILY).replace("from ...rope_utils", "from hf_posext.rope_utils").replace(
-        "from ..base", "from hf_posext.methods.base").replace("from ..registry", "from hf_posext.methods.registry")
+        "from ..base", "from hf_posext").replace("from ..registry", "from hf_posext")
     code = "import hf_posext\n" + code + textwrap.dedent("""
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM

@@ -101,9 +101,17 @@ def task_table(results: Mapping[str, Any], summary_: Mapping[str, Any], methods:
     lines = [markdown_table(["method/task", *map(str, lengths)], rows), ""]
     for method in methods:
         e, r = summary_[method]["effective_length"], summary_[method]["relative_effective_length"]
-        lines.append(f"- {method}: effective length (> {e['threshold']}) {e['length']}; relative (> {r['ratio']} x "
-                     f"{r['reference_score']}, {r['reference']}) {r['length']}")
+        relative = ("relative: no reference within the trained length" if r["threshold"] is None else
+                    f"relative (> {r['ratio']} x {r['reference_score']}, {r['reference']}): "
+                    f"{_reached(r['length'], r['threshold'], lengths)}")
+        lines.append(f"- {method}: effective length (> {e['threshold']}): {_reached(e['length'], e['threshold'], lengths)}"
+                     f"; {relative}")
     return "\n".join(lines)
+
+
+def _reached(length: int | None, threshold: float, lengths: Sequence[int]) -> str:
+    """An effective length in words: the length, or that even the shortest one is not above ``threshold``."""
+    return str(length) if length is not None else f"none (not above {threshold:g} at {min(lengths)})"
 
 
 def niah_grid(results: Mapping[str, Any], method: str, lengths: Sequence[int]) -> tuple[list[list[float]], list[list[int]]]:

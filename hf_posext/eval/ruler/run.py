@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ... import integration
 from .fit import Prompt, fit_prompt, wrapper_for
 from .score import METRICS, summary
 from .tasks import TASKS, resolve_tasks, stratified_depth
@@ -78,7 +79,7 @@ def auto_batch_size(model: Any, length: int, memory_gib: float | None = None) ->
         else:
             memory_gib = 4.0
     per_sequence = length * element * (2 * layers * kv_heads * head_dim + 4 * hidden + 3 * inter)
-    if getattr(config, "_attn_implementation", None) == "eager":
+    if integration.attention_implementation(config) == "eager":
         per_sequence += heads * length * length * 4  # the score matrix of one layer, fp32 softmax
     return max(1, int(memory_gib * 2**30 // max(1, per_sequence)))
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import masking_utils
+from ... import integration as masking_utils  # transformers' mask builders, re-exported
 
 from .folded import folded_alibi, folded_mask, is_key_padding
 from .slopes import alibi_slopes

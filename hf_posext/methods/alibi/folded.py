@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import masking_utils
+from ... import integration as masking_utils  # transformers' mask builders, re-exported
 
 from .slopes import alibi_slopes
 

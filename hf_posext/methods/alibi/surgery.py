@@ -12,7 +12,9 @@ from typing import Any
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from ..surgery import Surgery, install_forward_guard, remove_forward_guard
+from ... import integration
+from ...attention.guard import check_attention_kept, install_forward_guard, remove_forward_guard
+from ..surgery import Surgery
 from .attention import ALIBI_ATTENTION, NATIVE_TO_BACKEND, OLD_ALIBI_ATTENTION
 from .config import AlibiConfig
 
@@ -23,14 +25,16 @@ _GUARD_HANDLE = "_hf_posext_alibi_guard"
 
 def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of an ALiBi base model: its attention implementation must still be ALiBi's."""
-    current = module.config._attn_implementation
-    if current not in (ALIBI_ATTENTION, OLD_ALIBI_ATTENTION):
-        backend = NATIVE_TO_BACKEND.get(current, "sdpa")
-        raise ValueError(
-            f"attn_implementation was changed to {current!r} after ALiBi was patched in (it needs {ALIBI_ATTENTION!r}; "
-            f"without it the model has no position information); to run ALiBi on {current!r} call "
-            f"hf_posext.patch_model(model, 'alibi', backend={backend!r}) instead"
-        )
+    backend = NATIVE_TO_BACKEND.get(integration.attention_implementation(module.config), "sdpa")
+    check_attention_kept(
+        module.config, _is_alibi, what="ALiBi",
+        needs=f"{ALIBI_ATTENTION!r}; without it the model has no position information",
+        advice=f"to run ALiBi on that kernel call hf_posext.patch_model(model, 'alibi', backend={backend!r}) instead",
+    )
+
+
+def _is_alibi(implementation: str | None) -> bool:
+    return implementation in (ALIBI_ATTENTION, OLD_ALIBI_ATTENTION)
 
 
 def _base_model(model: nn.Module) -> nn.Module:
@@ -41,16 +45,16 @@ def _base_model(model: nn.Module) -> nn.Module:
 class AlibiSurgery(Surgery):
     def patch_config(self, method: AlibiConfig, config: PreTrainedConfig) -> None:
         record = config.hf_posext
-        previous = config._attn_implementation
+        previous = integration.attention_implementation(config)
         if previous not in (ALIBI_ATTENTION, OLD_ALIBI_ATTENTION):
             record["base_attn_implementation"] = previous
-        config._attn_implementation = ALIBI_ATTENTION
-        # transformers never saves _attn_implementation, but applies an ``attn_implementation``
+        integration.set_attention_implementation(config, ALIBI_ATTENTION)
+        # transformers never saves the implementation in use, but applies an ``attn_implementation``
         # key found in config.json when it loads the config.
         config.attn_implementation = ALIBI_ATTENTION
 
     def unpatch_config(self, method: AlibiConfig, config: PreTrainedConfig, record: dict[str, Any]) -> None:
-        config._attn_implementation = record.get("base_attn_implementation")
+        integration.set_attention_implementation(config, record.get("base_attn_implementation"))
         config.__dict__.pop("attn_implementation", None)
 
     def patch_modules(self, method: AlibiConfig, model: nn.Module) -> None:
@@ -68,14 +72,14 @@ class AlibiSurgery(Surgery):
         """
         config = base_model.config
         config.attn_implementation = ALIBI_ATTENTION
-        requested = config._attn_implementation
+        requested = integration.attention_implementation(config)
         if requested != ALIBI_ATTENTION:
             if requested in NATIVE_TO_BACKEND:
                 config.hf_posext["backend"] = NATIVE_TO_BACKEND[requested]
-            config._attn_implementation = ALIBI_ATTENTION
+            integration.set_attention_implementation(config, ALIBI_ATTENTION)
         install_forward_guard(base_model, _GUARD_HANDLE, _refuse_changed_attention)
 
     def missing(self, method: AlibiConfig, model: nn.Module) -> str | None:
-        if model.config._attn_implementation != ALIBI_ATTENTION:
+        if integration.attention_implementation(model.config) != ALIBI_ATTENTION:
             return f"the ALiBi attention ({ALIBI_ATTENTION})"
         return None
