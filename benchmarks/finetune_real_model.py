@@ -93,26 +93,20 @@ print(json.dumps({"nll": nll / n_scored}))
 def llamacpp_perplexities(checkpoint: Path, cells: Cells, document: torch.Tensor, lengths: list[int],
                           threads: int) -> None:
     """The checkpoint exported to GGUF and run in llama.cpp on the perplexity cuts: cells ``llamacpp/ppl/<n>``."""
-    import subprocess
-
-    from llamacpp_env import CONVERTER, llamacpp_python
+    from llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
 
     from hf_posext.gguf_export import export_gguf
 
     work = Path(__file__).resolve().parent.parent / ".cache" / "finetune-llamacpp"
     work.mkdir(parents=True, exist_ok=True)
-    python = llamacpp_python()
     gguf = work / f"{cells.settings['checkpoint'][7:23]}-bf16.gguf"
     if not gguf.exists():
-        export_gguf(checkpoint, gguf, converter=CONVERTER, python=python, outtype="bf16")
+        export_gguf(checkpoint, gguf, converter=CONVERTER, python=llamacpp_python(), outtype="bf16")
     for length in lengths:
         def ppl(length: int = length) -> float:
-            ids_file = work / f"ids-{length}.json"
-            ids_file.write_text(json.dumps(document[SETTINGS["document_end"] - length:SETTINGS["document_end"]].tolist()))
-            done = subprocess.run([str(python), "-c", LLAMACPP_NLL, str(gguf), str(ids_file),
-                                   str(min(2048, length // 2)), str(threads)],
-                                  check=True, capture_output=True, text=True)
-            return math.exp(json.loads(done.stdout.strip().splitlines()[-1])["nll"])
+            ids = document[SETTINGS["document_end"] - length:SETTINGS["document_end"]].tolist()
+            out = run_llamacpp(LLAMACPP_NLL, gguf, ids, str(min(2048, length // 2)), str(threads), timeout=None)
+            return math.exp(json.loads(out.strip().splitlines()[-1])["nll"])
         print("llama.cpp", length, "ppl", cells.get(f"llamacpp/ppl/{length}", ppl), flush=True)
 
 
@@ -120,18 +114,20 @@ def publish(checkpoint: Path, results_md: str) -> None:
     """The adapter, its card (the run's card, these results, how to rebuild) and the rebuild's reference."""
     from huggingface_hub import ModelCard
 
+    from hf_posext.readers.hub_card import base_model_id
     from hf_posext.train.config import TrainConfig
-    from hf_posext.train.final_checkpoint import _describe_data, adapter_card
+    from hf_posext.train.final_checkpoint import adapter_card, describe_data
 
     out = OUT / "adapter"
     out.mkdir(parents=True, exist_ok=True)
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         shutil.copyfile(checkpoint / "adapter" / name, out / name)
-    config = json.loads((out / "adapter_config.json").read_text())  # a run before the fix named a cache folder
-    (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}, indent=2) + "\n")
     run = TrainConfig(**json.loads((checkpoint / "train_results.json").read_text())["config"])
+    config = json.loads((out / "adapter_config.json").read_text())  # a run before the fix named a cache folder
+    (out / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": base_model_id(run.model)}, indent=2) + "\n")
     card = ModelCard((checkpoint / "README.md").read_text())
-    card.text = "\n".join(f"| data | {_describe_data(run)} |" if line.startswith("| data |") else line
+    card.text = "\n".join(f"| data | {describe_data(run)} |" if line.startswith("| data |") else line
                            for line in card.text.splitlines()) + "\n"
     card = adapter_card(card, run)
     body = results_md.split("\n", 2)[2]  # the results without their title
@@ -174,10 +170,14 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
     ours = {n: cells.cells[f"ppl/{ROW}/{n}"]["value"] for n in PPL_LENGTHS if f"ppl/{ROW}/{n}" in cells.cells}
     engine = json.loads((OUT / "llamacpp.json").read_text())["cells"] if (OUT / "llamacpp.json").exists() else {}
     theirs_ppl = {n: engine[f"llamacpp/ppl/{n}"]["value"] for n in PPL_LENGTHS if f"llamacpp/ppl/{n}" in engine}
+
+    def engine_cell(n: int) -> str:  # llama.cpp's perplexity and its gap to transformers'
+        if n not in theirs_ppl:
+            return "-"
+        return f"{theirs_ppl[n]:.2f}" + (f" ({theirs_ppl[n] / ours[n] - 1:+.2%})" if n in ours else "")
+
     if theirs_ppl:
-        rows.append([f"{ROW}, llama.cpp (bf16 GGUF)", *["-"] * len(lengths),
-                     *[f"{theirs_ppl[n]:.2f} ({theirs_ppl[n] / ours[n] - 1:+.2%})" if n in theirs_ppl and n in ours
-                       else f"{theirs_ppl[n]:.2f}" if n in theirs_ppl else "-" for n in PPL_LENGTHS]])
+        rows.append([f"{ROW}, llama.cpp (bf16 GGUF)", *["-"] * len(lengths), *map(engine_cell, PPL_LENGTHS)])
     for length in lengths:
         mine = passkeys(everything, ROW, length)
         for other in BASELINES[1:]:

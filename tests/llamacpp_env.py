@@ -97,14 +97,27 @@ def llamacpp_python() -> Path:
     return _python(VENV)
 
 
+def run_llamacpp(script: str, gguf_file: Path, ids: list[int], *args: str, timeout: float | None = 1800) -> str:
+    """Run ``script`` in llama.cpp's interpreter as ``script GGUF IDS_FILE *args``; its standard output.
+
+    ``ids`` go to a JSON file next to ``gguf_file`` (one per length, so runs at other lengths can share it).
+
+    Raises:
+        RuntimeError: the script failed (the end of its standard error is in the message).
+    """
+    ids_file = gguf_file.with_suffix(f".ids-{len(ids)}.json")
+    ids_file.write_text(json.dumps([int(i) for i in ids]))
+    done = subprocess.run([str(llamacpp_python()), "-c", script, str(gguf_file), str(ids_file), *args],
+                          check=False, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed on {gguf_file}:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
 def llamacpp_logits(gguf_file: Path, ids: list[int], threads: int = 1) -> object:
     """llama.cpp's logits of ``ids`` under ``gguf_file``, ``[len(ids), vocab]`` float32 (a numpy array)."""
     import numpy as np
 
-    ids_file, out = gguf_file.with_suffix(".ids.json"), gguf_file.with_suffix(".logits.npy")
-    ids_file.write_text(json.dumps([int(i) for i in ids]))
-    done = subprocess.run([str(llamacpp_python()), "-c", RUN, str(gguf_file), str(ids_file), str(out), str(threads)],
-                          check=False, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"llama.cpp failed on {gguf_file}:\n{done.stderr[-3000:]}")
+    out = gguf_file.with_suffix(".logits.npy")
+    run_llamacpp(RUN, gguf_file, ids, str(out), str(threads))
     return np.load(out)

@@ -137,7 +137,8 @@ def save_final(
     return output_dir
 
 
-def _describe_data(config: TrainConfig) -> str:
+def describe_data(config: TrainConfig) -> str:
+    """The card's data line: the dataset, or the local files (the first three) and what was left out."""
     if not is_local_dataset(config.dataset):
         return f"{config.dataset[0]} ({config.dataset_split} split)"
     kept = [item for item in config.dataset if not item.startswith("!")]
@@ -170,7 +171,7 @@ def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: Train
              eval_results: dict[str, float]):
     """The model card of a fine-tuned checkpoint: the patch plus data, steps, loss and eval."""
     extra: dict[str, Any] = {
-        "data": _describe_data(config),
+        "data": describe_data(config),
         "training sequence length": plan.seq_len,
         "steps": progress.step,
         "training tokens": progress.tokens,

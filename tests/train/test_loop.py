@@ -277,10 +277,10 @@ def test_bad_input_fails_before_training(assets, tmp_path, monkeypatch, override
 
 
 def test_card_describes_the_data_with_its_exclusions(assets, tmp_path):
-    from hf_posext.train.final_checkpoint import _describe_data
+    from hf_posext.train.final_checkpoint import describe_data
 
     def described(dataset):
-        return _describe_data(config(assets, tmp_path, dataset=dataset))
+        return describe_data(config(assets, tmp_path, dataset=dataset))
 
     assert described(["stdlib", "!*/pydoc_data/*"]) == "Python standard library sources (train split), without `*/pydoc_data/*`"
     assert described(["stdlib"]) == "Python standard library sources (train split)"
