@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' llama.cpp build
 from real_model import Cells, reference_text  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
-from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found  # noqa: E402
+from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, shard  # noqa: E402
 
 from hf_posext.eval.checkpoint import load_model, model_fingerprint  # noqa: E402
 from hf_posext.eval.perplexity import sequence_nll, truncated_perplexity  # noqa: E402
@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="weights' dtype (bfloat16: benchmarks/results/cpu_bf16.json for its accuracy)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N",
+                        help="only keys whose index is K modulo N (run N processes to fill the cells)")
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plots")
     parser.add_argument("--llamacpp", type=int, nargs="*", default=None, metavar="LENGTH",
                         help="only the llama.cpp perplexities at these lengths (the checkpoint exported to bf16 GGUF)")
@@ -256,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ROW, length, "ppl", cells.get(f"ppl/{ROW}/{length}", ppl), flush=True)
     for length in sorted(args.lengths):
         for index, depth in key_schedule(args.keys):
+            if index % args.shard[1] != args.shard[0]:
+                continue
             found = cells.get(f"passkey/{ROW}/{length}/{depth}",
                               lambda i=index, d=depth, n=length: passkey_found(model, tokenizer, n, i, d))
             print(ROW, length, depth, found, flush=True)

@@ -98,6 +98,14 @@ def key_schedule(keys: int) -> list[tuple[int, float]]:
             for i in range(keys)]
 
 
+def shard(text: str) -> tuple[int, int]:
+    """``--shard K/N``: this process takes the keys whose index is K modulo N (N processes fill one cell)."""
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"--shard must be K/N with 0 <= K < N, got {text!r}")
+    return int(k), int(n)
+
+
 def passkey_found(model: Any, tokenizer: Any, length: int, index: int, depth: float) -> bool:
     """Whether ``model`` retrieves key ``index`` of the schedule at ``depth`` of a ``length``-token prompt."""
     result = passkey_accuracy(model, tokenizer, [length - 10], [depth], 1, seed=1000 * index + 7, progress=False)
@@ -148,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ppl", type=int, nargs="*", default=[8192, 16384, 32768])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N",
+                        help="only keys whose index is K modulo N (run N processes to fill the cells)")
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plot")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"folder of results.json, the table and plots (default {OUT.name}/, {OUT.name}_bf16/ "
@@ -172,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:32768]
     for length in sorted(args.lengths):
         for index, depth in key_schedule(args.keys):
+            if index % args.shard[1] != args.shard[0]:
+                continue
             for row in args.methods:
                 def key(row: str = row, length: int = length, depth: float = depth, index: int = index) -> bool:
                     with Variant(model, row) as m:
