@@ -19,10 +19,8 @@ def check_attention_kept(config: Any, accepts: Callable[[str | None], bool], *, 
                          advice: str) -> None:
     """Refuse a forward whose attention implementation was changed after ``what`` was patched in.
 
-    ``model.set_attn_implementation`` can switch a patched model to a kernel that knows nothing of
-    the method: it would run without the method's positions, silently. ``accepts(current)`` says
-    whether ``config``'s implementation still is the method's; the message says it ``needs`` and
-    what to do (``advice``).
+    ``accepts(current)`` says whether ``config``'s implementation still is the method's; the message
+    says what the method ``needs`` and what to do (``advice``).
     """
     current = integration.attention_implementation(config)
     if not accepts(current):
