@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 from models import single_thread  # noqa: E402  (needs the path above)
+
+# Under pytest-xdist (`-n auto`: one worker per core) each worker gets its share of the cores: workers
+# each running torch's default (all cores) would contend for them, which on a small CPU makes matmuls
+# many times slower than one thread each.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture
