@@ -32,6 +32,7 @@ class KeptPositions:
         self.theta = float(rope_parameters.get("rope_theta", 10000.0))
         self.rotary_dim = rotary_dim
         self._plain: dict[str, torch.Tensor] = {}
+        self._rows: dict[tuple[tuple[bool, ...], str], torch.Tensor] = {}
 
     def __bool__(self) -> bool:
         return self.count > 0
@@ -41,8 +42,13 @@ class KeptPositions:
         positions below :attr:`count` are kept; ``None`` when no row keeps any (the call's tables are left as built)."""
         if not self.count:
             return None
-        past = [length is not None and length == switched for length in lengths]
-        return torch.tensor(past, device=device) if any(past) else None
+        past = tuple(length is not None and length == switched for length in lengths)
+        if not any(past):
+            return None
+        key = (past, str(device))
+        if key not in self._rows:  # a decoding step asks for the same rows again: no tensor built per step
+            self._rows[key] = torch.tensor(past, device=device)
+        return self._rows[key]
 
     def plain(self, device: torch.device | str) -> torch.Tensor:
         """Plain RoPE's ``inv_freq`` ``[rotary_dim // 2]`` fp32 (transformers' ``default``), once per device."""
@@ -62,6 +68,8 @@ class KeptPositions:
     def swap_full(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' full fp32 tables ``[batch, seq, rotary_dim]`` (``cat(freqs, freqs)``) with the kept
         positions on plain RoPE, multiplier 1: what its rotary module returns past the switch."""
+        if int(positions.min()) >= self.count:  # a decoding step past the switch: nothing kept
+            return cos, sin
         freqs = positions[..., None].float() * self.plain(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         keep = (positions < self.count)[..., None]
