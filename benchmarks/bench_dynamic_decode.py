@@ -15,6 +15,16 @@ ratios are against the static method measured in the same run:
 The prompt (``factor * L_orig - new_tokens`` tokens) is prefilled once per configuration and its
 time reported; every round decodes from that cache and crops it back.
 
+LongRoPE (``longrope``, its exact cache across the short/long switch) against the plain static
+model (the unpatched Llama: one rotation per key, kept in the cache), in two scenarios, each
+prefilled afresh every round (untimed): ``across the switch`` decodes ``--new-tokens`` from
+``L_orig - new_tokens / 2`` (the steps before L_orig, the one re-rotation of the cache at the
+switch, the steps after), ``past the switch`` decodes them from ``factor * L_orig - new_tokens``
+after one untimed step (the steady state: a plain cached decode). Rows: transformers' own
+``longrope`` (``exact_cache=False``), the exact cache, and the exact cache with ``keep_first=4``.
+Their ratio is of the median round (a best round is reported too): on a loaded machine single
+rounds of a small model scatter by +-20%, and the best of them is an outlier.
+
 Prefill is measured on its own against transformers' dynamic path (``exact_cache=False``: one
 frequency set per forward), the comparison issue 15 sets its goal in: a prompt of each of
 ``--prefill-multiples`` times ``L_orig`` tokens, patched with ``--prefill-factor`` (8 by default,
@@ -34,6 +44,11 @@ The real model (SmolLM2-135M, L_orig 8192) at 16k tokens, prefill only (about an
         --prefill-only --prefill-multiples 2 --prefill-factor 4 --repeats 1 --no-prefill-warm-up \\
         --out benchmarks/results/real_model_prefill.json
 
+LongRoPE only, small (a minute of one core)::
+
+    .venv/bin/python benchmarks/bench_dynamic_decode.py --longrope-only --hidden 256 --heads 4 --layers 2 \\
+        --original-length 128 --new-tokens 64 --repeats 9 --out benchmarks/results/dynamic_decode_longrope.json
+
 Laptop-sized smoke run::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --hidden 128 --layers 2 --original-length 64 --new-tokens 16
@@ -47,6 +62,7 @@ GPU (bf16)::
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +144,63 @@ def decode(model: LlamaForCausalLM, cache: Any, token: torch.Tensor, new_tokens:
     return seconds
 
 
+#: LongRoPE's rows: (label, exact_cache or None for the plain static model, keep_first), against the first.
+LONGROPE_RUNS = (
+    ("plain (static)", None, 0),
+    ("longrope transformers", False, 0),
+    ("longrope exact", True, 0),
+    ("longrope exact keep_first=4", True, 4),
+)
+
+
+def patch_longrope(model: LlamaForCausalLM, args: argparse.Namespace, exact: bool | None, keep_first: int) -> None:
+    """``longrope`` at ``--factor``, or the plain model back (``exact`` None)."""
+    if exact is None:
+        if hf_posext.patched_method(model) is not None:
+            hf_posext.unpatch_model(model)
+        return
+    hf_posext.patch_model(model, "longrope", factor=args.factor, exact_cache=exact, keep_first=keep_first)
+
+
+def longrope_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """LongRoPE's decoding speed across its switch and past it, against the plain static model (best of the rounds)."""
+    total, half = int(args.factor * args.original_length), args.new_tokens // 2
+    if not 1 <= half < args.original_length or args.new_tokens + 1 >= total:
+        raise ValueError(f"--new-tokens must be in [2, {min(2 * args.original_length - 1, total - 2)}] for the "
+                         f"longrope scenarios, got {args.new_tokens}")
+    ids = torch.randint(0, args.vocab, (args.batch, total), generator=torch.Generator().manual_seed(3))
+    ids = ids.to(args.device)
+    scenarios = {"across the switch": (args.original_length - half, 0),
+                 "past the switch": (total - args.new_tokens - 1, 1)}  # (prompt tokens, untimed steps first)
+    rounds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeats):
+        for scenario, (prompt, warm) in scenarios.items():
+            for label, exact, keep_first in LONGROPE_RUNS:
+                patch_longrope(model, args, exact, keep_first)
+                _, cache, token = prefill(model, ids[:, :prompt], args.device)
+                with torch.inference_mode():
+                    for _ in range(warm):
+                        out = model(token, cache=cache, use_cache=True)
+                        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+                rounds.setdefault((scenario, label), []).append(decode(model, cache, token, args.new_tokens,
+                                                                       args.device))
+    rows = []
+    for scenario, (prompt, warm) in scenarios.items():
+        plain = rounds[scenario, LONGROPE_RUNS[0][0]]
+        for label, exact, keep_first in LONGROPE_RUNS:
+            seconds = rounds[scenario, label]
+            rows.append({"scenario": scenario, "label": label, "exact_cache": exact, "keep_first": keep_first,
+                         "context_from": prompt + warm, "context_to": prompt + warm + args.new_tokens,
+                         "decode_tokens_per_s": args.batch * args.new_tokens / statistics.median(seconds),
+                         "decode_ratio_vs_plain": statistics.median(plain) / statistics.median(seconds),
+                         "best_round_ratio_vs_plain": min(plain) / min(seconds), "round_seconds": seconds})
+            print(f"longrope {scenario:17s} {label:28s} {rows[-1]['decode_tokens_per_s']:9.1f} tok/s  "
+                  f"{rows[-1]['decode_ratio_vs_plain']:.3f}x plain (median round; best rounds "
+                  f"{rows[-1]['best_round_ratio_vs_plain']:.3f}x)")
+    patch_longrope(model, args, None, 0)
+    return rows
+
+
 def prefill_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Exact prefill against transformers' dynamic prefill, per method and prompt length (best of the rounds)."""
     generator = torch.Generator().manual_seed(2)
@@ -179,16 +252,19 @@ def main() -> None:
                         help="one untimed forward before each timed prefill (--no-prefill-warm-up for long prompts, "
                              "whose scratch memory is not kept between forwards anyway)")
     parser.add_argument("--prefill-only", action="store_true", help="only the prefill comparison (no decoding)")
+    parser.add_argument("--longrope-only", action="store_true",
+                        help="only LongRoPE's decoding against the plain static model (no dynamic methods, no prefill)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = build(args)
-    results = [] if args.prefill_only else decode_ratios(model, args)
-    prefills = prefill_ratios(model, args)
+    results = [] if args.prefill_only or args.longrope_only else decode_ratios(model, args)
+    longrope = [] if args.prefill_only else longrope_ratios(model, args)
+    prefills = [] if args.longrope_only else prefill_ratios(model, args)
     if args.out is not None:
-        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "prefill": prefills,
-                  "clock": clock(args.device).name, "environment": environment(args.device)}
-        write_results(args.out, report, results + prefills)
+        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "longrope": longrope,
+                  "prefill": prefills, "clock": clock(args.device).name, "environment": environment(args.device)}
+        write_results(args.out, report, results + longrope + prefills)
 
 
 def decode_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:

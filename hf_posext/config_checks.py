@@ -25,7 +25,7 @@ from transformers import AutoConfig, PreTrainedConfig
 from . import integration
 from .methods import method_class
 from .methods.base import CONFIG_KEY
-from .rope_utils import DYNAMIC_YARN_ROPE_TYPE
+from .rope_utils import DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -35,6 +35,7 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
     DYNAMIC_YARN_ROPE_TYPE: ("factor", "original_max_position_embeddings"),
+    LONGROPE_KEEP_FIRST_ROPE_TYPE: ("short_factor", "long_factor", "original_max_position_embeddings", KEEP_FIRST_KEY),
 }
 #: Real-valued fields: (lower bound, whether the bound itself is allowed).
 _REALS: dict[str, tuple[float, bool]] = {
@@ -124,6 +125,11 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
         if pairs is not None and len(values) != pairs:
             raise ValueError(f"{where}['{key}'] must have one entry per rotated channel pair ({pairs}), "
                              f"got {len(values)}")
+    kept = entry.get(KEEP_FIRST_KEY)
+    if kept is not None and not (_is_whole(kept) and kept >= 0 and (original is None or kept < original)):
+        allowed = f"an int in [0, {original - 1}]" if isinstance(original, int) else "an int >= 0"
+        raise ValueError(f"{where}['{KEEP_FIRST_KEY}'] must be {allowed} (positions kept on plain RoPE, within the "
+                         f"original context), got {kept!r}")
 
 
 def _pairs(config: Any, entry: dict[str, Any]) -> int | None:

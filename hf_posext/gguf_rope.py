@@ -21,6 +21,7 @@ from transformers import LlamaConfig, PreTrainedConfig, Qwen2Config, Qwen3Config
 from . import integration
 from .rope_utils import (
     DYNAMIC_YARN_ROPE_TYPE,
+    LONGROPE_KEEP_FIRST_ROPE_TYPE,
     NO_ROPE_TYPE,
     default_inv_freq,
     rotary_dim_of,
@@ -106,6 +107,9 @@ def _refusal(rope_type: str, method: str | None) -> str | None:
         return REFUSED_METHODS["dynamic_yarn"]
     if rope_type == NO_ROPE_TYPE:
         return REFUSED_METHODS["alibi"]
+    if rope_type == LONGROPE_KEEP_FIRST_ROPE_TYPE:
+        return ("longrope with keep_first has no GGUF form: llama.cpp has no position-dependent rope (its first "
+                "positions on plain RoPE, the others with the long factors); export longrope without keep_first")
     return None
 
 

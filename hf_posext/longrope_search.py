@@ -5,8 +5,9 @@ started from YaRN's factors and mutations of them; each round keeps the best hal
 mutants and crossovers, non-decreasing, never a repeat; fitness = perplexity at the target length
 (transformers' ``longrope`` full forward: every position with the long factors), of every token or
 the last ``score_last`` of each window. The start is YaRN exactly past L_orig: its factors and its
-attention factor 0.1 ln s + 1. Resumable: the state is written atomically after every round. Algorithm, defaults and measured results:
-docs/methods/longrope.md.
+attention factor 0.1 ln s + 1. ``keep_first=n`` scores every candidate with its first n positions on
+plain RoPE (the paper's n-hat, fixed for the search). Resumable: the state is written atomically
+after every round. Algorithm, defaults and measured results: docs/methods/longrope.md.
 
     result = hf_posext.search_longrope(model, ids, factor=8, length=1024, population=16, rounds=8)
     hf_posext.patch_model(model, "longrope", factor=8, long_factor=result.long_factor,
@@ -54,6 +55,7 @@ class LongRopeSearchResult:
         attention_factor: the cos/sin multiplier every candidate was scored with (pass it to
             ``patch_model`` with the factors; default YaRN's 0.1 ln s + 1).
         score_last: the tokens scored at the end of each window (``length - 1``: all of them).
+        keep_first: the positions every candidate kept on plain RoPE (pass it to ``patch_model`` too; 0: none).
         factor, length, original_max_position_embeddings: what was searched for.
     """
 
@@ -66,6 +68,7 @@ class LongRopeSearchResult:
     original_max_position_embeddings: int = 0
     attention_factor: float = 1.0
     score_last: int = 0
+    keep_first: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,10 +78,10 @@ class _Search:
     """The population, every candidate evaluated so far, and the random state: what a state file holds."""
 
     def __init__(self, model: nn.Module, documents: torch.Tensor, factor: float, length: int, step: float,
-                 rng: random.Random, attention_factor: float, score_last: int) -> None:
+                 rng: random.Random, attention_factor: float, score_last: int, keep_first: int) -> None:
         self.model, self.documents, self.factor, self.length, self.step, self.rng = (
             model, documents, factor, length, step, rng)
-        self.attention_factor, self.score_last = attention_factor, score_last
+        self.attention_factor, self.score_last, self.keep_first = attention_factor, score_last, keep_first
         self.evaluated: dict[tuple[float, ...], float] = {}
         self.population: list[tuple[float, ...]] = []
 
@@ -94,7 +97,8 @@ class _Search:
         transformers_logging.set_verbosity_error()  # its note on the mscale keys vLLM reads, once per candidate
         try:
             patch_model(self.model, "longrope", factor=self.factor, long_factor=list(factors),
-                        attention_factor=self.attention_factor, exact_cache=False, override=True)
+                        attention_factor=self.attention_factor, keep_first=self.keep_first, exact_cache=False,
+                        override=True)
         finally:
             transformers_logging.set_verbosity(verbosity)
         with torch.inference_mode():
@@ -152,8 +156,8 @@ def _fingerprint(model: nn.Module, documents: torch.Tensor, settings: dict[str, 
 
 
 def _check(model: nn.Module, input_ids: torch.Tensor, factor: Any, length: Any, population: Any, rounds: Any,
-           step: Any, original: int, score_last: Any, attention_factor: Any) -> tuple[torch.Tensor, float, int, int, int,
-                                                                                       float, int, float]:
+           step: Any, original: int, score_last: Any, attention_factor: Any,
+           keep_first: Any) -> tuple[torch.Tensor, float, int, int, int, float, int, float, int]:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() not in (1, 2) or input_ids.is_floating_point():
         raise ValueError(f"input_ids must be an integer tensor [seq] or [documents, seq], got {input_ids!r:.80}")
     documents = input_ids if input_ids.dim() == 2 else input_ids[None]
@@ -181,7 +185,12 @@ def _check(model: nn.Module, input_ids: torch.Tensor, factor: Any, length: Any, 
     attention_factor = real_number("search_longrope", "attention_factor", attention_factor, "> 0 or None")
     if not (attention_factor > 0 and math.isfinite(attention_factor)):
         raise ValueError(f"search_longrope: attention_factor must be a positive number or None, got {attention_factor!r}")
-    return documents, factor, length, population, rounds, step, score_last, attention_factor
+    kept = (f"an int in [0, {original - 1}] (the first positions kept on plain RoPE lie within the original context "
+            f"{original}, below length {length})")
+    keep_first = whole_number("search_longrope", "keep_first", keep_first, minimum=0, allowed=kept)
+    if keep_first >= original:
+        raise ValueError(f"search_longrope: keep_first must be {kept}, got {keep_first!r}")
+    return documents, factor, length, population, rounds, step, score_last, attention_factor, keep_first
 
 
 def search_longrope(
@@ -196,6 +205,7 @@ def search_longrope(
     start: list[float] | None = None,
     attention_factor: float | None = None,
     score_last: int | None = None,
+    keep_first: int = 0,
     step: float = 0.01,
     state_path: str | Path | None = None,
     progress: bool = True,
@@ -217,6 +227,9 @@ def search_longrope(
             the start is YaRN exactly past L_orig; LongRoPE's sqrt(1 + ln s / ln L_orig) is another choice).
         score_last: score the last n tokens of each window (default ``None``: all ``length - 1``, the
             paper's perplexity at the target length; a smaller n weighs only the far positions).
+        keep_first: every candidate keeps positions ``0 .. keep_first - 1`` on plain RoPE (the paper's n-hat,
+            here fixed); 0 (default): none, transformers' ``longrope``. Above 0 the result needs
+            ``patch_model(..., keep_first=keep_first)``, a checkpoint only hf-posext reads.
         step: the grid mutations sample on (LongRoPE: 0.01).
         state_path: a JSON file the state is written to after every round; a run finding a state of the
             same search there resumes from it.
@@ -231,8 +244,8 @@ def search_longrope(
                          "(hf_posext.unpatch_model first)")
     base = base_rope(model.config, method_config("longrope"), override=True)
     original = base.original_max_position_embeddings
-    documents, factor, length, population, rounds, step, score_last, attention_factor = _check(
-        model, input_ids, factor, length, population, rounds, step, original, score_last, attention_factor)
+    documents, factor, length, population, rounds, step, score_last, attention_factor, keep_first = _check(
+        model, input_ids, factor, length, population, rounds, step, original, score_last, attention_factor, keep_first)
     pairs = base.rotary_dim // 2
     first = start if start is not None else yarn_long_factors(base.theta, base.rotary_dim, original, factor)
     method_config("longrope", factor=factor, long_factor=first)  # validates start
@@ -240,8 +253,11 @@ def search_longrope(
         raise ValueError(f"search_longrope: start has {len(first)} factors; the model has {pairs} rotary pairs")
     settings = {"factor": factor, "length": length, "population": population, "seed": seed, "step": step,
                 "start": [float(f) for f in first], "attention_factor": attention_factor, "score_last": score_last}
+    if keep_first:  # absent at 0, so that states written before the option still resume
+        settings["keep_first"] = keep_first
     fingerprint = _fingerprint(model, documents[:, :length], settings)
-    search = _Search(model, documents, factor, length, step, random.Random(seed), attention_factor, score_last)
+    search = _Search(model, documents, factor, length, step, random.Random(seed), attention_factor, score_last,
+                     keep_first)
     history: list[dict[str, Any]] = []
     done = 0
     state = Path(state_path) if state_path is not None else None
@@ -306,5 +322,5 @@ def search_longrope(
     return LongRopeSearchResult(
         long_factor=[float(f) for f in best_factors], perplexity=best, start_perplexity=start_perplexity,
         history=history, factor=factor, length=length, original_max_position_embeddings=original,
-        attention_factor=attention_factor, score_last=score_last,
+        attention_factor=attention_factor, score_last=score_last, keep_first=keep_first,
     )

@@ -63,6 +63,7 @@ def _method_rope(method: MethodConfig, base: BaseRope) -> tuple[dict[str, Any], 
             f"{base.original_max_position_embeddings} is {reach:.4g} tokens, beyond the {MAX_CONTEXT} positions a "
             "config can hold; use a smaller factor"
         )
+    method.check_base(base)
     if method.factor == 1 and method.scales_rope:
         return dict(base.rope_parameters), base.max_position_embeddings
     if base.pair_divisors is not None:

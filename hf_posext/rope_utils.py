@@ -32,6 +32,28 @@ REMAP_ROPE_TYPE = "hf_posext_remap (requires: import hf_posext)"
 #: The key of a :data:`REMAP_ROPE_TYPE` entry naming the checkpoint's own rope type.
 REMAPPED_TYPE_KEY = "remapped_rope_type"
 
+#: The rope type of LongRoPE with its first n positions kept on plain RoPE (the paper's n-hat):
+#: transformers' ``longrope`` entry plus :data:`KEEP_FIRST_KEY`, which no other reader implements, so
+#: it goes under a name they refuse (named like DYNAMIC_YARN_ROPE_TYPE; docs/methods/longrope.md).
+LONGROPE_KEEP_FIRST_ROPE_TYPE = "hf_posext_longrope_keep_first (requires: import hf_posext)"
+#: The key of a :data:`LONGROPE_KEEP_FIRST_ROPE_TYPE` entry: how many positions from 0 keep plain RoPE.
+KEEP_FIRST_KEY = "keep_first"
+#: The rope types with LongRoPE's short/long switch at ``original_max_position_embeddings``.
+LONGROPE_ROPE_TYPES = ("longrope", LONGROPE_KEEP_FIRST_ROPE_TYPE)
+
+
+def kept_positions(rope_parameters: dict[str, Any] | None) -> int:
+    """How many positions from 0 a flat rope entry keeps on plain RoPE once past its switch (0: none).
+
+    Only :data:`LONGROPE_KEEP_FIRST_ROPE_TYPE` keeps any: past ``original_max_position_embeddings``
+    positions ``p < keep_first`` rotate by ``p * theta^(-2i/d)`` with cos/sin multiplier 1, the
+    others with the long factors and the attention factor.
+    """
+    params = rope_parameters or {}
+    if params.get("rope_type") != LONGROPE_KEEP_FIRST_ROPE_TYPE:
+        return 0
+    return int(params.get(KEEP_FIRST_KEY) or 0)
+
 
 def rope_parameters_for(config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """``config.rope_parameters``, or its entry for ``layer_type`` when the config nests them by layer type."""

@@ -16,7 +16,7 @@ from transformers import Gemma3TextConfig, LlamaConfig, modeling_rope_utils
 
 import hf_posext  # noqa: F401  (registers the rope types under test)
 from hf_posext.readers.transformers5 import custom_rope_types
-from hf_posext.rope_utils import NO_ROPE_TYPE, REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY
+from hf_posext.rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE, NO_ROPE_TYPE, REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY
 
 #: transformers' own list: parameters that belong to other rope types than ours.
 OTHER_TYPES_PARAMETERS = ("factor", "attention_factor", "beta_fast", "beta_slow", "short_factor", "long_factor")
@@ -43,6 +43,9 @@ def valid_entry(rope_type):
         return {"rope_type": rope_type, "rope_theta": 10000.0}, {"hf_posext": {"method": "alibi"}}
     if rope_type == REMAP_ROPE_TYPE:  # the shipped entry under the remapping's type (plain RoPE here)
         return {"rope_type": rope_type, "rope_theta": 10000.0, REMAPPED_TYPE_KEY: "default"}, {}
+    if rope_type == LONGROPE_KEEP_FIRST_ROPE_TYPE:
+        return {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                "short_factor": [1.0] * 64, "long_factor": [4.0] * 64, "attention_factor": 1.2, "keep_first": 4}, {}
     return {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}, {}
 
 

@@ -13,7 +13,8 @@ from .install import (
     enable_exact_dynamic_cache,
     exact_rotary_at_init,
 )
-from .forward_plan import ATTENTION_PREFIX, EXACT_ROPE_TYPES, ExactDynamicRope, ForwardPlan, length_dependent
+from .forward_plan import ATTENTION_PREFIX, ExactDynamicRope, ForwardPlan
+from .frequencies import EXACT_ROPE_TYPES, length_dependent
 from .rotation import apply_rotary, cos_sin, grid_rotations
 
 __all__ = [

@@ -87,14 +87,14 @@ def exact_dynamic_attention(
         if plan.single and plan.memo(("saturated",), lambda: bool((positions + 1 >= rope.saturation).all())):
             return _attend_rotated(plan, kernel, module, query, key, value, attention_mask, layer, kwargs)
         _unrotate(plan, key, layer, seq)
-    if plan.single and seq == 1:
+    if plan.single and seq == 1 and calls[0].kept is None:  # kept positions break the offset-only rotation
         return _attend_decoding(plan, kernel, module, query, key, value, attention_mask, calls[0], kwargs)
     key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
     dtype = query.dtype
     if plan.single:
         call = calls[0]
-        q_cos, q_sin = plan.tables(("q", 0), lambda: cos_sin(positions, call.inv_freq, call.scaling, dtype))
-        k_cos, k_sin = plan.tables(("k", 0, kv_len), lambda: cos_sin(key_positions, call.inv_freq, call.scaling, dtype))
+        q_cos, q_sin = plan.tables(("q", 0), lambda: rope.cos_sin(call, positions, dtype))
+        k_cos, k_sin = plan.tables(("k", 0, kv_len), lambda: rope.cos_sin(call, key_positions, dtype))
         return kernel(
             module, apply_rotary(query, q_cos, q_sin), apply_rotary(key, k_cos, k_sin), value, attention_mask, **kwargs
         )
@@ -114,8 +114,8 @@ def exact_dynamic_attention(
     for index, call in enumerate(calls):
         keys = past + call.stop
         q_pos, k_pos = positions[:, call.start : call.stop], key_positions[:, :keys]
-        q_cos, q_sin = plan.tables(("q", index), lambda: cos_sin(q_pos, call.inv_freq, call.scaling, dtype))
-        k_cos, k_sin = plan.tables(("k", index, kv_len), lambda: cos_sin(k_pos, call.inv_freq, call.scaling, dtype))
+        q_cos, q_sin = plan.tables(("q", index), lambda: rope.cos_sin(call, q_pos, dtype))
+        k_cos, k_sin = plan.tables(("k", index, kv_len), lambda: rope.cos_sin(call, k_pos, dtype))
         out, part = kernel(
             module,
             apply_rotary(query[:, :, call.start : call.stop], q_cos, q_sin),
@@ -164,10 +164,10 @@ def _attend_rotated(
         first, done = _rotated(layer, kv_len, query.shape[2])
         key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
         k_cos, k_sin = plan.tables(("k rotated", done, kv_len),
-                                   lambda: cos_sin(key_positions[:, done:], call.inv_freq, call.scaling, dtype))
+                                   lambda: plan.rope.cos_sin(call, key_positions[:, done:], dtype))
         key[:, :, done:] = apply_rotary(key[:, :, done:], k_cos, k_sin)
         setattr(layer, ROTATED_ATTR, first + kv_len)
-    q_cos, q_sin = plan.tables(("q", 0), lambda: cos_sin(positions, call.inv_freq, call.scaling, dtype))
+    q_cos, q_sin = plan.tables(("q", 0), lambda: plan.rope.cos_sin(call, positions, dtype))
     return kernel(module, apply_rotary(query, q_cos, q_sin), key, value, attention_mask, **kwargs)
 
 
@@ -190,7 +190,10 @@ def _unrotate(plan: ForwardPlan, key: torch.Tensor, layer: Any, new: int) -> Non
     inv_freq, scaling = rope.frequencies(rope.saturation, key.device)
     key_positions = key_positions_of(positions, key.shape[2])[:, :done]
     cos, sin = cos_sin(key_positions, inv_freq[None], None, torch.float32)
-    key[:, :, :done] = apply_rotary(key[:, :, :done].float(), cos / scaling, -sin / scaling).to(key.dtype)
+    cos, sin = cos / scaling, -sin / scaling
+    if rope.kept:  # LongRoPE's kept positions were rotated with plain RoPE, multiplier 1
+        cos, sin = rope.kept.swap_inverse(key_positions, cos, sin)
+    key[:, :, :done] = apply_rotary(key[:, :, :done].float(), cos, sin).to(key.dtype)
     setattr(layer, ROTATED_ATTR, 0)
 
 

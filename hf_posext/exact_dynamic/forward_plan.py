@@ -23,13 +23,11 @@ import torch
 import torch.nn as nn
 
 from .. import integration
-from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, rotary_dim_of
+from ..rope_utils import LONGROPE_ROPE_TYPES, rotary_dim_of
 from .frequencies import frequency_rows
-from .rotation import multipliers
+from .kept import KeptPositions
+from .rotation import cos_sin, multipliers
 
-#: The rope types whose frequencies depend on the sequence length, handled here (``longrope``: its
-#: one switch from short to long factors past L_orig; see :func:`length_dependent`).
-EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE, "longrope")
 #: ``config._attn_implementation`` while exact dynamic scaling is on is this prefix plus the kernel.
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 #: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
@@ -59,19 +57,6 @@ _MAX_FREQUENCIES = 64
 _FREQUENCIES_AHEAD = 32
 
 
-def length_dependent(rope_parameters: dict[str, Any] | None) -> bool:
-    """Whether these (flat) rope parameters give frequencies that change with the sequence length.
-
-    The dynamic types always do; ``longrope`` only when its short and long factors differ (a
-    composition saved as ``longrope`` writes equal lists, and then nothing switches).
-    """
-    params = rope_parameters or {}
-    rope_type = params.get("rope_type")
-    if rope_type == "longrope":
-        return [float(f) for f in params.get("short_factor") or ()] != [float(f) for f in params.get("long_factor") or ()]
-    return rope_type in EXACT_ROPE_TYPES
-
-
 class Scratch:
     """Flat buffers for temporaries, by name, reused instead of allocated anew (see :meth:`ForwardPlan.scratch`)."""
 
@@ -98,6 +83,7 @@ class Call:
     inv_freq: torch.Tensor  # [batch or 1, rotary_dim // 2], fp32
     scaling: torch.Tensor | None  # [batch or 1], fp32; None when every multiplier is 1
     rows: torch.Tensor | None  # [batch, stop - start] bool: the rows this call answers for; None = all
+    kept: torch.Tensor | None = None  # [batch or 1] bool: rows with kept positions (KeptPositions.rows)
 
 
 @dataclass
@@ -149,7 +135,8 @@ class ForwardPlan:
                 row_lengths = row_lengths[:1]
             per_row = [rope.frequencies(length, device) for length in row_lengths]
             inv_freq = torch.stack([f for f, _ in per_row])
-            self.calls = [Call(0, seq, inv_freq, multipliers([s for _, s in per_row], device), None)]
+            self.calls = [Call(0, seq, inv_freq, multipliers([s for _, s in per_row], device), None,
+                               rope.kept.rows(row_lengths, rope.saturation, device))]
             return
         # Lengths up to L_orig (and, for YaRN, from saturation on) share one frequency set: one
         # multi-row kernel call each. Every length in between belongs to a single position.
@@ -161,7 +148,8 @@ class ForwardPlan:
                 continue
             start, stop = touched[0], touched[-1] + 1
             inv_freq, scaling = rope.frequencies(length, device)
-            self.calls.append(Call(start, stop, inv_freq[None], multipliers([scaling], device), rows[:, start:stop]))
+            self.calls.append(Call(start, stop, inv_freq[None], multipliers([scaling], device), rows[:, start:stop],
+                                   rope.kept.rows([length], rope.saturation, device)))
             shared |= rows
         own = ~shared
         touched = own.any(dim=0).nonzero().flatten().tolist()
@@ -229,7 +217,7 @@ class ExactDynamicRope:
     One instance per patched model, shared by its attention modules.
 
     Args:
-        config: the patched model config (``rope_type`` in :data:`EXACT_ROPE_TYPES`).
+        config: the patched model config (``rope_type`` in :data:`~.frequencies.EXACT_ROPE_TYPES`).
         kernel: the attention implementation the wrapper delegates to.
     """
 
@@ -245,7 +233,7 @@ class ExactDynamicRope:
             # transformers' dynamic NTK reads L_orig from max_position_embeddings and never stops growing
             self.original = int(config.max_position_embeddings)
             self.saturation: int | None = None
-        elif self.rope_type == "longrope":
+        elif self.rope_type in LONGROPE_ROPE_TYPES:
             # short factors up to L_orig tokens, long ones from L_orig + 1 on: one switch, two frequency sets
             self.original = int(params["original_max_position_embeddings"])
             self.saturation = self.original + 1
@@ -253,6 +241,7 @@ class ExactDynamicRope:
             self.original = int(params["original_max_position_embeddings"])
             # s(L) = min(factor, L / L_orig) stops changing at the first L with L / L_orig >= factor
             self.saturation = math.ceil(float(params["factor"]) * self.original)
+        self.kept = KeptPositions(params, self.rotary_dim)  # LongRoPE's keep_first (none for the other types)
         self.hooks: list[Any] = []  # removable handles of the base model's cache guard
         self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
         self._init_caches()
@@ -376,12 +365,22 @@ class ExactDynamicRope:
                 return False
         return True
 
+    def cos_sin(self, call: Call, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Half tables ``[batch, seq, rotary_dim // 2]`` of ``positions`` with ``call``'s frequencies, LongRoPE's
+        kept positions on plain RoPE in its rows past the switch (:class:`~.kept.KeptPositions`)."""
+        cos, sin = cos_sin(positions, call.inv_freq, call.scaling, dtype)
+        return (cos, sin) if call.kept is None else self.kept.swap(positions, call.kept, cos, sin, dtype)
+
     def saturated_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' rotary output past saturation: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the multiplier."""
+        """transformers' rotary output past saturation: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the multiplier
+        (LongRoPE's kept positions, :attr:`kept`, with plain RoPE and multiplier 1)."""
         inv_freq, scaling = self.frequencies(self.saturation, positions.device)
         freqs = positions[..., None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+        cos, sin = emb.cos() * scaling, emb.sin() * scaling
+        if self.kept:
+            cos, sin = self.kept.swap_full(positions, cos, sin)
+        return cos.to(dtype), sin.to(dtype)
 
     def scratch(self) -> Scratch:
         """This thread's :class:`Scratch` kept between forwards (:meth:`ForwardPlan.scratch`)."""

@@ -1,4 +1,4 @@
-"""The frequencies of many sequence lengths at once, equal bit for bit to the rope-init function's.
+"""Which rope types change with the length, and the frequencies of many lengths at once (bit for bit the init functions').
 
 A prompt past L_orig needs one frequency set per row (every length between L_orig and
 saturation). The rope-init functions compute one length per call, and each call spends most of
@@ -17,13 +17,35 @@ import torch
 
 from ..rope_utils import (
     DYNAMIC_YARN_ROPE_TYPE,
+    LONGROPE_ROPE_TYPES,
     default_inv_freq,
     dynamic_yarn_scale,
+    kept_positions,
     ntk_theta,
     rotary_dim_of,
     yarn_attention_factor,
     yarn_inv_freq_from,
 )
+
+#: The rope types whose frequencies depend on the sequence length, handled here (``longrope`` and
+#: its keep-first type: one switch from short to long factors past L_orig; see :func:`length_dependent`).
+EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE, *LONGROPE_ROPE_TYPES)
+
+
+def length_dependent(rope_parameters: dict[str, Any] | None) -> bool:
+    """Whether these (flat) rope parameters give frequencies that change with the sequence length.
+
+    The dynamic types always do; ``longrope`` only when its short and long factors differ (a
+    composition saved as ``longrope`` writes equal lists, and then nothing switches) or it keeps
+    its first positions on plain RoPE past the switch.
+    """
+    params = rope_parameters or {}
+    rope_type = params.get("rope_type")
+    if rope_type in LONGROPE_ROPE_TYPES:
+        if kept_positions(params):
+            return True
+        return [float(f) for f in params.get("short_factor") or ()] != [float(f) for f in params.get("long_factor") or ()]
+    return rope_type in EXACT_ROPE_TYPES
 
 
 def frequency_rows(

@@ -12,7 +12,8 @@ from .. import integration
 from ..attention.guard import check_attention_kept
 from ..attention.wrapper import SUPPORTED_KERNELS, install_wrapper
 from .attention import exact_dynamic_attention
-from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, ExactDynamicRope, length_dependent
+from .forward_plan import ATTENTION_PREFIX, STATE_ATTR, ExactDynamicRope
+from .frequencies import length_dependent
 
 __all__ = [
     "SUPPORTED_KERNELS",

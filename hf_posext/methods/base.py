@@ -111,6 +111,10 @@ class MethodConfig:
         """
         return self.scales_rope
 
+    def check_base(self, base: BaseRope) -> None:
+        """Refuse, with a ``ValueError``, a checkpoint this config cannot be applied to, before anything is
+        written and whatever the factor (``factor=1`` writes nothing of the method's own); default: none."""
+
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         """The ``rope_parameters`` a config patched with this method carries."""
         raise NotImplementedError

@@ -1,9 +1,16 @@
-"""LongRoPE (``longrope``): Ding et al. 2024, per-pair factors in transformers' native ``longrope``; docs/methods/longrope.md."""
+"""LongRoPE (``longrope``): Ding et al. 2024, per-pair factors in transformers' native ``longrope``
+(with ``keep_first``, hf-posext's own rope type); docs/methods/longrope.md."""
 
-from ..dynamic import DynamicSurgery
-from ..registry import MethodSpec, register_family
+from ...rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE
+from ..registry import MethodSpec, RopeType, register_family
 from .config import LongRopeConfig, yarn_long_factors
+from .rope import KeepFirstRotaryEmbedding, compute_keep_first_parameters, validate_keep_first_parameters
+from .surgery import LongRopeSurgery
 
-register_family("longrope", methods=[MethodSpec("longrope", LongRopeConfig, surgery=DynamicSurgery)])
+register_family(
+    "longrope",
+    methods=[MethodSpec("longrope", LongRopeConfig, surgery=LongRopeSurgery)],
+    rope_types={LONGROPE_KEEP_FIRST_ROPE_TYPE: RopeType(compute_keep_first_parameters, validate_keep_first_parameters)},
+)
 
-__all__ = ["LongRopeConfig", "yarn_long_factors"]
+__all__ = ["KeepFirstRotaryEmbedding", "LongRopeConfig", "yarn_long_factors"]

@@ -1,8 +1,10 @@
 """LongRoPE: one rescale factor per rotary pair, short factors up to L_orig and long ones past it.
 
 Ding et al. 2024, arXiv:2402.13753 (microsoft/LongRoPE). Written as transformers' native
-``longrope`` entry, so vanilla transformers, vLLM and SGLang load the checkpoint; the exact KV
-cache across the switch, the default factors and the search: docs/methods/longrope.md.
+``longrope`` entry, so vanilla transformers, vLLM and SGLang load the checkpoint; with
+``keep_first=n`` (the paper's n-hat: the first n positions on plain RoPE past the switch) as
+hf-posext's own rope type (:mod:`.rope`), which needs ``import hf_posext``. The exact KV cache
+across the switch, the default factors and the search: docs/methods/longrope.md.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ...rope_utils import default_inv_freq, yarn_pair_factors
-from ..base import BaseRope, real_number
+from ...rope_utils import KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE, default_inv_freq, yarn_pair_factors
+from ..base import BaseRope, real_number, whole_number
 from ..dynamic import ExactCacheOption
 
 
@@ -48,6 +50,17 @@ def _factor_list(name: str, field: str, given: Any) -> tuple[float, ...] | None:
     return values
 
 
+def check_keep_first(name: str, keep_first: int, original: int) -> None:
+    """Refuse ``keep_first`` outside ``[0, original)``: the kept positions lie within the pretraining context.
+
+    Raises:
+        ValueError: naming the value and what is allowed.
+    """
+    if not 0 <= keep_first < original:
+        raise ValueError(f"{name}: keep_first must be an int in [0, {original - 1}] (the first n positions keep plain "
+                         f"RoPE past the switch; they lie within the original context {original}), got {keep_first!r}")
+
+
 @dataclass(frozen=True)
 class LongRopeConfig(ExactCacheOption):
     """LongRoPE: per-pair factors, short ones up to L_orig and long ones past it (native ``longrope``).
@@ -57,6 +70,10 @@ class LongRopeConfig(ExactCacheOption):
             (:func:`yarn_long_factors`), what LongRoPE's search starts from (:func:`hf_posext.search_longrope`).
         short_factor: the divisors up to L_orig; ``None``: ones (the model as pretrained).
         attention_factor: the cos/sin multiplier; ``None``: transformers' sqrt(1 + ln s / ln L_orig).
+        keep_first: past the switch, positions ``0 .. keep_first - 1`` rotate with plain RoPE (no factor,
+            cos/sin multiplier 1), the paper's n-hat; 0 (the default) is transformers' ``longrope``. A value
+            above 0 writes hf-posext's own rope type, which only transformers with ``import hf_posext``
+            reads (vLLM, SGLang, llama.cpp and a vanilla transformers refuse it).
         exact_cache: cached decoding across the switch equals a forward pass (docs/methods/longrope.md).
     """
 
@@ -68,9 +85,12 @@ class LongRopeConfig(ExactCacheOption):
     long_factor: tuple[float, ...] | None = None
     short_factor: tuple[float, ...] | None = None
     attention_factor: float | None = None
+    keep_first: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        object.__setattr__(self, "keep_first", whole_number(self.name, "keep_first", self.keep_first, minimum=0,
+                                                            allowed="an int >= 0 (positions kept on plain RoPE)"))
         for field in ("long_factor", "short_factor"):
             object.__setattr__(self, field, _factor_list(self.name, field, getattr(self, field)))
         if self.attention_factor is not None:
@@ -80,6 +100,16 @@ class LongRopeConfig(ExactCacheOption):
                     f"{self.name}: attention_factor must be a positive number or None, got {self.attention_factor!r}"
                 )
             object.__setattr__(self, "attention_factor", value)
+
+    def check_base(self, base: BaseRope) -> None:
+        if not self.keep_first:
+            return
+        if base.pair_divisors is not None:
+            raise ValueError(
+                f"{self.name}: keep_first keeps positions on plain RoPE, but this checkpoint ships "
+                f"rope_type={base.rope_type!r}; pass override=True to apply LongRoPE on plain RoPE instead"
+            )
+        check_keep_first(self.name, self.keep_first, base.original_max_position_embeddings)
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         pairs = base.rotary_dim // 2
@@ -105,7 +135,11 @@ class LongRopeConfig(ExactCacheOption):
         # short_mscale / long_mscale, transformers attention_factor (hf_posext.rope_utils)
         attention = self.attention_factor if self.attention_factor is not None else longrope_attention_factor(
             self.factor, original)
-        params.update(attention_factor=attention, short_mscale=attention, long_mscale=attention)
+        params["attention_factor"] = attention
+        if self.keep_first:  # no reader but hf-posext runs it: no reader-only keys either
+            params.update(rope_type=LONGROPE_KEEP_FIRST_ROPE_TYPE, **{KEEP_FIRST_KEY: self.keep_first})
+        else:
+            params.update(short_mscale=attention, long_mscale=attention)
         return params
 
     # On a checkpoint that ships a static scaling, LongRoPE without factors composes as YaRN's ramp on
