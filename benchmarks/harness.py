@@ -15,9 +15,7 @@ and the time of each measurement; ``benchmarks/tables.py`` renders the docs' tab
 from __future__ import annotations
 
 import importlib.metadata
-import csv
 import importlib.util
-import io
 import json
 import os
 import platform
@@ -174,23 +172,6 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def environment(device: str = "cpu") -> dict[str, Any]:
-    """Hardware and versions, recorded next to every result: the CPU, the GPU and the packages."""
-    from hf_posext.eval.report import environment as base
-
-    info = base()
-    info["device"] = str(device)
-    if str(device).startswith("cuda"):
-        import torch
-
-        props = torch.cuda.get_device_properties(0)
-        info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                       "capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda}
-    info["packages"] = package_versions()
-    info["argv"] = [Path(sys.executable).name, *sys.argv]
-    return info
-
-
 def device_name(device: str = "cpu") -> str:
     """A result's ``device``: the GPU's name on CUDA, the CPU's model name otherwise."""
     if str(device).startswith("cuda"):
@@ -313,28 +294,3 @@ class Results:
         if self.path is None:
             raise ValueError("these results have no file to be saved to (path=None)")
         return write_rows(self.path, self.rows, replace=self.owns)
-
-
-def csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows as CSV, columns in first-seen order; nested values as JSON."""
-    columns: list[str] = []
-    for row in rows:
-        columns += [key for key in row if key not in columns]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
-    return buffer.getvalue()
-
-
-def write_results(path: str | os.PathLike, payload: Mapping[str, Any],
-                  rows: Sequence[Mapping[str, Any]] | None = None) -> Path:
-    """Write ``payload`` as indented JSON at ``path`` (atomically) and ``rows``, if given, as CSV beside it."""
-    from hf_posext.files import write_text
-
-    path = Path(path)
-    write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
-    if rows:
-        write_text(path.with_suffix(".csv"), csv_text(rows))
-    return path

@@ -1,6 +1,7 @@
 """The one result schema (``benchmarks/result_schema.py``), its writer (``harness.Results``) and its renderer.
 
-A rerun replaces the rows it owns and nothing else; the renderer pivots rows into the Markdown the docs hold.
+Every committed results file of a migrated benchmark must parse as rows; a rerun replaces the rows
+it owns and nothing else; the renderer pivots rows into the Markdown the docs hold.
 """
 
 from __future__ import annotations
@@ -15,14 +16,30 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import harness  # noqa: E402  (benchmarks/ is not a package)
 import pivot  # noqa: E402
-from result_schema import FIELDS, Row, merge, read_rows, row_from_dict, unit_of, write_rows  # noqa: E402
+import tables  # noqa: E402
+from result_schema import FIELDS, Row, dumps, merge, read_rows, row_from_dict, unit_of, write_rows  # noqa: E402
 
+RESULTS = ROOT / "benchmarks" / "results"
+#: The resumable evaluations' cell caches and the library commands' own reports: not rows (their writers own them).
+NOT_ROWS = ("real_model/", "training_free/", "training_free_bf16/", "finetune_smollm2/", "demo/", "ruler/smollm2",
+            "scratch.json", "extension.json", "passkey.json")
 WHEN = "2026-12-01T00:00:00+00:00"
 
 
 def row(method: str = "yarn", metric: str = "ratio", value=1.0, benchmark: str = "demo", time: str = WHEN,
         **setting) -> Row:
     return Row(benchmark, method, setting or {"length": 64}, metric, value, unit_of(metric), "cpu", {}, time)
+
+
+def test_every_committed_results_file_but_the_cell_caches_is_rows_of_the_schema():
+    files = [p for p in sorted(RESULTS.rglob("*.json")) if "work" not in p.relative_to(RESULTS).parts
+             and not str(p.relative_to(RESULTS)).startswith(NOT_ROWS)]
+    assert len(files) >= 19
+    for path in files:
+        rows = read_rows(path)
+        assert rows, path
+        assert all(r.device and r.versions for r in rows), path
+        assert path.read_text() == dumps(rows), f"{path}: not written as one row a line"
 
 
 def test_a_row_names_what_is_wrong_with_it():
@@ -96,13 +113,22 @@ def test_a_metric_name_implies_its_unit(metric, unit):
     assert unit_of(metric) == unit
 
 
-def test_the_pivot_puts_each_rows_value_in_its_rows_key_and_its_columns_match(tmp_path):
+def test_the_pivot_puts_each_rows_value_in_its_rows_key_and_its_columns_match(tmp_path, monkeypatch):
     rows = [row("yarn", length=64), row("ntk", length=64, value=2.5), row("yarn", length=128, value=0.5),
             row("yarn", length=128, value=0.75, time="2026-12-02T00:00:00+00:00"), row("yarn", "status", "skip")]
     write_rows(tmp_path / "demo.json", rows)
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)  # where tables.block reads
     spec = pivot.Table("demo.json", ["method"], [pivot.Pivot(
         {"metric": "ratio"}, lambda r: (r.method,),
         lambda rs: [pivot.Column(str(n), {"length": n}, pivot.fmt(".2f", "x")) for n in pivot.lengths(rs)],
         order=["ntk"])])
     assert spec.render(tmp_path) == "| method | 64 | 128 |\n|---|---|---|\n| ntk | 2.50x | - |\n| yarn | 1.00x | 0.75x |"
-    assert pivot.Table("none.json", ["x"], spec.pivots).render(tmp_path) is None
+    assert tables.block(spec)() == spec.render(tmp_path)
+    assert tables.block(pivot.Table("none.json", ["x"], spec.pivots))().startswith("_Not measured yet: no none.json")
+
+
+def test_a_migrated_tables_cell_is_the_value_of_its_row():
+    rows = read_rows(RESULTS / "patch_overhead.json")
+    ratio = next(r for r in rows if r.method == "yarn" and r.metric == "ratio" and r.setting["length"] == 1024)
+    line = next(line for line in tables.render("patch-overhead").splitlines() if line.startswith("| yarn |"))
+    assert line.split(" | ")[2] == f"{ratio.value:.3f}"
