@@ -12,17 +12,19 @@ Run (CPU, a few minutes at one thread)::
     .venv/bin/python benchmarks/alibi_folded_error.py
     .venv/bin/python benchmarks/alibi_folded_error.py --heads 4 --lengths 256   # a quick smoke run
 
-It writes ``benchmarks/results/alibi_folded_error.json`` and ``.md`` (``--output`` to change the stem).
+It writes rows (``result_schema.py``) of ``max_slope``, ``exact_error``, ``folded_error``, ``logit_bound``
+and ``output_bound`` per head count and length to ``benchmarks/results/alibi_folded_error.json``
+(``--out``); ``python benchmarks/tables.py`` renders ``benchmarks/results/alibi_folded_error.md`` from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import Results
 from tqdm import tqdm
 
 from hf_posext.methods.alibi import alibi_slopes
@@ -67,8 +69,6 @@ def measure(heads: int, length: int, kv_heads: int = 2, dim: int = 64) -> dict:
         folded, _ = folded_alibi(torch.nn.Module().eval(), q, k, v, dim**-0.5)
     logit_bound = logit_error_bound(heads, length)
     return {
-        "heads": heads,
-        "length": length,
         "max_slope": float(slopes.max()),
         "exact_error": float((exact.double() - truth).abs().max()),
         "folded_error": float((folded.double() - truth).abs().max()),
@@ -77,44 +77,25 @@ def measure(heads: int, length: int, kv_heads: int = 2, dim: int = 64) -> dict:
     }
 
 
-def markdown(result: dict) -> str:
-    lines = [
-        "# Folded ALiBi: error against an fp64 reference",
-        "",
-        f"Causal attention, batch 1, 2 kv heads of 64, fp32 on CPU ({result['machine']}, torch {result['torch']}). "
-        "exact = SDPA with the fp32 bias; folded = ALiBi as extra query/key channels of SDPA's causal kernel; "
-        "bound = what folding may add to the exact path's error by the module's derivation.",
-        "",
-        "| heads | length | max slope | exact fp32 error | folded error | logit bound | output bound |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in result["rows"]:
-        lines.append(
-            f"| {row['heads']} | {row['length']} | {row['max_slope']:.3f} | {row['exact_error']:.2e} | "
-            f"{row['folded_error']:.2e} | {row['logit_bound']:.1e} | {row['output_bound']:.1e} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> Results:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", type=int, nargs="+", default=[4, 12, 32])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's)")
-    parser.add_argument("--output", default=str(RESULTS / "alibi_folded_error"), help="path stem for .json and .md")
+    parser.add_argument("--out", default=str(RESULTS / "alibi_folded_error.json"), help="the results file")
     args = parser.parse_args(argv)
     for heads in args.heads:
         if heads < 2 or heads % 2:
             parser.error(f"--heads must be even and >= 2 (2 kv heads), got {heads}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    rows = [measure(h, n) for h, n in tqdm([(h, n) for h in args.heads for n in args.lengths], desc="folded error")]
-    result = {"machine": f"CPU, {torch.get_num_threads()} threads", "torch": torch.__version__, "rows": rows}
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    return result
+    results = Results(args.out, "alibi_folded_error", setting={"kv_heads": 2, "head_dim": 64, "dtype": "float32",
+                                                                "threads": torch.get_num_threads()})
+    for heads, length in tqdm([(h, n) for h in args.heads for n in args.lengths], desc="folded error"):
+        results.add_all("alibi_folded", measure(heads, length), {"heads": heads, "length": length})
+    results.save()
+    print(f"wrote {args.out}; `python benchmarks/tables.py` renders benchmarks/results/alibi_folded_error.md from it")
+    return results
 
 
 if __name__ == "__main__":

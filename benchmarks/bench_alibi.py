@@ -24,22 +24,23 @@ Run (CPU, about 10 minutes on 2 cores)::
     nice -n 5 .venv/bin/python benchmarks/bench_alibi.py --threads 1 --lengths 1024 2048 4096 8192  # shared machine
     .venv/bin/python benchmarks/bench_alibi.py --device cuda --dtype bfloat16 --lengths 4096 16384 65536
 
-It writes ``benchmarks/results/alibi.json`` and ``benchmarks/results/alibi.md`` (``--output`` to
-change the stem); ``--resume`` keeps the rows a previous run of the same settings wrote.
+It writes rows (``result_schema.py``) to ``benchmarks/results/alibi.json`` (``--out``): benchmark
+``alibi`` (per path and length: ``time_s``, ``cpu_s``, ``peak_mib``, ``time_ratio``, ``memory_ratio``,
+or a ``status`` row saying why a path was skipped) and ``alibi_kernels`` (per kernel and length:
+``forward_s``, ``train_s`` and their ratios); ``--resume`` keeps the rows a previous run of the same
+settings wrote. ``python benchmarks/tables.py`` then renders ``benchmarks/results/alibi.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from harness import Clock
+from harness import Clock, Results
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, masking_utils
 
@@ -194,58 +195,7 @@ def kernel_rows(length: int, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def growth(rows: list[dict], path: str) -> list[float]:
-    """log(peak2 / peak1) / log(L2 / L1) between consecutive lengths: ~1 linear, ~2 quadratic."""
-    points = sorted((r["length"], r["peak_mib"]) for r in rows if r["path"] == path and r.get("peak_mib"))
-    return [
-        round(math.log(m2 / m1) / math.log(l2 / l1), 2) for (l1, m1), (l2, m2) in zip(points, points[1:]) if m1 > 0
-    ]
-
-
-def markdown(result: dict) -> str:
-    settings = result["settings"]
-    lines = [
-        "# ALiBi attention paths vs RoPE + SDPA",
-        "",
-        f"Llama, {settings['layers']} layers, {settings['heads']} query / {settings['kv_heads']} kv heads of "
-        f"{settings['head_dim']}, batch 1, one forward without cache, {settings['dtype']} on {settings['device']} "
-        f"({result['machine']}); median of {settings['repeats']}. Ratios: path / RoPE+SDPA at the same length "
-        "(time ratio from CPU time on CPU, wall time on CUDA).",
-        "",
-        "| path | length | wall (s) | CPU (s) | peak (MiB) | time ratio | memory ratio |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in result["rows"]:
-        if "skipped" in row:
-            lines.append(f"| {row['path']} | {row['length']} | - | - | - | - | {row['skipped']} |")
-            continue
-        lines.append(
-            f"| {row['path']} | {row['length']} | {row['time_s']:.3f} | {row['cpu_s']:.3f} | {row['peak_mib']:.1f} | "
-            f"{row.get('time_ratio', float('nan')):.2f} | {row.get('memory_ratio', float('nan')):.2f} |"
-        )
-    lines += ["", "Memory growth exponent between consecutive lengths (1 = linear, 2 = quadratic):", ""]
-    for path, exponents in result["memory_growth"].items():
-        lines.append(f"- {path}: {exponents}")
-    if result.get("kernels"):
-        lines += [
-            "",
-            f"Attention kernels alone (one layer's q/k/v, batch 1), against SDPA is_causal at the same length; "
-            f"forward under no_grad, train = forward + backward of the output's sum (no CPU backward for flex). "
-            f"Median of {settings['repeats']}, {'CPU' if settings['device'] == 'cpu' else 'wall'} time.",
-            "",
-            "| kernel | length | forward (s) | forward ratio | train (s) | train ratio |",
-            "|---|---|---|---|---|---|",
-        ]
-        for row in result["kernels"]:
-            train = f"{row['train_s']:.3f} | {row['train_ratio']:.2f}" if "train_s" in row else "- | -"
-            lines.append(
-                f"| {row['kernel']} | {row['length']} | {row['forward_s']:.3f} | {row['forward_ratio']:.2f} | {train} |"
-            )
-    lines += ["", "What the numbers say, and the folded path's error: `docs/notes/alibi.md`, `alibi_folded_error.md`."]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> Results:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
@@ -259,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--memory-budget-gib", type=float, default=6.0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's)")
     parser.add_argument("--no-kernels", action="store_true", help="skip the attention-kernel table")
-    parser.add_argument("--output", default=str(RESULTS / "alibi"), help="path stem for .json and .md")
+    parser.add_argument("--out", default=str(RESULTS / "alibi.json"), help="the results file")
     parser.add_argument("--resume", action="store_true", help="keep rows of a previous run with the same settings")
     args = parser.parse_args(argv)
     for length in args.lengths:
@@ -270,17 +220,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    ignored = ("output", "resume", "paths", "memory_budget_gib", "no_kernels")
-    settings = {k: v for k, v in vars(args).items() if k not in ignored}
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    ignored = ("out", "resume", "paths", "memory_budget_gib", "no_kernels", "lengths")
+    results = Results(args.out, ["alibi", "alibi_kernels"], device=args.device,
+                      setting={k: v for k, v in vars(args).items() if k not in ignored}, resume=args.resume)
     done: dict[tuple[str, int], dict] = {}
-    if args.resume and out.with_suffix(".json").is_file():
-        previous = json.loads(out.with_suffix(".json").read_text())
-        if previous.get("settings") == settings:
-            done = {(r["path"], r["length"]): r for r in previous["rows"]}
-
-    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    for row in results.rows:
+        if row.benchmark == "alibi":
+            done.setdefault((row.method, row.setting["length"]), {"path": row.method, "length": row.setting["length"]})
+            done[row.method, row.setting["length"]][row.metric] = row.extra["reason"] if row.metric == "status" else row.value
     rows = []
     jobs = [(p, n) for p in args.paths for n in sorted(args.lengths)]
     over_budget: set[str] = set()
@@ -293,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         if reason is None and path in over_budget:
             reason = f"projected peak over {args.memory_budget_gib} GiB"
         if reason is not None:
-            rows.append({"path": path, "length": length, "skipped": reason})
+            rows.append({"path": path, "length": length, "status": reason})
             continue
         if path not in models:
             models = {path: build(path, args)}  # one model at a time
@@ -301,35 +248,35 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
         if path in QUADRATIC and 4 * row["peak_mib"] > args.memory_budget_gib * 1024:
             over_budget.add(path)
-        write(out, settings, machine, rows)
+        write(results, rows)
     kernels = []
     if not args.no_kernels:
         for length in tqdm(sorted(args.lengths), desc="kernels"):
             kernels += kernel_rows(length, args)
-    return write(out, settings, machine, rows, kernels)
+    write(results, rows, kernels)
+    print(f"wrote {args.out}; `python benchmarks/tables.py` renders benchmarks/results/alibi.md from it")
+    return results
 
 
-def write(out: Path, settings: dict, machine: str, rows: list[dict], kernels: list[dict] | None = None) -> dict:
+def write(results: Results, rows: list[dict], kernels: list[dict] | None = None) -> None:
+    """Every path's row (with its ratios to RoPE + SDPA at the same length) and kernel row, saved."""
     native = {r["length"]: r for r in rows if r["path"] == "rope_sdpa" and "time_s" in r}
     for row in rows:
+        setting = {"length": row["length"]}
+        if "status" in row:
+            results.add(row["path"], "status", "skip", setting=setting, reason=row["status"])
+            continue
         base = native.get(row["length"])
-        if base is not None and "time_s" in row:
+        if base is not None:
             # On a shared CPU the process's CPU time is steadier than wall time; ratios use it there.
-            key = "cpu_s" if settings["device"] == "cpu" else "time_s"
+            key = "cpu_s" if results.setting["device"] == "cpu" else "time_s"
             row["time_ratio"] = row[key] / base[key]
             row["memory_ratio"] = row["peak_mib"] / base["peak_mib"] if base["peak_mib"] else float("nan")
-    paths = sorted({r["path"] for r in rows})
-    result = {
-        "settings": settings,
-        "machine": machine,
-        "torch": torch.__version__,
-        "rows": rows,
-        "memory_growth": {p: growth(rows, p) for p in paths},
-        "kernels": kernels or [],
-    }
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    return result
+        results.add_all(row["path"], {k: v for k, v in row.items() if k not in ("path", "length")}, setting)
+    for row in kernels or []:
+        results.add_all(row["kernel"], {k: v for k, v in row.items() if k not in ("kernel", "length")},
+                        {"length": row["length"]}, benchmark="alibi_kernels")
+    results.save()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ ratios hold on a noisy machine:
     nice -n 10 python benchmarks/bench_cpu_bf16.py --part forward --lengths 16384 32768 --keys 2
     python benchmarks/bench_cpu_bf16.py --part sdpa --lengths 2048 8192 --threads 1
     python benchmarks/bench_cpu_bf16.py --part train --steps 2 --window 128 --quick   # seconds: a smoke run
+
+Each part replaces its rows (``result_schema.py``) in ``benchmarks/results/cpu_bf16.json``: benchmark
+``cpu_bf16_train`` (per precision ``no``/``bf16``: tokens/s by wall and CPU time, the per-step times and
+losses in ``extra``; ``bf16`` against ``no``: the speed-ups and the largest relative loss difference),
+``cpu_bf16_forward`` (per precision and length: perplexity, seconds, passkeys found; the bf16 rows
+against ``fp32``) and ``cpu_bf16_sdpa`` (per dtype, kind and length: seconds, GFLOP/s; the speed-up).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import torch
 from accelerate.state import AcceleratorState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import environment, smollm2_gguf, write_results  # noqa: E402
+from harness import Results, smollm2_gguf  # noqa: E402
 
 from hf_posext import patch_model  # noqa: E402
 from hf_posext.eval.passkey import passkey_accuracy  # noqa: E402
@@ -182,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--work", default="/tmp/hf_posext_bench_cpu_bf16")
     parser.add_argument("--quick", action="store_true", help="a smoke run: results are not written")
+    parser.add_argument("--out", default=str(OUT), help="the results file (its other parts' rows are kept)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if not cpu_has_native_bf16():
@@ -193,14 +200,43 @@ def main(argv: list[str] | None = None) -> int:
     result["wall_seconds"] = time.perf_counter() - started
     print({k: v for k, v in result.items() if k not in ("rows", "seconds", "cpu_seconds", "losses")}, flush=True)
     if not args.quick:
-        previous: dict[str, Any] = {}
-        if OUT.exists():
-            import json
-
-            previous = json.loads(OUT.read_text())
-        previous[args.part] = {**result, "environment": environment(), "native_bf16": cpu_has_native_bf16()}
-        write_results(OUT, previous)
+        setting = {"train": ("window", "batch", "steps", "threads"), "forward": ("threads", "keys"),
+                   "sdpa": ("threads", "repeats")}[args.part]
+        results = Results(args.out, f"cpu_bf16_{args.part}",
+                          setting={**{k: getattr(args, k) for k in setting}, "native_bf16": cpu_has_native_bf16()})
+        add_rows(results, args.part, result)
+        print(f"wrote {results.save()}")
     return 0
+
+
+def add_rows(results: Results, part: str, result: dict[str, Any]) -> None:
+    """The rows of one part's ``result`` (the module docstring lists them)."""
+    wall = {"part_wall_seconds": result["wall_seconds"]}
+    if part == "train":
+        for precision in ("no", "bf16"):
+            results.add_all(precision, {"tokens_per_s": result["tokens_per_s"][precision],
+                                        "tokens_per_cpu_s": result["tokens_per_cpu_s"][precision]},
+                            seconds=result["seconds"][precision], cpu_seconds=result["cpu_seconds"][precision],
+                            losses=result["losses"][precision], **wall)
+        results.add_all("bf16", {k: result[k] for k in ("speedup", "speedup_cpu_time", "max_relative_loss_difference")},
+                        {"vs": "no"}, **wall)
+    elif part == "forward":
+        for row in result["rows"]:
+            setting = {"length": row["length"]}
+            results.add_all(row["precision"], {k: row[k] for k in ("perplexity", "ppl_seconds", "passkey_seconds")},
+                            setting, **wall)
+            results.add(row["precision"], "passkeys_found", sum(row["passkey_correct"]), "keys", setting,
+                        correct=row["passkey_correct"], answers=row["passkey_answers"], **wall)
+        for name, summary in result["summary"].items():
+            precision, _, length = name.partition(" @ ")
+            results.add_all(precision, summary, {"length": int(length), "vs": "fp32"}, **wall)
+    else:
+        for row in result["rows"]:
+            setting = {"kind": row["kind"], "length": row["length"]}
+            for dtype in ("float32", "bfloat16"):
+                results.add(dtype, "seconds", row["seconds"][dtype], setting=setting, **wall)
+                results.add(dtype, "gflops", row["gflops"][dtype], "GFLOP/s", setting, **wall)
+            results.add("bfloat16", "speedup", row["speedup"], setting={**setting, "vs": "float32"}, **wall)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,14 @@ LongRoPE only, small (a minute of one core)::
     .venv/bin/python benchmarks/bench_dynamic_decode.py --longrope-only --hidden 256 --heads 4 --layers 2 \\
         --original-length 128 --new-tokens 64 --repeats 9 --out benchmarks/results/dynamic_decode_longrope.json
 
+``--out`` gets rows (``result_schema.py``): benchmark ``dynamic_decode`` (per method, with
+``exact_cache`` for the dynamic ones: ``decode_tokens_per_s``, ``prefill_s`` and their ratios to the
+static method), ``dynamic_decode_longrope`` (method ``longrope``, or ``none`` for the plain static
+model, per ``scenario``, ``exact_cache`` and ``keep_first``: ``decode_tokens_per_s`` of the median
+round, ``decode_ratio_vs_plain``, ``best_round_ratio_vs_plain``, each round's seconds in ``extra``)
+and ``dynamic_prefill`` (per method and prompt: ``exact_prefill_s``, ``transformers_prefill_s``,
+``ratio``); every row's setting holds the shape and the flags.
+
 Laptop-sized smoke run::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --hidden 128 --layers 2 --original-length 64 --new-tokens 16
@@ -67,7 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Clock, environment, write_results
+from harness import Clock, Results
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_posext
@@ -258,13 +266,37 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = build(args)
-    results = [] if args.prefill_only or args.longrope_only else decode_ratios(model, args)
+    decode_rows = [] if args.prefill_only or args.longrope_only else decode_ratios(model, args)
     longrope = [] if args.prefill_only else longrope_ratios(model, args)
     prefills = [] if args.longrope_only else prefill_ratios(model, args)
     if args.out is not None:
-        report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "longrope": longrope,
-                  "prefill": prefills, "clock": clock(args.device).name, "environment": environment(args.device)}
-        write_results(args.out, report, results + longrope + prefills)
+        ignored = ("out", "device", "prefill_multiples")
+        setting = {k: v for k, v in vars(args).items() if k not in ignored and v is not None}
+        results = Results(args.out, ["dynamic_decode", "dynamic_prefill", "dynamic_decode_longrope"],
+                          device=args.device, setting={**setting, "clock": clock(args.device).name})
+        add_rows(results, decode_rows, prefills, longrope_rows=longrope)
+        results.save()
+
+
+def add_rows(results: Results, decode_rows: list[dict[str, Any]], prefill_rows: list[dict[str, Any]],
+             setting: dict[str, Any] | None = None, longrope_rows: list[dict[str, Any]] | None = None) -> None:
+    """The rows of :func:`decode_ratios`, :func:`prefill_ratios` and :func:`longrope_ratios`, ``setting`` added to
+    the decode rows' (``benchmarks/gpu/prefill.py`` writes them too)."""
+    for row in decode_rows:
+        exact = {} if row["exact_cache"] is None else {"exact_cache": row["exact_cache"]}
+        results.add_all(row["method"], {k: v for k, v in row.items() if k not in ("label", "method", "exact_cache")},
+                        {**(setting or {}), **exact}, benchmark="dynamic_decode")
+    for row in longrope_rows or []:
+        case = {k: row[k] for k in ("scenario", "keep_first", "context_from", "context_to")}
+        if row["exact_cache"] is not None:
+            case["exact_cache"] = row["exact_cache"]
+        results.add_all("none" if row["exact_cache"] is None else "longrope",
+                        {k: row[k] for k in ("decode_tokens_per_s", "decode_ratio_vs_plain", "best_round_ratio_vs_plain")},
+                        case, benchmark="dynamic_decode_longrope", round_seconds=row["round_seconds"])
+    for row in prefill_rows:
+        results.add_all(row["method"], {k: row[k] for k in ("exact_prefill_s", "transformers_prefill_s", "ratio")},
+                        {k: row[k] for k in row if k not in ("method", "exact_prefill_s", "transformers_prefill_s",
+                                                             "ratio")}, benchmark="dynamic_prefill")
 
 
 def decode_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:

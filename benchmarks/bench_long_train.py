@@ -28,13 +28,15 @@ recipe's step peaked higher at 8k tokens (4870 MiB, 18 MiB activations) than at 
     python benchmarks/bench_long_train.py --lengths 4096 --resume        # add or redo lengths
     python benchmarks/bench_long_train.py --layers 2 --lengths 256 512 --out /tmp/x.json   # 1 min plumbing run
 
-Writes ``benchmarks/results/long_train.json`` after every run (``--resume`` keeps finished runs).
+Writes rows (``result_schema.py``) to ``benchmarks/results/long_train.json`` after every run: per side
+(``recipe``, ``trainer``) and length, each measurement above; per side, the estimates
+``largest_fit_tokens`` (24 GiB) and, for an unmeasured 16k, ``peak_step_mib`` with ``extrapolated``.
+``--resume`` keeps finished runs of the same settings.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import sysconfig
@@ -44,7 +46,7 @@ from pathlib import Path
 
 import torch
 import transformers.trainer  # noqa: F401  (loaded before the baseline, so both sides count the same imports)
-from harness import ROOT, emit_result, environment, peak_rss_mib, rss_mib, run_child, write_results
+from harness import ROOT, Results, emit_result, peak_rss_mib, rss_mib, run_child
 from trainer_baseline import trainer_baseline
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -152,27 +154,31 @@ def extrapolated_peak(runs: dict[str, dict], side: str, length: int) -> float | 
     return m2 + (length - t2) * (m2 - m1) / (t2 - t1)
 
 
-def summarise(runs: dict[str, dict]) -> dict:
-    ratios = {}
-    for length, by_side in runs.items():
-        if set(by_side) == set(SIDES):
-            recipe, trainer = by_side["recipe"], by_side["trainer"]
-            ratios[length] = {
-                "memory_ratio": recipe["peak_step_mib"] / trainer["peak_step_mib"],
-                "memory_ratio_whole_run": recipe["peak_mib"] / trainer["peak_mib"],
-                "throughput_ratio": recipe["tokens_per_cpu_s"] / trainer["tokens_per_cpu_s"],
-                "throughput_ratio_wall": recipe["tokens_per_s"] / trainer["tokens_per_s"],
-                "loss_difference": abs(recipe["loss"] - trainer["loss"]),
-            }
-    extrapolated = {}
+def add_estimates(results: Results, runs: dict[str, dict]) -> None:
+    """The rows of the 24 GiB fit and, when 16k is not measured, its extrapolated step peaks."""
+    results.discard(lambda row: row.metric == "largest_fit_tokens" or bool(row.setting.get("extrapolated")))
     for length in (16384,):
         if not set(SIDES) <= set(runs.get(str(length), {})):
-            peaks = {side: extrapolated_peak(runs, side, length) for side in SIDES}
-            if None not in peaks.values():
-                extrapolated[str(length)] = {**{f"{side}_peak_step_mib": peak for side, peak in peaks.items()},
-                                             "memory_ratio": peaks["recipe"] / peaks["trainer"]}
-    return {"ratios": ratios, "extrapolated": extrapolated,
-            "largest_fit_24gib": {side: largest_fit(runs, side) for side in SIDES}}
+            for side in SIDES:
+                peak = extrapolated_peak(runs, side, length)
+                if peak is not None:
+                    results.add(side, "peak_step_mib", peak, setting={"tokens": length, "extrapolated": True})
+    for side in SIDES:
+        fit = largest_fit(runs, side)
+        if fit:
+            results.add(side, "largest_fit_tokens", fit["tokens"], "tokens", {"budget_gib": BUDGET_MIB // 1024},
+                        **{k: v for k, v in fit.items() if k != "tokens"})
+
+
+def previous_runs(results: Results) -> dict[str, dict]:
+    """``{length: {side: measurements}}`` of the rows ``--resume`` keeps; they must have this run's settings."""
+    if results.stale:
+        raise SystemExit(f"--resume: {results.path} was measured with {results.stale[0].setting}, not {results.setting}")
+    runs: dict[str, dict] = {}
+    for row in results.rows:
+        if "tokens" in row.setting and not row.setting.get("extrapolated"):
+            runs.setdefault(str(row.setting["tokens"]), {}).setdefault(row.method, {})[row.metric] = row.value
+    return runs
 
 
 def main() -> None:
@@ -194,16 +200,11 @@ def main() -> None:
         child(args)
         return
 
-    out = Path(args.out)
     setup = {k: v for k, v in vars(args).items() if k in ("layers", "threads", "loss_chunk_size", "mmap_threshold")}
-    setup.update(model="SmolLM2-135M-shaped Llama, random weights, tied embeddings", method=f"yarn x{FACTOR}",
+    setup.update(model="SmolLM2-135M-shaped Llama, random weights, tied embeddings", rope=f"yarn x{FACTOR}",
                  precision="fp32", activation_checkpointing=True, batch=1, cpu_count=os.cpu_count())
-    runs: dict[str, dict] = {}
-    if args.resume and out.exists():
-        saved = json.loads(out.read_text())
-        if saved["setup"] != setup:
-            raise SystemExit(f"--resume: {out} was measured with {saved['setup']}, not {setup}")
-        runs = saved["runs"]
+    results = Results(args.out, "long_train", setting=setup, resume=args.resume)
+    runs = previous_runs(results)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         prepare(args, workdir)
@@ -222,25 +223,25 @@ def main() -> None:
                 except RuntimeError as error:
                     raise SystemExit(f"{side} at {length} tokens failed: {error}") from None
                 print(f"  {runs[str(length)][side]}", flush=True)
-                write_results(out, {"setup": setup, "runs": runs, **summarise(runs), "environment": environment()})
+                results.add_all(side, runs[str(length)][side], {"tokens": length})
+                add_estimates(results, runs)
+                results.save()
 
-    report = {"setup": setup, "runs": runs, **summarise(runs), "environment": environment()}
-    write_results(out, report, [{"tokens": int(length), "side": side, **r}
-                                for length, by_side in runs.items() for side, r in by_side.items()])
     print(f"{'tokens':>7} {'side':8} {'peak MiB':>9} {'tokens/s':>9} {'loss':>9}")
     for length, by_side in sorted(runs.items(), key=lambda item: int(item[0])):
         for side, r in by_side.items():
             print(f"{length:>7} {side:8} {r['peak_step_mib']:9.0f} {r['tokens_per_s']:9.1f} {r['loss']:9.5f}")
-    for length, ratio in report["ratios"].items():
-        print(f"{length:>7}: memory recipe/Trainer {ratio['memory_ratio']:.3f} (goal <= 0.6 at 16k), throughput "
-              f"{ratio['throughput_ratio']:.3f} (goal >= 1), |loss difference| {ratio['loss_difference']:.2e}")
-    for length, estimate in report["extrapolated"].items():
-        print(f"{length:>7}: memory recipe/Trainer ~{estimate['memory_ratio']:.3f} (extrapolated, not measured)")
-    for side, fit in report["largest_fit_24gib"].items():
+        if set(by_side) == set(SIDES):
+            recipe, trainer = by_side["recipe"], by_side["trainer"]
+            print(f"{length:>7}: memory recipe/Trainer {recipe['peak_step_mib'] / trainer['peak_step_mib']:.3f} "
+                  f"(goal <= 0.6 at 16k), throughput {recipe['tokens_per_cpu_s'] / trainer['tokens_per_cpu_s']:.3f} "
+                  f"(goal >= 1), |loss difference| {abs(recipe['loss'] - trainer['loss']):.2e}")
+    for side in SIDES:
+        fit = largest_fit(runs, side)
         if fit:
             print(f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens on the line through "
                   f"{fit['extrapolated_from']}, and at least {fit['at_least_tokens']} (extrapolated)")
-    print(f"wrote {out}")
+    print(f"wrote {args.out}; `python benchmarks/tables.py` renders the docs' table")
 
 
 if __name__ == "__main__":

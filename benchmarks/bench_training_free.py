@@ -4,7 +4,9 @@ SmolLM2-135M's shape (9 heads of 64, 3 KV heads, hidden 576, MLP 1536, vocab 491
 with random weights and ``--layers`` layers (the ratio is per layer: every layer does the same
 work), one prefill forward per (variant, length) in its own subprocess, its peak RSS growth sampled
 every 2 ms; ``logits_to_keep=1`` as in generation (a full [L, 49152] logits tensor would dwarf the
-attention). Ratios to ``none`` at each length; JSON in ``benchmarks/results/``.
+attention). Ratios to ``none`` at each length. Rows (``result_schema.py``) per variant and length
+(``seconds``, ``peak_rss_growth_mib``, ``time_ratio``, ``memory_ratio``) go to ``--out``
+(``benchmarks/results/training_free_bench.json``).
 
     nice -n 10 python benchmarks/bench_training_free.py                  # 4k, 8k, 16k; 1 layer
     python benchmarks/bench_training_free.py --lengths 1024 2048 --layers 1   # a quick CPU run
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from harness import Results
 
 OUT = Path(__file__).resolve().parent / "results" / "training_free_bench.json"
 #: variant -> patch_model arguments (``leaky_rerope`` is ``rerope`` with a leak); ``none``: unpatched.
@@ -101,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             cell = rows[str(length)][variant]
             cell["time_ratio"] = round(cell["seconds"] / base["seconds"], 3)
             cell["memory_ratio"] = round(cell["peak_rss_growth_mib"] / base["peak_rss_growth_mib"], 3)
-    from hf_posext.eval.report import environment, write_json
-
-    write_json(args.out, {"command": " ".join(["python", *sys.argv]), "layers": args.layers, "repeats": args.repeats,
-                          "variants": {v: VARIANTS[v] for v in variants}, "results": rows, "environment": environment()})
-    print(json.dumps(rows, indent=1))
+    results = Results(args.out, "training_free_bench", setting={"layers": args.layers, "repeats": args.repeats})
+    for length, by_variant in rows.items():
+        for variant, cell in by_variant.items():
+            results.add_all(variant, cell, {"length": int(length), **(VARIANTS[variant] or {})})
+    print(json.dumps(rows, indent=1), f"\nwrote {results.save()}")
     return 0
 
 

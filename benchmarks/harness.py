@@ -2,30 +2,35 @@
 
 Only the standard library is imported at the top: a benchmark's child process that measures its
 own imports' memory (``bench_train.py``) imports torch and hf_posext when it chooses. Results are
-JSON (with :func:`environment`: device, versions, CPU) plus, where a benchmark has rows, a CSV
-beside it; ``benchmarks/tables.py`` turns the JSON into the Markdown tables the docs show.
+rows of the one schema (``result_schema.py``), written by :class:`Results` with the device, the versions
+and the time of each measurement; ``benchmarks/tables.py`` renders the docs' tables from them.
 
-    from harness import Clock, peak_memory_mib, write_results
+    from harness import Clock, Results
     clock = Clock("cuda")                       # wall time, synchronised; Clock("cpu", cpu_time=True): CPU time
     seconds, out = clock.time(lambda: model(ids))
+    results = Results("/tmp/x.json", "x", device="cuda", setting={"threads": 1})
+    results.add("yarn", "forward_s", seconds, "s", {"length": 4096}); results.save()
 """
 
 from __future__ import annotations
 
-import csv
 import importlib.metadata
 import importlib.util
-import io
 import json
 import os
+import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from result_schema import Row, read_rows, unit_of, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The line a child process prints its result on (:func:`emit_result`, :func:`run_child`).
@@ -167,43 +172,125 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def environment(device: str = "cpu") -> dict[str, Any]:
-    """Hardware and versions, recorded next to every result: the CPU, the GPU and the packages."""
-    from hf_posext.eval.report import environment as base
-
-    info = base()
-    info["device"] = str(device)
+def device_name(device: str = "cpu") -> str:
+    """A result's ``device``: the GPU's name on CUDA, the CPU's model name otherwise."""
     if str(device).startswith("cuda"):
         import torch
 
-        props = torch.cuda.get_device_properties(0)
-        info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                       "capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda}
-    info["packages"] = package_versions()
-    info["argv"] = [Path(sys.executable).name, *sys.argv]
-    return info
+        return torch.cuda.get_device_name(torch.device(device))
+    from hf_posext.eval.report import environment as base
+
+    return base()["cpu"]
 
 
-def csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows as CSV, columns in first-seen order; nested values as JSON."""
-    columns: list[str] = []
-    for row in rows:
-        columns += [key for key in row if key not in columns]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
-    return buffer.getvalue()
+def current_versions() -> dict[str, str]:
+    """A result's ``versions``: Python, hf-posext, the installed :data:`PACKAGES`, and this checkout's commit."""
+    import hf_posext
+
+    found = {"python": platform.python_version(), "hf_posext": hf_posext.__version__}
+    found.update({name: version for name, version in package_versions().items() if version})
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        found["commit"] = commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):  # a copy without .git (the GPU machine's)
+        pass
+    return found
 
 
-def write_results(path: str | os.PathLike, payload: Mapping[str, Any],
-                  rows: Sequence[Mapping[str, Any]] | None = None) -> Path:
-    """Write ``payload`` as indented JSON at ``path`` (atomically) and ``rows``, if given, as CSV beside it."""
-    from hf_posext.files import write_text
+def now() -> str:
+    """A result's ``time``: now, ISO 8601 in UTC."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
-    path = Path(path)
-    write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
-    if rows:
-        write_text(path.with_suffix(".csv"), csv_text(rows))
-    return path
+
+def command_line() -> str:
+    """The command that runs this process, as a shell would take it."""
+    return shlex.join([Path(sys.executable).name, *sys.argv])
+
+
+def unchanged(old: Row, new: Row) -> bool:
+    """Whether ``new`` measures what ``old`` did (value, unit and extra, whatever command ran it)."""
+    drop = lambda extra: {k: v for k, v in extra.items() if k != "command"}  # noqa: E731
+    return (old.value, old.unit, drop(old.extra)) == (new.value, new.unit, drop(new.extra))
+
+
+class Results:
+    """The rows one run of a benchmark measures, merged into ``path`` each time :meth:`save` is called.
+
+    The run owns the rows of ``benchmark`` (a name, or several that one script measures) whose
+    setting holds ``scope``: a save replaces them by :attr:`rows`, so that a rerun replaces what it
+    measures and leaves every other row in the file. With ``resume`` the run starts from those of
+    them measured with its ``setting`` (:attr:`rows`, :meth:`find`; the others are :attr:`stale`).
+    Adding a row replaces the row of its identity; adding it again with the same value keeps the
+    first one's time. ``setting`` goes into every row's setting; every row's ``extra`` records the command.
+
+    Args:
+        path: the results file (``result_schema.py``'s JSON list of rows); ``None``: rows kept in memory only.
+        benchmark: the default benchmark of :meth:`add`, or a sequence of the benchmarks the run owns.
+        device: ``cpu`` or ``cuda[:N]``: the device the measurements run on.
+        setting: settings common to every row.
+        scope: setting values that mark the rows this run owns (default: every row of its benchmarks).
+        resume: keep the owned rows already in ``path``.
+        versions: versions to record beside :func:`versions` (a tool run outside this environment).
+    """
+
+    def __init__(self, path: str | os.PathLike | None, benchmark: str | Sequence[str], *, device: str = "cpu",
+                 setting: Mapping[str, Any] | None = None, scope: Mapping[str, Any] | None = None,
+                 resume: bool = False, versions: Mapping[str, str] | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self.benchmarks = [benchmark] if isinstance(benchmark, str) else list(benchmark)
+        self.setting = json.loads(json.dumps(dict(setting or {}), default=str))
+        self.scope = dict(scope or {})
+        self.device, self.command = device_name(device), command_line()
+        self.versions = {**current_versions(), **(versions or {})}
+        found = resume and self.path is not None and self.path.is_file()
+        owned = [r for r in read_rows(self.path) if self.owns(r)] if found else []  # type: ignore[arg-type]
+        same = [r.setting.items() >= self.setting.items() for r in owned]
+        self.rows: list[Row] = [r for r, keep in zip(owned, same) if keep]
+        self.stale: list[Row] = [r for r, keep in zip(owned, same) if not keep]
+
+    def owns(self, row: Row) -> bool:
+        return row.benchmark in self.benchmarks and all(row.setting.get(k) == v for k, v in self.scope.items())
+
+    def add(self, method: str, metric: str, value: Any, /, unit: str | None = None,
+            setting: Mapping[str, Any] | None = None, *, benchmark: str | None = None, **extra: Any) -> Row:
+        """Record one measurement (not yet written: :meth:`save`); ``extra`` goes into the row's ``extra``.
+
+        ``unit`` defaults to the one the metric's name implies (``result_schema.unit_of``).
+        """
+        benchmark = benchmark or self.benchmarks[0]
+        if benchmark not in self.benchmarks:
+            raise ValueError(f"benchmark {benchmark!r} is not one this run owns: {self.benchmarks}")
+        setting = json.loads(json.dumps({**self.setting, **(setting or {})}, default=str))
+        row = Row(benchmark, method, setting, metric, value, unit_of(metric) if unit is None else unit, self.device,
+                  self.versions, now(), {**extra, "command": self.command})
+        same = next((r for r in self.rows if r.identity == row.identity), None)
+        if same is not None and unchanged(same, row):
+            return same
+        self.rows = [r for r in self.rows if r.identity != row.identity] + [row]
+        return row
+
+    def add_all(self, method: str, values: Mapping[str, Any], /, setting: Mapping[str, Any] | None = None,
+                *, units: Mapping[str, str] | None = None, benchmark: str | None = None, **extra: Any) -> list[Row]:
+        """One row per ``{metric: value}``, in the unit ``units`` gives or its name implies (``result_schema.unit_of``)."""
+        return [self.add(method, metric, value, (units or {}).get(metric), setting, benchmark=benchmark, **extra)
+                for metric, value in values.items()]
+
+    def find(self, method: str, metric: str, setting: Mapping[str, Any] | None = None, *,
+             benchmark: str | None = None) -> Row | None:
+        """The row of this identity among :attr:`rows` (this run's, and with ``resume`` the file's)."""
+        setting = json.loads(json.dumps({**self.setting, **(setting or {})}, default=str))
+        probe = Row(benchmark or self.benchmarks[0], method, setting, metric, None, "", "", {}, now())
+        return next((r for r in reversed(self.rows) if r.identity == probe.identity), None)
+
+    def discard(self, drop: Callable[[Row], bool]) -> None:
+        """Forget the rows ``drop`` accepts (an estimate a new measurement makes moot); :meth:`save` removes them."""
+        self.rows = [r for r in self.rows if not drop(r)]
+
+    def save(self) -> Path:
+        """Replace the rows this run owns in the file by :attr:`rows`, atomically (``result_schema.write_rows``)."""
+        if self.path is None:
+            raise ValueError("these results have no file to be saved to (path=None)")
+        return write_rows(self.path, self.rows, replace=self.owns)

@@ -15,14 +15,18 @@ Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, tests/llamacpp_en
     python benchmarks/llamacpp_gguf.py --real --real-tokens 2048
     nice -n 10 python benchmarks/llamacpp_gguf.py --real --real-tokens 16384 --threads 2   # the 16k point
 
-Results go to benchmarks/results/llamacpp.json (with the command that made them).
+Results go to benchmarks/results/llamacpp.json as rows (``result_schema.py``; each part replaces its
+own): benchmarks ``llamacpp_tiny`` and ``llamacpp_architectures`` (per case: max |logit diff| of the
+``exported``, ``direct`` and ``converter_only`` GGUF, and ``direct_vs_exported``) and
+``llamacpp_smollm2`` (per case and token count: ``kl_mean``, ``kl_max``, ``max_abs_diff``, both
+perplexities, ``tensor_bytes_unchanged`` and the seconds of each side). The docs' SmolLM2 table
+reads them from ``llamacpp_smollm2.json`` (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import shutil
 import subprocess
 import sys
@@ -35,7 +39,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the tests' llama.cpp environment and tiny models
 
-from llamacpp_env import CONVERTER, llamacpp_logits, llamacpp_python  # noqa: E402
+from harness import Results  # noqa: E402
+from llamacpp_env import CONVERTER, VERSION, llamacpp_logits, llamacpp_python  # noqa: E402
 from models import tiny_model  # noqa: E402
 
 import hf_posext  # noqa: E402
@@ -271,23 +276,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else {}
-    results["llama_cpp_python"] = "0.3.36"
+
+    def save(benchmark: str, cases: dict[str, dict], setting: dict, scope: dict | None = None) -> None:
+        results = Results(args.out, benchmark, setting=setting, scope=scope, versions={"llama-cpp-python": VERSION})
+        for case, row in cases.items():
+            units = dict.fromkeys(("exported", "direct", "converter_only", "direct_vs_exported", "max_abs_diff"), "logit")
+            results.add_all(case, {k: v for k, v in row.items() if k != "tokens"},
+                            {"tokens": row["tokens"]} if "tokens" in row else None, units=units)
+        results.save()
+
     if not args.no_tiny:
-        results["tiny_llama_3x"] = {"command": "python benchmarks/llamacpp_gguf.py", "tokens": 3 * L0,
-                                    "cases": tiny_gaps(work)}
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        save("llamacpp_tiny", tiny_gaps(work), {"tokens": 3 * L0})
     if not args.no_tiny or args.architectures:
-        results["tiny_architectures_3x"] = {"command": "python benchmarks/llamacpp_gguf.py --no-tiny --architectures",
-                                            "tokens": 3 * L0, "cases": tiny_gaps(work, list(ARCH_CASES))}
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        save("llamacpp_architectures", tiny_gaps(work, list(ARCH_CASES)), {"tokens": 3 * L0})
     if args.real:
-        key = f"smollm2_q4_1_{args.real_tokens}"
-        results[key] = {"command": f"python benchmarks/llamacpp_gguf.py --no-tiny --real --real-tokens "
-                                   f"{args.real_tokens} --threads {args.threads}",
-                        "cases": real_model(work, args.real_tokens, args.threads)}
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        save("llamacpp_smollm2", real_model(work, args.real_tokens, args.threads), {"threads": args.threads},
+             scope={"tokens": args.real_tokens})
     return 0
 
 

@@ -9,14 +9,17 @@ protocol) and on all tokens (the paper's); then measures every method at a fixed
 held-out files with the demo's protocol (the same last 127 bytes read with 1x-16x of context) and
 the all-token perplexity of the held-out files at s x 128 tokens; then cached decoding
 across the switch against the full forward, with transformers' native cache and with
-exact_cache=True, and the decode speed of both. Writes benchmarks/results/longrope_tiny.json;
-docs/methods/longrope.md shows its tables (benchmarks/tables.py).
+exact_cache=True, and the decode speed of both. Writes rows (``result_schema.py``) to
+benchmarks/results/longrope_tiny.json: per method, factor and variant, ``perplexity`` at each context
+length (the last 127 bytes scored) and ``perplexity_all_tokens`` at s x 128; per search (factor,
+fitness), ``search_perplexity`` with the search's result in ``extra`` (``long_factor``,
+``start_perplexity``, ``history``, ``seconds``); ``max_abs_logit_gap`` and ``decode_ms`` with and
+without exact_cache. docs/methods/longrope.md shows its tables (benchmarks/tables.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -27,7 +30,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import environment, write_results  # noqa: E402
+from harness import Results  # noqa: E402
+from result_schema import Row, read_rows  # noqa: E402
 
 import hf_posext  # noqa: E402
 from hf_posext.data import encode_documents, iter_local_documents, stdlib_files  # noqa: E402
@@ -71,6 +75,16 @@ def decode_ms(model: Any, ids: torch.Tensor, prompt: int, steps: int) -> float:
     return 1000 * (time.process_time() - start) / steps
 
 
+def search_key(row: Row) -> str:
+    return f"{row.setting['factor']:g} {row.setting['fitness']}"
+
+
+def search_result(row: Row) -> dict[str, Any]:
+    """A ``search_perplexity`` row as the search's ``to_dict()`` (plus its seconds)."""
+    return {**{k: v for k, v in row.extra.items() if k != "command"}, "perplexity": row.value,
+            "factor": row.setting["factor"], "length": row.setting["length"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the demo's QUICK sizes; writes nothing")
@@ -83,30 +97,40 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --searches-from: reuse its perplexity rows too; re-measure the cache and speed")
     args = parser.parse_args(argv)
     config = QUICK if args.quick else FULL
-    begin = time.perf_counter()
     model, tokenizer, _ = pretrain(config.model, progress=False)
     train_len = config.model.seq_len
     multiples = config.multiples
     lengths = [m * train_len for m in multiples]
     docs = held_out_documents(tokenizer, lengths[-1] + 1, config.documents, config.seed)
     factors = (8.0, 16.0) if not args.quick else (4.0, 16.0)
+    results = Results(OUT, "longrope_tiny", setting={"documents": len(docs)})
+    previous = read_rows(args.searches_from) if args.searches_from is not None else []
     searches: dict[str, Any] = {}
-    if args.searches_from is not None:
-        searches = json.loads(args.searches_from.read_text())["searches"]
+    for row in previous:
+        if row.metric == "search_perplexity":  # kept as measured then
+            searches[search_key(row)] = search_result(row)
+            results.rows.append(row)
     tail = train_len - 1
     for s in factors:
         length = int(s * train_len)
         text = training_documents(tokenizer, length, args.search_documents)
-        for key, score_last in ((f"{s:g} last {tail}", tail), (f"{s:g} all", None)):
-            if key in searches:
+        for fitness, score_last in ((f"last {tail}", tail), ("all", None)):
+            if f"{s:g} {fitness}" in searches:
                 continue
             t0 = time.perf_counter()
             result = hf_posext.search_longrope(model, text, factor=s, length=length, population=args.population,
                                                rounds=args.rounds, seed=0, score_last=score_last, progress=False)
-            searches[key] = {**result.to_dict(), "seconds": round(time.perf_counter() - t0, 1)}
-            print(f"search {key} at {length}: {result.start_perplexity:.4f} -> {result.perplexity:.4f}", flush=True)
+            found = result.to_dict()
+            row = results.add("longrope", "search_perplexity", result.perplexity,
+                              setting={"factor": s, "fitness": fitness, "length": length, "population": args.population,
+                                       "rounds": args.rounds, "search_documents": args.search_documents},
+                              **{k: v for k, v in found.items() if k not in ("perplexity", "factor", "length")},
+                              seconds=round(time.perf_counter() - t0, 1))
+            searches[search_key(row)] = search_result(row)
+            print(f"search {s:g} {fitness} at {length}: {result.start_perplexity:.4f} -> {result.perplexity:.4f}",
+                  flush=True)
 
-    def measure(name: str, method: str, s: float, **kwargs: Any) -> None:
+    def measure(method: str, s: float, variant: str | None = None, **kwargs: Any) -> None:
         if method != "none":
             hf_posext.patch_model(model, method, factor=s, **kwargs)
         points = truncated_perplexity(model, docs, lengths, score_last=train_len - 1, end_at=lengths[-1],
@@ -115,83 +139,67 @@ def main(argv: list[str] | None = None) -> int:
         whole = truncated_perplexity(model, docs, [target], progress=False)[0]
         if method != "none":
             hf_posext.unpatch_model(model)
-        rows[name] = {"method": method, "factor": s, **{k: v for k, v in kwargs.items() if k != "long_factor"},
-                      "points": [p.to_dict() for p in points], "all_tokens": whole.to_dict()}
+        setting = {"factor": s, **({"variant": variant} if variant else {}),
+                   **{k: v for k, v in kwargs.items() if k != "long_factor"}}
+        for p in points:
+            results.add(method, "perplexity", p.perplexity, setting={**setting, "length": p.length, "multiple":
+                        p.length // train_len, "score_last": train_len - 1}, nll=p.nll, tokens=p.tokens,
+                        documents=p.documents)
+        results.add(method, "perplexity_all_tokens", whole.perplexity, setting={**setting, "length": whole.length},
+                    nll=whole.nll, tokens=whole.tokens, documents=whole.documents)
+        name = "none" if method == "none" else f"{method} s={s:g}" + (f" ({variant})" if variant else "")
         print(f"{name:<44}" + " ".join(f"{p.perplexity:9.3f}" for p in points) + f" | all {whole.perplexity:.3f}",
               flush=True)
 
-    rows: dict[str, Any] = {}
     reuse = args.cache_only and args.searches_from is not None
-    if reuse:
-        rows = json.loads(args.searches_from.read_text())["rows"]
+    if reuse:  # kept as measured then
+        results.rows += [r for r in previous if r.metric in ("perplexity", "perplexity_all_tokens")]
     else:
-        measure("none", "none", 1.0)
+        measure("none", 1.0)
     for s in (factors if not reuse else ()):
-        measure(f"linear s={s:g}", "linear", s)
-        measure(f"ntk s={s:g}", "ntk", s)
-        measure(f"yarn s={s:g}", "yarn", s)
+        measure("linear", s)
+        measure("ntk", s)
+        measure("yarn", s)
         start = searches[f"{s:g} all"]
-        measure(f"longrope s={s:g} (YaRN start)", "longrope", s, attention_factor=start["attention_factor"],
-                exact_cache=False)
+        measure("longrope", s, "YaRN start", attention_factor=start["attention_factor"], exact_cache=False)
         for key, label in ((f"{s:g} last {tail}", f"searched, last {tail}"), (f"{s:g} all", "searched, all tokens")):
-            measure(f"longrope s={s:g} ({label})", "longrope", s, long_factor=searches[key]["long_factor"],
+            measure("longrope", s, label, long_factor=searches[key]["long_factor"],
                     attention_factor=searches[key]["attention_factor"], exact_cache=False)
     s = factors[-1]
     best = searches[f"{s:g} last {tail}"]
     if not args.cache_only:
-        measure(f"longrope s={s:g} (searched, last {tail}, exact_cache)", "longrope", s,
-                long_factor=best["long_factor"], attention_factor=best["attention_factor"], exact_cache=True)
+        measure("longrope", s, f"searched, last {tail}, exact_cache", long_factor=best["long_factor"],
+                attention_factor=best["attention_factor"], exact_cache=True)
 
     ids = docs[0][None, : 2 * train_len]
     prompt = train_len - 28
     cache: dict[str, float] = {}
-    speed: dict[str, float] = {}
     for exact in (False, True):
         hf_posext.patch_model(model, "longrope", factor=s, long_factor=best["long_factor"],
                               attention_factor=best["attention_factor"], exact_cache=exact)
         cache["exact_cache" if exact else "transformers"] = cache_gaps(model, ids, prompt)
         hf_posext.unpatch_model(model)
     decode_ids = docs[0][None, : lengths[-1]]
+    steps = 64 if not args.quick else 4
     times: dict[str, list[float]] = {"transformers": [], "exact_cache": []}
     for _ in range(5):
         for exact in (False, True):
             hf_posext.patch_model(model, "longrope", factor=s, long_factor=best["long_factor"],
                                   attention_factor=best["attention_factor"], exact_cache=exact)
             times["exact_cache" if exact else "transformers"].append(
-                decode_ms(model, decode_ids, lengths[-1] // 2, 64 if not args.quick else 4))
+                decode_ms(model, decode_ids, lengths[-1] // 2, steps))
             hf_posext.unpatch_model(model)
     speed = {k: statistics.median(v) for k, v in times.items()}
     print(f"cache gap past the switch: {cache}; decode ms/token at {lengths[-1] // 2}: {speed}")
-    payload = {
-        "protocol": {
-            "model": f"the demo's tiny byte-level Llama (hf_posext/experiments/demo.py), trained at {train_len} tokens",
-            "metric": f"perplexity (per byte) of the same last {train_len - 1} bytes of {len(docs)} held-out stdlib "
-                      "files, read with L tokens of context",
-            "factor": "fixed s per row at every length; longrope rows with exact_cache=False (transformers' full "
-                      "forward: every position with the long factors past L_orig) unless marked",
-            "all_tokens": "each row's all_tokens: perplexity of every token of the first s x "
-                          f"{train_len} bytes of the held-out files (the paper's perplexity at the target length)",
-            "search": f"population {args.population}, {args.rounds} rounds, seed 0, start = YaRN (its factors and "
-                      f"attention factor 0.1 ln s + 1), fitness = perplexity of the last {tail} ('last {tail}') or "
-                      f"of all tokens ('all') of the first s x {train_len} bytes of {args.search_documents} "
-                      "training-split stdlib files",
-            "cache": f"max |logits| difference, cached decoding from a {prompt}-token prefill to {2 * train_len} "
-                     "tokens against a full forward of each prefix, fp32, s = 16, searched factors",
-            "speed": f"median of 5 interleaved runs, ms of process CPU time (one torch thread) per decoding step "
-                     f"after a {lengths[-1] // 2}-token prompt, 64 steps",
-        },
-        "lengths": lengths,
-        "multiples": list(multiples),
-        "rows": rows,
-        "searches": searches,
-        "cache": cache,
-        "decode_ms": speed,
-        "environment": environment(),
-        "seconds": round(time.perf_counter() - begin, 1),
-    }
+    searched = {"factor": s, "variant": f"searched, last {tail}"}
+    for exact, name in ((False, "transformers"), (True, "exact_cache")):
+        results.add("longrope", "max_abs_logit_gap", cache[name], "logit",
+                    {**searched, "exact_cache": exact, "prompt": prompt, "to": 2 * train_len})
+        results.add("longrope", "decode_ms", speed[name], setting={**searched, "exact_cache": exact,
+                                                                   "prompt": lengths[-1] // 2, "steps": steps,
+                                                                   "repeats": 5})
     if not args.quick:
-        write_results(OUT, payload)
-        print(f"wrote {OUT}")
+        print(f"wrote {results.save()}")
     return 0
 
 

@@ -1,9 +1,16 @@
-"""The Markdown tables the docs show, generated from the committed benchmark JSON.
+"""The Markdown tables the docs show, rendered from the committed benchmark results.
 
 Each table has a name; a page holds it between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
-lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``). A table
-whose JSON is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` checks that
-every committed block equals what this script writes from the committed JSON.
+lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``). Results are
+rows of one schema (``result_schema.py``) and one renderer makes every table from them
+(``pivot.py``: a pivot of one file's rows); below, each table is its rows and columns. A table whose
+file is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` checks that every
+committed block equals what this script writes from the committed results. The exception: the
+real-model, training-free and fine-tune tables read the cell caches their resumable evaluations
+write, in their own format, by the functions of the last section.
+
+Longer than ~400 lines: one declaration per docs table (about 25), each read on its own; split by
+page they would scatter the registry :data:`TABLES` that the page rewriting and the test walk.
 
     python benchmarks/tables.py              # rewrite every marked block
     python benchmarks/tables.py --check      # exit 1 naming the stale blocks
@@ -14,37 +21,375 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pivot import Column, Pivot, Table, fmt, kilo, lengths, ok_or, ratio, reason, table, value  # noqa: E402
+from result_schema import Row, latest, read_rows  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SEARCHED = ("docs", "benchmarks")
 BLOCK = re.compile(r"(<!-- table:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
+GPU_SESSION = "the GPU session of benchmarks/gpu/PLAN.md writes it"
 
 
-def table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+def block(*tables: Table | Callable[[], str | None], missing: str | None = None) -> Callable[[], str]:
+    """A docs block: its tables, a blank line apart, or one line saying what is not measured yet."""
+
+    def render() -> str:
+        parts = [t.render(RESULTS) if isinstance(t, Table) else t() for t in tables]
+        found = [p for p in parts if p is not None]
+        if found:
+            return "\n\n".join(found)
+        source = next(t.source for t in tables if isinstance(t, Table))
+        return missing or f"_Not measured yet: no {Path(source).name} ({GPU_SESSION})._"
+
+    return render
 
 
-def load(relative: str) -> dict[str, Any] | None:
-    path = RESULTS / relative
-    return json.loads(path.read_text()) if path.is_file() else None
+# --- The tables: which rows, which columns ---------------------------------------------------------
+
+PATCH_LABELS = {"linear": "linear", "ntk": "ntk", "yarn": "yarn",
+                "dynamic_ntk (exact_cache=False)": "dynamic_ntk, `exact_cache=False`",
+                "dynamic_yarn (exact_cache=False)": "dynamic_yarn, `exact_cache=False`",
+                "dynamic_ntk": "dynamic_ntk (exact, default)", "dynamic_yarn": "dynamic_yarn (exact, default)"}
 
 
-def missing(relative: str) -> str:
-    return f"_Not measured yet: no {Path(relative).name} (the GPU session of benchmarks/gpu/PLAN.md writes it)._"
+def patch_label(row: Row) -> tuple[str]:
+    name = row.method + (" (exact_cache=False)" if row.setting.get("exact_cache") is False else "")
+    return (PATCH_LABELS.get(name, name),)
 
 
-def kilo(n: int | str) -> str:
-    return f"{int(n) // 1024}k" if int(n) % 1024 == 0 else str(n)
+PATCH_OVERHEAD = Table("patch_overhead.json", ["method"], [Pivot(
+    {"benchmark": "patch_overhead", "metric": "ratio"}, patch_label,
+    lambda rows: [Column(f"{n} tokens" if i == 0 else str(n), {"length": n},
+                         lambda r: f"{r.value:.3f}" if r.value < 2 else f"{r.value:.2f}")
+                  for i, n in enumerate(lengths(rows))],
+    order=list(PATCH_LABELS.values()))])
+
+LONG_TRAIN = Table("long_train.json", ["tokens"], [Pivot(
+    lambda r: r.benchmark == "long_train" and "tokens" in r.setting and not r.setting.get("extrapolated"),
+    lambda r: (str(r.setting["tokens"]),),
+    [Column("recipe peak", {"method": "recipe", "metric": "peak_step_mib"}, fmt(".2f", " GiB", 1 / 1024)),
+     Column("`Trainer` peak", {"method": "trainer", "metric": "peak_step_mib"}, fmt(".2f", " GiB", 1 / 1024)),
+     Column("memory ratio", compute=ratio({"method": "recipe", "metric": "peak_step_mib"},
+                                          {"method": "trainer", "metric": "peak_step_mib"})),
+     Column("recipe tok/CPU-s", {"method": "recipe", "metric": "tokens_per_cpu_s"}, fmt(".2f")),
+     Column("`Trainer` tok/CPU-s", {"method": "trainer", "metric": "tokens_per_cpu_s"}, fmt(".2f")),
+     Column("throughput ratio", compute=ratio({"method": "recipe", "metric": "tokens_per_cpu_s"},
+                                              {"method": "trainer", "metric": "tokens_per_cpu_s"})),
+     Column("loss recipe / `Trainer`", compute=lambda group, _: " / ".join(
+         f"{v:.6f}" if v is not None else "-" for v in (value(group, method=m, metric="loss")
+                                                       for m in ("recipe", "trainer"))))],
+    order=lambda r: r.setting["tokens"])])
+
+ALIBI_LABELS = {"alibi_folded": "`folded`", "alibi_flex": "`flex`", "alibi_sdpa": "`sdpa` (additive bias)",
+                "alibi_eager": "`eager`"}
 
 
-# --- CPU results ---------------------------------------------------------------------------------
+def alibi_columns(rows: list[Row]) -> list[Column]:
+    ns = lengths(rows)
+    return [*(Column(kilo(n), {"metric": "time_ratio", "length": n}, fmt(".2f")) for n in ns),
+            Column(f"memory at {kilo(ns[-1])}", {"metric": "memory_ratio", "length": ns[-1]},
+                   lambda r: f"{r.value:.2f}x" if r.value < 10 else f"{r.value:.1f}x")]
+
+
+ALIBI_CPU = Table("alibi.json", ["path"], [Pivot(
+    {"benchmark": "alibi"}, lambda r: (ALIBI_LABELS[r.method],) if r.method in ALIBI_LABELS and r.metric != "status"
+    else None, alibi_columns, order=list(ALIBI_LABELS.values()))])
+
+
+def alibi_setup(rows: list[Row]) -> str:
+    s = next(r for r in rows if r.benchmark == "alibi").setting
+    threads = f"{s['threads']} threads" if s.get("threads") else "PyTorch's threads"
+    return (f"Llama, {s['layers']} layers, {s['heads']} query / {s['kv_heads']} kv heads of {s['head_dim']}, batch 1, "
+            f"one forward without cache, {s['dtype']} on {s['device']} ({rows[0].device}, {threads}); median of "
+            f"{s['repeats']}. Ratios: path / RoPE+SDPA at the same length (time ratio from CPU time on CPU, wall time "
+            "on CUDA).\n\n")
+
+
+ALIBI_PATHS = Table("alibi.json", ["path", "length"], [Pivot(
+    {"benchmark": "alibi"}, lambda r: (r.method, str(r.setting["length"])),
+    [Column("wall (s)", {"metric": "time_s"}, fmt(".3f")), Column("CPU (s)", {"metric": "cpu_s"}, fmt(".3f")),
+     Column("peak (MiB)", {"metric": "peak_mib"}, fmt(".1f")), Column("time ratio", {"metric": "time_ratio"}, fmt(".2f")),
+     Column("memory ratio", compute=ok_or("memory_ratio", fmt(".2f"), reason))])], before=alibi_setup)
+
+
+def growth_columns(rows: list[Row]) -> list[Column]:
+    """log(peak2 / peak1) / log(L2 / L1) between consecutive lengths: ~1 linear, ~2 quadratic."""
+    ns = lengths(rows)
+
+    def exponent(a: int, b: int) -> Callable[[list[Row], list[Row]], str]:
+        def cell(group: list[Row], rows: list[Row]) -> str:
+            m1, m2 = value(group, length=a), value(group, length=b)
+            return "-" if not m1 or not m2 else f"{math.log(m2 / m1) / math.log(b / a):.2f}"
+        return cell
+
+    return [Column(f"{kilo(a)} to {kilo(b)}", compute=exponent(a, b)) for a, b in zip(ns, ns[1:])]
+
+
+ALIBI_GROWTH = Table("alibi.json", ["path"], [Pivot(
+    {"benchmark": "alibi", "metric": "peak_mib"}, lambda r: (r.method,), growth_columns)])
+
+
+def kernel_setup(rows: list[Row]) -> str:
+    s = next(r for r in rows if r.benchmark == "alibi_kernels").setting
+    return ("Attention kernels alone (one layer's q/k/v, batch 1), against SDPA is_causal at the same length; forward "
+            "under no_grad, train = forward + backward of the output's sum (no CPU backward for flex). Median of "
+            f"{s['repeats']}, {'CPU' if s['device'] == 'cpu' else 'wall'} time.\n\n")
+
+
+ALIBI_KERNELS = Table("alibi.json", ["kernel", "length"], [Pivot(
+    {"benchmark": "alibi_kernels"}, lambda r: (r.method, str(r.setting["length"])),
+    [Column("forward (s)", {"metric": "forward_s"}, fmt(".3f")),
+     Column("forward ratio", {"metric": "forward_ratio"}, fmt(".2f")),
+     Column("train (s)", {"metric": "train_s"}, fmt(".3f")), Column("train ratio", {"metric": "train_ratio"}, fmt(".2f"))])],
+    before=kernel_setup)
+
+ALIBI_FOLDED_ERROR = Table("alibi_folded_error.json", ["heads", "length"], [Pivot(
+    {"benchmark": "alibi_folded_error"}, lambda r: (str(r.setting["heads"]), str(r.setting["length"])),
+    [Column("max slope", {"metric": "max_slope"}, fmt(".3f")),
+     Column("exact fp32 error", {"metric": "exact_error"}, fmt(".2e")),
+     Column("folded error", {"metric": "folded_error"}, fmt(".2e")),
+     Column("logit bound", {"metric": "logit_bound"}, fmt(".1e")),
+     Column("output bound", {"metric": "output_bound"}, fmt(".1e"))])],
+    before=lambda rows: (f"Causal attention, batch 1, {rows[0].setting['kv_heads']} kv heads of "
+                         f"{rows[0].setting['head_dim']}, fp32 on CPU ({rows[0].device}, {rows[0].setting['threads']} "
+                         f"threads, torch {rows[0].versions.get('torch')}). exact = SDPA with the fp32 bias; folded = "
+                         "ALiBi as extra query/key channels of SDPA's causal kernel; bound = what folding may add to "
+                         "the exact path's error by the module's derivation.\n\n"))
+
+CPU_BF16_TRAIN = Table("cpu_bf16.json", ["recipe step"], [Pivot(
+    {"benchmark": "cpu_bf16_train"},
+    lambda r: (f"{r.setting['window']} tokens x {r.setting['batch']}, {r.setting['steps']} steps, "
+               f"{r.setting['threads']} thread(s)",),
+    [Column("fp32 tok/s (CPU s)", {"method": "no", "metric": "tokens_per_cpu_s"}, fmt(".1f")),
+     Column("bf16 tok/s (CPU s)", {"method": "bf16", "metric": "tokens_per_cpu_s"}, fmt(".1f")),
+     Column("speed-up (CPU time)", {"metric": "speedup_cpu_time"}, fmt(".2f", "x")),
+     Column("speed-up (wall)", {"metric": "speedup"}, fmt(".2f", "x")),
+     Column("max loss difference", {"metric": "max_relative_loss_difference"}, fmt(".2f", "%", 100))])])
+
+CPU_BF16_FORWARD = Table("cpu_bf16.json", ["length", "precision"], [Pivot(
+    {"benchmark": "cpu_bf16_forward", "vs": None}, lambda r: (kilo(r.setting["length"]), r.method),
+    [Column("perplexity", {"metric": "perplexity"}, fmt(".3f")),
+     Column("seconds", {"metric": "ppl_seconds"}, fmt(".0f")),
+     Column("passkeys found", {"metric": "passkeys_found"},
+            lambda r: "".join("y" if c else "n" for c in r.extra["correct"]))])])
+
+
+def llamacpp_gaps(benchmark: str) -> Table:
+    return Table("llamacpp.json", ["case"], [Pivot(
+        {"benchmark": benchmark}, lambda r: (r.method,),
+        [Column("`gguf export`", {"metric": "exported"}, fmt(".2e")),
+         Column("GGUF to GGUF", {"metric": "direct"}, fmt(".2e")),
+         Column("converter only", {"metric": "converter_only"}, fmt(".3g"))])])
+
+
+def kl_to_unpatched(group: list[Row], rows: list[Row]) -> str:
+    own = value(rows, method="unpatched", metric="kl_mean", tokens=group[0].setting["tokens"])
+    mean = value(group, metric="kl_mean")
+    return "-" if own is None or mean is None else f"{mean / own:.2f}"
+
+
+def ppl_gap(group: list[Row], rows: list[Row]) -> str:
+    ours, theirs = value(group, metric="ppl_llamacpp"), value(group, metric="ppl_transformers")
+    return "-" if ours is None or not theirs else f"{(ours / theirs - 1):+.2%}"
+
+
+LLAMACPP_SMOLLM2 = Table("llamacpp_smollm2.json", ["tokens", "case"], [Pivot(
+    {"benchmark": "llamacpp_smollm2"}, lambda r: (kilo(r.setting["tokens"]), r.method),
+    [Column("mean KL", {"metric": "kl_mean"}, fmt(".4f")), Column("KL / unpatched", compute=kl_to_unpatched),
+     Column("max abs diff", {"metric": "max_abs_diff"}, fmt(".2f")),
+     Column("ppl transformers", {"metric": "ppl_transformers"}, fmt(".3f")),
+     Column("ppl llama.cpp", {"metric": "ppl_llamacpp"}, fmt(".3f")), Column("ppl gap", compute=ppl_gap),
+     Column("tensor bytes unchanged", {"metric": "tensor_bytes_unchanged"}, lambda r: "yes" if r.value else "**no**")],
+    order=lambda r: r.setting["tokens"])])
+
+
+def longrope_label(row: Row) -> tuple[str]:
+    """``none``, ``yarn s=8``, ``longrope s=16 (searched, last 127)``: the method, its factor and variant."""
+    if row.method == "none":
+        return ("none",)
+    variant = row.setting.get("variant")
+    return (f"{row.method} s={row.setting['factor']:g}" + (f" ({variant})" if variant else ""),)
+
+
+def longrope_columns(rows: list[Row]) -> list[Column]:
+    points = sorted({(r.setting["length"], r.setting["multiple"]) for r in rows if r.metric == "perplexity"})
+    return [*(Column(f"{n} ({m}x)", {"metric": "perplexity", "length": n}, fmt(".3f")) for n, m in points),
+            Column("all tokens at s·128", {"metric": "perplexity_all_tokens"}, fmt(".3f"))]
+
+
+LONGROPE_MISSING = "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
+LONGROPE_TINY = Table("longrope_tiny.json", ["method"], [Pivot(
+    lambda r: r.benchmark == "longrope_tiny" and r.metric in ("perplexity", "perplexity_all_tokens"),
+    longrope_label, longrope_columns)])
+
+
+def search_summary(row: Row) -> str:
+    history = row.extra["history"]
+    return (f"{len(history)} rounds, {history[-1]['evaluated'] if history else 1} candidates, "
+            f"{row.extra['seconds']:.0f} s")
+
+
+def decode_speed(group: list[Row], rows: list[Row]) -> str:
+    native, exact = value(group, exact_cache=False), value(group, exact_cache=True)
+    return "-" if exact is None else f"exact_cache=True {exact:.2f} ({native / exact:.2f}x the speed)"
+
+
+LONGROPE_CACHE = Table("longrope_tiny.json", ["what"], [
+    Pivot({"benchmark": "longrope_tiny", "metric": "search_perplexity"},
+          lambda r: (f"search {r.setting['factor']:g} {r.setting['fitness']} ({r.setting['length']} tokens)",),
+          [Column("measured", show=lambda r: f"{r.extra['start_perplexity']:.4f} -> {r.value:.4f}"),
+           Column("", show=search_summary)]),
+    Pivot({"benchmark": "longrope_tiny", "metric": "max_abs_logit_gap"},
+          lambda r: ("cached decoding past the switch, max abs logit gap to a full forward",),
+          [Column("", {"exact_cache": False}, lambda r: f"transformers' cache {r.value:.1e}"),
+           Column("", {"exact_cache": True}, lambda r: f"exact_cache=True {r.value:.1e}")]),
+    Pivot({"benchmark": "longrope_tiny", "metric": "decode_ms"}, lambda r: ("decode step (ms)",),
+          [Column("", {"exact_cache": False}, lambda r: f"transformers' cache {r.value:.2f}"),
+           Column("", compute=decode_speed)])])
+
+
+# --- GPU results -----------------------------------------------------------------------------------
+
+CHECK_DETAILS = ("grad_rel_error", "logit_error", "bound", "wrapping", "mfu", "tokens_per_s", "peak_memory_gib")
+CHECK_SHOWN = {"mfu": lambda v: f"MFU {v:.1%}", "tokens_per_s": lambda v: f"{v:,.0f} tokens/s",
+               "peak_memory_gib": lambda v: f"{v:.1f} GiB peak"}
+
+
+def check_details(group: list[Row], rows: list[Row]) -> str:
+    details = []
+    for key in CHECK_DETAILS:
+        found = value(group, metric=key, rope=None)
+        if found is not None:
+            details.append(CHECK_SHOWN[key](found) if key in CHECK_SHOWN else
+                           f"{key} {found:.3g}" if isinstance(found, float) else f"{key} {found}")
+    status = latest(r for r in group if r.metric == "status")
+    if status is not None and "reason" in status.extra:
+        details.append(f"reason {status.extra['reason']}")
+    if status is not None and "error" in status.extra:
+        details.append(status.extra["error"].split(":")[0])
+    return "; ".join(details)
+
+
+def where_run(rows: list[Row]) -> str:
+    smoke = " (a CPU smoke run)" if rows[0].setting.get("mode") == "cpu-smoke" else ""
+    return f"{rows[0].device}{smoke}, torch {rows[0].versions.get('torch')}.\n\n"
+
+
+GPU_CHECK = Table("gpu/check.json", ["item"], [Pivot(
+    {"benchmark": "gpu_check"}, lambda r: (f"`{r.method}`",),
+    [Column("status", {"metric": "status"}), Column("seconds", {"metric": "seconds"}, fmt(".1f")),
+     Column("details", compute=check_details)])], before=where_run)
+
+
+def decode_label(row: Row) -> tuple[str]:
+    exact = row.setting.get("exact_cache")
+    return (f"{row.method} " + ("(static)" if exact is None else "exact" if exact else "transformers"),)
+
+
+def decode_table(source: str, before: Callable[[list[Row]], str] | None = None) -> Table:
+    """``bench_dynamic_decode.py``'s decode rows: tokens/s, and the ratio to the static method."""
+    return Table(source, [""], [Pivot(
+        {"benchmark": "dynamic_decode"}, decode_label,
+        [Column("decode tokens/s", {"metric": "decode_tokens_per_s"}, fmt(".1f")),
+         Column("vs static", {"metric": "decode_ratio_vs_static"}, fmt(".2f"), missing="")])], before=before)
+
+
+def finetune_goals(rows: list[Row]) -> str:
+    """The fine-tune's steps, time and losses, the device, and whether the goals were met."""
+    tuned = [r for r in rows if r.method == "fine-tuned"]
+    training = latest(r for r in tuned if r.metric == "steps")
+    if training is None:
+        return ""
+    plan, trained = training.setting["plan"], training.setting["original_context"]
+    ppl = lengths([r for r in rows if r.metric == "perplexity"])
+    passkey = lengths([r for r in rows if r.metric == "passkey"])
+    losses, met = training.extra["losses"], lambda name: "met" if value(tuned, metric=name) else "not met"
+    return (f"\n\n{training.value} steps of {plan['global_batch']} x "
+            f"{plan.get('train_seq_len') or int(plan['factor'] * trained)} tokens in "
+            f"{value(rows, method='run', metric='wall_s', part='fine-tune'):.0f} s "
+            f"({value(tuned, metric='stopped_by')}), loss {losses[0]:.3f} -> {losses[-1]:.3f}; {training.device}. "
+            f"Goals: passkey >= 90% at {kilo(max(passkey))} {met('goal_passkey_at_longest')}; perplexity at "
+            f"{kilo(max(ppl))} <= the base model's at {kilo(trained)} {met('goal_ppl_longest_vs_base_at_trained')}.")
+
+
+GPU_FINETUNE_REAL = Table("gpu/finetune_real/finetune_real.json", ["model"], [Pivot(
+    lambda r: r.benchmark == "gpu_finetune_real" and r.metric in ("perplexity", "passkey"), lambda r: (r.method,),
+    lambda rows: [*(Column(f"ppl {kilo(n)}", {"metric": "perplexity", "length": n}, fmt(".2f"))
+                    for n in lengths([r for r in rows if r.metric == "perplexity"])),
+                  *(Column(f"passkey {kilo(n)}", {"metric": "passkey", "length": n}, fmt(".0%"))
+                    for n in lengths([r for r in rows if r.metric == "passkey"]))])],
+    after=finetune_goals)
+
+GPU_MFU = Table("gpu/mfu/mfu.json", ["variant", "tokens"], [Pivot(
+    lambda r: r.benchmark == "gpu_mfu" and r.method != "run", lambda r: (f"`{r.method}`", str(r.setting.get("tokens", "-"))),
+    [Column("step (s)", compute=ok_or("step_s", fmt(".3f"), lambda status: str(status.value))),
+     Column("tokens/s", compute=ok_or("tokens_per_s", fmt(",.0f"))),
+     Column("MFU", compute=ok_or("mfu", fmt(".1%"))),
+     Column("peak memory", compute=ok_or("peak_memory_mib", fmt(".1f", " GiB", 1 / 1024), reason))])])
+
+
+def prefill_label(row: Row) -> tuple[str, str]:
+    if row.metric == "status":
+        return str(row.setting["tokens"]), "skipped"
+    return str(row.setting["tokens"]), row.method + (" (one forward each, first call)" if row.setting.get("probe") else "")
+
+
+GPU_PREFILL = Table("gpu/prefill/prefill.json", ["prompt tokens (4x L_orig)", "method"], [Pivot(
+    {"benchmark": "dynamic_prefill"}, prefill_label,
+    [Column("exact (s)", compute=ok_or("exact_prefill_s", fmt(".3f"))),
+     Column("transformers (s)", compute=ok_or("transformers_prefill_s", fmt(".3f"))),
+     Column("ratio", compute=ok_or("ratio", fmt(".1f", "x"), reason))])])
+
+def decode_span(rows: list[Row]) -> str:
+    s = next(r for r in rows if r.benchmark == "dynamic_decode").setting
+    return f"Decode of the last {s['new_tokens']} tokens up to {int(s['factor'] * s['original_length'])}:\n\n"
+
+
+GPU_PREFILL_DECODE = decode_table("gpu/prefill/prefill.json", before=decode_span)
+
+
+def sedca_skipped() -> str | None:
+    path = RESULTS / "gpu/sedca/sedca.json"
+    status = latest(r for r in read_rows(path) if r.method == "all" and r.metric == "status") if path.is_file() else None
+    return None if status is None else f"_Skipped: {status.extra['reason']}._"
+
+
+def sedca_parity(rows: list[Row]) -> str:
+    parity = [r for r in rows if r.benchmark == "gpu_sedca_parity"]
+    lines = []
+    for method in dict.fromkeys(r.method for r in parity if r.metric in ("ok", "status")):
+        mine = [r for r in parity if r.method == method]
+        status = latest(r for r in mine if r.metric == "status")
+        lines.append(f"{method}: {status.extra['error']}" if status is not None else
+                     f"{method}: {'ok' if value(mine, metric='ok') else 'FAIL'} "
+                     f"({value(mine, metric='ratio_to_native'):.2f}x the native bf16 error)")
+    tokens = parity[0].setting["tokens"] if parity else "?"
+    return (f"\n\nbf16 parity at {tokens} tokens (bound 3x the native model's bf16 error): " + "; ".join(lines) + "."
+            if lines else "")
+
+
+GPU_SEDCA = Table("gpu/sedca/sedca.json", ["variant", "tokens"], [Pivot(
+    lambda r: r.benchmark == "gpu_sedca" and "tokens" in r.setting, lambda r: (f"`{r.method}`", str(r.setting["tokens"])),
+    [Column("prefill (s)", compute=ok_or("prefill_s", fmt(".3f"), lambda status: str(status.value))),
+     Column("peak memory", compute=ok_or("peak_memory_mib", fmt(".2f", " GiB", 1 / 1024))),
+     Column("time vs SDPA", compute=ok_or("time_vs_sdpa", fmt(".2f", "x"))),
+     Column("memory vs SDPA", compute=ok_or("memory_vs_sdpa", fmt(".2f", "x")))])], after=sedca_parity)
+
+
+# --- The cell caches of the resumable real-model evaluations (their own format) -------------------
+
+def load(relative: str) -> dict[str, Any]:
+    return json.loads((RESULTS / relative).read_text())
+
 
 def real_model_rows(kind: str) -> tuple[list[int], list[tuple[str, list[Any]]]]:
     """``(lengths, [(row name, [cell value or None])])`` of ``real_model/results.json`` for ppl or passkey."""
@@ -89,53 +434,6 @@ def real_model_passkey() -> str:
     return table(header, [[row_label(name), *map(cell, values)] for name, values in rows if any(values)])
 
 
-def patch_overhead() -> str:
-    data = load("patch_overhead.json")
-    order = ["linear", "ntk", "yarn", "dynamic_ntk (exact_cache=False)", "dynamic_yarn (exact_cache=False)",
-             "dynamic_ntk", "dynamic_yarn"]
-    labels = {"dynamic_ntk (exact_cache=False)": "dynamic_ntk, `exact_cache=False`",
-              "dynamic_yarn (exact_cache=False)": "dynamic_yarn, `exact_cache=False`",
-              "dynamic_ntk": "dynamic_ntk (exact, default)", "dynamic_yarn": "dynamic_yarn (exact, default)"}
-    lengths = sorted({r["length"] for r in data["rows"]})
-    ratio = {(r["method"], r["length"]): r["ratio"] for r in data["rows"]}
-    methods = [m for m in order if any(k[0] == m for k in ratio)]
-    header = ["method", f"{lengths[0]} tokens", *map(str, lengths[1:])]
-    fmt = lambda v: f"{v:.3f}" if v < 2 else f"{v:.2f}"  # noqa: E731
-    return table(header, [[labels.get(m, m), *[fmt(ratio[m, n]) for n in lengths]] for m in methods])
-
-
-def long_train() -> str:
-    data = load("long_train.json")
-    header = ["tokens", "recipe peak", "`Trainer` peak", "memory ratio", "recipe tok/CPU-s", "`Trainer` tok/CPU-s",
-              "throughput ratio", "loss recipe / `Trainer`"]
-    rows = []
-    for length in sorted(data["ratios"], key=int):
-        recipe, trainer = data["runs"][length]["recipe"], data["runs"][length]["trainer"]
-        ratio = data["ratios"][length]
-        rows.append([length, f"{recipe['peak_step_mib'] / 1024:.2f} GiB", f"{trainer['peak_step_mib'] / 1024:.2f} GiB",
-                     f"{ratio['memory_ratio']:.2f}", f"{recipe['tokens_per_cpu_s']:.2f}",
-                     f"{trainer['tokens_per_cpu_s']:.2f}", f"{ratio['throughput_ratio']:.2f}",
-                     f"{recipe['loss']:.6f} / {trainer['loss']:.6f}"])
-    return table(header, rows)
-
-
-def alibi_cpu() -> str:
-    data = load("alibi.json")
-    lengths = data["settings"]["lengths"]
-    by = {(r["path"], r["length"]): r for r in data["rows"] if "skipped" not in r}
-    labels = {"alibi_folded": "`folded`", "alibi_flex": "`flex`", "alibi_sdpa": "`sdpa` (additive bias)",
-              "alibi_eager": "`eager`"}
-    rows = []
-    for path, label in labels.items():
-        if not any(p == path for p, _ in by):
-            continue
-        cells = [f"{by[path, n]['time_ratio']:.2f}" if (path, n) in by else "-" for n in lengths]
-        last = by.get((path, lengths[-1]))
-        memory = last["memory_ratio"] if last else None
-        rows.append([label, *cells, "-" if memory is None else f"{memory:.2f}x" if memory < 10 else f"{memory:.1f}x"])
-    return table(["path", *map(kilo, lengths), f"memory at {kilo(lengths[-1])}"], rows)
-
-
 def training_free_real_model() -> str:
     """Passkeys found / asked with 95% Wilson intervals, and perplexity, per method (training_free/results.json)."""
     from hf_posext.eval.ruler.score import wilson_interval
@@ -173,194 +471,33 @@ def finetune_smollm2() -> str:
     return text[text.index("\n|") + 1:].rstrip()
 
 
-def cpu_bf16() -> str:
-    """The recipe's step and the long forward in bf16 against fp32 on this CPU (cpu_bf16.json)."""
-    data = load("cpu_bf16.json") or {}
-    lines = []
-    if "train" in data:
-        t = data["train"]
-        lines.append(table(
-            ["recipe step", "fp32 tok/s (CPU s)", "bf16 tok/s (CPU s)", "speed-up (CPU time)", "speed-up (wall)",
-             "max loss difference"],
-            [[f"{t['window']} tokens x {t['batch']}, {t['steps']} steps, {t['threads']} thread(s)",
-              f"{t['tokens_per_cpu_s']['no']:.1f}", f"{t['tokens_per_cpu_s']['bf16']:.1f}",
-              f"{t['speedup_cpu_time']:.2f}x", f"{t['speedup']:.2f}x", f"{100 * t['max_relative_loss_difference']:.2f}%"]]))
-    if "forward" in data:
-        rows = [[kilo(r["length"]), r["precision"], f"{r['perplexity']:.3f}", f"{r['ppl_seconds']:.0f}",
-                 "".join("y" if c else "n" for c in r["passkey_correct"])] for r in data["forward"]["rows"]]
-        lines.append(table(["length", "precision", "perplexity", "seconds", "passkeys found"], rows))
-    return "\n\n".join(lines) if lines else "_Not measured yet: no cpu_bf16.json (benchmarks/bench_cpu_bf16.py)._"
-
-
-def llamacpp_gaps(key: str) -> str:
-    data = load("llamacpp.json")
-    if not data or key not in data:
-        return f"_Not measured yet: no {key} in llamacpp.json (python benchmarks/llamacpp_gguf.py)._"
-    rows = [[name, f"{row['exported']:.2e}", f"{row['direct']:.2e}" if "direct" in row else "-",
-             f"{row['converter_only']:.3g}"] for name, row in data[key]["cases"].items()]
-    return table(["case", "`gguf export`", "GGUF to GGUF", "converter only"], rows)
-
-
-def llamacpp_smollm2() -> str:
-    data = load("llamacpp_smollm2.json")
-    rows = []
-    for key in sorted((k for k in data if k.startswith("smollm2_q4_1_")), key=lambda k: int(k.rsplit("_", 1)[1])):
-        own = data[key]["cases"]["unpatched"]["kl_mean"]
-        for name, row in data[key]["cases"].items():
-            rows.append([kilo(row["tokens"]), name, f"{row['kl_mean']:.4f}", f"{row['kl_mean'] / own:.2f}",
-                         f"{row['max_abs_diff']:.2f}", f"{row['ppl_transformers']:.3f}", f"{row['ppl_llamacpp']:.3f}",
-                         f"{(row['ppl_llamacpp'] / row['ppl_transformers'] - 1):+.2%}",
-                         "yes" if row["tensor_bytes_unchanged"] else "**no**"])
-    return table(["tokens", "case", "mean KL", "KL / unpatched", "max abs diff", "ppl transformers", "ppl llama.cpp",
-                  "ppl gap", "tensor bytes unchanged"], rows)
-
-
-# --- GPU results ---------------------------------------------------------------------------------
-
-def gpu_check() -> str:
-    data = load("gpu/check.json")
-    keys = ("grad_rel_error", "logit_error", "bound", "wrapping", "mfu", "tokens_per_s", "peak_memory_gib", "reason")
-    shown = {"mfu": lambda v: f"MFU {v:.1%}", "tokens_per_s": lambda v: f"{v:,.0f} tokens/s",
-             "peak_memory_gib": lambda v: f"{v:.1f} GiB peak"}
-    rows = []
-    for name, item in data["items"].items():
-        details = [shown[k](item[k]) if k in shown else f"{k} {item[k]:.3g}" if isinstance(item[k], float)
-                   else f"{k} {item[k]}" for k in keys if k in item]
-        if "error" in item:
-            details.append(item["error"].split(":")[0])
-        rows.append([f"`{name}`", item["status"], f"{item['seconds']:.1f}", "; ".join(details)])
-    return f"{data['device']}, torch {data['torch']}.\n\n" + table(["item", "status", "seconds", "details"], rows)
-
-
-def decode_rows(results: list[dict[str, Any]]) -> list[list[Any]]:
-    return [[r["label"], f"{r['decode_tokens_per_s']:.1f}",
-             f"{r['decode_ratio_vs_static']:.2f}" if "decode_ratio_vs_static" in r else ""] for r in results]
-
-
-def gpu_dynamic_decode() -> str:
-    data = load("gpu/dynamic_decode.json")
-    return table(["", "decode tokens/s", "vs static"], decode_rows(data["results"]))
-
-
-def gpu_finetune_real() -> str:
-    data = load("gpu/finetune_real/finetune_real.json")
-    if data is None:
-        return missing("gpu/finetune_real/finetune_real.json")
-    plan = data["settings"]["plan"]
-    header = ["model", *[f"ppl {kilo(n)}" for n in plan["ppl_lengths"]],
-              *[f"passkey {kilo(n)}" for n in plan["passkey_lengths"]]]
-    rows = [[name, *[f"{r['perplexity'][str(n)]:.2f}" for n in plan["ppl_lengths"]],
-             *[f"{r['passkey'][str(n)]:.0%}" if "passkey" in r else "-" for n in plan["passkey_lengths"]]]
-            for name, r in data["results"].items()]
-    t, goals, trained = data["training"], data["goals"], data["original_context"]
-    longest, met = kilo(max(plan["passkey_lengths"])), lambda goal: "met" if goal["met"] else "not met"
-    where = (data["environment"].get("gpu") or {}).get("name", data["device"])
-    return (table(header, rows) + f"\n\n{t['steps']} steps of {plan['global_batch']} x "
-            f"{plan.get('train_seq_len') or int(plan['factor'] * trained)} tokens in {data['wall_s']['fine-tune']:.0f} s ({t['stopped_by']}), loss "
-            f"{t['losses'][0]:.3f} -> {t['losses'][-1]:.3f}; {where}. Goals: passkey >= 90% at {longest} "
-            f"{met(goals['passkey_at_longest'])}; perplexity at {kilo(max(plan['ppl_lengths']))} <= the base model's "
-            f"at {kilo(trained)} {met(goals['ppl_longest_vs_base_at_trained'])}.")
-
-
-def gpu_mfu() -> str:
-    data = load("gpu/mfu/mfu.json")
-    if data is None:
-        return missing("gpu/mfu/mfu.json")
-    rows = []
-    for r in data["rows"]:
-        if r.get("status") == "ok":
-            mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-            rows.append([f"`{r['variant']}`", r["tokens"], f"{r['step_s']:.3f}", f"{r['tokens_per_s']:,.0f}", mfu,
-                         f"{r['peak_memory_mib'] / 1024:.1f} GiB"])
-        else:
-            rows.append([f"`{r['variant']}`", r.get("tokens", "-"), r.get("status"), "", "",
-                         (r.get("reason") or r.get("error", ""))[:80].replace("|", "/").replace("\n", " ")])
-    return table(["variant", "tokens", "step (s)", "tokens/s", "MFU", "peak memory"], rows)
-
-
-def gpu_prefill() -> str:
-    data = load("gpu/prefill/prefill.json")
-    if data is None:
-        return missing("gpu/prefill/prefill.json")
-    rows = [[r["tokens"], r["method"] + (" (one forward each, first call)" if r["status"] == "probe" else ""),
-             f"{r['exact_prefill_s']:.3f}", f"{r['transformers_prefill_s']:.3f}", f"{r['ratio']:.1f}x"]
-            if r["status"] in ("ok", "probe") else [r["tokens"], "skipped", "", "", r["reason"]]
-            for r in data["prefill"]]
-    text = table(["prompt tokens (4x L_orig)", "method", "exact (s)", "transformers (s)", "ratio"], rows)
-    if "decode" in data:
-        text += (f"\n\nDecode of the last {data['settings']['new_tokens']} tokens up to {data['decode']['tokens']}:\n\n"
-                 + table(["", "decode tokens/s", "vs static"], decode_rows(data["decode"]["rows"])))
-    return text
-
-
-def gpu_sedca() -> str:
-    data = load("gpu/sedca/sedca.json")
-    if data is None:
-        return missing("gpu/sedca/sedca.json")
-    if data.get("status") == "skip":
-        return f"_Skipped: {data['reason']}._"
-    rows = [[f"`{r['variant']}`", r["tokens"], f"{r['prefill_s']:.3f}", f"{r['peak_memory_mib'] / 1024:.2f} GiB",
-             f"{r.get('time_vs_sdpa', float('nan')):.2f}x", f"{r.get('memory_vs_sdpa', float('nan')):.2f}x"]
-            if r["status"] == "ok" else [f"`{r['variant']}`", r["tokens"], r["status"], "", "", ""]
-            for r in data["speed"]]
-    parity = data["parity"]
-    lines = [f"{m}: {'ok' if p['ok'] else 'FAIL'} ({p['ratio_to_native']:.2f}x the native bf16 error)"
-             if "ratio_to_native" in p else f"{m}: {p['error']}" for m, p in parity["methods"].items()]
-    return (table(["variant", "tokens", "prefill (s)", "peak memory", "time vs SDPA", "memory vs SDPA"], rows)
-            + f"\n\nbf16 parity at {parity['tokens']} tokens (bound 3x the native model's bf16 error): "
-            + "; ".join(lines) + ".")
-
-
-def longrope_tiny() -> str:
-    """Perplexity by context length per method and factor on the demo's tiny model (longrope_tiny.json)."""
-    data = load("longrope_tiny.json")
-    if data is None:
-        return "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
-    header = ["method", *[f"{n} ({m}x)" for n, m in zip(data["lengths"], data["multiples"])],
-              "all tokens at s·128"]
-    rows = [[name, *[f"{p['perplexity']:.3f}" for p in row["points"]],
-             f"{row['all_tokens']['perplexity']:.3f}" if "all_tokens" in row else "-"]
-            for name, row in data["rows"].items()]
-    return table(header, rows)
-
-
-def longrope_cache() -> str:
-    """The search's result per factor, the cache gap past the switch and the decode speed (longrope_tiny.json)."""
-    data = load("longrope_tiny.json")
-    if data is None:
-        return "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
-    rows = [[f"search {key} ({r['length']} tokens)", f"{r['start_perplexity']:.4f} -> {r['perplexity']:.4f}",
-             f"{len(r['history'])} rounds, {r['history'][-1]['evaluated'] if r['history'] else 1} candidates, "
-             f"{r['seconds']:.0f} s"] for key, r in data["searches"].items()]
-    cache, speed = data["cache"], data["decode_ms"]
-    rows.append(["cached decoding past the switch, max abs logit gap to a full forward",
-                 f"transformers' cache {cache['transformers']:.1e}", f"exact_cache=True {cache['exact_cache']:.1e}"])
-    rows.append(["decode step (ms)", f"transformers' cache {speed['transformers']:.2f}",
-                 f"exact_cache=True {speed['exact_cache']:.2f} ({speed['transformers'] / speed['exact_cache']:.2f}x "
-                 "the speed)"])
-    return table(["what", "measured", ""], rows)
-
-
 TABLES: dict[str, Callable[[], str]] = {
     "real-model-ppl": real_model_ppl,
     "real-model-passkey": real_model_passkey,
-    "patch-overhead": patch_overhead,
-    "long-train": long_train,
-    "alibi-cpu": alibi_cpu,
     "training-free-real-model": training_free_real_model,
-    "cpu-bf16": cpu_bf16,
     "finetune-smollm2": finetune_smollm2,
-    "llamacpp-tiny": lambda: llamacpp_gaps("tiny_llama_3x"),
-    "llamacpp-architectures": lambda: llamacpp_gaps("tiny_architectures_3x"),
-    "llamacpp-smollm2": llamacpp_smollm2,
-    "gpu-check": gpu_check,
-    "gpu-dynamic-decode": gpu_dynamic_decode,
-    "gpu-finetune-real": gpu_finetune_real,
-    "gpu-mfu": gpu_mfu,
-    "gpu-prefill": gpu_prefill,
-    "gpu-sedca": gpu_sedca,
-    "longrope-tiny": longrope_tiny,
-    "longrope-cache": longrope_cache,
+    "patch-overhead": block(PATCH_OVERHEAD),
+    "long-train": block(LONG_TRAIN),
+    "alibi-cpu": block(ALIBI_CPU),
+    "alibi-paths": block(ALIBI_PATHS),
+    "alibi-growth": block(ALIBI_GROWTH),
+    "alibi-kernels": block(ALIBI_KERNELS),
+    "alibi-folded-error": block(ALIBI_FOLDED_ERROR),
+    "cpu-bf16": block(CPU_BF16_TRAIN, CPU_BF16_FORWARD,
+                      missing="_Not measured yet: no cpu_bf16.json (benchmarks/bench_cpu_bf16.py)._"),
+    "llamacpp-tiny": block(llamacpp_gaps("llamacpp_tiny"), missing="_Not measured yet: no llamacpp_tiny rows in "
+                           "llamacpp.json (python benchmarks/llamacpp_gguf.py)._"),
+    "llamacpp-architectures": block(llamacpp_gaps("llamacpp_architectures"), missing="_Not measured yet: no "
+                                    "llamacpp_architectures rows in llamacpp.json (python benchmarks/llamacpp_gguf.py)._"),
+    "llamacpp-smollm2": block(LLAMACPP_SMOLLM2),
+    "longrope-tiny": block(LONGROPE_TINY, missing=LONGROPE_MISSING),
+    "longrope-cache": block(LONGROPE_CACHE, missing=LONGROPE_MISSING),
+    "gpu-check": block(GPU_CHECK),
+    "gpu-dynamic-decode": block(decode_table("gpu/dynamic_decode.json")),
+    "gpu-finetune-real": block(GPU_FINETUNE_REAL),
+    "gpu-mfu": block(GPU_MFU),
+    "gpu-prefill": block(GPU_PREFILL, GPU_PREFILL_DECODE),
+    "gpu-sedca": block(sedca_skipped, GPU_SEDCA),
 }
 
 

@@ -24,6 +24,10 @@ failure in one does not stop the others):
 
 ``--cpu-smoke`` proves the plumbing, not the GPU claims: items that need CUDA run their CPU
 stand-in (SDPA instead of Flex for training, no FSDP wrapping) or skip, and say so.
+
+``--out`` gets rows (``result_schema.py``), benchmark ``gpu_check``, method = the item: its ``status``
+(``ok``, ``skip`` or ``FAIL``, with ``reason`` or ``error`` in ``extra``), its ``seconds``, and one row
+per number it reports (``bf16_parity``: per method, setting ``rope``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import sysconfig
@@ -44,10 +47,11 @@ from pathlib import Path
 
 import torch
 from common import PEAK_BF16_TFLOPS, child_env
+from harness import Results
+from result_schema import read_rows
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_posext
-from hf_posext.files import write_text
 from hf_posext.testing import make_tiny_model
 from hf_posext.methods import method_class
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss
@@ -262,8 +266,8 @@ def dynamic_decode(args: argparse.Namespace) -> dict:
                           env=child_env())
     if done.returncode != 0:
         return {"ok": False, "stderr": done.stderr[-2000:]}
-    rows = json.loads(out.read_text())["results"]
-    ratios = {row["label"]: row["decode_ratio_vs_static"] for row in rows if "decode_ratio_vs_static" in row}
+    ratios = {f"{row.method} {'exact' if row.setting['exact_cache'] else 'transformers'}": row.value
+              for row in read_rows(out) if row.metric == "decode_ratio_vs_static"}
     return {"ok": bool(ratios), "decode_ratio_vs_static": ratios, "goal": ">= 0.95", "json": str(out)}
 
 
@@ -293,6 +297,23 @@ def summary(row: dict) -> str:
     return " ".join(parts)
 
 
+def add_item(results: Results, name: str, item: dict) -> None:
+    """An item's rows: its status (lists and texts in ``extra``), then one row per number or word it reports."""
+    details = ("reason", "error", "traceback", "stderr", "losses")
+    results.add(name, "status", item["status"], **{k: item[k] for k in details if k in item})
+    for key, value in item.items():
+        if key in ("status", *details):
+            continue
+        if key == "methods":
+            for method, result in value.items():
+                results.add_all(name, result, {"rope": method})
+        elif isinstance(value, dict):
+            for case, number in value.items():
+                results.add(name, key, number, setting={"case": case})
+        else:
+            results.add(name, key, value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="run every item tiny on CPU (plumbing only)")
@@ -303,8 +324,9 @@ def main() -> None:
     if not args.cpu_smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run on a GPU, or pass --cpu-smoke to check the plumbing on CPU")
     args.device = "cpu" if args.cpu_smoke else "cuda"
-    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores, smoke)"
-    results: dict[str, dict] = {}
+    results = Results(args.out, "gpu_check", device=args.device,
+                      setting={"mode": "cpu-smoke" if args.cpu_smoke else "gpu"})
+    items: dict[str, dict] = {}
     for name in args.only or ITEMS:
         started = time.perf_counter()
         try:
@@ -315,15 +337,15 @@ def main() -> None:
         except Exception as error:  # one broken item must not hide the others' results
             row = {"status": "FAIL", "error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
         row["seconds"] = time.perf_counter() - started
-        results[name] = row
+        items[name] = row
         print(f"{name}: {row['status']} in {row['seconds']:.1f} s", file=sys.stderr, flush=True)
         # Written after every item, so that a run stopped by check.sh's time limit keeps what finished.
-        report = {"device": device, "torch": torch.__version__, "items": results}
-        write_text(args.out, json.dumps(report, indent=2) + "\n")
+        add_item(results, name, row)
+        results.save()
     print(f"{'item':18} {'status':6} {'seconds':>8}  details\n" + "\n".join(
-        f"{name:18} {row['status']:6} {row['seconds']:8.1f}  {summary(row)}" for name, row in results.items()))
-    print(f"device: {device}; wrote {args.out}")
-    sys.exit(1 if any(row["status"] == "FAIL" for row in results.values()) else 0)
+        f"{name:18} {row['status']:6} {row['seconds']:8.1f}  {summary(row)}" for name, row in items.items()))
+    print(f"device: {results.device}; wrote {args.out}")
+    sys.exit(1 if any(row["status"] == "FAIL" for row in items.values()) else 0)
 
 
 if __name__ == "__main__":

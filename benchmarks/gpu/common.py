@@ -1,7 +1,7 @@
-"""What the GPU benchmark scripts (``benchmarks/gpu/*.py``) share: paths, the device, the result envelope.
+"""What the GPU benchmark scripts (``benchmarks/gpu/*.py``) share: paths, the device, the result file.
 
-Every script writes one JSON ``{"script", "mode", "device", "environment", "wall_s", ...}`` (through
-``benchmarks/harness.py``), runs tiny on CPU with ``--cpu-smoke`` and refuses to run without CUDA
+Every script writes rows of the one schema (``benchmarks/result_schema.py``) to ``OUT/<script>.json``
+through :class:`Report`, runs tiny on CPU with ``--cpu-smoke`` and refuses to run without CUDA
 otherwise. ``PLAN.md`` beside this file gives the device calls in order.
 """
 
@@ -11,6 +11,7 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ for _path in (ROOT, ROOT / "benchmarks"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from harness import child_env, environment, write_results  # noqa: E402, F401  (the path above)
+from harness import Results, child_env, unchanged  # noqa: E402, F401  (the path above)
+from result_schema import Row  # noqa: E402
 
 #: Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
@@ -54,17 +56,24 @@ def peak_tflops(device: str, given: float | None = None) -> float | None:
 
 
 class Report:
-    """The script's JSON, rewritten after every part so that a run stopped by a time limit keeps what finished."""
+    """A script's results, saved after every part so that a run stopped by a time limit keeps what finished.
 
-    def __init__(self, script: str, args: argparse.Namespace, device: str, settings: dict[str, Any]) -> None:
+    The script keeps its measurements in :attr:`payload` (``report[key] = value`` saves) and gives
+    ``rows``, which writes the payload's rows into a :class:`~harness.Results`. Each save rewrites
+    ``OUT/<script>.json`` with them and the wall time of each part (method ``run``, metric ``wall_s``,
+    setting ``part``); every row's setting holds ``mode`` (``gpu`` or ``cpu-smoke``) and ``settings``.
+    A row measured by an earlier save keeps its time.
+    """
+
+    def __init__(self, script: str, args: argparse.Namespace, device: str, settings: dict[str, Any],
+                 rows: Callable[[Results, dict[str, Any]], None], benchmarks: Sequence[str] = ()) -> None:
         self.path = Path(args.out) / f"{script}.json"
+        self.mode = "cpu-smoke" if args.cpu_smoke else "gpu"
         self.started = time.perf_counter()
-        self.payload: dict[str, Any] = {
-            "script": f"benchmarks/gpu/{script}.py", "mode": "cpu-smoke" if args.cpu_smoke else "gpu",
-            "device": device, "settings": settings, "environment": environment(device), "wall_s": {},
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        }
-        self.rows: list[dict[str, Any]] = []
+        self.payload: dict[str, Any] = {"wall_s": {}}
+        self.rows = rows
+        self.results = Results(self.path, [f"gpu_{script}", *benchmarks], device=device,
+                               setting={"mode": self.mode, **settings})
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.payload[key] = value
@@ -79,7 +88,14 @@ class Report:
 
     def save(self) -> Path:
         self.payload["wall_s"]["total"] = round(time.perf_counter() - self.started, 2)
-        return write_results(self.path, self.payload, self.rows or None)
+        before: dict[tuple, Row] = {row.identity: row for row in self.results.rows}
+        self.results.rows = []
+        self.rows(self.results, self.payload)
+        for part, seconds in self.payload["wall_s"].items():
+            self.results.add("run", "wall_s", seconds, setting={"part": part})
+        self.results.rows = [before[r.identity] if r.identity in before and unchanged(before[r.identity], r) else r
+                             for r in self.results.rows]
+        return self.results.save()
 
 
 def console_command() -> list[str]:

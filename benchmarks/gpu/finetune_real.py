@@ -14,9 +14,15 @@ bf16 on the GPU, for the unpatched model, YaRN s = 4 without training, and the f
 * the RULER-style suite at 16k/32k on the fine-tuned model, 20 samples per task, when
   ``hf_posext.eval.ruler`` exists.
 
-Writes ``finetune_real.json`` (+ ``.csv``), ``perplexity.png``, ``passkey.png`` and ``MODEL_CARD.md``
-(the checkpoint's card with the measured table) under ``--out``. Goal: passkey >= 90% at 32k after
-the fine-tune, perplexity at 32k <= the unpatched model's at 8k.
+Writes ``finetune_real.json``, ``perplexity.png``, ``passkey.png`` and ``MODEL_CARD.md`` (the
+checkpoint's card with the measured table) under ``--out``. Goal: passkey >= 90% at 32k after the
+fine-tune, perplexity at 32k <= the unpatched model's at 8k. The JSON holds rows (``result_schema.py``),
+benchmark ``gpu_finetune_real``, method = the model (``base``, ``yarn s=4, no fine-tune``,
+``fine-tuned``), setting ``original_context`` and the plan: ``perplexity`` and ``passkey`` per length,
+``passkey_at_depth`` per length and depth, ``ruler`` (its status; the suite's report in ``extra``)
+and ``wall_s`` per part; for ``fine-tuned`` also the training (``steps``, with the losses and the
+config in ``extra``, ``tokens``, ``train_s``, ``median_step_s``, ``stopped_by``, or a ``FAIL`` status)
+and the goals (``goal_passkey_at_longest``, ``goal_ppl_longest_vs_base_at_trained``: met or not).
 
     python3 benchmarks/gpu/finetune_real.py --gguf /tmp/hf_posext_carry/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out $OUT/finetune_real --deadline-minutes 7          # the GPU run (benchmarks/gpu/PLAN.md)
@@ -41,6 +47,7 @@ from typing import Any
 from common import (
     ROOT,
     Report,
+    Results,
     add_common_arguments,
     child_env,
     console_command,
@@ -271,7 +278,7 @@ def run(args: argparse.Namespace) -> Report:
     deadline = time.time() + 60 * args.deadline_minutes
     report = Report("finetune_real", args, device, {"plan": dataclasses.asdict(plan),
                                                     "deadline_minutes": args.deadline_minutes,
-                                                    "eval_dtype": args.eval_dtype})
+                                                    "eval_dtype": args.eval_dtype}, rows=add_rows)
     start = time.perf_counter()
     if args.cpu_smoke and not args.gguf:
         from hf_posext.testing import make_tiny_model
@@ -330,7 +337,6 @@ def run(args: argparse.Namespace) -> Report:
     report.timed("eval fine-tuned", time.perf_counter() - start)
     report["results"] = results
     report["goals"] = goals(results, plan, trained)
-    report.rows.extend(rows(results))
     write_outputs(report, results, plan, trained, work / "finetuned", out)
     return report
 
@@ -346,14 +352,59 @@ def goals(results: dict[str, Any], plan: Plan, trained: int) -> dict[str, Any]:
                                                "met": target is not None and ppl_longest <= target}}
 
 
-def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    table = []
-    for model, result in results.items():
+def add_rows(results: Results, payload: dict[str, Any]) -> None:
+    """The rows of what was measured so far (the module docstring lists them)."""
+    context = {"original_context": payload["original_context"]} if "original_context" in payload else {}
+    for model, result in payload.get("results", {}).items():
         for length, value in result["perplexity"].items():
-            table.append({"model": model, "metric": "perplexity", "length": int(length), "value": value})
+            results.add(model, "perplexity", value, setting={**context, "length": int(length)},
+                        evaluation_data=payload["evaluation_data"])
         for length, value in result.get("passkey", {}).items():
-            table.append({"model": model, "metric": "passkey", "length": int(length), "value": value})
-    return table
+            results.add(model, "passkey", value, setting={**context, "length": int(length)},
+                        samples=result["passkey_grid"]["samples_per_length"])
+        grid = result.get("passkey_grid")
+        for i, depth in enumerate(grid["depths"] if grid else []):
+            for j, length in enumerate(grid["lengths"]):
+                results.add(model, "passkey_at_depth", grid["accuracy"][i][j],
+                            setting={**context, "length": length, "depth": depth})
+        if "ruler" in result:
+            results.add(model, "ruler", result["ruler"]["status"], setting=context,
+                        **{k: v for k, v in result["ruler"].items() if k != "status"})
+        for part, seconds in result["wall_s"].items():
+            results.add(model, "wall_s", seconds, setting={**context, "part": part})
+    training = payload.get("training")
+    if training is not None and training.get("status") == "FAIL":
+        results.add("fine-tuned", "status", "FAIL", setting=context, error=training["error"])
+    elif training is not None:
+        results.add("fine-tuned", "steps", training["steps"], "steps", context,
+                    **{k: training[k] for k in ("losses", "eval", "config", "launcher", "dataset", "model_class")})
+        results.add_all("fine-tuned", {"tokens": training["tokens"], "train_s": training["seconds"],
+                                       "first_step_at_s": training["first_step_at_s"],
+                                       "median_step_s": training["median_step_s"],
+                                       "stopped_by": training["stopped_by"]}, context, units={"tokens": "tokens"})
+    for goal, found in payload.get("goals", {}).items():
+        results.add("fine-tuned", f"goal_{goal}", found["met"], setting=context,
+                    **{k: v for k, v in found.items() if k != "met"})
+
+
+def results_from_rows(rows: list[Any]) -> tuple[dict[str, Any], int]:
+    """``(results, original context)`` as :func:`plot` reads them, from the rows of ``finetune_real.json``."""
+    results: dict[str, Any] = {}
+    for row in rows:
+        result = results.setdefault(row.method, {"perplexity": {}})
+        if row.metric == "perplexity":
+            result["perplexity"][str(row.setting["length"])] = row.value
+        elif row.metric == "passkey_at_depth":
+            grid = result.setdefault("passkey_grid", {"cells": {}})
+            grid["cells"][row.setting["depth"], row.setting["length"]] = row.value
+    for result in results.values():
+        if "passkey_grid" in result:
+            cells = result["passkey_grid"].pop("cells")
+            depths, lengths = sorted({d for d, _ in cells}), sorted({n for _, n in cells})
+            result["passkey_grid"].update(depths=depths, lengths=lengths,
+                                          accuracy=[[cells[d, n] for n in lengths] for d in depths])
+    context = next(row.setting["original_context"] for row in rows if "original_context" in row.setting)
+    return {name: r for name, r in results.items() if r["perplexity"]}, context
 
 
 def tokens(n: int) -> str:
@@ -392,9 +443,7 @@ def write_outputs(report: Report, results: dict[str, Any], plan: Plan, trained: 
                   out: Path) -> None:
     plot(results, trained, out)
     card = (checkpoint / "README.md").read_text() if (checkpoint / "README.md").is_file() else ""
-    env = report["environment"]
-    where = (env.get("gpu") or {}).get("name") or env.get("cpu")
-    card += (f"\n## Evaluation (measured on {where}, {report['mode']})\n\n"
+    card += (f"\n## Evaluation (measured on {report.results.device}, {report.mode})\n\n"
              f"Perplexity: the last {plan.score_last} tokens of {report['evaluation_data']['documents']} documents of "
              "the Python Language Reference, read with L tokens of context; passkey: the YaRN prompt at depths "
              f"{list(plan.passkey_depths)}.\n\n"
@@ -421,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.replot:
-        report = json.loads((Path(args.replot) / "finetune_real.json").read_text())
-        plot(report["results"], report["original_context"], Path(args.replot))
+        from result_schema import read_rows
+
+        plot(*results_from_rows(read_rows(Path(args.replot) / "finetune_real.json")), Path(args.replot))
         return 0
     if args.train_child:
         train_child(args.train_child)

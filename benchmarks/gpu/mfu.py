@@ -18,6 +18,11 @@ it (``pip download liger-kernel --no-deps``) into ``.carry/a/wheels``.
 
     python3 benchmarks/gpu/mfu.py --out $OUT/mfu --profile         # the GPU run, ~2 min
     python benchmarks/gpu/mfu.py --cpu-smoke --out /tmp/mfu-smoke   # tiny shapes on CPU
+
+Rows (``result_schema.py``) in ``OUT/mfu.json``, benchmark ``gpu_mfu``: per variant and length
+(setting ``tokens``) ``step_s`` (each step's seconds and the profile in ``extra``), ``first_step_s``,
+``tokens_per_s``, ``model_tflops_per_s``, ``peak_tflops``, ``mfu``, ``peak_memory_mib``, ``loss``,
+``first_loss``, ``finite``; a variant or length that did not run: a ``status`` row (``skip``, ``FAIL``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 from common import (
     ROOT,
     Report,
+    Results,
     add_common_arguments,
     child_env,
     peak_tflops,
@@ -167,19 +173,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from harness import run_child
 
-    report = Report("mfu", args, args.device, {"lengths": args.lengths, "steps": args.steps,
-                                               "shape": TINY if args.cpu_smoke else SMOLLM2, "method": "yarn x4",
-                                               "precision": "bf16 autocast" if args.device == "cuda" else "fp32"})
+    report = Report("mfu", args, args.device, {"steps": args.steps, "shape": TINY if args.cpu_smoke else SMOLLM2,
+                                               "rope": "yarn x4",
+                                               "precision": "bf16 autocast" if args.device == "cuda" else "fp32"},
+                    rows=add_rows)
+    cells: list[dict[str, Any]] = []
     for variant in args.variants:
         started = time.perf_counter()
         if variant.startswith("liger") and importlib.util.find_spec("liger_kernel") is None:
-            report.rows.append({"variant": variant, "status": "skip",
-                                "reason": "liger_kernel is not installed (carry its wheel: carry_model.py prepare)"})
+            cells.append({"variant": variant, "status": "skip",
+                          "reason": "liger_kernel is not installed (carry its wheel: carry_model.py prepare)"})
         elif variant.startswith("liger") and args.device != "cuda":
-            report.rows.append({"variant": variant, "status": "skip", "reason": "Liger's Triton kernels need a GPU"})
+            cells.append({"variant": variant, "status": "skip", "reason": "Liger's Triton kernels need a GPU"})
         elif args.cpu_smoke:  # no Liger on CPU, so no process-wide patches: one process is enough
             args.variant = variant
-            report.rows.extend({"status": "FAIL" if "error" in r else "ok", **r} for r in measure_lengths(args))
+            cells.extend({"status": "FAIL" if "error" in r else "ok", **r} for r in measure_lengths(args))
         else:
             command = [sys.executable, str(Path(__file__).resolve()), "--variant", variant, "--out", args.out,
                        "--lengths", *map(str, args.lengths), "--steps", str(args.steps)]
@@ -190,13 +198,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows = run_child(command, env=child_env(), timeout=480)["rows"]
             except (RuntimeError, TimeoutError) as error:
                 rows = [{"variant": variant, "status": "FAIL", "error": str(error)[-2000:]}]
-            report.rows.extend({"status": "FAIL" if "error" in r else "ok", **r} if "status" not in r else r
-                               for r in rows)
+            cells.extend({"status": "FAIL" if "error" in r else "ok", **r} if "status" not in r else r for r in rows)
+        report.payload["cells"] = cells
         report.timed(variant, time.perf_counter() - started)
         print(f"{variant}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    report["rows"] = report.rows
     print(f"{'variant':28} {'tokens':>6} {'step s':>8} {'tok/s':>9} {'MFU':>6} {'peak MiB':>9}")
-    for r in report.rows:
+    for r in cells:
         if r.get("status") == "ok":
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
             print(f"{r['variant']:28} {r['tokens']:6} {r['step_s']:8.3f} {r['tokens_per_s']:9.0f} {mfu:>6} "
@@ -205,6 +212,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['variant']:28} {r.get('status')}: {r.get('reason') or r.get('error', '')[:200]}")
     print(json.dumps({"wall_s": report["wall_s"]}), f"\nwrote {report.path}")
     return 0
+
+
+def add_rows(results: Results, payload: dict[str, Any]) -> None:
+    """The rows of the cells measured so far (the module docstring lists them)."""
+    for cell in payload.get("cells", []):
+        setting = {"tokens": cell["tokens"]} if "tokens" in cell else {}
+        if cell["status"] != "ok":
+            results.add(cell["variant"], "status", cell["status"], setting=setting,
+                        **{k: cell[k] for k in ("reason", "error") if k in cell})
+            continue
+        steps = {"steps_s": cell["steps_s"], **({"profile": cell["profile"]} if "profile" in cell else {})}
+        results.add(cell["variant"], "step_s", cell["step_s"], setting=setting, **steps)
+        results.add_all(cell["variant"], {k: v for k, v in cell.items() if k not in (
+            "variant", "tokens", "status", "step_s", "steps_s", "profile")}, setting)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ Then decode of the last 64 tokens up to 4x L_orig = 4096 against the static meth
 
     python3 benchmarks/gpu/prefill.py --out $OUT/prefill            # the GPU run, ~1-2 min
     python benchmarks/gpu/prefill.py --cpu-smoke --out /tmp/prefill-smoke
+
+Rows (``result_schema.py``) in ``OUT/prefill.json``: ``bench_dynamic_decode.py``'s benchmarks
+``dynamic_prefill`` (per method and prompt; ``probe`` in the setting of a single-forward probe, a
+``status`` row for a skipped length) and ``dynamic_decode`` (with ``original_length``, ``factor``, ``tokens``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from common import ROOT, Report, add_common_arguments, pick_device
+from common import ROOT, Report, Results, add_common_arguments, pick_device
 
 GPU_SHAPE = dict(hidden=2048, heads=16, kv_heads=4, layers=8, vocab=1024, dtype="bfloat16")
 SMOKE_SHAPE = dict(hidden=64, heads=2, kv_heads=1, layers=1, vocab=256, dtype="float32")
@@ -69,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     originals = args.original_lengths or ([16, 32] if args.cpu_smoke else [1024, 2048, 4096])
     repeats = args.repeats or (1 if args.cpu_smoke else 2)
     new_tokens = args.new_tokens or (4 if args.cpu_smoke else 64)
-    report = Report("prefill", args, device, {"shape": shape, "original_lengths": originals, "repeats": repeats,
-                                              "new_tokens": new_tokens, "prefill_factor": 8.0, "multiple": 4})
+    report = Report("prefill", args, device, {"shape": shape, "repeats": repeats, "new_tokens": new_tokens,
+                                              "prefill_factor": 8.0, "multiple": 4}, rows=add_rows,
+                    benchmarks=["dynamic_prefill", "dynamic_decode"])
     deadline = time.perf_counter() + 60 * args.budget_minutes
     last: tuple[int, float] | None = None
     prefill_rows: list[dict[str, Any]] = []
@@ -109,10 +114,29 @@ def main(argv: list[str] | None = None) -> int:
         report["decode"] = {"original_length": originals[0], "tokens": 4 * originals[0],
                             "rows": bench.decode_ratios(bench.build(namespace), namespace), "goal": ">= 0.95"}
         report.timed("decode", time.perf_counter() - started)
-    report.rows.extend(r for r in prefill_rows if r["status"] == "ok")
     path = report.save()
     print(f"wrote {path}")
     return 0
+
+
+def add_rows(results: Results, payload: dict[str, Any]) -> None:
+    """The rows of the prefill cells and the decode run measured so far (the module docstring lists them)."""
+    import bench_dynamic_decode as bench
+
+    for row in payload.get("prefill", []):
+        if row["status"] == "skip":
+            results.add("all", "status", "skip", setting={"tokens": row["tokens"]}, benchmark="dynamic_prefill",
+                        reason=row["reason"])
+            continue
+        probe = {"probe": True} if row["status"] == "probe" else {}
+        setting = {k: row[k] for k in ("original_length", "multiple_of_original", "tokens") if k in row}
+        results.add_all(row["method"], {k: row[k] for k in ("exact_prefill_s", "transformers_prefill_s", "ratio")},
+                        {**setting, **probe}, benchmark="dynamic_prefill",
+                        **({"reason": row["reason"]} if probe else {}))
+    if "decode" in payload:
+        decode = payload["decode"]
+        bench.add_rows(results, decode["rows"], [], {"original_length": decode["original_length"], "factor": 4.0,
+                                                     "tokens": decode["tokens"]})
 
 
 if __name__ == "__main__":

@@ -15,6 +15,12 @@ skip line and exits 0.
 
     python3 benchmarks/gpu/sedca.py --out $OUT/sedca                 # the GPU run, ~1-2 min
     python benchmarks/gpu/sedca.py --cpu-smoke --out /tmp/sedca-smoke
+
+Rows (``result_schema.py``) in ``OUT/sedca.json``: benchmark ``gpu_sedca``, per variant and length
+(setting ``tokens``) ``prefill_s``, ``tokens_per_s``, ``peak_memory_mib``, ``time_vs_sdpa``,
+``memory_vs_sdpa``, or a ``status`` row (``skip``, ``oom``, ``FAIL``); a ``status`` row of method
+``all`` when the methods are not registered; ``gpu_sedca_parity``, per method, ``error``,
+``ratio_to_native`` and ``ok`` (or a ``FAIL`` status row), and ``bound`` (method ``none``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from common import ROOT, Report, add_common_arguments, pick_device
+from common import ROOT, Report, Results, add_common_arguments, pick_device
 
 METHODS = ("self_extend", "dca")
 GPU = dict(hidden=2048, heads=16, kv_heads=4, layers=4, vocab=32000, original=4096, lengths=(16384, 32768, 65536))
@@ -171,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report = Report("sedca", args, args.device, {"speed_shape": SMOKE if args.cpu_smoke else GPU,
                                                  "parity_shape": PARITY_SMOKE if args.cpu_smoke else PARITY_GPU,
-                                                 "method_args": args.method_args})
+                                                 "method_args": args.method_args}, rows=add_rows,
+                    benchmarks=["gpu_sedca_parity"])
     missing = [m for m in args.methods if m not in hf_posext.available_methods()]
     if missing:
         report["status"] = "skip"
@@ -180,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report["status"] = "ok"
     rows = speed(args, report, args.method_args)
-    report.rows.extend(rows)
     report["speed"] = rows
     started = time.perf_counter()
     report["parity"] = parity(args, args.method_args)
@@ -191,6 +197,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['variant']:18} {row['tokens']:6} {row['status']:5} {extra}")
     print(json.dumps(report["parity"]), f"\nwrote {report.path}")
     return 0
+
+
+def add_rows(results: Results, payload: dict[str, Any]) -> None:
+    """The rows of what was measured so far (the module docstring lists them)."""
+    if payload.get("status") == "skip":
+        results.add("all", "status", "skip", reason=payload["reason"])
+    for row in payload.get("speed", []):
+        setting = {"tokens": row["tokens"]}
+        if row["status"] != "ok":
+            results.add(row["variant"], "status", row["status"], setting=setting,
+                        **{k: row[k] for k in ("reason", "error") if k in row})
+            continue
+        results.add_all(row["variant"], {k: v for k, v in row.items() if k not in ("variant", "tokens", "status")},
+                        setting)
+    if "parity" in payload:
+        parity = payload["parity"]
+        setting = {"tokens": parity["tokens"]}
+        results.add("none", "bound", parity["bound"], setting=setting, benchmark="gpu_sedca_parity")
+        for method, row in parity["methods"].items():
+            if "ratio_to_native" in row:
+                results.add_all(method, row, setting, benchmark="gpu_sedca_parity")
+            else:
+                results.add(method, "status", "FAIL", setting=setting, benchmark="gpu_sedca_parity", error=row["error"])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ gives; the rest run here in a real subprocess, as on the GPU machine.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 import hf_posext
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from result_schema import read_rows  # noqa: E402  (benchmarks/ is not a package)
 
 
 def test_cpu_smoke_runs_every_in_process_item_and_writes_one_table(tmp_path):
@@ -28,11 +29,14 @@ def test_cpu_smoke_runs_every_in_process_item_and_writes_one_table(tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    report = json.loads(out.read_text())
-    statuses = {name: row["status"] for name, row in report["items"].items()}
-    assert statuses == {"alibi_flash": "skip", "alibi_flex_train": "ok", "bf16_parity": "ok", "mfu": "ok"}
-    assert report["items"]["alibi_flash"]["reason"] == "flash-attn needs CUDA"
-    assert set(report["items"]["bf16_parity"]["methods"]) == set(hf_posext.available_methods())
+    rows = read_rows(out)
+    statuses = {row.method: row for row in rows if row.metric == "status"}
+    assert {name: row.value for name, row in statuses.items()} == {
+        "alibi_flash": "skip", "alibi_flex_train": "ok", "bf16_parity": "ok", "mfu": "ok"}
+    assert statuses["alibi_flash"].extra["reason"] == "flash-attn needs CUDA"
+    assert {r.setting["rope"] for r in rows if r.method == "bf16_parity" and r.metric == "ok"} == set(
+        hf_posext.available_methods())
+    assert all(r.setting["mode"] == "cpu-smoke" and r.versions["torch"] for r in rows)
     table = done.stdout.splitlines()
     assert table[0].split()[:3] == ["item", "status", "seconds"]
     assert [line.split()[0] for line in table[1:1 + len(items)]] == items

@@ -1,8 +1,8 @@
 """The GPU session's scripts on CPU: each ``benchmarks/gpu/*.py --cpu-smoke`` runs tiny, as on the GPU machine.
 
 Each runs in a real subprocess with this checkout on the path (as ``session.sh`` starts them)
-and must write its JSON with the device, the versions and wall times; the carry helper splits
-and joins a file byte for byte.
+and must write its rows (``benchmarks/result_schema.py``) with the device, the versions and wall
+times; the carry helper splits and joins a file byte for byte.
 """
 
 from __future__ import annotations
@@ -23,18 +23,23 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import tables  # noqa: E402  (benchmarks/ is not a package)
+from result_schema import Row, read_rows  # noqa: E402
 
 
-def smoke(script: str, out: Path, *extra: str) -> dict:
+def smoke(script: str, out: Path, *extra: str) -> list[Row]:
     done = subprocess.run([sys.executable, str(GPU / f"{script}.py"), "--cpu-smoke", "--out", str(out), *extra],
                           capture_output=True, text=True, cwd=ROOT, timeout=240,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    report = json.loads((out / f"{script}.json").read_text())
-    assert report["mode"] == "cpu-smoke" and report["device"] == "cpu"
-    assert report["environment"]["packages"]["torch"] and report["environment"]["transformers"]
-    assert report["wall_s"]["total"] > 0
-    return report
+    rows = read_rows(out / f"{script}.json")
+    assert all(r.setting["mode"] == "cpu-smoke" and r.versions["torch"] and r.versions["transformers"] for r in rows)
+    assert tables.value(rows, method="run", metric="wall_s", part="total") > 0
+    return rows
+
+
+def of(rows: list[Row], **match) -> dict[str, Row]:
+    """``{method: row}`` of the rows that match."""
+    return {r.method: r for r in rows if r.matches(**match)}
 
 
 def docs_table(name: str, script: str, out: Path, monkeypatch) -> str:
@@ -48,16 +53,18 @@ def docs_table(name: str, script: str, out: Path, monkeypatch) -> str:
 
 def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_after(tmp_path, monkeypatch):
     # --train-minutes 0: the deadline passes during the first step, so training stops after it.
-    report = smoke("finetune_real", tmp_path / "out", "--work", str(tmp_path / "work"), "--train-minutes", "0")
-    training = report["training"]
-    assert training["stopped_by"] == "deadline" and training["steps"] == 1
-    assert training["config"]["loss_chunk_size"] > 0 and training["config"]["activation_checkpointing"]
-    assert set(report["results"]) == {"base", "yarn s=4, no fine-tune", "fine-tuned"}
-    tuned = report["results"]["fine-tuned"]
-    assert set(tuned["perplexity"]) == {"256", "512", "1024"} and set(tuned["passkey"]) == {"1024"}
+    rows = smoke("finetune_real", tmp_path / "out", "--work", str(tmp_path / "work"), "--train-minutes", "0")
+    tuned = [r for r in rows if r.method == "fine-tuned"]
+    steps = of(tuned, metric="steps")["fine-tuned"]
+    assert tables.value(tuned, metric="stopped_by") == "deadline" and steps.value == 1
+    assert steps.extra["config"]["loss_chunk_size"] > 0 and steps.extra["config"]["activation_checkpointing"]
+    assert set(of(rows, metric="perplexity")) == {"base", "yarn s=4, no fine-tune", "fine-tuned"}
+    assert {r.setting["length"] for r in tuned if r.metric == "perplexity"} == {256, 512, 1024}
+    assert {r.setting["length"] for r in tuned if r.metric == "passkey"} == {1024}
     has_ruler = importlib.util.find_spec("hf_posext.eval.ruler") is not None
-    assert tuned["ruler"]["status"] == ("ok" if has_ruler else "skip"), tuned["ruler"]
-    assert report["goals"]["passkey_at_longest"]["goal"] == ">= 0.9"
+    ruler = of(tuned, metric="ruler")["fine-tuned"]
+    assert ruler.value == ("ok" if has_ruler else "skip"), ruler.extra
+    assert of(tuned, metric="goal_passkey_at_longest")["fine-tuned"].extra["goal"] == ">= 0.9"
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert "## Evaluation" in card and "| fine-tuned" in card
     assert (tmp_path / "out" / "perplexity.png").is_file() and (tmp_path / "out" / "passkey.png").is_file()
@@ -71,36 +78,37 @@ def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_
 
 
 def test_mfu_measures_the_recipe_and_the_plain_step_and_skips_liger_on_cpu(tmp_path, monkeypatch):
-    report = smoke("mfu", tmp_path / "out", "--lengths", "128", "--profile")
-    by_variant = {row["variant"]: row for row in report["rows"]}
-    assert by_variant["recipe"]["status"] == "ok" and by_variant["plain"]["status"] == "ok"
-    assert by_variant["liger"]["status"] == "skip"
+    rows = smoke("mfu", tmp_path / "out", "--lengths", "128", "--profile")
+    assert set(of(rows, metric="step_s")) == {"recipe", "plain"}
+    assert {m: r.value for m, r in of(rows, metric="status").items()} == {"liger": "skip",
+                                                                          "liger_kernels_chunked_loss": "skip"}
     # Same weights, same tokens: the chunked loss is the model's own loss.
-    assert by_variant["recipe"]["first_loss"] == pytest.approx(by_variant["plain"]["first_loss"], rel=1e-5)
-    assert "Name" in by_variant["recipe"]["profile"]
+    first_loss = of(rows, metric="first_loss")
+    assert first_loss["recipe"].value == pytest.approx(first_loss["plain"].value, rel=1e-5)
+    assert "Name" in of(rows, metric="step_s")["recipe"].extra["profile"]
     table = docs_table("gpu-mfu", "mfu", tmp_path / "out", monkeypatch)
     assert "| `recipe` | 128 |" in table and "| `liger` | - | skip |" in table
 
 
 def test_prefill_reports_exact_against_transformers_and_decode_against_static(tmp_path, monkeypatch):
-    report = smoke("prefill", tmp_path / "out", "--original-lengths", "16")
-    rows = [row for row in report["prefill"] if row["status"] == "ok"]
-    assert {row["method"] for row in rows} == {"dynamic_ntk", "dynamic_yarn"}
-    assert all(row["tokens"] == 64 and row["ratio"] > 0 for row in rows)
-    ratios = [row["decode_ratio_vs_static"] for row in report["decode"]["rows"] if "decode_ratio_vs_static" in row]
-    assert len(ratios) == 4 and all(r > 0 for r in ratios)
+    rows = smoke("prefill", tmp_path / "out", "--original-lengths", "16")
+    ratios = [r for r in rows if r.benchmark == "dynamic_prefill" and r.metric == "ratio"]
+    assert {r.method for r in ratios} == {"dynamic_ntk", "dynamic_yarn"}
+    assert all(r.setting["tokens"] == 64 and r.value > 0 for r in ratios)
+    decode = [r.value for r in rows if r.metric == "decode_ratio_vs_static"]
+    assert len(decode) == 4 and all(r > 0 for r in decode)
     table = docs_table("gpu-prefill", "prefill", tmp_path / "out", monkeypatch)
     assert "| 64 | dynamic_ntk |" in table and "vs static" in table
 
 
 def test_sedca_skips_with_a_line_without_the_methods_and_measures_any_registered_ones(tmp_path, monkeypatch):
-    report = smoke("sedca", tmp_path / "default")
+    rows = smoke("sedca", tmp_path / "default")
     registered = {"self_extend", "dca"} <= set(hf_posext.available_methods())
-    assert report["status"] == ("ok" if registered else "skip")
+    assert ("all" in of(rows, metric="status")) is not registered
     # The measuring path itself, on methods every checkout has.
-    report = smoke("sedca", tmp_path / "yarn", "--methods", "yarn", "--method-args", '{"yarn": {"factor": 4}}')
-    assert {(r["variant"], r["status"]) for r in report["speed"]} == {("sdpa", "ok"), ("yarn", "ok")}
-    assert report["parity"]["methods"]["yarn"]["ok"]
+    rows = smoke("sedca", tmp_path / "yarn", "--methods", "yarn", "--method-args", '{"yarn": {"factor": 4}}')
+    assert set(of(rows, metric="prefill_s")) == {"sdpa", "yarn"} and not of(rows, metric="status")
+    assert of(rows, benchmark="gpu_sedca_parity", metric="ok")["yarn"].value
     table = docs_table("gpu-sedca", "sedca", tmp_path / "yarn", monkeypatch)
     assert "| `yarn` | 256 |" in table and "yarn: ok" in table
 

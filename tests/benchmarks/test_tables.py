@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def test_every_marked_block_in_the_docs_is_what_the_generator_writes_from_the_co
 @pytest.mark.parametrize("name", sorted(tables.TABLES))
 def test_every_table_renders_from_what_is_committed(name):
     text = tables.render(name)
-    assert text.startswith(("|", "_Not measured yet", "_Skipped", "NVIDIA")), text[:200]
+    assert text.startswith(("_Not measured yet", "_Skipped")) or re.search(r"^\|-", text, re.M), text[:200]
 
 
 def test_a_table_cell_is_the_json_value_of_its_row_and_column():
