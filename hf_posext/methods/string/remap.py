@@ -1,4 +1,4 @@
-"""STRING's positions as a :class:`hf_posext.attention.remap.SplitLayout`.
+"""STRING's positions as a :class:`hf_posext.attention.layout.SplitLayout`.
 
 Pairs closer than S score at their true positions; farther ones with the query moved back by
 ``S - W`` (the key stays), as the authors' ``position_ids - shifted_offset + small_local_value``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention.remap import PairLayout, SplitLayout, group_queries, positioned_split, rotate_by
+from ...attention.layout import PairLayout, SplitLayout, group_queries, positioned_split, rotate_by
 
 
 class StringRemapping:
