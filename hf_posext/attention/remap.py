@@ -1,11 +1,11 @@
 """Attention over remapped positions: what the training-free methods (Self-Extend, DCA, STRING, ReRoPE) share.
 
-:func:`segmented_attention` scores each block of query rows against its keys as a few
-column segments, each with its own (query, key) variant, or two variants chosen per pair; the
-segments are concatenated into one row of scores, masked and normalised by one fp32 softmax. It
-never holds more than one ``[block, keys]`` score matrix per head, whatever the length.
-The methods say where their segments are (:class:`~.layout.Layout`); the maths is in
-``docs/methods/training_free.md``.
+:func:`remap_attention` is transformers' attention function of a remapped model. It asks the
+method for the pieces of each query block (a :class:`~.layout.Layout`) and scores them by one of
+two paths that agree to fp32 rounding: :mod:`.flash_segments`' fused flash kernel per piece,
+merged by log-sum-exp (CPU inference without a padding mask), or :func:`segmented_attention`,
+which concatenates each block's pieces into one ``[block, keys]`` score row under one fp32
+softmax (masks, training, accelerators). The maths is in ``docs/methods/training_free.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .. import integration
+from .flash_segments import flash_available, flash_segmented_attention
 from .layout import Layout
 
 #: The attribute of an attention module holding its :class:`RemapState`.
@@ -120,9 +121,11 @@ def remap_attention(
         pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
         layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
         mask = None if attention_mask is None else pick(attention_mask)
-        fused = mask is None and flash_available(module, kwargs, query)
-        attend = flash_segmented_attention if fused else segmented_attention
-        out = attend(module, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
+        if mask is None and flash_available(module, kwargs, query):
+            scale = attention_scale(module, kwargs, value.shape[-1])
+            out = flash_segmented_attention(pick(value), layout, past, seq, int(offset), heads, scale)
+        else:
+            out = segmented_attention(module, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
         if every:
             output = out
         else:
@@ -170,6 +173,12 @@ def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Te
     return last - (kv_len - 1)
 
 
+def attention_scale(module: nn.Module, kwargs: dict[str, Any], head_dim: int) -> float:
+    """The score scale the kernel would use: ``scaling`` among the arguments, else the module's, else ``head_dim ** -0.5``."""
+    scaling = kwargs.get("scaling")
+    return float(scaling if scaling is not None else getattr(module, "scaling", head_dim**-0.5))
+
+
 def _block_size(heads: int, kv_len: int) -> int:
     return max(1, BLOCK_ELEMENTS // max(1, heads * kv_len))
 
@@ -204,8 +213,7 @@ def segmented_attention(
     """
     rows, kv_heads, kv_len, _ = value.shape
     groups = heads // kv_heads
-    scaling = kwargs.get("scaling")
-    scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))
+    scaling = attention_scale(module, kwargs, value.shape[-1])
     softcap = kwargs.get("softcap")
     dropout = float(kwargs.get("dropout", 0.0) or 0.0) if module.training else 0.0
     value32 = value.to(torch.float32)
@@ -255,88 +263,6 @@ def segmented_attention(
                 probs = nn.functional.dropout(probs, p=dropout, training=True)
             out = torch.matmul(probs, values)
         output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
-    return output
-
-
-def _records(query: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and query.requires_grad
-
-
-#: Query rows per block of the fused path (its masks are ``[rows, window]`` at most).
-FLASH_BLOCK = 256
-
-
-def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tensor) -> bool:
-    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor, no autograd.
-
-    The kernel's backward ignores the gradient of its log-sum-exp, which the merge of the pieces
-    needs (training through it gave gradients tens of percent off): training takes the score path.
-    """
-    return (query.device.type == "cpu" and kwargs.get("softcap") is None and not _records(query)
-            and not (module.training and kwargs.get("dropout"))
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
-
-
-def flash_segmented_attention(
-    module: nn.Module,
-    value: torch.Tensor,
-    attention_mask: None,
-    layout: Layout,
-    past: int,
-    seq: int,
-    offset: int,
-    heads: int,
-    kwargs: dict[str, Any],
-) -> torch.Tensor:
-    """:func:`segmented_attention` by PyTorch's fused CPU flash kernel, one call per piece, merged by log-sum-exp.
-
-    The kernel returns each piece's output and log-sum-exp, so the union of the pieces is one
-    exact softmax without any score matrix in memory (the ChunkLlama / LongLM flash paths merge
-    the same way). Only for causal inputs without a padding mask; arguments as :func:`segmented_attention`.
-    """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    rows, kv_heads, _, dim = value.shape
-    groups = heads // kv_heads
-    scaling = kwargs.get("scaling")
-    scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))
-    value32 = value.to(torch.float32)
-    output = value32.new_empty(rows, seq, heads, dim)
-    for start, stop in layout.blocks(past, seq, offset, FLASH_BLOCK):
-        block = stop - start
-        total_out: torch.Tensor | None = None
-        total_lse: torch.Tensor | None = None
-        for piece in layout.pieces(start, stop):
-            v = value32[:, :, piece.start : piece.stop]
-            if piece.causal:
-                q = piece.query.reshape(rows, heads, block, -1)
-                out, lse = flash(q, piece.key.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
-                                 0.0, True, scale=scaling)
-                parts = [(out, lse)]
-            elif piece.other is None:
-                out, lse = flash(piece.query, piece.key, v, 0.0, False, scale=scaling)
-                parts = [(out.reshape(rows, heads, block, -1), lse.reshape(rows, heads, block))]
-            else:
-                parts = []
-                for (q, k), allowed in (((piece.query, piece.key), piece.first),
-                                        (piece.other, ~piece.first)):
-                    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=v.device)
-                    bias.masked_fill_(~allowed, float("-inf"))
-                    out, lse = flash(q, k, v, 0.0, False, attn_mask=bias.repeat(groups, 1)[None, None], scale=scaling)
-                    # the kernel gives a row with no allowed key lse = 0 (and output 0): mark it empty
-                    lse = lse.reshape(rows, heads, block).masked_fill(~allowed.any(-1), float("-inf"))
-                    parts.append((out.reshape(rows, heads, block, -1), lse))
-            for out, lse in parts:
-                empty = torch.isneginf(lse)
-                out = torch.where(empty[..., None], 0.0, out)
-                if total_out is None:
-                    total_out, total_lse = out, lse
-                    continue
-                merged = torch.logaddexp(total_lse, lse)
-                keep = torch.where(torch.isneginf(merged), 0.0, torch.exp(total_lse - merged))
-                add = torch.where(torch.isneginf(merged), 0.0, torch.exp(lse - merged))
-                total_out = total_out * keep[..., None] + out * add[..., None]
-                total_lse = merged
-        output[:, start:stop] = total_out.transpose(1, 2)
     return output
 
 
