@@ -121,11 +121,7 @@ def remap_attention(
         pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
         layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
         mask = None if attention_mask is None else pick(attention_mask)
-        if mask is None and flash_available(module, kwargs, query):
-            scale = attention_scale(module, kwargs, value.shape[-1])
-            out = flash_segmented_attention(pick(value), layout, past, seq, int(offset), heads, scale)
-        else:
-            out = segmented_attention(module, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
+        out = attend(module, query, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
         if every:
             output = out
         else:
@@ -158,7 +154,7 @@ def positioned_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
         pick = slice(row, row + 1)
         layout = state.remapping.positioned_layout(query[pick], key[pick], positions, state.rotary.inv_freq)
         mask = None if attention_mask is None else attention_mask[pick]
-        output[pick] = segmented_attention(module, value[pick], mask, layout, 0, seq, 0, heads, kwargs)
+        output[pick] = attend(module, query, value[pick], mask, layout, 0, seq, 0, heads, kwargs)
     return output.to(query.dtype)
 
 
@@ -171,6 +167,18 @@ def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Te
     """
     last = position_ids[:, -1].expand(batch) if position_ids.shape[0] == 1 else position_ids[:, -1]
     return last - (kv_len - 1)
+
+
+def attend(module: nn.Module, query: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+           layout: Layout, past: int, seq: int, offset: int, heads: int, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The layout's attention by the fused path where it runs (no mask, :func:`flash_available`), else the score path.
+
+    Arguments as :func:`segmented_attention`'s; ``query`` is the kernel's, for what the paths need of it.
+    """
+    if attention_mask is None and flash_available(module, kwargs, query):
+        scale = attention_scale(module, kwargs, value.shape[-1])
+        return flash_segmented_attention(value, layout, past, seq, offset, heads, scale)
+    return segmented_attention(module, value, attention_mask, layout, past, seq, offset, heads, kwargs)
 
 
 def attention_scale(module: nn.Module, kwargs: dict[str, Any], head_dim: int) -> float:
