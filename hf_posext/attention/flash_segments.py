@@ -77,12 +77,12 @@ def flash_segmented_attention(value: torch.Tensor, layout: Layout, past: int, se
         scale: the score scale.
 
     Returns:
-        ``[rows, seq, heads, head_dim]`` float32.
+        ``[rows, seq, heads, head_dim]`` in ``value``'s dtype (each block merged in fp32, then rounded once).
     """
     rows, kv_heads, _, dim = value.shape
     groups = heads // kv_heads
     value32 = value.to(torch.float32)
-    output = value32.new_empty(rows, seq, heads, dim)
+    output = value.new_empty(rows, seq, heads, dim)
     for start, stop in layout.blocks(past, seq, offset, FLASH_BLOCK):
         block = stop - start
         outs: list[torch.Tensor] = []

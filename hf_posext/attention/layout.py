@@ -39,6 +39,39 @@ def rotate_by(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> t
     return torch.cat((*turned, x[..., 2 * half :]), dim=-1) if 2 * half < x.shape[-1] else torch.cat(turned, dim=-1)
 
 
+class Queries:
+    """One query variant, made block by block as the pieces ask for it: the kernel's queries, scaled and turned.
+
+    A variant holds the kernel's queries, not a turned copy: its memory is one block's rows (DCA
+    has three variants; an fp32 copy of a bf16 model's queries alone is twice their size).
+
+    Args:
+        query: ``[rows, heads, seq, d]`` as the kernel receives them.
+        kv_heads: key heads; the queries of one key head are grouped (GQA without repeating keys).
+        delta: ``[rows, seq]`` positions to turn each query by (:func:`rotate_by`); ``None``: as they are.
+        inv_freq: the rotary frequencies, with ``delta``.
+        scale: multiplies the queries first: a float, or ``[rows, seq]`` per query.
+    """
+
+    def __init__(self, query: torch.Tensor, kv_heads: int, delta: torch.Tensor | None = None,
+                 inv_freq: torch.Tensor | None = None, scale: float | torch.Tensor | None = None) -> None:
+        if delta is not None and inv_freq is None:
+            raise ValueError("Queries turned by delta need the rotary inv_freq")
+        self.query, self.kv_heads, self.delta, self.inv_freq, self.scale = query, kv_heads, delta, inv_freq, scale
+
+    def block(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` as ``[rows, kv_heads, groups * (stop - start), d]`` float32, group by group."""
+        query = self.query[:, :, start:stop].to(torch.float32)
+        if isinstance(self.scale, torch.Tensor):
+            query = query * self.scale[:, None, start:stop, None]
+        elif self.scale is not None:
+            query = query * self.scale
+        if self.delta is not None and self.inv_freq is not None:
+            query = rotate_by(query, self.delta[:, start:stop], self.inv_freq)
+        rows, heads, block, dim = query.shape
+        return query.reshape(rows, self.kv_heads, heads // self.kv_heads * block, dim)
+
+
 @dataclass
 class Piece:
     """Keys ``[start, stop)`` of one query block, scored by ``query . key``, or per pair by one of two variants.
@@ -76,16 +109,15 @@ class Layout(Protocol):
 class SplitLayout:
     """Pairs closer than ``window`` score ``near``, farther ones ``far``: Self-Extend, STRING, ReRoPE.
 
-    Each variant is a (query, key) pair of tensors, queries as :func:`group_queries` gives them
-    (``[rows, kv_heads, groups, seq, d]``), keys ``[rows, kv_heads, kv_len, d]``; the far key may be
-    the near one (STRING turns only the query). For a block of at most ``window`` query rows ``[a, b)``
+    Each variant is a (:class:`Queries`, keys ``[rows, kv_heads, kv_len, d]`` float32) pair; the far
+    key may be the near one (STRING turns only the query). For a block of at most ``window`` query rows ``[a, b)``
     keys ``j <= a - window`` are far for every row, keys ``j > b - 1 - window`` near for every row (the
     block's own keys a causal square), and the ``b - a - 1`` columns between are chosen per pair
     (``i - j < window``: near), as the authors' selection merge.
     """
 
-    def __init__(self, window: int, past: int, near: tuple[torch.Tensor, torch.Tensor],
-                 far: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def __init__(self, window: int, past: int, near: tuple[Queries, torch.Tensor],
+                 far: tuple[Queries, torch.Tensor]) -> None:
         self.window, self.past = window, past
         self.query, self.key = near
         self.far_query, self.far_key = far
@@ -99,16 +131,16 @@ class SplitLayout:
         a, b, window = self.past + start, self.past + stop, self.window
         far = max(0, min(a - window + 1, b))
         mixed = max(far, b - window)
-        near_query = block_rows(self.query, start, stop)
+        near_query = self.query.block(start, stop)
+        far_query = self.far_query.block(start, stop) if mixed > 0 else None
         pieces = []
-        if far > 0:
-            pieces.append(Piece(0, far, block_rows(self.far_query, start, stop), self.far_key[:, :, :far]))
-        if mixed > far:
+        if far_query is not None and far > 0:
+            pieces.append(Piece(0, far, far_query, self.far_key[:, :, :far]))
+        if far_query is not None and mixed > far:
             rows = torch.arange(a, b, device=self.key.device)[:, None]
             near = rows - torch.arange(far, mixed, device=self.key.device)[None, :] < window
             pieces.append(Piece(far, mixed, near_query, self.key[:, :, far:mixed],
-                                other=(block_rows(self.far_query, start, stop), self.far_key[:, :, far:mixed]),
-                                first=near))
+                                other=(far_query, self.far_key[:, :, far:mixed]), first=near))
         if a > mixed:
             pieces.append(Piece(mixed, a, near_query, self.key[:, :, mixed:a]))
         pieces.append(Piece(a, b, near_query, self.key[:, :, a:b], causal=True))
@@ -119,13 +151,12 @@ class PairLayout:
     """A :class:`Layout` where every pair picks its variant by its own positions (two or three variants).
 
     Args:
-        variants: ``(query, key)`` pairs, queries as :func:`group_queries` gives them
-            ``[1, kv_heads, groups, seq, d]``, keys ``[1, kv_heads, seq, d]``.
+        variants: (:class:`Queries`, keys ``[1, kv_heads, seq, d]`` float32) pairs.
         choices: ``[seq, seq]`` bool masks: ``choices[0]`` picks the first variant, ``choices[1]``
             (with three variants) the second among the rest.
     """
 
-    def __init__(self, variants: list[tuple[torch.Tensor, torch.Tensor]], choices: list[torch.Tensor]) -> None:
+    def __init__(self, variants: list[tuple[Queries, torch.Tensor]], choices: list[torch.Tensor]) -> None:
         self.variants, self.choices = variants, choices
 
     def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
@@ -134,24 +165,13 @@ class PairLayout:
 
     def pieces(self, start: int, stop: int) -> list[Piece]:
         (q0, k0), (q1, k1), *rest = self.variants
-        third = (block_rows(rest[0][0], start, stop), rest[0][1][:, :, :stop]) if rest else None
-        return [Piece(0, stop, block_rows(q0, start, stop), k0[:, :, :stop],
-                      other=(block_rows(q1, start, stop), k1[:, :, :stop]), first=self.choices[0][start:stop, :stop],
+        third = (rest[0][0].block(start, stop), rest[0][1][:, :, :stop]) if rest else None
+        return [Piece(0, stop, q0.block(start, stop), k0[:, :, :stop],
+                      other=(q1.block(start, stop), k1[:, :, :stop]), first=self.choices[0][start:stop, :stop],
                       third=third, second=self.choices[1][start:stop, :stop] if rest else None)]
 
 
-def positioned_split(window: int, positions: torch.Tensor, near: tuple[torch.Tensor, torch.Tensor],
-                     far: tuple[torch.Tensor, torch.Tensor]) -> PairLayout:
+def positioned_split(window: int, positions: torch.Tensor, near: tuple[Queries, torch.Tensor],
+                     far: tuple[Queries, torch.Tensor]) -> PairLayout:
     """:class:`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near when ``i - j < window``."""
     return PairLayout([near, far], [positions[:, None] - positions[None, :] < window])
-
-
-def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """``[batch, heads, seq, dim]`` -> ``[batch, kv_heads, groups, seq, dim]`` (GQA without repeating keys)."""
-    batch, heads, seq, dim = query.shape
-    return query.reshape(batch, kv_heads, heads // kv_heads, seq, dim)
-
-
-def block_rows(query: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Rows ``[start, stop)`` of a :func:`group_queries` tensor as ``[batch, kv_heads, groups * block, dim]``."""
-    return query[:, :, :, start:stop].flatten(2, 3)
