@@ -1,29 +1,23 @@
 """Attention over remapped positions: what the training-free methods (Self-Extend, DCA, STRING, ReRoPE) share.
 
-In transformers 5 an attention function receives queries and keys already rotated at their true
-positions. A method that scores some (query, key) pairs at other positions turns them further by
-the difference, ``R(p' theta) x = R((p' - p) theta) R(p theta) x`` (:func:`rotate_by`, fp32); the
-rotary module's attention factor is already in q and k, so it is counted once.
-
-:func:`segmented_attention` then scores each block of query rows against its keys as a few
-column segments, each with its own (query, key) variant, or two variants chosen per pair; the
-segments are concatenated into one row of scores, masked and normalised by one fp32 softmax. It
-never holds more than one ``[block, keys]`` score matrix per head, whatever the length.
-The methods say where their segments are (:class:`Layout`); the maths is in
-``docs/methods/training_free.md``. Longer than ~400 lines: the score path, the fused merge and
-the positioned path read the same pieces, and are checked against each other.
+:func:`remap_attention` is transformers' attention function of a remapped model. It asks the
+method for the pieces of each query block (a :class:`~.layout.Layout`) and scores them by one of
+two paths that agree to fp32 rounding: :mod:`.flash_segments`' fused flash kernel per piece,
+merged by log-sum-exp (CPU inference without a padding mask), or :func:`segmented_attention`,
+which concatenates each block's pieces into one ``[block, keys]`` score row under one fp32
+softmax (masks, training, accelerators). The maths is in ``docs/methods/training_free.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from .. import integration
+from .flash_segments import flash_available, flash_segmented_attention
+from .layout import Layout
 
 #: The attribute of an attention module holding its :class:`RemapState`.
 STATE_ATTR = "_hf_posext_remap"
@@ -35,133 +29,6 @@ ATTENTION_PREFIX = "hf_posext_remap_"
 SAVED_ATTENTION = "hf_posext_remap (requires: import hf_posext)"
 #: Score elements per head group and block: keeps one block's scores near 64 MiB in fp32.
 BLOCK_ELEMENTS = 2**24
-
-
-def rotate_by(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Turn already-rotated ``x`` by ``delta`` more positions, rotate-half pairing, in fp32.
-
-    Args:
-        x: ``[batch, heads, seq, head_dim]``; channels past ``2 * len(inv_freq)`` are passed through.
-        delta: ``[batch, seq]`` position differences (integers).
-        inv_freq: ``[rotary_dim // 2]`` the rotary module's frequencies.
-
-    Returns:
-        ``[batch, heads, seq, head_dim]`` float32.
-    """
-    half = inv_freq.shape[0]
-    angles = delta.to(torch.float32)[:, None, :, None] * inv_freq.to(device=x.device, dtype=torch.float32)
-    cos, sin = angles.cos(), angles.sin()
-    x = x.to(torch.float32)
-    first, second = x[..., :half], x[..., half : 2 * half]
-    turned = (first * cos - second * sin, second * cos + first * sin)
-    return torch.cat((*turned, x[..., 2 * half :]), dim=-1) if 2 * half < x.shape[-1] else torch.cat(turned, dim=-1)
-
-
-@dataclass
-class Piece:
-    """Keys ``[start, stop)`` of one query block, scored by ``query . key``, or per pair by one of two variants.
-
-    ``query`` is ``[rows, kv_heads, groups * block, head_dim]``, ``key`` ``[rows, kv_heads, keys, head_dim]``
-    (already sliced to the piece). With ``other`` set, a pair scores ``query . key`` where
-    ``first`` (``[block, stop - start]`` bool) is True and ``other[0] . other[1]`` elsewhere.
-    """
-
-    start: int
-    stop: int
-    query: torch.Tensor
-    key: torch.Tensor
-    other: tuple[torch.Tensor, torch.Tensor] | None = None
-    first: torch.Tensor | None = None
-    #: The block's own keys (``stop - start`` = rows): causal, top-left aligned.
-    causal: bool = False
-    #: A third variant: where ``first`` is False, ``other`` scores where ``second`` is True, ``third`` elsewhere.
-    third: tuple[torch.Tensor, torch.Tensor] | None = None
-    second: torch.Tensor | None = None
-
-
-class Layout(Protocol):
-    """Where a method's score segments are, for the rows of a batch that share one position offset."""
-
-    def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
-        """Query row ranges ``[start, stop)`` (0-based among the new tokens) of at most ``size`` rows."""
-        ...
-
-    def pieces(self, start: int, stop: int) -> list[Piece]:
-        """The pieces of query rows ``[start, stop)``, covering keys ``[0, past + stop)`` in order."""
-        ...
-
-
-class SplitLayout:
-    """Pairs closer than ``window`` score ``near``, farther ones ``far``: Self-Extend, STRING, ReRoPE.
-
-    Each variant is a (query, key) pair of tensors, queries as :func:`group_queries` gives them
-    (``[rows, kv_heads, groups, seq, d]``), keys ``[rows, kv_heads, kv_len, d]``; the far key may be
-    the near one (STRING turns only the query). For a block of at most ``window`` query rows ``[a, b)``
-    keys ``j <= a - window`` are far for every row, keys ``j > b - 1 - window`` near for every row (the
-    block's own keys a causal square), and the ``b - a - 1`` columns between are chosen per pair
-    (``i - j < window``: near), as the authors' selection merge.
-    """
-
-    def __init__(self, window: int, past: int, near: tuple[torch.Tensor, torch.Tensor],
-                 far: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.window, self.past = window, past
-        self.query, self.key = near
-        self.far_query, self.far_key = far
-
-    def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
-        size = min(size, self.window)  # then a block's mixed columns all precede its own keys
-        for start in range(0, seq, size):
-            yield start, min(seq, start + size)
-
-    def pieces(self, start: int, stop: int) -> list[Piece]:
-        a, b, window = self.past + start, self.past + stop, self.window
-        far = max(0, min(a - window + 1, b))
-        mixed = max(far, b - window)
-        near_query = block_rows(self.query, start, stop)
-        pieces = []
-        if far > 0:
-            pieces.append(Piece(0, far, block_rows(self.far_query, start, stop), self.far_key[:, :, :far]))
-        if mixed > far:
-            rows = torch.arange(a, b, device=self.key.device)[:, None]
-            near = rows - torch.arange(far, mixed, device=self.key.device)[None, :] < window
-            pieces.append(Piece(far, mixed, near_query, self.key[:, :, far:mixed],
-                                other=(block_rows(self.far_query, start, stop), self.far_key[:, :, far:mixed]),
-                                first=near))
-        if a > mixed:
-            pieces.append(Piece(mixed, a, near_query, self.key[:, :, mixed:a]))
-        pieces.append(Piece(a, b, near_query, self.key[:, :, a:b], causal=True))
-        return pieces
-
-
-class PairLayout:
-    """A :class:`Layout` where every pair picks its variant by its own positions (two or three variants).
-
-    Args:
-        variants: ``(query, key)`` pairs, queries as :func:`group_queries` gives them
-            ``[1, kv_heads, groups, seq, d]``, keys ``[1, kv_heads, seq, d]``.
-        choices: ``[seq, seq]`` bool masks: ``choices[0]`` picks the first variant, ``choices[1]``
-            (with three variants) the second among the rest.
-    """
-
-    def __init__(self, variants: list[tuple[torch.Tensor, torch.Tensor]], choices: list[torch.Tensor]) -> None:
-        self.variants, self.choices = variants, choices
-
-    def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
-        for start in range(0, seq, size):
-            yield start, min(seq, start + size)
-
-    def pieces(self, start: int, stop: int) -> list[Piece]:
-        (q0, k0), (q1, k1), *rest = self.variants
-        third = (block_rows(rest[0][0], start, stop), rest[0][1][:, :, :stop]) if rest else None
-        return [Piece(0, stop, block_rows(q0, start, stop), k0[:, :, :stop],
-                      other=(block_rows(q1, start, stop), k1[:, :, :stop]), first=self.choices[0][start:stop, :stop],
-                      third=third, second=self.choices[1][start:stop, :stop] if rest else None)]
-
-
-def positioned_split(window: int, positions: torch.Tensor, near: tuple[torch.Tensor, torch.Tensor],
-                     far: tuple[torch.Tensor, torch.Tensor]) -> PairLayout:
-    """:class:`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near when ``i - j < window``."""
-    return PairLayout([near, far], [positions[:, None] - positions[None, :] < window])
 
 
 class Remapping(Protocol):
@@ -254,9 +121,7 @@ def remap_attention(
         pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
         layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
         mask = None if attention_mask is None else pick(attention_mask)
-        fused = mask is None and flash_available(module, kwargs, query)
-        attend = flash_segmented_attention if fused else segmented_attention
-        out = attend(module, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
+        out = attend(module, query, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
         if every:
             output = out
         else:
@@ -289,7 +154,7 @@ def positioned_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
         pick = slice(row, row + 1)
         layout = state.remapping.positioned_layout(query[pick], key[pick], positions, state.rotary.inv_freq)
         mask = None if attention_mask is None else attention_mask[pick]
-        output[pick] = segmented_attention(module, value[pick], mask, layout, 0, seq, 0, heads, kwargs)
+        output[pick] = attend(module, query, value[pick], mask, layout, 0, seq, 0, heads, kwargs)
     return output.to(query.dtype)
 
 
@@ -302,6 +167,24 @@ def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Te
     """
     last = position_ids[:, -1].expand(batch) if position_ids.shape[0] == 1 else position_ids[:, -1]
     return last - (kv_len - 1)
+
+
+def attend(module: nn.Module, query: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+           layout: Layout, past: int, seq: int, offset: int, heads: int, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The layout's attention by the fused path where it runs (no mask, :func:`flash_available`), else the score path.
+
+    Arguments as :func:`segmented_attention`'s; ``query`` is the kernel's, for what the paths need of it.
+    """
+    if attention_mask is None and flash_available(module, kwargs, query):
+        scale = attention_scale(module, kwargs, value.shape[-1])
+        return flash_segmented_attention(value, layout, past, seq, offset, heads, scale)
+    return segmented_attention(module, value, attention_mask, layout, past, seq, offset, heads, kwargs)
+
+
+def attention_scale(module: nn.Module, kwargs: dict[str, Any], head_dim: int) -> float:
+    """The score scale the kernel would use: ``scaling`` among the arguments, else the module's, else ``head_dim ** -0.5``."""
+    scaling = kwargs.get("scaling")
+    return float(scaling if scaling is not None else getattr(module, "scaling", head_dim**-0.5))
 
 
 def _block_size(heads: int, kv_len: int) -> int:
@@ -338,8 +221,7 @@ def segmented_attention(
     """
     rows, kv_heads, kv_len, _ = value.shape
     groups = heads // kv_heads
-    scaling = kwargs.get("scaling")
-    scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))
+    scaling = attention_scale(module, kwargs, value.shape[-1])
     softcap = kwargs.get("softcap")
     dropout = float(kwargs.get("dropout", 0.0) or 0.0) if module.training else 0.0
     value32 = value.to(torch.float32)
@@ -390,99 +272,6 @@ def segmented_attention(
             out = torch.matmul(probs, values)
         output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
     return output
-
-
-def _records(query: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and query.requires_grad
-
-
-#: Query rows per block of the fused path (its masks are ``[rows, window]`` at most).
-FLASH_BLOCK = 256
-
-
-def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tensor) -> bool:
-    """Whether the fused CPU path runs: no mask beyond causal, no dropout or softcap, a CPU tensor, no autograd.
-
-    The kernel's backward ignores the gradient of its log-sum-exp, which the merge of the pieces
-    needs (training through it gave gradients tens of percent off): training takes the score path.
-    """
-    return (query.device.type == "cpu" and kwargs.get("softcap") is None and not _records(query)
-            and not (module.training and kwargs.get("dropout"))
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
-
-
-def flash_segmented_attention(
-    module: nn.Module,
-    value: torch.Tensor,
-    attention_mask: None,
-    layout: Layout,
-    past: int,
-    seq: int,
-    offset: int,
-    heads: int,
-    kwargs: dict[str, Any],
-) -> torch.Tensor:
-    """:func:`segmented_attention` by PyTorch's fused CPU flash kernel, one call per piece, merged by log-sum-exp.
-
-    The kernel returns each piece's output and log-sum-exp, so the union of the pieces is one
-    exact softmax without any score matrix in memory (the ChunkLlama / LongLM flash paths merge
-    the same way). Only for causal inputs without a padding mask; arguments as :func:`segmented_attention`.
-    """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    rows, kv_heads, _, dim = value.shape
-    groups = heads // kv_heads
-    scaling = kwargs.get("scaling")
-    scaling = float(scaling if scaling is not None else getattr(module, "scaling", value.shape[-1] ** -0.5))
-    value32 = value.to(torch.float32)
-    output = value32.new_empty(rows, seq, heads, dim)
-    for start, stop in layout.blocks(past, seq, offset, FLASH_BLOCK):
-        block = stop - start
-        total_out: torch.Tensor | None = None
-        total_lse: torch.Tensor | None = None
-        for piece in layout.pieces(start, stop):
-            v = value32[:, :, piece.start : piece.stop]
-            if piece.causal:
-                q = piece.query.reshape(rows, heads, block, -1)
-                out, lse = flash(q, piece.key.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
-                                 0.0, True, scale=scaling)
-                parts = [(out, lse)]
-            elif piece.other is None:
-                out, lse = flash(piece.query, piece.key, v, 0.0, False, scale=scaling)
-                parts = [(out.reshape(rows, heads, block, -1), lse.reshape(rows, heads, block))]
-            else:
-                parts = []
-                for (q, k), allowed in (((piece.query, piece.key), piece.first),
-                                        (piece.other, ~piece.first)):
-                    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=v.device)
-                    bias.masked_fill_(~allowed, float("-inf"))
-                    out, lse = flash(q, k, v, 0.0, False, attn_mask=bias.repeat(groups, 1)[None, None], scale=scaling)
-                    # the kernel gives a row with no allowed key lse = 0 (and output 0): mark it empty
-                    lse = lse.reshape(rows, heads, block).masked_fill(~allowed.any(-1), float("-inf"))
-                    parts.append((out.reshape(rows, heads, block, -1), lse))
-            for out, lse in parts:
-                empty = torch.isneginf(lse)
-                out = torch.where(empty[..., None], 0.0, out)
-                if total_out is None:
-                    total_out, total_lse = out, lse
-                    continue
-                merged = torch.logaddexp(total_lse, lse)
-                keep = torch.where(torch.isneginf(merged), 0.0, torch.exp(total_lse - merged))
-                add = torch.where(torch.isneginf(merged), 0.0, torch.exp(lse - merged))
-                total_out = total_out * keep[..., None] + out * add[..., None]
-                total_lse = merged
-        output[:, start:stop] = total_out.transpose(1, 2)
-    return output
-
-
-def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """``[batch, heads, seq, dim]`` -> ``[batch, kv_heads, groups, seq, dim]`` (GQA without repeating keys)."""
-    batch, heads, seq, dim = query.shape
-    return query.reshape(batch, kv_heads, heads // kv_heads, seq, dim)
-
-
-def block_rows(query: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Rows ``[start, stop)`` of a :func:`group_queries` tensor as ``[batch, kv_heads, groups * block, dim]``."""
-    return query[:, :, :, start:stop].flatten(2, 3)
 
 
 def refuse_unsupported(module: nn.Module, kwargs: dict[str, Any], name: str) -> None:

@@ -10,7 +10,7 @@ from methods.training_free_reference import dca_scores, reference_model
 from models import tiny_model, tokens
 
 import hf_posext
-from hf_posext.attention import remap
+from hf_posext.attention import flash_segments, remap
 from hf_posext.methods.dca import DualChunkConfig
 
 L0 = 64
@@ -27,7 +27,7 @@ def logits(model, ids):
 @pytest.mark.parametrize(("chunk", "local"), [(48, 8), (40, 30)])  # defaults; a local window with 2c - 1 < chunk
 def test_matches_chunkllama_float64_reference_at_3x(arch, impl, block_elements, chunk, local, monkeypatch):
     monkeypatch.setattr(remap, "BLOCK_ELEMENTS", block_elements)
-    monkeypatch.setattr(remap, "FLASH_BLOCK", block_elements // (4 * 192))
+    monkeypatch.setattr(flash_segments, "FLASH_BLOCK", block_elements // (4 * 192))
     base = tiny_model(arch, attn_implementation=impl)
     ids = tokens(3 * L0)
     expected = logits(reference_model(base, dca_scores, chunk_size=chunk, local_size=local), ids)

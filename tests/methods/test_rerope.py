@@ -10,7 +10,7 @@ from methods.training_free_reference import reference_model, rerope_scores
 from models import tiny_model, tokens
 
 import hf_posext
-from hf_posext.attention import remap
+from hf_posext.attention import flash_segments, remap
 from hf_posext.methods.rerope import ReRopeConfig
 
 L0 = 64
@@ -27,7 +27,7 @@ def logits(model, ids):
 @pytest.mark.parametrize(("window", "leak"), [(16, None), (16, 4), (8, 16.0)])
 def test_matches_the_authors_float64_reference_at_3x(arch, impl, block_elements, window, leak, monkeypatch):
     monkeypatch.setattr(remap, "BLOCK_ELEMENTS", block_elements)
-    monkeypatch.setattr(remap, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
+    monkeypatch.setattr(flash_segments, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
     base = tiny_model(arch, attn_implementation=impl)
     ids = tokens(3 * L0)
     expected = logits(reference_model(base, rerope_scores, window=window, leak=leak), ids)

@@ -10,7 +10,7 @@ from methods.training_free_reference import reference_model, self_extend_scores
 from models import tiny_model, tokens
 
 import hf_posext
-from hf_posext.attention import remap
+from hf_posext.attention import flash_segments, remap
 from hf_posext.methods.self_extend import SelfExtendConfig
 
 L0 = 64
@@ -26,7 +26,7 @@ def logits(model, ids):
 @pytest.mark.parametrize("block_elements", [remap.BLOCK_ELEMENTS, 4 * 192 * 7])
 def test_matches_longlm_float64_reference_at_3x(arch, impl, block_elements, monkeypatch):
     monkeypatch.setattr(remap, "BLOCK_ELEMENTS", block_elements)
-    monkeypatch.setattr(remap, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
+    monkeypatch.setattr(flash_segments, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
     base = tiny_model(arch, attn_implementation=impl)
     ids = tokens(3 * L0)
     expected = logits(reference_model(base, self_extend_scores, group_size=4, window_size=16), ids)

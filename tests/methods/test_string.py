@@ -10,7 +10,7 @@ from methods.training_free_reference import reference_model, relative_scores, st
 from models import tiny_model, tokens
 
 import hf_posext
-from hf_posext.attention import remap
+from hf_posext.attention import flash_segments, remap
 from hf_posext.methods.string import StringConfig
 
 L0 = 64
@@ -34,7 +34,7 @@ def test_the_relative_reference_with_true_distances_is_the_model():
 @pytest.mark.parametrize(("shift", "local_window"), [(24, 8), (40, 1)])
 def test_matches_the_authors_float64_reference_at_3x(arch, impl, block_elements, shift, local_window, monkeypatch):
     monkeypatch.setattr(remap, "BLOCK_ELEMENTS", block_elements)
-    monkeypatch.setattr(remap, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
+    monkeypatch.setattr(flash_segments, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
     base = tiny_model(arch, attn_implementation=impl)
     ids = tokens(3 * L0)
     expected = logits(reference_model(base, string_scores, shift=shift, local_window=local_window), ids)

@@ -1,4 +1,4 @@
-"""Dual Chunk Attention's positions as pieces of :func:`hf_posext.attention.remap.segmented_attention`.
+"""Dual Chunk Attention's positions as the pieces of a :class:`hf_posext.attention.layout.Layout`.
 
 With ``c = chunk_size - local_size`` a key at position j sits at ``j mod c``. A query at i scores
 the keys of its own chunk at ``i mod c`` (causal), those of the previous chunk at
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ...attention.remap import PairLayout, Piece, block_rows, group_queries, rotate_by
+from ...attention.layout import PairLayout, Piece, Queries, rotate_by
 
 
 class DualChunkRemapping:
@@ -39,12 +39,12 @@ class DualChunkRemapping:
         positions = positions[None]
         kv_heads = key.shape[1]
         within = positions.remainder(chunk)
-        variants = [rotate_by(query, target - positions, inv_freq)
-                    for target in (within, (within + chunk).clamp(max=size), torch.full_like(within, min(2 * chunk - 1, size)))]
+        targets = (within, (within + chunk).clamp(max=size), torch.full_like(within, min(2 * chunk - 1, size)))
         shared = rotate_by(key, within - positions, inv_freq)
         chunks = positions[0].div(chunk, rounding_mode="floor")
         relation = chunks[:, None] - chunks[None, :]
-        return PairLayout([(group_queries(q, kv_heads), shared) for q in variants], [relation == 0, relation == 1])
+        return PairLayout([(Queries(query, kv_heads, target - positions, inv_freq), shared) for target in targets],
+                          [relation == 0, relation == 1])
 
 
 class _Layout:
@@ -56,9 +56,9 @@ class _Layout:
         query_pos = key_pos[:, past:]
         within = query_pos.remainder(chunk)
         self.chunk, self.past, self.offset = chunk, past, offset
-        self.intra = group_queries(rotate_by(query, within - query_pos, inv_freq), kv_heads)
-        self.succ = group_queries(rotate_by(query, (within + chunk).clamp(max=size) - query_pos, inv_freq), kv_heads)
-        self.inter = group_queries(rotate_by(query, min(2 * chunk - 1, size) - query_pos, inv_freq), kv_heads)
+        self.intra = Queries(query, kv_heads, within - query_pos, inv_freq)
+        self.succ = Queries(query, kv_heads, (within + chunk).clamp(max=size) - query_pos, inv_freq)
+        self.inter = Queries(query, kv_heads, min(2 * chunk - 1, size) - query_pos, inv_freq)
         self.key = rotate_by(key, key_pos.remainder(chunk) - key_pos, inv_freq)
 
     def blocks(self, past: int, seq: int, offset: int, size: int) -> Iterator[tuple[int, int]]:
@@ -75,12 +75,13 @@ class _Layout:
         own_start, previous_start = max(0, own), max(0, own - self.chunk)
         pieces = []
         if previous_start > 0:
-            pieces.append(Piece(0, previous_start, block_rows(self.inter, start, stop), self.key[:, :, :previous_start]))
+            pieces.append(Piece(0, previous_start, self.inter.block(start, stop), self.key[:, :, :previous_start]))
         if own_start > previous_start:
-            pieces.append(Piece(previous_start, own_start, block_rows(self.succ, start, stop),
+            pieces.append(Piece(previous_start, own_start, self.succ.block(start, stop),
                                 self.key[:, :, previous_start:own_start]))
         a = self.past + start
+        intra = self.intra.block(start, stop)
         if a > own_start:
-            pieces.append(Piece(own_start, a, block_rows(self.intra, start, stop), self.key[:, :, own_start:a]))
-        pieces.append(Piece(a, b, block_rows(self.intra, start, stop), self.key[:, :, a:b], causal=True))
+            pieces.append(Piece(own_start, a, intra, self.key[:, :, own_start:a]))
+        pieces.append(Piece(a, b, intra, self.key[:, :, a:b], causal=True))
         return pieces

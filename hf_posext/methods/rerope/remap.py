@@ -1,4 +1,4 @@
-"""ReRoPE's positions as a :class:`hf_posext.attention.remap.SplitLayout`.
+"""ReRoPE's positions as a :class:`hf_posext.attention.layout.SplitLayout`.
 
 Pairs closer than w score at their true positions. Farther ones: ReRoPE puts the query at w and the
 key at 0 (``rerope_patch.py``); leaky ReRoPE puts the query at ``(i + w (k - 1)) / k`` and the key at
@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ...attention.remap import PairLayout, SplitLayout, group_queries, positioned_split, rotate_by
+from ...attention.layout import PairLayout, Queries, SplitLayout, positioned_split, rotate_by
 
 
 class ReRopeRemapping:
@@ -41,17 +41,16 @@ class ReRopeRemapping:
 
     def _variants(self, query: torch.Tensor, key: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor,
                   inv_freq: torch.Tensor
-                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+                  ) -> tuple[tuple[Queries, torch.Tensor], tuple[Queries, torch.Tensor]]:
         window, leak = self.window, self.leak
         kv_heads = key.shape[1]
         if leak is None:
             far_query, far_key = torch.full_like(query_pos, window), torch.zeros_like(key_pos)
         else:
             far_query, far_key = (query_pos + window * (leak - 1)) / leak, key_pos / leak
+        scale = None
         if self.log_scale is not None:
             scale = (torch.log1p(query_pos) / math.log(self.log_scale)).clamp(min=1)
-            query = query.to(torch.float32) * scale[:, None, :, None]
-        near = (group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32))
-        far = (group_queries(rotate_by(query, far_query - query_pos, inv_freq), kv_heads),
-               rotate_by(key, far_key - key_pos, inv_freq))
+        near = (Queries(query, kv_heads, scale=scale), key.to(torch.float32))
+        far = (Queries(query, kv_heads, far_query - query_pos, inv_freq, scale), rotate_by(key, far_key - key_pos, inv_freq))
         return near, far

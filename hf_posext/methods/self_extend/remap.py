@@ -1,4 +1,4 @@
-"""Self-Extend's positions as a :class:`hf_posext.attention.remap.SplitLayout`.
+"""Self-Extend's positions as a :class:`hf_posext.attention.layout.SplitLayout`.
 
 Pairs closer than W score at their true positions; farther ones with the key at ``j // G`` and the
 query at ``i // G + W - W // G``, as LongLM's selection merge.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention.remap import PairLayout, SplitLayout, group_queries, rotate_by
+from ...attention.layout import PairLayout, Queries, SplitLayout, rotate_by
 
 
 class SelfExtendRemapping:
@@ -29,8 +29,8 @@ class SelfExtendRemapping:
         key_pos = (torch.arange(kv_len, device=query.device) + offset).expand(rows, kv_len)
         query_pos = key_pos[:, past:]
         grouped_query = query_pos.div(group, rounding_mode="floor") + window - window // group
-        near = (group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32))
-        far = (group_queries(rotate_by(query, grouped_query - query_pos, inv_freq), kv_heads),
+        near = (Queries(query, kv_heads), key.to(torch.float32))
+        far = (Queries(query, kv_heads, grouped_query - query_pos, inv_freq),
                rotate_by(key, key_pos.div(group, rounding_mode="floor") - key_pos, inv_freq))
         return SplitLayout(window, past, near, far)
 
@@ -40,9 +40,8 @@ class SelfExtendRemapping:
         group, window = self.group, self.window
         positions = positions[None]
         kv_heads = key.shape[1]
-        grouped_query = rotate_by(query, positions.div(group, rounding_mode="floor") + window - window // group
-                                  - positions, inv_freq)
+        grouped_query = Queries(query, kv_heads, positions.div(group, rounding_mode="floor") + window - window // group
+                                - positions, inv_freq)
         grouped_key = rotate_by(key, positions.div(group, rounding_mode="floor") - positions, inv_freq)
         near = positions[0, :, None] - positions[0, None, :] < window
-        return PairLayout([(group_queries(query.to(torch.float32), kv_heads), key.to(torch.float32)),
-                           (group_queries(grouped_query, kv_heads), grouped_key)], [near])
+        return PairLayout([(Queries(query, kv_heads), key.to(torch.float32)), (grouped_query, grouped_key)], [near])

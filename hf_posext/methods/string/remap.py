@@ -1,4 +1,4 @@
-"""STRING's positions as a :class:`hf_posext.attention.remap.SplitLayout`.
+"""STRING's positions as a :class:`hf_posext.attention.layout.SplitLayout`.
 
 Pairs closer than S score at their true positions; farther ones with the query moved back by
 ``S - W`` (the key stays), as the authors' ``position_ids - shifted_offset + small_local_value``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention.remap import PairLayout, SplitLayout, group_queries, positioned_split, rotate_by
+from ...attention.layout import PairLayout, Queries, SplitLayout, positioned_split
 
 
 class StringRemapping:
@@ -33,12 +33,10 @@ class StringRemapping:
         return positioned_split(self.shift, positions, *self._variants(query, key, inv_freq))
 
     def _variants(self, query: torch.Tensor, key: torch.Tensor, inv_freq: torch.Tensor
-                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+                  ) -> tuple[tuple[Queries, torch.Tensor], tuple[Queries, torch.Tensor]]:
         rows, kv_heads, _, _ = key.shape
         back = torch.full((rows, query.shape[2]), self.local_window - self.shift, device=query.device)
         key32 = key.to(torch.float32)
-        if self.qk_scale is not None:  # on q alone: one product scales every logit as q and k both would
-            query = query.to(torch.float32) * self.qk_scale**2
-        near = (group_queries(query.to(torch.float32), kv_heads), key32)
-        far = (group_queries(rotate_by(query, back, inv_freq), kv_heads), key32)
-        return near, far
+        # on q alone: one product scales every logit as q and k both would
+        scale = None if self.qk_scale is None else self.qk_scale**2
+        return (Queries(query, kv_heads, scale=scale), key32), (Queries(query, kv_heads, back, inv_freq, scale), key32)
