@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import PreTrainedConfig
 
 from . import integration
 from .methods import method_class
@@ -232,6 +232,8 @@ def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
         except Exception:  # noqa: BLE001, S110
             pass  # a layout the bare reading does not know: transformers' reading and the check below decide
     try:
+        from transformers import AutoConfig  # here: the Auto mappings cost a tenth of import torch
+
         config = AutoConfig.from_pretrained(source, **kwargs)
     except OSError:
         raise

@@ -12,10 +12,12 @@ import logging
 import os
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from .files import atomic_directory, verify_folder
 from .validation import path_shape, require
@@ -85,6 +87,8 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     file = _gguf_file(path)
     require("gguf", "gguf", f"reading {file.name}")  # transformers needs it; fail with the install line instead
     try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # here: ``import hf_posext`` stays light
+
         model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
     except (ValueError, struct.error, KeyError, IndexError, EOFError) as err:
@@ -113,6 +117,8 @@ def save_checkpoint(model: PreTrainedModel, tokenizer: Any, output_dir: str | os
     config = model.config.__class__.from_dict(model.config.to_dict())
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    from transformers import AutoModelForCausalLM
+
     # No random initialisation of 135M+ parameters that load_state_dict overwrites at once.
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)

@@ -6,13 +6,13 @@ hf-posext plugs into transformers 5.x through its documented extension points:
   ``__init__`` (and again by ``@dynamic_rope_update`` when ``"dynamic" in rope_type``);
 * ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
   config is validated (transformers only *warns* for a type it has no validator for);
-* ``AttentionInterface`` / ``AttentionMaskInterface``, where attention implementations are registered;
+* ``AttentionInterface`` / ``AttentionMaskInterface`` and ``PreTrainedModel._from_config`` (wrapped to copy a config
+  the construction hook would patch), reached when transformers imports them (:mod:`.post_import`);
 * rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``;
-* ``PreTrainedModel._from_config``, wrapped to copy a config the construction hook would patch;
 * ``config._attn_implementation``, ``masking_utils``' mask builders (ALiBi's masks), the private
   field hook of ``HfArgumentParser`` (:class:`FieldArgumentParser`), ``HfArg``, ``bytes_to_unicode``.
-Elsewhere the package imports only transformers' public top-level names
-(tests/test_package_structure.py). Internal: not part of the public API.
+``import hf_posext`` loads no ``modeling_utils`` / ``masking_utils``; elsewhere the package imports only
+transformers' public top-level names (tests/test_package_structure.py). Internal: not part of the public API.
 """
 
 from __future__ import annotations
@@ -21,44 +21,49 @@ import argparse
 import copy
 import dataclasses
 import functools
+import importlib
 import sys
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import torch.nn as nn
 from transformers import HfArgumentParser, modeling_rope_utils
-from transformers.cache_utils import StaticLayer
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.hf_argparser import HfArg
-from transformers.masking_utils import (
-    ALL_MASK_ATTENTION_FUNCTIONS,
-    AttentionMaskInterface,
-    add_offsets_to_mask_function,
-    and_masks,
-    causal_mask_function,
-    flash_attention_mask,
-    padding_mask_function,
-    prepare_padding_mask,
-    sdpa_mask,
-)
 from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface, PreTrainedModel
 
-#: Re-exported for the package: transformers' helpers that its top level does not export.
-__all__ = [
-    "HfArg",
-    "add_offsets_to_mask_function",
-    "and_masks",
-    "bytes_to_unicode",
-    "causal_mask_function",
-    "flash_attention_mask",
-    "padding_mask_function",
-    "prepare_padding_mask",
-    "sdpa_mask",
-]
+from .post_import import forget, when_imported
+
+#: transformers' helpers that its top level does not export, re-exported for the package from the
+#: module that defines them, imported when first asked for (:func:`__getattr__`).
+_LAZY = {
+    "add_offsets_to_mask_function": "transformers.masking_utils",
+    "and_masks": "transformers.masking_utils",
+    "causal_mask_function": "transformers.masking_utils",
+    "flash_attention_mask": "transformers.masking_utils",
+    "padding_mask_function": "transformers.masking_utils",
+    "prepare_padding_mask": "transformers.masking_utils",
+    "sdpa_mask": "transformers.masking_utils",
+    "bytes_to_unicode": "transformers.convert_slow_tokenizer",
+}
+
+__all__ = ["HfArg", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`_LAZY`, imported from its transformers module when first asked for."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 RopeInitFn = Callable[..., Any]
 Validator = Callable[[Any, dict[str, Any], "set[str] | None"], None]
+
+MODELING_UTILS = "transformers.modeling_utils"
+MASKING_UTILS = "transformers.masking_utils"
+#: The attention names the package registers start so; transformers' own kernels never do.
+OWN_ATTENTION_PREFIX = "hf_posext"
 
 
 def check_rope_type_free(rope_type: str, init_fn: RopeInitFn) -> None:
@@ -78,6 +83,10 @@ def check_attention_free(name: str, attention_fn: Callable[..., Any]) -> None:
     Raises:
         ValueError: naming the attention implementation.
     """
+    if name != "eager" and MODELING_UTILS not in sys.modules and name.startswith(OWN_ATTENTION_PREFIX):
+        return  # no registry yet, so nothing but transformers' own kernels, none of them so named, could hold it
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     existing = ALL_ATTENTION_FUNCTIONS.get(name)
     if name == "eager" or (existing is not None and existing is not attention_fn):
         holder = "transformers" if name == "eager" else getattr(existing, "__module__", "another package")
@@ -89,19 +98,30 @@ def copy_config_in_from_config(copy_when: Callable[[Any], bool]) -> Callable[[],
 
     transformers 5.24 builds the model on the caller's config object itself; a construction hook that
     patches the config while the model is built (Qwen's ``dual_chunk_attention_config`` adopted as
-    DCA) would otherwise change the caller's config. Returns the undo.
+    DCA) would otherwise change the caller's config. Done when transformers imports ``modeling_utils``
+    (now if it has). Returns the undo.
     """
-    original = PreTrainedModel.__dict__["_from_config"]
-    build = original.__func__
+    wrapped: list[tuple[type, Any]] = []
 
-    @functools.wraps(build)
-    def _from_config(cls: type, config: Any, **kwargs: Any) -> Any:
-        return build(cls, copy.deepcopy(config) if copy_when(config) else config, **kwargs)
+    def wrap(modeling_utils: ModuleType) -> None:
+        model_class = modeling_utils.PreTrainedModel
+        original = model_class.__dict__["_from_config"]
+        build = original.__func__
 
-    PreTrainedModel._from_config = classmethod(_from_config)  # type: ignore[assignment,method-assign]
+        @functools.wraps(build)
+        def _from_config(cls: type, config: Any, **kwargs: Any) -> Any:
+            return build(cls, copy.deepcopy(config) if copy_when(config) else config, **kwargs)
+
+        model_class._from_config = classmethod(_from_config)
+        wrapped.append((model_class, original))
+
+    when_imported(MODELING_UTILS, wrap)
 
     def undo() -> None:
-        PreTrainedModel._from_config = original  # type: ignore[method-assign]
+        forget(MODELING_UTILS, wrap)
+        for model_class, original in wrapped:
+            model_class._from_config = original
+        wrapped.clear()
 
     return undo
 
@@ -204,6 +224,8 @@ def preallocated_cache(forward_kwargs: dict[str, Any]) -> Any | None:
     """The cache a model forward was given if it hands attention preallocated key buffers (``StaticCache``'s
     layers) rather than the keys so far, else ``None``; transformers 5.24 names it ``cache`` (``past_key_values``
     before)."""
+    from transformers.cache_utils import StaticLayer
+
     cache = forward_kwargs.get("cache", forward_kwargs.get("past_key_values"))
     return cache if any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ())) else None
 
@@ -227,20 +249,31 @@ def guard_growing_cache(base_model: nn.Module, needs: str, alternative: str = ""
     return base_model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any]) -> None:
+def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any] | str) -> None:
     """Register ``attention_fn`` and its mask function as ``config._attn_implementation = name``.
 
     transformers builds no causal mask at all for an attention name without a mask function, so
-    the two are always registered together.
+    the two are always registered together. ``mask_fn`` is the mask function or the name of the
+    kernel masked alike (``"sdpa"``...). Both take effect when transformers' ``modeling_utils`` /
+    ``masking_utils`` are imported (now if they already are).
+
+    Raises:
+        ValueError: ``name`` is held by transformers or another plugin (:func:`check_attention_free`).
     """
     check_attention_free(name, attention_fn)
-    AttentionInterface.register(name, attention_fn)
-    AttentionMaskInterface.register(name, mask_fn)
+    _register_attention(name, attention_fn, mask_fn)
 
 
-def mask_function(kernel: str) -> Callable[..., Any]:
-    """The mask function transformers builds ``kernel``'s causal mask with (``"sdpa"``, ``"eager"``...)."""
-    return ALL_MASK_ATTENTION_FUNCTIONS[kernel]
+def _register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any] | str) -> None:
+    def register_forward(modeling_utils: ModuleType) -> None:
+        modeling_utils.AttentionInterface.register(name, attention_fn)
+
+    def register_mask(masking_utils: ModuleType) -> None:
+        mask = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS[mask_fn] if isinstance(mask_fn, str) else mask_fn
+        masking_utils.AttentionMaskInterface.register(name, mask)
+
+    when_imported(MODELING_UTILS, register_forward)
+    when_imported(MASKING_UTILS, register_mask)
 
 
 def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask_like: str) -> None:
@@ -248,8 +281,7 @@ def register_attention_wrapper(name: str, attention_fn: Callable[..., Any], mask
 
     Without an ``AttentionMaskInterface`` entry transformers silently builds no causal mask at all.
     """
-    AttentionInterface.register(name, attention_fn)
-    AttentionMaskInterface.register(name, mask_function(mask_like))
+    _register_attention(name, attention_fn, mask_like)
 
 
 def remove_attention_state(model: nn.Module, attr: str) -> Any | None:
@@ -292,6 +324,8 @@ def attention_function(implementation: str, module: nn.Module) -> Callable[..., 
     """
     if implementation == "eager":
         return sys.modules[type(module).__module__].eager_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     return ALL_ATTENTION_FUNCTIONS[implementation]
 
 

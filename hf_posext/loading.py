@@ -13,10 +13,12 @@ weights are loaded. :func:`on_submodule_registered`, a torch module-registration
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.nn as nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from . import integration, readers
 from .gguf import resolve_model_source
@@ -108,7 +110,7 @@ def set_construction_hook(enabled: bool) -> None:
 
 
 def from_pretrained(
-    pretrained_model_name_or_path: str | os.PathLike, *args: Any, model_class: Any = AutoModelForCausalLM, **kwargs: Any
+    pretrained_model_name_or_path: str | os.PathLike, *args: Any, model_class: Any = None, **kwargs: Any
 ) -> PreTrainedModel:
     """Load a checkpoint saved from an hf-posext-patched model, with its method's surgery redone.
 
@@ -129,6 +131,10 @@ def from_pretrained(
     Example:
         >>> model = hf_posext.from_pretrained("out/llama-yarn-16k", torch_dtype="auto")
     """
+    if model_class is None:
+        from transformers import AutoModelForCausalLM  # here: transformers' Auto classes load when used
+
+        model_class = AutoModelForCausalLM
     pretrained_model_name_or_path = resolve_model_source(pretrained_model_name_or_path)  # .gguf -> cached conversion
     model = model_class.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
     record = getattr(model.config, CONFIG_KEY, None)
@@ -156,4 +162,4 @@ class AutoPatchedModelForCausalLM:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any) -> PreTrainedModel:
         """:func:`from_pretrained` with ``model_class=AutoModelForCausalLM``; same arguments."""
-        return from_pretrained(pretrained_model_name_or_path, *args, model_class=AutoModelForCausalLM, **kwargs)
+        return from_pretrained(pretrained_model_name_or_path, *args, **kwargs)

@@ -6,9 +6,9 @@ Checked on the source (ast), so a new module is covered without a list:
   excluded, since they never run). A submodule's implicit import of its parent packages is not an
   edge: importing ``hf_posext.methods.yarn`` runs ``hf_posext/__init__.py`` first whatever it
   imports, which is how every package works;
-* no import inside a function or class except of an optional dependency (:data:`OPTIONAL`), or
-  in the command handlers (:data:`LAZY`), which import what they run when they run so that
-  ``hf-posext --help`` loads none of it;
+* no import inside a function or class except of an optional dependency (:data:`OPTIONAL`), a heavy
+  part of transformers (:data:`DEFERRED`), or in the command handlers (:data:`LAZY`), which import
+  what they run when they run so that ``hf-posext --help`` loads none of it;
 * a method family folder imports no other family's folder (shared code lives beside them);
 * ``rope_utils`` imports nothing of the package;
 * only ``integration.py`` touches transformers' internals (:func:`transformers_internals` says what
@@ -38,6 +38,11 @@ PACKAGE = "hf_posext"
 #: Top-level names that may be imported inside a function: optional extras, or parts of torch that
 #: older supported releases lack.
 OPTIONAL = {"datasets", "flash_attn", "gguf", "matplotlib", "deepspeed", "torch.nn.attention.flex_attention"}
+
+#: Parts of transformers imported inside the functions that use them, so that ``import hf_posext``
+#: loads none of them (tests/test_import_cost.py): its model and mask machinery and the Auto classes.
+DEFERRED = {"transformers.modeling_utils", "transformers.masking_utils", "transformers.cache_utils",
+            "transformers.AutoConfig", "transformers.AutoModelForCausalLM", "transformers.AutoTokenizer"}
 
 #: Packages whose functions may import anything: the command handlers.
 LAZY = ("hf_posext.commands",)
@@ -173,11 +178,11 @@ def test_imports_inside_functions_are_optional_dependencies(name):
             if isinstance(node, ast.Import):
                 imported = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                imported = [_resolve(name, node)]
+                imported = [f"{_resolve(name, node)}.{alias.name}" for alias in node.names]
             else:
                 continue
             for module in imported:
-                if not any(module == opt or module.startswith(opt + ".") for opt in OPTIONAL):
+                if not any(module == opt or module.startswith(opt + ".") for opt in OPTIONAL | DEFERRED):
                     offending.append(f"line {node.lineno}: {module}")
     assert offending == [], f"{MODULES[name]} imports inside a function: {offending}"
 

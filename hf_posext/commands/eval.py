@@ -19,14 +19,21 @@ import copy
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..eval.checkpoint import DTYPES, load_model, model_fingerprint
 from ..files import check_output_dir, write_text
 from ..methods import method_config
 from ..patching import patch_info, patch_model, snapshot_model
 from ..transaction import Snapshot, restore
 from .arguments import check_factor, default_out, method_kwargs, real, whole
+
+if TYPE_CHECKING:
+    from ..eval.checkpoint import load_model, model_fingerprint
+
+#: ``--dtype`` choices: :data:`hf_posext.eval.checkpoint.DTYPES`, spelled here so that ``--help`` does not
+#: import the evaluation package (tests/commands/test_eval.py checks the two agree).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -60,6 +67,8 @@ def _names(text: str) -> list[str]:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the results depend on, the model by its content (:func:`model_fingerprint`)."""
+    from ..eval.checkpoint import model_fingerprint
+
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "overwrite", "no_progress", "debug", "model", "command_argv")}
     return {"model_content": model_fingerprint(args.model), **settings}
 
@@ -107,6 +116,7 @@ def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any
 
 def _ppl(args: argparse.Namespace) -> int:
     from ..data import encode_documents, load_texts
+    from ..eval import checkpoint
     from ..eval.perplexity import sliding_window_perplexity, truncated_perplexity
     from ..eval.report import ResultFile, markdown_table, plot_curves, write_csv
 
@@ -116,7 +126,7 @@ def _ppl(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ppl.*",), reuse_own=True)
     done = ResultFile(out / "ppl.json", settings, overwrite=args.overwrite)
     results = done.results
-    model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    model, tokenizer = checkpoint.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     docs = encode_documents(load_texts(args.data, split=args.split, text_field=args.text_field), tokenizer)
     for method in methods:
         for mode in modes:
@@ -159,6 +169,7 @@ def _ppl(args: argparse.Namespace) -> int:
 
 
 def _passkey(args: argparse.Namespace) -> int:
+    from ..eval import checkpoint
     from ..eval.passkey import passkey_accuracy
     from ..eval.report import ResultFile, markdown_table, plot_heatmaps, write_csv
 
@@ -167,7 +178,7 @@ def _passkey(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
     done = ResultFile(out / "passkey.json", settings, overwrite=args.overwrite)
     results = done.results
-    model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    model, tokenizer = checkpoint.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if method in done:
             print(f"{method}: done in an earlier run, skipped")
@@ -238,6 +249,7 @@ class _MethodCells:
 def _ruler(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
+    from ..eval import checkpoint
     from ..eval.report import ResultFile, write_csv, write_json
     from ..eval.ruler import QUICK, TASKS, resolve_tasks, ruler_accuracy
     from ..eval.ruler.fit import minimum_length, wrapper_for
@@ -268,7 +280,7 @@ def _ruler(args: argparse.Namespace) -> int:
                 if k not in ("lengths", "tasks", "method", "quick", "batch_size")} | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
     done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
-    model, tokenizer = load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    model, tokenizer = checkpoint.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
             print(f"{method}: done in an earlier run, skipped")
@@ -356,6 +368,15 @@ def add_parser(subparsers: Any) -> None:
                    help="cap every task's generation budget (RULER's: niah 128, vt 30, cwe 120, fwe 50, qa 32) to save time")
     p.add_argument("--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template")
     p.set_defaults(func=_ruler)
+
+
+def __getattr__(name: str) -> Any:
+    """``load_model`` and ``model_fingerprint`` (:mod:`hf_posext.eval.checkpoint`), imported when first asked for."""
+    if name in ("load_model", "model_fingerprint"):
+        from ..eval import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["add_parser", "load_model", "model_fingerprint"]

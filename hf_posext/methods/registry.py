@@ -41,11 +41,13 @@ class AttentionFunctions(NamedTuple):
 
     Attributes:
         forward: the ``AttentionInterface`` function.
-        mask: the ``AttentionMaskInterface`` function (without one transformers builds no causal mask).
+        mask: the ``AttentionMaskInterface`` function (without one transformers builds no causal mask),
+            or the name of the kernel masked alike (``"sdpa"``), looked up when transformers'
+            ``masking_utils`` is imported.
     """
 
     forward: Callable[..., Any]
-    mask: Callable[..., Any]
+    mask: Callable[..., Any] | str
 
 
 @dataclass(frozen=True)

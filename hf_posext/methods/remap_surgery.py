@@ -13,7 +13,6 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedConfig
 
-from .. import integration
 from ..architectures import check_wrappable_attention
 from ..attention.remap import ATTENTION_PREFIX, SAVED_ATTENTION, STATE_ATTR, remap_attention
 from ..attention.remap_install import FALLBACK, install_remapping, uninstall_remapping
@@ -25,8 +24,8 @@ from .surgery import Surgery
 
 #: The wrapper of each kernel, masked as that kernel is, and the name saved checkpoints carry.
 REMAP_ATTENTIONS = {
-    SAVED_ATTENTION: AttentionFunctions(remap_attention, integration.mask_function("sdpa")),
-    **{ATTENTION_PREFIX + kernel: AttentionFunctions(remap_attention, integration.mask_function(kernel))
+    SAVED_ATTENTION: AttentionFunctions(remap_attention, "sdpa"),
+    **{ATTENTION_PREFIX + kernel: AttentionFunctions(remap_attention, kernel)
        for kernel in SUPPORTED_KERNELS},
 }
 

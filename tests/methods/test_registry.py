@@ -48,7 +48,8 @@ def test_registered_rope_types_and_attention_reach_transformers():
             assert modeling_rope_utils.ROPE_INIT_FUNCTIONS[key] is entry.init
     for name, functions in methods.registry.attention_functions().items():
         assert ALL_ATTENTION_FUNCTIONS[name] is functions.forward
-        assert ALL_MASK_ATTENTION_FUNCTIONS[name] is functions.mask
+        mask = functions.mask if callable(functions.mask) else ALL_MASK_ATTENTION_FUNCTIONS[functions.mask]
+        assert ALL_MASK_ATTENTION_FUNCTIONS[name] is mask
 
 
 def test_checkpoints_saved_under_the_old_rope_type_names_still_load():

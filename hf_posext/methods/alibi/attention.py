@@ -102,7 +102,7 @@ def alibi_mask(
     kv_length: int,
     q_offset: int | torch.Tensor = 0,
     kv_offset: int | torch.Tensor = 0,
-    mask_function: Any = masking_utils.causal_mask_function,
+    mask_function: Any = None,
     attention_mask: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -116,7 +116,7 @@ def alibi_mask(
         batch_size, q_length, kv_length: the attention shape.
         q_offset, kv_offset: absolute positions of the first query and the first cached key.
         mask_function: transformers' ``(batch, head, q_idx, kv_idx) -> bool`` pattern (causal,
-            sliding window, packed sequences...).
+            sliding window, packed sequences...); ``None``: causal.
         attention_mask: ``[batch, kv_offset + kv_length]`` 2D padding mask (True = real token).
         device, dtype: of the model's inputs; they decide the path with the config's backend.
         config: the model config (its ``hf_posext`` record holds the backend).
@@ -128,6 +128,8 @@ def alibi_mask(
         ``[batch, 1, 1, kv]`` boolean "key is real" where SDPA's ``is_causal`` is the rest of the
         mask (see :mod:`.alibi_folded`), else the SDPA form.
     """
+    if mask_function is None:
+        mask_function = masking_utils.causal_mask_function
     backend = select_backend(requested_backend(config), device, dtype)
     common = dict(
         batch_size=batch_size,
