@@ -89,8 +89,11 @@ def main(argv: list[str] | None = None) -> Results:
             parser.error(f"--heads must be even and >= 2 (2 kv heads), got {heads}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    results = Results(args.out, "alibi_folded_error", setting={"kv_heads": 2, "head_dim": 64, "dtype": "float32",
-                                                                "threads": torch.get_num_threads()})
+    results = Results(
+        args.out,
+        "alibi_folded_error",
+        setting={"kv_heads": 2, "head_dim": 64, "dtype": "float32", "threads": torch.get_num_threads()},
+    )
     for heads, length in tqdm([(h, n) for h in args.heads for n in args.lengths], desc="folded error"):
         results.add_all("alibi_folded", measure(heads, length), {"heads": heads, "length": length})
     results.save()

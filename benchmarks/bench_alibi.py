@@ -97,9 +97,7 @@ def peak_bytes(run, device: str) -> int:
         run()
     # Each op event carries the bytes it allocated (self), "[memory]" events carry the frees.
     changes = sorted(
-        (event.time_range.start, event.self_cpu_memory_usage)
-        for event in prof.events()
-        if event.self_cpu_memory_usage
+        (event.time_range.start, event.self_cpu_memory_usage) for event in prof.events() if event.self_cpu_memory_usage
     )
     current = peak = 0
     for _, change in changes:
@@ -149,6 +147,7 @@ def kernel_rows(length: int, args: argparse.Namespace) -> list[dict]:
         for heads in (args.heads, args.kv_heads, args.kv_heads)
     )
     scale, gqa, module = args.head_dim**-0.5, args.heads != args.kv_heads, torch.nn.Module().eval()
+
     def sdpa_causal(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
 
@@ -221,13 +220,20 @@ def main(argv: list[str] | None = None) -> Results:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     ignored = ("out", "resume", "paths", "memory_budget_gib", "no_kernels", "lengths")
-    results = Results(args.out, ["alibi", "alibi_kernels"], device=args.device,
-                      setting={k: v for k, v in vars(args).items() if k not in ignored}, resume=args.resume)
+    results = Results(
+        args.out,
+        ["alibi", "alibi_kernels"],
+        device=args.device,
+        setting={k: v for k, v in vars(args).items() if k not in ignored},
+        resume=args.resume,
+    )
     done: dict[tuple[str, int], dict] = {}
     for row in results.rows:
         if row.benchmark == "alibi":
             done.setdefault((row.method, row.setting["length"]), {"path": row.method, "length": row.setting["length"]})
-            done[row.method, row.setting["length"]][row.metric] = row.extra["reason"] if row.metric == "status" else row.value
+            done[row.method, row.setting["length"]][row.metric] = (
+                row.extra["reason"] if row.metric == "status" else row.value
+            )
     rows = []
     jobs = [(p, n) for p in args.paths for n in sorted(args.lengths)]
     over_budget: set[str] = set()
@@ -274,8 +280,12 @@ def write(results: Results, rows: list[dict], kernels: list[dict] | None = None)
             row["memory_ratio"] = row["peak_mib"] / base["peak_mib"] if base["peak_mib"] else float("nan")
         results.add_all(row["path"], {k: v for k, v in row.items() if k not in ("path", "length")}, setting)
     for row in kernels or []:
-        results.add_all(row["kernel"], {k: v for k, v in row.items() if k not in ("kernel", "length")},
-                        {"length": row["length"]}, benchmark="alibi_kernels")
+        results.add_all(
+            row["kernel"],
+            {k: v for k, v in row.items() if k not in ("kernel", "length")},
+            {"length": row["length"]},
+            benchmark="alibi_kernels",
+        )
     results.save()
 
 

@@ -57,11 +57,26 @@ def train_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     recipes = {}
     for precision in ("no", "bf16"):
         config = TrainConfig(
-            model=str(smollm2_gguf()), method="yarn", factor=4, dataset=["stdlib", "!*/pydoc_data/*"],
-            output_dir=str(work / f"out-{precision}"), max_train_steps=args.steps, learning_rate=2e-4,
-            warmup_steps=min(2, args.steps), global_batch_size=args.batch, micro_batch_size=1, lora=True,
-            lora_rank=16, lora_alpha=32, pose=True, pose_window=args.window, seq_len=4 * TRAINED,
-            mixed_precision=precision, cache_dir=args.cache_dir, seed=0)
+            model=str(smollm2_gguf()),
+            method="yarn",
+            factor=4,
+            dataset=["stdlib", "!*/pydoc_data/*"],
+            output_dir=str(work / f"out-{precision}"),
+            max_train_steps=args.steps,
+            learning_rate=2e-4,
+            warmup_steps=min(2, args.steps),
+            global_batch_size=args.batch,
+            micro_batch_size=1,
+            lora=True,
+            lora_rank=16,
+            lora_alpha=32,
+            pose=True,
+            pose_window=args.window,
+            seq_len=4 * TRAINED,
+            mixed_precision=precision,
+            cache_dir=args.cache_dir,
+            seed=0,
+        )
         # Two Accelerators with different precisions in one process: the shared state is reset in
         # between; each prepared model keeps the autocast it was wrapped with.
         AcceleratorState._reset_state(reset_partial_state=True)
@@ -80,8 +95,13 @@ def train_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             losses[precision].append(recipe.train_step())
             seconds[precision].append(time.perf_counter() - start)
             cpu_seconds[precision].append(time.process_time() - cpu_start)
-        print(f"step {step + 1}: " + ", ".join(f"{p} {losses[p][-1]:.4f} in {seconds[p][-1]:.1f} s "
-                                               f"({cpu_seconds[p][-1]:.1f} s CPU)" for p in recipes), flush=True)
+        print(
+            f"step {step + 1}: "
+            + ", ".join(
+                f"{p} {losses[p][-1]:.4f} in {seconds[p][-1]:.1f} s ({cpu_seconds[p][-1]:.1f} s CPU)" for p in recipes
+            ),
+            flush=True,
+        )
     tokens = args.batch * args.window
 
     def per_second(times: dict[str, list[float]]) -> dict[str, float]:
@@ -92,10 +112,17 @@ def train_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tok_s, tok_cpu_s = per_second(seconds), per_second(cpu_seconds)
     rel = [abs(b - a) / a for a, b in zip(losses["no"], losses["bf16"])]
     return {
-        "window": args.window, "batch": args.batch, "steps": args.steps, "threads": args.threads,
-        "seconds": seconds, "cpu_seconds": cpu_seconds, "losses": losses,
-        "tokens_per_s": tok_s, "tokens_per_cpu_s": tok_cpu_s,
-        "speedup": tok_s["bf16"] / tok_s["no"], "speedup_cpu_time": tok_cpu_s["bf16"] / tok_cpu_s["no"],
+        "window": args.window,
+        "batch": args.batch,
+        "steps": args.steps,
+        "threads": args.threads,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "losses": losses,
+        "tokens_per_s": tok_s,
+        "tokens_per_cpu_s": tok_cpu_s,
+        "speedup": tok_s["bf16"] / tok_s["no"],
+        "speedup_cpu_time": tok_cpu_s["bf16"] / tok_cpu_s["no"],
         "max_relative_loss_difference": max(rel),
     }
 
@@ -119,20 +146,41 @@ def forward_part(args: argparse.Namespace) -> dict[str, Any]:
         models[name] = model
     for length in args.lengths:
         for name, model in models.items():
-            context = torch.autocast("cpu", dtype=torch.bfloat16) if name == "bf16 autocast" else contextlib.nullcontext()
+            context = (
+                torch.autocast("cpu", dtype=torch.bfloat16) if name == "bf16 autocast" else contextlib.nullcontext()
+            )
             with context:
                 start = time.perf_counter()
-                ppl = truncated_perplexity(model, [document], [length], score_last=min(2048, length // 2),
-                                           end_at=max(args.lengths), progress=False)[0].perplexity
+                ppl = truncated_perplexity(
+                    model,
+                    [document],
+                    [length],
+                    score_last=min(2048, length // 2),
+                    end_at=max(args.lengths),
+                    progress=False,
+                )[0].perplexity
                 ppl_seconds = time.perf_counter() - start
                 start = time.perf_counter()
-                keys = passkey_accuracy(model, tokenizer, [length - 10], [i / max(args.keys - 1, 1) for i in
-                                                                          range(args.keys)], 1, seed=7, progress=False)
+                keys = passkey_accuracy(
+                    model,
+                    tokenizer,
+                    [length - 10],
+                    [i / max(args.keys - 1, 1) for i in range(args.keys)],
+                    1,
+                    seed=7,
+                    progress=False,
+                )
                 key_seconds = time.perf_counter() - start
             answers = [sample.get("answer", sample.get("prediction")) for sample in keys.samples]
-            row = {"length": length, "precision": name, "perplexity": ppl, "ppl_seconds": ppl_seconds,
-                   "passkey_correct": [bool(s["correct"]) for s in keys.samples], "passkey_answers": answers,
-                   "passkey_seconds": key_seconds}
+            row = {
+                "length": length,
+                "precision": name,
+                "perplexity": ppl,
+                "ppl_seconds": ppl_seconds,
+                "passkey_correct": [bool(s["correct"]) for s in keys.samples],
+                "passkey_answers": answers,
+                "passkey_seconds": key_seconds,
+            }
             rows.append(row)
             print(row, flush=True)
     summary = {}
@@ -159,8 +207,10 @@ def sdpa_part(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.repeats):
             for dtype in (torch.float32, torch.bfloat16):
                 generator = torch.Generator().manual_seed(0)
-                q, k, v = (torch.randn(1, heads, n, head_dim, generator=generator).to(dtype).requires_grad_(kind != "forward")
-                           for _ in range(3))
+                q, k, v = (
+                    torch.randn(1, heads, n, head_dim, generator=generator).to(dtype).requires_grad_(kind != "forward")
+                    for _ in range(3)
+                )
                 start = time.perf_counter()
                 out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
                 if kind != "forward":
@@ -168,9 +218,15 @@ def sdpa_part(args: argparse.Namespace) -> dict[str, Any]:
                 seconds = time.perf_counter() - start
                 name = str(dtype).removeprefix("torch.")
                 best[name] = min(best.get(name, float("inf")), seconds)
-        rows.append({"kind": kind, "length": n, "seconds": best,
-                     "gflops": {k: flops / v / 1e9 for k, v in best.items()},
-                     "speedup": best["float32"] / best["bfloat16"]})
+        rows.append(
+            {
+                "kind": kind,
+                "length": n,
+                "seconds": best,
+                "gflops": {k: flops / v / 1e9 for k, v in best.items()},
+                "speedup": best["float32"] / best["bfloat16"],
+            }
+        )
         print(rows[-1], flush=True)
     return {"threads": args.threads, "repeats": args.repeats, "rows": rows}
 
@@ -194,16 +250,25 @@ def main(argv: list[str] | None = None) -> int:
     if not cpu_has_native_bf16():
         print("note: this CPU has no bf16 matrix instructions; bf16 is emulated here", flush=True)
     started = time.perf_counter()
-    parts = {"train": lambda: train_part(args, Path(args.work)), "forward": lambda: forward_part(args),
-             "sdpa": lambda: sdpa_part(args)}
+    parts = {
+        "train": lambda: train_part(args, Path(args.work)),
+        "forward": lambda: forward_part(args),
+        "sdpa": lambda: sdpa_part(args),
+    }
     result = parts[args.part]()
     result["wall_seconds"] = time.perf_counter() - started
     print({k: v for k, v in result.items() if k not in ("rows", "seconds", "cpu_seconds", "losses")}, flush=True)
     if not args.quick:
-        setting = {"train": ("window", "batch", "steps", "threads"), "forward": ("threads", "keys"),
-                   "sdpa": ("threads", "repeats")}[args.part]
-        results = Results(args.out, f"cpu_bf16_{args.part}",
-                          setting={**{k: getattr(args, k) for k in setting}, "native_bf16": cpu_has_native_bf16()})
+        setting = {
+            "train": ("window", "batch", "steps", "threads"),
+            "forward": ("threads", "keys"),
+            "sdpa": ("threads", "repeats"),
+        }[args.part]
+        results = Results(
+            args.out,
+            f"cpu_bf16_{args.part}",
+            setting={**{k: getattr(args, k) for k in setting}, "native_bf16": cpu_has_native_bf16()},
+        )
         add_rows(results, args.part, result)
         print(f"wrote {results.save()}")
     return 0
@@ -214,19 +279,39 @@ def add_rows(results: Results, part: str, result: dict[str, Any]) -> None:
     wall = {"part_wall_seconds": result["wall_seconds"]}
     if part == "train":
         for precision in ("no", "bf16"):
-            results.add_all(precision, {"tokens_per_s": result["tokens_per_s"][precision],
-                                        "tokens_per_cpu_s": result["tokens_per_cpu_s"][precision]},
-                            seconds=result["seconds"][precision], cpu_seconds=result["cpu_seconds"][precision],
-                            losses=result["losses"][precision], **wall)
-        results.add_all("bf16", {k: result[k] for k in ("speedup", "speedup_cpu_time", "max_relative_loss_difference")},
-                        {"vs": "no"}, **wall)
+            results.add_all(
+                precision,
+                {
+                    "tokens_per_s": result["tokens_per_s"][precision],
+                    "tokens_per_cpu_s": result["tokens_per_cpu_s"][precision],
+                },
+                seconds=result["seconds"][precision],
+                cpu_seconds=result["cpu_seconds"][precision],
+                losses=result["losses"][precision],
+                **wall,
+            )
+        results.add_all(
+            "bf16",
+            {k: result[k] for k in ("speedup", "speedup_cpu_time", "max_relative_loss_difference")},
+            {"vs": "no"},
+            **wall,
+        )
     elif part == "forward":
         for row in result["rows"]:
             setting = {"length": row["length"]}
-            results.add_all(row["precision"], {k: row[k] for k in ("perplexity", "ppl_seconds", "passkey_seconds")},
-                            setting, **wall)
-            results.add(row["precision"], "passkeys_found", sum(row["passkey_correct"]), "keys", setting,
-                        correct=row["passkey_correct"], answers=row["passkey_answers"], **wall)
+            results.add_all(
+                row["precision"], {k: row[k] for k in ("perplexity", "ppl_seconds", "passkey_seconds")}, setting, **wall
+            )
+            results.add(
+                row["precision"],
+                "passkeys_found",
+                sum(row["passkey_correct"]),
+                "keys",
+                setting,
+                correct=row["passkey_correct"],
+                answers=row["passkey_answers"],
+                **wall,
+            )
         for name, summary in result["summary"].items():
             precision, _, length = name.partition(" @ ")
             results.add_all(precision, summary, {"length": int(length), "vs": "fp32"}, **wall)

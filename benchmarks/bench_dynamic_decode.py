@@ -174,12 +174,16 @@ def longrope_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[d
     """LongRoPE's decoding speed across its switch and past it, against the plain static model (best of the rounds)."""
     total, half = int(args.factor * args.original_length), args.new_tokens // 2
     if not 1 <= half < args.original_length or args.new_tokens + 1 >= total:
-        raise ValueError(f"--new-tokens must be in [2, {min(2 * args.original_length - 1, total - 2)}] for the "
-                         f"longrope scenarios, got {args.new_tokens}")
+        raise ValueError(
+            f"--new-tokens must be in [2, {min(2 * args.original_length - 1, total - 2)}] for the "
+            f"longrope scenarios, got {args.new_tokens}"
+        )
     ids = torch.randint(0, args.vocab, (args.batch, total), generator=torch.Generator().manual_seed(3))
     ids = ids.to(args.device)
-    scenarios = {"across the switch": (args.original_length - half, 0),
-                 "past the switch": (total - args.new_tokens - 1, 1)}  # (prompt tokens, untimed steps first)
+    scenarios = {
+        "across the switch": (args.original_length - half, 0),
+        "past the switch": (total - args.new_tokens - 1, 1),
+    }  # (prompt tokens, untimed steps first)
     rounds: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.repeats):
         for scenario, (prompt, warm) in scenarios.items():
@@ -190,21 +194,33 @@ def longrope_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[d
                     for _ in range(warm):
                         out = model(token, cache=cache, use_cache=True)
                         cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-                rounds.setdefault((scenario, label), []).append(decode(model, cache, token, args.new_tokens,
-                                                                       args.device))
+                rounds.setdefault((scenario, label), []).append(
+                    decode(model, cache, token, args.new_tokens, args.device)
+                )
     rows = []
     for scenario, (prompt, warm) in scenarios.items():
         plain = rounds[scenario, LONGROPE_RUNS[0][0]]
         for label, exact, keep_first in LONGROPE_RUNS:
             seconds = rounds[scenario, label]
-            rows.append({"scenario": scenario, "label": label, "exact_cache": exact, "keep_first": keep_first,
-                         "context_from": prompt + warm, "context_to": prompt + warm + args.new_tokens,
-                         "decode_tokens_per_s": args.batch * args.new_tokens / statistics.median(seconds),
-                         "decode_ratio_vs_plain": statistics.median(plain) / statistics.median(seconds),
-                         "best_round_ratio_vs_plain": min(plain) / min(seconds), "round_seconds": seconds})
-            print(f"longrope {scenario:17s} {label:28s} {rows[-1]['decode_tokens_per_s']:9.1f} tok/s  "
-                  f"{rows[-1]['decode_ratio_vs_plain']:.3f}x plain (median round; best rounds "
-                  f"{rows[-1]['best_round_ratio_vs_plain']:.3f}x)")
+            rows.append(
+                {
+                    "scenario": scenario,
+                    "label": label,
+                    "exact_cache": exact,
+                    "keep_first": keep_first,
+                    "context_from": prompt + warm,
+                    "context_to": prompt + warm + args.new_tokens,
+                    "decode_tokens_per_s": args.batch * args.new_tokens / statistics.median(seconds),
+                    "decode_ratio_vs_plain": statistics.median(plain) / statistics.median(seconds),
+                    "best_round_ratio_vs_plain": min(plain) / min(seconds),
+                    "round_seconds": seconds,
+                }
+            )
+            print(
+                f"longrope {scenario:17s} {label:28s} {rows[-1]['decode_tokens_per_s']:9.1f} tok/s  "
+                f"{rows[-1]['decode_ratio_vs_plain']:.3f}x plain (median round; best rounds "
+                f"{rows[-1]['best_round_ratio_vs_plain']:.3f}x)"
+            )
     patch_longrope(model, args, None, 0)
     return rows
 
@@ -227,10 +243,20 @@ def prefill_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[di
     for multiple in args.prefill_multiples:
         for method in ("dynamic_ntk", "dynamic_yarn"):
             exact, native = best[method, True, multiple], best[method, False, multiple]
-            rows.append({"method": method, "multiple_of_original": multiple, "tokens": multiple * args.original_length,
-                         "exact_prefill_s": exact, "transformers_prefill_s": native, "ratio": exact / native})
-            print(f"prefill {method:13s} {multiple}x L_orig: exact {exact:7.3f} s, transformers {native:7.3f} s, "
-                  f"{exact / native:.2f}x")
+            rows.append(
+                {
+                    "method": method,
+                    "multiple_of_original": multiple,
+                    "tokens": multiple * args.original_length,
+                    "exact_prefill_s": exact,
+                    "transformers_prefill_s": native,
+                    "ratio": exact / native,
+                }
+            )
+            print(
+                f"prefill {method:13s} {multiple}x L_orig: exact {exact:7.3f} s, transformers {native:7.3f} s, "
+                f"{exact / native:.2f}x"
+            )
     return rows
 
 
@@ -250,18 +276,32 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable CPU-time numbers)")
-    parser.add_argument("--prefill-multiples", type=lambda text: [int(v) for v in text.split(",")], default=[4, 8],
-                        help="prompt lengths of the prefill comparison, in multiples of L_orig")
+    parser.add_argument(
+        "--prefill-multiples",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=[4, 8],
+        help="prompt lengths of the prefill comparison, in multiples of L_orig",
+    )
     parser.add_argument("--prefill-factor", type=float, default=8.0, help="the factor the prefill comparison patches")
-    parser.add_argument("--checkpoint", default=None,
-                        help="a pretrained model (folder or .gguf file) instead of the random Llama; its "
-                             "max_position_embeddings is L_orig (the shape arguments are ignored)")
-    parser.add_argument("--prefill-warm-up", action=argparse.BooleanOptionalAction, default=True,
-                        help="one untimed forward before each timed prefill (--no-prefill-warm-up for long prompts, "
-                             "whose scratch memory is not kept between forwards anyway)")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a pretrained model (folder or .gguf file) instead of the random Llama; its "
+        "max_position_embeddings is L_orig (the shape arguments are ignored)",
+    )
+    parser.add_argument(
+        "--prefill-warm-up",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one untimed forward before each timed prefill (--no-prefill-warm-up for long prompts, "
+        "whose scratch memory is not kept between forwards anyway)",
+    )
     parser.add_argument("--prefill-only", action="store_true", help="only the prefill comparison (no decoding)")
-    parser.add_argument("--longrope-only", action="store_true",
-                        help="only LongRoPE's decoding against the plain static model (no dynamic methods, no prefill)")
+    parser.add_argument(
+        "--longrope-only",
+        action="store_true",
+        help="only LongRoPE's decoding against the plain static model (no dynamic methods, no prefill)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -272,31 +312,51 @@ def main() -> None:
     if args.out is not None:
         ignored = ("out", "device", "prefill_multiples")
         setting = {k: v for k, v in vars(args).items() if k not in ignored and v is not None}
-        results = Results(args.out, ["dynamic_decode", "dynamic_prefill", "dynamic_decode_longrope"],
-                          device=args.device, setting={**setting, "clock": clock(args.device).name})
+        results = Results(
+            args.out,
+            ["dynamic_decode", "dynamic_prefill", "dynamic_decode_longrope"],
+            device=args.device,
+            setting={**setting, "clock": clock(args.device).name},
+        )
         add_rows(results, decode_rows, prefills, longrope_rows=longrope)
         results.save()
 
 
-def add_rows(results: Results, decode_rows: list[dict[str, Any]], prefill_rows: list[dict[str, Any]],
-             setting: dict[str, Any] | None = None, longrope_rows: list[dict[str, Any]] | None = None) -> None:
+def add_rows(
+    results: Results,
+    decode_rows: list[dict[str, Any]],
+    prefill_rows: list[dict[str, Any]],
+    setting: dict[str, Any] | None = None,
+    longrope_rows: list[dict[str, Any]] | None = None,
+) -> None:
     """The rows of :func:`decode_ratios`, :func:`prefill_ratios` and :func:`longrope_ratios`, ``setting`` added to
     the decode rows' (``benchmarks/gpu/prefill.py`` writes them too)."""
     for row in decode_rows:
         exact = {} if row["exact_cache"] is None else {"exact_cache": row["exact_cache"]}
-        results.add_all(row["method"], {k: v for k, v in row.items() if k not in ("label", "method", "exact_cache")},
-                        {**(setting or {}), **exact}, benchmark="dynamic_decode")
+        results.add_all(
+            row["method"],
+            {k: v for k, v in row.items() if k not in ("label", "method", "exact_cache")},
+            {**(setting or {}), **exact},
+            benchmark="dynamic_decode",
+        )
     for row in longrope_rows or []:
         case = {k: row[k] for k in ("scenario", "keep_first", "context_from", "context_to")}
         if row["exact_cache"] is not None:
             case["exact_cache"] = row["exact_cache"]
-        results.add_all("none" if row["exact_cache"] is None else "longrope",
-                        {k: row[k] for k in ("decode_tokens_per_s", "decode_ratio_vs_plain", "best_round_ratio_vs_plain")},
-                        case, benchmark="dynamic_decode_longrope", round_seconds=row["round_seconds"])
+        results.add_all(
+            "none" if row["exact_cache"] is None else "longrope",
+            {k: row[k] for k in ("decode_tokens_per_s", "decode_ratio_vs_plain", "best_round_ratio_vs_plain")},
+            case,
+            benchmark="dynamic_decode_longrope",
+            round_seconds=row["round_seconds"],
+        )
     for row in prefill_rows:
-        results.add_all(row["method"], {k: row[k] for k in ("exact_prefill_s", "transformers_prefill_s", "ratio")},
-                        {k: row[k] for k in row if k not in ("method", "exact_prefill_s", "transformers_prefill_s",
-                                                             "ratio")}, benchmark="dynamic_prefill")
+        results.add_all(
+            row["method"],
+            {k: row[k] for k in ("exact_prefill_s", "transformers_prefill_s", "ratio")},
+            {k: row[k] for k in row if k not in ("method", "exact_prefill_s", "transformers_prefill_s", "ratio")},
+            benchmark="dynamic_prefill",
+        )
 
 
 def decode_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:

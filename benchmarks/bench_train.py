@@ -40,12 +40,25 @@ def run_recipe(args: argparse.Namespace, workdir: Path) -> dict:
     from hf_posext.train.loop import train
 
     stamps: list[float] = []
-    train(TrainConfig(
-        model=str(workdir / "model"), method="yarn", factor=args.factor, dataset=[str(workdir / "data.txt")],
-        output_dir=str(workdir / "out-recipe"), max_train_steps=args.steps, learning_rate=2e-5, warmup_steps=1,
-        global_batch_size=args.global_batch, micro_batch_size=args.micro_batch, mixed_precision="no",
-        cache_dir=str(workdir / "cache"), activation_checkpointing=True, attn_implementation="sdpa",
-    ), callbacks=[lambda progress: stamps.append(time.perf_counter())])
+    train(
+        TrainConfig(
+            model=str(workdir / "model"),
+            method="yarn",
+            factor=args.factor,
+            dataset=[str(workdir / "data.txt")],
+            output_dir=str(workdir / "out-recipe"),
+            max_train_steps=args.steps,
+            learning_rate=2e-5,
+            warmup_steps=1,
+            global_batch_size=args.global_batch,
+            micro_batch_size=args.micro_batch,
+            mixed_precision="no",
+            cache_dir=str(workdir / "cache"),
+            activation_checkpointing=True,
+            attn_implementation="sdpa",
+        ),
+        callbacks=[lambda progress: stamps.append(time.perf_counter())],
+    )
     return {"stamps": stamps}
 
 
@@ -54,8 +67,15 @@ def run_trainer(args: argparse.Namespace, workdir: Path) -> dict:
 
     stamps: list[float] = []
     trainer, tokenizer = trainer_baseline(
-        workdir, str(workdir / "data.txt"), args.seq_len, args.factor, max_steps=args.steps, warmup_steps=1,
-        micro_batch=args.micro_batch, accumulation=args.global_batch // args.micro_batch, logging_steps=10**6,
+        workdir,
+        str(workdir / "data.txt"),
+        args.seq_len,
+        args.factor,
+        max_steps=args.steps,
+        warmup_steps=1,
+        micro_batch=args.micro_batch,
+        accumulation=args.global_batch // args.micro_batch,
+        logging_steps=10**6,
         on_step_end=lambda: stamps.append(time.perf_counter()),
     )
     trainer.train()
@@ -84,8 +104,14 @@ def child(args: argparse.Namespace) -> None:
 def prepare(args: argparse.Namespace, workdir: Path) -> None:
     from hf_posext.testing import make_tiny_model
 
-    make_tiny_model(workdir / "model", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 32,
-                    num_kv_heads=max(1, args.hidden // 64), max_position_embeddings=args.seq_len // args.factor)
+    make_tiny_model(
+        workdir / "model",
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.hidden // 32,
+        num_kv_heads=max(1, args.hidden // 64),
+        max_position_embeddings=args.seq_len // args.factor,
+    )
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     text = "".join((stdlib / name).read_text() for name in ("typing.py", "argparse.py", "functools.py"))
     (workdir / "data.txt").write_text(text)
@@ -114,21 +140,33 @@ def main() -> None:
         workdir = Path(tmp)
         prepare(args, workdir)
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_POSEXT_CACHE": str(workdir / "cache")}
-        passthrough = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                       if k not in ("child", "workdir", "out", "repeats")]
+        passthrough = [
+            f"--{k.replace('_', '-')}={v}"
+            for k, v in vars(args).items()
+            if k not in ("child", "workdir", "out", "repeats")
+        ]
         runs: dict[str, list[dict]] = {"recipe": [], "trainer": []}
         order = ["recipe", "trainer"] * args.repeats
         for name in tqdm(order, desc="runs"):
             try:
-                runs[name].append(run_child([sys.executable, __file__, f"--child={name}", f"--workdir={workdir}",
-                                             *passthrough], env=env))
+                runs[name].append(
+                    run_child(
+                        [sys.executable, __file__, f"--child={name}", f"--workdir={workdir}", *passthrough], env=env
+                    )
+                )
             except RuntimeError as error:
                 raise SystemExit(f"{name} run failed: {error}") from None
 
-    summary = {name: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
-                      "peak_mib": statistics.median(r["peak_mib"] for r in rs)} for name, rs in runs.items()}
-    results = Results(args.out, "bench_train", setting={k: v for k, v in vars(args).items()
-                                                        if k not in ("child", "workdir", "out")})
+    summary = {
+        name: {
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+            "peak_mib": statistics.median(r["peak_mib"] for r in rs),
+        }
+        for name, rs in runs.items()
+    }
+    results = Results(
+        args.out, "bench_train", setting={k: v for k, v in vars(args).items() if k not in ("child", "workdir", "out")}
+    )
     for name, values in summary.items():
         for metric, value in values.items():
             results.add(name, metric, value, statistic="median of the repeats", repeats=[r[metric] for r in runs[name]])
@@ -136,10 +174,14 @@ def main() -> None:
     print(f"{'':10} {'tokens/s':>10} {'peak MiB':>10}")
     for name, values in summary.items():
         print(f"{name:10} {values['tokens_per_s']:10.0f} {values['peak_mib']:10.1f}")
-    print(f"throughput recipe/Trainer = {summary['recipe']['tokens_per_s'] / summary['trainer']['tokens_per_s']:.3f} "
-          "(target >= 1)")
-    print(f"peak memory recipe/Trainer = {summary['recipe']['peak_mib'] / summary['trainer']['peak_mib']:.3f} "
-          "(target <= 1)")
+    print(
+        f"throughput recipe/Trainer = {summary['recipe']['tokens_per_s'] / summary['trainer']['tokens_per_s']:.3f} "
+        "(target >= 1)"
+    )
+    print(
+        f"peak memory recipe/Trainer = {summary['recipe']['peak_mib'] / summary['trainer']['peak_mib']:.3f} "
+        "(target <= 1)"
+    )
     print(f"wrote {args.out}")
 
 

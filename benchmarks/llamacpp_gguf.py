@@ -48,8 +48,14 @@ from hf_posext.gguf_export import export_gguf  # noqa: E402
 from hf_posext.gguf_writer import patch_gguf  # noqa: E402
 
 L0 = 64
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": L0 // 4}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": L0 // 4,
+}
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": L0 // 2}
 BASES = {"plain": {}, "llama3": {"rope_parameters": LLAMA3}, "yarn": {"rope_parameters": YARN}}
 #: name: (base, method, method arguments); factor 4 everywhere.
@@ -111,10 +117,13 @@ def sentencepiece_model(work: Path) -> Path:
     if not path.is_file():  # sentencepiece lives in the llama.cpp venv (the converter imports it)
         text = work / "spm-text.txt"
         text.write_text("\n".join(pydoc_data.topics.topics.values()))
-        train = ("import sys, sentencepiece; sentencepiece.SentencePieceTrainer.train(input=sys.argv[1], "
-                 "model_prefix=sys.argv[2], vocab_size=512, model_type='bpe', minloglevel=2)")
-        subprocess.run([str(llamacpp_python()), "-c", train, str(text), str(path.with_suffix(""))], check=True,
-                       capture_output=True)
+        train = (
+            "import sys, sentencepiece; sentencepiece.SentencePieceTrainer.train(input=sys.argv[1], "
+            "model_prefix=sys.argv[2], vocab_size=512, model_type='bpe', minloglevel=2)"
+        )
+        subprocess.run(
+            [str(llamacpp_python()), "-c", train, str(text), str(path.with_suffix(""))], check=True, capture_output=True
+        )
     return path
 
 
@@ -140,8 +149,11 @@ def logits(model, ids: list[int]) -> np.ndarray:
 
 def convert_raw(folder: Path, out: Path, python: Path) -> Path:
     """llama.cpp's converter alone (no rope fix)."""
-    subprocess.run([str(python), str(CONVERTER), str(folder), "--outfile", str(out), "--outtype", "f32"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [str(python), str(CONVERTER), str(folder), "--outfile", str(out), "--outtype", "f32"],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -164,8 +176,9 @@ def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str,
         model = base_model(base, arch)
         if (arch, base) not in base_gguf:
             folder = save_case(model, work / f"base-{arch}-{base}", tokenizer)
-            base_gguf[arch, base] = export_gguf(folder, work / f"base-{arch}-{base}.gguf", converter=CONVERTER,
-                                                python=python, outtype="f32")
+            base_gguf[arch, base] = export_gguf(
+                folder, work / f"base-{arch}-{base}.gguf", converter=CONVERTER, python=python, outtype="f32"
+            )
         if method:
             hf_posext.patch_model(model, method, factor=4, **kwargs)
         ref = logits(model, ids)
@@ -200,22 +213,32 @@ def compare(ref: np.ndarray, got: np.ndarray, ids: list[int], rows: int = 512) -
     kl, diff, nll_ref, nll_got = [], 0.0, [], []
     nxt = np.asarray(ids[1:] + [0])
     for start in range(0, len(ids), rows):
-        lp, lq = _log_softmax(ref[start:start + rows]), _log_softmax(got[start:start + rows])
+        lp, lq = _log_softmax(ref[start : start + rows]), _log_softmax(got[start : start + rows])
         kl.append((np.exp(lp) * (lp - lq)).sum(-1))
-        diff = max(diff, float(np.abs(ref[start:start + rows] - got[start:start + rows]).max()))
-        at = np.arange(len(lp)), nxt[start:start + rows]
+        diff = max(diff, float(np.abs(ref[start : start + rows] - got[start : start + rows]).max()))
+        at = np.arange(len(lp)), nxt[start : start + rows]
         nll_ref.append(-lp[at])
         nll_got.append(-lq[at])
     kls = np.concatenate(kl)
     ppl = [float(np.exp(np.concatenate(n)[:-1].mean())) for n in (nll_ref, nll_got)]  # the last has no next token
-    return {"kl_mean": float(kls.mean()), "kl_max": float(kls.max()), "max_abs_diff": diff,
-            "ppl_transformers": ppl[0], "ppl_llamacpp": ppl[1]}
+    return {
+        "kl_mean": float(kls.mean()),
+        "kl_max": float(kls.max()),
+        "max_abs_diff": diff,
+        "ppl_transformers": ppl[0],
+        "ppl_llamacpp": ppl[1],
+    }
 
 
-REAL_CASES = {"unpatched": (None, {}), "yarn": ("yarn", {}),
-              "yarn beta_fast=16 beta_slow=2 attention_factor=1.2": ("yarn", {"beta_fast": 16.0, "beta_slow": 2.0,
-                                                                               "attention_factor": 1.2}),
-              "yarn on yarn (composition)": ("yarn-on-yarn", {})}
+REAL_CASES = {
+    "unpatched": (None, {}),
+    "yarn": ("yarn", {}),
+    "yarn beta_fast=16 beta_slow=2 attention_factor=1.2": (
+        "yarn",
+        {"beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.2},
+    ),
+    "yarn on yarn (composition)": ("yarn-on-yarn", {}),
+}
 
 
 def real_model(work: Path, n_tokens: int, threads: int, names: list[str] | None = None) -> dict[str, dict]:
@@ -240,8 +263,12 @@ def real_model(work: Path, n_tokens: int, threads: int, names: list[str] | None 
             mid = patch_gguf(src, work / "smollm2-yarn2.gguf", "yarn", factor=2, overwrite=True)
             path = patch_gguf(mid, work / "smollm2-yarn2-yarn2.gguf", "yarn", factor=2, overwrite=True)
             config = AutoConfig.from_pretrained(folder)  # the same checkpoint shipping yarn x2 (no patch record)
-            config.rope_parameters = {"rope_type": "yarn", "rope_theta": config.rope_parameters["rope_theta"],
-                                      "factor": 2.0, "original_max_position_embeddings": config.max_position_embeddings}
+            config.rope_parameters = {
+                "rope_type": "yarn",
+                "rope_theta": config.rope_parameters["rope_theta"],
+                "factor": 2.0,
+                "original_max_position_embeddings": config.max_position_embeddings,
+            }
             config.max_position_embeddings *= 2
             model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
             hf_posext.patch_model(model, "yarn", factor=2)
@@ -250,16 +277,26 @@ def real_model(work: Path, n_tokens: int, threads: int, names: list[str] | None 
         if method and method != "yarn-on-yarn":
             path = patch_gguf(src, work / f"smollm2-{len(rows)}.gguf", method, factor=4, overwrite=True, **kwargs)
             hf_posext.patch_model(model, method, factor=4, **kwargs)
-        same_bytes = all(np.array_equal(a.data, b.data) for a, b in zip(
-            [t for t in open_gguf(src).tensors], [t for t in open_gguf(path).tensors if t.name != "rope_freqs.weight"]))
+        same_bytes = all(
+            np.array_equal(a.data, b.data)
+            for a, b in zip(
+                [t for t in open_gguf(src).tensors],
+                [t for t in open_gguf(path).tensors if t.name != "rope_freqs.weight"],
+            )
+        )
         start = time.time()
         with torch.no_grad():
             ref = model(torch.tensor([ids])).logits[0].float().numpy()
         t_hf = time.time() - start
         start = time.time()
         got = llamacpp_logits(Path(path), ids, threads)
-        rows[name] = {**compare(ref, got, ids), "tensor_bytes_unchanged": same_bytes, "tokens": len(ids),
-                      "seconds_transformers": round(t_hf, 1), "seconds_llamacpp": round(time.time() - start, 1)}
+        rows[name] = {
+            **compare(ref, got, ids),
+            "tensor_bytes_unchanged": same_bytes,
+            "tokens": len(ids),
+            "seconds_transformers": round(t_hf, 1),
+            "seconds_llamacpp": round(time.time() - start, 1),
+        }
         print(name, rows[name], flush=True)
     return rows
 
@@ -269,8 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(ROOT / ".cache" / "llamacpp-bench"))
     parser.add_argument("--real", action="store_true", help="also SmolLM2 Q4_1 patched GGUF to GGUF")
     parser.add_argument("--real-tokens", type=int, default=2048)
-    parser.add_argument("--no-tiny", action="store_true", help="skip the tiny cases (Llama and the other architectures)")
-    parser.add_argument("--architectures", action="store_true", help="the tiny Qwen2/Qwen3/Mistral cases, even with --no-tiny")
+    parser.add_argument(
+        "--no-tiny", action="store_true", help="skip the tiny cases (Llama and the other architectures)"
+    )
+    parser.add_argument(
+        "--architectures", action="store_true", help="the tiny Qwen2/Qwen3/Mistral cases, even with --no-tiny"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llamacpp.json"))
     args = parser.parse_args(argv)
@@ -280,9 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     def save(benchmark: str, cases: dict[str, dict], setting: dict, scope: dict | None = None) -> None:
         results = Results(args.out, benchmark, setting=setting, scope=scope, versions={"llama-cpp-python": VERSION})
         for case, row in cases.items():
-            units = dict.fromkeys(("exported", "direct", "converter_only", "direct_vs_exported", "max_abs_diff"), "logit")
-            results.add_all(case, {k: v for k, v in row.items() if k != "tokens"},
-                            {"tokens": row["tokens"]} if "tokens" in row else None, units=units)
+            units = dict.fromkeys(
+                ("exported", "direct", "converter_only", "direct_vs_exported", "max_abs_diff"), "logit"
+            )
+            results.add_all(
+                case,
+                {k: v for k, v in row.items() if k != "tokens"},
+                {"tokens": row["tokens"]} if "tokens" in row else None,
+                units=units,
+            )
         results.save()
 
     if not args.no_tiny:
@@ -290,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_tiny or args.architectures:
         save("llamacpp_architectures", tiny_gaps(work, list(ARCH_CASES)), {"tokens": 3 * L0})
     if args.real:
-        save("llamacpp_smollm2", real_model(work, args.real_tokens, args.threads), {"threads": args.threads},
-             scope={"tokens": args.real_tokens})
+        save(
+            "llamacpp_smollm2",
+            real_model(work, args.real_tokens, args.threads),
+            {"threads": args.threads},
+            scope={"tokens": args.real_tokens},
+        )
     return 0
 
 

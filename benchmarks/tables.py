@@ -55,10 +55,15 @@ def block(*tables: Table | Callable[[], str | None], missing: str | None = None)
 
 # --- The tables: which rows, which columns ---------------------------------------------------------
 
-PATCH_LABELS = {"linear": "linear", "ntk": "ntk", "yarn": "yarn",
-                "dynamic_ntk (exact_cache=False)": "dynamic_ntk, `exact_cache=False`",
-                "dynamic_yarn (exact_cache=False)": "dynamic_yarn, `exact_cache=False`",
-                "dynamic_ntk": "dynamic_ntk (exact, default)", "dynamic_yarn": "dynamic_yarn (exact, default)"}
+PATCH_LABELS = {
+    "linear": "linear",
+    "ntk": "ntk",
+    "yarn": "yarn",
+    "dynamic_ntk (exact_cache=False)": "dynamic_ntk, `exact_cache=False`",
+    "dynamic_yarn (exact_cache=False)": "dynamic_yarn, `exact_cache=False`",
+    "dynamic_ntk": "dynamic_ntk (exact, default)",
+    "dynamic_yarn": "dynamic_yarn (exact, default)",
+}
 
 
 def patch_label(row: Row) -> tuple[str]:
@@ -66,59 +71,130 @@ def patch_label(row: Row) -> tuple[str]:
     return (PATCH_LABELS.get(name, name),)
 
 
-PATCH_OVERHEAD = Table("patch_overhead.json", ["method"], [Pivot(
-    {"benchmark": "patch_overhead", "metric": "ratio"}, patch_label,
-    lambda rows: [Column(f"{n} tokens" if i == 0 else str(n), {"length": n},
-                         lambda r: f"{r.value:.3f}" if r.value < 2 else f"{r.value:.2f}")
-                  for i, n in enumerate(lengths(rows))],
-    order=list(PATCH_LABELS.values()))])
+PATCH_OVERHEAD = Table(
+    "patch_overhead.json",
+    ["method"],
+    [
+        Pivot(
+            {"benchmark": "patch_overhead", "metric": "ratio"},
+            patch_label,
+            lambda rows: [
+                Column(
+                    f"{n} tokens" if i == 0 else str(n),
+                    {"length": n},
+                    lambda r: f"{r.value:.3f}" if r.value < 2 else f"{r.value:.2f}",
+                )
+                for i, n in enumerate(lengths(rows))
+            ],
+            order=list(PATCH_LABELS.values()),
+        )
+    ],
+)
 
-LONG_TRAIN = Table("long_train.json", ["tokens"], [Pivot(
-    lambda r: r.benchmark == "long_train" and "tokens" in r.setting and not r.setting.get("extrapolated"),
-    lambda r: (str(r.setting["tokens"]),),
-    [Column("recipe peak", {"method": "recipe", "metric": "peak_step_mib"}, fmt(".2f", " GiB", 1 / 1024)),
-     Column("`Trainer` peak", {"method": "trainer", "metric": "peak_step_mib"}, fmt(".2f", " GiB", 1 / 1024)),
-     Column("memory ratio", compute=ratio({"method": "recipe", "metric": "peak_step_mib"},
-                                          {"method": "trainer", "metric": "peak_step_mib"})),
-     Column("recipe tok/CPU-s", {"method": "recipe", "metric": "tokens_per_cpu_s"}, fmt(".2f")),
-     Column("`Trainer` tok/CPU-s", {"method": "trainer", "metric": "tokens_per_cpu_s"}, fmt(".2f")),
-     Column("throughput ratio", compute=ratio({"method": "recipe", "metric": "tokens_per_cpu_s"},
-                                              {"method": "trainer", "metric": "tokens_per_cpu_s"})),
-     Column("loss recipe / `Trainer`", compute=lambda group, _: " / ".join(
-         f"{v:.6f}" if v is not None else "-" for v in (value(group, method=m, metric="loss")
-                                                       for m in ("recipe", "trainer"))))],
-    order=lambda r: r.setting["tokens"])])
+LONG_TRAIN = Table(
+    "long_train.json",
+    ["tokens"],
+    [
+        Pivot(
+            lambda r: r.benchmark == "long_train" and "tokens" in r.setting and not r.setting.get("extrapolated"),
+            lambda r: (str(r.setting["tokens"]),),
+            [
+                Column("recipe peak", {"method": "recipe", "metric": "peak_step_mib"}, fmt(".2f", " GiB", 1 / 1024)),
+                Column(
+                    "`Trainer` peak", {"method": "trainer", "metric": "peak_step_mib"}, fmt(".2f", " GiB", 1 / 1024)
+                ),
+                Column(
+                    "memory ratio",
+                    compute=ratio(
+                        {"method": "recipe", "metric": "peak_step_mib"},
+                        {"method": "trainer", "metric": "peak_step_mib"},
+                    ),
+                ),
+                Column("recipe tok/CPU-s", {"method": "recipe", "metric": "tokens_per_cpu_s"}, fmt(".2f")),
+                Column("`Trainer` tok/CPU-s", {"method": "trainer", "metric": "tokens_per_cpu_s"}, fmt(".2f")),
+                Column(
+                    "throughput ratio",
+                    compute=ratio(
+                        {"method": "recipe", "metric": "tokens_per_cpu_s"},
+                        {"method": "trainer", "metric": "tokens_per_cpu_s"},
+                    ),
+                ),
+                Column(
+                    "loss recipe / `Trainer`",
+                    compute=lambda group, _: " / ".join(
+                        f"{v:.6f}" if v is not None else "-"
+                        for v in (value(group, method=m, metric="loss") for m in ("recipe", "trainer"))
+                    ),
+                ),
+            ],
+            order=lambda r: r.setting["tokens"],
+        )
+    ],
+)
 
-ALIBI_LABELS = {"alibi_folded": "`folded`", "alibi_flex": "`flex`", "alibi_sdpa": "`sdpa` (additive bias)",
-                "alibi_eager": "`eager`"}
+ALIBI_LABELS = {
+    "alibi_folded": "`folded`",
+    "alibi_flex": "`flex`",
+    "alibi_sdpa": "`sdpa` (additive bias)",
+    "alibi_eager": "`eager`",
+}
 
 
 def alibi_columns(rows: list[Row]) -> list[Column]:
     ns = lengths(rows)
-    return [*(Column(kilo(n), {"metric": "time_ratio", "length": n}, fmt(".2f")) for n in ns),
-            Column(f"memory at {kilo(ns[-1])}", {"metric": "memory_ratio", "length": ns[-1]},
-                   lambda r: f"{r.value:.2f}x" if r.value < 10 else f"{r.value:.1f}x")]
+    return [
+        *(Column(kilo(n), {"metric": "time_ratio", "length": n}, fmt(".2f")) for n in ns),
+        Column(
+            f"memory at {kilo(ns[-1])}",
+            {"metric": "memory_ratio", "length": ns[-1]},
+            lambda r: f"{r.value:.2f}x" if r.value < 10 else f"{r.value:.1f}x",
+        ),
+    ]
 
 
-ALIBI_CPU = Table("alibi.json", ["path"], [Pivot(
-    {"benchmark": "alibi"}, lambda r: (ALIBI_LABELS[r.method],) if r.method in ALIBI_LABELS and r.metric != "status"
-    else None, alibi_columns, order=list(ALIBI_LABELS.values()))])
+ALIBI_CPU = Table(
+    "alibi.json",
+    ["path"],
+    [
+        Pivot(
+            {"benchmark": "alibi"},
+            lambda r: (ALIBI_LABELS[r.method],) if r.method in ALIBI_LABELS and r.metric != "status" else None,
+            alibi_columns,
+            order=list(ALIBI_LABELS.values()),
+        )
+    ],
+)
 
 
 def alibi_setup(rows: list[Row]) -> str:
     s = next(r for r in rows if r.benchmark == "alibi").setting
     threads = f"{s['threads']} threads" if s.get("threads") else "PyTorch's threads"
-    return (f"Llama, {s['layers']} layers, {s['heads']} query / {s['kv_heads']} kv heads of {s['head_dim']}, batch 1, "
-            f"one forward without cache, {s['dtype']} on {s['device']} ({rows[0].device}, {threads}); median of "
-            f"{s['repeats']}. Ratios: path / RoPE+SDPA at the same length (time ratio from CPU time on CPU, wall time "
-            "on CUDA).\n\n")
+    return (
+        f"Llama, {s['layers']} layers, {s['heads']} query / {s['kv_heads']} kv heads of {s['head_dim']}, batch 1, "
+        f"one forward without cache, {s['dtype']} on {s['device']} ({rows[0].device}, {threads}); median of "
+        f"{s['repeats']}. Ratios: path / RoPE+SDPA at the same length (time ratio from CPU time on CPU, wall time "
+        "on CUDA).\n\n"
+    )
 
 
-ALIBI_PATHS = Table("alibi.json", ["path", "length"], [Pivot(
-    {"benchmark": "alibi"}, lambda r: (r.method, str(r.setting["length"])),
-    [Column("wall (s)", {"metric": "time_s"}, fmt(".3f")), Column("CPU (s)", {"metric": "cpu_s"}, fmt(".3f")),
-     Column("peak (MiB)", {"metric": "peak_mib"}, fmt(".1f")), Column("time ratio", {"metric": "time_ratio"}, fmt(".2f")),
-     Column("memory ratio", compute=ok_or("memory_ratio", fmt(".2f"), reason))])], before=alibi_setup)
+ALIBI_PATHS = Table(
+    "alibi.json",
+    ["path", "length"],
+    [
+        Pivot(
+            {"benchmark": "alibi"},
+            lambda r: (r.method, str(r.setting["length"])),
+            [
+                Column("wall (s)", {"metric": "time_s"}, fmt(".3f")),
+                Column("CPU (s)", {"metric": "cpu_s"}, fmt(".3f")),
+                Column("peak (MiB)", {"metric": "peak_mib"}, fmt(".1f")),
+                Column("time ratio", {"metric": "time_ratio"}, fmt(".2f")),
+                Column("memory ratio", compute=ok_or("memory_ratio", fmt(".2f"), reason)),
+            ],
+        )
+    ],
+    before=alibi_setup,
+)
 
 
 def growth_columns(rows: list[Row]) -> list[Column]:
@@ -129,66 +205,127 @@ def growth_columns(rows: list[Row]) -> list[Column]:
         def cell(group: list[Row], rows: list[Row]) -> str:
             m1, m2 = value(group, length=a), value(group, length=b)
             return "-" if not m1 or not m2 else f"{math.log(m2 / m1) / math.log(b / a):.2f}"
+
         return cell
 
     return [Column(f"{kilo(a)} to {kilo(b)}", compute=exponent(a, b)) for a, b in zip(ns, ns[1:])]
 
 
-ALIBI_GROWTH = Table("alibi.json", ["path"], [Pivot(
-    {"benchmark": "alibi", "metric": "peak_mib"}, lambda r: (r.method,), growth_columns)])
+ALIBI_GROWTH = Table(
+    "alibi.json", ["path"], [Pivot({"benchmark": "alibi", "metric": "peak_mib"}, lambda r: (r.method,), growth_columns)]
+)
 
 
 def kernel_setup(rows: list[Row]) -> str:
     s = next(r for r in rows if r.benchmark == "alibi_kernels").setting
-    return ("Attention kernels alone (one layer's q/k/v, batch 1), against SDPA is_causal at the same length; forward "
-            "under no_grad, train = forward + backward of the output's sum (no CPU backward for flex). Median of "
-            f"{s['repeats']}, {'CPU' if s['device'] == 'cpu' else 'wall'} time.\n\n")
+    return (
+        "Attention kernels alone (one layer's q/k/v, batch 1), against SDPA is_causal at the same length; forward "
+        "under no_grad, train = forward + backward of the output's sum (no CPU backward for flex). Median of "
+        f"{s['repeats']}, {'CPU' if s['device'] == 'cpu' else 'wall'} time.\n\n"
+    )
 
 
-ALIBI_KERNELS = Table("alibi.json", ["kernel", "length"], [Pivot(
-    {"benchmark": "alibi_kernels"}, lambda r: (r.method, str(r.setting["length"])),
-    [Column("forward (s)", {"metric": "forward_s"}, fmt(".3f")),
-     Column("forward ratio", {"metric": "forward_ratio"}, fmt(".2f")),
-     Column("train (s)", {"metric": "train_s"}, fmt(".3f")), Column("train ratio", {"metric": "train_ratio"}, fmt(".2f"))])],
-    before=kernel_setup)
+ALIBI_KERNELS = Table(
+    "alibi.json",
+    ["kernel", "length"],
+    [
+        Pivot(
+            {"benchmark": "alibi_kernels"},
+            lambda r: (r.method, str(r.setting["length"])),
+            [
+                Column("forward (s)", {"metric": "forward_s"}, fmt(".3f")),
+                Column("forward ratio", {"metric": "forward_ratio"}, fmt(".2f")),
+                Column("train (s)", {"metric": "train_s"}, fmt(".3f")),
+                Column("train ratio", {"metric": "train_ratio"}, fmt(".2f")),
+            ],
+        )
+    ],
+    before=kernel_setup,
+)
 
-ALIBI_FOLDED_ERROR = Table("alibi_folded_error.json", ["heads", "length"], [Pivot(
-    {"benchmark": "alibi_folded_error"}, lambda r: (str(r.setting["heads"]), str(r.setting["length"])),
-    [Column("max slope", {"metric": "max_slope"}, fmt(".3f")),
-     Column("exact fp32 error", {"metric": "exact_error"}, fmt(".2e")),
-     Column("folded error", {"metric": "folded_error"}, fmt(".2e")),
-     Column("logit bound", {"metric": "logit_bound"}, fmt(".1e")),
-     Column("output bound", {"metric": "output_bound"}, fmt(".1e"))])],
-    before=lambda rows: (f"Causal attention, batch 1, {rows[0].setting['kv_heads']} kv heads of "
-                         f"{rows[0].setting['head_dim']}, fp32 on CPU ({rows[0].device}, {rows[0].setting['threads']} "
-                         f"threads, torch {rows[0].versions.get('torch')}). exact = SDPA with the fp32 bias; folded = "
-                         "ALiBi as extra query/key channels of SDPA's causal kernel; bound = what folding may add to "
-                         "the exact path's error by the module's derivation.\n\n"))
+ALIBI_FOLDED_ERROR = Table(
+    "alibi_folded_error.json",
+    ["heads", "length"],
+    [
+        Pivot(
+            {"benchmark": "alibi_folded_error"},
+            lambda r: (str(r.setting["heads"]), str(r.setting["length"])),
+            [
+                Column("max slope", {"metric": "max_slope"}, fmt(".3f")),
+                Column("exact fp32 error", {"metric": "exact_error"}, fmt(".2e")),
+                Column("folded error", {"metric": "folded_error"}, fmt(".2e")),
+                Column("logit bound", {"metric": "logit_bound"}, fmt(".1e")),
+                Column("output bound", {"metric": "output_bound"}, fmt(".1e")),
+            ],
+        )
+    ],
+    before=lambda rows: (
+        f"Causal attention, batch 1, {rows[0].setting['kv_heads']} kv heads of "
+        f"{rows[0].setting['head_dim']}, fp32 on CPU ({rows[0].device}, {rows[0].setting['threads']} "
+        f"threads, torch {rows[0].versions.get('torch')}). exact = SDPA with the fp32 bias; folded = "
+        "ALiBi as extra query/key channels of SDPA's causal kernel; bound = what folding may add to "
+        "the exact path's error by the module's derivation.\n\n"
+    ),
+)
 
-CPU_BF16_TRAIN = Table("cpu_bf16.json", ["recipe step"], [Pivot(
-    {"benchmark": "cpu_bf16_train"},
-    lambda r: (f"{r.setting['window']} tokens x {r.setting['batch']}, {r.setting['steps']} steps, "
-               f"{r.setting['threads']} thread(s)",),
-    [Column("fp32 tok/s (CPU s)", {"method": "no", "metric": "tokens_per_cpu_s"}, fmt(".1f")),
-     Column("bf16 tok/s (CPU s)", {"method": "bf16", "metric": "tokens_per_cpu_s"}, fmt(".1f")),
-     Column("speed-up (CPU time)", {"metric": "speedup_cpu_time"}, fmt(".2f", "x")),
-     Column("speed-up (wall)", {"metric": "speedup"}, fmt(".2f", "x")),
-     Column("max loss difference", {"metric": "max_relative_loss_difference"}, fmt(".2f", "%", 100))])])
+CPU_BF16_TRAIN = Table(
+    "cpu_bf16.json",
+    ["recipe step"],
+    [
+        Pivot(
+            {"benchmark": "cpu_bf16_train"},
+            lambda r: (
+                f"{r.setting['window']} tokens x {r.setting['batch']}, {r.setting['steps']} steps, "
+                f"{r.setting['threads']} thread(s)",
+            ),
+            [
+                Column("fp32 tok/s (CPU s)", {"method": "no", "metric": "tokens_per_cpu_s"}, fmt(".1f")),
+                Column("bf16 tok/s (CPU s)", {"method": "bf16", "metric": "tokens_per_cpu_s"}, fmt(".1f")),
+                Column("speed-up (CPU time)", {"metric": "speedup_cpu_time"}, fmt(".2f", "x")),
+                Column("speed-up (wall)", {"metric": "speedup"}, fmt(".2f", "x")),
+                Column("max loss difference", {"metric": "max_relative_loss_difference"}, fmt(".2f", "%", 100)),
+            ],
+        )
+    ],
+)
 
-CPU_BF16_FORWARD = Table("cpu_bf16.json", ["length", "precision"], [Pivot(
-    {"benchmark": "cpu_bf16_forward", "vs": None}, lambda r: (kilo(r.setting["length"]), r.method),
-    [Column("perplexity", {"metric": "perplexity"}, fmt(".3f")),
-     Column("seconds", {"metric": "ppl_seconds"}, fmt(".0f")),
-     Column("passkeys found", {"metric": "passkeys_found"},
-            lambda r: "".join("y" if c else "n" for c in r.extra["correct"]))])])
+CPU_BF16_FORWARD = Table(
+    "cpu_bf16.json",
+    ["length", "precision"],
+    [
+        Pivot(
+            {"benchmark": "cpu_bf16_forward", "vs": None},
+            lambda r: (kilo(r.setting["length"]), r.method),
+            [
+                Column("perplexity", {"metric": "perplexity"}, fmt(".3f")),
+                Column("seconds", {"metric": "ppl_seconds"}, fmt(".0f")),
+                Column(
+                    "passkeys found",
+                    {"metric": "passkeys_found"},
+                    lambda r: "".join("y" if c else "n" for c in r.extra["correct"]),
+                ),
+            ],
+        )
+    ],
+)
 
 
 def llamacpp_gaps(benchmark: str) -> Table:
-    return Table("llamacpp.json", ["case"], [Pivot(
-        {"benchmark": benchmark}, lambda r: (r.method,),
-        [Column("`gguf export`", {"metric": "exported"}, fmt(".2e")),
-         Column("GGUF to GGUF", {"metric": "direct"}, fmt(".2e")),
-         Column("converter only", {"metric": "converter_only"}, fmt(".3g"))])])
+    return Table(
+        "llamacpp.json",
+        ["case"],
+        [
+            Pivot(
+                {"benchmark": benchmark},
+                lambda r: (r.method,),
+                [
+                    Column("`gguf export`", {"metric": "exported"}, fmt(".2e")),
+                    Column("GGUF to GGUF", {"metric": "direct"}, fmt(".2e")),
+                    Column("converter only", {"metric": "converter_only"}, fmt(".3g")),
+                ],
+            )
+        ],
+    )
 
 
 def kl_to_unpatched(group: list[Row], rows: list[Row]) -> str:
@@ -202,14 +339,30 @@ def ppl_gap(group: list[Row], rows: list[Row]) -> str:
     return "-" if ours is None or not theirs else f"{(ours / theirs - 1):+.2%}"
 
 
-LLAMACPP_SMOLLM2 = Table("llamacpp_smollm2.json", ["tokens", "case"], [Pivot(
-    {"benchmark": "llamacpp_smollm2"}, lambda r: (kilo(r.setting["tokens"]), r.method),
-    [Column("mean KL", {"metric": "kl_mean"}, fmt(".4f")), Column("KL / unpatched", compute=kl_to_unpatched),
-     Column("max abs diff", {"metric": "max_abs_diff"}, fmt(".2f")),
-     Column("ppl transformers", {"metric": "ppl_transformers"}, fmt(".3f")),
-     Column("ppl llama.cpp", {"metric": "ppl_llamacpp"}, fmt(".3f")), Column("ppl gap", compute=ppl_gap),
-     Column("tensor bytes unchanged", {"metric": "tensor_bytes_unchanged"}, lambda r: "yes" if r.value else "**no**")],
-    order=lambda r: r.setting["tokens"])])
+LLAMACPP_SMOLLM2 = Table(
+    "llamacpp_smollm2.json",
+    ["tokens", "case"],
+    [
+        Pivot(
+            {"benchmark": "llamacpp_smollm2"},
+            lambda r: (kilo(r.setting["tokens"]), r.method),
+            [
+                Column("mean KL", {"metric": "kl_mean"}, fmt(".4f")),
+                Column("KL / unpatched", compute=kl_to_unpatched),
+                Column("max abs diff", {"metric": "max_abs_diff"}, fmt(".2f")),
+                Column("ppl transformers", {"metric": "ppl_transformers"}, fmt(".3f")),
+                Column("ppl llama.cpp", {"metric": "ppl_llamacpp"}, fmt(".3f")),
+                Column("ppl gap", compute=ppl_gap),
+                Column(
+                    "tensor bytes unchanged",
+                    {"metric": "tensor_bytes_unchanged"},
+                    lambda r: "yes" if r.value else "**no**",
+                ),
+            ],
+            order=lambda r: r.setting["tokens"],
+        )
+    ],
+)
 
 
 def longrope_label(row: Row) -> tuple[str]:
@@ -222,20 +375,31 @@ def longrope_label(row: Row) -> tuple[str]:
 
 def longrope_columns(rows: list[Row]) -> list[Column]:
     points = sorted({(r.setting["length"], r.setting["multiple"]) for r in rows if r.metric == "perplexity"})
-    return [*(Column(f"{n} ({m}x)", {"metric": "perplexity", "length": n}, fmt(".3f")) for n, m in points),
-            Column("all tokens at s·128", {"metric": "perplexity_all_tokens"}, fmt(".3f"))]
+    return [
+        *(Column(f"{n} ({m}x)", {"metric": "perplexity", "length": n}, fmt(".3f")) for n, m in points),
+        Column("all tokens at s·128", {"metric": "perplexity_all_tokens"}, fmt(".3f")),
+    ]
 
 
 LONGROPE_MISSING = "_Not measured yet: run `nice -n 10 python benchmarks/longrope_tiny.py`._"
-LONGROPE_TINY = Table("longrope_tiny.json", ["method"], [Pivot(
-    lambda r: r.benchmark == "longrope_tiny" and r.metric in ("perplexity", "perplexity_all_tokens"),
-    longrope_label, longrope_columns)])
+LONGROPE_TINY = Table(
+    "longrope_tiny.json",
+    ["method"],
+    [
+        Pivot(
+            lambda r: r.benchmark == "longrope_tiny" and r.metric in ("perplexity", "perplexity_all_tokens"),
+            longrope_label,
+            longrope_columns,
+        )
+    ],
+)
 
 
 def search_summary(row: Row) -> str:
     history = row.extra["history"]
-    return (f"{len(history)} rounds, {history[-1]['evaluated'] if history else 1} candidates, "
-            f"{row.extra['seconds']:.0f} s")
+    return (
+        f"{len(history)} rounds, {history[-1]['evaluated'] if history else 1} candidates, {row.extra['seconds']:.0f} s"
+    )
 
 
 def decode_speed(group: list[Row], rows: list[Row]) -> str:
@@ -243,25 +407,46 @@ def decode_speed(group: list[Row], rows: list[Row]) -> str:
     return "-" if exact is None else f"exact_cache=True {exact:.2f} ({native / exact:.2f}x the speed)"
 
 
-LONGROPE_CACHE = Table("longrope_tiny.json", ["what"], [
-    Pivot({"benchmark": "longrope_tiny", "metric": "search_perplexity"},
-          lambda r: (f"search {r.setting['factor']:g} {r.setting['fitness']} ({r.setting['length']} tokens)",),
-          [Column("measured", show=lambda r: f"{r.extra['start_perplexity']:.4f} -> {r.value:.4f}"),
-           Column("", show=search_summary)]),
-    Pivot({"benchmark": "longrope_tiny", "metric": "max_abs_logit_gap"},
-          lambda r: ("cached decoding past the switch, max abs logit gap to a full forward",),
-          [Column("", {"exact_cache": False}, lambda r: f"transformers' cache {r.value:.1e}"),
-           Column("", {"exact_cache": True}, lambda r: f"exact_cache=True {r.value:.1e}")]),
-    Pivot({"benchmark": "longrope_tiny", "metric": "decode_ms"}, lambda r: ("decode step (ms)",),
-          [Column("", {"exact_cache": False}, lambda r: f"transformers' cache {r.value:.2f}"),
-           Column("", compute=decode_speed)])])
+LONGROPE_CACHE = Table(
+    "longrope_tiny.json",
+    ["what"],
+    [
+        Pivot(
+            {"benchmark": "longrope_tiny", "metric": "search_perplexity"},
+            lambda r: (f"search {r.setting['factor']:g} {r.setting['fitness']} ({r.setting['length']} tokens)",),
+            [
+                Column("measured", show=lambda r: f"{r.extra['start_perplexity']:.4f} -> {r.value:.4f}"),
+                Column("", show=search_summary),
+            ],
+        ),
+        Pivot(
+            {"benchmark": "longrope_tiny", "metric": "max_abs_logit_gap"},
+            lambda r: ("cached decoding past the switch, max abs logit gap to a full forward",),
+            [
+                Column("", {"exact_cache": False}, lambda r: f"transformers' cache {r.value:.1e}"),
+                Column("", {"exact_cache": True}, lambda r: f"exact_cache=True {r.value:.1e}"),
+            ],
+        ),
+        Pivot(
+            {"benchmark": "longrope_tiny", "metric": "decode_ms"},
+            lambda r: ("decode step (ms)",),
+            [
+                Column("", {"exact_cache": False}, lambda r: f"transformers' cache {r.value:.2f}"),
+                Column("", compute=decode_speed),
+            ],
+        ),
+    ],
+)
 
 
 # --- GPU results -----------------------------------------------------------------------------------
 
 CHECK_DETAILS = ("grad_rel_error", "logit_error", "bound", "wrapping", "mfu", "tokens_per_s", "peak_memory_gib")
-CHECK_SHOWN = {"mfu": lambda v: f"MFU {v:.1%}", "tokens_per_s": lambda v: f"{v:,.0f} tokens/s",
-               "peak_memory_gib": lambda v: f"{v:.1f} GiB peak"}
+CHECK_SHOWN = {
+    "mfu": lambda v: f"MFU {v:.1%}",
+    "tokens_per_s": lambda v: f"{v:,.0f} tokens/s",
+    "peak_memory_gib": lambda v: f"{v:.1f} GiB peak",
+}
 
 
 def check_details(group: list[Row], rows: list[Row]) -> str:
@@ -269,8 +454,13 @@ def check_details(group: list[Row], rows: list[Row]) -> str:
     for key in CHECK_DETAILS:
         found = value(group, metric=key, rope=None)
         if found is not None:
-            details.append(CHECK_SHOWN[key](found) if key in CHECK_SHOWN else
-                           f"{key} {found:.3g}" if isinstance(found, float) else f"{key} {found}")
+            details.append(
+                CHECK_SHOWN[key](found)
+                if key in CHECK_SHOWN
+                else f"{key} {found:.3g}"
+                if isinstance(found, float)
+                else f"{key} {found}"
+            )
     status = latest(r for r in group if r.metric == "status")
     if status is not None and "reason" in status.extra:
         details.append(f"reason {status.extra['reason']}")
@@ -284,10 +474,22 @@ def where_run(rows: list[Row]) -> str:
     return f"{rows[0].device}{smoke}, torch {rows[0].versions.get('torch')}.\n\n"
 
 
-GPU_CHECK = Table("gpu/check.json", ["item"], [Pivot(
-    {"benchmark": "gpu_check"}, lambda r: (f"`{r.method}`",),
-    [Column("status", {"metric": "status"}), Column("seconds", {"metric": "seconds"}, fmt(".1f")),
-     Column("details", compute=check_details)])], before=where_run)
+GPU_CHECK = Table(
+    "gpu/check.json",
+    ["item"],
+    [
+        Pivot(
+            {"benchmark": "gpu_check"},
+            lambda r: (f"`{r.method}`",),
+            [
+                Column("status", {"metric": "status"}),
+                Column("seconds", {"metric": "seconds"}, fmt(".1f")),
+                Column("details", compute=check_details),
+            ],
+        )
+    ],
+    before=where_run,
+)
 
 
 def decode_label(row: Row) -> tuple[str]:
@@ -297,10 +499,21 @@ def decode_label(row: Row) -> tuple[str]:
 
 def decode_table(source: str, before: Callable[[list[Row]], str] | None = None) -> Table:
     """``bench_dynamic_decode.py``'s decode rows: tokens/s, and the ratio to the static method."""
-    return Table(source, [""], [Pivot(
-        {"benchmark": "dynamic_decode"}, decode_label,
-        [Column("decode tokens/s", {"metric": "decode_tokens_per_s"}, fmt(".1f")),
-         Column("vs static", {"metric": "decode_ratio_vs_static"}, fmt(".2f"), missing="")])], before=before)
+    return Table(
+        source,
+        [""],
+        [
+            Pivot(
+                {"benchmark": "dynamic_decode"},
+                decode_label,
+                [
+                    Column("decode tokens/s", {"metric": "decode_tokens_per_s"}, fmt(".1f")),
+                    Column("vs static", {"metric": "decode_ratio_vs_static"}, fmt(".2f"), missing=""),
+                ],
+            )
+        ],
+        before=before,
+    )
 
 
 def finetune_goals(rows: list[Row]) -> str:
@@ -313,41 +526,80 @@ def finetune_goals(rows: list[Row]) -> str:
     ppl = lengths([r for r in rows if r.metric == "perplexity"])
     passkey = lengths([r for r in rows if r.metric == "passkey"])
     losses, met = training.extra["losses"], lambda name: "met" if value(tuned, metric=name) else "not met"
-    return (f"\n\n{training.value} steps of {plan['global_batch']} x "
-            f"{plan.get('train_seq_len') or int(plan['factor'] * trained)} tokens in "
-            f"{value(rows, method='run', metric='wall_s', part='fine-tune'):.0f} s "
-            f"({value(tuned, metric='stopped_by')}), loss {losses[0]:.3f} -> {losses[-1]:.3f}; {training.device}. "
-            f"Goals: passkey >= 90% at {kilo(max(passkey))} {met('goal_passkey_at_longest')}; perplexity at "
-            f"{kilo(max(ppl))} <= the base model's at {kilo(trained)} {met('goal_ppl_longest_vs_base_at_trained')}.")
+    return (
+        f"\n\n{training.value} steps of {plan['global_batch']} x "
+        f"{plan.get('train_seq_len') or int(plan['factor'] * trained)} tokens in "
+        f"{value(rows, method='run', metric='wall_s', part='fine-tune'):.0f} s "
+        f"({value(tuned, metric='stopped_by')}), loss {losses[0]:.3f} -> {losses[-1]:.3f}; {training.device}. "
+        f"Goals: passkey >= 90% at {kilo(max(passkey))} {met('goal_passkey_at_longest')}; perplexity at "
+        f"{kilo(max(ppl))} <= the base model's at {kilo(trained)} {met('goal_ppl_longest_vs_base_at_trained')}."
+    )
 
 
-GPU_FINETUNE_REAL = Table("gpu/finetune_real/finetune_real.json", ["model"], [Pivot(
-    lambda r: r.benchmark == "gpu_finetune_real" and r.metric in ("perplexity", "passkey"), lambda r: (r.method,),
-    lambda rows: [*(Column(f"ppl {kilo(n)}", {"metric": "perplexity", "length": n}, fmt(".2f"))
-                    for n in lengths([r for r in rows if r.metric == "perplexity"])),
-                  *(Column(f"passkey {kilo(n)}", {"metric": "passkey", "length": n}, fmt(".0%"))
-                    for n in lengths([r for r in rows if r.metric == "passkey"]))])],
-    after=finetune_goals)
+GPU_FINETUNE_REAL = Table(
+    "gpu/finetune_real/finetune_real.json",
+    ["model"],
+    [
+        Pivot(
+            lambda r: r.benchmark == "gpu_finetune_real" and r.metric in ("perplexity", "passkey"),
+            lambda r: (r.method,),
+            lambda rows: [
+                *(
+                    Column(f"ppl {kilo(n)}", {"metric": "perplexity", "length": n}, fmt(".2f"))
+                    for n in lengths([r for r in rows if r.metric == "perplexity"])
+                ),
+                *(
+                    Column(f"passkey {kilo(n)}", {"metric": "passkey", "length": n}, fmt(".0%"))
+                    for n in lengths([r for r in rows if r.metric == "passkey"])
+                ),
+            ],
+        )
+    ],
+    after=finetune_goals,
+)
 
-GPU_MFU = Table("gpu/mfu/mfu.json", ["variant", "tokens"], [Pivot(
-    lambda r: r.benchmark == "gpu_mfu" and r.method != "run", lambda r: (f"`{r.method}`", str(r.setting.get("tokens", "-"))),
-    [Column("step (s)", compute=ok_or("step_s", fmt(".3f"), lambda status: str(status.value))),
-     Column("tokens/s", compute=ok_or("tokens_per_s", fmt(",.0f"))),
-     Column("MFU", compute=ok_or("mfu", fmt(".1%"))),
-     Column("peak memory", compute=ok_or("peak_memory_mib", fmt(".1f", " GiB", 1 / 1024), reason))])])
+GPU_MFU = Table(
+    "gpu/mfu/mfu.json",
+    ["variant", "tokens"],
+    [
+        Pivot(
+            lambda r: r.benchmark == "gpu_mfu" and r.method != "run",
+            lambda r: (f"`{r.method}`", str(r.setting.get("tokens", "-"))),
+            [
+                Column("step (s)", compute=ok_or("step_s", fmt(".3f"), lambda status: str(status.value))),
+                Column("tokens/s", compute=ok_or("tokens_per_s", fmt(",.0f"))),
+                Column("MFU", compute=ok_or("mfu", fmt(".1%"))),
+                Column("peak memory", compute=ok_or("peak_memory_mib", fmt(".1f", " GiB", 1 / 1024), reason)),
+            ],
+        )
+    ],
+)
 
 
 def prefill_label(row: Row) -> tuple[str, str]:
     if row.metric == "status":
         return str(row.setting["tokens"]), "skipped"
-    return str(row.setting["tokens"]), row.method + (" (one forward each, first call)" if row.setting.get("probe") else "")
+    return str(row.setting["tokens"]), row.method + (
+        " (one forward each, first call)" if row.setting.get("probe") else ""
+    )
 
 
-GPU_PREFILL = Table("gpu/prefill/prefill.json", ["prompt tokens (4x L_orig)", "method"], [Pivot(
-    {"benchmark": "dynamic_prefill"}, prefill_label,
-    [Column("exact (s)", compute=ok_or("exact_prefill_s", fmt(".3f"))),
-     Column("transformers (s)", compute=ok_or("transformers_prefill_s", fmt(".3f"))),
-     Column("ratio", compute=ok_or("ratio", fmt(".1f", "x"), reason))])])
+GPU_PREFILL = Table(
+    "gpu/prefill/prefill.json",
+    ["prompt tokens (4x L_orig)", "method"],
+    [
+        Pivot(
+            {"benchmark": "dynamic_prefill"},
+            prefill_label,
+            [
+                Column("exact (s)", compute=ok_or("exact_prefill_s", fmt(".3f"))),
+                Column("transformers (s)", compute=ok_or("transformers_prefill_s", fmt(".3f"))),
+                Column("ratio", compute=ok_or("ratio", fmt(".1f", "x"), reason)),
+            ],
+        )
+    ],
+)
+
 
 def decode_span(rows: list[Row]) -> str:
     s = next(r for r in rows if r.benchmark == "dynamic_decode").setting
@@ -359,7 +611,9 @@ GPU_PREFILL_DECODE = decode_table("gpu/prefill/prefill.json", before=decode_span
 
 def sedca_skipped() -> str | None:
     path = RESULTS / "gpu/sedca/sedca.json"
-    status = latest(r for r in read_rows(path) if r.method == "all" and r.metric == "status") if path.is_file() else None
+    status = (
+        latest(r for r in read_rows(path) if r.method == "all" and r.metric == "status") if path.is_file() else None
+    )
     return None if status is None else f"_Skipped: {status.extra['reason']}._"
 
 
@@ -369,23 +623,41 @@ def sedca_parity(rows: list[Row]) -> str:
     for method in dict.fromkeys(r.method for r in parity if r.metric in ("ok", "status")):
         mine = [r for r in parity if r.method == method]
         status = latest(r for r in mine if r.metric == "status")
-        lines.append(f"{method}: {status.extra['error']}" if status is not None else
-                     f"{method}: {'ok' if value(mine, metric='ok') else 'FAIL'} "
-                     f"({value(mine, metric='ratio_to_native'):.2f}x the native bf16 error)")
+        lines.append(
+            f"{method}: {status.extra['error']}"
+            if status is not None
+            else f"{method}: {'ok' if value(mine, metric='ok') else 'FAIL'} "
+            f"({value(mine, metric='ratio_to_native'):.2f}x the native bf16 error)"
+        )
     tokens = parity[0].setting["tokens"] if parity else "?"
-    return (f"\n\nbf16 parity at {tokens} tokens (bound 3x the native model's bf16 error): " + "; ".join(lines) + "."
-            if lines else "")
+    return (
+        f"\n\nbf16 parity at {tokens} tokens (bound 3x the native model's bf16 error): " + "; ".join(lines) + "."
+        if lines
+        else ""
+    )
 
 
-GPU_SEDCA = Table("gpu/sedca/sedca.json", ["variant", "tokens"], [Pivot(
-    lambda r: r.benchmark == "gpu_sedca" and "tokens" in r.setting, lambda r: (f"`{r.method}`", str(r.setting["tokens"])),
-    [Column("prefill (s)", compute=ok_or("prefill_s", fmt(".3f"), lambda status: str(status.value))),
-     Column("peak memory", compute=ok_or("peak_memory_mib", fmt(".2f", " GiB", 1 / 1024))),
-     Column("time vs SDPA", compute=ok_or("time_vs_sdpa", fmt(".2f", "x"))),
-     Column("memory vs SDPA", compute=ok_or("memory_vs_sdpa", fmt(".2f", "x")))])], after=sedca_parity)
+GPU_SEDCA = Table(
+    "gpu/sedca/sedca.json",
+    ["variant", "tokens"],
+    [
+        Pivot(
+            lambda r: r.benchmark == "gpu_sedca" and "tokens" in r.setting,
+            lambda r: (f"`{r.method}`", str(r.setting["tokens"])),
+            [
+                Column("prefill (s)", compute=ok_or("prefill_s", fmt(".3f"), lambda status: str(status.value))),
+                Column("peak memory", compute=ok_or("peak_memory_mib", fmt(".2f", " GiB", 1 / 1024))),
+                Column("time vs SDPA", compute=ok_or("time_vs_sdpa", fmt(".2f", "x"))),
+                Column("memory vs SDPA", compute=ok_or("memory_vs_sdpa", fmt(".2f", "x"))),
+            ],
+        )
+    ],
+    after=sedca_parity,
+)
 
 
 # --- The cell caches of the resumable real-model evaluations (their own format) -------------------
+
 
 def load(relative: str) -> dict[str, Any]:
     return json.loads((RESULTS / relative).read_text())
@@ -417,8 +689,9 @@ def row_label(name: str) -> str:
 def real_model_ppl() -> str:
     lengths, rows = real_model_rows("ppl")
     header = ["method", *[f"{kilo(n)} ({n / 8192:g}x)" for n in lengths]]
-    return table(header, [[row_label(name), *[f"{v['perplexity']:.2f}" if v else "-" for v in values]]
-                          for name, values in rows])
+    return table(
+        header, [[row_label(name), *[f"{v['perplexity']:.2f}" if v else "-" for v in values]] for name, values in rows]
+    )
 
 
 def real_model_passkey() -> str:
@@ -457,8 +730,11 @@ def training_free_real_model() -> str:
             value = cells.get(f"ppl/{method}/{n}", {}).get("value")
             row.append(f"{value:.2f}" if value else "-")
         rows.append(row)
-    header = ["method", *[f"passkey {kilo(n)} (95% interval)" for n in passkey_lengths],
-              *[f"ppl {kilo(n)}" for n in ppl_lengths]]
+    header = [
+        "method",
+        *[f"passkey {kilo(n)} (95% interval)" for n in passkey_lengths],
+        *[f"ppl {kilo(n)}" for n in ppl_lengths],
+    ]
     return table(header, rows)
 
 
@@ -468,7 +744,7 @@ def finetune_smollm2() -> str:
     ``benchmarks/finetune_real_model.py --report`` writes that file from its cells and the training-free ones.
     """
     text = (RESULTS / "finetune_smollm2" / "results.md").read_text()
-    return text[text.index("\n|") + 1:].rstrip()
+    return text[text.index("\n|") + 1 :].rstrip()
 
 
 TABLES: dict[str, Callable[[], str]] = {
@@ -483,12 +759,18 @@ TABLES: dict[str, Callable[[], str]] = {
     "alibi-growth": block(ALIBI_GROWTH),
     "alibi-kernels": block(ALIBI_KERNELS),
     "alibi-folded-error": block(ALIBI_FOLDED_ERROR),
-    "cpu-bf16": block(CPU_BF16_TRAIN, CPU_BF16_FORWARD,
-                      missing="_Not measured yet: no cpu_bf16.json (benchmarks/bench_cpu_bf16.py)._"),
-    "llamacpp-tiny": block(llamacpp_gaps("llamacpp_tiny"), missing="_Not measured yet: no llamacpp_tiny rows in "
-                           "llamacpp.json (python benchmarks/llamacpp_gguf.py)._"),
-    "llamacpp-architectures": block(llamacpp_gaps("llamacpp_architectures"), missing="_Not measured yet: no "
-                                    "llamacpp_architectures rows in llamacpp.json (python benchmarks/llamacpp_gguf.py)._"),
+    "cpu-bf16": block(
+        CPU_BF16_TRAIN, CPU_BF16_FORWARD, missing="_Not measured yet: no cpu_bf16.json (benchmarks/bench_cpu_bf16.py)._"
+    ),
+    "llamacpp-tiny": block(
+        llamacpp_gaps("llamacpp_tiny"),
+        missing="_Not measured yet: no llamacpp_tiny rows in llamacpp.json (python benchmarks/llamacpp_gguf.py)._",
+    ),
+    "llamacpp-architectures": block(
+        llamacpp_gaps("llamacpp_architectures"),
+        missing="_Not measured yet: no "
+        "llamacpp_architectures rows in llamacpp.json (python benchmarks/llamacpp_gguf.py)._",
+    ),
     "llamacpp-smollm2": block(LLAMACPP_SMOLLM2),
     "longrope-tiny": block(LONGROPE_TINY, missing=LONGROPE_MISSING),
     "longrope-cache": block(LONGROPE_CACHE, missing=LONGROPE_MISSING),

@@ -53,11 +53,25 @@ def trainer_baseline(
     hf_posext.patch_model(model, "yarn", factor=factor)
     blocks = load_blocks([data], tokenizer, seq_len, cache_dir=workdir / "cache")
     training_args = TrainingArguments(
-        output_dir=str(workdir / "out-trainer"), max_steps=max_steps, learning_rate=2e-5, warmup_steps=warmup_steps,
-        lr_scheduler_type="linear", adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
-        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=accumulation, gradient_checkpointing=True,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=logging_steps, dataloader_num_workers=0,
-        disable_tqdm=True, seed=42,
+        output_dir=str(workdir / "out-trainer"),
+        max_steps=max_steps,
+        learning_rate=2e-5,
+        warmup_steps=warmup_steps,
+        lr_scheduler_type="linear",
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation,
+        gradient_checkpointing=True,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=logging_steps,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=42,
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(blocks), callbacks=[Stamp()])
     return trainer, tokenizer

@@ -49,7 +49,9 @@ METHODS: dict[str, tuple[dict[str, Any] | None, str | None, dict[str, Any]]] = {
     "dca": (None, "dca", {}),
     "self_extend f=2 on yarn s=2": (
         {"rope_type": "yarn", "rope_theta": 100000.0, "factor": 2.0, "original_max_position_embeddings": TRAINED},
-        "self_extend", {"factor": 2.0}),
+        "self_extend",
+        {"factor": 2.0},
+    ),
     "string": (None, "string", {}),
     "rerope": (None, "rerope", {}),
     "leaky_rerope k=16": (None, "rerope", {"leak": 16.0}),
@@ -94,8 +96,10 @@ def key_schedule(keys: int) -> list[tuple[int, float]]:
     """``(index, depth)`` of the first ``keys`` passkey prompts of a cell (the same for every row)."""
     if not 1 <= keys <= MAX_KEYS:
         raise ValueError(f"--keys must be in 1..{MAX_KEYS}, got {keys}")
-    return [(i, round(i / (FIRST_KEYS - 1), 3) if i < FIRST_KEYS else round((i - FIRST_KEYS + 0.5) / FIRST_KEYS, 3))
-            for i in range(keys)]
+    return [
+        (i, round(i / (FIRST_KEYS - 1), 3) if i < FIRST_KEYS else round((i - FIRST_KEYS + 0.5) / FIRST_KEYS, 3))
+        for i in range(keys)
+    ]
 
 
 def shard(text: str) -> tuple[int, int]:
@@ -113,8 +117,11 @@ def passkey_found(model: Any, tokenizer: Any, length: int, index: int, depth: fl
 
 
 #: What every cell of results.json shares (the rows and their key count may grow between runs).
-SETTINGS = {"score_last": 2048, "document_end": 32768, "key_schedule": "i < 10: depth i/9; else (i - 9.5)/10; "
-            "seed 1000 i + 7"}
+SETTINGS = {
+    "score_last": 2048,
+    "document_end": 32768,
+    "key_schedule": "i < 10: depth i/9; else (i - 9.5)/10; seed 1000 i + 7",
+}
 
 
 def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
@@ -130,20 +137,32 @@ def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
         xs = [n for n, p in zip((8192, 16384, 32768), ppls) if p]
         if xs:
             curves[row] = (xs, [p for p in ppls if p])
-    text = ("# Training-free methods on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
-            f"Passkey retrieval, keys found / keys asked ({keys} keys per cell over depths 0..1):\n\n"
-            + markdown_table(["method", *[f"{n // 1024}k" for n in lengths]], rows)
-            + "\n\nPerplexity of the last 2048 tokens (Python Language Reference):\n\n"
-            + markdown_table(["method", "8k", "16k", "32k"], ppl_rows) + "\n")
+    text = (
+        "# Training-free methods on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
+        f"Passkey retrieval, keys found / keys asked ({keys} keys per cell over depths 0..1):\n\n"
+        + markdown_table(["method", *[f"{n // 1024}k" for n in lengths]], rows)
+        + "\n\nPerplexity of the last 2048 tokens (Python Language Reference):\n\n"
+        + markdown_table(["method", "8k", "16k", "32k"], ppl_rows)
+        + "\n"
+    )
     write_text(out / "real_model.md", text)
     for row in METHODS:
         asked = sorted({float(k.split("/")[3]) for k in cells.cells if k.startswith(f"passkey/{row}/")})
         if asked:
-            acc = [[float(cells.cells[f"passkey/{row}/{n}/{d}"]["value"]) if f"passkey/{row}/{n}/{d}" in cells.cells
-                    else float("nan") for n in lengths] for d in asked]
+            acc = [
+                [
+                    float(cells.cells[f"passkey/{row}/{n}/{d}"]["value"])
+                    if f"passkey/{row}/{n}/{d}" in cells.cells
+                    else float("nan")
+                    for n in lengths
+                ]
+                for d in asked
+            ]
             grids[row] = (lengths, asked, acc)
     if grids:
-        plot_heatmaps(out / "real_model_passkey.png", grids, title="SmolLM2-135M passkey, no fine-tuning (one key per cell)")
+        plot_heatmaps(
+            out / "real_model_passkey.png", grids, title="SmolLM2-135M passkey, no fine-tuning (one key per cell)"
+        )
     if curves:
         plot_curves(out / "real_model_ppl.png", curves, title="SmolLM2-135M, no fine-tuning", vline=TRAINED)
     return text
@@ -156,47 +175,68 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ppl", type=int, nargs="*", default=[8192, 16384, 32768])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N",
-                        help="only keys whose index is K modulo N (run N processes to fill the cells)")
+    parser.add_argument(
+        "--shard",
+        type=shard,
+        default=(0, 1),
+        metavar="K/N",
+        help="only keys whose index is K modulo N (run N processes to fill the cells)",
+    )
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plot")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"folder of results.json, the table and plots (default {OUT.name}/, {OUT.name}_bf16/ "
-                        "for --dtype bfloat16)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="weights' dtype; bfloat16 cells go to their own results.json (benchmarks/results/"
-                        "cpu_bf16.json for its accuracy)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"folder of results.json, the table and plots (default {OUT.name}/, {OUT.name}_bf16/ "
+        "for --dtype bfloat16)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights' dtype; bfloat16 cells go to their own results.json (benchmarks/results/"
+        "cpu_bf16.json for its accuracy)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out = args.out or (OUT if args.dtype == "float32" else OUT.with_name(f"{OUT.name}_bf16"))
     dtype = {} if args.dtype == "float32" else {"dtype": args.dtype}
-    cells = Cells(args.out / "results.json",
-                  {**SETTINGS, **dtype, "methods": {k: [v[0], v[1], v[2]] for k, v in METHODS.items()}},
-                  rows_key="methods")
+    cells = Cells(
+        args.out / "results.json",
+        {**SETTINGS, **dtype, "methods": {k: [v[0], v[1], v[2]] for k, v in METHODS.items()}},
+        rows_key="methods",
+    )
     if args.report:
         print(report(cells, args.lengths, args.keys, args.out))
         return 0
     folder = gguf_checkpoint(gguf_file(None))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa",
-                                                 dtype=getattr(torch, args.dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="sdpa", dtype=getattr(torch, args.dtype)
+    ).eval()
     document = tokenizer(reference_text(), return_tensors="pt").input_ids[0][:32768]
     for length in sorted(args.lengths):
         for index, depth in key_schedule(args.keys):
             if index % args.shard[1] != args.shard[0]:
                 continue
             for row in args.methods:
+
                 def key(row: str = row, length: int = length, depth: float = depth, index: int = index) -> bool:
                     with Variant(model, row) as m:
                         return passkey_found(m, tokenizer, length, index, depth)
+
                 found = cells.get(f"passkey/{row}/{length}/{depth}", key)
                 print(row, length, depth, found, cells.cells[f"passkey/{row}/{length}/{depth}"]["seconds"], flush=True)
             report(cells, args.lengths, args.keys, args.out)
     for length in args.ppl:
         for row in args.methods:
+
             def ppl(row: str = row, length: int = length) -> float:
                 with Variant(model, row) as m:
-                    return truncated_perplexity(m, [document], [length], score_last=min(2048, length // 2),
-                                                end_at=32768, progress=False)[0].perplexity
+                    return truncated_perplexity(
+                        m, [document], [length], score_last=min(2048, length // 2), end_at=32768, progress=False
+                    )[0].perplexity
+
             print(row, length, "ppl", cells.get(f"ppl/{row}/{length}", ppl), flush=True)
     print(report(cells, args.lengths, args.keys, args.out))
     return 0

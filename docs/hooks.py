@@ -17,6 +17,12 @@ def on_files(files, config):
     for png in sorted((ROOT / "benchmarks" / "results").rglob("*.png")):
         if "work" in png.relative_to(ROOT).parts:
             continue
-        files.append(File(str(png.relative_to(ROOT)), src_dir=str(ROOT), dest_dir=config["site_dir"],
-                          use_directory_urls=config["use_directory_urls"]))
+        files.append(
+            File(
+                str(png.relative_to(ROOT)),
+                src_dir=str(ROOT),
+                dest_dir=config["site_dir"],
+                use_directory_urls=config["use_directory_urls"],
+            )
+        )
     return files

@@ -30,8 +30,15 @@ def main() -> int:
     if args.model:
         model = AutoModelForCausalLM.from_pretrained(args.model)
     else:
-        config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        config = LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+        )
         model = AutoModelForCausalLM.from_config(config)
     model.eval()
 

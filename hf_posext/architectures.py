@@ -22,18 +22,101 @@ from .config_checks import check_rope_config
 #: (parity with transformers' own rope types, cached generation, save and reload); a test keeps it
 #: equal to what passes, and scripts/supported_models.py writes the README's list from it.
 SUPPORTED_MODEL_TYPES = (
-    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "bitnet",
-    "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4",
-    "diffllama", "doge", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo",
-    "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa",
-    "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text",
-    "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2",
-    "jetmoe", "kolibri1", "laguna", "lara_mini", "lfm2", "llama", "llama4_text", "mellum", "mimo_v2_flash",
-    "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral", "mistral", "mixtral",
-    "modernbert-decoder", "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon",
-    "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe",
-    "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2",
-    "vaultgemma", "youtu",
+    "afmoe",
+    "apertus",
+    "apertus1p5_text",
+    "arcee",
+    "aria_text",
+    "axk1",
+    "axk2",
+    "bailing_hybrid",
+    "bitnet",
+    "cohere",
+    "cohere2",
+    "cohere2_moe",
+    "cwm",
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "deepseek_v4",
+    "diffllama",
+    "doge",
+    "dots1",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "exaone",
+    "exaone4",
+    "exaone_moe",
+    "flex_olmo",
+    "flint",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "glm_moe_dsa",
+    "gpt_neox",
+    "gpt_neox_japanese",
+    "gpt_oss",
+    "granite",
+    "granitemoe",
+    "granitemoeshared",
+    "helium",
+    "hrm_text",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "hy_v3",
+    "hy_v4",
+    "hyperclovax",
+    "internlm3",
+    "iquestcoder",
+    "jais2",
+    "jetmoe",
+    "kolibri1",
+    "laguna",
+    "lara_mini",
+    "lfm2",
+    "llama",
+    "llama4_text",
+    "mellum",
+    "mimo_v2_flash",
+    "minicpm3",
+    "minimax",
+    "minimax_m2",
+    "minimax_m3_vl_text",
+    "ministral",
+    "mistral",
+    "mixtral",
+    "modernbert-decoder",
+    "nanochat",
+    "nemotron",
+    "olmo",
+    "olmo2",
+    "olmo3",
+    "olmo_hybrid",
+    "olmoe",
+    "persimmon",
+    "phi",
+    "phi3",
+    "phimoe",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_5_moe_text",
+    "qwen3_5_text",
+    "qwen3_moe",
+    "qwen3_next",
+    "sarvam_mla",
+    "sarvam_moe",
+    "seed_oss",
+    "smollm3",
+    "solar_open",
+    "stablelm",
+    "starcoder2",
+    "vaultgemma",
+    "youtu",
 )
 
 #: Model types whose attention passes the checks below but treats RoPE otherwise than the attention
@@ -95,8 +178,9 @@ def check_config(config: PreTrainedConfig) -> None:
         raise _unsupported(config, "its config has no rope_parameters (no rotary embedding transformers configures)")
     keys = nested_rope_keys(config)
     entries = [params[key] for key in keys if params[key] is not None] if keys else [params]
-    if not entries or any(isinstance(entry, dict) and "rope_type" not in entry and "type" not in entry
-                          for entry in entries):
+    if not entries or any(
+        isinstance(entry, dict) and "rope_type" not in entry and "type" not in entry for entry in entries
+    ):
         raise _unsupported(config, f"its rope_parameters {params} name no rope_type")
     check_rope_config(config)
 
@@ -124,7 +208,9 @@ def rope_layer_types(config: PreTrainedConfig, requested: Sequence[str] | None, 
     if requested is not None:
         unknown = [key for key in requested if key not in keys]
         if unknown or not requested:
-            raise ValueError(f"layer_types={list(requested)!r}: each must be one of {keys} (layer types with rope parameters)")
+            raise ValueError(
+                f"layer_types={list(requested)!r}: each must be one of {keys} (layer types with rope parameters)"
+            )
         return [key for key in keys if key in requested]
     if not scales_rope:
         return keys
@@ -188,12 +274,16 @@ def check_rotary_modules(model: nn.Module) -> None:
         try:
             rebuilt = type(module)(config=probe)
         except TypeError as error:
-            raise _unsupported(config, f"its rotary module {name} ({type(module).__name__}) cannot be rebuilt from "
-                                       f"its config alone ({error})") from error
+            raise _unsupported(
+                config,
+                f"its rotary module {name} ({type(module).__name__}) cannot be rebuilt from its config alone ({error})",
+            ) from error
         init = integration.rope_init_function("linear")
         for layer_type, inv_freq in _frequency_buffers(rebuilt).items():
             expected, _ = init(probe, inv_freq.device, layer_type=layer_type)
-            if inv_freq.shape != expected.shape or not torch.allclose(inv_freq.float(), expected.float(), rtol=1e-6, atol=0):
+            if inv_freq.shape != expected.shape or not torch.allclose(
+                inv_freq.float(), expected.float(), rtol=1e-6, atol=0
+            ):
                 raise _unsupported(
                     config,
                     f"its rotary module {name} ({type(module).__name__}) does not take its frequencies from "
@@ -216,7 +306,12 @@ def _reference_rotation(x: torch.Tensor, angles: torch.Tensor, scaling: float) -
 
 
 def check_wrappable_attention(
-    config: PreTrainedConfig, model: nn.Module | None, rotary: nn.Module | None = None, *, purpose: str, fallback: str,
+    config: PreTrainedConfig,
+    model: nn.Module | None,
+    rotary: nn.Module | None = None,
+    *,
+    purpose: str,
+    fallback: str,
 ) -> list[nn.Module]:
     """Refuse a model whose attention an hf-posext attention wrapper cannot rotate for.
 
@@ -246,8 +341,7 @@ def check_wrappable_attention(
         )
     if model_type in EXACT_DYNAMIC_UNSUPPORTED:
         raise ValueError(
-            f"{purpose} does not support model_type={model_type!r}: {EXACT_DYNAMIC_UNSUPPORTED[model_type]}; "
-            f"{fallback}"
+            f"{purpose} does not support model_type={model_type!r}: {EXACT_DYNAMIC_UNSUPPORTED[model_type]}; {fallback}"
         )
     if getattr(config, "qk_rope_head_dim", None):
         raise ValueError(
@@ -258,15 +352,19 @@ def check_wrappable_attention(
         return []
     attention = attention_modules(model)
     if not attention:
-        raise ValueError(f"{purpose}: {type(model).__name__} has no attention module (a ...Attention class "
-                         f"with layer_idx) to wrap; {fallback}")
+        raise ValueError(
+            f"{purpose}: {type(model).__name__} has no attention module (a ...Attention class "
+            f"with layer_idx) to wrap; {fallback}"
+        )
     source = sys.modules[type(attention[0]).__module__]
     apply = getattr(source, "apply_rotary_pos_emb", None)
     if rotary is None:
         rotary = next((m for _, m in integration.rotary_modules(model)), None)
     if apply is None or rotary is None:
-        raise ValueError(f"{purpose}: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
-                         f"module) whose convention can be checked; {fallback}")
+        raise ValueError(
+            f"{purpose}: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
+            f"module) whose convention can be checked; {fallback}"
+        )
     device = rotary.inv_freq.device
     if device.type == "meta":  # a model being built by from_pretrained: the same module with values, on CPU
         device = torch.device("cpu")
@@ -279,8 +377,10 @@ def check_wrappable_attention(
         try:
             rotated, _ = apply(x, x, cos, sin)
         except Exception as error:  # any failure means the convention cannot be confirmed
-            raise ValueError(f"{purpose}: {source.__name__}.apply_rotary_pos_emb could not be checked "
-                             f"({type(error).__name__}: {error}); {fallback}") from error
+            raise ValueError(
+                f"{purpose}: {source.__name__}.apply_rotary_pos_emb could not be checked "
+                f"({type(error).__name__}: {error}); {fallback}"
+            ) from error
         angles = positions[0, :, None].float() * rotary.inv_freq.float()
         expected = _reference_rotation(x, angles, float(getattr(rotary, "attention_scaling", 1.0)))
     if rotated.shape != expected.shape or not torch.allclose(rotated, expected, rtol=1e-4, atol=1e-5):
@@ -289,4 +389,3 @@ def check_wrappable_attention(
             f"rotary_dim / 2) as the wrapper does (e.g. interleaved pairs, as in Cohere); {fallback}"
         )
     return attention
-

@@ -52,7 +52,9 @@ def _scaled_base(
     probe.rope_parameters = copy.deepcopy(rope_parameters)
     probe.max_position_embeddings = max_positions
     rotary_dim = rotary_dim_of(probe, rope_parameters)
-    inv_freq, attention_factor = integration.rope_init_function(rope_parameters["rope_type"])(probe, "cpu", seq_len=reach)
+    inv_freq, attention_factor = integration.rope_init_function(rope_parameters["rope_type"])(
+        probe, "cpu", seq_len=reach
+    )
     if rope_parameters["rope_type"] == "longrope":
         # its divisors are written down: take them as they are, so that the pairs a method keeps
         # are bit for bit the checkpoint's (a divisor recovered from fp32 frequencies is not)
@@ -73,7 +75,11 @@ def shipped_rope(config: PreTrainedConfig, layer_type: str | None = None) -> tup
     record = getattr(config, CONFIG_KEY, None)
     if record is not None:
         shipped = copy.deepcopy(rope_entry(record["base_rope_parameters"], layer_type))
-        return shipped, int(record["base_max_position_embeddings"]), int(record["base_original_max_position_embeddings"])
+        return (
+            shipped,
+            int(record["base_max_position_embeddings"]),
+            int(record["base_original_max_position_embeddings"]),
+        )
     shipped = copy.deepcopy(dict(rope_entry(config.rope_parameters or {}, layer_type)))
     max_positions = int(config.max_position_embeddings)
     if shipped.get("rope_type", shipped.get("type", "default")) in COMPOSABLE_ROPE_TYPES:
@@ -89,7 +95,9 @@ def _pretraining_context(shipped: dict[str, Any], max_positions: int, config: Pr
     )
 
 
-def base_rope(config: PreTrainedConfig, method: MethodConfig, override: bool, layer_type: str | None = None) -> BaseRope:
+def base_rope(
+    config: PreTrainedConfig, method: MethodConfig, override: bool, layer_type: str | None = None
+) -> BaseRope:
     """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``.
 
     A checkpoint that ships a static scaling (:data:`COMPOSABLE_ROPE_TYPES`) is the base the method

@@ -63,8 +63,13 @@ def _is_whole(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, numbers.Integral)
 
 
-def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameters",
-                     fallback: Callable[[str], Any] = lambda key: None, unknown_types: bool = False) -> None:
+def check_rope_entry(
+    entry: Any,
+    pairs: int | None,
+    where: str = "rope_parameters",
+    fallback: Callable[[str], Any] = lambda key: None,
+    unknown_types: bool = False,
+) -> None:
     """Check one rope-parameters entry: its type is known, its required keys are there, every value in range.
 
     Args:
@@ -85,8 +90,10 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
     if not isinstance(rope_type, str) or not integration.is_registered_rope_type(rope_type):
         if unknown_types and isinstance(rope_type, str):
             return
-        raise ValueError(f"{where}['rope_type'] must name a rope type transformers knows (default, linear, dynamic, "
-                         f"yarn, llama3, longrope, ... or one hf-posext registers), got {rope_type!r}")
+        raise ValueError(
+            f"{where}['rope_type'] must name a rope type transformers knows (default, linear, dynamic, "
+            f"yarn, llama3, longrope, ... or one hf-posext registers), got {rope_type!r}"
+        )
     for key in REQUIRED_KEYS.get(rope_type, ()):
         if entry.get(key) is None and fallback(key) is None:
             raise ValueError(f"{where} of rope_type {rope_type!r} needs {key!r} (it has {sorted(entry)})")
@@ -104,12 +111,15 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
         if value is None:
             continue
         if not (_is_real(value) and (value >= bound if inclusive else value > bound)):
-            raise ValueError(f"{where}['{key}'] must be a finite number {'>=' if inclusive else '>'} {bound:g}, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"{where}['{key}'] must be a finite number {'>=' if inclusive else '>'} {bound:g}, got {value!r}"
+            )
     low, high = entry.get("low_freq_factor"), entry.get("high_freq_factor")
     if low is not None and high is not None and high <= low:
-        raise ValueError(f"{where}['high_freq_factor'] must be greater than low_freq_factor "
-                         f"({entry['low_freq_factor']!r}), got {entry['high_freq_factor']!r}")
+        raise ValueError(
+            f"{where}['high_freq_factor'] must be greater than low_freq_factor "
+            f"({entry['low_freq_factor']!r}), got {entry['high_freq_factor']!r}"
+        )
     beta_fast, beta_slow = entry.get("beta_fast") or 32.0, entry.get("beta_slow") or 1.0  # transformers' defaults
     if beta_fast <= beta_slow:
         raise ValueError(f"{where}['beta_fast'] must be greater than beta_slow ({beta_slow!r}), got {beta_fast!r}")
@@ -120,16 +130,20 @@ def check_rope_entry(entry: Any, pairs: int | None, where: str = "rope_parameter
             continue
         values = entry[key]
         if not isinstance(values, list) or not all(_is_real(v) and v > 0 for v in values):
-            raise ValueError(f"{where}['{key}'] must be a list of positive numbers, one per rotated channel pair, "
-                             f"got {values!r}")
+            raise ValueError(
+                f"{where}['{key}'] must be a list of positive numbers, one per rotated channel pair, got {values!r}"
+            )
         if pairs is not None and len(values) != pairs:
-            raise ValueError(f"{where}['{key}'] must have one entry per rotated channel pair ({pairs}), "
-                             f"got {len(values)}")
+            raise ValueError(
+                f"{where}['{key}'] must have one entry per rotated channel pair ({pairs}), got {len(values)}"
+            )
     kept = entry.get(KEEP_FIRST_KEY)
     if kept is not None and not (_is_whole(kept) and kept >= 0 and (original is None or kept < original)):
         allowed = f"an int in [0, {original - 1}]" if isinstance(original, int) else "an int >= 0"
-        raise ValueError(f"{where}['{KEEP_FIRST_KEY}'] must be {allowed} (positions kept on plain RoPE, within the "
-                         f"original context), got {kept!r}")
+        raise ValueError(
+            f"{where}['{KEEP_FIRST_KEY}'] must be {allowed} (positions kept on plain RoPE, within the "
+            f"original context), got {kept!r}"
+        )
 
 
 def _pairs(config: Any, entry: dict[str, Any]) -> int | None:
@@ -145,8 +159,11 @@ def _pairs(config: Any, entry: dict[str, Any]) -> int | None:
 
 def _entries(rope_parameters: Any, layer_types: list[str]) -> list[tuple[str, Any]]:
     if layer_types:
-        return [(f"rope_parameters[{key!r}]", rope_parameters[key]) for key in layer_types
-                if rope_parameters[key] is not None]
+        return [
+            (f"rope_parameters[{key!r}]", rope_parameters[key])
+            for key in layer_types
+            if rope_parameters[key] is not None
+        ]
     return [("rope_parameters", rope_parameters)]
 
 
@@ -166,8 +183,12 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> 
     if params is None:
         return
     if not isinstance(params, dict):
-        raise ValueError(f"rope_parameters must be a mapping of rope fields (rope_type, rope_theta, ...), got {params!r}")
-    layer_types = list(config.nested_rope_parameter_keys(params)) if hasattr(config, "nested_rope_parameter_keys") else []
+        raise ValueError(
+            f"rope_parameters must be a mapping of rope fields (rope_type, rope_theta, ...), got {params!r}"
+        )
+    layer_types = (
+        list(config.nested_rope_parameter_keys(params)) if hasattr(config, "nested_rope_parameter_keys") else []
+    )
 
     def top_level(key: str) -> Any:
         value = getattr(config, key, None)
@@ -176,14 +197,16 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> 
         return value
 
     for where, entry in _entries(params, layer_types):
-        check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level,
-                         unknown_types)
+        check_rope_entry(
+            entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level, unknown_types
+        )
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         return
     if not isinstance(record, dict) or not isinstance(record.get("method"), str):
-        raise ValueError(f"{CONFIG_KEY} (the record of an hf-posext patch) must be a mapping with a 'method', got "
-                         f"{record!r}")
+        raise ValueError(
+            f"{CONFIG_KEY} (the record of an hf-posext patch) must be a mapping with a 'method', got {record!r}"
+        )
     method_class(record["method"])  # names the known methods
     for key in ("base_max_position_embeddings", "base_original_max_position_embeddings"):
         if key in record and not (_is_whole(record[key]) and record[key] >= 1):
@@ -191,8 +214,12 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> 
     base = record.get("base_rope_parameters")
     if base is not None:
         for where, entry in _entries(base, [key for key in layer_types if isinstance(base, dict) and key in base]):
-            check_rope_entry(entry, _pairs(config, entry if isinstance(entry, dict) else {}),
-                             f"{CONFIG_KEY}['base_rope_parameters']" + where.removeprefix("rope_parameters"), top_level)
+            check_rope_entry(
+                entry,
+                _pairs(config, entry if isinstance(entry, dict) else {}),
+                f"{CONFIG_KEY}['base_rope_parameters']" + where.removeprefix("rope_parameters"),
+                top_level,
+            )
 
 
 def _raw_config(file: Path) -> PreTrainedConfig | None:
@@ -296,8 +323,10 @@ def check_weight_files(folder: str | os.PathLike) -> None:
             raise ValueError(f"{index}: not a readable weight index ({type(err).__name__}: {err})") from None
         for shard in sorted(shards):
             if not (folder / shard).is_file():
-                raise ValueError(f"{folder / shard} is missing: {index.name} names it for "
-                                 f"{sum(v == shard for v in weight_map.values())} tensors")
+                raise ValueError(
+                    f"{folder / shard} is missing: {index.name} names it for "
+                    f"{sum(v == shard for v in weight_map.values())} tensors"
+                )
         for shard in sorted(s for s in shards if s.endswith(".safetensors")):
             problem = _safetensors_problem(folder / shard)
             if problem is None:
@@ -327,8 +356,10 @@ def check_device(device: str) -> None:
     if parsed.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise ValueError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}); "
-                             "use --device cpu or auto")
+            raise ValueError(
+                f"--device {device}: this machine has no CUDA device (torch {torch.__version__}); "
+                "use --device cpu or auto"
+            )
         if parsed.index is not None and parsed.index >= count:
             raise ValueError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
     if parsed.type == "mps" and not torch.backends.mps.is_available():

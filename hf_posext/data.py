@@ -80,7 +80,8 @@ def _looks_local(item: str) -> bool:
         or item.startswith((EXCLUDE_PREFIX, ".", "/", "~"))
         or item.endswith(TEXT_SUFFIXES)
         or os.path.exists(os.path.expanduser(item))
-        or os.sep in item and item.count("/") != 1
+        or os.sep in item
+        and item.count("/") != 1
     )
 
 
@@ -133,7 +134,7 @@ def resolve_local_files(items: Iterable[str | os.PathLike], split: str = "train"
             raise FileNotFoundError(f"dataset {item!r} matches no {'/'.join(TEXT_SUFFIXES)} file")
         files.extend(matched)
     for item in excludes:
-        pattern = os.path.expanduser(item[len(EXCLUDE_PREFIX):])
+        pattern = os.path.expanduser(item[len(EXCLUDE_PREFIX) :])
         kept = [path for path in files if not fnmatch.fnmatch(str(path.absolute()), pattern)]
         if len(kept) == len(files):
             raise FileNotFoundError(f"dataset exclusion {item!r} matches none of the dataset's files")
@@ -182,7 +183,7 @@ def iter_local_documents(files: Iterable[Path], text_field: str = "text") -> Ite
                         line = raw.decode("utf-8")
                     except UnicodeDecodeError as err:
                         raise ValueError(
-                            f"{path}:{number}: not UTF-8 text (byte {raw[err.start:err.start + 1]!r} at column "
+                            f"{path}:{number}: not UTF-8 text (byte {raw[err.start : err.start + 1]!r} at column "
                             f"{err.start + 1}); .jsonl files must be UTF-8"
                         ) from None
                     if not line.strip():
@@ -217,7 +218,9 @@ def iter_documents(dataset: Sequence[str], split: str = "train", text_field: str
     return _iter_hub_documents(dataset[0], split, text_field)
 
 
-def load_texts(data: Sequence[str], *, split: str = "test", text_field: str = "text", limit: int | None = None) -> list[str]:
+def load_texts(
+    data: Sequence[str], *, split: str = "test", text_field: str = "text", limit: int | None = None
+) -> list[str]:
     """The non-empty documents of ``data`` for evaluation: ``stdlib``, files/folders/globs, or one dataset name.
 
     Args:

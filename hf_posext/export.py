@@ -47,12 +47,25 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         base_model=base_model,
         tags=["hf-posext", "long-context", method],
     )
-    skip = {"method", "rope_parameters", "composed_on", "context_length", "max_position_embeddings", "original_max_position_embeddings"}
+    skip = {
+        "method",
+        "rope_parameters",
+        "composed_on",
+        "context_length",
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+    }
     if not scales_rope:
         skip.add("factor")
     arguments = {k: v for k, v in info.items() if k not in skip and v is not None}
     context_rows = {"original context": original, "extended context": context} if scales_rope else {}
-    rows = {"method": method, **context_rows, **arguments, "rope_parameters": f"`{info['rope_parameters']}`", **(extra or {})}
+    rows = {
+        "method": method,
+        **context_rows,
+        **arguments,
+        "rope_parameters": f"`{info['rope_parameters']}`",
+        **(extra or {}),
+    }
     table = "\n".join(f"| {key} | {value} |" for key, value in rows.items())
     what = (
         f"with its context extended from {original} to {context} tokens"
@@ -68,8 +81,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         f"# {card_title(config, base_model)}\n\n"
         f"This checkpoint is {base_model or 'a local model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "
         f"(`{method}`).\n\n"
-        f"| | |\n|---|---|\n{table}\n\n"
-        + readers_section(support(config, context or config.max_position_embeddings))
+        f"| | |\n|---|---|\n{table}\n\n" + readers_section(support(config, context or config.max_position_embeddings))
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
@@ -97,10 +109,26 @@ CONFIG_ONLY_FILES = ("config.json", "README.md")
 #: Where a LoRA fine-tune keeps its adapter inside the merged checkpoint (PEFT's files).
 ADAPTER_FOLDER = "adapter"
 MODEL_REPO_FILES = (
-    "*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
-    "vocab.json", "vocab.txt", "merges.txt", "spiece.model", "chat_template.jinja", "chat_template.json",
-    "configuration_*.py", "modeling_*.py", "tokenization_*.py", "README.md", "train_results.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "configuration_*.py",
+    "modeling_*.py",
+    "tokenization_*.py",
+    "README.md",
+    "train_results.json",
     ADAPTER_FOLDER,
 )
 
@@ -140,8 +168,9 @@ def extend_checkpoint(
     config = read_config(source_dir)
     check_weight_files(source_dir)  # copied byte for byte and vouched for by the completion marker: whole or refused
     patch_model(config, method, factor=factor, **kwargs)
-    copied = [item for item in source_dir.iterdir()
-              if item.name not in CONFIG_ONLY_FILES and not item.name.startswith(".")]
+    copied = [
+        item for item in source_dir.iterdir() if item.name not in CONFIG_ONLY_FILES and not item.name.startswith(".")
+    ]
     owns = (*MODEL_REPO_FILES, *(item.name for item in copied), *(extra_files or {}))
     with output_folder(output_dir, overwrite=overwrite, sources=[source_dir], owns=owns) as tmp:
         for item in copied:
@@ -198,6 +227,7 @@ def merge_adapter(
         tokenizer.save_pretrained(tmp)
         shutil.copytree(adapter_dir, tmp / ADAPTER_FOLDER, ignore=shutil.ignore_patterns(".*"))
         raise_model_max_length(tmp, patch_info(merged.config)["context_length"])
-        model_card(merged.config, base_model=str(source),
-                   extra={"adapter": f"{adapter_dir} (merged)"}).save(tmp / "README.md")
+        model_card(merged.config, base_model=str(source), extra={"adapter": f"{adapter_dir} (merged)"}).save(
+            tmp / "README.md"
+        )
     return Path(output_dir)

@@ -144,8 +144,11 @@ def clean_stale(target: str | os.PathLike) -> None:
         if match.group(1) is not None and _pid_alive(int(match.group(1))):
             continue
         if match.re is not old and (path / MARKER).exists():
-            logger.warning("%s holds a complete output of an earlier run whose final move failed; "
-                           "it is kept: move it into place or delete it", path)
+            logger.warning(
+                "%s holds a complete output of an earlier run whose final move failed; "
+                "it is kept: move it into place or delete it",
+                path,
+            )
             continue
         _remove_tree(path)
 
@@ -191,19 +194,25 @@ def check_output_dir(
         src = Path(os.path.realpath(source))
         if real == src or src in real.parents:
             where = "is" if real == src else "is inside"
-            raise ValueError(f"output folder {str(target)!r} {where} the source {str(source)!r}; "
-                             "write to a separate folder")
+            raise ValueError(
+                f"output folder {str(target)!r} {where} the source {str(source)!r}; write to a separate folder"
+            )
     entries = _entries(target) if target.is_dir() else []
     replaced = [name for name in entries if _owned(name, owns)]
     if entries and not overwrite:
         foreign = [name for name in entries if not _owned(name, owns)] if reuse_own else entries
         if foreign:
             kept = [name for name in entries if name not in replaced]
-            said = (f"to replace {_shown(replaced)} (this command writes them)" if replaced
-                    else "to write into it (it replaces none of these)")
+            said = (
+                f"to replace {_shown(replaced)} (this command writes them)"
+                if replaced
+                else "to write into it (it replaces none of these)"
+            )
             said += f" and keep {_shown(kept)}" if kept and replaced else ""
-            raise ValueError(f"output folder {str(target)!r} is not empty ({_shown(entries)}); pass --overwrite "
-                             f"(overwrite=True) {said}, or choose an empty folder")
+            raise ValueError(
+                f"output folder {str(target)!r} is not empty ({_shown(entries)}); pass --overwrite "
+                f"(overwrite=True) {said}, or choose an empty folder"
+            )
     elif replaced and not reuse_own:
         logger.warning("%s: replacing %s (--overwrite)", target, _shown(replaced))
     return target
@@ -229,13 +238,15 @@ def _install_in_place(staged: Path, target: Path, owns: Sequence[str] | None) ->
     (target / MARKER).unlink(missing_ok=True)  # from here until the end target is "incomplete"
     new = _files(staged)
     new_tops = {name.split("/", 1)[0] for name in new}
-    stale = [name for name in _files(target) if name not in new
-             and (name.split("/", 1)[0] in new_tops or _owned(name, owns))]
+    stale = [
+        name for name in _files(target) if name not in new and (name.split("/", 1)[0] in new_tops or _owned(name, owns))
+    ]
     for name in sorted(new):
         _move_file(staged / name, target / name)
     if stale:
-        logger.warning("%s: removing %s (written by an earlier run of this command, not by this one)",
-                       target, ", ".join(stale))
+        logger.warning(
+            "%s: removing %s (written by an earlier run of this command, not by this one)", target, ", ".join(stale)
+        )
     for name in stale:
         (target / name).unlink(missing_ok=True)
     _move_file(staged / MARKER, target / MARKER)
@@ -331,8 +342,10 @@ def output_folder(
         _install_in_place(staged, target, owns)
     except BaseException as err:
         if keep_on_failure:
-            raise OSError(f"could not move the finished output into {str(target)!r} ({err}); "
-                          f"it is complete and kept in {str(staged)!r}") from err
+            raise OSError(
+                f"could not move the finished output into {str(target)!r} ({err}); "
+                f"it is complete and kept in {str(staged)!r}"
+            ) from err
         shutil.rmtree(staged, ignore_errors=True)
         raise
 
@@ -365,8 +378,9 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def output_file(path: str | os.PathLike, *, sources: Sequence[str | os.PathLike] = (),
-                overwrite: bool = False) -> Iterator[Path]:
+def output_file(
+    path: str | os.PathLike, *, sources: Sequence[str | os.PathLike] = (), overwrite: bool = False
+) -> Iterator[Path]:
     """The output-folder policy for a single file: checked first, then :func:`atomic_file`.
 
     ``path`` may not be one of ``sources`` (also through a link), a folder, or (without
@@ -382,8 +396,10 @@ def output_file(path: str | os.PathLike, *, sources: Sequence[str | os.PathLike]
     if target.is_dir():
         raise ValueError(f"output {str(target)!r} is an existing folder; give a file path (nothing was written)")
     if target.exists() and not overwrite:
-        raise ValueError(f"output file {str(target)!r} exists; pass --overwrite (overwrite=True) to replace it, "
-                         "or choose another path (nothing was written)")
+        raise ValueError(
+            f"output file {str(target)!r} exists; pass --overwrite (overwrite=True) to replace it, "
+            "or choose another path (nothing was written)"
+        )
     with atomic_file(target) as tmp:
         yield tmp
 

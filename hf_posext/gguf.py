@@ -100,8 +100,9 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     return model, tokenizer
 
 
-def save_checkpoint(model: PreTrainedModel, tokenizer: Any, output_dir: str | os.PathLike,
-                    record: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    model: PreTrainedModel, tokenizer: Any, output_dir: str | os.PathLike, record: dict[str, Any] | None = None
+) -> Path:
     """Write a GGUF-loaded ``model`` and its tokenizer as a plain safetensors checkpoint, atomically.
 
     The model is rebuilt from its config without ``quantization_config`` (which makes
@@ -152,7 +153,9 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
     if folder.exists():
         # The completion marker lists every file's size: a deleted or truncated file (or no marker)
         # means the cache cannot vouch for its weights, and an output copied from it would.
-        damage = verify_folder(folder) or (None if (folder / SOURCE_RECORD).is_file() else f"{SOURCE_RECORD} is missing")
+        damage = verify_folder(folder) or (
+            None if (folder / SOURCE_RECORD).is_file() else f"{SOURCE_RECORD} is missing"
+        )
         if damage is None:
             return folder
         logger.warning("the cached conversion %s of %s is damaged (%s): converting it again", folder, file.name, damage)
@@ -175,8 +178,10 @@ def check_model_source(source: str | os.PathLike, what: str = "model") -> None:
         return
     reason = path_shape(text)
     if reason is not None:
-        raise FileNotFoundError(f"{what} {text!r} does not exist (a local path: {reason}); "
-                                "give an existing checkpoint folder or .gguf file, or a Hub id as org/name")
+        raise FileNotFoundError(
+            f"{what} {text!r} does not exist (a local path: {reason}); "
+            "give an existing checkpoint folder or .gguf file, or a Hub id as org/name"
+        )
 
 
 def resolve_model_source(source: str | os.PathLike) -> str:

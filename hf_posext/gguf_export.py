@@ -55,7 +55,11 @@ def find_converter(path: str | os.PathLike | None = None) -> Path:
         FileNotFoundError: none of them exists; the message says how to get one.
     """
     given = path or os.environ.get("HF_POSEXT_LLAMACPP_CONVERTER")
-    candidates = [Path(given)] if given else sorted(cache_root().glob("llama-cpp-python-*/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    candidates = (
+        [Path(given)]
+        if given
+        else sorted(cache_root().glob("llama-cpp-python-*/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    )
     for candidate in candidates:
         if candidate.is_dir():
             candidate = candidate / "convert_hf_to_gguf.py"
@@ -72,8 +76,10 @@ def find_converter(path: str | os.PathLike | None = None) -> Path:
 def _architecture_of(config: Any) -> str:
     arch = MODEL_TYPES.get(config.model_type)
     if arch is None:
-        raise ValueError(f"model_type {config.model_type!r} is not supported for GGUF export: hf-posext writes the rope "
-                         f"of {', '.join(sorted(MODEL_TYPES))} checkpoints (GGUF architectures {', '.join(ARCHITECTURES)})")
+        raise ValueError(
+            f"model_type {config.model_type!r} is not supported for GGUF export: hf-posext writes the rope "
+            f"of {', '.join(sorted(MODEL_TYPES))} checkpoints (GGUF architectures {', '.join(ARCHITECTURES)})"
+        )
     return arch
 
 
@@ -93,8 +99,15 @@ def dropped_sliding_window(config: Any) -> int | None:
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "tq1_0", "tq2_0", "auto")
 
 
-def export_gguf(checkpoint: str | os.PathLike, dst: str | os.PathLike, *, converter: str | os.PathLike | None = None,
-                outtype: str | None = None, python: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+def export_gguf(
+    checkpoint: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    converter: str | os.PathLike | None = None,
+    outtype: str | None = None,
+    python: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Convert ``checkpoint`` with llama.cpp's converter and write its rope as llama.cpp reads it.
 
     Args:
@@ -119,8 +132,13 @@ def export_gguf(checkpoint: str | os.PathLike, dst: str | os.PathLike, *, conver
     gguf_rope_for(config, _architecture_of(config))  # refuse before converting
     window = dropped_sliding_window(config)
     if window:
-        logger.warning("%s attends through a %d-token sliding window; llama.cpp's converter drops it, so llama.cpp "
-                       "attends to all positions and runs a different model past token %d", source, window, window)
+        logger.warning(
+            "%s attends through a %d-token sliding window; llama.cpp's converter drops it, so llama.cpp "
+            "attends to all positions and runs a different model past token %d",
+            source,
+            window,
+            window,
+        )
     script = find_converter(converter)
     with output_file(dst, sources=[], overwrite=overwrite) as tmp:
         raw = tmp.with_name(tmp.name + ".converted")

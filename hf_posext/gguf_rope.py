@@ -43,17 +43,17 @@ REFUSED_METHODS = {
     "dynamic_ntk": "llama.cpp has no dynamic scaling (GGUF rope types: none, linear, yarn); use --method ntk",
     "dynamic_yarn": "llama.cpp has no dynamic scaling (GGUF rope types: none, linear, yarn); use --method yarn",
     "alibi": "llama.cpp applies ALiBi only to the architectures trained with it (bloom, mpt, ...), never to a "
-             "rotary model; use --method yarn",
+    "rotary model; use --method yarn",
     "sinusoidal": "llama.cpp has no position table for a rotary architecture; use --method yarn",
     "learned": "llama.cpp has no position table for a rotary architecture; use --method yarn",
     "self_extend": "Self-Extend's grouped attention is a run-time option in llama.cpp, not a file field: run the "
-                   "unchanged GGUF with llama-completion --grp-attn-n G --grp-attn-w W",
+    "unchanged GGUF with llama-completion --grp-attn-n G --grp-attn-w W",
     "dca": "llama.cpp has no dual-chunk attention; its nearest run-time option is llama-completion's grouped "
-           "attention (--grp-attn-n G --grp-attn-w W), or write a static method (--method yarn)",
+    "attention (--grp-attn-n G --grp-attn-w W), or write a static method (--method yarn)",
     "string": "llama.cpp has no STRING (positions shifted inside attention, not a file field); run the unchanged GGUF",
     "rerope": "llama.cpp has no ReRoPE (positions capped inside attention, not a file field); its nearest run-time "
-              "option is llama-completion's grouped attention (--grp-attn-n G --grp-attn-w W), or write a static "
-              "method (--method yarn)",
+    "option is llama-completion's grouped attention (--grp-attn-n G --grp-attn-w W), or write a static "
+    "method (--method yarn)",
 }
 
 
@@ -87,8 +87,11 @@ class GGUFRope:
 
     def keys(self) -> dict[str, Any]:
         """The metadata keys (without ``{arch}.``) to write, each with a Python value."""
-        keys: dict[str, Any] = {"context_length": int(self.context_length), "rope.freq_base": float(self.freq_base),
-                                "rope.scaling.type": self.scaling_type}
+        keys: dict[str, Any] = {
+            "context_length": int(self.context_length),
+            "rope.freq_base": float(self.freq_base),
+            "rope.scaling.type": self.scaling_type,
+        }
         if self.scaling_type in ("linear", "yarn"):
             keys["rope.scaling.factor"] = float(self.factor)
         if self.original_context_length is not None:
@@ -108,8 +111,10 @@ def _refusal(rope_type: str, method: str | None) -> str | None:
     if rope_type == NO_ROPE_TYPE:
         return REFUSED_METHODS["alibi"]
     if rope_type == LONGROPE_KEEP_FIRST_ROPE_TYPE:
-        return ("longrope with keep_first has no GGUF form: llama.cpp has no position-dependent rope (its first "
-                "positions on plain RoPE, the others with the long factors); export longrope without keep_first")
+        return (
+            "longrope with keep_first has no GGUF form: llama.cpp has no position-dependent rope (its first "
+            "positions on plain RoPE, the others with the long factors); export longrope without keep_first"
+        )
     return None
 
 
@@ -139,9 +144,12 @@ def _rope_init(config: PreTrainedConfig, reach: int) -> tuple[torch.Tensor, floa
 
 def _default_yarn(params: dict[str, Any]) -> bool:
     """Whether llama.cpp's own YaRN runs these parameters: it reads no betas, no ``truncate``, no mscale."""
-    return (float(params.get("beta_fast", 32.0)) == 32.0 and float(params.get("beta_slow", 1.0)) == 1.0
-            and params.get("truncate", True) is True
-            and not any(params.get(k) for k in ("mscale", "mscale_all_dim", "extrapolation_factor")))
+    return (
+        float(params.get("beta_fast", 32.0)) == 32.0
+        and float(params.get("beta_slow", 1.0)) == 1.0
+        and params.get("truncate", True) is True
+        and not any(params.get(k) for k in ("mscale", "mscale_all_dim", "extrapolation_factor"))
+    )
 
 
 def gguf_rope_for(config: PreTrainedConfig, arch: str) -> GGUFRope:
@@ -162,8 +170,10 @@ def gguf_rope_for(config: PreTrainedConfig, arch: str) -> GGUFRope:
             architecture without ``rope_freqs``, per-layer-type rope parameters.
     """
     if arch not in ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported: hf-posext writes the rope of "
-                         f"{', '.join(ARCHITECTURES)} GGUFs, whose rope llama.cpp applies as transformers does")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported: hf-posext writes the rope of "
+            f"{', '.join(ARCHITECTURES)} GGUFs, whose rope llama.cpp applies as transformers does"
+        )
     params = dict(config.rope_parameters or {})
     if "rope_type" not in params and "rope_theta" not in params:
         raise ValueError(f"per-layer-type rope parameters ({sorted(params)}) have no single GGUF rope")
@@ -179,13 +189,20 @@ def gguf_rope_for(config: PreTrainedConfig, arch: str) -> GGUFRope:
         factor = float(params["factor"])
         return GGUFRope(theta, reach, "linear", factor, round(reach / factor))
     if rope_type not in ("yarn", "llama3", "longrope"):
-        raise ValueError(f"rope_type {rope_type!r} has no GGUF form; static types written: default, linear, yarn, "
-                         "llama3, longrope")
+        raise ValueError(
+            f"rope_type {rope_type!r} has no GGUF form; static types written: default, linear, yarn, llama3, longrope"
+        )
     inv_freq, attention = _rope_init(config, reach)
     if rope_type == "yarn" and _default_yarn(params):
         factor = float(params["factor"])
-        return GGUFRope(theta, reach, "yarn", factor, int(params["original_max_position_embeddings"]),
-                        float(attention) / yarn_mscale(factor))
+        return GGUFRope(
+            theta,
+            reach,
+            "yarn",
+            factor,
+            int(params["original_max_position_embeddings"]),
+            float(attention) / yarn_mscale(factor),
+        )
     if arch not in ROPE_FREQS_ARCHITECTURES:
         raise ValueError(
             f"{rope_type} {'with beta_fast/beta_slow/truncate other than 32/1/True ' if rope_type == 'yarn' else ''}"
@@ -202,8 +219,15 @@ def gguf_rope_for(config: PreTrainedConfig, arch: str) -> GGUFRope:
     return GGUFRope(theta, reach, "none", attn_factor=float(attention), rope_freqs=tuple(divisors))
 
 
-def rope_config_of(rope: GGUFRope, arch: str, head_count: int, head_count_kv: int, embedding_length: int,
-                   head_dim: int, rotary_dim: int) -> PreTrainedConfig:
+def rope_config_of(
+    rope: GGUFRope,
+    arch: str,
+    head_count: int,
+    head_count_kv: int,
+    embedding_length: int,
+    head_dim: int,
+    rotary_dim: int,
+) -> PreTrainedConfig:
     """The transformers config whose rope is what llama.cpp runs for ``rope`` (the base of a patch).
 
     A ``rope_freqs`` tensor or an attention factor outside YaRN becomes a ``longrope`` entry with
@@ -214,15 +238,19 @@ def rope_config_of(rope: GGUFRope, arch: str, head_count: int, head_count_kv: in
             with yarn scaling; ``longrope`` without factor tensors (llama.cpp runs it as plain RoPE).
     """
     if arch not in ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported: hf-posext patches {', '.join(ARCHITECTURES)} GGUFs")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported: hf-posext patches {', '.join(ARCHITECTURES)} GGUFs"
+        )
     params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(rope.freq_base)}
     if rotary_dim != head_dim:
         params["partial_rotary_factor"] = rotary_dim / head_dim
     kind, factor, max_positions = rope.scaling_type, float(rope.factor or 1.0), int(rope.context_length)
     if kind == "longrope":
-        raise ValueError("this GGUF says rope.scaling.type = longrope but has no factor tensors: llama.cpp runs it as "
-                         "plain RoPE. Re-export it from its HF checkpoint with `hf-posext gguf export`, or pass "
-                         "override=True (--override) to patch it as plain RoPE")
+        raise ValueError(
+            "this GGUF says rope.scaling.type = longrope but has no factor tensors: llama.cpp runs it as "
+            "plain RoPE. Re-export it from its HF checkpoint with `hf-posext gguf export`, or pass "
+            "override=True (--override) to patch it as plain RoPE"
+        )
     if kind not in ("none", "linear", "yarn"):
         raise ValueError(f"rope.scaling.type {kind!r} is not one llama.cpp's {arch} graph runs (none, linear, yarn)")
     if kind == "yarn" and rope.rope_freqs is not None:
@@ -239,16 +267,27 @@ def rope_config_of(rope: GGUFRope, arch: str, head_count: int, head_count_kv: in
             raise ValueError(f"rope_freqs has {len(divisors)} entries; the rotary dimension {rotary_dim} needs {pairs}")
         if kind == "linear":
             divisors = [c * factor for c in divisors]
-        params.update(rope_type="longrope", short_factor=divisors, long_factor=list(divisors), factor=1.0,
-                      original_max_position_embeddings=int(rope.context_length), attention_factor=rope.attn_factor)
+        params.update(
+            rope_type="longrope",
+            short_factor=divisors,
+            long_factor=list(divisors),
+            factor=1.0,
+            original_max_position_embeddings=int(rope.context_length),
+            attention_factor=rope.attn_factor,
+        )
     elif kind == "linear" and factor > 1:
         # transformers' convention: max_position_embeddings is the L0 that factor multiplies. The
         # converter writes it as context_length; hf-posext writes the reach there and L0 as the original.
         params.update(rope_type="linear", factor=factor)
         max_positions = int(rope.original_context_length or rope.context_length)
     return ARCHITECTURES[arch](
-        vocab_size=8, hidden_size=embedding_length, intermediate_size=8, num_hidden_layers=1,
-        num_attention_heads=head_count, num_key_value_heads=head_count_kv, head_dim=head_dim,
-        max_position_embeddings=max_positions, rope_parameters=params,
+        vocab_size=8,
+        hidden_size=embedding_length,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=head_count,
+        num_key_value_heads=head_count_kv,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+        rope_parameters=params,
     )
-

@@ -60,8 +60,9 @@ def open_gguf(path: str | os.PathLike) -> Any:
     except (ValueError, IndexError, OSError, KeyError, OverflowError) as err:
         raise ValueError(f"{str(path)!r} is a damaged or truncated GGUF file ({type(err).__name__}: {err})") from err
     if end > file.stat().st_size:
-        raise ValueError(f"{str(path)!r} is a truncated GGUF file: its tensors need {end} bytes, it has "
-                         f"{file.stat().st_size}")
+        raise ValueError(
+            f"{str(path)!r} is a truncated GGUF file: its tensors need {end} bytes, it has {file.stat().st_size}"
+        )
     return reader
 
 
@@ -84,13 +85,17 @@ def read_rope(reader: Any) -> GGUFRope:
     llama.cpp's default scaling type is ``linear`` with factor 0 (= 1), the same as ``none``.
     """
     arch = architecture(reader)
-    key = f"{arch}.rope.scaling.factor" if f"{arch}.rope.scaling.factor" in reader.fields else f"{arch}.rope.scale_linear"
+    key = (
+        f"{arch}.rope.scaling.factor" if f"{arch}.rope.scaling.factor" in reader.fields else f"{arch}.rope.scale_linear"
+    )
     factor = float(_value(reader, key, 0.0))
     scaling_type = str(_value(reader, f"{arch}.rope.scaling.type", "linear"))
     # llama.cpp scales linear and yarn by 1 / factor (0: unset, no scaling) and never scales type none
     if scaling_type in ("linear", "yarn") and factor != 0 and not factor >= 1:
-        raise ValueError(f"{key} = {factor!r} with rope.scaling.type {scaling_type!r}: a scaling factor must be >= 1 "
-                         "(or 0: unset); below 1 llama.cpp would compress positions, which hf-posext does not model")
+        raise ValueError(
+            f"{key} = {factor!r} with rope.scaling.type {scaling_type!r}: a scaling factor must be >= 1 "
+            "(or 0: unset); below 1 llama.cpp would compress positions, which hf-posext does not model"
+        )
     freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
     context = _value(reader, f"{arch}.context_length")
     if context is None:
@@ -142,8 +147,11 @@ def write_gguf(reader: Any, dst: str | os.PathLike, rope: GGUFRope) -> None:
         kind = field.types[0]
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
-    types = {"context_length": gguf.GGUFValueType.UINT32, "rope.scaling.original_context_length": gguf.GGUFValueType.UINT32,
-             "rope.scaling.type": gguf.GGUFValueType.STRING}
+    types = {
+        "context_length": gguf.GGUFValueType.UINT32,
+        "rope.scaling.original_context_length": gguf.GGUFValueType.UINT32,
+        "rope.scaling.type": gguf.GGUFValueType.STRING,
+    }
     for key, value in rope.keys().items():
         writer.add_key_value(f"{arch}.{key}", value, types.get(key, gguf.GGUFValueType.FLOAT32))
     tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]
@@ -151,7 +159,9 @@ def write_gguf(reader: Any, dst: str | os.PathLike, rope: GGUFRope) -> None:
     if freqs is not None:  # first, where the converter puts it
         writer.add_tensor_info(ROPE_FREQS, freqs.shape, freqs.dtype, freqs.nbytes, gguf.GGMLQuantizationType.F32)
     for tensor in tensors:
-        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
+        writer.add_tensor_info(
+            tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -170,8 +180,16 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, rope: GGUFRope,
     return Path(dst)
 
 
-def patch_gguf(src: str | os.PathLike, dst: str | os.PathLike, method: str, *, factor: float = 1.0,
-               override: bool = False, overwrite: bool = False, **kwargs: Any) -> Path:
+def patch_gguf(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    method: str,
+    *,
+    factor: float = 1.0,
+    override: bool = False,
+    overwrite: bool = False,
+    **kwargs: Any,
+) -> Path:
     """Write ``dst``: the GGUF ``src`` with ``method``'s rope, its tensors copied byte for byte.
 
     Args:

@@ -22,8 +22,15 @@ from .export import MODEL_REPO_FILES
 #: with fnmatch against paths relative to the folder): hidden files and folders (temporary folders
 #: of an interrupted save, caches), training states (``step_N/``, ``*-checkpoints/``), lock files.
 IGNORE_PATTERNS = (
-    ".*", "*/.*", "__pycache__/*", "*/__pycache__/*", "step_[0-9]*/*", "*/step_[0-9]*/*",
-    "*-checkpoints/*", "*.tmp", "*.lock",
+    ".*",
+    "*/.*",
+    "__pycache__/*",
+    "*/__pycache__/*",
+    "step_[0-9]*/*",
+    "*/step_[0-9]*/*",
+    "*-checkpoints/*",
+    "*.tmp",
+    "*.lock",
 )
 
 
@@ -67,8 +74,11 @@ def checkpoint_files(folder: str | os.PathLike, include: Sequence[str] = (), all
         raise FileNotFoundError(f"checkpoint folder {str(root)!r} does not exist")
     every = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     # The filter upload_folder applies, so this list is what an upload sends.
-    files = sorted(filter_repo_objects(every, allow_patterns=allow_patterns(include, all_files),
-                                       ignore_patterns=list(IGNORE_PATTERNS)))
+    files = sorted(
+        filter_repo_objects(
+            every, allow_patterns=allow_patterns(include, all_files), ignore_patterns=list(IGNORE_PATTERNS)
+        )
+    )
     missing = [name for name in ("config.json", "README.md") if name not in files]
     if not any(name.endswith(".safetensors") for name in files):
         missing.append("*.safetensors weights")
@@ -85,8 +95,10 @@ def _commit_message(folder: Path) -> str:
     record = config.get("hf_posext") or {}
     if not record:
         return "Upload checkpoint with hf-posext"
-    return (f"Upload {record.get('method')} x{record.get('factor')} checkpoint "
-            f"({record.get('original_max_position_embeddings')} -> {record.get('context_length')} tokens) with hf-posext")
+    return (
+        f"Upload {record.get('method')} x{record.get('factor')} checkpoint "
+        f"({record.get('original_max_position_embeddings')} -> {record.get('context_length')} tokens) with hf-posext"
+    )
 
 
 def push_to_hub(

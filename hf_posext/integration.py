@@ -230,12 +230,15 @@ def preallocated_cache(forward_kwargs: dict[str, Any]) -> Any | None:
     return cache if any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ())) else None
 
 
-def _refuse_preallocated_cache(needs: str, alternative: str, module: nn.Module, args: tuple,
-                               kwargs: dict[str, Any]) -> None:
+def _refuse_preallocated_cache(
+    needs: str, alternative: str, module: nn.Module, args: tuple, kwargs: dict[str, Any]
+) -> None:
     cache = preallocated_cache(kwargs)
     if cache is not None:
-        raise ValueError(f"{needs} needs a cache that grows with the sequence (DynamicCache, the default), got "
-                         f"{type(cache).__name__}; generate with cache_implementation='dynamic'{alternative}")
+        raise ValueError(
+            f"{needs} needs a cache that grows with the sequence (DynamicCache, the default), got "
+            f"{type(cache).__name__}; generate with cache_implementation='dynamic'{alternative}"
+        )
 
 
 def guard_growing_cache(base_model: nn.Module, needs: str, alternative: str = "") -> Any:

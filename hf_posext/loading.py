@@ -77,15 +77,25 @@ def _adopt_dual_chunk_config(config: Any) -> dict[str, Any] | None:
     field = "dual_chunk_attention_config."
     chunk = whole_number("", field + "chunk_size", fields["chunk_size"], minimum=2, allowed="an int >= 2")
     original = fields.get("original_max_position_embeddings")
-    original = chunk if original is None else whole_number(
-        "", field + "original_max_position_embeddings", original, minimum=1, allowed="an int >= 1 (or absent: chunk_size)")
+    original = (
+        chunk
+        if original is None
+        else whole_number(
+            "",
+            field + "original_max_position_embeddings",
+            original,
+            minimum=1,
+            allowed="an int >= 1 (or absent: chunk_size)",
+        )
+    )
     local = fields.get("local_size")
     if local is not None:
         local = whole_number("", field + "local_size", local, minimum=1, allowed="an int >= 1 below chunk_size")
     factor = max(1.0, int(config.max_position_embeddings) / original)
     try:
-        method = DualChunkConfig(factor=factor, original_max_position_embeddings=original, chunk_size=chunk,
-                                 local_size=local)
+        method = DualChunkConfig(
+            factor=factor, original_max_position_embeddings=original, chunk_size=chunk, local_size=local
+        )
         patch_model(config, method)
     except ValueError as error:  # e.g. local_size >= chunk_size: name the field the values came from
         raise ValueError(f"dual_chunk_attention_config {fields!r}: {error}") from error
@@ -157,9 +167,13 @@ class AutoPatchedModelForCausalLM:
     """
 
     def __init__(self) -> None:
-        raise TypeError("AutoPatchedModelForCausalLM is not instantiated; call AutoPatchedModelForCausalLM.from_pretrained")
+        raise TypeError(
+            "AutoPatchedModelForCausalLM is not instantiated; call AutoPatchedModelForCausalLM.from_pretrained"
+        )
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any) -> PreTrainedModel:
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any
+    ) -> PreTrainedModel:
         """:func:`from_pretrained` with ``model_class=AutoModelForCausalLM``; same arguments."""
         return from_pretrained(pretrained_model_name_or_path, *args, **kwargs)

@@ -77,10 +77,26 @@ class LongRopeSearchResult:
 class _Search:
     """The population, every candidate evaluated so far, and the random state: what a state file holds."""
 
-    def __init__(self, model: nn.Module, documents: torch.Tensor, factor: float, length: int, step: float,
-                 rng: random.Random, attention_factor: float, score_last: int, keep_first: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        documents: torch.Tensor,
+        factor: float,
+        length: int,
+        step: float,
+        rng: random.Random,
+        attention_factor: float,
+        score_last: int,
+        keep_first: int,
+    ) -> None:
         self.model, self.documents, self.factor, self.length, self.step, self.rng = (
-            model, documents, factor, length, step, rng)
+            model,
+            documents,
+            factor,
+            length,
+            step,
+            rng,
+        )
         self.attention_factor, self.score_last, self.keep_first = attention_factor, score_last, keep_first
         self.evaluated: dict[tuple[float, ...], float] = {}
         self.population: list[tuple[float, ...]] = []
@@ -96,15 +112,24 @@ class _Search:
         verbosity = transformers_logging.get_verbosity()
         transformers_logging.set_verbosity_error()  # its note on the mscale keys vLLM reads, once per candidate
         try:
-            patch_model(self.model, "longrope", factor=self.factor, long_factor=list(factors),
-                        attention_factor=self.attention_factor, keep_first=self.keep_first, exact_cache=False,
-                        override=True)
+            patch_model(
+                self.model,
+                "longrope",
+                factor=self.factor,
+                long_factor=list(factors),
+                attention_factor=self.attention_factor,
+                keep_first=self.keep_first,
+                exact_cache=False,
+                override=True,
+            )
         finally:
             transformers_logging.set_verbosity(verbosity)
         with torch.inference_mode():
             device = next(self.model.parameters()).device
-            nll = sum(float(sequence_nll(self.model, row[None, : self.length].to(device), self.score_last))
-                      for row in self.documents)
+            nll = sum(
+                float(sequence_nll(self.model, row[None, : self.length].to(device), self.score_last))
+                for row in self.documents
+            )
         value = math.exp(nll / (len(self.documents) * self.score_last))
         self.evaluated[factors] = value
         return value
@@ -112,7 +137,9 @@ class _Search:
     def grid(self, low: float, high: float) -> list[float]:
         """The values ``low, low + step, ...`` up to ``high`` (LongRoPE's search space), ends included."""
         count = int(math.floor((high - low) / self.step + 1e-9))
-        return [round(low + k * self.step, 6) for k in range(count + 1)] + ([high] if high - low > count * self.step + 1e-9 else [])
+        return [round(low + k * self.step, 6) for k in range(count + 1)] + (
+            [high] if high - low > count * self.step + 1e-9 else []
+        )
 
     def mutate(self, parent: tuple[float, ...], tries: int = 100) -> tuple[float, ...] | None:
         """Each factor, with probability 0.3, resampled on the grid between its neighbours (the first
@@ -129,7 +156,9 @@ class _Search:
                 return key
         return None
 
-    def crossover(self, first: tuple[float, ...], second: tuple[float, ...], tries: int = 100) -> tuple[float, ...] | None:
+    def crossover(
+        self, first: tuple[float, ...], second: tuple[float, ...], tries: int = 100
+    ) -> tuple[float, ...] | None:
         """Each factor from either parent with equal chance; kept if non-decreasing and new."""
         if first == second:
             return None
@@ -155,9 +184,19 @@ def _fingerprint(model: nn.Module, documents: torch.Tensor, settings: dict[str, 
     return digest.hexdigest()
 
 
-def _check(model: nn.Module, input_ids: torch.Tensor, factor: Any, length: Any, population: Any, rounds: Any,
-           step: Any, original: int, score_last: Any, attention_factor: Any,
-           keep_first: Any) -> tuple[torch.Tensor, float, int, int, int, float, int, float, int]:
+def _check(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    factor: Any,
+    length: Any,
+    population: Any,
+    rounds: Any,
+    step: Any,
+    original: int,
+    score_last: Any,
+    attention_factor: Any,
+    keep_first: Any,
+) -> tuple[torch.Tensor, float, int, int, int, float, int, float, int]:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() not in (1, 2) or input_ids.is_floating_point():
         raise ValueError(f"input_ids must be an integer tensor [seq] or [documents, seq], got {input_ids!r:.80}")
     documents = input_ids if input_ids.dim() == 2 else input_ids[None]
@@ -166,8 +205,10 @@ def _check(model: nn.Module, input_ids: torch.Tensor, factor: Any, length: Any, 
         raise ValueError(f"search_longrope: factor must be >= 1, got {factor!r}")
     length = whole_number("search_longrope", "length", length, minimum=2, allowed="an int")
     if length <= original:
-        raise ValueError(f"search_longrope: length must be above the original context {original} (the long factors "
-                         f"are used past it), got {length}")
+        raise ValueError(
+            f"search_longrope: length must be above the original context {original} (the long factors "
+            f"are used past it), got {length}"
+        )
     if length > documents.shape[1]:
         raise ValueError(f"search_longrope: length {length} is beyond the text ({documents.shape[1]} tokens)")
     population = whole_number("search_longrope", "population", population, minimum=2, allowed="an int >= 2")
@@ -178,15 +219,21 @@ def _check(model: nn.Module, input_ids: torch.Tensor, factor: Any, length: Any, 
     if score_last is None:
         score_last = length - 1
     if isinstance(score_last, bool) or not isinstance(score_last, int) or not 1 <= score_last <= length - 1:
-        raise ValueError(f"search_longrope: score_last must be an int in [1, {length - 1}] (tokens scored at the end "
-                         f"of each {length}-token window) or None, got {score_last!r}")
+        raise ValueError(
+            f"search_longrope: score_last must be an int in [1, {length - 1}] (tokens scored at the end "
+            f"of each {length}-token window) or None, got {score_last!r}"
+        )
     if attention_factor is None:
         attention_factor = yarn_mscale(factor)
     attention_factor = real_number("search_longrope", "attention_factor", attention_factor, "> 0 or None")
     if not (attention_factor > 0 and math.isfinite(attention_factor)):
-        raise ValueError(f"search_longrope: attention_factor must be a positive number or None, got {attention_factor!r}")
-    kept = (f"an int in [0, {original - 1}] (the first positions kept on plain RoPE lie within the original context "
-            f"{original}, below length {length})")
+        raise ValueError(
+            f"search_longrope: attention_factor must be a positive number or None, got {attention_factor!r}"
+        )
+    kept = (
+        f"an int in [0, {original - 1}] (the first positions kept on plain RoPE lie within the original context "
+        f"{original}, below length {length})"
+    )
     keep_first = whole_number("search_longrope", "keep_first", keep_first, minimum=0, allowed=kept)
     if keep_first >= original:
         raise ValueError(f"search_longrope: keep_first must be {kept}, got {keep_first!r}")
@@ -240,24 +287,36 @@ def search_longrope(
     """
     previous = patched_method(model)
     if previous is not None:
-        raise ValueError(f"search_longrope needs an unpatched model; this one is patched with {previous.name!r} "
-                         "(hf_posext.unpatch_model first)")
+        raise ValueError(
+            f"search_longrope needs an unpatched model; this one is patched with {previous.name!r} "
+            "(hf_posext.unpatch_model first)"
+        )
     base = base_rope(model.config, method_config("longrope"), override=True)
     original = base.original_max_position_embeddings
     documents, factor, length, population, rounds, step, score_last, attention_factor, keep_first = _check(
-        model, input_ids, factor, length, population, rounds, step, original, score_last, attention_factor, keep_first)
+        model, input_ids, factor, length, population, rounds, step, original, score_last, attention_factor, keep_first
+    )
     pairs = base.rotary_dim // 2
     first = start if start is not None else yarn_long_factors(base.theta, base.rotary_dim, original, factor)
     method_config("longrope", factor=factor, long_factor=first)  # validates start
     if len(first) != pairs:
         raise ValueError(f"search_longrope: start has {len(first)} factors; the model has {pairs} rotary pairs")
-    settings = {"factor": factor, "length": length, "population": population, "seed": seed, "step": step,
-                "start": [float(f) for f in first], "attention_factor": attention_factor, "score_last": score_last}
+    settings = {
+        "factor": factor,
+        "length": length,
+        "population": population,
+        "seed": seed,
+        "step": step,
+        "start": [float(f) for f in first],
+        "attention_factor": attention_factor,
+        "score_last": score_last,
+    }
     if keep_first:  # absent at 0, so that states written before the option still resume
         settings["keep_first"] = keep_first
     fingerprint = _fingerprint(model, documents[:, :length], settings)
-    search = _Search(model, documents, factor, length, step, random.Random(seed), attention_factor, score_last,
-                     keep_first)
+    search = _Search(
+        model, documents, factor, length, step, random.Random(seed), attention_factor, score_last, keep_first
+    )
     history: list[dict[str, Any]] = []
     done = 0
     state = Path(state_path) if state_path is not None else None
@@ -266,8 +325,10 @@ def search_longrope(
         if state is not None and state.exists():
             saved = json.loads(state.read_text())
             if saved.get("version") != STATE_VERSION or saved.get("fingerprint") != fingerprint:
-                raise ValueError(f"search_longrope: {str(state)!r} holds the state of another search (other model, "
-                                 "text or settings); remove it or choose another state_path")
+                raise ValueError(
+                    f"search_longrope: {str(state)!r} holds the state of another search (other model, "
+                    "text or settings); remove it or choose another state_path"
+                )
             search.evaluated = {tuple(f): p for f, p in saved["evaluated"]}
             search.population = [tuple(f) for f in saved["population"]]
             history, done = saved["history"], saved["round"]
@@ -306,12 +367,20 @@ def search_longrope(
             history.append({"round": round_index + 1, "best_perplexity": best, "evaluated": len(search.evaluated)})
             if state is not None:
                 rng = search.rng.getstate()
-                write_text(state, json.dumps({
-                    "version": STATE_VERSION, "fingerprint": fingerprint, "round": round_index + 1,
-                    "rng": [rng[0], list(rng[1]), rng[2]], "history": history,
-                    "population": [list(k) for k in search.population],
-                    "evaluated": [[list(k), v] for k, v in search.evaluated.items()],
-                }))
+                write_text(
+                    state,
+                    json.dumps(
+                        {
+                            "version": STATE_VERSION,
+                            "fingerprint": fingerprint,
+                            "round": round_index + 1,
+                            "rng": [rng[0], list(rng[1]), rng[2]],
+                            "history": history,
+                            "population": [list(k) for k in search.population],
+                            "evaluated": [[list(k), v] for k, v in search.evaluated.items()],
+                        }
+                    ),
+                )
             bar.update(1)
             bar.set_postfix(best_ppl=f"{best:.4g}")
         bar.close()
@@ -320,7 +389,14 @@ def search_longrope(
         if patched_method(model) is not None:
             unpatch_model(model)
     return LongRopeSearchResult(
-        long_factor=[float(f) for f in best_factors], perplexity=best, start_perplexity=start_perplexity,
-        history=history, factor=factor, length=length, original_max_position_embeddings=original,
-        attention_factor=attention_factor, score_last=score_last, keep_first=keep_first,
+        long_factor=[float(f) for f in best_factors],
+        perplexity=best,
+        start_perplexity=start_perplexity,
+        history=history,
+        factor=factor,
+        length=length,
+        original_max_position_embeddings=original,
+        attention_factor=attention_factor,
+        score_last=score_last,
+        keep_first=keep_first,
     )

@@ -25,7 +25,13 @@ from .methods.registry import available_methods, method_class, method_config, su
 from .transaction import Snapshot, restore, snapshot
 
 __all__ = [
-    "CONFIG_KEY", "SUPPORTED_MODEL_TYPES", "MethodName", "patch_info", "patch_model", "patched_method", "unpatch_model",
+    "CONFIG_KEY",
+    "SUPPORTED_MODEL_TYPES",
+    "MethodName",
+    "patch_info",
+    "patch_model",
+    "patched_method",
+    "unpatch_model",
 ]
 
 
@@ -37,8 +43,22 @@ MAX_CONTEXT = 2**31 - 1
 #: Every registered method name and alias, for type checkers only (``str`` is accepted too);
 #: tests/test_patching.py checks that it equals the registry (available_methods() plus method_aliases()).
 MethodName = Literal[
-    "linear", "pi", "ntk", "ntk_aware", "dynamic_ntk", "dynamic", "yarn", "dynamic_yarn", "alibi", "sinusoidal",
-    "learned", "self_extend", "dca", "string", "rerope", "longrope",
+    "linear",
+    "pi",
+    "ntk",
+    "ntk_aware",
+    "dynamic_ntk",
+    "dynamic",
+    "yarn",
+    "dynamic_yarn",
+    "alibi",
+    "sinusoidal",
+    "learned",
+    "self_extend",
+    "dca",
+    "string",
+    "rerope",
+    "longrope",
 ]
 ModelOrConfig = TypeVar("ModelOrConfig", nn.Module, PreTrainedConfig)
 
@@ -94,7 +114,11 @@ def _patch_config(
     previous = getattr(config, CONFIG_KEY, None)
     # What the checkpoint itself had in the fields the readers' rules overwrite (some configs carry a
     # top-level rope_theta of their own), for unpatch to put back.
-    reader_fields = previous["base_reader_fields"] if previous and "base_reader_fields" in previous else readers.saved_fields(config)
+    reader_fields = (
+        previous["base_reader_fields"]
+        if previous and "base_reader_fields" in previous
+        else readers.saved_fields(config)
+    )
     config.rope_parameters = rope_parameters
     config.max_position_embeddings = max_positions
     setattr(
@@ -104,7 +128,9 @@ def _patch_config(
             **method.to_dict(),
             "original_max_position_embeddings": base.original_max_position_embeddings,
             "context_length": (
-                int(round(method.factor * base.original_max_position_embeddings)) if method.scales_rope else max_positions
+                int(round(method.factor * base.original_max_position_embeddings))
+                if method.scales_rope
+                else max_positions
             ),
             "base_rope_parameters": base_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
@@ -184,7 +210,7 @@ def patch_model(
             (a dynamic one, or any under a dynamic method or one that replaces RoPE).
 
     Example:
-        >>> model = hf_posext.patch_model(model, "yarn", factor=4)   # 4k -> 16k
+        >>> model = hf_posext.patch_model(model, "yarn", factor=4)  # 4k -> 16k
     """
     if factor is not None:
         kwargs["factor"] = factor

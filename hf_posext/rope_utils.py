@@ -143,7 +143,9 @@ def yarn_inv_freq_from(
     )
 
 
-def dynamic_yarn_scale(seq_len: int | torch.Tensor | None, factor: float, original_max_position_embeddings: int) -> float:
+def dynamic_yarn_scale(
+    seq_len: int | torch.Tensor | None, factor: float, original_max_position_embeddings: int
+) -> float:
     """s(L) = min(factor, max(1, L / L_orig)); 1 before any sequence is seen."""
     if seq_len is None:
         return 1.0

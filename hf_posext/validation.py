@@ -52,7 +52,7 @@ def path_shape(source: str) -> str | None:
     if "\\" in source or source.count("/") > 1:
         return "a Hub id is org/name"
     if source.lower().endswith(FILE_SUFFIXES):
-        return f"it ends with {source[source.rfind('.'):]!r}"
+        return f"it ends with {source[source.rfind('.') :]!r}"
     if "/" in source and Path(source.split("/")[0]).is_dir():
         return f"the folder {source.split('/')[0]!r} exists here"
     return None
@@ -110,8 +110,9 @@ def integer(minimum: int) -> Check:
     return lambda name, value: whole_number("", name, value, minimum, f"an integer >= {minimum}")
 
 
-def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False) -> Check:
+def number(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
+) -> Check:
     """A check: a finite real number in the interval from ``low`` to ``high`` (``None``: unbounded).
 
     ``low_open``/``high_open`` exclude the bound; the message names the interval, e.g.
@@ -185,6 +186,16 @@ def anything(name: str, value: Any) -> Any:
 
 
 __all__ = [
-    "BOOLEANS", "Check", "anything", "choice", "integer", "mapping", "number", "optional", "parse_bool",
-    "real_number", "required", "whole_number",
+    "BOOLEANS",
+    "Check",
+    "anything",
+    "choice",
+    "integer",
+    "mapping",
+    "number",
+    "optional",
+    "parse_bool",
+    "real_number",
+    "required",
+    "whole_number",
 ]

@@ -61,8 +61,23 @@ def _python(venv_dir: Path) -> Path:
 def _unpack() -> None:
     """The sdist, downloaded with pip and unpacked whole (the converter needs all of vendor/llama.cpp's Python)."""
     if not SDIST.is_file():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={VERSION}", "-d", str(CACHE)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={VERSION}",
+                "-d",
+                str(CACHE),
+            ],
+            check=True,
+            capture_output=True,
+        )
     if not (SOURCE / "pyproject.toml").is_file() or not CONVERTER.is_file():
         with tarfile.open(SDIST) as archive:
             archive.extractall(CACHE, filter="data")
@@ -70,16 +85,34 @@ def _unpack() -> None:
 
 def _build(venv_dir: Path) -> None:
     venv.EnvBuilder(clear=True, with_pip=False).create(venv_dir)
-    site = Path(subprocess.check_output(
-        [str(_python(venv_dir)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
-    ).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(_python(venv_dir)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     stamp = _stamp()
     (site / "parent-site-packages.pth").write_text("\n".join(dict.fromkeys([stamp["parent"], stamp["platlib"]])) + "\n")
     env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"}
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(_python(venv_dir)), "install", "--quiet",
-                    str(SDIST), "sentencepiece"], check=True, capture_output=True, text=True, env=env)
-    version = subprocess.check_output([str(_python(venv_dir)), "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                                      text=True).strip()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(_python(venv_dir)),
+            "install",
+            "--quiet",
+            str(SDIST),
+            "sentencepiece",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    version = subprocess.check_output(
+        [str(_python(venv_dir)), "-c", "import llama_cpp; print(llama_cpp.__version__)"], text=True
+    ).strip()
     if version != VERSION:
         raise RuntimeError(f"the llama.cpp venv at {venv_dir} imports llama-cpp-python {version}, not {VERSION}")
 
@@ -107,8 +140,13 @@ def run_llamacpp(script: str, gguf_file: Path, ids: list[int], *args: str, timeo
     """
     ids_file = gguf_file.with_suffix(f".ids-{len(ids)}.json")
     ids_file.write_text(json.dumps([int(i) for i in ids]))
-    done = subprocess.run([str(llamacpp_python()), "-c", script, str(gguf_file), str(ids_file), *args],
-                          check=False, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [str(llamacpp_python()), "-c", script, str(gguf_file), str(ids_file), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp failed on {gguf_file}:\n{done.stderr[-3000:]}")
     return done.stdout

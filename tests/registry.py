@@ -21,11 +21,29 @@ VOCAB = 97
 
 #: Fields set wherever a config has them: 4 heads of 32 (2 KV heads), 2 layers, 4 experts, MLA ranks.
 TINY = dict(
-    vocab_size=VOCAB, hidden_size=128, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=32, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_local_experts=4,
-    n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
-    q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32,
-    max_position_embeddings=L_ORIG, original_max_position_embeddings=L_ORIG,
+    vocab_size=VOCAB,
+    hidden_size=128,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=32,
+    max_position_embeddings=L_ORIG,
+    original_max_position_embeddings=L_ORIG,
     sliding_window=L_ORIG // 2,  # a window shorter than the test inputs, so that sliding masks matter
 )
 #: Scalings a checkpoint may ship; the tiny configs replace them with plain RoPE of the same theta

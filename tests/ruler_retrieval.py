@@ -23,10 +23,19 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     draft = TASKS["niah_single_1"].build("vocab", 2, 0.5, 256)
     text = draft.prompt(10**6) + draft.answer_prefix + " " + NOISE
     # Words carry their leading space ("▁green"), digits and punctuation are tokens of their own.
-    pre = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Metaspace(prepend_scheme="never"),
-                                   pre_tokenizers.Punctuation(),
-                                   pre_tokenizers.Digits(individual_digits=True)])
-    words = {w for w, _ in pre.pre_tokenize_str(text)} | {p + w for w in vocabulary() for p in ("", "\u2581")} | set("0123456789-.:?\n\u2581")
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("\n", "isolated"),
+            pre_tokenizers.Metaspace(prepend_scheme="never"),
+            pre_tokenizers.Punctuation(),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    words = (
+        {w for w, _ in pre.pre_tokenize_str(text)}
+        | {p + w for w in vocabulary() for p in ("", "\u2581")}
+        | set("0123456789-.:?\n\u2581")
+    )
     vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "</s>", *sorted(words)])}
     model = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     model.pre_tokenizer = pre
@@ -37,9 +46,18 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
 def train_retriever(tokenizer, length: int = 256, steps: int = 500, batch: int = 16, seed: int = 0):
     """``(trained, untrained)``: the same initial weights before and after training."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=length,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=length,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config)
     untrained = LlamaForCausalLM(config)
     untrained.load_state_dict(model.state_dict())
@@ -52,7 +70,9 @@ def train_retriever(tokenizer, length: int = 256, steps: int = 500, batch: int =
         rows, labels = [], []
         for b in range(batch):
             key = f"train/{step}/{b}"
-            prompt = fit_prompt(tokenizer, task, length, key, stratified_depth(b, batch, key), wrapper=wrapper, hint=hint)
+            prompt = fit_prompt(
+                tokenizer, task, length, key, stratified_depth(b, batch, key), wrapper=wrapper, hint=hint
+            )
             hint = prompt.units
             answer = tokenizer.encode(" " + prompt.answers[0], add_special_tokens=False)
             rows.append(prompt.input_ids + answer)

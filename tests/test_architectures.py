@@ -35,13 +35,41 @@ TOL = 1e-5
 NATIVE_METHODS = {"linear": {}, "ntk": {}, "yarn": {}, "dynamic_ntk": {"exact_cache": False}}
 #: Architectures whose attention does not rotate as the exact dynamic wrapper does, and why.
 EXACT_REFUSED = {
-    "interleaved pairs": ("cohere", "cohere2", "cohere2_moe", "ernie4_5", "ernie4_5_moe", "glm", "glm4", "helium",
-                          "nanochat"),
-    "per-layer-type": ("deepseek_v4", "gemma3_text", "laguna", "mellum", "mimo_v2_flash", "modernbert-decoder",
-                       "olmo3"),
+    "interleaved pairs": (
+        "cohere",
+        "cohere2",
+        "cohere2_moe",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "glm",
+        "glm4",
+        "helium",
+        "nanochat",
+    ),
+    "per-layer-type": (
+        "deepseek_v4",
+        "gemma3_text",
+        "laguna",
+        "mellum",
+        "mimo_v2_flash",
+        "modernbert-decoder",
+        "olmo3",
+    ),
     "no apply_rotary_pos_emb": ("llama4_text",),
-    "multi-head latent attention": ("axk1", "axk2", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32",
-                                    "glm4_moe_lite", "glm_moe_dsa", "hy_v4", "minicpm3", "sarvam_mla", "youtu"),
+    "multi-head latent attention": (
+        "axk1",
+        "axk2",
+        "bailing_hybrid",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "glm4_moe_lite",
+        "glm_moe_dsa",
+        "hy_v4",
+        "minicpm3",
+        "sarvam_mla",
+        "youtu",
+    ),
     "could not be checked": ("gpt_oss",),
     "config refuses dynamic": ("phi3", "phimoe"),
     "listed": tuple(EXACT_DYNAMIC_UNSUPPORTED),
@@ -84,8 +112,13 @@ def native_entry(method: str, entry: dict, rotary_dim: int) -> dict:
     if method == "dynamic_ntk":
         return {"rope_type": "dynamic", "factor": FACTOR, "rope_theta": theta, **kept}
     if method == "yarn":
-        return {"rope_type": "yarn", "factor": FACTOR, "original_max_position_embeddings": L_ORIG, "rope_theta": theta,
-                **kept}
+        return {
+            "rope_type": "yarn",
+            "factor": FACTOR,
+            "original_max_position_embeddings": L_ORIG,
+            "rope_theta": theta,
+            **kept,
+        }
     raise AssertionError(method)
 
 
@@ -173,8 +206,15 @@ def test_factor_one_and_unpatch_are_bit_exact(arch):
 def test_cached_greedy_generation_equals_full_forward(arch):
     model = hf_posext.patch_model(tiny_model(arch), static_method(arch), factor=FACTOR)
     prompt = ids(L_ORIG // 2)
-    out = model.generate(prompt, max_new_tokens=L_ORIG, min_new_tokens=L_ORIG, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    out = model.generate(
+        prompt,
+        max_new_tokens=L_ORIG,
+        min_new_tokens=L_ORIG,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
     full = logits(model, out.sequences[:, :-1])[:, prompt.shape[1] - 1 :]
     torch.testing.assert_close(torch.stack(out.logits, dim=1), full, atol=TOL, rtol=0)
 
@@ -243,7 +283,9 @@ def test_every_other_registry_decoder_is_refused_naming_what_is_missing():
         try:
             hf_posext.patch_model(model, "ntk", factor=FACTOR)
         except ValueError as error:
-            assert re.search(r"unsupported architecture|layer_types=|does not accept|already uses rope_type", str(error)), (arch, error)
+            assert re.search(
+                r"unsupported architecture|layer_types=|does not accept|already uses rope_type", str(error)
+            ), (arch, error)
             continue
         accepted.append(arch)
     assert not accepted, f"these pass the contract: add them to SUPPORTED_MODEL_TYPES: {accepted}"
@@ -274,8 +316,11 @@ def test_per_layer_type_rope_extends_global_layers_only_unless_asked():
         assert hf_posext.patch_info(model)["layer_types"] == (layer_types or ["full_attention"])
         # a re-patch starts from the checkpoint's nested entries, and unpatch puts them all back
         hf_posext.patch_model(model, "linear", factor=2, layer_types=layer_types)
-        assert model.config.rope_parameters["full_attention"] == {**base.rope_parameters["full_attention"],
-                                                                  "rope_type": "linear", "factor": 2.0}
+        assert model.config.rope_parameters["full_attention"] == {
+            **base.rope_parameters["full_attention"],
+            "rope_type": "linear",
+            "factor": 2.0,
+        }
         hf_posext.unpatch_model(model)
         assert model.config.rope_parameters == base.rope_parameters
 
@@ -315,8 +360,13 @@ def test_phi3_longrope_checkpoint_composes_and_override_is_refused_naming_longro
     yarn on top composes into a longrope entry (accepted); override=True asks for plain yarn, which
     Phi3Config refuses before the model changes.
     """
-    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
-                "original_max_position_embeddings": L_ORIG}
+    longrope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0] * 16,
+        "long_factor": [2.0] * 16,
+        "original_max_position_embeddings": L_ORIG,
+    }
     model = build(tiny_config("phi3", rope_parameters=longrope, max_position_embeddings=4 * L_ORIG))
     before = model.config.to_dict()
     with pytest.raises(ValueError, match=r"does not accept the rope parameters 'yarn'.*longrope"):
@@ -337,12 +387,21 @@ class _DefaultOnlyRotary(LlamaRotaryEmbedding):
 
 
 def test_a_rotary_module_outside_the_contract_is_refused_naming_it():
-    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=L_ORIG)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=L_ORIG,
+    )
     model = LlamaForCausalLM(config)
     model.model.rotary_emb = _DefaultOnlyRotary(config)
-    with pytest.raises(ValueError, match=r"model.rotary_emb \(_DefaultOnlyRotary\) does not take its frequencies "
-                                         r"from ROPE_INIT_FUNCTIONS"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.rotary_emb \(_DefaultOnlyRotary\) does not take its frequencies "
+        r"from ROPE_INIT_FUNCTIONS",
+    ):
         hf_posext.patch_model(model, "yarn", factor=FACTOR)
 
 
@@ -351,7 +410,9 @@ def test_the_docs_list_the_supported_model_types():
     block = re.search(r"<!-- supported-models -->\n(.*?)\n<!-- /supported-models -->", readme, re.S)
     assert block, "docs/methods/index.md lacks the generated block; run python scripts/supported_models.py"
     listed = re.findall(r"`([^`]+)`", block.group(1))
-    assert listed == list(SUPPORTED_MODEL_TYPES), "docs/methods/index.md is stale; run python scripts/supported_models.py"
+    assert listed == list(SUPPORTED_MODEL_TYPES), (
+        "docs/methods/index.md is stale; run python scripts/supported_models.py"
+    )
 
 
 #: Why exact_cache=True is refused for longrope: the dynamic methods' reasons, less the config's (Phi-3 takes longrope).

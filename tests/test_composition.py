@@ -25,8 +25,14 @@ STATIC_METHODS = ["linear", "ntk", "yarn"]
 
 def base_model(name: str, seed: int = 0):
     if name == "linear":  # a CodeLlama-style linear 4 checkpoint that advertises its reach
-        return tiny_model(head_dim=64, heads=2, kv_heads=1, max_positions=16384, seed=seed,
-                          rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})
+        return tiny_model(
+            head_dim=64,
+            heads=2,
+            kv_heads=1,
+            max_positions=16384,
+            seed=seed,
+            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        )
     return published_model(name, seed=seed)
 
 
@@ -57,8 +63,12 @@ def reference_base(params: dict, rotary_dim: int, max_positions: int) -> tuple[n
     if kind == "linear":
         return plain / params["factor"], 1.0
     if kind == "llama3":  # Llama 3.1 reference code: apply_scaling
-        s, lo, hi, old = params["factor"], params["low_freq_factor"], params["high_freq_factor"], params[
-            "original_max_position_embeddings"]
+        s, lo, hi, old = (
+            params["factor"],
+            params["low_freq_factor"],
+            params["high_freq_factor"],
+            params["original_max_position_embeddings"],
+        )
         out = []
         for w in plain:
             wavelen = 2 * math.pi / w
@@ -187,7 +197,9 @@ def test_composing_on_an_identity_scaling_is_the_method_alone(method):
     """A shipped scaling that changes nothing (linear factor 1) composes to exactly the method on plain RoPE."""
     ids = tokens(48)
     alone = hf_posext.patch_model(tiny_model(max_positions=32), method, factor=4)
-    shipped = tiny_model(max_positions=32, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 1.0})
+    shipped = tiny_model(
+        max_positions=32, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 1.0}
+    )
     composed = hf_posext.patch_model(shipped, method, factor=4)
     assert composed.config.max_position_embeddings == alone.config.max_position_embeddings
     assert hf_posext.patch_info(composed)["context_length"] == hf_posext.patch_info(alone)["context_length"] == 128
@@ -202,7 +214,9 @@ def test_composing_on_an_identity_scaling_is_the_method_alone(method):
 
 def test_linear_then_linear_is_linear_with_the_product_factor():
     ids = tokens(96)
-    shipped = tiny_model(max_positions=64, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    shipped = tiny_model(
+        max_positions=64, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    )
     composed = hf_posext.patch_model(shipped, "linear", factor=3)
     product = hf_posext.patch_model(tiny_model(max_positions=32), "linear", factor=6)
     assert composed.config.rope_parameters == product.config.rope_parameters
@@ -223,7 +237,7 @@ def test_cached_generation_equals_a_full_forward(name):
         out = model(ids[:, :16], position_ids=positions[:, :16], use_cache=True)
         cache, steps = out.past_key_values, [out.logits]
         for t in range(16, 24):
-            out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], cache=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], position_ids=positions[:, t : t + 1], cache=cache, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 
@@ -267,7 +281,9 @@ def test_unpatch_restores_the_shipped_scaling_and_repatching_composes_on_it_agai
 
 
 def test_what_cannot_compose_is_refused_and_override_replaces():
-    dynamic = tiny_model(max_positions=64, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    dynamic = tiny_model(
+        max_positions=64, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    )
     with pytest.raises(ValueError, match=r"rope_type='dynamic'.*override=True"):
         hf_posext.patch_model(dynamic, "yarn", factor=4)
     for method in ("dynamic_ntk", "alibi"):
@@ -283,7 +299,10 @@ def test_what_cannot_compose_is_refused_and_override_replaces():
 def test_cli_patch_composes_on_a_llama_3_1_checkpoint(tmp_path):
     base = base_model("llama-3.1")
     base.save_pretrained(tmp_path / "llama-3.1")
-    assert cli_main(["patch", str(tmp_path / "llama-3.1"), str(tmp_path / "out"), "--method", "yarn", "--factor", "4"]) == 0
+    assert (
+        cli_main(["patch", str(tmp_path / "llama-3.1"), str(tmp_path / "out"), "--method", "yarn", "--factor", "4"])
+        == 0
+    )
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["max_position_embeddings"] == 4 * 131072
     assert config["rope_parameters"]["rope_type"] == "longrope"
@@ -309,10 +328,12 @@ def test_dynamic_yarn_is_the_checkpoint_up_to_l0_and_static_yarn_from_factor_tim
     far = torch.arange(4 * reach_of(name), 4 * reach_of(name) + 16)[None]  # every row past s = factor
     between = torch.arange(2 * reach_of(name) - 16, 2 * reach_of(name))[None]
     with torch.no_grad():
-        torch.testing.assert_close(dynamic(ids, position_ids=near).logits, base(ids, position_ids=near).logits,
-                                   rtol=0, atol=1e-5)
-        torch.testing.assert_close(dynamic(ids, position_ids=far).logits, static(ids, position_ids=far).logits,
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            dynamic(ids, position_ids=near).logits, base(ids, position_ids=near).logits, rtol=0, atol=1e-5
+        )
+        torch.testing.assert_close(
+            dynamic(ids, position_ids=far).logits, static(ids, position_ids=far).logits, rtol=0, atol=1e-5
+        )
         gap = (dynamic(ids, position_ids=between).logits - static(ids, position_ids=between).logits).abs().max()
     assert gap > 1e-3  # at 2 L0 it is YaRN at s = 2, not 4
 
@@ -331,7 +352,7 @@ def test_composed_dynamic_yarn_cached_generation_equals_a_full_forward():
         out = model(ids[:, :16], position_ids=positions[:, :16], use_cache=True)
         cache, steps = out.past_key_values, [out.logits[:, -1:]]
         for t in range(16, 24):
-            out = model(ids[:, t:t + 1], position_ids=positions[:, t:t + 1], cache=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], position_ids=positions[:, t : t + 1], cache=cache, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 15:], rtol=0, atol=1e-5)
 

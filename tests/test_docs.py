@@ -57,7 +57,9 @@ def _parser():
     raise AssertionError("no hf-posext argument parser found (hf_posext.commands.main or hf_posext.cli)")
 
 
-COMMANDS = [(page, line) for page in PAGES for lang, body in blocks(page) if lang in SHELL for line in shell_lines(body)]
+COMMANDS = [
+    (page, line) for page in PAGES for lang, body in blocks(page) if lang in SHELL for line in shell_lines(body)
+]
 SNIPPETS = [(page, lang, body) for page in PAGES for lang, body in blocks(page) if lang in ("python", "yaml")]
 
 
@@ -77,7 +79,7 @@ def check_command(line: str, parser) -> None:
     while tokens and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", tokens[0]):  # VAR=value prefixes
         tokens.pop(0)
     while tokens and tokens[0] in WRAPPERS:
-        tokens = tokens[1 + WRAPPERS[tokens[0]]:]
+        tokens = tokens[1 + WRAPPERS[tokens[0]] :]
     if not tokens or tokens[0] in EXTERNAL:
         return
     head, args = tokens[0], tokens[1:]
@@ -158,9 +160,15 @@ def test_every_python_and_yaml_snippet_in_the_docs_parses(page, lang, body):
 
 @pytest.mark.parametrize(
     "line",
-    ["hf-posext patch a b --method yarn --factor 4", "python -m hf_posext.no_such_module", "python scripts/no_such.py",
-     "hf-posext no-such-command", "frobnicate --now", "hf-posext patch a b --method yarn --factor 4 --set nope=1",
-     "hf-posext eval ppl m --lengths 8 --method none,yarn"],
+    [
+        "hf-posext patch a b --method yarn --factor 4",
+        "python -m hf_posext.no_such_module",
+        "python scripts/no_such.py",
+        "hf-posext no-such-command",
+        "frobnicate --now",
+        "hf-posext patch a b --method yarn --factor 4 --set nope=1",
+        "hf-posext eval ppl m --lengths 8 --method none,yarn",
+    ],
 )
 def test_the_command_check_can_fail(line, parser):
     if line == "hf-posext patch a b --method yarn --factor 4":
@@ -173,9 +181,20 @@ def test_the_command_check_can_fail(line, parser):
 # A repository path: one of the top-level folders, not preceded by a word character, a dot or a slash
 # (so `~/.cache/hf_posext/` and `hf_posext.methods` are not paths).
 PATH = re.compile(r"(?<![\w./~$-])((?:hf_posext|tests|benchmarks|docs|scripts|examples)/[\w./*{},-]*)")
-SOURCES = sorted({*PAGES, *ROOT.glob("hf_posext/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("scripts/*.py"),
-                  *ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("examples/**/*"), ROOT / "mkdocs.yml",
-                  ROOT / "pyproject.toml", ROOT / ".ci" / "run"} - {Path(__file__).resolve()})
+SOURCES = sorted(
+    {
+        *PAGES,
+        *ROOT.glob("hf_posext/**/*.py"),
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("scripts/*.py"),
+        *ROOT.glob("benchmarks/**/*.py"),
+        *ROOT.glob("examples/**/*"),
+        ROOT / "mkdocs.yml",
+        ROOT / "pyproject.toml",
+        ROOT / ".ci" / "run",
+    }
+    - {Path(__file__).resolve()}
+)
 #: Paths that exist only once something has run (caches and scratch folders, ignored by git).
 GENERATED = ("benchmarks/results/work", "benchmarks/results/**/work")
 
@@ -185,8 +204,10 @@ def expand(path: str) -> list[str]:
     if not match:
         return [path]
     if "," not in match.group(1):  # an f-string field: only the folder before it is a path
-        return [path[:match.start()].rpartition("/")[0] + "/"]
-    return [p for option in match.group(1).split(",") for p in expand(path[:match.start()] + option + path[match.end():])]
+        return [path[: match.start()].rpartition("/")[0] + "/"]
+    return [
+        p for option in match.group(1).split(",") for p in expand(path[: match.start()] + option + path[match.end() :])
+    ]
 
 
 def cited_paths(text: str) -> set[str]:

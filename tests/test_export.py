@@ -13,7 +13,11 @@ from hf_posext.commands.main import main as cli_main
 
 L_ORIG = 64
 
-NATIVE = [(arch, method) for arch in ("llama", "mistral", "qwen2", "qwen3") for method in ("linear", "ntk", "dynamic_ntk", "yarn")]
+NATIVE = [
+    (arch, method)
+    for arch in ("llama", "mistral", "qwen2", "qwen3")
+    for method in ("linear", "ntk", "dynamic_ntk", "yarn")
+]
 
 
 def test_native_checkpoints_reload_without_the_plugin(tmp_path):
@@ -50,8 +54,19 @@ def test_custom_rope_type_needs_the_plugin_and_says_so(tmp_path):
 def test_cli_patch_writes_an_extended_checkpoint_with_untouched_weights(tmp_path, capsys):
     base = tiny_model(max_positions=L_ORIG)
     base.save_pretrained(tmp_path / "base")
-    code = cli_main(["patch", str(tmp_path / "base"), str(tmp_path / "out"), "--method", "yarn", "--factor", "8",
-                     "--set", "beta_fast=64"])
+    code = cli_main(
+        [
+            "patch",
+            str(tmp_path / "base"),
+            str(tmp_path / "out"),
+            "--method",
+            "yarn",
+            "--factor",
+            "8",
+            "--set",
+            "beta_fast=64",
+        ]
+    )
     assert code == 0
     out = tmp_path / "out"
     for weights in (tmp_path / "base").glob("*.safetensors"):
@@ -76,7 +91,9 @@ def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
     assert cli_main(["patch", str(tmp_path / "base"), str(tmp_path / "out"), "--method", "magic", "--factor", "2"]) == 2
     assert "unknown method 'magic'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
-    assert cli_main(["patch", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2"]) == 2
+    assert (
+        cli_main(["patch", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2"]) == 2
+    )
 
 
 def test_cli_lists_every_method_with_its_aliases(capsys):

@@ -84,7 +84,11 @@ def test_written_files_get_the_mode_a_plain_open_gives(tmp_path, umask):
         expected = _usual_mode()
     finally:
         os.umask(old)
-    for path in (tmp_path / "one.bin", tmp_path / "folder" / "model.safetensors", tmp_path / "folder" / "sub" / "deep.txt"):
+    for path in (
+        tmp_path / "one.bin",
+        tmp_path / "folder" / "model.safetensors",
+        tmp_path / "folder" / "sub" / "deep.txt",
+    ):
         assert stat.S_IMODE(path.stat().st_mode) == expected, path
 
 

@@ -109,8 +109,13 @@ def test_gguf_to_patched_yarn_checkpoint_end_to_end(converted, tmp_path):
     _, _, _, cache = converted
     out = tmp_path / "smollm2-yarn-32k"
     env = {**os.environ, "HF_POSEXT_CACHE": str(cache)}
-    done = subprocess.run([sys.executable, "-m", "hf_posext", "patch", str(GGUF), str(out), "--method", "yarn",
-                           "--factor", "4"], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_posext", "patch", str(GGUF), str(out), "--method", "yarn", "--factor", "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     model, tokenizer = load_model(str(out), device="cpu")
     info = patch_info(model)
@@ -142,9 +147,25 @@ def test_the_committed_adapter_rebuilds_the_fine_tuned_32k_model(converted, tmp_
 
     measured = {}
     for name, adapter in (("rebuilt", ["--adapter", str(results / "adapter")]), ("base", [])):
-        done = subprocess.run([sys.executable, "-m", "hf_posext", "patch", str(GGUF), str(tmp_path / name),
-                               "--method", "yarn", "--factor", "4", *adapter],
-                              env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hf_posext",
+                "patch",
+                str(GGUF),
+                str(tmp_path / name),
+                "--method",
+                "yarn",
+                "--factor",
+                "4",
+                *adapter,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
         measured[name] = perplexity(tmp_path / name)
     assert measured["rebuilt"] == pytest.approx(reference["perplexity"], rel=1e-3)
@@ -168,15 +189,34 @@ def test_real_model_benchmark_quick_runs_end_to_end_and_resumes(converted, tmp_p
     passkey, the recipe's fine-tune, the fine-tuned model's cells), then a rerun that computes nothing."""
     _, _, _, cache = converted
     root = Path(__file__).resolve().parents[1]
-    command = [sys.executable, str(root / "benchmarks" / "real_model.py"), "--quick", "--upto", "512", "--threads", "1",
-               "--no-progress", "--gguf", str(GGUF), "--out", str(tmp_path)]
+    command = [
+        sys.executable,
+        str(root / "benchmarks" / "real_model.py"),
+        "--quick",
+        "--upto",
+        "512",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--gguf",
+        str(GGUF),
+        "--out",
+        str(tmp_path),
+    ]
     env = {**os.environ, "HF_POSEXT_CACHE": str(cache), "PYTHONPATH": str(root)}
     for _ in range(2):
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["cells"]) == {"timing", "ppl/none/512", "ppl/yarn@4/512", "passkey/none/512", "finetune",
-                                     "ppl/tuned/512", "passkey/tuned/512"}
+    assert set(results["cells"]) == {
+        "timing",
+        "ppl/none/512",
+        "ppl/yarn@4/512",
+        "passkey/none/512",
+        "finetune",
+        "ppl/tuned/512",
+        "passkey/tuned/512",
+    }
     assert len(results["runs"]) == 2 and results["runs"][1]["seconds"] < results["runs"][0]["seconds"]
     assert 1 < results["cells"]["ppl/none/512"]["value"]["perplexity"] < 30
     assert (tmp_path / "real_model.md").read_text().startswith("# SmolLM2-135M-Instruct")

@@ -30,8 +30,14 @@ pytestmark = pytest.mark.integration
 
 #: Cases where llama.cpp ignores what the converter writes (attention factor, betas) or runs it as
 #: plain RoPE (longrope): the converter's own GGUF must be far off, or the test proves nothing.
-IGNORED_BY_LLAMACPP = ("yarn attention_factor=1.3", "yarn beta_fast=16 beta_slow=2", "yarn on llama3",
-                       "linear on llama3", "yarn on yarn", "linear on yarn")
+IGNORED_BY_LLAMACPP = (
+    "yarn attention_factor=1.3",
+    "yarn beta_fast=16 beta_slow=2",
+    "yarn on llama3",
+    "linear on llama3",
+    "yarn on yarn",
+    "linear on yarn",
+)
 
 
 def test_llamacpp_runs_every_static_extension_as_transformers(tmp_path):
@@ -74,12 +80,18 @@ def test_llamacpp_runs_qwen2_qwen3_and_mistral_extensions_as_transformers(tmp_pa
 def test_a_mistral_sliding_window_is_dropped_by_the_converter_and_export_says_so(tmp_path, caplog):
     ids = bench.ids_for(3 * bench.L0)
     window = 2 * bench.L0
-    model = bench.tiny_model("mistral", max_positions=bench.L0, vocab_size=49152, tie_word_embeddings=True,
-                             sliding_window=window)
+    model = bench.tiny_model(
+        "mistral", max_positions=bench.L0, vocab_size=49152, tie_word_embeddings=True, sliding_window=window
+    )
     folder = bench.save_case(model, tmp_path / "mistral-window", bench.tokenizer_dir())
     with caplog.at_level("WARNING", logger="hf_posext"):
-        out = bench.export_gguf(folder, tmp_path / "mistral-window.gguf", converter=bench.CONVERTER,
-                                python=bench.llamacpp_python(), outtype="f32")
+        out = bench.export_gguf(
+            folder,
+            tmp_path / "mistral-window.gguf",
+            converter=bench.CONVERTER,
+            python=bench.llamacpp_python(),
+            outtype="f32",
+        )
     assert f"{window}-token sliding window" in caplog.text
     gap = np.abs(bench.llamacpp_logits(out, ids) - bench.logits(model, ids))
     assert gap[:window].max() < 1e-2 < gap[window:].max(), (gap[:window].max(), gap[window:].max())

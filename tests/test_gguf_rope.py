@@ -58,8 +58,14 @@ def transformers_rope(config) -> tuple[torch.Tensor, float]:
     return inv_freq.double(), float(attention)
 
 
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": L_ORIG // 4}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": L_ORIG // 4,
+}
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": L_ORIG // 2}
 CASES = {
     "linear": ({}, "linear", {}),
@@ -96,10 +102,17 @@ def test_llamacpp_runs_the_written_rope_as_transformers(name):
 
 def test_what_each_static_rope_is_written_as():
     assert gguf_rope_for(case_config("ntk"), "llama").keys() == {
-        "context_length": 256, "rope.freq_base": pytest.approx(ntk_theta(10000.0, 4.0, HEAD_DIM)), "rope.scaling.type": "none"}
+        "context_length": 256,
+        "rope.freq_base": pytest.approx(ntk_theta(10000.0, 4.0, HEAD_DIM)),
+        "rope.scaling.type": "none",
+    }
     assert gguf_rope_for(case_config("linear"), "llama").keys() == {
-        "context_length": 256, "rope.freq_base": 10000.0, "rope.scaling.type": "linear", "rope.scaling.factor": 4.0,
-        "rope.scaling.original_context_length": L_ORIG}
+        "context_length": 256,
+        "rope.freq_base": 10000.0,
+        "rope.scaling.type": "linear",
+        "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": L_ORIG,
+    }
     attn = gguf_rope_for(case_config("yarn attention_factor"), "qwen2")  # metadata only: any architecture
     assert (attn.scaling_type, attn.rope_freqs) == ("yarn", None)
     assert attn.attn_factor == pytest.approx(1.3 / (0.1 * math.log(4) + 1))
@@ -122,7 +135,9 @@ def test_a_gguf_rope_read_back_is_the_same_base():
 
 @pytest.mark.parametrize("method", ["dynamic_ntk", "dynamic_yarn", "alibi"])
 def test_dynamic_and_attention_level_methods_are_refused_naming_what_llamacpp_runs(method):
-    config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), method, **({} if method == "alibi" else {"factor": 4}))
+    config = hf_posext.patch_model(
+        tiny_config(max_positions=L_ORIG), method, **({} if method == "alibi" else {"factor": 4})
+    )
     with pytest.raises(ValueError, match="use --method (ntk|yarn)"):
         gguf_rope_for(config, "llama")
 

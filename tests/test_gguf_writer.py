@@ -33,8 +33,9 @@ def write_tiny_gguf(path, arch="llama", rope_freqs=None, **keys):
     writer.add_string("general.name", "tiny")
     writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
     for key, value in keys.items():
-        writer.add_key_value(f"{arch}.{key}", value, gguf.GGUFValueType.STRING if isinstance(value, str)
-                             else gguf.GGUFValueType.FLOAT32)
+        writer.add_key_value(
+            f"{arch}.{key}", value, gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
+        )
     writer.add_tensor("token_embd.weight", np.arange(3 * 8, dtype=np.float32).reshape(3, 8))
     # 2 blocks of Q4_1 (20 bytes each: fp16 scale, fp16 min, 16 bytes of nibbles) = 64 weights
     raw = np.random.default_rng(0).integers(0, 255, (2, 40), dtype=np.uint8)
@@ -57,20 +58,30 @@ def test_patch_copies_tensors_and_keys_and_writes_the_rope(tmp_path):
     out = patch_gguf(src, tmp_path / "out.gguf", "yarn", factor=4, attention_factor=1.3)
     before, after = open_gguf(src), open_gguf(out)
     assert [(t.name, t.tensor_type, bytes(t.data)) for t in before.tensors] == [
-        (t.name, t.tensor_type, bytes(t.data)) for t in after.tensors]
+        (t.name, t.tensor_type, bytes(t.data)) for t in after.tensors
+    ]
     assert after.tensors[1].tensor_type == gguf.GGMLQuantizationType.Q4_1
     old, new = fields(src), fields(out)
-    expected = gguf_rope_for(hf_posext.patch_model(tiny_config(max_positions=L_ORIG), "yarn", factor=4,
-                                                   attention_factor=1.3), "llama").keys()
+    expected = gguf_rope_for(
+        hf_posext.patch_model(tiny_config(max_positions=L_ORIG), "yarn", factor=4, attention_factor=1.3), "llama"
+    ).keys()
     assert {k: v for k, v in new.items() if k not in old or old[k] != v} == pytest.approx(
-        {f"llama.{k}": v for k, v in expected.items() if old.get(f"llama.{k}") != v})
+        {f"llama.{k}": v for k, v in expected.items() if old.get(f"llama.{k}") != v}
+    )
     assert {k: v for k, v in old.items() if "rope" not in k and "context_length" not in k} == {
-        k: v for k, v in new.items() if "rope" not in k and "context_length" not in k}
+        k: v for k, v in new.items() if "rope" not in k and "context_length" not in k
+    }
 
 
 def test_composition_reads_the_files_own_rope_freqs_as_the_hf_rules_do(tmp_path):
-    llama3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": L_ORIG // 4}
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": L_ORIG // 4,
+    }
     shipped = gguf_rope_for(tiny_config(max_positions=L_ORIG, rope_parameters=llama3), "llama")
     src = write_tiny_gguf(tmp_path / "llama3.gguf", rope_freqs=shipped.rope_freqs)
     assert read_rope(open_gguf(src)).rope_freqs == pytest.approx(shipped.rope_freqs)
@@ -87,8 +98,12 @@ def test_composition_reads_the_files_own_rope_freqs_as_the_hf_rules_do(tmp_path)
 def test_a_yarn_gguf_is_the_base_of_a_further_yarn(tmp_path):
     src = patch_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "yarn2.gguf", "yarn", factor=2)
     config = base_config(open_gguf(src))
-    assert config.rope_parameters == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
-                                      "original_max_position_embeddings": L_ORIG}
+    assert config.rope_parameters == {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": L_ORIG,
+    }
     assert config.max_position_embeddings == 2 * L_ORIG
     out = patch_gguf(src, tmp_path / "yarn2x2.gguf", "yarn", factor=2)
     assert read_rope(open_gguf(out)).context_length == 4 * L_ORIG
@@ -132,12 +147,16 @@ def test_bad_inputs_are_refused_and_nothing_is_written(tmp_path):
     assert read_rope(open_gguf(tmp_path / "exists.gguf")).scaling_type == "yarn"
 
 
-@pytest.mark.parametrize(("kind", "factor"), [("linear", 0.5), ("yarn", 0.5), ("linear", -2.0), ("yarn", -2.0),
-                                              ("linear", float("nan"))])
+@pytest.mark.parametrize(
+    ("kind", "factor"), [("linear", 0.5), ("yarn", 0.5), ("linear", -2.0), ("yarn", -2.0), ("linear", float("nan"))]
+)
 def test_a_files_own_scaling_factor_below_1_is_refused_naming_the_key(tmp_path, capsys, kind, factor):
     src = write_tiny_gguf(tmp_path / "tiny.gguf", **{"rope.scaling.type": kind, "rope.scaling.factor": factor})
-    _bad(tmp_path, lambda: patch_gguf(src, tmp_path / "o.gguf", "yarn", factor=4),
-         rf"llama.rope.scaling.factor = {factor!r} .*{kind}.*must be >= 1")
+    _bad(
+        tmp_path,
+        lambda: patch_gguf(src, tmp_path / "o.gguf", "yarn", factor=4),
+        rf"llama.rope.scaling.factor = {factor!r} .*{kind}.*must be >= 1",
+    )
     capsys.readouterr()
     assert cli_main(["patch", str(src), str(tmp_path / "o.gguf"), "--method", "yarn", "--factor", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -147,7 +166,9 @@ def test_a_files_own_scaling_factor_below_1_is_refused_naming_the_key(tmp_path, 
 
 def test_a_factor_of_0_or_1_is_llamacpps_unscaled_rope(tmp_path):
     for factor in (0.0, 1.0):
-        src = write_tiny_gguf(tmp_path / f"f{factor}.gguf", **{"rope.scaling.type": "linear", "rope.scaling.factor": factor})
+        src = write_tiny_gguf(
+            tmp_path / f"f{factor}.gguf", **{"rope.scaling.type": "linear", "rope.scaling.factor": factor}
+        )
         assert read_rope(open_gguf(src)).factor == 1.0
     none = write_tiny_gguf(tmp_path / "none.gguf", **{"rope.scaling.type": "none", "rope.scaling.factor": 0.5})
     assert read_rope(open_gguf(none)).scaling_type == "none"  # llama.cpp never scales type none

@@ -22,15 +22,23 @@ from hf_posext.export import model_card
 from hf_posext.testing import make_tiny_model
 
 SECRET = "hf_secretTOKENforTESTSdoNOTprint1234"
-CHECKPOINT_FILES = ["README.md", "config.json", "generation_config.json", "model.safetensors",
-                    "tokenizer.json", "tokenizer_config.json", "train_results.json"]
+CHECKPOINT_FILES = [
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "train_results.json",
+]
 
 
 @pytest.fixture()
 def checkpoint(tmp_path):
     """A fine-tune output folder, plus the clutter a run leaves that must stay local."""
-    folder = make_tiny_model(tmp_path / "model-yarn", hidden_size=32, num_heads=2, num_kv_heads=1,
-                             max_position_embeddings=32)
+    folder = make_tiny_model(
+        tmp_path / "model-yarn", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32
+    )
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
@@ -38,9 +46,17 @@ def checkpoint(tmp_path):
     config.save_pretrained(folder)
     model_card(config, base_model="my-org/tiny-base", extra={"steps": 400}).save(folder / "README.md")
     (folder / "train_results.json").write_text(json.dumps({"steps": 400}))
-    for junk in ("step_00000050/model.safetensors", ".model.tmp-123/config.json", ".cache/blocks.npy",
-                 "__pycache__/x.pyc", "save.tmp", "model-checkpoints/step_00000002/optimizer.bin",
-                 "sub/.hidden/x.json", "sub/step_00000003/random_states_0.pkl", "model.safetensors.lock"):
+    for junk in (
+        "step_00000050/model.safetensors",
+        ".model.tmp-123/config.json",
+        ".cache/blocks.npy",
+        "__pycache__/x.pyc",
+        "save.tmp",
+        "model-checkpoints/step_00000002/optimizer.bin",
+        "sub/.hidden/x.json",
+        "sub/step_00000003/random_states_0.pkl",
+        "model.safetensors.lock",
+    ):
         (folder / junk).parent.mkdir(parents=True, exist_ok=True)
         (folder / junk).write_text("local only")
     return folder
@@ -68,8 +84,11 @@ class HubRecorder:
 def uploaded(folder: Path, upload: dict) -> list[str]:
     """The files upload_folder would pick with the patterns passed to it (its own filter, unmocked)."""
     every = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    return sorted(filter_repo_objects(every, allow_patterns=upload.get("allow_patterns"),
-                                      ignore_patterns=upload.get("ignore_patterns")))
+    return sorted(
+        filter_repo_objects(
+            every, allow_patterns=upload.get("allow_patterns"), ignore_patterns=upload.get("ignore_patterns")
+        )
+    )
 
 
 def test_push_uploads_exactly_the_checkpoint_and_its_card(checkpoint, monkeypatch, capsys):
@@ -79,8 +98,13 @@ def test_push_uploads_exactly_the_checkpoint_and_its_card(checkpoint, monkeypatc
 
     (name, repo), (name2, upload) = hub.calls
     assert name == "create_repo" and name2 == "upload_folder"
-    assert repo == {"repo_id": "my-org/tiny-yarn", "token": SECRET, "private": True, "exist_ok": True,
-                    "repo_type": "model"}
+    assert repo == {
+        "repo_id": "my-org/tiny-yarn",
+        "token": SECRET,
+        "private": True,
+        "exist_ok": True,
+        "repo_type": "model",
+    }
     assert upload["repo_id"] == "my-org/tiny-yarn" and upload["token"] == SECRET
     assert Path(upload["folder_path"]) == checkpoint
     assert uploaded(checkpoint, upload) == CHECKPOINT_FILES
@@ -90,8 +114,13 @@ def test_push_uploads_exactly_the_checkpoint_and_its_card(checkpoint, monkeypatc
     assert card.data.base_model == "my-org/tiny-base"
     assert card.data.library_name == "transformers"
     assert {"hf-posext", "long-context", "yarn"} <= set(card.data.tags)
-    for row in ("| method | yarn |", "| factor | 4.0 |", "| original context | 32 |", "| extended context | 128 |",
-                "| steps | 400 |"):
+    for row in (
+        "| method | yarn |",
+        "| factor | 4.0 |",
+        "| original context | 32 |",
+        "| extended context | 128 |",
+        "| steps | 400 |",
+    ):
         assert row in card.text
 
     out = capsys.readouterr()

@@ -22,10 +22,23 @@ ROOT = Path(__file__).resolve().parents[1]
 #: cache, generation, Auto and slow-tokenizer machinery, the fine-tuning and GGUF dependencies, torch's
 #: compiler, the package's training and checkpoint-loading code. (``hf_posext.eval`` itself does load:
 #: ``search_longrope``, exported at the top, scores with ``eval.perplexity``; the package is torch + tqdm.)
-HEAVY = ("transformers.modeling_utils", "transformers.masking_utils", "transformers.cache_utils",
-         "transformers.generation.utils", "transformers.models.auto.configuration_auto",
-         "transformers.convert_slow_tokenizer", "peft", "accelerate", "gguf", "datasets", "matplotlib",
-         "torch._dynamo", "hf_posext.train", "hf_posext.eval.checkpoint", "hf_posext.eval.report")
+HEAVY = (
+    "transformers.modeling_utils",
+    "transformers.masking_utils",
+    "transformers.cache_utils",
+    "transformers.generation.utils",
+    "transformers.models.auto.configuration_auto",
+    "transformers.convert_slow_tokenizer",
+    "peft",
+    "accelerate",
+    "gguf",
+    "datasets",
+    "matplotlib",
+    "torch._dynamo",
+    "hf_posext.train",
+    "hf_posext.eval.checkpoint",
+    "hf_posext.eval.report",
+)
 
 PREAMBLE = "import json, sys\n"
 REPORT = f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
@@ -33,8 +46,15 @@ REPORT = f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n
 
 def loaded_heavy(code: str) -> list[str]:
     """The :data:`HEAVY` modules loaded after running ``code`` in a fresh interpreter on this checkout."""
-    done = subprocess.run([sys.executable, "-c", PREAMBLE + code + "\n" + REPORT], capture_output=True, text=True,
-                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PREAMBLE + code + "\n" + REPORT],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -44,14 +64,14 @@ def test_import_hf_posext_loads_nothing_heavy():
 
 
 def test_cli_help_loads_nothing_heavy():
-    code = ("from hf_posext.commands.main import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass")
+    code = "from hf_posext.commands.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     assert loaded_heavy(code) == []
 
 
 def test_the_check_sees_a_heavy_module():
     assert {"transformers.modeling_utils", "transformers.masking_utils"} <= set(
-        loaded_heavy("import hf_posext, transformers.modeling_utils, transformers.masking_utils"))
+        loaded_heavy("import hf_posext, transformers.modeling_utils, transformers.masking_utils")
+    )
 
 
 CHECK_REGISTERED = """
@@ -76,8 +96,15 @@ def test_attention_functions_reach_transformers_whichever_is_imported_first(firs
 
 
 def run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+        check=False,
+    )
 
 
 def test_a_checkpoint_saved_with_a_custom_rope_type_loads_after_import_hf_posext(tmp_path):
@@ -124,9 +151,11 @@ def test_from_config_copies_a_dual_chunk_config_though_modeling_utils_loads_afte
 
 @pytest.mark.parametrize("hook", [True, False])
 def test_the_from_config_wrap_follows_the_construction_hook_set_before_modeling_utils_loads(hook):
-    code = (f"import hf_posext\nfrom hf_posext.loading import set_construction_hook\nset_construction_hook({hook})\n"
-            "from transformers.modeling_utils import PreTrainedModel\n"
-            "print(hasattr(PreTrainedModel._from_config.__func__, '__wrapped__'))")
+    code = (
+        f"import hf_posext\nfrom hf_posext.loading import set_construction_hook\nset_construction_hook({hook})\n"
+        "from transformers.modeling_utils import PreTrainedModel\n"
+        "print(hasattr(PreTrainedModel._from_config.__func__, '__wrapped__'))"
+    )
     done = run(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == str(hook)

@@ -48,7 +48,9 @@ def test_from_pretrained_reloads_identical_logits(method, tmp_path):
 def test_the_auto_style_loader_is_from_pretrained(tmp_path):
     hf_posext.patch_model(tiny_model(max_positions=16), "learned", max_length=48).save_pretrained(tmp_path)
     loaded = hf_posext.AutoPatchedModelForCausalLM.from_pretrained(tmp_path)
-    assert hf_posext.patched_method(loaded) == hf_posext.LearnedConfig(max_length=48, original_max_position_embeddings=16)
+    assert hf_posext.patched_method(loaded) == hf_posext.LearnedConfig(
+        max_length=48, original_max_position_embeddings=16
+    )
     with pytest.raises(TypeError, match="from_pretrained"):
         hf_posext.AutoPatchedModelForCausalLM()
 

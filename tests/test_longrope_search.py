@@ -57,8 +57,14 @@ def test_fitness_is_the_perplexity_of_transformers_longrope_model():
     model = tiny_model("llama", max_positions=L_ORIG)
     ids = tokens(64, batch=2)
     result = search(model, ids, rounds=1)
-    hf_posext.patch_model(model, "longrope", factor=4, long_factor=result.long_factor,
-                          attention_factor=result.attention_factor, exact_cache=False)
+    hf_posext.patch_model(
+        model,
+        "longrope",
+        factor=4,
+        long_factor=result.long_factor,
+        attention_factor=result.attention_factor,
+        exact_cache=False,
+    )
     with torch.no_grad():
         logits = model(ids[:, :48]).logits[:, :-1]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:48].reshape(-1))
@@ -87,8 +93,14 @@ def test_score_last_scores_the_last_tokens_of_each_window():
     model = tiny_model("llama", max_positions=L_ORIG)
     ids = tokens(64, batch=2)
     result = search(model, ids, rounds=1, score_last=10)
-    hf_posext.patch_model(model, "longrope", factor=4, long_factor=result.long_factor,
-                          attention_factor=result.attention_factor, exact_cache=False)
+    hf_posext.patch_model(
+        model,
+        "longrope",
+        factor=4,
+        long_factor=result.long_factor,
+        attention_factor=result.attention_factor,
+        exact_cache=False,
+    )
     assert result.score_last == 10
     assert math.isclose(result.perplexity, perplexity_by_hand(model, ids, 48, 10), rel_tol=1e-5)
 
@@ -99,13 +111,22 @@ def test_keep_first_scores_every_candidate_with_its_first_positions_on_plain_rop
     ids = tokens(64, batch=2)
     result = search(model, ids, rounds=1, keep_first=4)
     assert result.keep_first == 4 and result.perplexity <= result.start_perplexity
-    hf_posext.patch_model(model, "longrope", factor=4, long_factor=result.long_factor,
-                          attention_factor=result.attention_factor, keep_first=4, exact_cache=False)
+    hf_posext.patch_model(
+        model,
+        "longrope",
+        factor=4,
+        long_factor=result.long_factor,
+        attention_factor=result.attention_factor,
+        keep_first=4,
+        exact_cache=False,
+    )
     assert math.isclose(result.perplexity, perplexity_by_hand(model, ids, 48, 47), rel_tol=1e-5)
     hf_posext.unpatch_model(model)
     assert search(model, ids, rounds=1, keep_first=0).to_dict() == search(model, ids, rounds=1).to_dict()
-    assert search(model, ids, rounds=0, population=2, keep_first=4).start_perplexity != search(
-        model, ids, rounds=0, population=2).start_perplexity
+    assert (
+        search(model, ids, rounds=0, population=2, keep_first=4).start_perplexity
+        != search(model, ids, rounds=0, population=2).start_perplexity
+    )
 
 
 def test_killed_search_resumes_to_the_same_result(tmp_path, monkeypatch):
@@ -132,19 +153,25 @@ def test_killed_search_resumes_to_the_same_result(tmp_path, monkeypatch):
         search(model, ids, state_path=state, seed=5)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"factor": 0.5}, "factor must be >= 1"),
-    ({"length": 16}, "length must be above the original context 16"),
-    ({"length": 65}, "length 65 is beyond the text"),
-    ({"population": 1}, "population must be"),
-    ({"rounds": -1}, "rounds must be"),
-    ({"score_last": 48}, "score_last must be an int in \\[1, 47\\]"),
-    ({"attention_factor": 0}, "attention_factor must be a positive number"),
-    ({"keep_first": -1}, r"keep_first must be an int in \[0, 15\] \(the first positions .* below length 48\), got -1"),
-    ({"keep_first": 48}, r"keep_first must be an int in \[0, 15\] .*got 48"),
-    ({"keep_first": 16}, r"keep_first must be an int in \[0, 15\] .*got 16"),
-    ({"keep_first": 2.0}, r"keep_first must be an int in \[0, 15\] .*got 2.0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"factor": 0.5}, "factor must be >= 1"),
+        ({"length": 16}, "length must be above the original context 16"),
+        ({"length": 65}, "length 65 is beyond the text"),
+        ({"population": 1}, "population must be"),
+        ({"rounds": -1}, "rounds must be"),
+        ({"score_last": 48}, "score_last must be an int in \\[1, 47\\]"),
+        ({"attention_factor": 0}, "attention_factor must be a positive number"),
+        (
+            {"keep_first": -1},
+            r"keep_first must be an int in \[0, 15\] \(the first positions .* below length 48\), got -1",
+        ),
+        ({"keep_first": 48}, r"keep_first must be an int in \[0, 15\] .*got 48"),
+        ({"keep_first": 16}, r"keep_first must be an int in \[0, 15\] .*got 16"),
+        ({"keep_first": 2.0}, r"keep_first must be an int in \[0, 15\] .*got 2.0"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         search(tiny_model("llama", max_positions=L_ORIG), tokens(64), **kwargs)
@@ -162,8 +189,28 @@ def checkpoint(tmp_path_factory):
 def test_cli_writes_a_checkpoint_with_the_factors_and_a_log(checkpoint, tmp_path, capsys):
     path, text = checkpoint
     out = tmp_path / "out"
-    assert main(["search", "longrope", str(path), str(out), "--factor", "4", "--length", "40", "--data", str(text),
-                 "--population", "4", "--rounds", "2", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "longrope",
+                str(path),
+                str(out),
+                "--factor",
+                "4",
+                "--length",
+                "40",
+                "--data",
+                str(text),
+                "--population",
+                "4",
+                "--rounds",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     log = json.loads((out / "longrope_search.json").read_text())
     config = AutoConfig.from_pretrained(out)
     assert config.rope_parameters["rope_type"] == "longrope"
@@ -177,8 +224,30 @@ def test_cli_writes_a_checkpoint_with_the_factors_and_a_log(checkpoint, tmp_path
 def test_cli_keep_first_writes_the_plugins_rope_type(checkpoint, tmp_path):
     path, text = checkpoint
     out = tmp_path / "out"
-    assert main(["search", "longrope", str(path), str(out), "--factor", "4", "--length", "40", "--data", str(text),
-                 "--population", "2", "--rounds", "0", "--keep-first", "3", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "longrope",
+                str(path),
+                str(out),
+                "--factor",
+                "4",
+                "--length",
+                "40",
+                "--data",
+                str(text),
+                "--population",
+                "2",
+                "--rounds",
+                "0",
+                "--keep-first",
+                "3",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     log = json.loads((out / "longrope_search.json").read_text())
     assert log["settings"]["keep_first"] == log["result"]["keep_first"] == 3
     model = hf_posext.from_pretrained(out)
@@ -186,16 +255,22 @@ def test_cli_keep_first_writes_the_plugins_rope_type(checkpoint, tmp_path):
     assert model.config.rope_parameters["keep_first"] == 3
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--factor", "0.5"], "argument --factor: expected a finite number >= 1, got '0.5'"),
-    (["--length", "16"], "--length must be above the model's original context 16"),
-    (["--length", "4000"], "--length 4000 is beyond the text"),
-    (["--population", "1"], "argument --population: expected an integer >= 2, got '1'"),
-    (["--score-last", "40"], "--score-last must be in [1, 39]"),
-    (["--keep-first", "-1"], "argument --keep-first: expected an integer >= 0, got '-1'"),
-    (["--keep-first", "16"], "--keep-first must be in [0, 15] (positions kept on plain RoPE, within the model's "
-                             "original context 16), got 16"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--factor", "0.5"], "argument --factor: expected a finite number >= 1, got '0.5'"),
+        (["--length", "16"], "--length must be above the model's original context 16"),
+        (["--length", "4000"], "--length 4000 is beyond the text"),
+        (["--population", "1"], "argument --population: expected an integer >= 2, got '1'"),
+        (["--score-last", "40"], "--score-last must be in [1, 39]"),
+        (["--keep-first", "-1"], "argument --keep-first: expected an integer >= 0, got '-1'"),
+        (
+            ["--keep-first", "16"],
+            "--keep-first must be in [0, 15] (positions kept on plain RoPE, within the model's "
+            "original context 16), got 16",
+        ),
+    ],
+)
 def test_cli_bad_input_is_one_line_naming_the_flag_and_writes_nothing(checkpoint, tmp_path, capsys, flags, message):
     path, text = checkpoint
     args = {"--factor": "4", "--length": "40", "--population": "4", "--rounds": "1"}

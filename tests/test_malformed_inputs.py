@@ -30,11 +30,22 @@ from hf_posext.testing import make_tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 L_ORIG = 32
 HALF = 8  # rotary pairs of the tiny model: head_dim 16
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8}
-LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * HALF,
-            "long_factor": [2.0] * HALF, "original_max_position_embeddings": 8}
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0] * HALF,
+    "long_factor": [2.0] * HALF,
+    "original_max_position_embeddings": 8,
+}
 LINEAR = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 DYNAMIC = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
 MISSING = object()
@@ -64,12 +75,21 @@ CASES = [
     ("rope_theta_zero", _with({"rope_type": "default", "rope_theta": 0}), "rope_theta"),
     ("rope_theta_negative", _with(YARN, rope_theta=-1.0), "rope_theta"),
     ("rope_theta_one", _with({"rope_type": "default", "rope_theta": 1.0}), "rope_theta"),
-    ("partial_rotary_zero", _with({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0}),
-     "partial_rotary_factor"),
-    ("partial_rotary_two", _with({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 2.0}),
-     "partial_rotary_factor"),
-    ("partial_rotary_text", _with({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": "0.5"}),
-     "partial_rotary_factor"),
+    (
+        "partial_rotary_zero",
+        _with({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0}),
+        "partial_rotary_factor",
+    ),
+    (
+        "partial_rotary_two",
+        _with({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 2.0}),
+        "partial_rotary_factor",
+    ),
+    (
+        "partial_rotary_text",
+        _with({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": "0.5"}),
+        "partial_rotary_factor",
+    ),
     ("linear_no_factor", _with(LINEAR, factor=MISSING), "factor"),
     ("linear_factor_text", _with(LINEAR, factor="2"), "factor"),
     ("linear_factor_half", _with(LINEAR, factor=0.5), "factor"),
@@ -135,22 +155,70 @@ def run_patch(model: Path, tmp_path: Path, text: Path) -> int:
 
 
 def run_ppl(model: Path, tmp_path: Path, text: Path, *extra: str) -> int:
-    return main(["eval", "ppl", str(model), "--data", str(text), "--lengths", "16", "--out", str(tmp_path / "out"),
-                 "--no-progress", *extra])
+    return main(
+        [
+            "eval",
+            "ppl",
+            str(model),
+            "--data",
+            str(text),
+            "--lengths",
+            "16",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 def run_passkey(model: Path, tmp_path: Path, text: Path, *extra: str) -> int:
-    return main(["eval", "passkey", str(model), "--lengths", "64", "--depths", "0", "--trials", "1",
-                 "--out", str(tmp_path / "out"), "--no-progress", *extra])
+    return main(
+        [
+            "eval",
+            "passkey",
+            str(model),
+            "--lengths",
+            "64",
+            "--depths",
+            "0",
+            "--trials",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 def run_finetune(model: Path, tmp_path: Path, text: Path) -> int:
-    return finetune_main([
-        "--model", str(model), "--method", "yarn", "--factor", "2", "--dataset", str(text),
-        "--output-dir", str(tmp_path / "out"), "--max-train-steps", "1", "--warmup-steps", "0",
-        "--global-batch-size", "1", "--micro-batch-size", "1", "--mixed-precision", "no",
-        "--cache-dir", str(tmp_path / "cache"),
-    ])
+    return finetune_main(
+        [
+            "--model",
+            str(model),
+            "--method",
+            "yarn",
+            "--factor",
+            "2",
+            "--dataset",
+            str(text),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-train-steps",
+            "1",
+            "--warmup-steps",
+            "0",
+            "--global-batch-size",
+            "1",
+            "--micro-batch-size",
+            "1",
+            "--mixed-precision",
+            "no",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ]
+    )
 
 
 COMMANDS = {"patch": run_patch, "eval_ppl": run_ppl, "eval_passkey": run_passkey, "finetune": run_finetune}
@@ -179,9 +247,21 @@ def test_the_installed_command_prints_exactly_one_line(assets, tmp_path, case):
     """In a real process: transformers' own warnings (its logger writes to the real stderr) are lines too."""
     changes = next(changes for name, changes, _ in CASES if name == case)
     model = checkpoint_with(assets, tmp_path, changes)
-    command = [sys.executable, "-m", "hf_posext", "patch", str(model), str(tmp_path / "out"), "--method", "yarn",
-               "--factor", "2"]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    command = [
+        sys.executable,
+        "-m",
+        "hf_posext",
+        "patch",
+        str(model),
+        str(tmp_path / "out"),
+        "--method",
+        "yarn",
+        "--factor",
+        "2",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
@@ -215,7 +295,10 @@ def broken_weights(folder: Path, damage: str) -> str:
         header = int.from_bytes(data[:8], "little")
         names = list(json.loads(data[8 : 8 + header]))
         (folder / "model-00001-of-00002.safetensors").write_bytes(data)
-        index = {"metadata": {}, "weight_map": {n: "model-00001-of-00002.safetensors" for n in names if n != "__metadata__"}}
+        index = {
+            "metadata": {},
+            "weight_map": {n: "model-00001-of-00002.safetensors" for n in names if n != "__metadata__"},
+        }
         index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors"
         (folder / "model.safetensors.index.json").write_text(json.dumps(index))
         return "model-00002-of-00002.safetensors"
@@ -240,9 +323,17 @@ def test_published_layouts_are_read(assets, tmp_path):
     from hf_posext.config_checks import read_config
 
     pairs = HALF // 2
-    changes = {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
-                                "original_max_position_embeddings": 8},
-               "rope_theta": 500000.0, "partial_rotary_factor": 0.5, "rope_parameters": MISSING}
+    changes = {
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [1.0] * pairs,
+            "long_factor": [2.0] * pairs,
+            "original_max_position_embeddings": 8,
+        },
+        "rope_theta": 500000.0,
+        "partial_rotary_factor": 0.5,
+        "rope_parameters": MISSING,
+    }
     config = read_config(checkpoint_with(assets, tmp_path, changes))
     assert config.rope_parameters["rope_type"] == "longrope" and config.rope_parameters["rope_theta"] == 500000.0
     # a rope type a model's own config renames when it reads it (Phi-3's "su" is longrope)

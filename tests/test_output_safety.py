@@ -49,10 +49,22 @@ def assets(tmp_path_factory):
 
 
 def run_config(assets: Path, output_dir: Path, **overrides) -> TrainConfig:
-    values = dict(model=str(assets / "base"), method="yarn", factor=2, dataset=[str(assets / "data.txt")],
-                  output_dir=str(output_dir), max_train_steps=2, learning_rate=3e-3, warmup_steps=0,
-                  global_batch_size=2, micro_batch_size=2, mixed_precision="no", cache_dir=str(assets / "cache"),
-                  activation_checkpointing=False, seed=3)
+    values = dict(
+        model=str(assets / "base"),
+        method="yarn",
+        factor=2,
+        dataset=[str(assets / "data.txt")],
+        output_dir=str(output_dir),
+        max_train_steps=2,
+        learning_rate=3e-3,
+        warmup_steps=0,
+        global_batch_size=2,
+        micro_batch_size=2,
+        mixed_precision="no",
+        cache_dir=str(assets / "cache"),
+        activation_checkpointing=False,
+        seed=3,
+    )
     values.update(overrides)
     return TrainConfig(**values)
 
@@ -70,6 +82,7 @@ def mount_point(monkeypatch, out: Path) -> None:
             if Path(src) == out or Path(dst) == out:
                 raise OSError(errno.EBUSY, "Device or resource busy", str(dst))
             return real(src, dst, *args, **kwargs)
+
         return call
 
     monkeypatch.setattr(os, "rename", busy(rename))
@@ -128,8 +141,7 @@ def test_2_a_non_empty_out_is_refused_unless_overwrite_and_keeps_what_is_not_our
     assert patch(assets / "base", out) == 2
     err = capsys.readouterr().err
     assert "is not empty" in err and "--overwrite" in err
-    assert sorted(p.name for p in out.iterdir()) == [".env", "model-00001-of-00002.safetensors", "notes",
-                                                     "results.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [".env", "model-00001-of-00002.safetensors", "notes", "results.csv"]
     with caplog.at_level(logging.WARNING, logger="hf_posext"):
         assert patch(assets / "base", out, "--overwrite") == 0
     # Ours replaced (and a stale shard of ours removed, by name); everything else kept as it was.
@@ -254,8 +266,9 @@ with atomic_directory(sys.argv[1]) as tmp:
 
 def test_10_a_kill_during_the_write_leaves_nothing_a_later_run_keeps(tmp_path):
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-c", KILLED_WRITE, str(out)], env=SUBPROCESS_ENV, cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITE, str(out)], env=SUBPROCESS_ENV, cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert hidden_leftovers(tmp_path) != []  # what the kill left
     with atomic_directory(out) as tmp:  # a later run
@@ -270,8 +283,9 @@ def test_10_a_kill_during_cleanup_is_never_restored(tmp_path):
         (tmp / "model.safetensors").write_bytes(b"old")
         (tmp / "config.json").write_text("{}")
     # Killed while deleting the previous folder: a partial ".out.old-PID" (config, no weights).
-    done = subprocess.run([sys.executable, "-c", KILLED_CLEANUP, str(out)], env=SUBPROCESS_ENV, cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_CLEANUP, str(out)], env=SUBPROCESS_ENV, cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert (out / "model.safetensors").read_bytes() == b"new"
     shutil.rmtree(out)  # the user starts over; a later run fails
@@ -369,8 +383,9 @@ def test_14_push_sends_only_a_model_repository_and_folders_get_the_umask(assets,
 
     assert cli_main(["push", str(folder), "me/model"]) == 0
     printed = capsys.readouterr().out
-    uploaded = sorted(filter_repo_objects(every, allow_patterns=sent["allow_patterns"],
-                                          ignore_patterns=sent["ignore_patterns"]))
+    uploaded = sorted(
+        filter_repo_objects(every, allow_patterns=sent["allow_patterns"], ignore_patterns=sent["ignore_patterns"])
+    )
     assert "secrets.txt" not in uploaded and "analysis.ipynb" not in uploaded
     assert {"model.safetensors", "config.json", "README.md", "tokenizer.json"} <= set(uploaded)
     assert "left out" in printed and "secrets.txt" in printed and "analysis.ipynb" in printed

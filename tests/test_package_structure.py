@@ -41,8 +41,14 @@ OPTIONAL = {"datasets", "flash_attn", "gguf", "matplotlib", "deepspeed", "torch.
 
 #: Parts of transformers imported inside the functions that use them, so that ``import hf_posext``
 #: loads none of them (tests/test_import_cost.py): its model and mask machinery and the Auto classes.
-DEFERRED = {"transformers.modeling_utils", "transformers.masking_utils", "transformers.cache_utils",
-            "transformers.AutoConfig", "transformers.AutoModelForCausalLM", "transformers.AutoTokenizer"}
+DEFERRED = {
+    "transformers.modeling_utils",
+    "transformers.masking_utils",
+    "transformers.cache_utils",
+    "transformers.AutoConfig",
+    "transformers.AutoModelForCausalLM",
+    "transformers.AutoTokenizer",
+}
 
 #: Packages whose functions may import anything: the command handlers.
 LAZY = ("hf_posext.commands",)
@@ -278,10 +284,15 @@ def transformers_internals(tree: ast.Module, private: set[str]) -> list[str]:
             found += [f"line {node.lineno}: import {a.name}" for a in node.names if _is_internal(a.name)]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("transformers"):
             module = node.module or ""
-            found += [f"line {node.lineno}: from {module} import {a.name}" for a in node.names
-                      if _is_internal(module, a.name)]
+            found += [
+                f"line {node.lineno}: from {module} import {a.name}" for a in node.names if _is_internal(module, a.name)
+            ]
         elif isinstance(node, ast.Attribute):
-            if isinstance(node.value, ast.Name) and node.value.id == "transformers" and _is_internal("transformers", node.attr):
+            if (
+                isinstance(node.value, ast.Name)
+                and node.value.id == "transformers"
+                and _is_internal("transformers", node.attr)
+            ):
                 found.append(f"line {node.lineno}: transformers.{node.attr}")
             elif node.attr in private:
                 found.append(f"line {node.lineno}: .{node.attr}")
@@ -294,30 +305,37 @@ def transformers_internals(tree: ast.Module, private: set[str]) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n != BOUNDARY))
 def test_only_integration_touches_transformers_internals(name):
-    found = transformers_internals(ast.parse(MODULES[name].read_text(encoding="utf-8")),
-                                   _private_transformers_attributes())
+    found = transformers_internals(
+        ast.parse(MODULES[name].read_text(encoding="utf-8")), _private_transformers_attributes()
+    )
     assert found == [], f"{MODULES[name]} reaches transformers' internals (go through {BOUNDARY}): {found}"
 
 
-@pytest.mark.parametrize("source", [
-    "from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS",
-    "import transformers.modeling_utils",
-    "from transformers import masking_utils",
-    "from transformers import _private",
-    "import transformers\ntransformers.cache_utils.StaticLayer",
-    "config._attn_implementation = 'eager'",
-    "getattr(config, '_attn_implementation', None)",
-    "class P(HfArgumentParser):\n    def _parse_dataclass_field(self, parser, field): ...",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS",
+        "import transformers.modeling_utils",
+        "from transformers import masking_utils",
+        "from transformers import _private",
+        "import transformers\ntransformers.cache_utils.StaticLayer",
+        "config._attn_implementation = 'eager'",
+        "getattr(config, '_attn_implementation', None)",
+        "class P(HfArgumentParser):\n    def _parse_dataclass_field(self, parser, field): ...",
+    ],
+)
 def test_the_boundary_check_can_fail(source):
     assert transformers_internals(ast.parse(source), _private_transformers_attributes()) != []
 
 
-@pytest.mark.parametrize("source", [
-    "from transformers import AutoConfig, PreTrainedConfig",
-    "import transformers\ntransformers.__version__",
-    "from transformers.utils import logging",
-    "config.rope_parameters",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from transformers import AutoConfig, PreTrainedConfig",
+        "import transformers\ntransformers.__version__",
+        "from transformers.utils import logging",
+        "config.rope_parameters",
+    ],
+)
 def test_the_boundary_check_passes_public_names(source):
     assert transformers_internals(ast.parse(source), _private_transformers_attributes()) == []

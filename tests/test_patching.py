@@ -88,7 +88,9 @@ def test_method_config_object_equals_name_and_kwargs(method):
     assert by_name.to_dict() == by_object.to_dict()
 
 
-@pytest.mark.parametrize("method,advertised", [("linear", 64), ("ntk", 256), ("yarn", 256), ("dynamic_ntk", 64), ("dynamic_yarn", 64)])
+@pytest.mark.parametrize(
+    "method,advertised", [("linear", 64), ("ntk", 256), ("yarn", 256), ("dynamic_ntk", 64), ("dynamic_yarn", 64)]
+)
 def test_advertised_context(method, advertised):
     """ntk and yarn advertise factor x L_orig; dynamic ones must keep L_orig (else transformers never rescales);
     linear keeps L_orig too, as vicuna-13b-v1.5-16k does, because vLLM and SGLang multiply it by the factor."""
@@ -113,7 +115,9 @@ def test_dynamic_methods_really_scale(method):
 def test_original_length_defaults_and_override():
     config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), "yarn", factor=4)
     assert config.rope_parameters["original_max_position_embeddings"] == L_ORIG
-    config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), "yarn", factor=4, original_max_position_embeddings=32)
+    config = hf_posext.patch_model(
+        tiny_config(max_positions=L_ORIG), "yarn", factor=4, original_max_position_embeddings=32
+    )
     assert config.rope_parameters["original_max_position_embeddings"] == 32
     assert config.max_position_embeddings == 128
 
@@ -196,8 +200,14 @@ def test_cached_greedy_generation_equals_full_forward(arch, method):
         (dict(method="yarn", factor=4, beta_fast=1, beta_slow=2), r"beta_fast must be greater than beta_slow"),
         (dict(method="yarn", factor=4, beta_slow=0), r"beta_slow must be a positive number, got 0"),
         (dict(method="yarn", factor=4, attention_factor=-1.0), r"attention_factor must be a positive number"),
-        (dict(method="ntk", factor=4, original_max_position_embeddings=0), r"original_max_position_embeddings must be a positive int"),
-        (dict(method="linear", factor=4, beta_fast=3), r"method 'linear' does not take \['beta_fast'\]; its arguments are: factor"),
+        (
+            dict(method="ntk", factor=4, original_max_position_embeddings=0),
+            r"original_max_position_embeddings must be a positive int",
+        ),
+        (
+            dict(method="linear", factor=4, beta_fast=3),
+            r"method 'linear' does not take \['beta_fast'\]; its arguments are: factor",
+        ),
     ],
 )
 def test_bad_arguments_raise_naming_the_value(kwargs, message):
@@ -252,7 +262,10 @@ def test_method_name_literal_lists_every_registered_name_and_alias():
 
 def test_canonical_name_resolves_aliases_and_names_unknown_ones():
     assert [hf_posext.canonical_name(n) for n in ("pi", "linear", "dynamic", "ntk_aware")] == [
-        "linear", "linear", "dynamic_ntk", "ntk"
+        "linear",
+        "linear",
+        "dynamic_ntk",
+        "ntk",
     ]
     with pytest.raises(ValueError, match="unknown method 'rope2'.*available methods: alibi"):
         hf_posext.canonical_name("rope2")

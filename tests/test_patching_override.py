@@ -18,8 +18,14 @@ from hf_posext.commands.main import main
 
 L_ORIG = 64
 SHIPPED = {
-    "llama3": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
     "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
 }
 
@@ -42,7 +48,9 @@ def test_override_then_unpatch_gives_back_the_shipped_scaling(shipped, tmp_path)
     assert torch.equal(logits(model, ids), before)
     assert model.config.to_dict() == config_before
     model.save_pretrained(tmp_path / "unpatched")
-    reloaded = (logits(LlamaForCausalLM.from_pretrained(tmp_path / name).eval(), ids) for name in ("unpatched", "never_patched"))
+    reloaded = (
+        logits(LlamaForCausalLM.from_pretrained(tmp_path / name).eval(), ids) for name in ("unpatched", "never_patched")
+    )
     assert torch.equal(*reloaded)
 
 

@@ -44,8 +44,16 @@ def valid_entry(rope_type):
     if rope_type == REMAP_ROPE_TYPE:  # the shipped entry under the remapping's type (plain RoPE here)
         return {"rope_type": rope_type, "rope_theta": 10000.0, REMAPPED_TYPE_KEY: "default"}, {}
     if rope_type == LONGROPE_KEEP_FIRST_ROPE_TYPE:
-        return {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
-                "short_factor": [1.0] * 64, "long_factor": [4.0] * 64, "attention_factor": 1.2, "keep_first": 4}, {}
+        return {
+            "rope_type": rope_type,
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "short_factor": [1.0] * 64,
+            "long_factor": [4.0] * 64,
+            "attention_factor": 1.2,
+            "keep_first": 4,
+        }, {}
     return {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}, {}
 
 

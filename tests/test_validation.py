@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from hf_posext.validation import (
-    choice, integer, mapping, number, optional, parse_bool, real_number, required, whole_number,
+    choice,
+    integer,
+    mapping,
+    number,
+    optional,
+    parse_bool,
+    real_number,
+    required,
+    whole_number,
 )
 
 

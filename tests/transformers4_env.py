@@ -28,8 +28,12 @@ REQUIREMENTS = ("transformers==4.57.*", "huggingface_hub>=0.34,<1.0", "tokenizer
 
 def _stamp() -> dict[str, str]:
     paths = sysconfig.get_paths()
-    return {"parent": paths["purelib"], "platlib": paths["platlib"], "torch": torch.__version__,
-            "requirements": " ".join(REQUIREMENTS)}
+    return {
+        "parent": paths["purelib"],
+        "platlib": paths["platlib"],
+        "torch": torch.__version__,
+        "requirements": " ".join(REQUIREMENTS),
+    }
 
 
 def _python(venv_dir: Path) -> Path:
@@ -38,14 +42,30 @@ def _python(venv_dir: Path) -> Path:
 
 def _build(venv_dir: Path) -> None:
     venv.EnvBuilder(clear=True, with_pip=False).create(venv_dir)
-    site = Path(subprocess.check_output(
-        [str(_python(venv_dir)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
-    ).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(_python(venv_dir)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     stamp = _stamp()
     (site / "parent-site-packages.pth").write_text("\n".join(dict.fromkeys([stamp["parent"], stamp["platlib"]])) + "\n")
     # --no-deps: everything else transformers 4.57 imports is already in the parent environment
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(_python(venv_dir)), "install", "--quiet",
-                    "--no-deps", *REQUIREMENTS], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(_python(venv_dir)),
+            "install",
+            "--quiet",
+            "--no-deps",
+            *REQUIREMENTS,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     version = subprocess.check_output(
         [str(_python(venv_dir)), "-c", "import transformers; print(transformers.__version__)"], text=True
     ).strip()

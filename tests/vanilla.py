@@ -60,7 +60,10 @@ def vanilla_logits(checkpoints, inputs: list[dict], scratch) -> dict:
     torch.save(inputs, f"{scratch}/vanilla-inputs.pt")
     result = subprocess.run(
         [sys.executable, "-c", _LOGITS, f"{scratch}/vanilla-inputs.pt", *map(str, checkpoints)],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return {checkpoint: torch.load(f"{checkpoint}/vanilla-logits.pt") for checkpoint in checkpoints}

@@ -40,8 +40,15 @@ CALL_LIMIT = 64 * 2**20
 #: The wheels the GPU image lacks: transformers 5 (it has 4.x), gguf (to read the file), Liger-Kernel
 #: (the fused kernels of benchmarks/gpu/mfu.py). Python 3.12 on x86-64 Linux, as on the image.
 WHEELS = ("transformers=={transformers}", "gguf", "liger-kernel")
-PIP_TARGET = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-              "--platform", "manylinux2014_x86_64"]
+PIP_TARGET = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux2014_x86_64",
+]
 
 
 def sha256(path: Path) -> str:
@@ -57,8 +64,9 @@ def download_wheels(folder: Path) -> list[Path]:
 
     folder.mkdir(parents=True, exist_ok=True)
     specs = [spec.format(transformers=transformers.__version__) for spec in WHEELS]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PIP_TARGET, "-d", str(folder),
-                    *specs], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PIP_TARGET, "-d", str(folder), *specs], check=True
+    )
     return sorted(folder.glob("*.whl"))
 
 
@@ -87,8 +95,14 @@ def prepare(gguf: Path, wheels: bool, carry: Path = CARRY) -> None:
     with gguf.open("rb") as source:
         (a / "part").write_bytes(source.read(first))
         (b / "part").write_bytes(source.read(second))
-    manifest = {"name": gguf.name, "size": total, "sha256": sha256(gguf), "part_a": first, "part_b": second,
-                "wheels": [w.name for w in wheel_files]}
+    manifest = {
+        "name": gguf.name,
+        "size": total,
+        "sha256": sha256(gguf),
+        "part_a": first,
+        "part_b": second,
+        "wheels": [w.name for w in wheel_files],
+    }
     for folder in (a, b):
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     for name, folder in (("a", a), ("b", b)):
@@ -108,16 +122,33 @@ def receive(part: str, device_dir: Path = DEVICE_DIR, site: Path = SITE, carry: 
         (device_dir / "manifest.json").write_text(json.dumps(manifest))
         wheels = sorted((source / "wheels").glob("*.whl"))
         if wheels:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
-                            str(site), *map(str, wheels)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--target",
+                    str(site),
+                    *map(str, wheels),
+                ],
+                check=True,
+            )
         (device_dir / "env.sh").write_text(f"export PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}}\n")
-        print(f"part A ({manifest['part_a']} bytes) in {device_dir}; {len(wheels)} wheel(s) in {site}; "
-              f"now: source {device_dir / 'env.sh'}")
+        print(
+            f"part A ({manifest['part_a']} bytes) in {device_dir}; {len(wheels)} wheel(s) in {site}; "
+            f"now: source {device_dir / 'env.sh'}"
+        )
         return
     first = device_dir / "part_a"
     if not first.is_file() or first.stat().st_size != manifest["part_a"]:
-        raise SystemExit(f"carry_model: part A is not in {device_dir}: the machine went cold between the "
-                         "calls; run call 1 (receive a) again and call 2 right after it")
+        raise SystemExit(
+            f"carry_model: part A is not in {device_dir}: the machine went cold between the "
+            "calls; run call 1 (receive a) again and call 2 right after it"
+        )
     target = device_dir / manifest["name"]
     with target.open("wb") as joined:
         for piece in (first, source / "part"):

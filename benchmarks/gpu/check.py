@@ -58,18 +58,36 @@ from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
 class Skip(Exception):
     """An item that cannot run here; the message says why."""
 
 
-def tiny_llama(device: str, layers: int = 2, hidden: int = 128, heads: int = 4, kv_heads: int = 2,
-               max_positions: int = 64, attn: str = "sdpa", vocab: int = 256, tied: bool = False,
-               intermediate: int | None = None) -> LlamaForCausalLM:
+def tiny_llama(
+    device: str,
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_positions: int = 64,
+    attn: str = "sdpa",
+    vocab: int = 256,
+    tied: bool = False,
+    intermediate: int | None = None,
+) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         head_dim=hidden // heads, max_position_embeddings=max_positions, attn_implementation=attn,
-                         tie_word_embeddings=tied)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=max_positions,
+        attn_implementation=attn,
+        tie_word_embeddings=tied,
+    )
     return LlamaForCausalLM(config).to(device)
 
 
@@ -100,6 +118,7 @@ def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 
 # --- items ---------------------------------------------------------------------------------------
 
+
 def alibi_flash(args: argparse.Namespace) -> dict:
     if args.device != "cuda":
         raise Skip("flash-attn needs CUDA")
@@ -114,8 +133,13 @@ def alibi_flash(args: argparse.Namespace) -> dict:
     native_fp32_grads = step_grads(native, ids)
     grad_bound = 3 * max_rel_diff(step_grads(native.to(torch.bfloat16), ids), native_fp32_grads)
     grad_error = max_rel_diff(step_grads(flash, ids), step_grads(eager, ids))
-    return {"ok": error <= bound and grad_error <= grad_bound, "logit_error": error, "bound": bound,
-            "grad_rel_error": grad_error, "grad_bound": grad_bound}
+    return {
+        "ok": error <= bound and grad_error <= grad_bound,
+        "logit_error": error,
+        "bound": bound,
+        "grad_rel_error": grad_error,
+        "grad_bound": grad_bound,
+    }
 
 
 def alibi_flex_train(args: argparse.Namespace) -> dict:
@@ -131,8 +155,13 @@ def alibi_flex_train(args: argparse.Namespace) -> dict:
     got = step_grads(model, ids)
     error = max_rel_diff(got, reference)
     # fp32 on both sides; the tolerance covers TF32-free kernel reordering, not a wrong bias.
-    return {"ok": error <= 1e-3, "backend": backend, "grad_rel_error": error, "bound": 1e-3,
-            "first_step_s": time.perf_counter() - started}
+    return {
+        "ok": error <= 1e-3,
+        "backend": backend,
+        "grad_rel_error": error,
+        "bound": 1e-3,
+        "first_step_s": time.perf_counter() - started,
+    }
 
 
 def method_kwargs(method: str, length: int) -> dict:
@@ -154,8 +183,11 @@ def bf16_parity(args: argparse.Namespace) -> dict:
         model = hf_posext.patch_model(tiny_llama(args.device), method, **method_kwargs(method, length))
         fp32 = logits(model, ids)
         error = float((logits(model.to(torch.bfloat16), ids) - fp32).abs().max())
-        rows[method] = {"error": error, "ratio_to_native": error / bound * 3,
-                        "ok": math.isfinite(error) and error <= bound}
+        rows[method] = {
+            "error": error,
+            "ratio_to_native": error / bound * 3,
+            "ok": math.isfinite(error) and error <= bound,
+        }
     return {"ok": all(r["ok"] for r in rows.values()), "bound": bound, "methods": rows}
 
 
@@ -176,38 +208,71 @@ def fsdp2_recipe_step(args: argparse.Namespace) -> dict:
         stdlib = Path(sysconfig.get_paths()["stdlib"])
         (work / "data.txt").write_text((stdlib / "textwrap.py").read_text())
         (work / "driver.py").write_text(RECIPE_DRIVER)
-        config = dict(model=str(work / "model"), method="yarn", factor=4, dataset=[str(work / "data.txt")],
-                      output_dir=str(work / "out"), max_train_steps=2, warmup_steps=1, global_batch_size=2,
-                      micro_batch_size=1, activation_checkpointing=True, cache_dir=str(work / "cache"))
+        config = dict(
+            model=str(work / "model"),
+            method="yarn",
+            factor=4,
+            dataset=[str(work / "data.txt")],
+            output_dir=str(work / "out"),
+            max_train_steps=2,
+            warmup_steps=1,
+            global_batch_size=2,
+            micro_batch_size=1,
+            activation_checkpointing=True,
+            cache_dir=str(work / "cache"),
+        )
         if args.device == "cuda":
             # The shipped FSDP2 config (bf16), on one process.
-            launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                        str(ROOT / "examples" / "accelerate" / "fsdp2.yaml"), "--num_processes", "1"]
+            launcher = [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(ROOT / "examples" / "accelerate" / "fsdp2.yaml"),
+                "--num_processes",
+                "1",
+            ]
         else:
             # accelerate does not shard on CPU (it falls back to DDP or no wrapping): plumbing only.
             launcher = [sys.executable]
             config["mixed_precision"] = "no"
         started = time.perf_counter()
-        done = subprocess.run([*launcher, str(work / "driver.py"), json.dumps(config)], capture_output=True,
-                              text=True, cwd=ROOT, timeout=300, env=child_env())
+        done = subprocess.run(
+            [*launcher, str(work / "driver.py"), json.dumps(config)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+            env=child_env(),
+        )
         if done.returncode != 0:
             return {"ok": False, "error": done.stderr[-2000:]}
         line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-        result = json.loads(line[len("RESULT "):])
+        result = json.loads(line[len("RESULT ") :])
         reloaded = LlamaForCausalLM.from_pretrained(work / "out")
         sharded = result["model_class"].startswith("FSDP")
-        ok = all(math.isfinite(loss) for loss in result["losses"]) and \
-            reloaded.config.rope_parameters["rope_type"] == "yarn" and (sharded or args.device != "cuda")
-        return {"ok": ok, "wrapping": result["model_class"], "losses": result["losses"],
-                "seconds": time.perf_counter() - started}
+        ok = (
+            all(math.isfinite(loss) for loss in result["losses"])
+            and reloaded.config.rope_parameters["rope_type"] == "yarn"
+            and (sharded or args.device != "cuda")
+        )
+        return {
+            "ok": ok,
+            "wrapping": result["model_class"],
+            "losses": result["losses"],
+            "seconds": time.perf_counter() - started,
+        }
 
 
 def mfu(args: argparse.Namespace) -> dict:
     cuda = args.device == "cuda"
     length = 16384 if cuda else 256
     # SmolLM2-135M's shape on the GPU.
-    shape = dict(layers=30, hidden=576, heads=9, kv_heads=3, vocab=49152, intermediate=1536) if cuda else \
-        dict(layers=2, hidden=64, heads=2, kv_heads=1, vocab=512)
+    shape = (
+        dict(layers=30, hidden=576, heads=9, kv_heads=3, vocab=49152, intermediate=1536)
+        if cuda
+        else dict(layers=2, hidden=64, heads=2, kv_heads=1, vocab=512)
+    )
     model = tiny_llama(args.device, max_positions=length // 4, tied=True, **shape)
     hf_posext.patch_model(model, "yarn", factor=4)
     model.activation_checkpointing_enable()
@@ -240,11 +305,18 @@ def mfu(args: argparse.Namespace) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     flops = 6 * n_params * length + 6 * shape["layers"] * length**2 * shape["hidden"]
     achieved = flops / seconds / 1e12
-    peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items()
-                                     if cuda and k in torch.cuda.get_device_name()), None)
-    row = {"ok": all(math.isfinite(loss) for loss in losses), "tokens": length, "step_s": seconds,
-           "tokens_per_s": length / seconds, "model_tflops_per_s": achieved,
-           "peak_tflops": peak, "mfu": achieved / peak if peak else None}
+    peak = args.peak_tflops or next(
+        (v for k, v in PEAK_BF16_TFLOPS.items() if cuda and k in torch.cuda.get_device_name()), None
+    )
+    row = {
+        "ok": all(math.isfinite(loss) for loss in losses),
+        "tokens": length,
+        "step_s": seconds,
+        "tokens_per_s": length / seconds,
+        "model_tflops_per_s": achieved,
+        "peak_tflops": peak,
+        "mfu": achieved / peak if peak else None,
+    }
     if cuda:
         row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return row
@@ -255,19 +327,60 @@ def dynamic_decode(args: argparse.Namespace) -> dict:
     if args.device == "cuda":
         # L_orig 2048 with 128 new tokens and 3 rounds ran past the 300 s limit on an H200, when the row-wise
         # prefill still chunked by the CPU's budget (docs/results/gpu.md); this is what ran after.
-        shape = ["--device", "cuda", "--dtype", "bfloat16", "--hidden", "2048", "--heads", "16", "--kv-heads", "4",
-                 "--layers", "8", "--original-length", "1024", "--new-tokens", "64", "--repeats", "2",
-                 "--prefill-multiples", "4,8"]
+        shape = [
+            "--device",
+            "cuda",
+            "--dtype",
+            "bfloat16",
+            "--hidden",
+            "2048",
+            "--heads",
+            "16",
+            "--kv-heads",
+            "4",
+            "--layers",
+            "8",
+            "--original-length",
+            "1024",
+            "--new-tokens",
+            "64",
+            "--repeats",
+            "2",
+            "--prefill-multiples",
+            "4,8",
+        ]
     else:
-        shape = ["--hidden", "64", "--heads", "2", "--kv-heads", "1", "--layers", "1", "--original-length", "32",
-                 "--new-tokens", "4", "--repeats", "1"]
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_dynamic_decode.py"), *shape,
-                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env=child_env())
+        shape = [
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--kv-heads",
+            "1",
+            "--layers",
+            "1",
+            "--original-length",
+            "32",
+            "--new-tokens",
+            "4",
+            "--repeats",
+            "1",
+        ]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_dynamic_decode.py"), *shape, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=child_env(),
+    )
     if done.returncode != 0:
         return {"ok": False, "stderr": done.stderr[-2000:]}
-    ratios = {f"{row.method} {'exact' if row.setting['exact_cache'] else 'transformers'}": row.value
-              for row in read_rows(out) if row.metric == "decode_ratio_vs_static"}
+    ratios = {
+        f"{row.method} {'exact' if row.setting['exact_cache'] else 'transformers'}": row.value
+        for row in read_rows(out)
+        if row.metric == "decode_ratio_vs_static"
+    }
     return {"ok": bool(ratios), "decode_ratio_vs_static": ratios, "goal": ">= 0.95", "json": str(out)}
 
 
@@ -282,8 +395,20 @@ ITEMS: dict[str, Callable[[argparse.Namespace], dict]] = {
 
 
 def summary(row: dict) -> str:
-    keys = ("logit_error", "grad_rel_error", "bound", "backend", "wrapping", "mfu", "model_tflops_per_s",
-            "tokens_per_s", "peak_memory_gib", "decode_ratio_vs_static", "reason", "error")
+    keys = (
+        "logit_error",
+        "grad_rel_error",
+        "bound",
+        "backend",
+        "wrapping",
+        "mfu",
+        "model_tflops_per_s",
+        "tokens_per_s",
+        "peak_memory_gib",
+        "decode_ratio_vs_static",
+        "reason",
+        "error",
+    )
     parts = []
     for key in keys:
         if row.get(key) is not None:
@@ -324,8 +449,9 @@ def main() -> None:
     if not args.cpu_smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run on a GPU, or pass --cpu-smoke to check the plumbing on CPU")
     args.device = "cpu" if args.cpu_smoke else "cuda"
-    results = Results(args.out, "gpu_check", device=args.device,
-                      setting={"mode": "cpu-smoke" if args.cpu_smoke else "gpu"})
+    results = Results(
+        args.out, "gpu_check", device=args.device, setting={"mode": "cpu-smoke" if args.cpu_smoke else "gpu"}
+    )
     items: dict[str, dict] = {}
     for name in args.only or ITEMS:
         started = time.perf_counter()
@@ -342,8 +468,10 @@ def main() -> None:
         # Written after every item, so that a run stopped by check.sh's time limit keeps what finished.
         add_item(results, name, row)
         results.save()
-    print(f"{'item':18} {'status':6} {'seconds':>8}  details\n" + "\n".join(
-        f"{name:18} {row['status']:6} {row['seconds']:8.1f}  {summary(row)}" for name, row in items.items()))
+    print(
+        f"{'item':18} {'status':6} {'seconds':>8}  details\n"
+        + "\n".join(f"{name:18} {row['status']:6} {row['seconds']:8.1f}  {summary(row)}" for name, row in items.items())
+    )
     print(f"device: {results.device}; wrote {args.out}")
     sys.exit(1 if any(row["status"] == "FAIL" for row in items.values()) else 0)
 

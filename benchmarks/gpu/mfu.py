@@ -58,11 +58,19 @@ def build(shape: dict[str, int], original: int, device: str) -> Any:
     import hf_posext
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
-                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                         num_key_value_heads=shape["kv_heads"], head_dim=shape["hidden"] // shape["heads"],
-                         max_position_embeddings=original, tie_word_embeddings=True, attn_implementation="sdpa",
-                         rope_parameters={"rope_type": "default", "rope_theta": 100_000.0})
+    config = LlamaConfig(
+        vocab_size=shape["vocab"],
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        head_dim=shape["hidden"] // shape["heads"],
+        max_position_embeddings=original,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+        rope_parameters={"rope_type": "default", "rope_theta": 100_000.0},
+    )
     model = LlamaForCausalLM(config).to(device)
     hf_posext.patch_model(model, "yarn", factor=4)
     return model
@@ -81,8 +89,9 @@ def measure(variant: str, length: int, args: argparse.Namespace) -> dict[str, An
     if variant.startswith("liger"):
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
-        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True,
-                                    fused_linear_cross_entropy=variant == "liger", model=model)
+        apply_liger_kernel_to_llama(
+            rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=variant == "liger", model=model
+        )
     model.activation_checkpointing_enable()
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
@@ -114,10 +123,21 @@ def measure(variant: str, length: int, args: argparse.Namespace) -> dict[str, An
     n_params = sum(p.numel() for p in model.parameters())  # the tied embedding once: as the head's matmul
     flops = 6 * n_params * length + 6 * shape["layers"] * length**2 * shape["hidden"]
     peak = peak_tflops(device, args.peak_tflops)
-    row = {"variant": variant, "tokens": length, "first_step_s": first_s, "step_s": step_s, "steps_s": times,
-           "tokens_per_s": length / step_s, "model_tflops_per_s": flops / step_s / 1e12, "peak_tflops": peak,
-           "mfu": flops / step_s / 1e12 / peak if peak else None, "peak_memory_mib": peak_memory_mib(device),
-           "loss": losses[-1], "first_loss": first_loss, "finite": all(math.isfinite(x) for x in losses)}
+    row = {
+        "variant": variant,
+        "tokens": length,
+        "first_step_s": first_s,
+        "step_s": step_s,
+        "steps_s": times,
+        "tokens_per_s": length / step_s,
+        "model_tflops_per_s": flops / step_s / 1e12,
+        "peak_tflops": peak,
+        "mfu": flops / step_s / 1e12 / peak if peak else None,
+        "peak_memory_mib": peak_memory_mib(device),
+        "loss": losses[-1],
+        "first_loss": first_loss,
+        "finite": all(math.isfinite(x) for x in losses),
+    }
     if args.profile and variant == "recipe" and length == args.lengths[0]:
         row["profile"] = profile(step, device)
     return row
@@ -173,24 +193,47 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from harness import run_child
 
-    report = Report("mfu", args, args.device, {"steps": args.steps, "shape": TINY if args.cpu_smoke else SMOLLM2,
-                                               "rope": "yarn x4",
-                                               "precision": "bf16 autocast" if args.device == "cuda" else "fp32"},
-                    rows=add_rows)
+    report = Report(
+        "mfu",
+        args,
+        args.device,
+        {
+            "steps": args.steps,
+            "shape": TINY if args.cpu_smoke else SMOLLM2,
+            "rope": "yarn x4",
+            "precision": "bf16 autocast" if args.device == "cuda" else "fp32",
+        },
+        rows=add_rows,
+    )
     cells: list[dict[str, Any]] = []
     for variant in args.variants:
         started = time.perf_counter()
         if variant.startswith("liger") and importlib.util.find_spec("liger_kernel") is None:
-            cells.append({"variant": variant, "status": "skip",
-                          "reason": "liger_kernel is not installed (carry its wheel: carry_model.py prepare)"})
+            cells.append(
+                {
+                    "variant": variant,
+                    "status": "skip",
+                    "reason": "liger_kernel is not installed (carry its wheel: carry_model.py prepare)",
+                }
+            )
         elif variant.startswith("liger") and args.device != "cuda":
             cells.append({"variant": variant, "status": "skip", "reason": "Liger's Triton kernels need a GPU"})
         elif args.cpu_smoke:  # no Liger on CPU, so no process-wide patches: one process is enough
             args.variant = variant
             cells.extend({"status": "FAIL" if "error" in r else "ok", **r} for r in measure_lengths(args))
         else:
-            command = [sys.executable, str(Path(__file__).resolve()), "--variant", variant, "--out", args.out,
-                       "--lengths", *map(str, args.lengths), "--steps", str(args.steps)]
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--variant",
+                variant,
+                "--out",
+                args.out,
+                "--lengths",
+                *map(str, args.lengths),
+                "--steps",
+                str(args.steps),
+            ]
             command += ["--cpu-smoke"] * args.cpu_smoke + ["--profile"] * args.profile
             if args.peak_tflops:
                 command += ["--peak-tflops", str(args.peak_tflops)]
@@ -206,8 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in cells:
         if r.get("status") == "ok":
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-            print(f"{r['variant']:28} {r['tokens']:6} {r['step_s']:8.3f} {r['tokens_per_s']:9.0f} {mfu:>6} "
-                  f"{r['peak_memory_mib']:9.0f}")
+            print(
+                f"{r['variant']:28} {r['tokens']:6} {r['step_s']:8.3f} {r['tokens_per_s']:9.0f} {mfu:>6} "
+                f"{r['peak_memory_mib']:9.0f}"
+            )
         else:
             print(f"{r['variant']:28} {r.get('status')}: {r.get('reason') or r.get('error', '')[:200]}")
     print(json.dumps({"wall_s": report["wall_s"]}), f"\nwrote {report.path}")
@@ -219,13 +264,21 @@ def add_rows(results: Results, payload: dict[str, Any]) -> None:
     for cell in payload.get("cells", []):
         setting = {"tokens": cell["tokens"]} if "tokens" in cell else {}
         if cell["status"] != "ok":
-            results.add(cell["variant"], "status", cell["status"], setting=setting,
-                        **{k: cell[k] for k in ("reason", "error") if k in cell})
+            results.add(
+                cell["variant"],
+                "status",
+                cell["status"],
+                setting=setting,
+                **{k: cell[k] for k in ("reason", "error") if k in cell},
+            )
             continue
         steps = {"steps_s": cell["steps_s"], **({"profile": cell["profile"]} if "profile" in cell else {})}
         results.add(cell["variant"], "step_s", cell["step_s"], setting=setting, **steps)
-        results.add_all(cell["variant"], {k: v for k, v in cell.items() if k not in (
-            "variant", "tokens", "status", "step_s", "steps_s", "profile")}, setting)
+        results.add_all(
+            cell["variant"],
+            {k: v for k, v in cell.items() if k not in ("variant", "tokens", "status", "step_s", "steps_s", "profile")},
+            setting,
+        )
 
 
 if __name__ == "__main__":

@@ -46,10 +46,17 @@ def llama(shape: dict[str, Any], device: str, dtype: Any, attn: str = "sdpa") ->
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=2 * shape["hidden"],
-                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                         num_key_value_heads=shape["kv_heads"], head_dim=shape["hidden"] // shape["heads"],
-                         max_position_embeddings=shape["original"], attn_implementation=attn)
+    config = LlamaConfig(
+        vocab_size=shape["vocab"],
+        hidden_size=shape["hidden"],
+        intermediate_size=2 * shape["hidden"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        head_dim=shape["hidden"] // shape["heads"],
+        max_position_embeddings=shape["original"],
+        attn_implementation=attn,
+    )
     return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
 
 
@@ -152,8 +159,9 @@ def parity(args: argparse.Namespace, method_args: dict[str, Any]) -> dict[str, A
     rows = {}
     for method in args.methods:
         try:
-            model = hf_posext.patch_model(llama(shape, args.device, torch.float32), method,
-                                          **arguments(method, 4.0, method_args))
+            model = hf_posext.patch_model(
+                llama(shape, args.device, torch.float32), method, **arguments(method, 4.0, method_args)
+            )
             fp32 = logits(model)
             error = float((logits(model.to(torch.bfloat16)) - fp32).abs().max())
             rows[method] = {"error": error, "ratio_to_native": 3 * error / bound, "ok": error <= bound}
@@ -167,18 +175,34 @@ def main(argv: list[str] | None = None) -> int:
     add_common_arguments(parser, str(ROOT / "benchmarks" / "results" / "gpu" / "sedca"))
     parser.add_argument("--repeats", type=int, default=2, help="timed forwards per cell, best kept")
     parser.add_argument("--budget-minutes", type=float, default=3.0, help="skip lengths predicted past this")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS),
-                        help="the methods measured (any registered one, e.g. to check the script itself)")
-    parser.add_argument("--method-args", type=json.loads, default={},
-                        help='per-method arguments as JSON, e.g. \'{"self_extend": {"group_size": 8}}\'')
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        help="the methods measured (any registered one, e.g. to check the script itself)",
+    )
+    parser.add_argument(
+        "--method-args",
+        type=json.loads,
+        default={},
+        help='per-method arguments as JSON, e.g. \'{"self_extend": {"group_size": 8}}\'',
+    )
     args = parser.parse_args(argv)
     args.device = pick_device(args)
     import hf_posext
 
-    report = Report("sedca", args, args.device, {"speed_shape": SMOKE if args.cpu_smoke else GPU,
-                                                 "parity_shape": PARITY_SMOKE if args.cpu_smoke else PARITY_GPU,
-                                                 "method_args": args.method_args}, rows=add_rows,
-                    benchmarks=["gpu_sedca_parity"])
+    report = Report(
+        "sedca",
+        args,
+        args.device,
+        {
+            "speed_shape": SMOKE if args.cpu_smoke else GPU,
+            "parity_shape": PARITY_SMOKE if args.cpu_smoke else PARITY_GPU,
+            "method_args": args.method_args,
+        },
+        rows=add_rows,
+        benchmarks=["gpu_sedca_parity"],
+    )
     missing = [m for m in args.methods if m not in hf_posext.available_methods()]
     if missing:
         report["status"] = "skip"
@@ -192,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     report["parity"] = parity(args, args.method_args)
     report.timed("parity", time.perf_counter() - started)
     for row in rows:
-        extra = (f"{row['prefill_s']:.3f} s, {row['peak_memory_mib']:.0f} MiB" if row["status"] == "ok"
-                 else row.get("reason") or row.get("error", ""))
+        extra = (
+            f"{row['prefill_s']:.3f} s, {row['peak_memory_mib']:.0f} MiB"
+            if row["status"] == "ok"
+            else row.get("reason") or row.get("error", "")
+        )
         print(f"{row['variant']:18} {row['tokens']:6} {row['status']:5} {extra}")
     print(json.dumps(report["parity"]), f"\nwrote {report.path}")
     return 0
@@ -206,11 +233,17 @@ def add_rows(results: Results, payload: dict[str, Any]) -> None:
     for row in payload.get("speed", []):
         setting = {"tokens": row["tokens"]}
         if row["status"] != "ok":
-            results.add(row["variant"], "status", row["status"], setting=setting,
-                        **{k: row[k] for k in ("reason", "error") if k in row})
+            results.add(
+                row["variant"],
+                "status",
+                row["status"],
+                setting=setting,
+                **{k: row[k] for k in ("reason", "error") if k in row},
+            )
             continue
-        results.add_all(row["variant"], {k: v for k, v in row.items() if k not in ("variant", "tokens", "status")},
-                        setting)
+        results.add_all(
+            row["variant"], {k: v for k, v in row.items() if k not in ("variant", "tokens", "status")}, setting
+        )
     if "parity" in payload:
         parity = payload["parity"]
         setting = {"tokens": parity["tokens"]}

@@ -23,8 +23,15 @@ FLASH_BLOCK = 256
 _KERNEL = "_scaled_dot_product_flash_attention_for_cpu"
 
 
-def flash_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, *,
-                   causal: bool = False, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and its log-sum-exp by PyTorch's fused CPU flash kernel.
 
     ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` is a private op: the kernel
@@ -58,13 +65,18 @@ def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tens
     A torch without the kernel (it is private) takes the score path too. The caller checks that
     there is no mask beyond causal.
     """
-    return (query.device.type == "cpu" and kwargs.get("softcap") is None and not _records(query)
-            and not (module.training and kwargs.get("dropout"))
-            and hasattr(torch.ops.aten, _KERNEL))
+    return (
+        query.device.type == "cpu"
+        and kwargs.get("softcap") is None
+        and not _records(query)
+        and not (module.training and kwargs.get("dropout"))
+        and hasattr(torch.ops.aten, _KERNEL)
+    )
 
 
-def flash_segmented_attention(value: torch.Tensor, layout: Layout, past: int, seq: int, offset: int, heads: int,
-                              scale: float) -> torch.Tensor:
+def flash_segmented_attention(
+    value: torch.Tensor, layout: Layout, past: int, seq: int, offset: int, heads: int, scale: float
+) -> torch.Tensor:
     """:func:`.remap.segmented_attention` without a mask beyond causal, by :func:`flash_with_lse` per piece.
 
     Args:
@@ -90,7 +102,9 @@ def flash_segmented_attention(value: torch.Tensor, layout: Layout, past: int, se
         for piece in layout.pieces(start, stop):
             v = value32[:, :, piece.start : piece.stop]
             if piece.causal:
-                out, lse = flash_with_lse(piece.query.reshape(rows, heads, block, dim), piece.key, v, scale, causal=True)
+                out, lse = flash_with_lse(
+                    piece.query.reshape(rows, heads, block, dim), piece.key, v, scale, causal=True
+                )
                 outs.append(out)
                 lses.append(lse)
                 continue
@@ -113,7 +127,9 @@ def flash_segmented_attention(value: torch.Tensor, layout: Layout, past: int, se
     return output
 
 
-def _variants(piece: Piece, first_row: int, block: int) -> list[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]]:
+def _variants(
+    piece: Piece, first_row: int, block: int
+) -> list[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]]:
     """The (query, key) variants of a piece that is not ``causal``, each with the pairs it scores.
 
     A pair mask is ``[block, stop - start]`` bool; ``None`` where the variant scores every pair (a
@@ -122,8 +138,10 @@ def _variants(piece: Piece, first_row: int, block: int) -> list[tuple[tuple[torc
     if piece.other is None and piece.stop <= first_row + 1:
         return [((piece.query, piece.key), None)]
     device = piece.key.device
-    visible = (torch.arange(piece.start, piece.stop, device=device)[None, :]
-               <= torch.arange(first_row, first_row + block, device=device)[:, None])
+    visible = (
+        torch.arange(piece.start, piece.stop, device=device)[None, :]
+        <= torch.arange(first_row, first_row + block, device=device)[:, None]
+    )
     own = (piece.query, piece.key)
     first, second = piece.first, piece.second
     if piece.other is None or first is None:

@@ -15,8 +15,9 @@ from torch import nn
 from .. import integration
 
 
-def check_attention_kept(config: Any, accepts: Callable[[str | None], bool], *, what: str, needs: str,
-                         advice: str) -> None:
+def check_attention_kept(
+    config: Any, accepts: Callable[[str | None], bool], *, what: str, needs: str, advice: str
+) -> None:
     """Refuse a forward whose attention implementation was changed after ``what`` was patched in.
 
     ``accepts(current)`` says whether ``config``'s implementation still is the method's; the message
@@ -24,8 +25,9 @@ def check_attention_kept(config: Any, accepts: Callable[[str | None], bool], *, 
     """
     current = integration.attention_implementation(config)
     if not accepts(current):
-        raise ValueError(f"attn_implementation was changed to {current!r} after {what} was patched in (it needs "
-                         f"{needs}); {advice}")
+        raise ValueError(
+            f"attn_implementation was changed to {current!r} after {what} was patched in (it needs {needs}); {advice}"
+        )
 
 
 def install_forward_guard(base: nn.Module, name: str, check: Callable[..., Any]) -> None:

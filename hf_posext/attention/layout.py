@@ -53,8 +53,14 @@ class Queries:
         scale: multiplies the queries first: a float, or ``[rows, seq]`` per query.
     """
 
-    def __init__(self, query: torch.Tensor, kv_heads: int, delta: torch.Tensor | None = None,
-                 inv_freq: torch.Tensor | None = None, scale: float | torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        query: torch.Tensor,
+        kv_heads: int,
+        delta: torch.Tensor | None = None,
+        inv_freq: torch.Tensor | None = None,
+        scale: float | torch.Tensor | None = None,
+    ) -> None:
         if delta is not None and inv_freq is None:
             raise ValueError("Queries turned by delta need the rotary inv_freq")
         self.query, self.kv_heads, self.delta, self.inv_freq, self.scale = query, kv_heads, delta, inv_freq, scale
@@ -116,8 +122,9 @@ class SplitLayout:
     (``i - j < window``: near), as the authors' selection merge.
     """
 
-    def __init__(self, window: int, past: int, near: tuple[Queries, torch.Tensor],
-                 far: tuple[Queries, torch.Tensor]) -> None:
+    def __init__(
+        self, window: int, past: int, near: tuple[Queries, torch.Tensor], far: tuple[Queries, torch.Tensor]
+    ) -> None:
         self.window, self.past = window, past
         self.query, self.key = near
         self.far_query, self.far_key = far
@@ -139,8 +146,16 @@ class SplitLayout:
         if far_query is not None and mixed > far:
             rows = torch.arange(a, b, device=self.key.device)[:, None]
             near = rows - torch.arange(far, mixed, device=self.key.device)[None, :] < window
-            pieces.append(Piece(far, mixed, near_query, self.key[:, :, far:mixed],
-                                other=(far_query, self.far_key[:, :, far:mixed]), first=near))
+            pieces.append(
+                Piece(
+                    far,
+                    mixed,
+                    near_query,
+                    self.key[:, :, far:mixed],
+                    other=(far_query, self.far_key[:, :, far:mixed]),
+                    first=near,
+                )
+            )
         if a > mixed:
             pieces.append(Piece(mixed, a, near_query, self.key[:, :, mixed:a]))
         pieces.append(Piece(a, b, near_query, self.key[:, :, a:b], causal=True))
@@ -166,12 +181,22 @@ class PairLayout:
     def pieces(self, start: int, stop: int) -> list[Piece]:
         (q0, k0), (q1, k1), *rest = self.variants
         third = (rest[0][0].block(start, stop), rest[0][1][:, :, :stop]) if rest else None
-        return [Piece(0, stop, q0.block(start, stop), k0[:, :, :stop],
-                      other=(q1.block(start, stop), k1[:, :, :stop]), first=self.choices[0][start:stop, :stop],
-                      third=third, second=self.choices[1][start:stop, :stop] if rest else None)]
+        return [
+            Piece(
+                0,
+                stop,
+                q0.block(start, stop),
+                k0[:, :, :stop],
+                other=(q1.block(start, stop), k1[:, :, :stop]),
+                first=self.choices[0][start:stop, :stop],
+                third=third,
+                second=self.choices[1][start:stop, :stop] if rest else None,
+            )
+        ]
 
 
-def positioned_split(window: int, positions: torch.Tensor, near: tuple[Queries, torch.Tensor],
-                     far: tuple[Queries, torch.Tensor]) -> PairLayout:
+def positioned_split(
+    window: int, positions: torch.Tensor, near: tuple[Queries, torch.Tensor], far: tuple[Queries, torch.Tensor]
+) -> PairLayout:
     """:class:`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near when ``i - j < window``."""
     return PairLayout([near, far], [positions[:, None] - positions[None, :] < window])

@@ -40,13 +40,13 @@ class Remapping(Protocol):
         """Whether any pair up to query position ``last_position`` is scored at other positions."""
         ...
 
-    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
-               inv_freq: torch.Tensor) -> Layout:
+    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int, inv_freq: torch.Tensor) -> Layout:
         """The pieces for rows sharing ``offset``; ``query`` ``[rows, heads, seq, d]``, ``key`` ``[rows, kv_heads, kv_len, d]``."""
         ...
 
-    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
-                          inv_freq: torch.Tensor) -> Layout:
+    def positioned_layout(
+        self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+    ) -> Layout:
         """The pieces of one row without a cache whose tokens sit at ``positions`` ``[seq]`` (any increasing ids)."""
         ...
 
@@ -99,8 +99,10 @@ def remap_attention(
         raise ValueError(f"{type(module).__name__} is not set up for remapped attention; use hf_posext.patch_model")
     position_ids = kwargs.get("position_ids")
     if not isinstance(position_ids, torch.Tensor):
-        raise TypeError(f"{state.remapping.name} needs the forward's position_ids among the attention arguments, "
-                         f"got {type(position_ids).__name__}")
+        raise TypeError(
+            f"{state.remapping.name} needs the forward's position_ids among the attention arguments, "
+            f"got {type(position_ids).__name__}"
+        )
     refuse_unsupported(module, kwargs, state.remapping.name)
     kernel = integration.attention_function(state.kernel, module)
     if not state.remapping.active(int(position_ids[:, -1].max())):
@@ -129,9 +131,16 @@ def remap_attention(
     return output.to(query.dtype), None
 
 
-def positioned_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         attention_mask: torch.Tensor | None, position_ids: torch.Tensor, state: RemapState,
-                         kwargs: dict[str, Any]) -> torch.Tensor:
+def positioned_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor,
+    state: RemapState,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     """:func:`remap_attention` for position ids that jump forward (PoSE's chunks): pairs remapped from those ids.
 
     Every row is scored on its own, each pair by the variant its two positions select; the keys
@@ -142,12 +151,16 @@ def positioned_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     """
     batch, heads, seq, _ = query.shape
     if not hasattr(state.remapping, "positioned_layout"):
-        raise ValueError(f"{state.remapping.name}: position_ids that jump (e.g. PoSE's chunks) are not supported by "
-                         "this method yet (it remaps contiguous positions only); give contiguous position_ids")
+        raise ValueError(
+            f"{state.remapping.name}: position_ids that jump (e.g. PoSE's chunks) are not supported by "
+            "this method yet (it remaps contiguous positions only); give contiguous position_ids"
+        )
     if key.shape[2] != seq:
-        raise ValueError(f"{state.remapping.name}: position_ids that jump (e.g. PoSE's chunks) after cached keys "
-                         f"cannot be remapped (the cache does not keep its keys' positions); run such inputs "
-                         f"without a cache (use_cache=False)")
+        raise ValueError(
+            f"{state.remapping.name}: position_ids that jump (e.g. PoSE's chunks) after cached keys "
+            f"cannot be remapped (the cache does not keep its keys' positions); run such inputs "
+            f"without a cache (use_cache=False)"
+        )
     output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
     for row in range(batch):
         positions = position_ids[row if position_ids.shape[0] > 1 else 0]
@@ -169,8 +182,18 @@ def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Te
     return last - (kv_len - 1)
 
 
-def attend(module: nn.Module, query: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-           layout: Layout, past: int, seq: int, offset: int, heads: int, kwargs: dict[str, Any]) -> torch.Tensor:
+def attend(
+    module: nn.Module,
+    query: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layout: Layout,
+    past: int,
+    seq: int,
+    offset: int,
+    heads: int,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     """The layout's attention by the fused path where it runs (no mask, :func:`flash_available`), else the score path.
 
     Arguments as :func:`segmented_attention`'s; ``query`` is the kernel's, for what the paths need of it.

@@ -28,15 +28,24 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
     uninstall_remapping(model)
     found = list(integration.rotary_modules(model))
     if rotary is None and len(found) != 1:
-        raise ValueError(f"{remapping.name} needs exactly one rotary module, {type(model).__name__} has "
-                         f"{[name for name, _ in found]}")
+        raise ValueError(
+            f"{remapping.name} needs exactly one rotary module, {type(model).__name__} has "
+            f"{[name for name, _ in found]}"
+        )
     used = rotary if rotary is not None else found[0][1]
     base = model.get_submodule(found[0][0].rpartition(".")[0]) if found else model
     state = install_wrapper(
-        model, lambda kernel: RemapState(remapping, used, kernel), remap_attention,
-        prefix=ATTENTION_PREFIX, state_attr=STATE_ATTR, saved=SAVED_ATTENTION, rotary=rotary,
-        purpose=f"{remapping.name} (model_type={getattr(model.config, 'model_type', None)!r})", fallback=FALLBACK,
-        guarded=[base], needs=f"training-free attention ({remapping.name})",
+        model,
+        lambda kernel: RemapState(remapping, used, kernel),
+        remap_attention,
+        prefix=ATTENTION_PREFIX,
+        state_attr=STATE_ATTR,
+        saved=SAVED_ATTENTION,
+        rotary=rotary,
+        purpose=f"{remapping.name} (model_type={getattr(model.config, 'model_type', None)!r})",
+        fallback=FALLBACK,
+        guarded=[base],
+        needs=f"training-free attention ({remapping.name})",
     )
     params = rope_parameters_for(model.config)
     if params.get("rope_type") == REMAP_ROPE_TYPE:

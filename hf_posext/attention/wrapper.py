@@ -44,8 +44,10 @@ def wrapped_kernel(requested: str | None, prefix: str, *, purpose: str, fallback
     """
     kernel = "sdpa" if saved is not None and requested == saved else (requested or "eager").removeprefix(prefix)
     if kernel not in SUPPORTED_KERNELS:
-        raise ValueError(f"{purpose} supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load the "
-                         f"model with one of those or {fallback}")
+        raise ValueError(
+            f"{purpose} supports attn_implementation in {SUPPORTED_KERNELS}, got {kernel!r}; load the "
+            f"model with one of those or {fallback}"
+        )
     return kernel
 
 
@@ -80,7 +82,9 @@ def install_wrapper(
             (:func:`hf_posext.architectures.check_wrappable_attention`).
     """
     config = model.config
-    kernel = wrapped_kernel(integration.attention_implementation(config), prefix, purpose=purpose, fallback=fallback, saved=saved)
+    kernel = wrapped_kernel(
+        integration.attention_implementation(config), prefix, purpose=purpose, fallback=fallback, saved=saved
+    )
     attention = check_wrappable_attention(config, model, rotary, purpose=purpose, fallback=fallback)
     state = make_state(kernel)
     integration.register_attention_wrapper(state.attention_name, attention_fn, mask_like=kernel)

@@ -181,8 +181,13 @@ def default_out(command: str) -> str:
     return f"{OUTPUT_ROOT}/{command}"
 
 
-def add_set_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *aliases: str,
-                     dest: str = "set", help: str = "a method argument, e.g. beta_fast=32 (repeatable)") -> None:
+def add_set_argument(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *aliases: str,
+    dest: str = "set",
+    help: str = "a method argument, e.g. beta_fast=32 (repeatable)",
+) -> None:
     """Add ``--set KEY=VALUE`` (repeatable; parsed to pairs, see :func:`parse_key_values`)."""
-    parser.add_argument("--set", *aliases, dest=dest, action="append", type=parse_key_value, metavar="KEY=VALUE",
-                        help=help)
+    parser.add_argument(
+        "--set", *aliases, dest=dest, action="append", type=parse_key_value, metavar="KEY=VALUE", help=help
+    )

@@ -33,11 +33,16 @@ def _main(args: argparse.Namespace) -> int:
     config = QUICK if args.quick else FULL
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("demo.*",), reuse_own=True)
     previous = json.loads((out / "demo.json").read_text()) if (out / "demo.json").is_file() else {}
-    if not args.overwrite and isinstance(previous, dict) and previous.get("config") not in (
-            None, json.loads(json.dumps(dataclasses.asdict(config)))):
-        raise ValueError(f"{str(out / 'demo.json')!r} holds the results of the other demo configuration "
-                         f"({'the full run' if args.quick else '--quick'}); pass --overwrite to replace them, "
-                         "or choose another --out (nothing was written)")
+    if (
+        not args.overwrite
+        and isinstance(previous, dict)
+        and previous.get("config") not in (None, json.loads(json.dumps(dataclasses.asdict(config))))
+    ):
+        raise ValueError(
+            f"{str(out / 'demo.json')!r} holds the results of the other demo configuration "
+            f"({'the full run' if args.quick else '--quick'}); pass --overwrite to replace them, "
+            "or choose another --out (nothing was written)"
+        )
     report = run_demo(config, args.cache_dir, args.out, progress=not args.no_progress)
     train = report["train"]["rope"]
     print(
@@ -54,12 +59,18 @@ def _main(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext demo``."""
     out = default_out("demo")
-    p = subparsers.add_parser("demo", help="train a tiny model once, extend it with every method, print perplexities",
-                              description=plain(__doc__.split("\n\n")[0]))
+    p = subparsers.add_parser(
+        "demo",
+        help="train a tiny model once, extend it with every method, print perplexities",
+        description=plain(__doc__.split("\n\n")[0]),
+    )
     p.add_argument("--quick", action="store_true", help="shrink everything to seconds (CI)")
     p.add_argument("--out", default=out, help=f"output folder (default: ./{out})")
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into an output folder holding other files (they are kept)")
-    p.add_argument("--cache-dir", default=None, help="trained-model cache (default: $HF_POSEXT_CACHE or ~/.cache/hf_posext)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="write into an output folder holding other files (they are kept)"
+    )
+    p.add_argument(
+        "--cache-dir", default=None, help="trained-model cache (default: $HF_POSEXT_CACHE or ~/.cache/hf_posext)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_main)

@@ -69,7 +69,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the results depend on, the model by its content (:func:`model_fingerprint`)."""
     from ..eval.checkpoint import model_fingerprint
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "out", "overwrite", "no_progress", "debug", "model", "command_argv")}
+    settings = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("func", "out", "overwrite", "no_progress", "debug", "model", "command_argv")
+    }
     return {"model_content": model_fingerprint(args.model), **settings}
 
 
@@ -139,13 +143,23 @@ def _ppl(args: argparse.Namespace) -> int:
                 with _Patched(model, method, args.factor, extra) as info:
                     if mode == "truncated":
                         points = truncated_perplexity(
-                            model, docs, args.lengths, score_last=args.score_last, max_documents=args.max_documents,
-                            batch_size=args.batch_size, progress=not args.no_progress,
+                            model,
+                            docs,
+                            args.lengths,
+                            score_last=args.score_last,
+                            max_documents=args.max_documents,
+                            batch_size=args.batch_size,
+                            progress=not args.no_progress,
                         )
                     else:
                         points = sliding_window_perplexity(
-                            model, docs, args.lengths, args.stride, max_documents=args.max_documents,
-                            document_tokens=args.document_tokens, progress=not args.no_progress,
+                            model,
+                            docs,
+                            args.lengths,
+                            args.stride,
+                            max_documents=args.max_documents,
+                            document_tokens=args.document_tokens,
+                            progress=not args.no_progress,
                         )
                 return {"patch": info, "points": [p.to_dict() for p in points]}
 
@@ -155,7 +169,10 @@ def _ppl(args: argparse.Namespace) -> int:
     lengths = sorted(args.lengths)
     table = markdown_table(
         ["method/mode", *map(str, lengths)],
-        [[k, *[{p["length"]: p["perplexity"] for p in r["points"]}.get(n) for n in lengths]] for k, r in results.items()],
+        [
+            [k, *[{p["length"]: p["perplexity"] for p in r["points"]}.get(n) for n in lengths]]
+            for k, r in results.items()
+        ],
     )
     plot_curves(
         out / "ppl.png",
@@ -187,7 +204,12 @@ def _passkey(args: argparse.Namespace) -> int:
         def measure(method: str = method) -> dict[str, Any]:
             with _Patched(model, method, args.factor, extra) as info:
                 result = passkey_accuracy(
-                    model, tokenizer, args.lengths, args.depths, args.trials, seed=args.seed,
+                    model,
+                    tokenizer,
+                    args.lengths,
+                    args.depths,
+                    args.trials,
+                    seed=args.seed,
                     progress=not args.no_progress,
                 )
             return {"patch": info, **result.to_dict()}
@@ -196,8 +218,16 @@ def _passkey(args: argparse.Namespace) -> int:
     write_csv(
         out / "passkey.csv",
         [
-            {"method": m, "length": n, "prompt_tokens": r["prompt_tokens"][j], "depth": d, "accuracy": r["accuracy"][i][j],
-             "n": r["trials"], "low": r["interval"][i][j][0], "high": r["interval"][i][j][1]}
+            {
+                "method": m,
+                "length": n,
+                "prompt_tokens": r["prompt_tokens"][j],
+                "depth": d,
+                "accuracy": r["accuracy"][i][j],
+                "n": r["trials"],
+                "low": r["interval"][i][j][0],
+                "high": r["interval"][i][j][1],
+            }
             for m, r in results.items()
             for i, d in enumerate(r["depths"])
             for j, n in enumerate(r["lengths"])
@@ -208,9 +238,15 @@ def _passkey(args: argparse.Namespace) -> int:
         {m: (r["lengths"], r["depths"], r["accuracy"]) for m, r in results.items()},
         title=f"{Path(args.model).name}: passkey retrieval",
     )
-    print(markdown_table(["method", *map(str, args.lengths)],
-                         [[m, *[f"{c['accuracy']:.0f}% [{c['low']:.0f}, {c['high']:.0f}] n={c['n']}" for c in r["by_length"]]]
-                          for m, r in results.items()]))
+    print(
+        markdown_table(
+            ["method", *map(str, args.lengths)],
+            [
+                [m, *[f"{c['accuracy']:.0f}% [{c['low']:.0f}, {c['high']:.0f}] n={c['n']}" for c in r["by_length"]]]
+                for m, r in results.items()
+            ],
+        )
+    )
     print(f"wrote {out / 'passkey.json'}, {out / 'passkey.csv'}, {out / 'passkey.png'}")
     return 0
 
@@ -273,11 +309,14 @@ def _ruler(args: argparse.Namespace) -> int:
     for task in tasks:
         shortest = minimum_length(tokenizer, TASKS[task], min(args.lengths), wrapper)
         if min(args.lengths) < shortest:
-            raise ValueError(f"--lengths {min(args.lengths)} is too short for {task}: its prompt and answer need at "
-                             f"least {shortest} tokens with this tokenizer")
+            raise ValueError(
+                f"--lengths {min(args.lengths)} is too short for {task}: its prompt and answer need at "
+                f"least {shortest} tokens with this tokenizer"
+            )
     # Cells are keyed method/task/length, so adding lengths, tasks or methods later resumes the rest.
-    settings = {k: v for k, v in _settings(args).items()
-                if k not in ("lengths", "tasks", "method", "quick", "batch_size")} | {"samples": samples}
+    settings = {
+        k: v for k, v in _settings(args).items() if k not in ("lengths", "tasks", "method", "quick", "batch_size")
+    } | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
     done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
     model, tokenizer = checkpoint.load_model(args.model, args.dtype, args.device, args.attn_implementation)
@@ -286,9 +325,19 @@ def _ruler(args: argparse.Namespace) -> int:
             print(f"{method}: done in an earlier run, skipped")
             continue
         with _Patched(model, method, args.factor, extra) as info:
-            ruler_accuracy(model, tokenizer, args.lengths, tasks, samples, seed=args.seed, batch_size=args.batch_size,
-                           chat_template=False if args.no_chat_template else None, max_new_tokens=args.max_new_tokens,
-                           store=_MethodCells(done, method, info), progress=not args.no_progress)
+            ruler_accuracy(
+                model,
+                tokenizer,
+                args.lengths,
+                tasks,
+                samples,
+                seed=args.seed,
+                batch_size=args.batch_size,
+                chat_template=False if args.no_chat_template else None,
+                max_new_tokens=args.max_new_tokens,
+                store=_MethodCells(done, method, info),
+                progress=not args.no_progress,
+            )
     results = done.results
     # The report covers every cell of the folder: earlier runs may have added other lengths, tasks, methods.
     keys = [k.split("/") for k in results]
@@ -310,39 +359,67 @@ def _ruler(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser, out: str) -> None:
     p.add_argument("model", help="checkpoint folder or Hub id (with its tokenizer), or a local .gguf file")
     p.add_argument("--lengths", type=_ints, required=True, help="comma-separated context lengths, e.g. 2048,4096,8192")
-    p.add_argument("--method", default="none",
-                   help="comma-separated methods to compare (hf-posext methods lists them), 'none' = the checkpoint "
-                        "as is (default: none)")
+    p.add_argument(
+        "--method",
+        default="none",
+        help="comma-separated methods to compare (hf-posext methods lists them), 'none' = the checkpoint "
+        "as is (default: none)",
+    )
     p.add_argument("--factor", type=real(1.0), default=None, help="context scale s >= 1 for --method")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32 (repeatable)")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="a method argument, e.g. beta_fast=32 (repeatable)"
+    )
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights' dtype; auto: the checkpoint's (default)")
-    p.add_argument("--device", default="auto",
-                   help="auto (spread over every visible GPU; CPU without one), or one device: cpu, cuda:1 ...")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (spread over every visible GPU; CPU without one), or one device: cpu, cuda:1 ...",
+    )
     p.add_argument("--attn-implementation", default=None, help="sdpa, eager, flash_attention_2 ...")
     p.add_argument("--out", default=out, help=f"output folder (default: ./{out})")
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into an output folder holding other files (they are kept)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="write into an output folder holding other files (they are kept)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext eval ppl``, ``hf-posext eval passkey`` and ``hf-posext eval ruler``."""
-    parser = subparsers.add_parser("eval", help="perplexity, passkey retrieval or RULER-style tasks against context length")
+    parser = subparsers.add_parser(
+        "eval", help="perplexity, passkey retrieval or RULER-style tasks against context length"
+    )
     sub = parser.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("ppl", help="perplexity against context length (JSON, CSV, PNG)")
     _common(p, default_out("eval-ppl"))
-    p.add_argument("--data", nargs="+", default=["stdlib"],
-                   help="files, folders, globs, 'stdlib' (held-out stdlib sources) or one dataset name, as the recipe's "
-                        "--dataset (default: stdlib)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        default=["stdlib"],
+        help="files, folders, globs, 'stdlib' (held-out stdlib sources) or one dataset name, as the recipe's "
+        "--dataset (default: stdlib)",
+    )
     p.add_argument("--split", default="test", help="dataset split, or the stdlib split (default: test)")
-    p.add_argument("--text-field", "--text-column", dest="text_field", default="text",
-                   help=".jsonl field or dataset column with the text (default: text), as in the recipe")
-    p.add_argument("--mode", default="truncated", choices=["truncated", "sliding", "both"],
-                   help="truncated: first L tokens of each document, one forward; sliding: windows of L with --stride")
+    p.add_argument(
+        "--text-field",
+        "--text-column",
+        dest="text_field",
+        default="text",
+        help=".jsonl field or dataset column with the text (default: text), as in the recipe",
+    )
+    p.add_argument(
+        "--mode",
+        default="truncated",
+        choices=["truncated", "sliding", "both"],
+        help="truncated: first L tokens of each document, one forward; sliding: windows of L with --stride",
+    )
     p.add_argument("--stride", type=whole(1), default=256, help="sliding-window stride (default 256, as YaRN)")
-    p.add_argument("--document-tokens", type=whole(1), default=None,
-                   help="sliding mode: read the first N tokens of each document (default: the longest length)")
+    p.add_argument(
+        "--document-tokens",
+        type=whole(1),
+        default=None,
+        help="sliding mode: read the first N tokens of each document (default: the longest length)",
+    )
     p.add_argument("--score-last", type=whole(1), default=None, help="truncated mode: score only the last N tokens")
     p.add_argument("--max-documents", type=whole(1), default=20, help="documents per length (default 20)")
     p.add_argument("--batch-size", type=whole(1), default=1, help="truncated mode: documents per forward")
@@ -357,16 +434,27 @@ def add_parser(subparsers: Any) -> None:
 
     p = sub.add_parser("ruler", help="RULER-style long-context tasks by length, with Wilson intervals (JSON, CSV, PNG)")
     _common(p, default_out("eval-ruler"))
-    p.add_argument("--tasks", default=None,
-                   help="comma-separated tasks or groups: all, niah, niah_single, niah_multikey, multihop, aggregation, "
-                        "qa, or names such as niah_single_1,vt,cwe (default: all; --quick: one per category)")
+    p.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated tasks or groups: all, niah, niah_single, niah_multikey, multihop, aggregation, "
+        "qa, or names such as niah_single_1,vt,cwe (default: all; --quick: one per category)",
+    )
     p.add_argument("--samples", type=whole(1), default=None, help="prompts per (task, length) (default 20; --quick: 2)")
     p.add_argument("--quick", action="store_true", help="a smoke run: one task per category, 2 samples")
     p.add_argument("--seed", type=whole(0), default=0, help="seeds every prompt")
-    p.add_argument("--batch-size", type=whole(1), default=None, help="prompts per generate call (default: what fits in memory)")
-    p.add_argument("--max-new-tokens", type=whole(1), default=None,
-                   help="cap every task's generation budget (RULER's: niah 128, vt 30, cwe 120, fwe 50, qa 32) to save time")
-    p.add_argument("--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template")
+    p.add_argument(
+        "--batch-size", type=whole(1), default=None, help="prompts per generate call (default: what fits in memory)"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=whole(1),
+        default=None,
+        help="cap every task's generation budget (RULER's: niah 128, vt 30, cwe 120, fwe 50, qa 32) to save time",
+    )
+    p.add_argument(
+        "--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template"
+    )
     p.set_defaults(func=_ruler)
 
 

@@ -49,8 +49,9 @@ class RecipeArgumentParser(integration.FieldArgumentParser):
         if typing.get_origin(field.type) is dict:
             metadata = dict(field.metadata)
             flags = [*metadata.pop("aliases", []), f"--{field.name.replace('_', '-')}"]
-            parser.add_argument(*flags, dest=field.name, action="append", type=parse_key_value, metavar="KEY=VALUE",
-                                **metadata)
+            parser.add_argument(
+                *flags, dest=field.name, action="append", type=parse_key_value, metavar="KEY=VALUE", **metadata
+            )
             return
         self.add_default_field(parser, field)
         if field.type is bool:
@@ -59,8 +60,13 @@ class RecipeArgumentParser(integration.FieldArgumentParser):
         # --no-NAME's default: SUPPRESS, as the field's default comes from --NAME (added first); so the
         # help does not say "(default: True)" for a flag that turns something off
         if field.type is bool and field.default is False:
-            parser.add_argument(f"--no-{field.name.replace('_', '-')}", dest=field.name, action="store_false",
-                                default=argparse.SUPPRESS, help=f"turn {field.name} off")
+            parser.add_argument(
+                f"--no-{field.name.replace('_', '-')}",
+                dest=field.name,
+                action="store_false",
+                default=argparse.SUPPRESS,
+                help=f"turn {field.name} off",
+            )
         elif field.type is bool and field.default is True:  # HfArgumentParser's own --no_NAME
             negative = parser._option_string_actions[f"--no_{field.name}"]
             negative.default, negative.help = argparse.SUPPRESS, f"turn {field.name} off"
@@ -112,8 +118,9 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
         # Not HfArgumentParser.parse_yaml_file: it builds the config from the file alone, so a
         # file without e.g. `model` would fail before the flags could fill it in, and flags could
         # not win over the file. The file's values become the parser's defaults instead.
-        values = _relative_to(Path(config_file).parent,
-                              TrainConfig.check_file_values(load_yaml(config_file), source=config_file))
+        values = _relative_to(
+            Path(config_file).parent, TrainConfig.check_file_values(load_yaml(config_file), source=config_file)
+        )
         for name in mappings & set(values):
             # Kept as pairs, so that --set KEY=VALUE appends to them and wins key by key.
             values[name] = list(_mapping(values[name], name, config_file).items())
@@ -175,12 +182,13 @@ def _relative_to(folder: Path, values: dict[str, Any]) -> dict[str, Any]:
         values["model"] = local(values["model"])
     if isinstance(values.get("resume"), str) and values["resume"] != "latest":
         values["resume"] = local(values["resume"], always=True)
+
     def dataset_item(item: Any) -> Any:
         if item == STDLIB:
             return item
         if isinstance(item, str) and item.startswith(EXCLUDE_PREFIX):
             # An exclusion is a glob over absolute paths: a leading * matches anywhere and stays as it is.
-            pattern = item[len(EXCLUDE_PREFIX):]
+            pattern = item[len(EXCLUDE_PREFIX) :]
             return item if pattern.startswith("*") else EXCLUDE_PREFIX + str(local(pattern, always=True))
         return local(item)
 
@@ -203,9 +211,13 @@ def summary(result: Any) -> str:
     """What a finished run prints: where it went and, with ``eval_blocks``, perplexity before and after."""
     lines = [f"wrote {result.output_dir} ({result.steps} steps, final loss {result.final_loss:.4f})"]
     if result.eval:
-        lines += ["", "held-out perplexity (eval_blocks)", "| before | after |", "|---:|---:|",
-                  "| " + " | ".join(f"{result.eval[k]:.4f}" if k in result.eval else "-" for k in ("before", "after"))
-                  + " |"]
+        lines += [
+            "",
+            "held-out perplexity (eval_blocks)",
+            "| before | after |",
+            "|---:|---:|",
+            "| " + " | ".join(f"{result.eval[k]:.4f}" if k in result.eval else "-" for k in ("before", "after")) + " |",
+        ]
     return "\n".join(lines)
 
 
@@ -228,8 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext finetune``; its flags are the recipe parser's (:func:`build_parser`), read from the rest of the line."""
-    p = subparsers.add_parser("finetune", help="fine-tune a model for a longer context (YaRN recipe); --help lists the settings",
-                              add_help=False, prefix_chars="\0")
+    p = subparsers.add_parser(
+        "finetune",
+        help="fine-tune a model for a longer context (YaRN recipe); --help lists the settings",
+        add_help=False,
+        prefix_chars="\0",
+    )
     p.add_argument("recipe_args", nargs="*")
     p.set_defaults(func=lambda args: _run(args.recipe_args))
 

@@ -41,14 +41,17 @@ def aliases_by_method() -> dict[str, list[str]]:
 def method_names() -> str:
     """``"linear (alias pi), ntk (alias ntk_aware), ..."``: every method with its aliases, from the registry."""
     aliases = aliases_by_method()
-    return ", ".join(f"{name} (alias {', '.join(aliases[name])})" if name in aliases else name
-                     for name in available_methods())
+    return ", ".join(
+        f"{name} (alias {', '.join(aliases[name])})" if name in aliases else name for name in available_methods()
+    )
 
 
 def methods_markdown() -> str:
     """The Markdown table of the methods and their aliases (``hf-posext methods --markdown``; docs/guides/cli.md holds it)."""
     aliases = aliases_by_method()
-    rows = [f"| `{name}` | {', '.join(f'`{a}`' for a in aliases.get(name, [])) or '-'} |" for name in available_methods()]
+    rows = [
+        f"| `{name}` | {', '.join(f'`{a}`' for a in aliases.get(name, [])) or '-'} |" for name in available_methods()
+    ]
     return "\n".join(["| method | aliases |", "|---|---|", *rows])
 
 
@@ -81,25 +84,41 @@ def _patch(args: argparse.Namespace) -> int:
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
     if args.adapter is not None and is_gguf(args.output_dir):
-        raise ValueError(f"--adapter writes a transformers checkpoint folder, not {args.output_dir}; merge first, "
-                         "then hf-posext gguf export")
+        raise ValueError(
+            f"--adapter writes a transformers checkpoint folder, not {args.output_dir}; merge first, "
+            "then hf-posext gguf export"
+        )
     if is_gguf(args.model) and is_gguf(args.output_dir):  # GGUF to GGUF: rope metadata only, tensors as stored
         from ..gguf_writer import patch_gguf
 
-        out = patch_gguf(args.model, args.output_dir, args.method, factor=args.factor or 1.0, override=args.override,
-                         overwrite=args.overwrite, **extra)
+        out = patch_gguf(
+            args.model,
+            args.output_dir,
+            args.method,
+            factor=args.factor or 1.0,
+            override=args.override,
+            overwrite=args.overwrite,
+            **extra,
+        )
         print(f"wrote {out}")
         return 0
     source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
     if Path(source).is_file():
         raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
     if args.adapter is not None:
-        out = merge_adapter(source, args.output_dir, args.adapter, args.method, args.factor, override=args.override,
-                            overwrite=args.overwrite, **extra)
+        out = merge_adapter(
+            source,
+            args.output_dir,
+            args.adapter,
+            args.method,
+            args.factor,
+            override=args.override,
+            overwrite=args.overwrite,
+            **extra,
+        )
     else:
         out = extend_checkpoint(
-            source, args.output_dir, args.method, args.factor, override=args.override, overwrite=args.overwrite,
-            **extra
+            source, args.output_dir, args.method, args.factor, override=args.override, overwrite=args.overwrite, **extra
         )
     print(f"wrote {out}")
     saved = AutoConfig.from_pretrained(out)  # what every reader will read: the engines' verdict on it
@@ -108,11 +127,17 @@ def _patch(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="hf-posext", description="Extend the context window of rotary decoders "
-                                     "(PI, NTK, YaRN, dynamic scaling, ALiBi...) in Hugging Face checkpoints.",
-                                     epilog="hf-posext COMMAND --help shows a command's flags.")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error; anywhere on the line (also: HF_POSEXT_DEBUG=1)")
+    parser = OneLineParser(
+        prog="hf-posext",
+        description="Extend the context window of rotary decoders "
+        "(PI, NTK, YaRN, dynamic scaling, ALiBi...) in Hugging Face checkpoints.",
+        epilog="hf-posext COMMAND --help shows a command's flags.",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error; anywhere on the line (also: HF_POSEXT_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("methods", help="list the position-encoding methods and their aliases")
@@ -121,21 +146,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("patch", help="write a checkpoint with an extended context (weights untouched)")
     p.add_argument("model", help="checkpoint folder, Hub id or local .gguf file")
-    p.add_argument("output_dir", help="the folder the patched checkpoint is written to; a .gguf file for a .gguf model: "
-                   "the same GGUF with the method's rope as llama.cpp reads it")
+    p.add_argument(
+        "output_dir",
+        help="the folder the patched checkpoint is written to; a .gguf file for a .gguf model: "
+        "the same GGUF with the method's rope as llama.cpp reads it",
+    )
     p.add_argument("--method", required=True, help=f"one of: {method_names()}")
-    p.add_argument("--factor", type=real(1.0), default=None,
-                   help="context scale s >= 1; required by the methods that scale RoPE, not by "
-                        f"{', '.join(m for m in available_methods() if not method_class(m).scales_rope)}")
-    p.add_argument("--original-max-position-embeddings", type=whole(1), default=None,
-                   help="the pretraining context L_orig (default: the checkpoint's)")
-    p.add_argument("--override", action="store_true", help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
-                   "pretraining context; without it the method composes on that scaling")
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into a non-empty output folder: its checkpoint files are replaced, other files kept")
-    p.add_argument("--adapter", default=None, metavar="FOLDER",
-                   help="a PEFT LoRA adapter trained on the patched model (a LoRA fine-tune's <output>/adapter): "
-                        "merged into the weights, which are then written in full")
+    p.add_argument(
+        "--factor",
+        type=real(1.0),
+        default=None,
+        help="context scale s >= 1; required by the methods that scale RoPE, not by "
+        f"{', '.join(m for m in available_methods() if not method_class(m).scales_rope)}",
+    )
+    p.add_argument(
+        "--original-max-position-embeddings",
+        type=whole(1),
+        default=None,
+        help="the pretraining context L_orig (default: the checkpoint's)",
+    )
+    p.add_argument(
+        "--override",
+        action="store_true",
+        help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
+        "pretraining context; without it the method composes on that scaling",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty output folder: its checkpoint files are replaced, other files kept",
+    )
+    p.add_argument(
+        "--adapter",
+        default=None,
+        metavar="FOLDER",
+        help="a PEFT LoRA adapter trained on the patched model (a LoRA fine-tune's <output>/adapter): "
+        "merged into the weights, which are then written in full",
+    )
     add_set_argument(p)
     p.set_defaults(func=_patch)
 
@@ -145,9 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The modules of the other sub-commands, in ``--help`` order, each with ``add_parser(subparsers)``.
-SUBCOMMAND_MODULES: tuple[str, ...] = tuple(f"hf_posext.commands.{name}" for name in (
-    "eval", "finetune", "demo", "reproduce", "push", "tiny_model", "gguf", "search",
-))
+SUBCOMMAND_MODULES: tuple[str, ...] = tuple(
+    f"hf_posext.commands.{name}"
+    for name in (
+        "eval",
+        "finetune",
+        "demo",
+        "reproduce",
+        "push",
+        "tiny_model",
+        "gguf",
+        "search",
+    )
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # --debug anywhere: each sub-command's parser (and the recipe's own) would refuse it
     debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    args.command_argv = argv[argv.index(args.command) + 1:]  # what followed the command's name
+    args.command_argv = argv[argv.index(args.command) + 1 :]  # what followed the command's name
     return run_command("hf-posext", lambda: args.func(args), debug=debug)
 
 

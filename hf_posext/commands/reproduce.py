@@ -31,12 +31,15 @@ def _reproduce(args: argparse.Namespace) -> int:
     only = args.only or list(reproduce.EXPERIMENTS)
     unknown = [name for name in only if name not in reproduce.EXPERIMENTS]
     if unknown:
-        raise ValueError(f"--only: unknown experiment(s) {unknown}; the experiments are: {', '.join(reproduce.EXPERIMENTS)}")
+        raise ValueError(
+            f"--only: unknown experiment(s) {unknown}; the experiments are: {', '.join(reproduce.EXPERIMENTS)}"
+        )
     config = reproduce.QUICK if args.quick else reproduce.FULL
     out = Path(args.out)
     if args.report_only:
-        seconds = sum(json.loads(p.read_text()).get("seconds", 0.0) for p in out.glob("*.json")
-                      if p.stem in reproduce.EXPERIMENTS)
+        seconds = sum(
+            json.loads(p.read_text()).get("seconds", 0.0) for p in out.glob("*.json") if p.stem in reproduce.EXPERIMENTS
+        )
         command = f"{PROG} --only EXPERIMENT` (one process each) and `--report-only"
         print(reproduce.write_report(config, out, command, seconds))
         return 0
@@ -52,20 +55,33 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     out = default_out("reproduce")
     p.add_argument("--out", default=out, help=f"output folder (default: ./{out})")
-    p.add_argument("--cache-dir", default=None, help="trained-model cache (default: $HF_POSEXT_CACHE or ~/.cache/hf_posext)")
-    p.add_argument("--only", nargs="+", default=None, metavar="EXPERIMENT",
-                   help="experiments to run: scratch, extension or passkey (default: all three)")
+    p.add_argument(
+        "--cache-dir", default=None, help="trained-model cache (default: $HF_POSEXT_CACHE or ~/.cache/hf_posext)"
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="EXPERIMENT",
+        help="experiments to run: scratch, extension or passkey (default: all three)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: the pipeline in seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--report-only", action="store_true",
-                   help="only rebuild reproduction.md and the plots from the JSON files (e.g. after running "
-                        "experiments as parallel --only processes); wall time = the experiments' own")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rebuild reproduction.md and the plots from the JSON files (e.g. after running "
+        "experiments as parallel --only processes); wall time = the experiments' own",
+    )
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext reproduce``."""
-    p = subparsers.add_parser("reproduce", help="the laptop-sized reproduction of the ALiBi and YaRN papers",
-                              description=plain(__doc__.split("\n\n")[0]))
+    p = subparsers.add_parser(
+        "reproduce",
+        help="the laptop-sized reproduction of the ALiBi and YaRN papers",
+        description=plain(__doc__.split("\n\n")[0]),
+    )
     _add_arguments(p)
     p.set_defaults(func=_reproduce)
 

@@ -57,32 +57,64 @@ def _longrope(args: argparse.Namespace) -> int:
     config = read_config(source)
     original = base_rope(config, method_config("longrope"), override=True).original_max_position_embeddings
     if args.length <= original:
-        raise ValueError(f"--length must be above the model's original context {original} (the long factors are used "
-                         f"past it), got {args.length}")
+        raise ValueError(
+            f"--length must be above the model's original context {original} (the long factors are used "
+            f"past it), got {args.length}"
+        )
     if args.keep_first >= original:
-        raise ValueError(f"--keep-first must be in [0, {original - 1}] (positions kept on plain RoPE, within the "
-                         f"model's original context {original}), got {args.keep_first}")
+        raise ValueError(
+            f"--keep-first must be in [0, {original - 1}] (positions kept on plain RoPE, within the "
+            f"model's original context {original}), got {args.keep_first}"
+        )
     documents = encode_documents(load_texts(args.data, split=args.split), AutoTokenizer.from_pretrained(source))
     long_enough = [d[: args.length] for d in documents if len(d) >= args.length][: args.documents]
     if not long_enough:
         longest = max((len(d) for d in documents), default=0)
-        raise ValueError(f"--length {args.length} is beyond the text: the longest document of --data has {longest} "
-                         "tokens")
+        raise ValueError(
+            f"--length {args.length} is beyond the text: the longest document of --data has {longest} tokens"
+        )
     model, _ = load_model(str(source), args.dtype, args.device)
     state = Path(f"{str(args.out).rstrip('/')}.search-state.json")
-    result = search_longrope(model, torch.stack(long_enough), factor=args.factor, length=args.length,
-                             population=args.population, rounds=args.rounds, seed=args.seed, state_path=state,
-                             score_last=args.score_last, keep_first=args.keep_first, progress=not args.no_progress)
+    result = search_longrope(
+        model,
+        torch.stack(long_enough),
+        factor=args.factor,
+        length=args.length,
+        population=args.population,
+        rounds=args.rounds,
+        seed=args.seed,
+        state_path=state,
+        score_last=args.score_last,
+        keep_first=args.keep_first,
+        progress=not args.no_progress,
+    )
     log: dict[str, Any] = {
-        "model": str(source), "data": list(args.data), "documents": len(long_enough),
-        "settings": {"factor": args.factor, "length": args.length, "population": args.population,
-                     "rounds": args.rounds, "seed": args.seed, "score_last": result.score_last,
-                     "attention_factor": result.attention_factor, "keep_first": result.keep_first},
+        "model": str(source),
+        "data": list(args.data),
+        "documents": len(long_enough),
+        "settings": {
+            "factor": args.factor,
+            "length": args.length,
+            "population": args.population,
+            "rounds": args.rounds,
+            "seed": args.seed,
+            "score_last": result.score_last,
+            "attention_factor": result.attention_factor,
+            "keep_first": result.keep_first,
+        },
         "result": result.to_dict(),
     }
-    out = extend_checkpoint(source, args.out, "longrope", args.factor, long_factor=result.long_factor,
-                            attention_factor=result.attention_factor, keep_first=result.keep_first,
-                            overwrite=args.overwrite, extra_files={"longrope_search.json": json.dumps(log, indent=2)})
+    out = extend_checkpoint(
+        source,
+        args.out,
+        "longrope",
+        args.factor,
+        long_factor=result.long_factor,
+        attention_factor=result.attention_factor,
+        keep_first=result.keep_first,
+        overwrite=args.overwrite,
+        extra_files={"longrope_search.json": json.dumps(log, indent=2)},
+    )
     state.unlink(missing_ok=True)
     print(f"perplexity at {args.length}: {result.start_perplexity:.4g} (YaRN's factors) -> {result.perplexity:.4g}")
     print(f"wrote {out} and {out / 'longrope_search.json'}")
@@ -97,16 +129,30 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("model", help="checkpoint folder (with its tokenizer) or a local .gguf file")
     p.add_argument("out", help="the folder the checkpoint with the searched factors is written to")
     p.add_argument("--factor", type=real(1.0), required=True, help="context scale s >= 1")
-    p.add_argument("--length", type=whole(2), required=True, help="target length L (above the original context): "
-                   "fitness is the perplexity of the first L tokens of each document")
+    p.add_argument(
+        "--length",
+        type=whole(2),
+        required=True,
+        help="target length L (above the original context): "
+        "fitness is the perplexity of the first L tokens of each document",
+    )
     p.add_argument("--data", nargs="+", required=True, help="text files, folders or globs (as hf-posext eval ppl)")
     p.add_argument("--split", default="train", help="the stdlib split or dataset split of --data (default: train)")
     p.add_argument("--population", type=whole(2), default=64, help="candidates per round (default 64, as LongRoPE)")
     p.add_argument("--rounds", type=whole(0), default=40, help="evolution rounds (default 40, as LongRoPE)")
-    p.add_argument("--score-last", type=whole(1), default=None, help="score only the last N tokens of each L-token "
-                   "window (default: all of them)")
-    p.add_argument("--keep-first", type=whole(0), default=0, help="keep the first N positions on plain RoPE past "
-                   "the switch (the paper's n-hat; default 0). N > 0 writes a rope type only hf-posext reads")
+    p.add_argument(
+        "--score-last",
+        type=whole(1),
+        default=None,
+        help="score only the last N tokens of each L-token window (default: all of them)",
+    )
+    p.add_argument(
+        "--keep-first",
+        type=whole(0),
+        default=0,
+        help="keep the first N positions on plain RoPE past "
+        "the switch (the paper's n-hat; default 0). N > 0 writes a rope type only hf-posext reads",
+    )
     p.add_argument("--documents", type=whole(1), default=5, help="documents of at least L tokens scored (default 5)")
     p.add_argument("--seed", type=whole(0), default=0, help="random seed (default 0)")
     p.add_argument("--dtype", default="float32", help="weights' dtype (default float32)")

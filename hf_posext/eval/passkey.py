@@ -124,7 +124,9 @@ class PasskeyResult:
 
     def accuracy_by_length(self) -> list[float]:
         """Accuracy per length, over all depths."""
-        return [sum(row[i] for row in self.correct) / (self.trials * len(self.depths)) for i in range(len(self.lengths))]
+        return [
+            sum(row[i] for row in self.correct) / (self.trials * len(self.depths)) for i in range(len(self.lengths))
+        ]
 
     def intervals(self) -> list[list[tuple[float, float]]]:
         """``[depth][length]`` 95% Wilson interval of each cell's accuracy (``trials`` keys each)."""
@@ -132,13 +134,22 @@ class PasskeyResult:
 
     def summary_by_length(self) -> list[dict[str, float | int]]:
         """Per length, over all depths: accuracy, sample count and Wilson bounds, in % (as the RULER suite)."""
-        return [summary([1.0] * sum(row[i] for row in self.correct)
-                        + [0.0] * (self.trials * len(self.depths) - sum(row[i] for row in self.correct)))
-                for i in range(len(self.lengths))]
+        return [
+            summary(
+                [1.0] * sum(row[i] for row in self.correct)
+                + [0.0] * (self.trials * len(self.depths) - sum(row[i] for row in self.correct))
+            )
+            for i in range(len(self.lengths))
+        ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "accuracy": self.accuracy(), "accuracy_by_length": self.accuracy_by_length(),
-                "interval": self.intervals(), "by_length": self.summary_by_length()}
+        return {
+            **asdict(self),
+            "accuracy": self.accuracy(),
+            "accuracy_by_length": self.accuracy_by_length(),
+            "interval": self.intervals(),
+            "by_length": self.summary_by_length(),
+        }
 
 
 def _generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, pad_token_id: int | None) -> torch.Tensor:
@@ -215,8 +226,14 @@ def passkey_accuracy(
                         ok = answer == key
                         result.correct[di][li] += ok
                         result.samples.append(
-                            {"length": length, "depth": depth, "key": key, "continuation": continuation,
-                             "answer": answer, "correct": ok}
+                            {
+                                "length": length,
+                                "depth": depth,
+                                "key": key,
+                                "continuation": continuation,
+                                "answer": answer,
+                                "correct": ok,
+                            }
                         )
                         bar.update(1)
                 bar.set_postfix(L=length, acc=f"{result.accuracy_by_length()[li]:.2f}")

@@ -59,7 +59,9 @@ def _as_1d(document: torch.Tensor | Sequence[int]) -> torch.Tensor:
 
 
 def _select(documents: Sequence[torch.Tensor], min_tokens: int, max_documents: int | None) -> list[torch.Tensor]:
-    if max_documents is not None and (isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 1):
+    if max_documents is not None and (
+        isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 1
+    ):
         raise ValueError(f"max_documents must be a positive int or None, got {max_documents!r}")
     long_enough = [d for d in documents if d.numel() >= min_tokens]
     if not long_enough:
@@ -164,8 +166,12 @@ def truncated_perplexity(
         ValueError: a bad length, ``score_last`` or ``batch_size``, or no document long enough.
     """
     lengths = _check_lengths(lengths)
-    if score_last is not None and (isinstance(score_last, bool) or not isinstance(score_last, int) or not 1 <= score_last < lengths[0]):
-        raise ValueError(f"score_last must be an int in [1, {lengths[0] - 1}] (below the shortest length) or None, got {score_last!r}")
+    if score_last is not None and (
+        isinstance(score_last, bool) or not isinstance(score_last, int) or not 1 <= score_last < lengths[0]
+    ):
+        raise ValueError(
+            f"score_last must be an int in [1, {lengths[0] - 1}] (below the shortest length) or None, got {score_last!r}"
+        )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if end_at is not None and (isinstance(end_at, bool) or not isinstance(end_at, int) or end_at < lengths[-1]):
@@ -253,12 +259,14 @@ def sliding_window_perplexity(
             f"stride must be an int in [1, {lengths[0] - 1}] (below the shortest window, so that windows overlap "
             f"and every scored token has context), got {stride!r}"
         )
-    if document_tokens is not None and (isinstance(document_tokens, bool) or not isinstance(document_tokens, int) or document_tokens < lengths[-1]):
-        raise ValueError(f"document_tokens must be an int >= the longest window {lengths[-1]} or None, got {document_tokens!r}")
+    if document_tokens is not None and (
+        isinstance(document_tokens, bool) or not isinstance(document_tokens, int) or document_tokens < lengths[-1]
+    ):
+        raise ValueError(
+            f"document_tokens must be an int >= the longest window {lengths[-1]} or None, got {document_tokens!r}"
+        )
     docs = [_as_1d(d)[: document_tokens or lengths[-1]] for d in documents]
-    chosen = {
-        length: _select(docs, lengths[-1] if same_documents else length, max_documents) for length in lengths
-    }
+    chosen = {length: _select(docs, lengths[-1] if same_documents else length, max_documents) for length in lengths}
     total = sum(len(list(sliding_windows(d.numel(), length, stride))) for length in lengths for d in chosen[length])
     points = []
     with _Eval(model) as device, tqdm(total=total, desc="perplexity (sliding)", disable=not progress) as bar:

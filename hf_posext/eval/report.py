@@ -89,16 +89,22 @@ class ResultFile:
         self.settings = json.loads(json.dumps(settings, default=str))
         previous = json.loads(self.path.read_text()) if self.path.exists() else {}
         if not isinstance(previous, dict):
-            raise ValueError(f"{str(self.path)!r} is not a results file of hf-posext (a JSON object); "
-                             "move it away or choose another --out")
+            raise ValueError(
+                f"{str(self.path)!r} is not a results file of hf-posext (a JSON object); "
+                "move it away or choose another --out"
+            )
         same = previous.get("settings") == self.settings
         if not same and previous.get("results"):
             differ = _differences(previous.get("settings"), self.settings)
             if not overwrite:
-                raise ValueError(f"{str(self.path)!r} holds {len(previous['results'])} results of other settings "
-                                 f"({differ}); pass --overwrite (overwrite=True) to replace them, or choose another "
-                                 "--out (nothing was written)")
-            logger.warning("%s: replacing %d results of other settings (%s)", self.path, len(previous["results"]), differ)
+                raise ValueError(
+                    f"{str(self.path)!r} holds {len(previous['results'])} results of other settings "
+                    f"({differ}); pass --overwrite (overwrite=True) to replace them, or choose another "
+                    "--out (nothing was written)"
+                )
+            logger.warning(
+                "%s: replacing %d results of other settings (%s)", self.path, len(previous["results"]), differ
+            )
         self.results: dict[str, Any] = previous.get("results", {}) if same else {}
         self.seconds: float = previous.get("seconds", 0.0) if same and self.results else 0.0
         self._start = time.perf_counter()
@@ -114,8 +120,15 @@ class ResultFile:
         return self.results[key]
 
     def save(self) -> Path:
-        return write_json(self.path, {"settings": self.settings, "results": self.results, "environment": environment(),
-                                      "seconds": round(self.seconds + time.perf_counter() - self._start, 1)})
+        return write_json(
+            self.path,
+            {
+                "settings": self.settings,
+                "results": self.results,
+                "environment": environment(),
+                "seconds": round(self.seconds + time.perf_counter() - self._start, 1),
+            },
+        )
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> Path:
@@ -137,7 +150,7 @@ def format_value(value: float | None, digits: int = 3) -> str:
         return "-"
     if math.isinf(value) or math.isnan(value):
         return str(value)
-    return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
+    return f"{value:.{digits}g}" if value < 10**digits else f"{value:.0f}"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -146,7 +159,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max([len(str(h)), *(len(r[i]) for r in cells)]) for i, h in enumerate(header)]  # rows may be none
     lines = ["| " + " | ".join(str(h).ljust(w) for h, w in zip(header, widths)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    lines += ["| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |" for row in cells]
+    lines += [
+        "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
+        for row in cells
+    ]
     return "\n".join(lines)
 
 

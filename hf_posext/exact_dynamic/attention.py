@@ -78,8 +78,10 @@ def exact_dynamic_attention(
     if plan.native:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
         layer = rope.cache_layer(module, key)
         if layer is None:
-            raise RuntimeError(f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
-                               "(a cache layer of another kind); patch with exact_cache=False for this cache")
+            raise RuntimeError(
+                f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
+                "(a cache layer of another kind); patch with exact_cache=False for this cache"
+            )
         setattr(layer, ROTATED_ATTR, _rotated(layer, kv_len, seq)[0] + kv_len)
         return kernel(module, query, key, value, attention_mask, **kwargs)
     layer = rope.cache_layer(module, key) if rope.saturation is not None and not key.requires_grad else None
@@ -132,12 +134,15 @@ def exact_dynamic_attention(
                 "exact dynamic scaling: %d prompt rows past L_orig=%d on %s each attend to their own rotated "
                 "copy of the keys (no fused kernel yet); on a GPU this prefill is many times slower than "
                 "transformers' (hf-posext docs: results/gpu.md, the GPU check). Patch with exact_cache=False for fast long-prompt prefill.",
-                rowwise.stop - rowwise.start, rope.original, query.device.type,
+                rowwise.stop - rowwise.start,
+                rope.original,
+                query.device.type,
             )
         batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
         attend = attend_rowwise if batched else attend_rowwise_by_kernel
-        attend(plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge,
-               kwargs)
+        attend(
+            plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge, kwargs
+        )
     return output, weights[0]
 
 
@@ -163,8 +168,9 @@ def _attend_rotated(
         plan.rotated_layers.add(id(layer))
         first, done = _rotated(layer, kv_len, query.shape[2])
         key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
-        k_cos, k_sin = plan.tables(("k rotated", done, kv_len),
-                                   lambda: plan.rope.cos_sin(call, key_positions[:, done:], dtype))
+        k_cos, k_sin = plan.tables(
+            ("k rotated", done, kv_len), lambda: plan.rope.cos_sin(call, key_positions[:, done:], dtype)
+        )
         key[:, :, done:] = apply_rotary(key[:, :, done:], k_cos, k_sin)
         setattr(layer, ROTATED_ATTR, first + kv_len)
     q_cos, q_sin = plan.tables(("q", 0), lambda: plan.rope.cos_sin(call, positions, dtype))
@@ -226,6 +232,7 @@ def _attend_decoding(
         return grid_rotations(newest, kv_len, call.inv_freq, scaling)[:, None]
 
     if not uses_complex_rotation(query, key):
+
         def real_tables() -> tuple[torch.Tensor, torch.Tensor]:
             table = rotation()
             return table.real.to(query.dtype), table.imag.to(query.dtype)
@@ -243,4 +250,3 @@ def _attend_decoding(
         rotated_key = torch.cat((rotated_key, key[..., 2 * half :]), dim=-1)
         interleaved_query = torch.cat((interleaved_query, query[..., 2 * half :]), dim=-1)
     return kernel(module, interleaved_query, rotated_key, value, attention_mask, **kwargs)
-

@@ -14,6 +14,7 @@ import torch
 from .forward_plan import ForwardPlan, RowWise
 from .rotation import grid_factors, grid_product, grid_size
 
+
 def rows_mask(
     attention_mask: torch.Tensor | None,
     start: int,

@@ -135,8 +135,16 @@ class ForwardPlan:
                 row_lengths = row_lengths[:1]
             per_row = [rope.frequencies(length, device) for length in row_lengths]
             inv_freq = torch.stack([f for f, _ in per_row])
-            self.calls = [Call(0, seq, inv_freq, multipliers([s for _, s in per_row], device), None,
-                               rope.kept.rows(row_lengths, rope.saturation, device))]
+            self.calls = [
+                Call(
+                    0,
+                    seq,
+                    inv_freq,
+                    multipliers([s for _, s in per_row], device),
+                    None,
+                    rope.kept.rows(row_lengths, rope.saturation, device),
+                )
+            ]
             return
         # Lengths up to L_orig (and, for YaRN, from saturation on) share one frequency set: one
         # multi-row kernel call each. Every length in between belongs to a single position.
@@ -148,8 +156,16 @@ class ForwardPlan:
                 continue
             start, stop = touched[0], touched[-1] + 1
             inv_freq, scaling = rope.frequencies(length, device)
-            self.calls.append(Call(start, stop, inv_freq[None], multipliers([scaling], device), rows[:, start:stop],
-                                   rope.kept.rows([length], rope.saturation, device)))
+            self.calls.append(
+                Call(
+                    start,
+                    stop,
+                    inv_freq[None],
+                    multipliers([scaling], device),
+                    rows[:, start:stop],
+                    rope.kept.rows([length], rope.saturation, device),
+                )
+            )
             shared |= rows
         own = ~shared
         touched = own.any(dim=0).nonzero().flatten().tolist()
@@ -345,8 +361,12 @@ class ExactDynamicRope:
             return layer
         # a sliding-window layer keeps a view of the last keys it hands attention: the same memory
         kept = keys.shape[-2] if isinstance(keys, torch.Tensor) and keys.dim() == key.dim() else 0
-        if 0 < kept <= key.shape[-2] and keys.stride() == key.stride() and keys.data_ptr() == key[
-                ..., key.shape[-2] - kept :, :].data_ptr() and callable(getattr(layer, "get_seq_length", None)):
+        if (
+            0 < kept <= key.shape[-2]
+            and keys.stride() == key.stride()
+            and keys.data_ptr() == key[..., key.shape[-2] - kept :, :].data_ptr()
+            and callable(getattr(layer, "get_seq_length", None))
+        ):
             return layer
         return None
 

@@ -44,7 +44,9 @@ def length_dependent(rope_parameters: dict[str, Any] | None) -> bool:
     if rope_type in LONGROPE_ROPE_TYPES:
         if kept_positions(params):
             return True
-        return [float(f) for f in params.get("short_factor") or ()] != [float(f) for f in params.get("long_factor") or ()]
+        return [float(f) for f in params.get("short_factor") or ()] != [
+            float(f) for f in params.get("long_factor") or ()
+        ]
     return rope_type in EXACT_ROPE_TYPES
 
 

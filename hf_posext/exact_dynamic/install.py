@@ -48,10 +48,13 @@ class ExactDynamicRotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Identity ``(cos, sin)``, ``[batch, seq, rotary_dim]`` in ``x.dtype``, for ``position_ids`` ``[batch or 1, seq]``."""
-        check_attention_kept(self.rope.config, lambda current: current == self.rope.attention_name,
-                             what="exact dynamic scaling",
-                             needs=repr(self.rope.attention_name),
-                             advice="call hf_posext.patch_model again after changing it")
+        check_attention_kept(
+            self.rope.config,
+            lambda current: current == self.rope.attention_name,
+            what="exact dynamic scaling",
+            needs=repr(self.rope.attention_name),
+            advice="call hf_posext.patch_model again after changing it",
+        )
         plan = self.rope.plan(position_ids, x.shape[0])
         if self.rope.keys_rotated(plan):  # past the switch: the layers rotate, the cache keeps rotated keys
             plan.native = True
@@ -78,9 +81,17 @@ def _install(model: nn.Module, rotary: nn.Module | None, guarded: list[nn.Module
     if not length_dependent(config.rope_parameters):
         return None
     rope = install_wrapper(
-        model, lambda kernel: ExactDynamicRope(config, kernel), exact_dynamic_attention,
-        prefix=ATTENTION_PREFIX, state_attr=STATE_ATTR, purpose=PURPOSE, fallback=FALLBACK, rotary=rotary,
-        guarded=guarded, needs="exact dynamic scaling (exact_cache=True)", alternative=f", or {FALLBACK}",
+        model,
+        lambda kernel: ExactDynamicRope(config, kernel),
+        exact_dynamic_attention,
+        prefix=ATTENTION_PREFIX,
+        state_attr=STATE_ATTR,
+        purpose=PURPOSE,
+        fallback=FALLBACK,
+        rotary=rotary,
+        guarded=guarded,
+        needs="exact dynamic scaling (exact_cache=True)",
+        alternative=f", or {FALLBACK}",
     )
     for base in guarded:  # the hooks go with the state on disable
         rope.hooks.append(base.register_forward_pre_hook(functools.partial(_note_cache, rope), with_kwargs=True))

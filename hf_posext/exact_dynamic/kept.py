@@ -37,7 +37,9 @@ class KeptPositions:
     def __bool__(self) -> bool:
         return self.count > 0
 
-    def rows(self, lengths: Sequence[int | None], switched: int | None, device: torch.device | str) -> torch.Tensor | None:
+    def rows(
+        self, lengths: Sequence[int | None], switched: int | None, device: torch.device | str
+    ) -> torch.Tensor | None:
         """``[len(lengths)]`` bool: the batch rows whose frequency length is ``switched`` (past the switch), where
         positions below :attr:`count` are kept; ``None`` when no row keeps any (the call's tables are left as built)."""
         if not self.count:
@@ -57,15 +59,18 @@ class KeptPositions:
             self._plain[key] = default_inv_freq(self.theta, self.rotary_dim, device)
         return self._plain[key]
 
-    def swap(self, positions: torch.Tensor, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def swap(
+        self, positions: torch.Tensor, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Half tables ``[batch, seq, rotary_dim // 2]`` with the kept positions of the batch ``rows`` ([batch or 1]
         bool) on plain RoPE, multiplier 1 (:func:`~.rotation.cos_sin`'s arithmetic)."""
         keep = (rows[:, None] & (positions < self.count))[..., None]
         plain_cos, plain_sin = cos_sin(positions, self.plain(positions.device)[None], None, dtype)
         return torch.where(keep, plain_cos, cos), torch.where(keep, plain_sin, sin)
 
-    def swap_full(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def swap_full(
+        self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' full fp32 tables ``[batch, seq, rotary_dim]`` (``cat(freqs, freqs)``) with the kept
         positions on plain RoPE, multiplier 1: what its rotary module returns past the switch."""
         if int(positions.min()) >= self.count:  # a decoding step past the switch: nothing kept
@@ -75,7 +80,9 @@ class KeptPositions:
         keep = (positions < self.count)[..., None]
         return torch.where(keep, emb.cos(), cos), torch.where(keep, emb.sin(), sin)
 
-    def swap_inverse(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def swap_inverse(
+        self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 half tables of the inverse rotation (``cos``, ``-sin`` over the multiplier) with the kept positions'
         inverse plain rotation: to un-rotate keys stored rotated past the switch."""
         keep = (positions < self.count)[..., None]

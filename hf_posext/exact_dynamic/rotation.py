@@ -64,8 +64,6 @@ def cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
-
-
 def uses_complex_rotation(x: torch.Tensor, *others: torch.Tensor) -> bool:
     """Whether ``x``'s rotations take the complex-multiply path: fp32 (no complex type rounds like
     bf16/fp16) on CPU or CUDA (other backends' complex support is partial); else :func:`rotate`.
@@ -83,8 +81,6 @@ def multipliers(values: list[float], device: torch.device) -> torch.Tensor | Non
     if all(value == 1.0 for value in values):
         return None
     return torch.tensor(values, dtype=torch.float32, device=device)
-
-
 
 
 def grid_rotations(
@@ -170,10 +166,6 @@ def grid_size(count: int) -> int:
     return coarse * fine
 
 
-
-
 def interleave(x: torch.Tensor, half: int) -> torch.Tensor:
     """``x``'s rotary channels reordered as (0, half, 1, half + 1, ...): the real view of its complex pairs."""
     return torch.stack((x[..., :half], x[..., half : 2 * half]), dim=-1).flatten(-2)
-
-

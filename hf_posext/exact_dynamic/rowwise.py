@@ -176,7 +176,9 @@ def attend_rowwise_by_kernel(
         k_cos, k_sin = _key_tables(plan, query, key_positions, rowwise, start, stop, keys)
         q = q.transpose(1, 2).reshape(batch * rows, heads, 1, dim)
         # every row's own rotation of the keys: [batch, rows, kv_heads, keys, dim]
-        k = rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None]).reshape(batch * rows, kv_heads, keys, dim)
+        k = rotate(key[:, None, :, :keys], k_cos[:, :, None], k_sin[:, :, None]).reshape(
+            batch * rows, kv_heads, keys, dim
+        )
         v = value[:, None, :, :keys].expand(batch, rows, kv_heads, keys, value.shape[-1])
         v = v.reshape(batch * rows, kv_heads, keys, value.shape[-1])
         mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)
@@ -186,4 +188,3 @@ def attend_rowwise_by_kernel(
         if part is not None:
             part = part.reshape(batch, rows, part.shape[1], keys).transpose(1, 2)
         merge(start, stop, rowwise.rows[:, start:stop], out, part)
-

@@ -29,8 +29,12 @@ from .tinylm import TinyLMConfig, is_cached, pretrain
 
 #: The rows of the demo table after the model as trained: every registered RoPE extension
 #: method, each dynamic variant next to its static one (``ntk``, ``dynamic_ntk``).
-ROPE_METHODS = tuple(sorted((m for m in available_methods() if method_class(m).scales_rope),
-                            key=lambda m: (m.removeprefix("dynamic_"), method_class(m).dynamic)))
+ROPE_METHODS = tuple(
+    sorted(
+        (m for m in available_methods() if method_class(m).scales_rope),
+        key=lambda m: (m.removeprefix("dynamic_"), method_class(m).dynamic),
+    )
+)
 #: The ones that set their own factor from the input length.
 DYNAMIC_METHODS = tuple(m for m in ROPE_METHODS if method_class(m).dynamic)
 
@@ -59,8 +63,16 @@ class DemoConfig:
 
 FULL = DemoConfig()
 QUICK = DemoConfig(
-    model=TinyLMConfig(seq_len=32, steps=25, batch_size=8, hidden_size=32, num_layers=2, num_heads=2,
-                       warmup_steps=5, max_train_bytes=1_000_000),
+    model=TinyLMConfig(
+        seq_len=32,
+        steps=25,
+        batch_size=8,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        warmup_steps=5,
+        max_train_bytes=1_000_000,
+    ),
     documents=2,
 )
 
@@ -108,9 +120,7 @@ def run_demo(
     n_scored = train_len - 1
 
     def measure(lengths_: list[int]) -> list[dict[str, Any]]:
-        points = truncated_perplexity(
-            model, docs, lengths_, score_last=n_scored, end_at=lengths[-1], progress=False
-        )
+        points = truncated_perplexity(model, docs, lengths_, score_last=n_scored, end_at=lengths[-1], progress=False)
         return [p.to_dict() for p in points]
 
     header = ["method"] + [f"{n} ({m}x)" for n, m in zip(lengths, config.multiples)]

@@ -52,8 +52,12 @@ class ReproConfig:
 
     model: TinyLMConfig = TinyLMConfig()
     #: ``rope`` and every registered method that replaces RoPE (ALiBi, sinusoidal, learned).
-    positions: tuple[str, ...] = field(default_factory=lambda: (
-        "rope", *(m for m in available_methods() if not method_class(m).scales_rope and not method_class(m).takes_factor)))
+    positions: tuple[str, ...] = field(
+        default_factory=lambda: (
+            "rope",
+            *(m for m in available_methods() if not method_class(m).scales_rope and not method_class(m).takes_factor),
+        )
+    )
     multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     documents: int = 24
     factor: float = 8.0
@@ -72,8 +76,16 @@ class ReproConfig:
 
 FULL = ReproConfig()
 QUICK = ReproConfig(
-    model=TinyLMConfig(seq_len=32, steps=20, batch_size=8, hidden_size=32, num_layers=2, num_heads=2, warmup_steps=4,
-                       max_train_bytes=1_000_000),
+    model=TinyLMConfig(
+        seq_len=32,
+        steps=20,
+        batch_size=8,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        warmup_steps=4,
+        max_train_bytes=1_000_000,
+    ),
     documents=2,
     multiples=(1, 2, 4),
     factor=4.0,
@@ -82,8 +94,17 @@ QUICK = ReproConfig(
     finetune_batch=2,
     finetune_warmup=1,
     finetune_bytes=200_000,
-    passkey_model=TinyLMConfig(seq_len=128, steps=10, batch_size=4, hidden_size=32, num_layers=2, num_heads=2,
-                               warmup_steps=2, max_train_bytes=1_000_000, passkey_fraction=0.5),
+    passkey_model=TinyLMConfig(
+        seq_len=128,
+        steps=10,
+        batch_size=4,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        warmup_steps=2,
+        max_train_bytes=1_000_000,
+        passkey_fraction=0.5,
+    ),
     passkey_multiples=(1, 2),
     passkey_depths=(0.0, 1.0),
     passkey_trials=1,
@@ -106,7 +127,9 @@ def _settings(config: ReproConfig, *names: str) -> dict[str, Any]:
     return settings
 
 
-def _ppl_rows(model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int, metric: str) -> list[dict[str, Any]]:
+def _ppl_rows(
+    model: Any, docs: list[torch.Tensor], lengths: list[int], n_scored: int, metric: str
+) -> list[dict[str, Any]]:
     """``last``: the last ``n_scored`` tokens of cuts ending together; ``all``: every token of the first L."""
     if metric == "last":
         points = truncated_perplexity(model, docs, lengths, score_last=n_scored, end_at=lengths[-1], progress=False)
@@ -121,16 +144,18 @@ def _both_metrics(model: Any, docs: list[torch.Tensor], lengths: list[int], n_sc
 
 def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 1: every position encoding trained from scratch, evaluated up to max(multiples) x L_train."""
-    stage = ResultFile(out / "scratch.json", _settings(config, "model", "multiples", "documents"),
-                       overwrite=True)  # its own stage file: a changed setting reruns the stage, with a warning
+    stage = ResultFile(
+        out / "scratch.json", _settings(config, "model", "multiples", "documents"), overwrite=True
+    )  # its own stage file: a changed setting reruns the stage, with a warning
     lengths = [m * config.model.seq_len for m in config.multiples]
     for position in config.positions:
         if position != "rope" and position not in available_methods():
             continue
 
         def compute(position: str = position) -> dict[str, Any]:
-            model, tokenizer, info = pretrain(dataclasses.replace(config.model, position=position), cache_dir,
-                                              progress=progress)
+            model, tokenizer, info = pretrain(
+                dataclasses.replace(config.model, position=position), cache_dir, progress=progress
+            )
             docs = held_out_documents(tokenizer, lengths[-1] + 1, config.documents)
             return {"train": info, **_both_metrics(model, docs, lengths, config.model.seq_len - 1)}
 
@@ -140,9 +165,23 @@ def run_scratch(config: ReproConfig, out: Path, cache_dir: Path | None, progress
 
 def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 2: the RoPE model extended to s x L_train by every method, then PI/NTK/YaRN fine-tuned."""
-    stage = ResultFile(out / "extension.json", _settings(config, "model", "multiples", "documents", "factor", "finetune_multiple",
-                                               "finetune_steps", "finetune_batch", "finetune_lr", "finetune_warmup",
-                                               "finetune_bytes"), overwrite=True)
+    stage = ResultFile(
+        out / "extension.json",
+        _settings(
+            config,
+            "model",
+            "multiples",
+            "documents",
+            "factor",
+            "finetune_multiple",
+            "finetune_steps",
+            "finetune_batch",
+            "finetune_lr",
+            "finetune_warmup",
+            "finetune_bytes",
+        ),
+        overwrite=True,
+    )
     train_len = config.model.seq_len
     lengths = [m * train_len for m in config.multiples]
     model, tokenizer, _ = pretrain(config.model, cache_dir, progress=progress)
@@ -185,19 +224,42 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
     def finetune(method: str) -> dict[str, Any]:
         output = out / "work" / f"finetuned-{method}"
         start = time.perf_counter()
-        result = train(TrainConfig(
-            model=str(base_dir), method=method, factor=config.factor, output_dir=str(output), dataset=[str(data)],
-            seq_len=config.finetune_multiple * train_len, max_train_steps=config.finetune_steps,
-            learning_rate=config.finetune_lr, warmup_steps=config.finetune_warmup, weight_decay=0.0,
-            adam_beta1=0.9, adam_beta2=0.95, global_batch_size=config.finetune_batch,
-            micro_batch_size=config.finetune_batch, mixed_precision="no", activation_checkpointing=False,
-            attn_implementation="sdpa", cache_dir=str(out / "work" / "blocks"), seed=0, overwrite=True,
-        ))
+        result = train(
+            TrainConfig(
+                model=str(base_dir),
+                method=method,
+                factor=config.factor,
+                output_dir=str(output),
+                dataset=[str(data)],
+                seq_len=config.finetune_multiple * train_len,
+                max_train_steps=config.finetune_steps,
+                learning_rate=config.finetune_lr,
+                warmup_steps=config.finetune_warmup,
+                weight_decay=0.0,
+                adam_beta1=0.9,
+                adam_beta2=0.95,
+                global_batch_size=config.finetune_batch,
+                micro_batch_size=config.finetune_batch,
+                mixed_precision="no",
+                activation_checkpointing=False,
+                attn_implementation="sdpa",
+                cache_dir=str(out / "work" / "blocks"),
+                seed=0,
+                overwrite=True,
+            )
+        )
         seconds = time.perf_counter() - start
         tuned = AutoModelForCausalLM.from_pretrained(output, attn_implementation="sdpa").eval()
         rows = _both_metrics(tuned, docs, lengths, train_len - 1)
-        return {"train": {"steps": result.steps, "tokens": result.tokens, "final_loss": result.final_loss,
-                          "seconds": round(seconds, 1)}, **rows}
+        return {
+            "train": {
+                "steps": result.steps,
+                "tokens": result.tokens,
+                "final_loss": result.final_loss,
+                "seconds": round(seconds, 1),
+            },
+            **rows,
+        }
 
     for method in config.finetune_methods:
         if method in available_methods():
@@ -207,8 +269,11 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
 
 def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
     """Experiment 3: retrieval-trained RoPE and ALiBi models, passkey accuracy beyond L_train."""
-    stage = ResultFile(out / "passkey.json", _settings(config, "passkey_model", "passkey_multiples", "passkey_depths",
-                                             "passkey_trials"), overwrite=True)
+    stage = ResultFile(
+        out / "passkey.json",
+        _settings(config, "passkey_model", "passkey_multiples", "passkey_depths", "passkey_trials"),
+        overwrite=True,
+    )
     base = config.passkey_model
     lengths = [m * base.seq_len for m in config.passkey_multiples]
     runs: list[tuple[str, str, str | None]] = [("rope", "rope (none)", None), ("rope", "rope + yarn", "yarn")]
@@ -217,7 +282,9 @@ def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress
     for position, name, method in runs:
 
         def compute(position: str = position, method: str | None = method) -> dict[str, Any]:
-            model, tokenizer, info = pretrain(dataclasses.replace(base, position=position), cache_dir, progress=progress)
+            model, tokenizer, info = pretrain(
+                dataclasses.replace(base, position=position), cache_dir, progress=progress
+            )
             result = {"train": info, "results": []}
             for length in lengths:
                 # Static YaRN is set to each prompt length (s = L / L_train), as a user would for that context.
@@ -225,8 +292,15 @@ def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress
                 if method is not None:
                     patch_model(model, method, factor=factor)
                 try:
-                    cell = passkey_accuracy(model, tokenizer, [length], config.passkey_depths, config.passkey_trials,
-                                            task="", progress=progress)
+                    cell = passkey_accuracy(
+                        model,
+                        tokenizer,
+                        [length],
+                        config.passkey_depths,
+                        config.passkey_trials,
+                        task="",
+                        progress=progress,
+                    )
                 finally:
                     if method is not None:
                         unpatch_model(model)
@@ -248,11 +322,16 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
     header = ["model"] + [f"{n} ({m}x)" for n, m in zip(lengths, config.multiples)]
     parts = [f"# Laptop-sized reproduction\n\nMade by `{command}` in {wall_seconds / 60:.1f} min of wall time.\n"]
     # The machine the experiments ran on, as their JSON files recorded it (not this process's threads).
-    recorded = [json.loads((out / f"{n}.json").read_text()).get("environment") for n in EXPERIMENTS
-                if (out / f"{n}.json").exists()]
+    recorded = [
+        json.loads((out / f"{n}.json").read_text()).get("environment")
+        for n in EXPERIMENTS
+        if (out / f"{n}.json").exists()
+    ]
     env = next((e for e in recorded if e), None) or environment()
-    parts.append(f"Hardware and versions: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads), "
-                 f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}.\n")
+    parts.append(
+        f"Hardware and versions: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads), "
+        f"Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}.\n"
+    )
     parts.append(
         f"Models: byte-level Llama, {config.model.hidden_size} wide, {config.model.num_layers} layers, "
         f"{config.model.num_heads} heads, trained for {config.model.steps} steps of {config.model.batch_size} x "
@@ -266,25 +345,38 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
         scratch = json.loads(scratch_path.read_text())["results"]
         for metric in ("last", "all"):
             parts.append(f"## 1. Trained from scratch at {train_len} bytes ({metric})\n")
-            parts.append(markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in scratch.items()]) + "\n")
-        plot_curves(out / "repro_scratch.png", {k: _curve(v["last"]) for k, v in scratch.items()},
-                    title=f"trained from scratch at {train_len} bytes (last {train_len - 1} bytes)", vline=train_len)
+            parts.append(
+                markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in scratch.items()]) + "\n"
+            )
+        plot_curves(
+            out / "repro_scratch.png",
+            {k: _curve(v["last"]) for k, v in scratch.items()},
+            title=f"trained from scratch at {train_len} bytes (last {train_len - 1} bytes)",
+            vline=train_len,
+        )
         parts.append("![from scratch](repro_scratch.png)\n")
     if ext_path.exists():
         ext = json.loads(ext_path.read_text())["results"]
         for metric in ("last", "all"):
             parts.append(f"## 2. RoPE model extended to s = {config.factor:g} ({metric})\n")
-            parts.append(markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in ext.items()]) + "\n")
+            parts.append(
+                markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in ext.items()]) + "\n"
+            )
         tuned = {k: v["train"] for k, v in ext.items() if "train" in v}
         if tuned:
             parts.append(
                 f"Fine-tuned: {config.finetune_steps} steps of {config.finetune_batch} x "
                 f"{config.finetune_multiple * train_len} bytes, lr {config.finetune_lr:g}, warm-up {config.finetune_warmup}, "
                 "AdamW (0.9, 0.95), no weight decay, via `hf_posext.train.loop.train`; "
-                + "; ".join(f"{k}: final loss {v['final_loss']:.3f} in {v['seconds']} s" for k, v in tuned.items()) + ".\n"
+                + "; ".join(f"{k}: final loss {v['final_loss']:.3f} in {v['seconds']} s" for k, v in tuned.items())
+                + ".\n"
             )
-        plot_curves(out / "repro_extension.png", {k: _curve(v["last"]) for k, v in ext.items()},
-                    title=f"RoPE model extended to s = {config.factor:g}", vline=train_len)
+        plot_curves(
+            out / "repro_extension.png",
+            {k: _curve(v["last"]) for k, v in ext.items()},
+            title=f"RoPE model extended to s = {config.factor:g}",
+            vline=train_len,
+        )
         parts.append("![extension](repro_extension.png)\n")
     if pk_path.exists():
         pk = json.loads(pk_path.read_text())["results"]
@@ -299,12 +391,20 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
             "RoPE + YaRN uses s = L / L_train.\n"
         )
         rows = [[name, *[r["accuracy_by_length"][0] for r in v["results"]]] for name, v in pk.items()]
-        parts.append(markdown_table(["model", *[f"{n} ({m}x)" for n, m in zip(pk_lengths, config.passkey_multiples)]], rows) + "\n")
+        parts.append(
+            markdown_table(["model", *[f"{n} ({m}x)" for n, m in zip(pk_lengths, config.passkey_multiples)]], rows)
+            + "\n"
+        )
         plot_heatmaps(
             out / "repro_passkey.png",
-            {name: (pk_lengths, v["results"][0]["depths"],
-                    [[r["accuracy"][d][0] for r in v["results"]] for d in range(len(v["results"][0]["depths"]))])
-             for name, v in pk.items()},
+            {
+                name: (
+                    pk_lengths,
+                    v["results"][0]["depths"],
+                    [[r["accuracy"][d][0] for r in v["results"]] for d in range(len(v["results"][0]["depths"]))],
+                )
+                for name, v in pk.items()
+            },
             title=f"passkey retrieval (trained at {base.seq_len} bytes)",
         )
         parts.append("![passkey](repro_passkey.png)\n")

@@ -257,8 +257,13 @@ def pretrain(
     model = build_model(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     # Cosine from lr to 10% of it after a linear warm-up.
-    scheduler = get_scheduler("cosine_with_min_lr", optimizer, num_warmup_steps=config.warmup_steps,
-                              num_training_steps=config.steps, scheduler_specific_kwargs={"min_lr_rate": 0.1})
+    scheduler = get_scheduler(
+        "cosine_with_min_lr",
+        optimizer,
+        num_warmup_steps=config.warmup_steps,
+        num_training_steps=config.steps,
+        scheduler_specific_kwargs={"min_lr_rate": 0.1},
+    )
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)
     progress_state = _Progress()
@@ -275,8 +280,13 @@ def pretrain(
         raise ValueError(f"the training corpus has {corpus.numel()} tokens, fewer than seq_len={config.seq_len}")
     fillers = fit_filler(tokenizer, config.seq_len - 8, task="") if config.passkey_fraction > 0 else 0
     t0, start, losses = time.perf_counter(), progress_state.step, progress_state.losses
-    bar = tqdm(range(start, config.steps), desc=f"pretrain tiny {config.position} L={config.seq_len}", disable=not progress,
-               initial=start, total=config.steps)
+    bar = tqdm(
+        range(start, config.steps),
+        desc=f"pretrain tiny {config.position} L={config.seq_len}",
+        disable=not progress,
+        initial=start,
+        total=config.steps,
+    )
     for step in bar:
         # Batches depend on (seed, step) only, so a resumed run sees the same data as an uninterrupted one.
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)

@@ -99,8 +99,13 @@ class MethodConfig:
             )
         object.__setattr__(self, "factor", factor)
         if self.original_max_position_embeddings is not None:
-            length = whole_number(self.name, "original_max_position_embeddings", self.original_max_position_embeddings,
-                                  minimum=1, allowed="a positive int or None")
+            length = whole_number(
+                self.name,
+                "original_max_position_embeddings",
+                self.original_max_position_embeddings,
+                minimum=1,
+                allowed="a positive int or None",
+            )
             object.__setattr__(self, "original_max_position_embeddings", length)
 
     def needs_factor(self) -> bool:

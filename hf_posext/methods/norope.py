@@ -54,7 +54,9 @@ def compute_no_rope_parameters(
     return torch.zeros(rotary_dim // 2, dtype=torch.float32, device=device), 1.0
 
 
-def validate_no_rope_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
+def validate_no_rope_parameters(
+    config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None
+) -> None:
     """No rotary embedding: only ever written by a method that replaces RoPE, which its config's record names.
 
     Its own parameters are ``rope_theta`` (kept for unpatch); what it needs is that record

@@ -25,8 +25,7 @@ from .surgery import Surgery
 #: The wrapper of each kernel, masked as that kernel is, and the name saved checkpoints carry.
 REMAP_ATTENTIONS = {
     SAVED_ATTENTION: AttentionFunctions(remap_attention, "sdpa"),
-    **{ATTENTION_PREFIX + kernel: AttentionFunctions(remap_attention, kernel)
-       for kernel in SUPPORTED_KERNELS},
+    **{ATTENTION_PREFIX + kernel: AttentionFunctions(remap_attention, kernel) for kernel in SUPPORTED_KERNELS},
 }
 
 _BASE_FIELDS = "base_config_fields"
@@ -42,11 +41,13 @@ def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, 
     """Forward pre-hook of a remapped base model: its attention implementation must still be the remapping's."""
     method = module.config.hf_posext["method"]
     check_attention_kept(
-        module.config, _is_remapping, what=method,
+        module.config,
+        _is_remapping,
+        what=method,
         needs=f"the remapping attention {ATTENTION_PREFIX}<kernel>; without it the model runs plain RoPE past its "
-              f"context",
+        f"context",
         advice=f"to run {method} on another kernel, unpatch, set the implementation, then call "
-               f"hf_posext.patch_model(model, {method!r}, ...) again",
+        f"hf_posext.patch_model(model, {method!r}, ...) again",
     )
 
 
@@ -57,8 +58,12 @@ def _original(config: PreTrainedConfig) -> int:
 class RemapSurgery(Surgery):
     def check(self, method: AttentionRemapMethod, config: PreTrainedConfig, model: nn.Module | None) -> None:
         """Interleaved rotary pairs, multi-head latent attention, per-layer-type rope: refused before any change."""
-        check_wrappable_attention(config, model, purpose=f"{method.name} (model_type={getattr(config, 'model_type', None)!r})",
-                                  fallback=FALLBACK)
+        check_wrappable_attention(
+            config,
+            model,
+            purpose=f"{method.name} (model_type={getattr(config, 'model_type', None)!r})",
+            fallback=FALLBACK,
+        )
 
     def patch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig) -> None:
         fields = method.config_fields(_original(config))
@@ -83,7 +88,9 @@ class RemapSurgery(Surgery):
         uninstall_remapping(model)
         remove_forward_guard(getattr(model, "base_model", model), _GUARD_HANDLE)
 
-    def on_rotary_init(self, method: AttentionRemapMethod, base_model: nn.Module, rotary: nn.Module) -> nn.Module | None:
+    def on_rotary_init(
+        self, method: AttentionRemapMethod, base_model: nn.Module, rotary: nn.Module
+    ) -> nn.Module | None:
         install_remapping(base_model, method.remapping(_original(base_model.config)), rotary)
         install_forward_guard(base_model, _GUARD_HANDLE, _refuse_changed_attention)
         return None

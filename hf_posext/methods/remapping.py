@@ -37,8 +37,9 @@ def _shipped_config(config: Any, layer_type: str | None) -> Any:
     return probe
 
 
-def compute_remap_rope_parameters(config: Any, device: torch.device | str | None = None, seq_len: int | None = None,
-                                  layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+def compute_remap_rope_parameters(
+    config: Any, device: torch.device | str | None = None, seq_len: int | None = None, layer_type: str | None = None
+) -> tuple[torch.Tensor, float]:
     """transformers' rope-init contract for :data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`: the shipped type's own.
 
     Plain RoPE as transformers' ``compute_default_rope_parameters`` computes it (bit for bit);
@@ -51,21 +52,25 @@ def compute_remap_rope_parameters(config: Any, device: torch.device | str | None
     return integration.rope_init_function(params["rope_type"])(probe, device, seq_len, layer_type)
 
 
-def validate_remap_rope_parameters(config: Any, rope_parameters: dict[str, Any],
-                                   ignore_keys: set[str] | None = None) -> None:
+def validate_remap_rope_parameters(
+    config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None
+) -> None:
     """Validate the shipped entry by its own type's validator (``remapped_rope_type`` is the one extra key).
 
     Raises:
         KeyError: no ``remapped_rope_type`` (transformers' rule for a missing required key).
     """
     if REMAPPED_TYPE_KEY not in rope_parameters:
-        raise KeyError(f"Missing required keys in `rope_parameters` for 'rope_type'='{REMAP_ROPE_TYPE}': "
-                       f"{{'{REMAPPED_TYPE_KEY}'}}")
+        raise KeyError(
+            f"Missing required keys in `rope_parameters` for 'rope_type'='{REMAP_ROPE_TYPE}': {{'{REMAPPED_TYPE_KEY}'}}"
+        )
     params = shipped_parameters(rope_parameters)
     shipped = params["rope_type"]
     if not isinstance(shipped, str) or shipped == REMAP_ROPE_TYPE or not integration.is_registered_rope_type(shipped):
-        raise ValueError(f"rope_parameters[{REMAPPED_TYPE_KEY!r}] must name the checkpoint's own rope type (default, "
-                         f"linear, yarn, llama3, longrope...), got {shipped!r}")
+        raise ValueError(
+            f"rope_parameters[{REMAPPED_TYPE_KEY!r}] must name the checkpoint's own rope type (default, "
+            f"linear, yarn, llama3, longrope...), got {shipped!r}"
+        )
     getattr(config, f"_validate_{shipped}_rope_parameters")(params, ignore_keys=ignore_keys)
 
 

@@ -103,8 +103,12 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
         "transformers 5": transformers5.verdict(rope_type),
         "transformers 4.57": transformers4.verdict(rope_type),
         "vLLM": _engine_verdict(_rules(vllm.effective_rope, config), intended, vllm.max_model_len(config), context),
-        "SGLang": _engine_verdict(_rules(sglang.effective_rope, config, rotary_dim_of(config)), intended,
-                                  sglang.context_length(config), context),
+        "SGLang": _engine_verdict(
+            _rules(sglang.effective_rope, config, rotary_dim_of(config)),
+            intended,
+            sglang.context_length(config),
+            context,
+        ),
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
     method = (getattr(config, "hf_posext", None) or {}).get("method")
@@ -115,8 +119,9 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     elif rope_type == "dynamic":
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
     else:
-        status, how = _engine_verdict(llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)),
-                                      context)
+        status, how = _engine_verdict(
+            llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context
+        )
         if status == "wrong":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
             how += "; `hf-posext gguf export` writes the GGUF rope llama.cpp reads"
         verdicts["llama.cpp"] = (status, how)
@@ -138,13 +143,19 @@ def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
     ``dual_chunk_attention_config`` before they look at the rope type.
     """
     verdicts: dict[str, Verdict] = {
-        "transformers 5": ("right", "after `import hf_posext`; without it, from_pretrained refuses the "
-                                    "attn_implementation config.json names, and with an explicit attn_implementation "
-                                    f"building the model raises KeyError: {REMAP_ROPE_TYPE!r}"),
+        "transformers 5": (
+            "right",
+            "after `import hf_posext`; without it, from_pretrained refuses the "
+            "attn_implementation config.json names, and with an explicit attn_implementation "
+            f"building the model raises KeyError: {REMAP_ROPE_TYPE!r}",
+        ),
     }
     if method == "dca" and getattr(config, "model_type", None) in VLLM_DUAL_CHUNK_MODEL_TYPES:
-        verdicts["vLLM"] = ("right", "reads dual_chunk_attention_config before the rope type (get_rope's dual-chunk "
-                                     "branch, DualChunkFlashAttention; plain-theta frequencies; not run here)")
+        verdicts["vLLM"] = (
+            "right",
+            "reads dual_chunk_attention_config before the rope type (get_rope's dual-chunk "
+            "branch, DualChunkFlashAttention; plain-theta frequencies; not run here)",
+        )
     return verdicts
 
 
@@ -155,8 +166,11 @@ def engine_warning(config: Any, context: int, method: str) -> str | None:
     if not wrong:
         return None
     right = [reader for reader, (status, _) in verdicts.items() if status == "right"]
-    text = (f"{method} checkpoints are read wrong, without an error, by: " + "; ".join(wrong)
-            + f". Read as patched by: {', '.join(right)}.")
+    text = (
+        f"{method} checkpoints are read wrong, without an error, by: "
+        + "; ".join(wrong)
+        + f". Read as patched by: {', '.join(right)}."
+    )
     static = method_class(method).static_equivalent
     if static is not None:
         text += f" To serve it with those engines, patch with the static equivalent --method {static} instead."

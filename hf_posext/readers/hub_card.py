@@ -68,4 +68,3 @@ def readers_section(verdicts: dict[str, tuple[str, str]]) -> str:
         "to this config.json):\n\n"
         f"| reader | reads it right | how |\n|---|---|---|\n{rows}\n"
     )
-

@@ -12,7 +12,14 @@ from typing import Any
 from ..rope_utils import yarn_mscale
 from .rope import RopeDescription, describe
 
-LENGTH_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_ctx",
+    "n_positions",
+    "max_length",
+    "max_sequence_length",
+    "model_max_length",
+)
 
 
 def gguf_rope_keys(config_json: dict[str, Any]) -> dict[str, Any]:
@@ -34,10 +41,18 @@ def gguf_rope_keys(config_json: dict[str, Any]) -> dict[str, Any]:
     elif rope_type == "llama3":
         keys["rope_freqs"] = "llama3"  # the tensor, not a key: its per-pair divisors are llama3's
     elif rope_type == "yarn" and factor is not None:
-        keys.update({"rope.scaling.type": "yarn", "rope.scaling.factor": factor,
-                     "rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
-        for name, key in (("attention_factor", "yarn_attn_factor"), ("beta_fast", "yarn_beta_fast"),
-                          ("beta_slow", "yarn_beta_slow")):
+        keys.update(
+            {
+                "rope.scaling.type": "yarn",
+                "rope.scaling.factor": factor,
+                "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+            }
+        )
+        for name, key in (
+            ("attention_factor", "yarn_attn_factor"),
+            ("beta_fast", "yarn_beta_fast"),
+            ("beta_slow", "yarn_beta_slow"),
+        ):
             if rope.get(name) is not None:
                 keys[f"rope.scaling.{key}"] = rope[name]
     if rope.get("rope_theta") is not None:
@@ -62,7 +77,12 @@ def effective_rope(keys: dict[str, Any]) -> RopeDescription:
         factor = float(keys["rope.scaling.factor"])
         attn = keys.get("rope.scaling.attn_factor")
         return describe(
-            "yarn", theta, factor=factor, original=keys["rope.scaling.original_context_length"],
-            beta_fast=32.0, beta_slow=1.0, attention_factor=None if attn is None else attn * yarn_mscale(factor),
+            "yarn",
+            theta,
+            factor=factor,
+            original=keys["rope.scaling.original_context_length"],
+            beta_fast=32.0,
+            beta_slow=1.0,
+            attention_factor=None if attn is None else attn * yarn_mscale(factor),
         )
     return describe("default", theta)

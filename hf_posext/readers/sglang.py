@@ -47,8 +47,12 @@ def effective_rope(config: Any, rotary_dim: int) -> RopeDescription:
         return describe("default", theta * (s * s - (s - 1)) ** (rotary_dim / (rotary_dim - 2)))
     if rope_type == "yarn":
         return describe(
-            "yarn", theta, factor=rope["factor"], original=rope["original_max_position_embeddings"],
-            beta_fast=rope.get("beta_fast", 32), beta_slow=rope.get("beta_slow", 1),
+            "yarn",
+            theta,
+            factor=rope["factor"],
+            original=rope["original_max_position_embeddings"],
+            beta_fast=rope.get("beta_fast", 32),
+            beta_slow=rope.get("beta_slow", 1),
         )
     if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
         return describe("longrope", theta)

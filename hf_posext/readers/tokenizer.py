@@ -27,8 +27,10 @@ def _read(path: Path) -> dict:
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     old = data.get("model_max_length")
     if old is not None and (isinstance(old, bool) or not isinstance(old, (int, float)) or not old > 0):  # nan too
-        raise ValueError(f"{path}: model_max_length must be a positive number (or absent: no limit), got {old!r}; "
-                         "the tokenizer compares lengths with it")
+        raise ValueError(
+            f"{path}: model_max_length must be a positive number (or absent: no limit), got {old!r}; "
+            "the tokenizer compares lengths with it"
+        )
     return data
 
 

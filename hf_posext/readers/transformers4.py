@@ -38,8 +38,10 @@ def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
 def verdict(rope_type: str) -> tuple[str, str]:
     """``("right" | "refused", how)``: how 4.57 reads a checkpoint of ``rope_type``."""
     if rope_type == "dynamic":
-        return "right", ("transformers' own dynamic NTK, as transformers 5 without hf-posext (frequencies from the "
-                         "whole sequence's length; hf-posext's exact cache computes them per position)")
+        return "right", (
+            "transformers' own dynamic NTK, as transformers 5 without hf-posext (frequencies from the "
+            "whole sequence's length; hf-posext's exact cache computes them per position)"
+        )
     if rope_type in KNOWN_ROPE_TYPES:
         return "right", "same logits as transformers 5, from the legacy rope_theta / rope_scaling"
     return "refused", f"building the model raises KeyError: {rope_type!r}"

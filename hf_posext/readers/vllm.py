@@ -12,8 +12,15 @@ from .rope import RopeDescription, describe
 
 #: ``_get_and_verify_max_len``'s ``possible_keys``, in its order (the smallest value wins).
 LENGTH_KEYS = (
-    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
 )
 
 
@@ -55,8 +62,12 @@ def effective_rope(config: Any) -> RopeDescription:
         return describe("default", theta)  # base * (s - (s - 1))^(d/(d-2)) = base
     if rope_type == "yarn":
         return describe(
-            "yarn", theta, factor=rope["factor"], original=rope["original_max_position_embeddings"],
-            beta_fast=rope.get("beta_fast", 32), beta_slow=rope.get("beta_slow", 1),
+            "yarn",
+            theta,
+            factor=rope["factor"],
+            original=rope["original_max_position_embeddings"],
+            beta_fast=rope.get("beta_fast", 32),
+            beta_slow=rope.get("beta_slow", 1),
         )
     if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
         return describe("longrope", theta)

@@ -24,12 +24,21 @@ _TOKENIZE_BATCH = 256
 _CACHE_VERSION = 2
 
 
-def _fingerprint(items: Sequence[str], split: str, text_field: str, tokenizer: Any, block_len: int,
-                 max_blocks: int | None) -> str:
+def _fingerprint(
+    items: Sequence[str], split: str, text_field: str, tokenizer: Any, block_len: int, max_blocks: int | None
+) -> str:
     """A key that changes whenever the blocks would: data, tokenizer, block length, limit."""
     digest = hashlib.sha256()
-    parts: list[Any] = [_CACHE_VERSION, split, text_field, block_len, max_blocks,
-                        tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)]
+    parts: list[Any] = [
+        _CACHE_VERSION,
+        split,
+        text_field,
+        block_len,
+        max_blocks,
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        len(tokenizer),
+    ]
     if is_local_dataset(items):
         for path in resolve_local_files(items, split):
             stat = path.stat()
@@ -44,8 +53,9 @@ def _fingerprint(items: Sequence[str], split: str, text_field: str, tokenizer: A
     return digest.hexdigest()[:24]
 
 
-def _tokenize_to_blocks(documents: Iterable[str], tokenizer: Any, block_len: int, max_blocks: int | None,
-                        desc: str) -> np.ndarray:
+def _tokenize_to_blocks(
+    documents: Iterable[str], tokenizer: Any, block_len: int, max_blocks: int | None, desc: str
+) -> np.ndarray:
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.int32
     blocks: list[np.ndarray] = []
@@ -67,9 +77,9 @@ def _tokenize_to_blocks(documents: Iterable[str], tokenizer: Any, block_len: int
         if max_blocks is not None:
             full = min(full, max_blocks - len(blocks))
         for i in range(full):
-            blocks.append(stream[i * block_len:(i + 1) * block_len].astype(dtype))
+            blocks.append(stream[i * block_len : (i + 1) * block_len].astype(dtype))
         bar.update(full)
-        carry = stream[full * block_len:]
+        carry = stream[full * block_len :]
         return max_blocks is not None and len(blocks) >= max_blocks
 
     batch: list[str] = []
@@ -168,7 +178,7 @@ def micro_batch_indices(
             generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
             order = torch.randperm(num_blocks, generator=generator).tolist()
         offset = within * per_step + process_index * micro_batch_size
-        yield order[offset:offset + micro_batch_size]
+        yield order[offset : offset + micro_batch_size]
         index += 1
 
 

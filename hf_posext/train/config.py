@@ -20,13 +20,23 @@ from transformers import SchedulerType, get_scheduler
 from ..integration import HfArg
 from ..methods import method_class, method_config
 from ..validation import (
-    Check, anything, choice, integer, mapping, number, optional, parse_bool, real_number, required,
+    Check,
+    anything,
+    choice,
+    integer,
+    mapping,
+    number,
+    optional,
+    parse_bool,
+    real_number,
+    required,
 )
 
 #: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
 #: or greedy, which step on a metric); ``constant`` keeps the peak after the warm-up.
-SCHEDULERS = tuple(kind.value for kind in SchedulerType
-                   if kind not in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY))
+SCHEDULERS = tuple(
+    kind.value for kind in SchedulerType if kind not in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY)
+)
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 REPORT_TO = ("none", "tensorboard", "wandb", "all")
@@ -52,13 +62,17 @@ class TrainConfig:
     model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer, or a local .gguf file")
     method: str = HfArg(default="yarn", help="a position method from hf_posext.available_methods()")
     factor: float | None = HfArg(
-        default=None, help=f"the context scale s; the model is trained for s * L_orig tokens; default {DEFAULT_FACTOR:g} "
-        "(the YaRN paper's), 1 for the methods that take no factor (alibi, sinusoidal, learned)")
+        default=None,
+        help=f"the context scale s; the model is trained for s * L_orig tokens; default {DEFAULT_FACTOR:g} "
+        "(the YaRN paper's), 1 for the methods that take no factor (alibi, sinusoidal, learned)",
+    )
     output_dir: str = HfArg(default="", help="where the final checkpoint is written (atomically)")
     overwrite: bool = HfArg(
-        default=False, help="write into a non-empty output_dir: its checkpoint files are replaced, other files kept")
-    dataset: list[str] = HfArg(default_factory=list,
-                               help="an HF dataset name, or local .txt/.jsonl files, folders or globs, or stdlib")
+        default=False, help="write into a non-empty output_dir: its checkpoint files are replaced, other files kept"
+    )
+    dataset: list[str] = HfArg(
+        default_factory=list, help="an HF dataset name, or local .txt/.jsonl files, folders or globs, or stdlib"
+    )
     dataset_split: str = HfArg(default="train", help="the split of an HF dataset")
     text_field: str = HfArg(default="text", help="the text column of a .jsonl file or an HF dataset")
     seq_len: int | None = HfArg(default=None, help="the trained context; default factor * L_orig")
@@ -67,7 +81,7 @@ class TrainConfig:
     lr_scheduler: Scheduler = HfArg(
         default="linear",
         help="transformers.get_scheduler's schedule after the warm-up: linear decay to 0 (the paper), constant "
-             "(transformers' constant_with_warmup), cosine, warmup_stable_decay...",
+        "(transformers' constant_with_warmup), cosine, warmup_stable_decay...",
     )
     lr_scheduler_kwargs: dict[str, Any] = HfArg(
         default_factory=dict,
@@ -81,25 +95,34 @@ class TrainConfig:
     max_grad_norm: float = HfArg(default=1.0, help="gradient clipping; 0 turns it off")
     global_batch_size: int = HfArg(default=64, help="sequences per optimizer step over all processes (the paper: 64)")
     micro_batch_size: int = HfArg(
-        default=1, help="sequences per forward on one process; the rest is gradient accumulation")
+        default=1, help="sequences per forward on one process; the rest is gradient accumulation"
+    )
     mixed_precision: MixedPrecision = HfArg(
-        default="auto", help="auto = the launcher's setting, else bf16 where the accelerator supports it, else fp32")
+        default="auto", help="auto = the launcher's setting, else bf16 where the accelerator supports it, else fp32"
+    )
     activation_checkpointing: bool = HfArg(default=True, help="recompute layer activations in the backward pass")
     activation_offload: bool = HfArg(
-        default=False, help="GPU only: checkpointed activations wait in pinned host memory, not on the device "
-        "(transformers' offload); refused on CPU, where it would only add copies")
+        default=False,
+        help="GPU only: checkpointed activations wait in pinned host memory, not on the device "
+        "(transformers' offload); refused on CPU, where it would only add copies",
+    )
     loss_chunk_size: int = HfArg(
-        default=1024, help="tokens whose logits exist at once in the loss (train/loss.py); "
-        "0 = the model's own loss, which materialises [tokens x vocabulary] fp32 logits")
+        default=1024,
+        help="tokens whose logits exist at once in the loss (train/loss.py); "
+        "0 = the model's own loss, which materialises [tokens x vocabulary] fp32 logits",
+    )
     attn_implementation: str = HfArg(
-        default="sdpa", help="transformers attention backend (sdpa, flash_attention_2, eager)")
+        default="sdpa", help="transformers attention backend (sdpa, flash_attention_2, eager)"
+    )
     lora: bool = HfArg(
-        default=False, help="train LoRA adapters plus embeddings and norms (LongLoRA) and merge them on save")
+        default=False, help="train LoRA adapters plus embeddings and norms (LongLoRA) and merge them on save"
+    )
     lora_rank: int = HfArg(default=8, help="LoRA r")
     lora_alpha: int = HfArg(default=16, help="LoRA alpha")
     lora_dropout: float = HfArg(default=0.0, help="LoRA dropout")
-    lora_target_modules: list[str] = HfArg(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-                                           help="the linear layers LoRA adapts")
+    lora_target_modules: list[str] = HfArg(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], help="the linear layers LoRA adapts"
+    )
     pose: bool = HfArg(
         default=False,
         help="positional skip-wise training (PoSE): a pose_window of tokens with position ids spread over seq_len",
@@ -107,23 +130,24 @@ class TrainConfig:
     pose_window: int | None = HfArg(default=None, help="tokens per PoSE sample; default the model's original context")
     pose_chunks: int = HfArg(default=2, help="chunks of a PoSE sample (the paper: 2)")
     checkpointing_steps: int = HfArg(default=0, help="save the full training state every N steps (0: never)")
-    checkpoint_dir: str | None = HfArg(
-        default=None, help="where training states go; default <output_dir>-checkpoints")
+    checkpoint_dir: str | None = HfArg(default=None, help="where training states go; default <output_dir>-checkpoints")
     checkpoints_total_limit: int = HfArg(default=2, help="keep only the newest N training states (0: keep all)")
     resume: str | None = HfArg(
         default=None,
         help="latest (the flag alone) continues from the newest training state in checkpoint_dir; "
-             "a path continues from that one",
+        "a path continues from that one",
         metadata={"nargs": "?", "const": "latest", "metavar": "PATH"},
     )
     cache_dir: str | None = HfArg(
-        default=None, help="tokenized-data cache; default $HF_POSEXT_CACHE or ~/.cache/hf_posext")
+        default=None, help="tokenized-data cache; default $HF_POSEXT_CACHE or ~/.cache/hf_posext"
+    )
     eval_blocks: int = HfArg(default=0, help="blocks of data held out and scored before and after training (0: none)")
     seed: int = HfArg(default=42, help="seed of data order, PoSE positions and LoRA initialisation")
     save_dtype: SaveDtype = HfArg(default="auto", help="dtype of the saved weights; auto = the base checkpoint's")
     report_to: ReportTo = HfArg(default="none", help="accelerate tracker (tensorboard, wandb, all) or none")
     method_kwargs: dict[str, Any] = HfArg(
-        default_factory=dict, aliases=["--set", "--method-arg"],
+        default_factory=dict,
+        aliases=["--set", "--method-arg"],
         help="an argument of the method, e.g. beta_fast=32 (repeatable; --method-arg is the old name)",
     )
 
@@ -162,8 +186,9 @@ class TrainConfig:
         if self.factor is None:  # a default nobody typed must not be refused by a method that takes no factor
             self.factor = DEFAULT_FACTOR if method_class(self.method).takes_factor else 1.0
         if self.activation_offload and not self.activation_checkpointing:
-            raise ValueError("activation_offload offloads the checkpointed activations: it needs "
-                             "activation_checkpointing=True")
+            raise ValueError(
+                "activation_offload offloads the checkpointed activations: it needs activation_checkpointing=True"
+            )
         if self.warmup_steps > self.max_train_steps:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} exceeds max_train_steps={self.max_train_steps}; "
@@ -255,9 +280,13 @@ def build_scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer) -> to
     # The recipe's "constant" has always meant: warm up, then hold (transformers' plain
     # "constant" ignores the warm-up).
     name = "constant_with_warmup" if config.lr_scheduler == "constant" else config.lr_scheduler
-    return get_scheduler(name, optimizer, num_warmup_steps=config.warmup_steps,
-                         num_training_steps=config.max_train_steps,
-                         scheduler_specific_kwargs=dict(config.lr_scheduler_kwargs))
+    return get_scheduler(
+        name,
+        optimizer,
+        num_warmup_steps=config.warmup_steps,
+        num_training_steps=config.max_train_steps,
+        scheduler_specific_kwargs=dict(config.lr_scheduler_kwargs),
+    )
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:

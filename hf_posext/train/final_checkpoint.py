@@ -50,12 +50,21 @@ def _check_apart(checkpoints: Path, output: Path) -> None:
     after its last step.
     """
     states, final = Path(os.path.realpath(checkpoints)), Path(os.path.realpath(output))
-    where = ("is" if states == final else "is inside" if final in states.parents
-             else "contains" if states in final.parents else None)
+    where = (
+        "is"
+        if states == final
+        else "is inside"
+        if final in states.parents
+        else "contains"
+        if states in final.parents
+        else None
+    )
     if where:
-        raise ValueError(f"--checkpoint-dir (checkpoint_dir) {str(checkpoints)!r} {where} --output-dir (output_dir) "
-                         f"{str(output)!r}; give the training states a folder of their own (default: "
-                         f"{str(output)!r} + '-checkpoints')")
+        raise ValueError(
+            f"--checkpoint-dir (checkpoint_dir) {str(checkpoints)!r} {where} --output-dir (output_dir) "
+            f"{str(output)!r}; give the training states a folder of their own (default: "
+            f"{str(output)!r} + '-checkpoints')"
+        )
 
 
 def check_final_output(config: TrainConfig) -> Path:
@@ -67,8 +76,13 @@ def check_final_output(config: TrainConfig) -> Path:
     sources = [config.model] if os.path.isdir(config.model) else []
     if config.checkpointing_steps:
         _check_apart(config.checkpoint_path, Path(config.output_dir))
-        check_output_dir(config.checkpoint_path, overwrite=config.overwrite, sources=sources,
-                         owns=("step_*", ".step_*"), reuse_own=bool(config.resume))
+        check_output_dir(
+            config.checkpoint_path,
+            overwrite=config.overwrite,
+            sources=sources,
+            owns=("step_*", ".step_*"),
+            reuse_own=bool(config.resume),
+        )
     return check_output_dir(config.output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES)
 
 
@@ -116,16 +130,24 @@ def save_final(
             "config": config.to_dict(),
         }
         sources = [config.model] if os.path.isdir(config.model) else []
-        with output_folder(output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES,
-                           keep_on_failure=True) as tmp:
+        with output_folder(
+            output_dir, overwrite=config.overwrite, sources=sources, owns=MODEL_REPO_FILES, keep_on_failure=True
+        ) as tmp:
             base.save_pretrained(tmp, state_dict=state_dict)
             if adapter_state is not None:
                 # The small file to publish or commit: hf-posext patch BASE OUT --adapter rebuilds the merged model.
                 unwrapped.save_pretrained(tmp / ADAPTER_FOLDER, state_dict=adapter_state)
                 # PEFT names the local folder the base was loaded from (a cache path): name its Hub id, or none.
                 adapter_config = tmp / ADAPTER_FOLDER / "adapter_config.json"
-                adapter_config.write_text(json.dumps({**json.loads(adapter_config.read_text()),
-                                                      "base_model_name_or_path": base_model_id(config.model)}, indent=2))
+                adapter_config.write_text(
+                    json.dumps(
+                        {
+                            **json.loads(adapter_config.read_text()),
+                            "base_model_name_or_path": base_model_id(config.model),
+                        },
+                        indent=2,
+                    )
+                )
             tokenizer.save_pretrained(tmp)
             raise_model_max_length(tmp, plan.context)
             (tmp / "train_results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -143,8 +165,10 @@ def describe_data(config: TrainConfig) -> str:
         return f"{config.dataset[0]} ({config.dataset_split} split)"
     kept = [item for item in config.dataset if not item.startswith("!")]
     excluded = [item[1:] for item in config.dataset if item.startswith("!")]
-    names = [f"Python standard library sources ({config.dataset_split} split)" if item == STDLIB else Path(item).name
-             for item in kept]
+    names = [
+        f"Python standard library sources ({config.dataset_split} split)" if item == STDLIB else Path(item).name
+        for item in kept
+    ]
     text = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     text = text if kept == [STDLIB] else "local files: " + text
     return text + (f", without {', '.join(f'`{e}`' for e in excluded)}" if excluded else "")
@@ -167,8 +191,9 @@ def adapter_card(card: ModelCard, config: TrainConfig) -> ModelCard:
     return adapter
 
 
-def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: TrainProgress,
-             eval_results: dict[str, float]):
+def card_for(
+    model_config: Any, config: TrainConfig, plan: Plan, progress: TrainProgress, eval_results: dict[str, float]
+):
     """The model card of a fine-tuned checkpoint: the patch plus data, steps, loss and eval."""
     extra: dict[str, Any] = {
         "data": describe_data(config),
@@ -176,12 +201,16 @@ def card_for(model_config: Any, config: TrainConfig, plan: Plan, progress: Train
         "steps": progress.step,
         "training tokens": progress.tokens,
         "final training loss": f"{progress.losses[-1]:.4f}" if progress.losses else "n/a",
-        "recipe": (f"lr {config.learning_rate:g}, {config.lr_scheduler} schedule, {config.warmup_steps} warm-up steps, "
-                   f"AdamW betas ({config.adam_beta1}, {config.adam_beta2}), weight decay {config.weight_decay:g}, "
-                   f"global batch {config.global_batch_size}"),
+        "recipe": (
+            f"lr {config.learning_rate:g}, {config.lr_scheduler} schedule, {config.warmup_steps} warm-up steps, "
+            f"AdamW betas ({config.adam_beta1}, {config.adam_beta2}), weight decay {config.weight_decay:g}, "
+            f"global batch {config.global_batch_size}"
+        ),
     }
     if config.lora:
-        extra["LoRA"] = f"r={config.lora_rank}, alpha={config.lora_alpha}, targets {', '.join(config.lora_target_modules)} (merged)"
+        extra["LoRA"] = (
+            f"r={config.lora_rank}, alpha={config.lora_alpha}, targets {', '.join(config.lora_target_modules)} (merged)"
+        )
     if config.pose:
         extra["PoSE"] = f"{plan.window}-token windows, {config.pose_chunks} chunks, positions up to {plan.seq_len}"
     for phase in ("before", "after"):

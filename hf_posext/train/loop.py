@@ -164,8 +164,10 @@ class FinetuneRecipe:
 
         self.accelerator = accelerator = build_accelerator(config)
         if config.activation_offload and accelerator.device.type == "cpu":
-            raise ValueError("activation_offload moves checkpointed activations from an accelerator to host memory; "
-                             "training runs on the CPU here, where it only adds copies: set activation_offload=False")
+            raise ValueError(
+                "activation_offload moves checkpointed activations from an accelerator to host memory; "
+                "training runs on the CPU here, where it only adds copies: set activation_offload=False"
+            )
         set_seed(config.seed)
         model, self.tokenizer = load_model_and_tokenizer(config)
         pc = accelerator.parallelism_config
@@ -186,11 +188,17 @@ class FinetuneRecipe:
             model.activation_checkpointing_enable(offload=config.activation_offload)
         model.config.use_cache = False
         if config.lora:
-            model = apply_lora(model, config.lora_target_modules, config.lora_rank, config.lora_alpha,
-                               config.lora_dropout)
+            model = apply_lora(
+                model, config.lora_target_modules, config.lora_rank, config.lora_alpha, config.lora_dropout
+            )
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
-                                      eps=config.adam_epsilon, weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(
+            params,
+            lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_epsilon,
+            weight_decay=config.weight_decay,
+        )
         self.scheduler = build_scheduler(config, optimizer)
         ds_plugin = accelerator.state.deepspeed_plugin
         if ds_plugin is not None:
@@ -220,8 +228,14 @@ class FinetuneRecipe:
             self.trackers = True
         if self.eval_blocks is not None and progress.step == 0:
             progress.eval["before"] = self.evaluate()
-        self.batches = micro_batch_indices(len(self.train_blocks), config.micro_batch_size, self.dp_size, self.dp_rank,
-                                           config.seed, start=progress.micro_step)
+        self.batches = micro_batch_indices(
+            len(self.train_blocks),
+            config.micro_batch_size,
+            self.dp_size,
+            self.dp_rank,
+            config.seed,
+            start=progress.micro_step,
+        )
         self.tokens_per_step = config.global_batch_size * plan.window
         self._started, self._first_step = time.perf_counter(), progress.step
 
@@ -233,28 +247,40 @@ class FinetuneRecipe:
             if not is_local_dataset(config.dataset):
                 # Stream an HF dataset only as far as the run consumes it.
                 max_blocks = config.max_train_steps * config.global_batch_size + config.eval_blocks
-            blocks = load_blocks(config.dataset, self.tokenizer, self.plan.window, split=config.dataset_split,
-                                 text_field=config.text_field, max_blocks=max_blocks, cache_dir=config.cache_dir)
-        self.eval_blocks = blocks[len(blocks) - config.eval_blocks:] if config.eval_blocks else None
+            blocks = load_blocks(
+                config.dataset,
+                self.tokenizer,
+                self.plan.window,
+                split=config.dataset_split,
+                text_field=config.text_field,
+                max_blocks=max_blocks,
+                cache_dir=config.cache_dir,
+            )
+        self.eval_blocks = blocks[len(blocks) - config.eval_blocks :] if config.eval_blocks else None
         self.train_blocks = blocks[: len(blocks) - config.eval_blocks]
         if config.eval_blocks and len(self.train_blocks) == 0:
             raise ValueError(f"eval_blocks={config.eval_blocks} leaves no training data out of {len(blocks)} blocks")
-        batches = micro_batch_indices(len(self.train_blocks), config.micro_batch_size, self.dp_size, self.dp_rank,
-                                      config.seed)
+        batches = micro_batch_indices(
+            len(self.train_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed
+        )
         next(batches)  # fails here, before training, when there is less than one micro-batch of data
 
     def evaluate(self) -> float:
         """Perplexity of the held-out blocks (``eval_blocks``), over all processes."""
-        return evaluate(self.model, self.eval_blocks, self.accelerator, self.dp_size, self.dp_rank,
-                        self.config.micro_batch_size)["perplexity"]
+        return evaluate(
+            self.model, self.eval_blocks, self.accelerator, self.dp_size, self.dp_rank, self.config.micro_batch_size
+        )["perplexity"]
 
     def _positions(self, input_ids: torch.Tensor) -> torch.Tensor:
         config, plan, device = self.config, self.plan, self.accelerator.device
         if config.pose:
             # Seeded by the data position, so a resumed run draws the same positions.
-            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + self.progress.micro_step * 4099 + self.dp_rank)
-            positions = pose_position_ids(plan.window, plan.seq_len, config.pose_chunks,
-                                          batch_size=input_ids.shape[0], generator=generator)
+            generator = torch.Generator().manual_seed(
+                config.seed * 1_000_003 + self.progress.micro_step * 4099 + self.dp_rank
+            )
+            positions = pose_position_ids(
+                plan.window, plan.seq_len, config.pose_chunks, batch_size=input_ids.shape[0], generator=generator
+            )
             return positions.to(device)
         # One row broadcast over the batch, as transformers does without position ids.
         return torch.arange(plan.window, device=device).unsqueeze(0)
@@ -271,8 +297,14 @@ class FinetuneRecipe:
             input_ids = take_blocks(self.train_blocks, next(self.batches)).to(accelerator.device)
             positions = self._positions(input_ids)
             with accelerator.accumulate(self.model):
-                loss = forward_loss(self.model, input_ids, positions, pose=config.pose, accelerator=accelerator,
-                                    loss_chunk_size=config.loss_chunk_size)
+                loss = forward_loss(
+                    self.model,
+                    input_ids,
+                    positions,
+                    pose=config.pose,
+                    accelerator=accelerator,
+                    loss_chunk_size=config.loss_chunk_size,
+                )
                 check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and config.max_grad_norm > 0:
@@ -294,8 +326,9 @@ class FinetuneRecipe:
             self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", lr=f"{lr:.2e}", refresh=False)
             self.bar.update(1)
         if config.report_to != "none":
-            accelerator.log({"train/loss": mean_loss, "train/lr": lr, "train/tokens_per_s": tokens_per_s},
-                            step=progress.step)
+            accelerator.log(
+                {"train/loss": mean_loss, "train/lr": lr, "train/tokens_per_s": tokens_per_s}, step=progress.step
+            )
         if config.checkpointing_steps and progress.step % config.checkpointing_steps == 0:
             save_checkpoint(accelerator, config.checkpoint_path, progress.step, keep=config.checkpoints_total_limit)
         for callback in self.callbacks:
@@ -305,8 +338,14 @@ class FinetuneRecipe:
     def train(self) -> None:
         """:meth:`train_step` until ``max_train_steps`` (from where a resumed run stopped), with a progress bar."""
         self.model.train()
-        self.bar = tqdm(total=self.config.max_train_steps, initial=self.progress.step, desc="fine-tuning", unit="step",
-                        disable=not self.accelerator.is_local_main_process, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=self.config.max_train_steps,
+            initial=self.progress.step,
+            desc="fine-tuning",
+            unit="step",
+            disable=not self.accelerator.is_local_main_process,
+            dynamic_ncols=True,
+        )
         self._started, self._first_step = time.perf_counter(), self.progress.step
         while self.progress.step < self.config.max_train_steps:
             self.train_step()
@@ -323,8 +362,9 @@ class FinetuneRecipe:
         eval_results = dict(progress.eval)
         if self.eval_blocks is not None:
             eval_results["after"] = self.evaluate()
-        output_dir = save_final(accelerator, self.model, self.tokenizer, self.config, self.plan, progress,
-                                eval_results, self.save_dtype)
+        output_dir = save_final(
+            accelerator, self.model, self.tokenizer, self.config, self.plan, progress, eval_results, self.save_dtype
+        )
         return TrainResult(
             output_dir=output_dir,
             steps=progress.step,

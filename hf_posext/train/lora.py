@@ -89,8 +89,9 @@ def apply_lora(
     return get_peft_model(model, config)
 
 
-def merged_state_dict(state_dict: dict[str, torch.Tensor], peft_config: Any, adapter: str = "default"
-                      ) -> dict[str, torch.Tensor]:
+def merged_state_dict(
+    state_dict: dict[str, torch.Tensor], peft_config: Any, adapter: str = "default"
+) -> dict[str, torch.Tensor]:
     """A PEFT LoRA model's full state dict folded into the base model's keys and weights.
 
     ``W' = W + (B @ A) * alpha / r`` for every adapted linear layer and the trained copy of every
@@ -105,7 +106,7 @@ def merged_state_dict(state_dict: dict[str, torch.Tensor], peft_config: Any, ada
     out: dict[str, torch.Tensor] = {}
     lora_a, lora_b = {}, {}
     for key, value in state_dict.items():
-        name = key[len(prefix):] if key.startswith(prefix) else key
+        name = key[len(prefix) :] if key.startswith(prefix) else key
         if ".original_module." in name:
             continue
         if f".lora_A.{adapter}." in name:

@@ -66,8 +66,10 @@ def chunked_head_loss(
     if recompute:
         # Non-reentrant checkpointing keeps only the chunk's inputs (a view of ``hidden``); the
         # RNG state is kept too, for a head with LoRA dropout.
-        return sum(checkpoint(_chunk_loss_sum, head, h, y, softcap, ignore_index, use_reentrant=False)
-                   for h, y in pieces) / count
+        return (
+            sum(checkpoint(_chunk_loss_sum, head, h, y, softcap, ignore_index, use_reentrant=False) for h, y in pieces)
+            / count
+        )
 
     grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if hidden.requires_grad else None
     flat_grad = grad_hidden.view(-1, hidden.shape[-1]) if grad_hidden is not None else None
@@ -82,7 +84,7 @@ def chunked_head_loss(
         wrt = ([h] if flat_grad is not None else []) + params
         grads = list(torch.autograd.grad(loss, wrt, allow_unused=True))
         if flat_grad is not None:
-            flat_grad[start:start + len(h)] = grads.pop(0)
+            flat_grad[start : start + len(h)] = grads.pop(0)
         for i, grad in enumerate(grads):
             if grad is not None:  # accumulated in fp32 whatever the parameter's dtype
                 param_grads[i] = grad.float() if param_grads[i] is None else param_grads[i].add_(grad)
@@ -109,8 +111,9 @@ class _GradientsFromForward(torch.autograd.Function):
         return (None, None, *grads)
 
 
-def _chunk_loss_sum(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, softcap: float | None,
-                    ignore_index: int) -> torch.Tensor:
+def _chunk_loss_sum(
+    head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, softcap: float | None, ignore_index: int
+) -> torch.Tensor:
     logits = _head_logits(head, hidden, softcap).float()
     return nn.functional.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
 
@@ -159,13 +162,16 @@ def causal_lm_loss(
     lm = causal_lm_of(model)
     decoder, head = lm.get_decoder(), lm.get_output_embeddings()
     if decoder is lm or head is None:
-        raise ValueError(f"{type(lm).__name__} has no separate decoder and LM head; the chunked loss needs both "
-                         "(set loss_chunk_size=0 to use the model's own loss)")
+        raise ValueError(
+            f"{type(lm).__name__} has no separate decoder and LM head; the chunked loss needs both "
+            "(set loss_chunk_size=0 to use the model's own loss)"
+        )
     captured: list[torch.Tensor] = []
     handle = decoder.register_forward_hook(lambda module, args, output: captured.append(output[0]))
     try:
-        outputs = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=1,
-                        **model_kwargs)
+        outputs = model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=1, **model_kwargs
+        )
     finally:
         handle.remove()
     hidden = captured[-1]

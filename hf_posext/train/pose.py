@@ -46,6 +46,6 @@ def pose_position_ids(
         skip = 0
         for i in range(1, num_chunks):
             skip = int(torch.randint(skip, max_skip + 1, (1,), generator=generator))
-            positions[bounds[i]:bounds[i + 1]] += skip
+            positions[bounds[i] : bounds[i + 1]] += skip
         rows.append(positions)
     return torch.stack(rows)

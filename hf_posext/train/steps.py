@@ -15,8 +15,14 @@ from .blocks import take_blocks
 from .loss import causal_lm_loss
 
 
-def forward_loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 pose: bool = False, accelerator: Accelerator | None = None, loss_chunk_size: int = 0) -> torch.Tensor:
+def forward_loss(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    pose: bool = False,
+    accelerator: Accelerator | None = None,
+    loss_chunk_size: int = 0,
+) -> torch.Tensor:
     """Mean next-token cross-entropy of ``input_ids`` ``[batch, seq]`` at ``position_ids``.
 
     Labels are shifted here rather than inside the model, so that context parallelism can shard
@@ -32,22 +38,38 @@ def forward_loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.
     # the forward (accelerate wraps only ``model.forward``), so it matches the model's own logits.
     autocast = accelerator.autocast() if accelerator is not None else contextlib.nullcontext()
     buffers = [input_ids, position_ids, shift_labels]
-    cp = accelerator is not None and accelerator.parallelism_config is not None and \
-        accelerator.parallelism_config.cp_enabled
+    cp = (
+        accelerator is not None
+        and accelerator.parallelism_config is not None
+        and accelerator.parallelism_config.cp_enabled
+    )
     with autocast:
         if cp:
-            with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
-                                                    no_restore_buffers=set(buffers)):
+            with accelerator.maybe_context_parallel(
+                buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)
+            ):
                 return _loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, kwargs)
         return _loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, kwargs)
 
 
-def _loss(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, shift_labels: torch.Tensor,
-          loss_chunk_size: int, kwargs: dict[str, Any]) -> torch.Tensor:
+def _loss(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    shift_labels: torch.Tensor,
+    loss_chunk_size: int,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     if loss_chunk_size:
         return causal_lm_loss(model, input_ids, position_ids, shift_labels, loss_chunk_size, **kwargs)
-    return model(input_ids=input_ids, position_ids=position_ids, labels=shift_labels,
-                 shift_labels=shift_labels, use_cache=False, **kwargs).loss
+    return model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        labels=shift_labels,
+        shift_labels=shift_labels,
+        use_cache=False,
+        **kwargs,
+    ).loss
 
 
 def check_finite_loss(loss: torch.Tensor, step: int, accelerator: Accelerator | None = None) -> None:
@@ -71,8 +93,14 @@ def check_finite_loss(loss: torch.Tensor, step: int, accelerator: Accelerator | 
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, blocks: np.ndarray, accelerator: Accelerator, dp_size: int, dp_rank: int,
-             micro_batch_size: int = 1) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    blocks: np.ndarray,
+    accelerator: Accelerator,
+    dp_size: int,
+    dp_rank: int,
+    micro_batch_size: int = 1,
+) -> dict[str, float]:
     """Mean loss and perplexity of ``blocks`` (full length, contiguous positions), over all processes.
 
     Every process runs the same number of forwards (sharded models need that); the padding

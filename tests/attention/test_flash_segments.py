@@ -48,7 +48,9 @@ def baseline_gap(q, k, v):
     k, v = k.float().repeat_interleave(groups, 1), v.float().repeat_interleave(groups, 1)
     q = q.float()
     fused, _ = flash_segments.flash_with_lse(q, k, v, SCALE, causal=True)
-    scores = (q @ k.transpose(-1, -2) * SCALE).masked_fill(torch.ones(q.shape[2], k.shape[2]).triu(1).bool(), -torch.inf)
+    scores = (q @ k.transpose(-1, -2) * SCALE).masked_fill(
+        torch.ones(q.shape[2], k.shape[2]).triu(1).bool(), -torch.inf
+    )
     return float((fused - scores.softmax(-1) @ v).abs().max())
 
 
@@ -61,7 +63,9 @@ def both_paths(remapping, q, k, v, past, offset, positions=None):
         return remapping.layout(q, k, past, offset, INV_FREQ)
 
     fused = flash_segments.flash_segmented_attention(v, layout(), past, seq, offset, heads, SCALE)
-    score = remap.segmented_attention(nn.Module().eval(), v, None, layout(), past, seq, offset, heads, {"scaling": SCALE})
+    score = remap.segmented_attention(
+        nn.Module().eval(), v, None, layout(), past, seq, offset, heads, {"scaling": SCALE}
+    )
     return fused, score
 
 
@@ -73,9 +77,14 @@ def small_blocks(monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(REMAPPINGS))
-@pytest.mark.parametrize(("rows", "heads", "kv_heads"), [(1, 6, 2), (2, 4, 4), (1, 3, 1)], ids=["gqa", "mha-2rows", "mqa"])
-@pytest.mark.parametrize(("past", "seq", "offset"), [(0, 200, 0), (120, 80, 0), (199, 1, 0), (0, 150, 37)],
-                         ids=["prefill", "cached-chunk", "decode", "offset"])
+@pytest.mark.parametrize(
+    ("rows", "heads", "kv_heads"), [(1, 6, 2), (2, 4, 4), (1, 3, 1)], ids=["gqa", "mha-2rows", "mqa"]
+)
+@pytest.mark.parametrize(
+    ("past", "seq", "offset"),
+    [(0, 200, 0), (120, 80, 0), (199, 1, 0), (0, 150, 37)],
+    ids=["prefill", "cached-chunk", "decode", "offset"],
+)
 def test_the_fused_path_equals_the_score_path(name, rows, heads, kv_heads, past, seq, offset):
     q, k, v = inputs(rows, heads, kv_heads, seq, past + seq)
     fused, score = both_paths(REMAPPINGS[name], q, k, v, past, offset)
@@ -102,9 +111,15 @@ def test_bf16_inputs_agree_up_to_the_output_rounding(name):
     assert ((fused.float() - score).abs() <= 2**-8 * score.abs() + 4 * baseline_gap(q, k, v)).all()
 
 
-@pytest.mark.parametrize(("method", "kwargs"), [
-    ("self_extend", {"group_size": 4, "window_size": 16}), ("dca", {"chunk_size": 48, "local_size": 8}),
-    ("string", {"shift": 24, "local_window": 8}), ("rerope", {"window": 16})])
+@pytest.mark.parametrize(
+    ("method", "kwargs"),
+    [
+        ("self_extend", {"group_size": 4, "window_size": 16}),
+        ("dca", {"chunk_size": 48, "local_size": 8}),
+        ("string", {"shift": 24, "local_window": 8}),
+        ("rerope", {"window": 16}),
+    ],
+)
 def test_a_bf16_model_is_as_close_to_fp32_as_the_unpatched_model_is(method, kwargs):
     """bf16 weights on the fused path: off the fp32 model by at most twice the unpatched model's own bf16 error (1.3x seen)."""
     base = tiny_model("llama", attn_implementation="sdpa")
@@ -123,14 +138,25 @@ def test_a_bf16_model_is_as_close_to_fp32_as_the_unpatched_model_is(method, kwar
 def _spy(monkeypatch):
     calls = {"fused": 0, "score": 0}
     fused, score = remap.flash_segmented_attention, remap.segmented_attention
-    monkeypatch.setattr(remap, "flash_segmented_attention", lambda *a: calls.__setitem__("fused", calls["fused"] + 1) or fused(*a))
-    monkeypatch.setattr(remap, "segmented_attention", lambda *a: calls.__setitem__("score", calls["score"] + 1) or score(*a))
+    monkeypatch.setattr(
+        remap, "flash_segmented_attention", lambda *a: calls.__setitem__("fused", calls["fused"] + 1) or fused(*a)
+    )
+    monkeypatch.setattr(
+        remap, "segmented_attention", lambda *a: calls.__setitem__("score", calls["score"] + 1) or score(*a)
+    )
     return calls
 
 
 def _generate(model, ids, mask=None):
-    return model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask, max_new_tokens=6,
-                          do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids) if mask is None else mask,
+        max_new_tokens=6,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
 
 
 @pytest.mark.parametrize("method", ["self_extend", "dca"])
@@ -149,8 +175,9 @@ def test_cached_generation_takes_the_fused_path_and_matches_the_score_path(metho
 
 
 def test_a_padding_mask_takes_the_score_path(monkeypatch):
-    model = hf_posext.patch_model(tiny_model("llama", attn_implementation="sdpa"), "self_extend", group_size=4,
-                                  window_size=16)
+    model = hf_posext.patch_model(
+        tiny_model("llama", attn_implementation="sdpa"), "self_extend", group_size=4, window_size=16
+    )
     ids = tokens(120, batch=2)
     mask = torch.ones_like(ids)
     mask[1, :20] = 0

@@ -27,9 +27,14 @@ from result_schema import Row, read_rows  # noqa: E402
 
 
 def smoke(script: str, out: Path, *extra: str) -> list[Row]:
-    done = subprocess.run([sys.executable, str(GPU / f"{script}.py"), "--cpu-smoke", "--out", str(out), *extra],
-                          capture_output=True, text=True, cwd=ROOT, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, str(GPU / f"{script}.py"), "--cpu-smoke", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rows = read_rows(out / f"{script}.json")
     assert all(r.setting["mode"] == "cpu-smoke" and r.versions["torch"] and r.versions["transformers"] for r in rows)
@@ -70,8 +75,13 @@ def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_
     assert (tmp_path / "out" / "perplexity.png").is_file() and (tmp_path / "out" / "passkey.png").is_file()
     for png in ("perplexity.png", "passkey.png"):
         (tmp_path / "out" / png).unlink()
-    redraw = subprocess.run([sys.executable, str(GPU / "finetune_real.py"), "--replot", str(tmp_path / "out")],
-                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    redraw = subprocess.run(
+        [sys.executable, str(GPU / "finetune_real.py"), "--replot", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert redraw.returncode == 0 and (tmp_path / "out" / "passkey.png").is_file(), redraw.stderr[-2000:]
     table = docs_table("gpu-finetune-real", "finetune_real", tmp_path / "out", monkeypatch)
     assert table.startswith("| model | ppl 256 | ppl 512 | ppl 1k | passkey 1k |") and "(deadline)" in table
@@ -80,8 +90,10 @@ def test_finetune_real_trains_until_its_deadline_saves_and_evaluates_before_and_
 def test_mfu_measures_the_recipe_and_the_plain_step_and_skips_liger_on_cpu(tmp_path, monkeypatch):
     rows = smoke("mfu", tmp_path / "out", "--lengths", "128", "--profile")
     assert set(of(rows, metric="step_s")) == {"recipe", "plain"}
-    assert {m: r.value for m, r in of(rows, metric="status").items()} == {"liger": "skip",
-                                                                          "liger_kernels_chunked_loss": "skip"}
+    assert {m: r.value for m, r in of(rows, metric="status").items()} == {
+        "liger": "skip",
+        "liger_kernels_chunked_loss": "skip",
+    }
     # Same weights, same tokens: the chunked loss is the model's own loss.
     first_loss = of(rows, metric="first_loss")
     assert first_loss["recipe"].value == pytest.approx(first_loss["plain"].value, rel=1e-5)
@@ -123,8 +135,11 @@ def test_carry_model_splits_under_the_call_limit_and_joins_byte_for_byte(tmp_pat
     missing = subprocess.run([*tool, "receive", "b", "--dir", str(device)], capture_output=True, text=True)
     assert missing.returncode != 0 and "went cold" in missing.stderr
     for part in ("a", "b"):
-        subprocess.run([*tool, "receive", part, "--dir", str(device), "--site", str(tmp_path / "site")], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [*tool, "receive", part, "--dir", str(device), "--site", str(tmp_path / "site")],
+            check=True,
+            capture_output=True,
+        )
     joined = device / model.name
     assert hashlib.sha256(joined.read_bytes()).digest() == hashlib.sha256(model.read_bytes()).digest()
     assert "PYTHONPATH" in (device / "env.sh").read_text()
@@ -151,14 +166,24 @@ def test_the_training_child_prints_one_result_line_the_launcher_reads(tmp_path, 
     finally:
         sys.path.remove(str(GPU))
     base = make_tiny_model(tmp_path / "base", max_position_embeddings=32)
-    config = dict(model=str(base), method="yarn", factor=2, output_dir=str(tmp_path / "out"),
-                  dataset=finetune_real.training_files(smoke=True), max_train_steps=2, warmup_steps=0,
-                  global_batch_size=1, micro_batch_size=1, mixed_precision="no", cache_dir=str(tmp_path / "cache"))
+    config = dict(
+        model=str(base),
+        method="yarn",
+        factor=2,
+        output_dir=str(tmp_path / "out"),
+        dataset=finetune_real.training_files(smoke=True),
+        max_train_steps=2,
+        warmup_steps=0,
+        global_batch_size=1,
+        micro_batch_size=1,
+        mixed_precision="no",
+        cache_dir=str(tmp_path / "cache"),
+    )
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"config": config, "deadline": 4e9}))  # far away: max_train_steps ends the run
     assert finetune_real.main(["--train-child", str(spec)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     assert result["steps"] == 2 and result["stopped_by"] == "max_train_steps" and len(result["losses"]) == 2
     assert (tmp_path / "out" / "config.json").is_file()
 
@@ -169,6 +194,12 @@ def test_the_console_command_runs_the_projects_cli_without_an_installed_script()
         import common
     finally:
         sys.path.remove(str(GPU))
-    done = subprocess.run([*common.console_command(), "eval", "--help"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [*common.console_command(), "eval", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0 and "passkey" in done.stdout, done.stderr[-2000:]

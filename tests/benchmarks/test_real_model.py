@@ -25,8 +25,11 @@ TRAINED = real_model.TRAINED
 
 def test_up_to_the_trained_context_every_method_is_the_unpatched_cell():
     for length in (4096, 8192):
-        keys = {real_model.cell_key("ppl", m, f, length) for name, m, f in real_model.variants(real_model.FULL, length)
-                if not name.endswith("s=4") or name.startswith("dynamic")}
+        keys = {
+            real_model.cell_key("ppl", m, f, length)
+            for name, m, f in real_model.variants(real_model.FULL, length)
+            if not name.endswith("s=4") or name.startswith("dynamic")
+        }
         assert keys == {f"ppl/none/{length}"}
     # The fixed factor still differs from the unpatched model below 8k.
     assert ("yarn s=4", "yarn", 4.0) in real_model.variants(real_model.FULL, 4096)
@@ -35,7 +38,9 @@ def test_up_to_the_trained_context_every_method_is_the_unpatched_cell():
 def test_past_the_trained_context_matched_and_fixed_factors_share_a_cell_only_when_equal():
     at_16k = real_model.variants(real_model.FULL, 2 * TRAINED)
     assert ("yarn s=L/8k", "yarn", 2.0) in at_16k and ("dynamic_yarn s=4", "dynamic_yarn", 4.0) in at_16k
-    at_32k = {real_model.cell_key("ppl", m, f, 4 * TRAINED) for _, m, f in real_model.variants(real_model.FULL, 4 * TRAINED)}
+    at_32k = {
+        real_model.cell_key("ppl", m, f, 4 * TRAINED) for _, m, f in real_model.variants(real_model.FULL, 4 * TRAINED)
+    }
     # none, linear, ntk, yarn (s = L/8k = 4 = the fixed factor), dynamic_ntk, dynamic_yarn
     assert len(at_32k) == 6
 

@@ -21,19 +21,32 @@ from result_schema import FIELDS, Row, dumps, merge, read_rows, row_from_dict, u
 
 RESULTS = ROOT / "benchmarks" / "results"
 #: The resumable evaluations' cell caches and the library commands' own reports: not rows (their writers own them).
-NOT_ROWS = ("real_model/", "training_free/", "training_free_bf16/", "finetune_smollm2/", "demo/", "ruler/smollm2",
-            "scratch.json", "extension.json", "passkey.json")
+NOT_ROWS = (
+    "real_model/",
+    "training_free/",
+    "training_free_bf16/",
+    "finetune_smollm2/",
+    "demo/",
+    "ruler/smollm2",
+    "scratch.json",
+    "extension.json",
+    "passkey.json",
+)
 WHEN = "2026-12-01T00:00:00+00:00"
 
 
-def row(method: str = "yarn", metric: str = "ratio", value=1.0, benchmark: str = "demo", time: str = WHEN,
-        **setting) -> Row:
+def row(
+    method: str = "yarn", metric: str = "ratio", value=1.0, benchmark: str = "demo", time: str = WHEN, **setting
+) -> Row:
     return Row(benchmark, method, setting or {"length": 64}, metric, value, unit_of(metric), "cpu", {}, time)
 
 
 def test_every_committed_results_file_but_the_cell_caches_is_rows_of_the_schema():
-    files = [p for p in sorted(RESULTS.rglob("*.json")) if "work" not in p.relative_to(RESULTS).parts
-             and not str(p.relative_to(RESULTS)).startswith(NOT_ROWS)]
+    files = [
+        p
+        for p in sorted(RESULTS.rglob("*.json"))
+        if "work" not in p.relative_to(RESULTS).parts and not str(p.relative_to(RESULTS)).startswith(NOT_ROWS)
+    ]
     assert len(files) >= 19
     for path in files:
         rows = read_rows(path)
@@ -104,25 +117,51 @@ def test_resume_starts_from_the_rows_of_the_same_settings_and_an_unchanged_row_k
     assert [(r.method, r.value) for r in read_rows(path)] == [("yarn", 3.0)]
 
 
-@pytest.mark.parametrize(("metric", "unit"), [
-    ("tokens_per_cpu_s", "tokens/s"), ("model_tflops_per_s", "TFLOP/s"), ("decode_ms", "ms"), ("step_s", "s"),
-    ("seconds", "s"), ("peak_mib", "MiB"), ("peak_memory_gib", "GiB"), ("time_vs_sdpa", "x"), ("speedup", "x"),
-    ("fit_prompts_per_minute", "per minute"), ("perplexity", ""),
-])
+@pytest.mark.parametrize(
+    ("metric", "unit"),
+    [
+        ("tokens_per_cpu_s", "tokens/s"),
+        ("model_tflops_per_s", "TFLOP/s"),
+        ("decode_ms", "ms"),
+        ("step_s", "s"),
+        ("seconds", "s"),
+        ("peak_mib", "MiB"),
+        ("peak_memory_gib", "GiB"),
+        ("time_vs_sdpa", "x"),
+        ("speedup", "x"),
+        ("fit_prompts_per_minute", "per minute"),
+        ("perplexity", ""),
+    ],
+)
 def test_a_metric_name_implies_its_unit(metric, unit):
     assert unit_of(metric) == unit
 
 
 def test_the_pivot_puts_each_rows_value_in_its_rows_key_and_its_columns_match(tmp_path, monkeypatch):
-    rows = [row("yarn", length=64), row("ntk", length=64, value=2.5), row("yarn", length=128, value=0.5),
-            row("yarn", length=128, value=0.75, time="2026-12-02T00:00:00+00:00"), row("yarn", "status", "skip")]
+    rows = [
+        row("yarn", length=64),
+        row("ntk", length=64, value=2.5),
+        row("yarn", length=128, value=0.5),
+        row("yarn", length=128, value=0.75, time="2026-12-02T00:00:00+00:00"),
+        row("yarn", "status", "skip"),
+    ]
     write_rows(tmp_path / "demo.json", rows)
     monkeypatch.setattr(tables, "RESULTS", tmp_path)  # where tables.block reads
-    spec = pivot.Table("demo.json", ["method"], [pivot.Pivot(
-        {"metric": "ratio"}, lambda r: (r.method,),
-        lambda rs: [pivot.Column(str(n), {"length": n}, pivot.fmt(".2f", "x")) for n in pivot.lengths(rs)],
-        order=["ntk"])])
-    assert spec.render(tmp_path) == "| method | 64 | 128 |\n|---|---|---|\n| ntk | 2.50x | - |\n| yarn | 1.00x | 0.75x |"
+    spec = pivot.Table(
+        "demo.json",
+        ["method"],
+        [
+            pivot.Pivot(
+                {"metric": "ratio"},
+                lambda r: (r.method,),
+                lambda rs: [pivot.Column(str(n), {"length": n}, pivot.fmt(".2f", "x")) for n in pivot.lengths(rs)],
+                order=["ntk"],
+            )
+        ],
+    )
+    assert (
+        spec.render(tmp_path) == "| method | 64 | 128 |\n|---|---|---|\n| ntk | 2.50x | - |\n| yarn | 1.00x | 0.75x |"
+    )
     assert tables.block(spec)() == spec.render(tmp_path)
     assert tables.block(pivot.Table("none.json", ["x"], spec.pivots))().startswith("_Not measured yet: no none.json")
 

@@ -30,8 +30,10 @@ def test_every_table_renders_from_what_is_committed(name):
 
 def test_a_table_cell_is_the_json_value_of_its_row_and_column():
     cells = json.loads((ROOT / "benchmarks/results/real_model/results.json").read_text())["cells"]
-    rows = {line.split(" | ")[0].lstrip("| "): line.strip("|").split("|")
-            for line in tables.real_model_ppl().splitlines()[2:]}
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.strip("|").split("|")
+        for line in tables.real_model_ppl().splitlines()[2:]
+    }
     assert rows["yarn, s = 4"][4].strip() == f"{cells['ppl/yarn@4/32768']['value']['perplexity']:.2f}"
     assert rows["linear, s = L/8k"][3].strip() == f"{cells['ppl/linear@2/16384']['value']['perplexity']:.2f}"
 
@@ -39,7 +41,9 @@ def test_a_table_cell_is_the_json_value_of_its_row_and_column():
 def test_rewrite_replaces_the_blocks_only_and_check_names_a_stale_page(tmp_path, monkeypatch, capsys):
     page = tmp_path / "site" / "page.md"
     page.parent.mkdir()
-    page.write_text("# Title\n\ntext before\n<!-- table:patch-overhead -->\nold\n<!-- /table:patch-overhead -->\nafter\n")
+    page.write_text(
+        "# Title\n\ntext before\n<!-- table:patch-overhead -->\nold\n<!-- /table:patch-overhead -->\nafter\n"
+    )
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     monkeypatch.setattr(tables, "marked_pages", lambda root=tmp_path: [page])
     assert tables.main(["--check"]) == 1 and "stale: site/page.md" in capsys.readouterr().out

@@ -47,16 +47,30 @@ def test_later_keys_win_and_parsed_pairs_pass_through():
 def test_argparse_reports_the_message_and_exits_2(capsys):
     parser = argparse.ArgumentParser(prog="tool")
     add_set_argument(parser)
-    assert parser.parse_args(["--set", "beta_fast=64", "--set", "mode=tail"]).set == [("beta_fast", 64),
-                                                                                      ("mode", "tail")]
+    assert parser.parse_args(["--set", "beta_fast=64", "--set", "mode=tail"]).set == [
+        ("beta_fast", 64),
+        ("mode", "tail"),
+    ]
     with pytest.raises(SystemExit) as exit_info:
         parser.parse_args(["--set", "beta_fast"])
     assert exit_info.value.code == 2
     assert "--set expects KEY=VALUE (e.g. beta_fast=32), got 'beta_fast'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text,expected", [("true", True), ("YES", True), ("1", True), (1, True), (True, True),
-                                           ("False", False), ("no", False), ("0", False), (0, False)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("true", True),
+        ("YES", True),
+        ("1", True),
+        (1, True),
+        (True, True),
+        ("False", False),
+        ("no", False),
+        ("0", False),
+        (0, False),
+    ],
+)
 def test_booleans_have_one_set_of_spellings(text, expected):
     assert parse_bool(text, "lora") is expected
 

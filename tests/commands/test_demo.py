@@ -8,8 +8,11 @@ from hf_posext.commands.demo import footer
 
 
 def report(cached: bool) -> dict:
-    return {"seconds": 12.34, "cached": {"rope": cached, "alibi": cached},
-            "train": {"rope": {"train_seconds": 123.4}, "alibi": {"train_seconds": 124.5}}}
+    return {
+        "seconds": 12.34,
+        "cached": {"rope": cached, "alibi": cached},
+        "train": {"rope": {"train_seconds": 123.4}, "alibi": {"train_seconds": 124.5}},
+    }
 
 
 def test_a_cached_run_says_the_training_time_is_not_this_runs():

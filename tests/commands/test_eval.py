@@ -30,8 +30,26 @@ def checkpoint(tmp_path_factory):
 def test_ppl_writes_files_equal_to_library_calls(checkpoint, tmp_path, capsys):
     path, text = checkpoint
     out = tmp_path / "ppl"
-    argv = ["eval", "ppl", str(path), "--data", str(text), "--lengths", "16,64", "--method", "none,yarn",
-            "--factor", "2", "--mode", "both", "--stride", "8", "--out", str(out), "--no-progress"]
+    argv = [
+        "eval",
+        "ppl",
+        str(path),
+        "--data",
+        str(text),
+        "--lengths",
+        "16,64",
+        "--method",
+        "none,yarn",
+        "--factor",
+        "2",
+        "--mode",
+        "both",
+        "--stride",
+        "8",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     report = json.loads((out / "ppl.json").read_text())
     assert list(report["results"]) == ["none/truncated", "none/sliding", "yarn/truncated", "yarn/sliding"]
@@ -63,8 +81,24 @@ def test_ppl_writes_files_equal_to_library_calls(checkpoint, tmp_path, capsys):
 def test_passkey_writes_grid_and_heatmap(checkpoint, tmp_path):
     path, _ = checkpoint
     out = tmp_path / "pk"
-    argv = ["eval", "passkey", str(path), "--lengths", "300,400", "--depths", "0,1", "--trials", "1",
-            "--method", "none,dynamic_yarn", "--factor", "16", "--out", str(out), "--no-progress"]
+    argv = [
+        "eval",
+        "passkey",
+        str(path),
+        "--lengths",
+        "300,400",
+        "--depths",
+        "0,1",
+        "--trials",
+        "1",
+        "--method",
+        "none,dynamic_yarn",
+        "--factor",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     report = json.loads((out / "passkey.json").read_text())
     for method in ("none", "dynamic_yarn"):
@@ -76,14 +110,65 @@ def test_passkey_writes_grid_and_heatmap(checkpoint, tmp_path):
 
 def test_bad_input_is_reported(checkpoint, tmp_path, capsys):
     path, text = checkpoint
-    assert main(["eval", "ppl", str(path), "--data", str(text), "--lengths", "16", "--method", "rotary",
-                 "--factor", "2", "--out", str(tmp_path), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "ppl",
+                str(path),
+                "--data",
+                str(text),
+                "--lengths",
+                "16",
+                "--method",
+                "rotary",
+                "--factor",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "unknown method 'rotary'" in capsys.readouterr().err
-    assert main(["eval", "ppl", str(path), "--data", str(tmp_path / "missing.txt"), "--lengths", "16",
-                 "--out", str(tmp_path), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "ppl",
+                str(path),
+                "--data",
+                str(tmp_path / "missing.txt"),
+                "--lengths",
+                "16",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "missing.txt" in capsys.readouterr().err
-    assert main(["eval", "ppl", str(path), "--data", str(text), "--lengths", "16", "--method", "yarn",
-                 "--out", str(tmp_path), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "ppl",
+                str(path),
+                "--data",
+                str(text),
+                "--lengths",
+                "16",
+                "--method",
+                "yarn",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "--method yarn needs --factor" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "ppl", str(path), "--lengths", "sixteen"])
@@ -107,8 +192,23 @@ def test_every_method_is_checked_before_any_evaluation(checkpoint, tmp_path, cap
 
     monkeypatch.setattr(eval_checkpoint, "load_model", no_evaluation)
     for command in (["ppl", "--data", str(text)], ["passkey"]):
-        assert main(["eval", command[0], str(path), *command[1:], "--lengths", "16", *extra,
-                     "--out", str(tmp_path), "--no-progress"]) == 2
+        assert (
+            main(
+                [
+                    "eval",
+                    command[0],
+                    str(path),
+                    *command[1:],
+                    "--lengths",
+                    "16",
+                    *extra,
+                    "--out",
+                    str(tmp_path),
+                    "--no-progress",
+                ]
+            )
+            == 2
+        )
         assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
@@ -117,8 +217,18 @@ def test_resume_is_keyed_on_the_model_content_not_its_path(checkpoint, tmp_path,
     source, text = checkpoint
     model_dir = tmp_path / "model"
     shutil.copytree(source, model_dir)
-    argv = ["eval", "ppl", str(model_dir), "--data", str(text), "--lengths", "16", "--out", str(tmp_path / "out"),
-            "--no-progress"]
+    argv = [
+        "eval",
+        "ppl",
+        str(model_dir),
+        "--data",
+        str(text),
+        "--lengths",
+        "16",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     first = json.loads((tmp_path / "out" / "ppl.json").read_text())["results"]["none/truncated"]
     assert main(argv) == 0
@@ -149,8 +259,27 @@ def test_none_after_a_method_is_the_checkpoint_as_loaded_even_a_patched_one(chec
     patched = tmp_path / "yarn2"
     assert main(["patch", str(path), str(patched), "--method", "yarn", "--factor", "2"]) == 0
     out = tmp_path / "ppl"
-    assert main(["eval", "ppl", str(patched), "--data", str(text), "--lengths", "16,64", "--method", "linear,none",
-                 "--factor", "4", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "ppl",
+                str(patched),
+                "--data",
+                str(text),
+                "--lengths",
+                "16,64",
+                "--method",
+                "linear,none",
+                "--factor",
+                "4",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "ppl.json").read_text())["results"]
     assert results["none/truncated"]["patch"]["method"] == "yarn"
     assert results["none/truncated"]["patch"]["factor"] == 2
@@ -174,13 +303,17 @@ def test_a_method_context_restores_the_model_bit_for_bit(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["ppl", "passkey"])
-def test_two_models_never_replace_each_others_results_in_the_default_out(checkpoint, tmp_path, capsys, monkeypatch,
-                                                                         command):
+def test_two_models_never_replace_each_others_results_in_the_default_out(
+    checkpoint, tmp_path, capsys, monkeypatch, command
+):
     source, text = checkpoint
     other = make_tiny_model(tmp_path / "other", hidden_size=32, max_position_embeddings=32, seed=1)
     monkeypatch.chdir(tmp_path)
-    extra = ["--data", str(text), "--lengths", "24"] if command == "ppl" else ["--lengths", "300", "--trials", "1",
-                                                                              "--depths", "0.5"]
+    extra = (
+        ["--data", str(text), "--lengths", "24"]
+        if command == "ppl"
+        else ["--lengths", "300", "--trials", "1", "--depths", "0.5"]
+    )
     assert main(["eval", command, str(source), "--no-progress", *extra]) == 0
     saved = (tmp_path / "hf_posext_out" / f"eval-{command}" / f"{command}.json").read_text()
     capsys.readouterr()

@@ -38,8 +38,10 @@ def test_sub_command_and_module_report_bad_input_alike(tmp_path, capsys):
     assert main(["finetune", *argv]) == 2
     assert finetune_main(argv) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert errors == [f"hf-posext: error: config file '{tmp_path / 'missing.yaml'}' does not exist",
-                      f"hf-posext finetune: error: config file '{tmp_path / 'missing.yaml'}' does not exist"]
+    assert errors == [
+        f"hf-posext: error: config file '{tmp_path / 'missing.yaml'}' does not exist",
+        f"hf-posext finetune: error: config file '{tmp_path / 'missing.yaml'}' does not exist",
+    ]
 
 
 def test_debug_on_the_module_entry_point_shows_the_traceback(tmp_path):
@@ -49,16 +51,27 @@ def test_debug_on_the_module_entry_point_shows_the_traceback(tmp_path):
 
 def test_python_dash_m_runs_the_command(tmp_path):
     # What `accelerate launch -m hf_posext.commands.finetune` starts in every process.
-    done = subprocess.run([sys.executable, "-m", "hf_posext.commands.finetune", "--model", "m", "--dataset", "d.txt"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_posext.commands.finetune", "--model", "m", "--dataset", "d.txt"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert done.stderr.strip().endswith("output_dir is required: the folder the fine-tuned checkpoint is written to "
-                                        "(--output-dir)")
+    assert done.stderr.strip().endswith(
+        "output_dir is required: the folder the fine-tuned checkpoint is written to (--output-dir)"
+    )
 
 
 def test_summary_prints_perplexity_before_and_after():
-    result = TrainResult(output_dir=Path("out/m"), steps=30, tokens=100, final_loss=1.23456, losses=[2.0, 1.23456],
-                         eval={"before": 12.3456, "after": 6.54321})
+    result = TrainResult(
+        output_dir=Path("out/m"),
+        steps=30,
+        tokens=100,
+        final_loss=1.23456,
+        losses=[2.0, 1.23456],
+        eval={"before": 12.3456, "after": 6.54321},
+    )
     assert summary(result).splitlines() == [
         "wrote out/m (30 steps, final loss 1.2346)",
         "",
@@ -83,8 +96,15 @@ def test_a_hub_dataset_without_datasets_names_the_extra(tmp_path, capsys, monkey
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("line", "field"), [("factor: four", "factor"), ("max-train-steps: many", "max_train_steps"),
-                                              ("seq_len: 1.5", "seq_len"), ("lora: maybe", "lora")])
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("factor: four", "factor"),
+        ("max-train-steps: many", "max_train_steps"),
+        ("seq_len: 1.5", "seq_len"),
+        ("lora: maybe", "lora"),
+    ],
+)
 def test_a_bad_yaml_value_is_one_line_naming_the_file_and_field(tmp_path, capsys, line, field):
     config = tmp_path / "run.yaml"
     config.write_text(f"model: m\ndataset: d.txt\noutput-dir: {tmp_path / 'out'}\n{line}\n")

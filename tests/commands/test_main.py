@@ -57,8 +57,9 @@ def test_patch_of_a_config_file_asks_for_its_folder(base, tmp_path, capsys):
 
 
 def test_patch_refuses_factor_in_set(base, tmp_path, capsys):
-    assert main(["patch", str(base), str(tmp_path / "out"), "--method", "yarn", "--factor", "2",
-                 "--set", "factor=8"]) == 2
+    assert (
+        main(["patch", str(base), str(tmp_path / "out"), "--method", "yarn", "--factor", "2", "--set", "factor=8"]) == 2
+    )
     assert "factor has its own flag, use --factor 8" in one_line_error(capsys)
 
 
@@ -114,8 +115,20 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "hf-posext") -> dic
 
 def test_every_subcommand_has_help_without_markup():
     commands = _commands(build_parser())
-    assert {f"hf-posext {name}" for name in ("methods", "patch", "eval ppl", "eval passkey", "finetune", "demo",
-                                              "reproduce", "push", "tiny-model")} <= set(commands)
+    assert {
+        f"hf-posext {name}"
+        for name in (
+            "methods",
+            "patch",
+            "eval ppl",
+            "eval passkey",
+            "finetune",
+            "demo",
+            "reproduce",
+            "push",
+            "tiny-model",
+        )
+    } <= set(commands)
     for name, sub in commands.items():
         if name == "hf-posext finetune":
             continue  # its flags are the recipe parser's (test_finetune.py)

@@ -70,8 +70,11 @@ def test_a_tiny_model_width_the_heads_cannot_split_is_refused(tmp_path, monkeypa
     assert "multiple of 8" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
-RECIPE_NUMBERS = [f.name for f in dataclasses.fields(TrainConfig)
-                  if typing.get_type_hints(TrainConfig)[f.name] in (int, float, int | None, float | None)]
+RECIPE_NUMBERS = [
+    f.name
+    for f in dataclasses.fields(TrainConfig)
+    if typing.get_type_hints(TrainConfig)[f.name] in (int, float, int | None, float | None)
+]
 
 
 @pytest.mark.parametrize("field", RECIPE_NUMBERS)

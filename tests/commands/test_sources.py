@@ -16,6 +16,7 @@ from hf_posext.testing import make_tiny_model
 @pytest.fixture
 def no_network(monkeypatch):
     """Any Hub request fails the test: a mistyped path must never reach the network."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a Hub request was made for a local path")
 
@@ -24,8 +25,15 @@ def no_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-PATHS = ["./does-not-exist", "../nope/model", "/no/such/model", "~/no-such-model", "out/sub/model", "model.gguf",
-         "weights/model.safetensors"]
+PATHS = [
+    "./does-not-exist",
+    "../nope/model",
+    "/no/such/model",
+    "~/no-such-model",
+    "out/sub/model",
+    "model.gguf",
+    "weights/model.safetensors",
+]
 
 
 @pytest.mark.parametrize("source", PATHS)
@@ -74,10 +82,12 @@ def test_relative_paths_in_a_config_file_resolve_against_its_folder(tmp_path, ca
     folder.mkdir()
     make_tiny_model(folder / "models" / "tiny", hidden_size=32, max_position_embeddings=32)
     (folder / "data.txt").write_text("hello " * 200)
-    (folder / "run.yaml").write_text("model: models/tiny\ndataset: data.txt\noutput-dir: runs/out\nmethod: yarn\n"
-                                     "factor: 2\nmax-train-steps: 1\nwarmup-steps: 0\nglobal-batch-size: 1\n"
-                                     "micro-batch-size: 1\nseq-len: 32\nmixed-precision: 'no'\n"
-                                     "activation-checkpointing: false\ncache-dir: cache\n")
+    (folder / "run.yaml").write_text(
+        "model: models/tiny\ndataset: data.txt\noutput-dir: runs/out\nmethod: yarn\n"
+        "factor: 2\nmax-train-steps: 1\nwarmup-steps: 0\nglobal-batch-size: 1\n"
+        "micro-batch-size: 1\nseq-len: 32\nmixed-precision: 'no'\n"
+        "activation-checkpointing: false\ncache-dir: cache\n"
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -88,8 +98,9 @@ def test_relative_paths_in_a_config_file_resolve_against_its_folder(tmp_path, ca
     from hf_posext.commands.finetune import config_from_args
 
     (folder / "held_out.txt").write_text("x")
-    (folder / "excl.yaml").write_text("model: models/tiny\ndataset: [., '!held_out.txt', '!*/models/*']\n"
-                                      "output-dir: runs/excl\n")
+    (folder / "excl.yaml").write_text(
+        "model: models/tiny\ndataset: [., '!held_out.txt', '!*/models/*']\noutput-dir: runs/excl\n"
+    )
     config = config_from_args(["--config", str(folder / "excl.yaml")])
     assert config.dataset == [str(folder), f"!{folder / 'held_out.txt'}", "!*/models/*"]
 

@@ -108,8 +108,12 @@ def test_scoring_with_a_model_whose_answers_are_known(tokenizer):
     # Sample counts and 95% Wilson intervals, as the RULER suite reports them.
     assert result.intervals()[0][0] == wilson_interval(3, 3) and result.intervals()[2][1] == wilson_interval(0, 3)
     low, high = wilson_interval(6, 9)
-    assert result.summary_by_length()[0] == {"accuracy": pytest.approx(66.67), "n": 9, "low": round(100 * low, 2),
-                                             "high": round(100 * high, 2)}
+    assert result.summary_by_length()[0] == {
+        "accuracy": pytest.approx(66.67),
+        "n": 9,
+        "low": round(100 * low, 2),
+        "high": round(100 * high, 2),
+    }
     assert result.to_dict()["by_length"][1]["n"] == 9 and result.to_dict()["by_length"][1]["accuracy"] == 0.0
 
 

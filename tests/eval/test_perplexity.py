@@ -57,9 +57,7 @@ def test_sliding_window_pools_documents_by_token(model):
     for doc in docs:
         (p,) = sliding_window_perplexity(model, [doc], [8], 3, document_tokens=31, progress=False)
         sums.append(p.nll * p.tokens)
-    (pooled,) = sliding_window_perplexity(
-        model, docs, [8], 3, document_tokens=31, same_documents=False, progress=False
-    )
+    (pooled,) = sliding_window_perplexity(model, docs, [8], 3, document_tokens=31, same_documents=False, progress=False)
     assert pooled.tokens == 19 + 30 and pooled.documents == 2
     assert pooled.nll == pytest.approx(sum(sums) / pooled.tokens, rel=1e-6)
 
@@ -95,7 +93,9 @@ def test_truncated_score_last_and_end_at_score_the_same_tokens(model):
     points = truncated_perplexity(model, [doc], [8, 16, 32], score_last=6, end_at=36, progress=False)
     for point in points:
         context = doc[36 - point.length : 36]
-        expected = sum(_next_token_nll(model, context[: i], int(context[i])) for i in range(point.length - 6, point.length))
+        expected = sum(
+            _next_token_nll(model, context[:i], int(context[i])) for i in range(point.length - 6, point.length)
+        )
         assert point.tokens == 6
         assert point.nll == pytest.approx(expected / 6, rel=1e-5)
 

@@ -21,17 +21,44 @@ def checkpoint(tmp_path_factory):
 
 
 def run(path, out, *extra):
-    return main(["eval", "ruler", str(path), "--samples", "2", "--max-new-tokens", "3", "--out", str(out),
-                 "--no-progress", *extra])
+    return main(
+        [
+            "eval",
+            "ruler",
+            str(path),
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--out",
+            str(out),
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 def test_writes_json_csv_table_and_plots_equal_to_the_library(checkpoint, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run(checkpoint, out, "--lengths", "1000,2000", "--tasks", "niah_single_1,fwe", "--method", "none,yarn",
-               "--factor", "2") == 0
+    assert (
+        run(
+            checkpoint,
+            out,
+            "--lengths",
+            "1000,2000",
+            "--tasks",
+            "niah_single_1,fwe",
+            "--method",
+            "none,yarn",
+            "--factor",
+            "2",
+        )
+        == 0
+    )
     report = json.loads((out / "ruler.json").read_text())
-    assert sorted(report["results"]) == sorted(f"{m}/{t}/{n}" for m in ("none", "yarn")
-                                               for t in ("niah_single_1", "fwe") for n in (1000, 2000))
+    assert sorted(report["results"]) == sorted(
+        f"{m}/{t}/{n}" for m in ("none", "yarn") for t in ("niah_single_1", "fwe") for n in (1000, 2000)
+    )
     cell = report["results"]["yarn/fwe/2000"]
     assert cell["patch"]["method"] == "yarn" and cell["n"] == 2 and cell["prompt_tokens"] == 2000 - 50
     assert 0 <= cell["low"] <= cell["accuracy"] <= cell["high"] <= 100
@@ -47,8 +74,15 @@ def test_writes_json_csv_table_and_plots_equal_to_the_library(checkpoint, tmp_pa
     assert (out / "ruler_niah.png").stat().st_size > 0 and (out / "ruler_tasks.png").stat().st_size > 0
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
-    mine = ruler_accuracy(model, AutoTokenizer.from_pretrained(checkpoint), [1000], "niah_single_1,fwe", 2,
-                          max_new_tokens=3, progress=False)
+    mine = ruler_accuracy(
+        model,
+        AutoTokenizer.from_pretrained(checkpoint),
+        [1000],
+        "niah_single_1,fwe",
+        2,
+        max_new_tokens=3,
+        progress=False,
+    )
     for key, value in mine["cells"].items():
         assert report["results"][f"none/{key}"]["samples"] == value["samples"]
 
@@ -81,8 +115,22 @@ def test_resumes_cell_by_cell(checkpoint, tmp_path, capsys, monkeypatch):
     assert run(checkpoint, out, "--lengths", "1000,1020", "--tasks", "niah_single_1,niah_single_2") == 0
     assert calls == [] and "done in an earlier run, skipped" in capsys.readouterr().out
     # Other samples or another factor would replace the cells: refused; --overwrite starts a new evaluation.
-    other = ["eval", "ruler", str(checkpoint), "--samples", "1", "--max-new-tokens", "3", "--out", str(out),
-             "--no-progress", "--lengths", "1000", "--tasks", "niah_single_1"]
+    other = [
+        "eval",
+        "ruler",
+        str(checkpoint),
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "3",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--lengths",
+        "1000",
+        "--tasks",
+        "niah_single_1",
+    ]
     capsys.readouterr()
     assert main(other) == 2 and "samples 2 -> 1" in capsys.readouterr().err
     assert main([*other[:4], "2", *other[5:], "--method", "yarn", "--factor", "1.5"]) == 2
@@ -96,15 +144,21 @@ def test_resumes_cell_by_cell(checkpoint, tmp_path, capsys, monkeypatch):
     "extra,message",
     [
         (["--lengths", "1000", "--tasks", "niah_single_1,needle"], "unknown RULER task 'needle'"),
-        (["--lengths", "1000,4096"], "--lengths 4096 is longer than the model can take with --method none: 1024 tokens"),
-        (["--lengths", "4096", "--method", "none,yarn", "--factor", "2"],
-         "longer than the model can take with --method none,yarn: 2048 tokens"),
+        (
+            ["--lengths", "1000,4096"],
+            "--lengths 4096 is longer than the model can take with --method none: 1024 tokens",
+        ),
+        (
+            ["--lengths", "4096", "--method", "none,yarn", "--factor", "2"],
+            "longer than the model can take with --method none,yarn: 2048 tokens",
+        ),
         (["--lengths", "300,1000", "--tasks", "vt"], "--lengths 300 is too short for vt"),
         (["--lengths", "1000", "--method", "yarn"], "--method yarn needs --factor"),
     ],
 )
-def test_bad_tasks_and_lengths_are_refused_before_the_model_loads(checkpoint, tmp_path, capsys, monkeypatch, extra,
-                                                                  message):
+def test_bad_tasks_and_lengths_are_refused_before_the_model_loads(
+    checkpoint, tmp_path, capsys, monkeypatch, extra, message
+):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the arguments were checked")
 
@@ -126,9 +180,29 @@ def test_the_hint_for_a_patched_checkpoint_counts_from_its_pretrained_context(ch
 
 
 def test_quick_runs_one_task_per_category_with_two_samples(checkpoint, tmp_path):
-    assert main(["eval", "ruler", str(checkpoint), "--quick", "--lengths", "2000", "--method", "yarn", "--factor", "2",
-                 "--max-new-tokens", "2",
-                 "--out", str(tmp_path), "--no-progress", "--overwrite"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "ruler",
+                str(checkpoint),
+                "--quick",
+                "--lengths",
+                "2000",
+                "--method",
+                "yarn",
+                "--factor",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
     results = json.loads((tmp_path / "ruler.json").read_text())["results"]
     assert sorted(k.split("/")[1] for k in results) == sorted(["niah_single_1", "niah_multikey_1", "vt", "fwe", "qa"])
     assert {c["n"] for c in results.values()} == {2}

@@ -17,8 +17,9 @@ def test_a_model_that_learned_retrieval_scores_clearly_above_one_that_did_not():
     trained, untrained = train_retriever(tokenizer)
     cells = {}
     for name, model in (("trained", trained), ("untrained", untrained)):
-        result = ruler_accuracy(model, tokenizer, [256], "niah_single_1", 20, max_new_tokens=8, progress=False,
-                                chat_template=False)
+        result = ruler_accuracy(
+            model, tokenizer, [256], "niah_single_1", 20, max_new_tokens=8, progress=False, chat_template=False
+        )
         cells[name] = result["cells"]["niah_single_1/256"]
     assert cells["trained"]["n"] == cells["untrained"]["n"] == 20
     assert cells["trained"]["low"] > cells["untrained"]["high"]  # the 95% intervals do not overlap

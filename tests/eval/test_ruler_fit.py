@@ -74,7 +74,9 @@ def test_same_seed_same_prompt_other_seed_other_prompt():
 
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
 def test_the_needle_sits_at_the_asked_depth(depth):
-    prompt = fit_prompt(bpe_tokenizer(), TASKS["niah_single_1"], 3000, "depth", depth, wrapper=wrapper_for(bpe_tokenizer(), False))
+    prompt = fit_prompt(
+        bpe_tokenizer(), TASKS["niah_single_1"], 3000, "depth", depth, wrapper=wrapper_for(bpe_tokenizer(), False)
+    )
     lines = prompt.text.split("\n")[1:-2]  # the haystack lines between the task line and the question
     where = next(i for i, line in enumerate(lines) if line.startswith("One of the special magic"))
     assert abs(where / (len(lines) - 1) - depth) < 0.05
@@ -96,13 +98,22 @@ def test_multikey_haystacks_hold_distractor_needles():
 
 
 def test_ruler_templates():
-    prompt = fit_prompt(bpe_tokenizer(), TASKS["niah_single_1"], 1200, "t", 0.5, wrapper=wrapper_for(bpe_tokenizer(), False))
-    assert prompt.text.startswith("A special magic number is hidden within the following text. Make sure to memorize it. "
-                                  "I will quiz you about the number afterwards.\nThe grass is green.")
-    assert re.search(r"\nWhat is the special magic number for \S+ mentioned in the provided text\? The special magic "
-                     r"number for \S+ mentioned in the provided text is$", prompt.text)
+    prompt = fit_prompt(
+        bpe_tokenizer(), TASKS["niah_single_1"], 1200, "t", 0.5, wrapper=wrapper_for(bpe_tokenizer(), False)
+    )
+    assert prompt.text.startswith(
+        "A special magic number is hidden within the following text. Make sure to memorize it. "
+        "I will quiz you about the number afterwards.\nThe grass is green."
+    )
+    assert re.search(
+        r"\nWhat is the special magic number for \S+ mentioned in the provided text\? The special magic "
+        r"number for \S+ mentioned in the provided text is$",
+        prompt.text,
+    )
     assert NEEDLE.format(kind="numbers", key="k", value="v") == "One of the special magic numbers for k is: v."
-    multi = fit_prompt(bpe_tokenizer(), TASKS["niah_multiquery"], 1500, "t", 0.5, wrapper=wrapper_for(bpe_tokenizer(), False))
+    multi = fit_prompt(
+        bpe_tokenizer(), TASKS["niah_multiquery"], 1500, "t", 0.5, wrapper=wrapper_for(bpe_tokenizer(), False)
+    )
     assert re.search(r"What are all the special magic numbers for \S+, \S+, \S+, and \S+ mentioned", multi.text)
 
 
@@ -117,8 +128,12 @@ def test_too_short_lengths_name_the_minimum():
 def test_task_names_and_groups():
     assert resolve_tasks("all") == list(TASKS)
     assert resolve_tasks("aggregation,vt") == ["vt", "cwe", "fwe"]
-    assert resolve_tasks(["niah_multikey", "niah_single_1"]) == ["niah_single_1", "niah_multikey_1", "niah_multikey_2",
-                                                                 "niah_multikey_3"]
+    assert resolve_tasks(["niah_multikey", "niah_single_1"]) == [
+        "niah_single_1",
+        "niah_multikey_1",
+        "niah_multikey_2",
+        "niah_multikey_3",
+    ]
     with pytest.raises(ValueError, match="unknown RULER task 'niah_single_9'.*groups: all, niah"):
         resolve_tasks("niah_single_9")
 
@@ -130,5 +145,8 @@ def test_depths_are_stratified():
 
 
 def test_sentence_splitter():
-    assert split_sentences("It works, e.g. here. Then \"quoted\" one! And (a) third? end") == [
-        "It works, e.g. here.", "Then \"quoted\" one!", "And (a) third? end"]
+    assert split_sentences('It works, e.g. here. Then "quoted" one! And (a) third? end') == [
+        "It works, e.g. here.",
+        'Then "quoted" one!',
+        "And (a) third? end",
+    ]

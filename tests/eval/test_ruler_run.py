@@ -17,8 +17,13 @@ def tiny(tmp_path_factory):
 
 def test_a_batched_cell_equals_the_cell_prompt_by_prompt(tiny):
     model, tokenizer = tiny
-    kwargs = {"lengths": [900], "tasks": "niah_single_1,niah_multikey_2", "samples": 3, "max_new_tokens": 6,
-              "progress": False}
+    kwargs = {
+        "lengths": [900],
+        "tasks": "niah_single_1,niah_multikey_2",
+        "samples": 3,
+        "max_new_tokens": 6,
+        "progress": False,
+    }
     batched = ruler_accuracy(model, tokenizer, batch_size=3, **kwargs)
     single = ruler_accuracy(model, tokenizer, batch_size=1, **kwargs)
     for key, cell in batched["cells"].items():
@@ -38,8 +43,11 @@ def test_batch_size_follows_memory_and_length(tiny):
 
 @pytest.mark.parametrize(
     "kwargs,message",
-    [({"lengths": []}, "lengths must be positive ints"), ({"lengths": [900], "samples": 0}, "samples must be"),
-     ({"lengths": [900], "tasks": "nope"}, "unknown RULER task 'nope'")],
+    [
+        ({"lengths": []}, "lengths must be positive ints"),
+        ({"lengths": [900], "samples": 0}, "samples must be"),
+        ({"lengths": [900], "tasks": "nope"}, "unknown RULER task 'nope'"),
+    ],
 )
 def test_bad_arguments_raise(tiny, kwargs, message):
     model, tokenizer = tiny

@@ -17,12 +17,12 @@ from hf_posext.eval.ruler import (
 @pytest.mark.parametrize(
     "output,references,score",
     [
-        (" 1234567.", ["1234567"], 1.0),                                          # right
-        ("The number is 1234567, and also 7654321.", ["1234567"], 1.0),           # right, with extra text
+        (" 1234567.", ["1234567"], 1.0),  # right
+        ("The number is 1234567, and also 7654321.", ["1234567"], 1.0),  # right, with extra text
         (" 1234567 and 2222222", ["1234567", "2222222", "3333333", "4444444"], 0.5),  # partial: 2 of 4
-        (" 7654321", ["1234567"], 0.0),                                           # wrong
-        ("", ["1234567"], 0.0),                                                   # nothing
-        (" 123456", ["1234567"], 0.0),                                            # a prefix is not the answer
+        (" 7654321", ["1234567"], 0.0),  # wrong
+        ("", ["1234567"], 0.0),  # nothing
+        (" 123456", ["1234567"], 0.0),  # a prefix is not the answer
     ],
 )
 def test_string_match_all(output, references, score):
@@ -69,7 +69,12 @@ def test_mcnemar_exact_counts_discordant_prompts_and_matches_the_binomial():
 
 def test_summary_reports_percent_count_and_bounds():
     low, high = wilson_interval(2.5, 4)
-    assert summary([1, 1, 0, 0.5]) == {"accuracy": 62.5, "n": 4, "low": round(100 * low, 2), "high": round(100 * high, 2)}
+    assert summary([1, 1, 0, 0.5]) == {
+        "accuracy": 62.5,
+        "n": 4,
+        "low": round(100 * low, 2),
+        "high": round(100 * high, 2),
+    }
     with pytest.raises(ValueError, match="no scores"):
         summary([])
 

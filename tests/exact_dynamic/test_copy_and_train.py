@@ -35,8 +35,11 @@ def round_trip_torch_save(model):
     return torch.load(buffer, weights_only=False)
 
 
-@pytest.mark.parametrize("copier", [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m)), round_trip_torch_save],
-                         ids=["deepcopy", "pickle", "torch.save"])
+@pytest.mark.parametrize(
+    "copier",
+    [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m)), round_trip_torch_save],
+    ids=["deepcopy", "pickle", "torch.save"],
+)
 @pytest.mark.parametrize("method", METHODS)
 def test_copies_are_equal_models(method, copier):
     model = patched(method)

@@ -164,7 +164,9 @@ def partial_rotary(model, attention):
     """
     config = copy.deepcopy(model.config)
     config.rope_parameters["partial_rotary_factor"] = 0.5
-    rope = exact_dynamic.ExactDynamicRope(config, config._attn_implementation.removeprefix(exact_dynamic.ATTENTION_PREFIX))
+    rope = exact_dynamic.ExactDynamicRope(
+        config, config._attn_implementation.removeprefix(exact_dynamic.ATTENTION_PREFIX)
+    )
     assert rope.rotary_dim == 16
     setattr(attention, STATE_ATTR, rope)
     return rope
@@ -298,8 +300,10 @@ def test_bf16_decoding_is_as_close_to_fp32_as_the_static_method(method, kernel):
     ids = tokens(3 * L_ORIG)
 
     def error(method):
-        models = [tiny_model(max_positions=L_ORIG, attn_implementation=kernel).to(dtype) for dtype in (torch.float32,
-                                                                                                   torch.bfloat16)]
+        models = [
+            tiny_model(max_positions=L_ORIG, attn_implementation=kernel).to(dtype)
+            for dtype in (torch.float32, torch.bfloat16)
+        ]
         fp32, bf16 = (cached_step_logits(hf_posext.patch_model(m, method, factor=FACTOR), ids, 4) for m in models)
         return (fp32 - bf16.float()).abs().max().item()
 
@@ -318,8 +322,10 @@ def test_new_shorter_sequence_starts_from_scratch(method):
         # exact: nothing is remembered between sequences, shorter or not
         torch.testing.assert_close(model(short_ids).logits, fresh(short_ids).logits, rtol=0, atol=0)
         torch.testing.assert_close(
-            model(short_ids[:, :L_ORIG]).logits, tiny_model(max_positions=L_ORIG)(short_ids[:, :L_ORIG]).logits,
-            rtol=0, atol=TOL,
+            model(short_ids[:, :L_ORIG]).logits,
+            tiny_model(max_positions=L_ORIG)(short_ids[:, :L_ORIG]).logits,
+            rtol=0,
+            atol=TOL,
         )
         # transformers only resets below L_orig: a 2x sequence after a 3x one keeps the 3x scale
         assert not torch.allclose(native(short_ids).logits, native_fresh(short_ids).logits, atol=1e-3)
@@ -392,7 +398,9 @@ def test_unpatch_and_repatch_restore_everything():
         hf_posext.patch_model(model, "yarn", factor=FACTOR)  # a re-patch undoes the exact machinery
         assert model.config._attn_implementation == "eager"
         static = model(ids).logits
-        assert torch.equal(static, hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "yarn", factor=FACTOR)(ids).logits)
+        assert torch.equal(
+            static, hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "yarn", factor=FACTOR)(ids).logits
+        )
         hf_posext.patch_model(model, "dynamic_yarn", factor=FACTOR)
         hf_posext.unpatch_model(model)
         assert model.config._attn_implementation == "eager"

@@ -20,10 +20,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # L_orig, rope_theta, factor, head_dim, partial rotary
 SHAPES = ((16, 10_000.0, 4.0, 32, 1.0), (128, 500_000.0, 8.0, 64, 1.0), (100, 1e6, 3.7, 96, 0.5))
-CASES = [("dynamic_ntk", *shape, {}) for shape in SHAPES] + [("dynamic_yarn", *shape, {}) for shape in SHAPES] + [
-    ("dynamic_yarn", 64, 10_000.0, 16.0, 32, 1.0, {"beta_fast": 4.0, "beta_slow": 0.5}),
-    ("dynamic_yarn", 64, 10_000.0, 2.5, 32, 1.0, {"attention_factor": 1.3}),
-]
+CASES = (
+    [("dynamic_ntk", *shape, {}) for shape in SHAPES]
+    + [("dynamic_yarn", *shape, {}) for shape in SHAPES]
+    + [
+        ("dynamic_yarn", 64, 10_000.0, 16.0, 32, 1.0, {"beta_fast": 4.0, "beta_slow": 0.5}),
+        ("dynamic_yarn", 64, 10_000.0, 2.5, 32, 1.0, {"attention_factor": 1.3}),
+    ]
+)
 
 
 @pytest.mark.parametrize("method, original, theta, factor, head_dim, partial, extra", CASES)

@@ -147,8 +147,9 @@ def test_a_row_wise_prefill_off_the_cpu_warns_once(monkeypatch, caplog):
             return torch.device("meta")
 
     def attend():
-        exact_dynamic.exact_dynamic_attention(attention, query, key, value, mask, scaling=32**-0.5,
-                                              position_ids=positions.clone())
+        exact_dynamic.exact_dynamic_attention(
+            attention, query, key, value, mask, scaling=32**-0.5, position_ids=positions.clone()
+        )
 
     monkeypatch.setattr(exact_attention, "attend_rowwise", lambda *args: None)
     with caplog.at_level("WARNING", logger="hf_posext"):

@@ -28,11 +28,19 @@ RECIPE_CONFIGS = sorted((ROOT / "examples").glob("finetune*.yaml"))
 EXPECTED = {
     "single_gpu.yaml": {"distributed_type": "NO", "num_processes": 1},
     "ddp.yaml": {"distributed_type": "MULTI_GPU", "multi_gpu": True},
-    "fsdp2.yaml": {"distributed_type": "FSDP", "FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
-                   "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"},
+    "fsdp2.yaml": {
+        "distributed_type": "FSDP",
+        "FSDP_VERSION": "2",
+        "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
+        "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+    },
     "deepspeed_zero3.yaml": {"distributed_type": "DEEPSPEED", "zero_stage": 3, "zero3_save_16bit_model": "true"},
-    "context_parallel.yaml": {"distributed_type": "FSDP", "FSDP_VERSION": "2", "PARALLELISM_CONFIG_CP_SIZE": "8",
-                              "PARALLELISM_CONFIG_CP_BACKEND": "torch"},
+    "context_parallel.yaml": {
+        "distributed_type": "FSDP",
+        "FSDP_VERSION": "2",
+        "PARALLELISM_CONFIG_CP_SIZE": "8",
+        "PARALLELISM_CONFIG_CP_BACKEND": "torch",
+    },
 }
 
 
@@ -44,8 +52,7 @@ def header_commands(path: Path) -> list[list[str]]:
             break
         lines.append(line.lstrip("#").strip())
     text = re.sub(r"\\\s*\n\s*", " ", "\n".join(lines))
-    return [shlex.split(line) for line in text.splitlines()
-            if line.startswith(("accelerate launch", "hf-posext "))]
+    return [shlex.split(line) for line in text.splitlines() if line.startswith(("accelerate launch", "hf-posext "))]
 
 
 def test_every_expected_config_ships():
@@ -94,7 +101,7 @@ def test_header_launch_commands_are_valid(path):
             if command[1] != "finetune":
                 build_parser().parse_args(command[1:])  # e.g. hf-posext tiny-model: its flags parse
                 continue
-        config = config_from_args(command[script + 1:])
+        config = config_from_args(command[script + 1 :])
         if "--model" in command:
             assert config.model == command[command.index("--model") + 1]
         elif "--config" in command:
@@ -106,8 +113,9 @@ def test_header_launch_commands_are_valid(path):
 
 def test_real_model_recipe_config_is_the_documented_run():
     """examples/finetune_smollm2_32k.yaml: what docs/results/finetune_smollm2.md says it runs."""
-    config = config_from_args(["--config", str(ROOT / "examples" / "finetune_smollm2_32k.yaml"), "--model", "x.gguf",
-                               "--output-dir", "out"])
+    config = config_from_args(
+        ["--config", str(ROOT / "examples" / "finetune_smollm2_32k.yaml"), "--model", "x.gguf", "--output-dir", "out"]
+    )
     assert (config.method, config.factor, config.seq_len, config.max_train_steps) == ("yarn", 4, 32768, 400)
     assert config.lora and config.pose and config.pose_window == 1024 and config.mixed_precision == "auto"
     assert config.dataset == ["stdlib", "!*/pydoc_data/*"]

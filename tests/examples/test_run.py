@@ -19,8 +19,17 @@ def test_quickstart_runs_and_reloads_identically():
 
 def test_reproduce_quick_writes_every_result(tmp_path):
     # The laptop reproduction's whole pipeline at toy sizes (~15 s): train, extend, fine-tune, evaluate, report.
-    command = [sys.executable, "-m", "hf_posext.commands.reproduce", "--quick", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
-               "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "hf_posext.commands.reproduce",
+        "--quick",
+        "--out",
+        str(tmp_path),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-progress",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     expected = {
@@ -41,7 +50,8 @@ def test_reproduce_quick_writes_every_result(tmp_path):
 
 
 def test_quickstart_takes_methods_without_a_factor():
-    result = subprocess.run([sys.executable, str(EXAMPLES / "quickstart.py"), "--method", "alibi"], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py"), "--method", "alibi"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert "'method': 'alibi'" in result.stdout and "same logits: True" in result.stdout

@@ -18,7 +18,9 @@ from hf_posext.methods import available_methods
 def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     with single_thread():
-        code = main(["demo", "--quick", "--cache-dir", str(root / "cache"), "--out", str(root / "out"), "--no-progress"])
+        code = main(
+            ["demo", "--quick", "--cache-dir", str(root / "cache"), "--out", str(root / "out"), "--no-progress"]
+        )
     assert code == 0
     return root, json.loads((root / "out" / "demo.json").read_text())
 
@@ -43,7 +45,11 @@ def test_static_methods_are_set_to_the_length_and_dynamic_ones_to_the_reach(demo
     _, report = demo
     for method in ROPE_METHODS:
         factors = [r["factor"] for r in report["results"][method]]
-        expected = [float(max(QUICK.multiples))] * len(factors) if method in DYNAMIC_METHODS else [float(m) for m in QUICK.multiples]
+        expected = (
+            [float(max(QUICK.multiples))] * len(factors)
+            if method in DYNAMIC_METHODS
+            else [float(m) for m in QUICK.multiples]
+        )
         assert factors == expected
 
 

@@ -15,8 +15,12 @@ def test_results_are_keyed_on_how_the_model_was_trained(monkeypatch):
     config = reproduce.QUICK
     settings = reproduce._settings(config, "model", "multiples")
     assert settings["model_key"] == config.model.key()
-    assert reproduce._settings(replace(config, model=replace(config.model, steps=config.model.steps + 1)),
-                               "model", "multiples") != settings
+    assert (
+        reproduce._settings(
+            replace(config, model=replace(config.model, steps=config.model.steps + 1)), "model", "multiples"
+        )
+        != settings
+    )
     real_key = tinylm.TinyLMConfig.key
     monkeypatch.setattr(tinylm.TinyLMConfig, "key", lambda self: "another-recipe-" + real_key(self))
     assert reproduce._settings(config, "model", "multiples") != settings

@@ -10,8 +10,9 @@ from hf_posext.data import stdlib_files
 from hf_posext.experiments.tinylm import TinyLMConfig, pretrain, stdlib_corpus
 from hf_posext.testing import BOS_ID
 
-TINY = TinyLMConfig(seq_len=16, steps=4, batch_size=2, hidden_size=16, num_layers=1, num_heads=2, warmup_steps=1,
-                    max_train_bytes=50_000)
+TINY = TinyLMConfig(
+    seq_len=16, steps=4, batch_size=2, hidden_size=16, num_layers=1, num_heads=2, warmup_steps=1, max_train_bytes=50_000
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

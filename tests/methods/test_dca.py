@@ -49,24 +49,33 @@ def test_defaults_are_chunkllamas():
     model = hf_posext.patch_model(tiny_model("llama"), "dca", factor=4)
     assert model.config.max_position_embeddings == 4 * L0
     assert model.config.dual_chunk_attention_config == {
-        "chunk_size": 48, "local_size": 8, "original_max_position_embeddings": L0}
+        "chunk_size": 48,
+        "local_size": 8,
+        "original_max_position_embeddings": L0,
+    }
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"chunk_size": 1}, r"chunk_size must be an int >= 2.*got 1"),
-    ({"chunk_size": 32.0}, r"chunk_size must be an int >= 2.*got 32.0"),
-    ({"local_size": 0}, r"local_size must be an int >= 1.*got 0"),
-    ({"local_size": True}, r"local_size must be an int >= 1.*got True"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunk_size": 1}, r"chunk_size must be an int >= 2.*got 1"),
+        ({"chunk_size": 32.0}, r"chunk_size must be an int >= 2.*got 32.0"),
+        ({"local_size": 0}, r"local_size must be an int >= 1.*got 0"),
+        ({"local_size": True}, r"local_size must be an int >= 1.*got True"),
+    ],
+)
 def test_bad_values_raise_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DualChunkConfig(**kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"chunk_size": 65}, r"chunk_size must be an int in \[2, 64\].*got 65"),
-    ({"chunk_size": 32, "local_size": 32}, r"local_size must be an int in \[1, 32\).*got 32"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunk_size": 65}, r"chunk_size must be an int in \[2, 64\].*got 65"),
+        ({"chunk_size": 32, "local_size": 32}, r"local_size must be an int in \[1, 32\).*got 32"),
+    ],
+)
 def test_values_out_of_range_for_the_model_raise_before_anything_changes(kwargs, message):
     model = tiny_model("llama")
     with pytest.raises(ValueError, match=message):

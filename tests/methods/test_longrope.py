@@ -31,8 +31,12 @@ TOL = 1e-5
 def yarn_ratio(theta: float, rotary_dim: int, original: int, factor: float) -> list[float]:
     """Plain frequencies over transformers' own YaRN frequencies: YaRN's per-pair divisors."""
     config = copy.deepcopy(tiny_model("llama", head_dim=rotary_dim, max_positions=original).config)
-    config.rope_parameters = {"rope_type": "yarn", "rope_theta": theta, "factor": factor,
-                              "original_max_position_embeddings": original}
+    config.rope_parameters = {
+        "rope_type": "yarn",
+        "rope_theta": theta,
+        "factor": factor,
+        "original_max_position_embeddings": original,
+    }
     yarn, _ = modeling_rope_utils.ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     plain = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
     return (plain / yarn.double()).tolist()
@@ -41,8 +45,9 @@ def yarn_ratio(theta: float, rotary_dim: int, original: int, factor: float) -> l
 def phi3(partial: float = 0.75, **kwargs):
     """A tiny Phi-3 (Phi-4-mini style partial rotary: 3/4 of head_dim 32 rotated, 12 pairs)."""
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial}
-    config = registry_config("phi3", rope_parameters=rope, max_position_embeddings=L_ORIG,
-                             original_max_position_embeddings=L_ORIG, **kwargs)
+    config = registry_config(
+        "phi3", rope_parameters=rope, max_position_embeddings=L_ORIG, original_max_position_embeddings=L_ORIG, **kwargs
+    )
     torch.manual_seed(0)
     model = Phi3ForCausalLM(config).eval()
     with torch.no_grad():
@@ -91,8 +96,12 @@ def test_default_long_factors_are_yarns_ramp(partial):
     long = torch.tensor(params["long_factor"], dtype=torch.float64)
     assert long.numel() == rotary_dim // 2 and params["short_factor"] == [1.0] * (rotary_dim // 2)
     assert bool((long.diff() >= 0).all()) and long[0] == 1.0 and long[-1] == FACTOR
-    torch.testing.assert_close(long, torch.tensor(yarn_ratio(params["rope_theta"], rotary_dim, L_ORIG, FACTOR),
-                                                  dtype=torch.float64), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        long,
+        torch.tensor(yarn_ratio(params["rope_theta"], rotary_dim, L_ORIG, FACTOR), dtype=torch.float64),
+        rtol=1e-6,
+        atol=0,
+    )
     assert params["factor"] == FACTOR and params["original_max_position_embeddings"] == L_ORIG
     assert model.config.max_position_embeddings == FACTOR * L_ORIG
 
@@ -105,20 +114,30 @@ def test_equals_transformers_longrope_model(arch):
     rotary_dim = 24 if arch == "phi3-partial" else 32
     long = [1.0 + 0.2 * i for i in range(rotary_dim // 2)]
     short = [1.0 + 0.01 * i for i in range(rotary_dim // 2)]
-    by_hand = {"rope_type": "longrope", "rope_theta": base.config.rope_parameters["rope_theta"], "factor": FACTOR,
-               "original_max_position_embeddings": L_ORIG, "long_factor": long, "short_factor": short,
-               **({"partial_rotary_factor": 0.75} if arch == "phi3-partial" else {})}
+    by_hand = {
+        "rope_type": "longrope",
+        "rope_theta": base.config.rope_parameters["rope_theta"],
+        "factor": FACTOR,
+        "original_max_position_embeddings": L_ORIG,
+        "long_factor": long,
+        "short_factor": short,
+        **({"partial_rotary_factor": 0.75} if arch == "phi3-partial" else {}),
+    }
     reference = native(base, by_hand)
     ids = tokens(3 * L_ORIG)
     for exact in (False, True):
-        model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, long_factor=long, short_factor=short,
-                                      exact_cache=exact)
-        for length in ((L_ORIG, 3 * L_ORIG) if not exact else (L_ORIG,)):
+        model = hf_posext.patch_model(
+            make(), "longrope", factor=FACTOR, long_factor=long, short_factor=short, exact_cache=exact
+        )
+        for length in (L_ORIG, 3 * L_ORIG) if not exact else (L_ORIG,):
             assert torch.equal(logits(model, ids[:, :length]), logits(reference, ids[:, :length])), (exact, length)
     # the default factors and attention factor, through transformers' own yarn function
     model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, attention_factor=1.5, exact_cache=False)
-    by_hand.update(long_factor=yarn_ratio(by_hand["rope_theta"], rotary_dim, L_ORIG, FACTOR),
-                   short_factor=[1.0] * (rotary_dim // 2), attention_factor=1.5)
+    by_hand.update(
+        long_factor=yarn_ratio(by_hand["rope_theta"], rotary_dim, L_ORIG, FACTOR),
+        short_factor=[1.0] * (rotary_dim // 2),
+        attention_factor=1.5,
+    )
     torch.testing.assert_close(logits(model, ids), logits(native(base, by_hand), ids), rtol=0, atol=TOL)
 
 
@@ -127,8 +146,13 @@ def test_default_factors_with_yarns_attention_factor_are_yarn_past_the_switch(ar
     """The search's start: past L_orig, the default factors with YaRN's 0.1 ln s + 1 give YaRN's logits."""
     ids = tokens(3 * L_ORIG)
     yarn = logits(hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), "yarn", factor=FACTOR), ids)
-    longrope = hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), "longrope", factor=FACTOR, attention_factor=0.1 * math.log(FACTOR) + 1,
-                                     exact_cache=False)
+    longrope = hf_posext.patch_model(
+        tiny_model(arch, max_positions=L_ORIG),
+        "longrope",
+        factor=FACTOR,
+        attention_factor=0.1 * math.log(FACTOR) + 1,
+        exact_cache=False,
+    )
     torch.testing.assert_close(logits(longrope, ids), yarn, rtol=0, atol=TOL)
 
 
@@ -152,8 +176,11 @@ def test_past_the_switch_the_cache_holds_transformers_long_keys(arch):
     """The switch re-rotates the cached keys once; from then on the cache is what transformers' own
     full forward caches (keys rotated with the long factors) and a decoding step is a plain one.
     One layer: deeper layers' keys before L_orig come from hidden states that differ by definition."""
-    make = ((lambda: phi3(num_hidden_layers=1)) if arch == "phi3-partial"
-            else (lambda: tiny_model(arch, max_positions=L_ORIG, layers=1)))
+    make = (
+        (lambda: phi3(num_hidden_layers=1))
+        if arch == "phi3-partial"
+        else (lambda: tiny_model(arch, max_positions=L_ORIG, layers=1))
+    )
     model = hf_posext.patch_model(make(), "longrope", factor=FACTOR)
     native_model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, exact_cache=False)
     ids = tokens(2 * L_ORIG + 3, batch=2)
@@ -195,13 +222,16 @@ def test_a_cache_cropped_back_before_the_switch_stays_exact():
 def test_native_cache_is_not_exact_across_the_switch():
     # Why exact_cache exists: transformers caches keys rotated with the short factors, so past the
     # switch cached decoding leaves its own full forward (exact before it).
-    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR,
-                                  exact_cache=False)
+    model = hf_posext.patch_model(
+        tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR, exact_cache=False
+    )
     ids = tokens(3 * L_ORIG)
     prompt = L_ORIG - 5
     steps = cached_steps(model, ids, prompt)
-    gap = {length: (steps[:, length - prompt] - logits(model, ids[:, :length])[:, -1]).abs().max().item()
-           for length in (L_ORIG, 2 * L_ORIG)}
+    gap = {
+        length: (steps[:, length - prompt] - logits(model, ids[:, :length])[:, -1]).abs().max().item()
+        for length in (L_ORIG, 2 * L_ORIG)
+    }
     assert gap[L_ORIG] < TOL and gap[2 * L_ORIG] > 1e-3, gap
 
 
@@ -236,15 +266,18 @@ def test_on_a_shipped_scaling_it_composes_and_refuses_absolute_factors():
     assert not any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"factor": 4, "long_factor": [1.0] * 3}, "long_factor has 3 entries; this model has 16 rotary pairs"),
-    ({"factor": 4, "short_factor": [1.0] * 17}, "short_factor has 17 entries"),
-    ({"factor": 4, "long_factor": [1.0] * 15 + [-2.0]}, "long_factor must be a non-empty list of positive"),
-    ({"factor": 4, "long_factor": "ones"}, "long_factor must be a list of positive numbers"),
-    ({"factor": 4, "attention_factor": 0}, "attention_factor must be a positive number"),
-    ({"factor": 0.5}, "factor must be >= 1"),
-    ({"factor": 4, "exact_cache": "yes"}, "exact_cache must be True or False"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"factor": 4, "long_factor": [1.0] * 3}, "long_factor has 3 entries; this model has 16 rotary pairs"),
+        ({"factor": 4, "short_factor": [1.0] * 17}, "short_factor has 17 entries"),
+        ({"factor": 4, "long_factor": [1.0] * 15 + [-2.0]}, "long_factor must be a non-empty list of positive"),
+        ({"factor": 4, "long_factor": "ones"}, "long_factor must be a list of positive numbers"),
+        ({"factor": 4, "attention_factor": 0}, "attention_factor must be a positive number"),
+        ({"factor": 0.5}, "factor must be >= 1"),
+        ({"factor": 4, "exact_cache": "yes"}, "exact_cache must be True or False"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, message):
     model = tiny_model("llama", max_positions=L_ORIG)
     with pytest.raises(ValueError, match=message):
@@ -261,7 +294,8 @@ def test_saved_checkpoint_reloads_exact_and_loads_in_vanilla_transformers(tmp_pa
     ids = tokens(3 * L_ORIG)
     assert torch.equal(logits(reloaded, ids), logits(model, ids))
     assert any(isinstance(m, ExactDynamicRotaryEmbedding) for m in reloaded.modules())
-    plain = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR,
-                                  exact_cache=False)
+    plain = hf_posext.patch_model(
+        tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR, exact_cache=False
+    )
     vanilla = vanilla_logits([tmp_path / "lr"], [dict(input_ids=ids)], tmp_path)
     assert torch.equal(vanilla[tmp_path / "lr"][0], logits(plain, ids))

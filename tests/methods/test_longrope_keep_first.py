@@ -69,7 +69,7 @@ def reference_model(model, params: dict, rotary_dim: int):
         positions = position_ids[0].tolist()
         assert positions == list(range(positions[0], positions[0] + len(positions)))
         cos, sin, _ = reference_tables(params, rotary_dim, range(len(positions)), positions[-1] + 1)
-        cos, sin = cos[positions[0]:], sin[positions[0]:]
+        cos, sin = cos[positions[0] :], sin[positions[0] :]
         return (torch.cat((cos, cos), -1)[None].to(x.dtype), torch.cat((sin, sin), -1)[None].to(x.dtype))
 
     rotary.forward = forward
@@ -94,15 +94,22 @@ def cached_steps(model, ids, prompt):
 
 
 def keep_first_model(arch="llama", keep_first=N, exact_cache=False, **kwargs):
-    return hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG, **kwargs), "longrope", factor=FACTOR,
-                                 keep_first=keep_first, exact_cache=exact_cache)
+    return hf_posext.patch_model(
+        tiny_model(arch, max_positions=L_ORIG, **kwargs),
+        "longrope",
+        factor=FACTOR,
+        keep_first=keep_first,
+        exact_cache=exact_cache,
+    )
 
 
 def stablelm_partial():
     """A tiny StableLM rotating half of each head (partial_rotary_factor 0.5: 8 pairs of head_dim 32)."""
-    config = registry_config("stablelm", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                          "partial_rotary_factor": 0.5},
-                             max_position_embeddings=L_ORIG)
+    config = registry_config(
+        "stablelm",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        max_position_embeddings=L_ORIG,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
@@ -226,8 +233,9 @@ def test_without_the_exact_cache_decoding_past_the_switch_equals_full_forward():
     """exact_cache=False, a prompt past L_orig: the cache holds the kept keys on plain RoPE, as the full forward."""
     model = keep_first_model()
     ids = tokens(3 * L_ORIG)
-    torch.testing.assert_close(cached_steps(model, ids, L_ORIG + 3), logits(model, ids)[:, L_ORIG + 2 : -1],
-                               rtol=0, atol=TOL)
+    torch.testing.assert_close(
+        cached_steps(model, ids, L_ORIG + 3), logits(model, ids)[:, L_ORIG + 2 : -1], rtol=0, atol=TOL
+    )
 
 
 @pytest.mark.parametrize("model_type", ("llama", "cohere", "deepseek_v2", "llama4_text", "qwen3_5_text", "stablelm"))
@@ -250,8 +258,9 @@ def test_the_rotary_wrapper_keeps_each_architectures_layout(model_type):
     x = torch.zeros(1)
     with torch.no_grad():
         tables, long_tables, plain_tables = (module(x, positions) for module in (wrapper, longrope, plain))
-    tables, long_tables, plain_tables = ((t,) if isinstance(t, torch.Tensor) else t
-                                         for t in (tables, long_tables, plain_tables))
+    tables, long_tables, plain_tables = (
+        (t,) if isinstance(t, torch.Tensor) else t for t in (tables, long_tables, plain_tables)
+    )
     for ours, long, own in zip(tables, long_tables, plain_tables, strict=True):
         assert torch.equal(ours[:, :N], own[:, :N]) and torch.equal(ours[:, N:], long[:, N:])
         assert not torch.equal(own[:, N:], long[:, N:])
@@ -275,8 +284,11 @@ def test_up_to_l_orig_it_is_longrope():
     for exact in (False, True):
         plain = keep_first_model(keep_first=0, exact_cache=exact)
         assert torch.equal(logits(keep_first_model(exact_cache=exact), ids), logits(plain, ids))
-        assert not torch.allclose(logits(keep_first_model(exact_cache=exact), tokens(2 * L_ORIG)),
-                                  logits(plain, tokens(2 * L_ORIG)), atol=1e-3)
+        assert not torch.allclose(
+            logits(keep_first_model(exact_cache=exact), tokens(2 * L_ORIG)),
+            logits(plain, tokens(2 * L_ORIG)),
+            atol=1e-3,
+        )
 
 
 @pytest.mark.parametrize("exact", (False, True))
@@ -307,14 +319,17 @@ def test_unpatch_and_repatch_leave_no_wrapper():
     assert torch.equal(logits(model, tokens(20)), before)
 
 
-@pytest.mark.parametrize(("keep_first", "message"), [
-    (-1, r"keep_first must be an int >= 0 \(positions kept on plain RoPE\), got -1"),
-    (1.5, r"keep_first must be an int >= 0 .*got 1.5"),
-    (True, r"keep_first must be an int >= 0 .*got True"),
-    ("3", r"keep_first must be an int >= 0 .*got '3'"),
-    (L_ORIG, r"keep_first must be an int in \[0, 15\] .*original context 16\), got 16"),
-    (10**6, r"keep_first must be an int in \[0, 15\] .*got 1000000"),
-])
+@pytest.mark.parametrize(
+    ("keep_first", "message"),
+    [
+        (-1, r"keep_first must be an int >= 0 \(positions kept on plain RoPE\), got -1"),
+        (1.5, r"keep_first must be an int >= 0 .*got 1.5"),
+        (True, r"keep_first must be an int >= 0 .*got True"),
+        ("3", r"keep_first must be an int >= 0 .*got '3'"),
+        (L_ORIG, r"keep_first must be an int in \[0, 15\] .*original context 16\), got 16"),
+        (10**6, r"keep_first must be an int in \[0, 15\] .*got 1000000"),
+    ],
+)
 def test_bad_values_are_one_clear_error(keep_first, message):
     model = tiny_model(max_positions=L_ORIG)
     with pytest.raises(ValueError, match=message):

@@ -47,7 +47,9 @@ def native_rope(method: str, factor: float, head_dim: int) -> tuple[dict, int]:
 
 def native_model(arch: str, method: str, factor: float, head_dim: int, state_dict: dict):
     rope_parameters, max_positions = native_rope(method, factor, head_dim)
-    config = tiny_config(arch, head_dim=head_dim, rope_parameters=rope_parameters, max_position_embeddings=max_positions)
+    config = tiny_config(
+        arch, head_dim=head_dim, rope_parameters=rope_parameters, max_position_embeddings=max_positions
+    )
     _, model_cls = ARCHITECTURES[arch]
     model = model_cls(config).eval()
     model.load_state_dict(state_dict)
@@ -82,7 +84,9 @@ def test_yarn_frequencies_equal_transformers(factor, head_dim, original, betas):
         "beta_fast": betas[0],
         "beta_slow": betas[1],
     }
-    config = tiny_config(head_dim=head_dim, rope_parameters=rope_parameters, max_position_embeddings=int(factor * original))
+    config = tiny_config(
+        head_dim=head_dim, rope_parameters=rope_parameters, max_position_embeddings=int(factor * original)
+    )
     expected, expected_mscale = ROPE_INIT_FUNCTIONS["yarn"](config)
     ours = yarn_inv_freq(THETA, head_dim, factor, original, beta_fast=betas[0], beta_slow=betas[1])
     torch.testing.assert_close(ours, expected, rtol=1e-6, atol=0)
@@ -139,7 +143,9 @@ def test_dynamic_yarn_equals_paper_reference(arch, head_dim):
             tiny_model(arch, head_dim=head_dim, max_positions=L_ORIG), "dynamic_yarn", factor=factor, exact_cache=False
         )
         scale = min(factor, max(1.0, length / L_ORIG))
-        reference = with_frequencies(tiny_model(arch, head_dim=head_dim, max_positions=L_ORIG), *paper_yarn(THETA, head_dim, scale, L_ORIG))
+        reference = with_frequencies(
+            tiny_model(arch, head_dim=head_dim, max_positions=L_ORIG), *paper_yarn(THETA, head_dim, scale, L_ORIG)
+        )
         tolerance = TOL
         with torch.no_grad():
             expected = reference(ids).logits

@@ -53,22 +53,31 @@ def test_registered_rope_types_and_attention_reach_transformers():
 
 
 def test_checkpoints_saved_under_the_old_rope_type_names_still_load():
-    assert hf_posext.readers.transformers5.renamed_rope_types().items() >= {
-        "hf_posext_dynamic_yarn": "hf_posext_dynamic_yarn (requires: import hf_posext)",
-        "hf_posext_none": "hf_posext_none (requires: import hf_posext)",
-    }.items()
+    assert (
+        hf_posext.readers.transformers5.renamed_rope_types().items()
+        >= {
+            "hf_posext_dynamic_yarn": "hf_posext_dynamic_yarn (requires: import hf_posext)",
+            "hf_posext_none": "hf_posext_none (requires: import hf_posext)",
+        }.items()
+    )
 
 
 def test_the_saved_names_are_unchanged():
     families = methods.families()
     assert set(families["yarn"].rope_types) == {"hf_posext_dynamic_yarn (requires: import hf_posext)"}
-    assert set(families["alibi"].rope_types) == set(families["absolute"].rope_types) == {
-        "hf_posext_none (requires: import hf_posext)"
-    }
+    assert (
+        set(families["alibi"].rope_types)
+        == set(families["absolute"].rope_types)
+        == {"hf_posext_none (requires: import hf_posext)"}
+    )
     assert set(families["alibi"].attention) == {"hf_posext_alibi (requires: import hf_posext)", "hf_posext_alibi"}
     assert set(methods.registry.attention_functions()) == {
-        "hf_posext_alibi (requires: import hf_posext)", "hf_posext_alibi",
-        "hf_posext_remap (requires: import hf_posext)", "hf_posext_remap_eager", "hf_posext_remap_sdpa"}
+        "hf_posext_alibi (requires: import hf_posext)",
+        "hf_posext_alibi",
+        "hf_posext_remap (requires: import hf_posext)",
+        "hf_posext_remap_eager",
+        "hf_posext_remap_sdpa",
+    }
 
 
 def test_a_refused_registration_leaves_nothing_behind():
@@ -170,18 +179,23 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
 
     def run(*args: str) -> str:
-        done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    found = run("-c", textwrap.dedent(f"""
+    found = run(
+        "-c",
+        textwrap.dedent(f"""
         import hf_posext
         from transformers import modeling_rope_utils
         assert hf_posext.__file__.startswith({str(tmp_path)!r}), hf_posext.__file__
         assert "toy" in hf_posext.available_methods() and hf_posext.method_aliases()["toy_alias"] == "toy"
         assert "hf_posext_toy" in modeling_rope_utils.ROPE_INIT_FUNCTIONS
         print(hf_posext.ToyConfig.__name__)
-    """))
+    """),
+    )
     assert found.strip() == "ToyConfig"
     script = re.search(r'^hf-posext = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
     module, _, function = script.group(1).partition(":")  # the console script, wherever the CLI lives
@@ -194,15 +208,21 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
 
 def test_the_plugin_api_is_the_top_levels():
     """What a third-party method needs, exported as peft exports register_peft_method."""
-    for name, value in [("register_method", register_method), ("Surgery", methods.surgery.Surgery),
-                        ("RopeType", RopeType), ("AttentionFunctions", AttentionFunctions)]:
+    for name, value in [
+        ("register_method", register_method),
+        ("Surgery", methods.surgery.Surgery),
+        ("RopeType", RopeType),
+        ("AttentionFunctions", AttentionFunctions),
+    ]:
         assert name in hf_posext.__all__ and getattr(hf_posext, name) is value
 
 
 def test_the_readers_hints_name_registered_static_methods():
     for name in hf_posext.available_methods():
         static = hf_posext.method_class(name).static_equivalent
-        assert static is None or (static in hf_posext.available_methods() and not hf_posext.method_class(static).dynamic)
+        assert static is None or (
+            static in hf_posext.available_methods() and not hf_posext.method_class(static).dynamic
+        )
     assert {n for n in hf_posext.available_methods() if hf_posext.method_class(n).static_equivalent} == {
         n for n in hf_posext.available_methods() if hf_posext.method_class(n).dynamic
     }
@@ -217,9 +237,16 @@ def test_the_public_surface_resolves_and_is_documented():
 
 def test_a_family_registered_after_import_reaches_transformers_at_once():
     """An out-of-tree family (a plugin) calls register_method after ``import hf_posext``, with the top level's names."""
-    code = textwrap.dedent(TOY_FAMILY).replace("from ...rope_utils", "from hf_posext.rope_utils").replace(
-        "from ..base", "from hf_posext").replace("from ..registry", "from hf_posext")
-    code = "import hf_posext\n" + code + textwrap.dedent("""
+    code = (
+        textwrap.dedent(TOY_FAMILY)
+        .replace("from ...rope_utils", "from hf_posext.rope_utils")
+        .replace("from ..base", "from hf_posext")
+        .replace("from ..registry", "from hf_posext")
+    )
+    code = (
+        "import hf_posext\n"
+        + code
+        + textwrap.dedent("""
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
         config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
@@ -229,6 +256,13 @@ def test_a_family_registered_after_import_reaches_transformers_at_once():
         assert hf_posext.patched_method(model) == ToyConfig(factor=2, original_max_position_embeddings=16)
         model(torch.tensor([[1, 2, 3]]))
     """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr

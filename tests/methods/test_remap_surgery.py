@@ -22,8 +22,15 @@ def logits(model, ids):
 
 
 #: Every remapping method (with its defaults from L0), leaky ReRoPE as well.
-CASES = [("self_extend", {}), ("dca", {}), ("string", {}), ("rerope", {}), ("rerope", {"leak": 16}),
-         ("string", {"qk_scale": True}), ("rerope", {"log_scale": True})]
+CASES = [
+    ("self_extend", {}),
+    ("dca", {}),
+    ("string", {}),
+    ("rerope", {}),
+    ("rerope", {"leak": 16}),
+    ("string", {"qk_scale": True}),
+    ("rerope", {"log_scale": True}),
+]
 
 
 @pytest.mark.parametrize(("method", "kwargs"), CASES)
@@ -47,10 +54,15 @@ def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly_whatever_
     """The saved attention name is replaced by an explicit kernel; the rope type is the second guard (as ALiBi's)."""
     factor = {"factor": 2} if method in ("self_extend", "dca") else {}
     hf_posext.patch_model(tiny_model("llama"), method, **factor).save_pretrained(tmp_path)
-    for kwargs, guard in (("", SAVED_ATTENTION), (", attn_implementation='sdpa'", REMAP_ROPE_TYPE),
-                          (", attn_implementation='eager'", REMAP_ROPE_TYPE)):
-        code = ("from transformers import AutoModelForCausalLM\n"
-                f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}{kwargs})\n")
+    for kwargs, guard in (
+        ("", SAVED_ATTENTION),
+        (", attn_implementation='sdpa'", REMAP_ROPE_TYPE),
+        (", attn_implementation='eager'", REMAP_ROPE_TYPE),
+    ):
+        code = (
+            "from transformers import AutoModelForCausalLM\n"
+            f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}{kwargs})\n"
+        )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode != 0, kwargs
         assert guard in done.stderr, (kwargs, done.stderr[-2000:])
@@ -68,15 +80,26 @@ def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
     assert loaded.config.max_position_embeddings == 256
     assert loaded.config.dual_chunk_attention_config == fields
     ids = tokens(192)
-    expected = logits(hf_posext.patch_model(copy.deepcopy(plain), "dca", chunk_size=48, local_size=8,
-                                            original_max_position_embeddings=64), ids)
+    expected = logits(
+        hf_posext.patch_model(
+            copy.deepcopy(plain), "dca", chunk_size=48, local_size=8, original_max_position_embeddings=64
+        ),
+        ids,
+    )
     assert torch.equal(logits(loaded, ids), expected)
     assert not torch.equal(logits(plain, ids), expected)
 
 
-@pytest.mark.parametrize(("method", "arch", "vllm"), [
-    ("self_extend", "qwen2", "refused"), ("dca", "qwen2", "right"), ("dca", "llama", "refused"),
-    ("string", "llama", "refused"), ("rerope", "qwen2", "refused")])
+@pytest.mark.parametrize(
+    ("method", "arch", "vllm"),
+    [
+        ("self_extend", "qwen2", "refused"),
+        ("dca", "qwen2", "right"),
+        ("dca", "llama", "refused"),
+        ("string", "llama", "refused"),
+        ("rerope", "qwen2", "refused"),
+    ],
+)
 def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
     from hf_posext.readers import support
 
@@ -96,30 +119,72 @@ def test_the_command_line_evaluates_and_patches_every_remapping_method(tmp_path)
     text = tmp_path / "doc.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 6)
     out = tmp_path / "ppl"
-    assert main(["eval", "ppl", str(path), "--data", str(text), "--lengths", "16,96", "--method",
-                 "none,self_extend,dca,string,rerope", "--factor", "3", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "ppl",
+                str(path),
+                "--data",
+                str(text),
+                "--lengths",
+                "16,96",
+                "--method",
+                "none,self_extend,dca,string,rerope",
+                "--factor",
+                "3",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     import json
 
     results = json.loads((out / "ppl.json").read_text())["results"]
     names = ["self_extend", "dca", "string", "rerope"]
     assert [results[f"{name}/truncated"]["patch"]["method"] for name in names] == names
-    assert main(["patch", str(path), str(tmp_path / "se"), "--method", "self_extend", "--set", "group_size=4",
-                 "--set", "window_size=8"]) == 0
+    assert (
+        main(
+            [
+                "patch",
+                str(path),
+                str(tmp_path / "se"),
+                "--method",
+                "self_extend",
+                "--set",
+                "group_size=4",
+                "--set",
+                "window_size=8",
+            ]
+        )
+        == 0
+    )
     assert hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "se"))["group_size"] == 4
-    assert main(["patch", str(path), str(tmp_path / "leaky"), "--method", "rerope", "--set", "window=4",
-                 "--set", "leak=16"]) == 0
+    assert (
+        main(
+            ["patch", str(path), str(tmp_path / "leaky"), "--method", "rerope", "--set", "window=4", "--set", "leak=16"]
+        )
+        == 0
+    )
     info = hf_posext.patch_info(AutoModelForCausalLM.from_pretrained(tmp_path / "leaky"))
     assert (info["window"], info["leak"]) == (4, 16.0)
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"chunk_size": 0, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
-    ({"chunk_size": None, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
-    ({"chunk_size": 48.7, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
-    ({"chunk_size": 48, "local_size": "8"}, "dual_chunk_attention_config.local_size must be an int >= 1"),
-    ({"chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 0},
-     "dual_chunk_attention_config.original_max_position_embeddings must be an int >= 1"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"chunk_size": 0, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+        ({"chunk_size": None, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+        ({"chunk_size": 48.7, "local_size": 8}, "dual_chunk_attention_config.chunk_size must be an int >= 2"),
+        ({"chunk_size": 48, "local_size": "8"}, "dual_chunk_attention_config.local_size must be an int >= 1"),
+        (
+            {"chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 0},
+            "dual_chunk_attention_config.original_max_position_embeddings must be an int >= 1",
+        ),
+    ],
+)
 def test_a_bad_dual_chunk_attention_config_is_one_error_naming_the_field(tmp_path, capsys, fields, message):
     from hf_posext.commands.main import main
 
@@ -131,8 +196,23 @@ def test_a_bad_dual_chunk_attention_config_is_one_error_naming_the_field(tmp_pat
     text = tmp_path / "doc.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 6)
     capsys.readouterr()
-    assert main(["eval", "ppl", str(tmp_path / "ckpt"), "--data", str(text), "--lengths", "16",
-                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "ppl",
+                str(tmp_path / "ckpt"),
+                "--data",
+                str(text),
+                "--lengths",
+                "16",
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     captured = capsys.readouterr()
     assert message in captured.err and "Traceback" not in captured.err, captured.err
     assert len(captured.err.strip().splitlines()) == 1, captured.err

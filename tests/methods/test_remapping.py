@@ -99,10 +99,18 @@ def test_left_padded_batches_equal_the_rows_alone(method):
     batch = torch.cat((long, torch.cat((torch.zeros(1, pad, dtype=torch.long), short), dim=1)))
     mask = torch.ones_like(batch)
     mask[1, :pad] = 0
-    together = model.generate(batch, attention_mask=mask, max_new_tokens=12, do_sample=False, output_logits=True,
-                              return_dict_in_generate=True)
+    together = model.generate(
+        batch, attention_mask=mask, max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
     for row, ids in enumerate((long, short)):
-        alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        alone = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         assert torch.equal(together.sequences[row, -12:], alone.sequences[0, -12:])
         for step in range(12):
             assert (together.logits[step][row] - alone.logits[step][0]).abs().max() <= 1e-4
@@ -157,8 +165,9 @@ def test_pose_positions_are_remapped_from_the_positions_given(method, impl):
         full[:, positions[0]] = ids
         mask = torch.zeros_like(full)
         mask[:, positions[0]] = 1
-        expected = model(full, position_ids=torch.arange(232)[None].expand(2, -1), attention_mask=mask,
-                         use_cache=False).logits[:, positions[0]]
+        expected = model(
+            full, position_ids=torch.arange(232)[None].expand(2, -1), attention_mask=mask, use_cache=False
+        ).logits[:, positions[0]]
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
@@ -168,15 +177,20 @@ def test_positions_that_jump_after_a_cache_are_refused(method):
     with torch.no_grad():
         cache = model(tokens(100), use_cache=True).past_key_values
         with pytest.raises(ValueError, match=r"position_ids that jump .* after cached keys"):
-            model(tokens(8), position_ids=torch.tensor([[100, 101, 102, 103, 150, 151, 152, 153]]),
-                  cache=cache, attention_mask=torch.ones(1, 108, dtype=torch.long))
+            model(
+                tokens(8),
+                position_ids=torch.tensor([[100, 101, 102, 103, 150, 151, 152, 153]]),
+                cache=cache,
+                attention_mask=torch.ones(1, 108, dtype=torch.long),
+            )
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_beam_search_runs_and_keeps_its_best_beam_consistent(method):
     model = patch(tiny_model("llama"), method)
-    out = model.generate(tokens(100), max_new_tokens=8, num_beams=3, do_sample=False, output_scores=True,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        tokens(100), max_new_tokens=8, num_beams=3, do_sample=False, output_scores=True, return_dict_in_generate=True
+    )
     assert out.sequences.shape == (1, 108)
     scores = torch.log_softmax(logits(model, out.sequences), dim=-1)[0, 99:-1]
     best = scores.gather(-1, out.sequences[0, 100:, None]).sum()
@@ -185,8 +199,14 @@ def test_beam_search_runs_and_keeps_its_best_beam_consistent(method):
 
 SHIPPED = {
     "raised theta": {"rope_type": "default", "rope_theta": 500000.0},
-    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 2.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 2.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    },
     "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 32},
 }
 
@@ -198,8 +218,11 @@ def test_runs_on_top_of_a_shipped_rope_with_its_attention_factor_once(method, sh
     ids = tokens(3 * L0)
     patched = patch(copy.deepcopy(base), method)
     # the shipped rope under the remapping's rope type (vanilla transformers' second guard), same frequencies
-    assert patched.config.rope_parameters == {**base.config.rope_parameters, "rope_type": REMAP_ROPE_TYPE,
-                                              "remapped_rope_type": SHIPPED[shipped]["rope_type"]}
+    assert patched.config.rope_parameters == {
+        **base.config.rope_parameters,
+        "rope_type": REMAP_ROPE_TYPE,
+        "remapped_rope_type": SHIPPED[shipped]["rope_type"],
+    }
     assert torch.equal(patched.model.rotary_emb.inv_freq, base.model.rotary_emb.inv_freq)
     assert patched.model.rotary_emb.attention_scaling == base.model.rotary_emb.attention_scaling
     expected = logits(reference_model(base, METHODS[method][1], **reference_arguments(method, patched)), ids)
@@ -237,10 +260,13 @@ def test_a_static_cache_is_refused(method):
         model.generate(tokens(20), max_new_tokens=2, cache_implementation="static")
 
 
-@pytest.mark.parametrize(("model_type", "message"), [
-    ("cohere", r"does not rotate channel pairs \(i, i \+ rotary_dim / 2\)"),
-    ("deepseek_v3", r"does not support multi-head latent attention"),
-])
+@pytest.mark.parametrize(
+    ("model_type", "message"),
+    [
+        ("cohere", r"does not rotate channel pairs \(i, i \+ rotary_dim / 2\)"),
+        ("deepseek_v3", r"does not support multi-head latent attention"),
+    ],
+)
 @pytest.mark.parametrize("method", NAMES)
 def test_interleaved_pairs_and_latent_attention_are_refused_naming_the_architecture(model_type, message, method):
     model = registry.tiny_model(model_type)

@@ -27,7 +27,9 @@ def logits(model, ids):
 @pytest.mark.parametrize(("window", "leak"), [(16, None), (16, 4), (8, 16.0)])
 def test_matches_the_authors_float64_reference_at_3x(arch, impl, block_elements, window, leak, monkeypatch):
     monkeypatch.setattr(remap, "BLOCK_ELEMENTS", block_elements)
-    monkeypatch.setattr(flash_segments, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
+    monkeypatch.setattr(
+        flash_segments, "FLASH_BLOCK", block_elements // (4 * 192)
+    )  # 7-row blocks: every piece boundary is crossed
     base = tiny_model(arch, attn_implementation=impl)
     ids = tokens(3 * L0)
     expected = logits(reference_model(base, rerope_scores, window=window, leak=leak), ids)
@@ -69,16 +71,19 @@ def test_defaults_are_the_authors():
     assert (info["window"], info["leak"], info["log_scale"]) == (None, None, False)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"window": 0}, r"window must be an int >= 1.*got 0"),
-    ({"window": -8}, r"window must be an int >= 1.*got -8"),
-    ({"window": 8.5}, r"window must be an int >= 1.*got 8.5"),
-    ({"leak": 1}, r"leak must be a finite number > 1.*got 1"),
-    ({"leak": 0.5}, r"leak must be a finite number > 1.*got 0.5"),
-    ({"leak": -4}, r"leak must be a finite number > 1.*got -4"),
-    ({"leak": "16"}, r"leak must be a finite number > 1.*got '16'"),
-    ({"log_scale": "yes"}, r"log_scale must be True or False.*got 'yes'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"window": 0}, r"window must be an int >= 1.*got 0"),
+        ({"window": -8}, r"window must be an int >= 1.*got -8"),
+        ({"window": 8.5}, r"window must be an int >= 1.*got 8.5"),
+        ({"leak": 1}, r"leak must be a finite number > 1.*got 1"),
+        ({"leak": 0.5}, r"leak must be a finite number > 1.*got 0.5"),
+        ({"leak": -4}, r"leak must be a finite number > 1.*got -4"),
+        ({"leak": "16"}, r"leak must be a finite number > 1.*got '16'"),
+        ({"log_scale": "yes"}, r"log_scale must be True or False.*got 'yes'"),
+    ],
+)
 def test_bad_values_raise_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ReRopeConfig(**kwargs)

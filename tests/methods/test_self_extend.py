@@ -26,7 +26,9 @@ def logits(model, ids):
 @pytest.mark.parametrize("block_elements", [remap.BLOCK_ELEMENTS, 4 * 192 * 7])
 def test_matches_longlm_float64_reference_at_3x(arch, impl, block_elements, monkeypatch):
     monkeypatch.setattr(remap, "BLOCK_ELEMENTS", block_elements)
-    monkeypatch.setattr(flash_segments, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
+    monkeypatch.setattr(
+        flash_segments, "FLASH_BLOCK", block_elements // (4 * 192)
+    )  # 7-row blocks: every piece boundary is crossed
     base = tiny_model(arch, attn_implementation=impl)
     ids = tokens(3 * L0)
     expected = logits(reference_model(base, self_extend_scores, group_size=4, window_size=16), ids)
@@ -50,13 +52,16 @@ def test_group_size_one_is_the_model():
     assert torch.equal(logits(patched, ids), logits(base, ids))
 
 
-@pytest.mark.parametrize(("kwargs", "group", "window"), [
-    ({"factor": 2}, 3, 16),                              # W = L0 // 4, G = ceil((2 L0 - W) / (L0 - W))
-    ({"factor": 4}, 5, 16),
-    ({"factor": 4, "window_size": 32}, 7, 32),
-    ({"factor": 2, "group_size": 4}, 4, 42),             # W = (G - s) L0 / (G - 1)
-    ({"group_size": 8, "window_size": 8}, 8, 8),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "group", "window"),
+    [
+        ({"factor": 2}, 3, 16),  # W = L0 // 4, G = ceil((2 L0 - W) / (L0 - W))
+        ({"factor": 4}, 5, 16),
+        ({"factor": 4, "window_size": 32}, 7, 32),
+        ({"factor": 2, "group_size": 4}, 4, 42),  # W = (G - s) L0 / (G - 1)
+        ({"group_size": 8, "window_size": 8}, 8, 8),
+    ],
+)
 def test_group_and_window_follow_the_reach_formula(kwargs, group, window):
     method = SelfExtendConfig(**kwargs)
     assert method.resolve(L0) == (group, window)
@@ -69,22 +74,28 @@ def test_patched_config_advertises_the_reach():
     assert hf_posext.patch_info(model)["group_size"] == 4
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"group_size": 0}, r"group_size must be an int >= 1.*got 0"),
-    ({"group_size": 2.5}, r"group_size must be an int >= 1.*got 2.5"),
-    ({"group_size": 2.0}, r"group_size must be an int >= 1.*got 2.0"),
-    ({"window_size": "8"}, r"window_size must be an int >= 1.*got '8'"),
-    ({"factor": 2, "group_size": 4, "window_size": 8}, r"not all three"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"group_size": 0}, r"group_size must be an int >= 1.*got 0"),
+        ({"group_size": 2.5}, r"group_size must be an int >= 1.*got 2.5"),
+        ({"group_size": 2.0}, r"group_size must be an int >= 1.*got 2.0"),
+        ({"window_size": "8"}, r"window_size must be an int >= 1.*got '8'"),
+        ({"factor": 2, "group_size": 4, "window_size": 8}, r"not all three"),
+    ],
+)
 def test_bad_values_raise_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SelfExtendConfig(**kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"group_size": 4, "window_size": 64}, r"window_size must be an int in \[1, 64\).*got 64"),
-    ({"factor": 4, "group_size": 3}, r"group_size=3 must exceed factor=4.0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"group_size": 4, "window_size": 64}, r"window_size must be an int in \[1, 64\).*got 64"),
+        ({"factor": 4, "group_size": 3}, r"group_size=3 must exceed factor=4.0"),
+    ],
+)
 def test_values_out_of_range_for_the_model_raise_before_anything_changes(kwargs, message):
     model = tiny_model("llama")
     with pytest.raises(ValueError, match=message):

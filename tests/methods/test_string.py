@@ -34,7 +34,9 @@ def test_the_relative_reference_with_true_distances_is_the_model():
 @pytest.mark.parametrize(("shift", "local_window"), [(24, 8), (40, 1)])
 def test_matches_the_authors_float64_reference_at_3x(arch, impl, block_elements, shift, local_window, monkeypatch):
     monkeypatch.setattr(remap, "BLOCK_ELEMENTS", block_elements)
-    monkeypatch.setattr(flash_segments, "FLASH_BLOCK", block_elements // (4 * 192))  # 7-row blocks: every piece boundary is crossed
+    monkeypatch.setattr(
+        flash_segments, "FLASH_BLOCK", block_elements // (4 * 192)
+    )  # 7-row blocks: every piece boundary is crossed
     base = tiny_model(arch, attn_implementation=impl)
     ids = tokens(3 * L0)
     expected = logits(reference_model(base, string_scores, shift=shift, local_window=local_window), ids)
@@ -76,7 +78,7 @@ def test_inside_the_shift_the_model_is_unchanged_bit_for_bit(impl):
 
 def test_defaults_are_the_authors():
     assert StringConfig().resolve(8192) == (int(0.33 * 8192), 128)  # README: S = 0.33 L, W = 128
-    assert StringConfig().resolve(L0) == (21, 10)                   # W capped at S // 2 for tiny contexts
+    assert StringConfig().resolve(L0) == (21, 10)  # W capped at S // 2 for tiny contexts
     model = hf_posext.patch_model(tiny_model("llama"), "string")
     assert model.config.max_position_embeddings == L0  # a method for the trained window
     assert model.config.string_config == {"shifted_offset": 21, "local_value": 10}
@@ -84,24 +86,30 @@ def test_defaults_are_the_authors():
     assert hf_posext.patch_model(tiny_model("llama"), "string", factor=2).config.max_position_embeddings == 2 * L0
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"shift": 0}, r"shift must be an int >= 1.*got 0"),
-    ({"shift": -3}, r"shift must be an int >= 1.*got -3"),
-    ({"shift": 2.5}, r"shift must be an int >= 1.*got 2.5"),
-    ({"local_window": 0}, r"local_window must be an int >= 1.*got 0"),
-    ({"local_window": -1}, r"local_window must be an int >= 1.*got -1"),
-    ({"shift": 8, "local_window": 8}, r"local_window must be below shift=8.*got 8"),
-    ({"qk_scale": 2}, r"qk_scale must be True or False.*got 2"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shift": 0}, r"shift must be an int >= 1.*got 0"),
+        ({"shift": -3}, r"shift must be an int >= 1.*got -3"),
+        ({"shift": 2.5}, r"shift must be an int >= 1.*got 2.5"),
+        ({"local_window": 0}, r"local_window must be an int >= 1.*got 0"),
+        ({"local_window": -1}, r"local_window must be an int >= 1.*got -1"),
+        ({"shift": 8, "local_window": 8}, r"local_window must be below shift=8.*got 8"),
+        ({"qk_scale": 2}, r"qk_scale must be True or False.*got 2"),
+    ],
+)
 def test_bad_values_raise_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StringConfig(**kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"shift": 64, "local_window": 8}, r"shift must be an int in \[2, 64\).*got 64"),
-    ({"local_window": 30}, r"local_window must be an int in \[1, 21\) \(below shift=21\).*got 30"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shift": 64, "local_window": 8}, r"shift must be an int in \[2, 64\).*got 64"),
+        ({"local_window": 30}, r"local_window must be an int in \[1, 21\) \(below shift=21\).*got 30"),
+    ],
+)
 def test_values_out_of_range_for_the_model_raise_before_anything_changes(kwargs, message):
     model = tiny_model("llama")
     with pytest.raises(ValueError, match=message):

@@ -82,8 +82,9 @@ def string_scores(q, k, inv_freq, factor, groups, shift, local_window, qk_scale=
     """
     if qk_scale:
         factor = factor * (0.1 * math.log(2) + 1)
-    return relative_scores(q, k, inv_freq, factor, groups,
-                           lambda d: torch.where(d < shift, d, d - shift + local_window))
+    return relative_scores(
+        q, k, inv_freq, factor, groups, lambda d: torch.where(d < shift, d, d - shift + local_window)
+    )
 
 
 def rerope_scores(q, k, inv_freq, factor, groups, window, leak=None, log_scale=None):

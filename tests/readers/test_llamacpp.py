@@ -54,12 +54,32 @@ def converter_dir() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         root = CACHE / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
         if not (root / "convert_hf_to_gguf.py").is_file():
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                            f"llama-cpp-python=={VERSION}", "-d", str(CACHE)], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                    f"llama-cpp-python=={VERSION}",
+                    "-d",
+                    str(CACHE),
+                ],
+                check=True,
+                capture_output=True,
+            )
             prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
             with tarfile.open(CACHE / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
-                members = [m for m in archive.getmembers() if m.name.startswith(
-                    (prefix + "convert_hf_to_gguf.py", prefix + "conversion/", prefix + "gguf-py/"))]
+                members = [
+                    m
+                    for m in archive.getmembers()
+                    if m.name.startswith(
+                        (prefix + "convert_hf_to_gguf.py", prefix + "conversion/", prefix + "gguf-py/")
+                    )
+                ]
                 archive.extractall(CACHE, members=members, filter="data")
     return root
 
@@ -70,7 +90,7 @@ def gguf_keys(path: Path, arch: str) -> dict:
     for name, field in reader.fields.items():
         if name.startswith(f"{arch}.") and ("rope" in name or "context_length" in name) and "dimension" not in name:
             value = field.contents()
-            keys[name[len(arch) + 1:]] = value if isinstance(value, str) else float(value)
+            keys[name[len(arch) + 1 :]] = value if isinstance(value, str) else float(value)
     return keys
 
 
@@ -85,18 +105,29 @@ def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
             factor = {} if method == "alibi" else {"factor": 4}
             hf_posext.patch_model(tiny_model(arch, max_positions=L_ORIG), method, **factor).save_pretrained(folder)
             cases[folder] = (arch, method)
-    result = subprocess.run([sys.executable, "-c", CONVERT, str(root), *map(str, cases)],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(root), *map(str, cases)], capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     plain = {"context_length": L_ORIG, "rope.freq_base": 10000.0}  # what a dynamic checkpoint becomes
     expected = {
-        "linear": {"context_length": L_ORIG, "rope.scaling.type": "linear", "rope.scaling.factor": 4.0,
-                   "rope.freq_base": 10000.0},
+        "linear": {
+            "context_length": L_ORIG,
+            "rope.scaling.type": "linear",
+            "rope.scaling.factor": 4.0,
+            "rope.freq_base": 10000.0,
+        },
         "ntk": {"context_length": 4 * L_ORIG, "rope.freq_base": ntk_theta(10000.0, 4.0, 32)},
         "dynamic_ntk": plain,
-        "yarn": {"context_length": 4 * L_ORIG, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
-                 "rope.scaling.original_context_length": L_ORIG, "rope.scaling.yarn_beta_fast": 32.0,
-                 "rope.scaling.yarn_beta_slow": 1.0, "rope.freq_base": 10000.0},
+        "yarn": {
+            "context_length": 4 * L_ORIG,
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": 4.0,
+            "rope.scaling.original_context_length": L_ORIG,
+            "rope.scaling.yarn_beta_fast": 32.0,
+            "rope.scaling.yarn_beta_slow": 1.0,
+            "rope.freq_base": 10000.0,
+        },
         "dynamic_yarn": plain,
         "alibi": plain,
     }
@@ -108,6 +139,10 @@ def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
     assert "Unknown RoPE type" in result.stderr  # dynamic YaRN, ALiBi: a warning, then plain RoPE
     # a learned position table is a tensor the converter has no name for: it stops
     hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "learned").save_pretrained(tmp_path / "learned")
-    result = subprocess.run([sys.executable, "-c", CONVERT, str(root), str(tmp_path / "learned")],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(root), str(tmp_path / "learned")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode != 0 and "Can not map tensor 'model.hf_posext_positions.weight'" in result.stderr

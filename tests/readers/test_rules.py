@@ -48,12 +48,22 @@ def test_engines_derive_the_extended_context_and_the_same_rope(tmp_path, arch, m
     keys = llamacpp.gguf_rope_keys(raw)
     assert llamacpp.effective_rope(keys) == intended
     expected = {
-        "linear": {"context_length": L_ORIG, "rope.scaling.type": "linear", "rope.scaling.factor": 4.0,
-                   "rope.freq_base": 10000.0},
+        "linear": {
+            "context_length": L_ORIG,
+            "rope.scaling.type": "linear",
+            "rope.scaling.factor": 4.0,
+            "rope.freq_base": 10000.0,
+        },
         "ntk": {"context_length": 4 * L_ORIG, "rope.freq_base": ntk_theta(10000.0, 4.0, HEAD_DIM)},
-        "yarn": {"context_length": 4 * L_ORIG, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
-                 "rope.scaling.original_context_length": L_ORIG, "rope.scaling.yarn_beta_fast": 32.0,
-                 "rope.scaling.yarn_beta_slow": 1.0, "rope.freq_base": 10000.0},
+        "yarn": {
+            "context_length": 4 * L_ORIG,
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": 4.0,
+            "rope.scaling.original_context_length": L_ORIG,
+            "rope.scaling.yarn_beta_fast": 32.0,
+            "rope.scaling.yarn_beta_slow": 1.0,
+            "rope.freq_base": 10000.0,
+        },
     }[method]
     assert keys == expected
 
@@ -67,19 +77,35 @@ def test_legacy_fields_follow_released_checkpoints(tmp_path):
     ntk = saved(tmp_path, "ntk", factor=4)[1]
     assert "rope_scaling" not in ntk and ntk["rope_theta"] == pytest.approx(ntk_theta(10000.0, 4.0, HEAD_DIM))
     yarn = saved(tmp_path, "yarn", factor=4)[1]
-    assert yarn["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L_ORIG,
-                                    "beta_fast": 32.0, "beta_slow": 1.0}
+    assert yarn["rope_scaling"] == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": L_ORIG,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    }
     assert yarn["max_position_embeddings"] == 4 * L_ORIG  # SGLang reads it as is when original is set
 
 
 def test_reader_rules_reproduce_released_checkpoints():
     """What vLLM is known to serve these Hub configs with (their model cards' max_model_len)."""
     vicuna = LlamaConfig(max_position_embeddings=4096, rope_scaling={"type": "linear", "factor": 4.0})
-    qwen = Qwen2Config(max_position_embeddings=32768, rope_theta=1e6,
-                       rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
-    llama31 = LlamaConfig(max_position_embeddings=131072, rope_theta=5e5,
-                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    qwen = Qwen2Config(
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    )
+    llama31 = LlamaConfig(
+        max_position_embeddings=131072,
+        rope_theta=5e5,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     assert [vllm.max_model_len(c) for c in (vicuna, qwen, llama31)] == [16384, 131072, 131072]
     assert sglang.context_length(vicuna) == 16384 and sglang.context_length(llama31) == 131072
 
@@ -140,7 +166,9 @@ def test_linear_generates_past_max_position_embeddings():
 
 def test_cli_warns_once_for_dynamic_methods_naming_the_engines(tmp_path, capsys):
     tiny_model(max_positions=L_ORIG).save_pretrained(tmp_path / "base")
-    assert cli_main(["patch", str(tmp_path / "base"), str(tmp_path / "dyn"), "--method", "dynamic", "--factor", "4"]) == 0
+    assert (
+        cli_main(["patch", str(tmp_path / "base"), str(tmp_path / "dyn"), "--method", "dynamic", "--factor", "4"]) == 0
+    )
     err = capsys.readouterr().err
     assert err.count("hf-posext: warning:") == 1
     assert all(name in err for name in ("vLLM", "SGLang", "llama.cpp", "--method ntk"))

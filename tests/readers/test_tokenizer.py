@@ -41,7 +41,9 @@ def test_a_limit_at_or_above_the_context_and_no_limit_are_kept(tmp_path):
     assert limit(tmp_path / "out") == 10 * L_ORIG
     unlimited = base_checkpoint(tmp_path / "none", None)
     before = (unlimited / TOKENIZER_CONFIG).read_text()
-    assert raise_model_max_length(unlimited, 4 * L_ORIG) is None and (unlimited / TOKENIZER_CONFIG).read_text() == before
+    assert (
+        raise_model_max_length(unlimited, 4 * L_ORIG) is None and (unlimited / TOKENIZER_CONFIG).read_text() == before
+    )
 
 
 def test_only_a_numeric_limit_below_the_context_is_rewritten(tmp_path):
@@ -76,6 +78,15 @@ def test_the_recipe_refuses_such_a_limit_before_training(tmp_path, monkeypatch):
     trained = []
     monkeypatch.setattr(loop, "forward_loss", lambda *a, **k: trained.append(1))
     with pytest.raises(ValueError, match="model_max_length must be a positive number"):
-        loop.train(TrainConfig(model=str(base), dataset=[str(tmp_path / "data.txt")], output_dir=str(tmp_path / "out"),
-                               factor=2, max_train_steps=1, warmup_steps=0, cache_dir=str(tmp_path / "cache")))
+        loop.train(
+            TrainConfig(
+                model=str(base),
+                dataset=[str(tmp_path / "data.txt")],
+                output_dir=str(tmp_path / "out"),
+                factor=2,
+                max_train_steps=1,
+                warmup_steps=0,
+                cache_dir=str(tmp_path / "cache"),
+            )
+        )
     assert trained == [] and not (tmp_path / "out").exists()

@@ -61,8 +61,12 @@ def test_transformers_4_57_gives_transformers_5_logits_or_refuses(tmp_path):
             with torch.no_grad():
                 expected[tmp_path / f"{arch}-{method}"] = model(ids).logits
     torch.save(ids, tmp_path / "ids.pt")
-    result = subprocess.run([str(python), "-c", LOAD_WITH_4X, str(tmp_path / "ids.pt"), *map(str, expected)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(python), "-c", LOAD_WITH_4X, str(tmp_path / "ids.pt"), *map(str, expected)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     for checkpoint, logits in expected.items():
         method = checkpoint.name.split("-", 1)[1]

@@ -19,17 +19,32 @@ REQUIRED = dict(model="m", output_dir="o", dataset=["d.txt"])
 def test_defaults_are_the_yarn_recipe():
     config = TrainConfig(**REQUIRED)
     assert (config.max_train_steps, config.learning_rate, config.warmup_steps, config.lr_scheduler) == (
-        400, 2e-5, 20, "linear")
-    assert (config.adam_beta1, config.adam_beta2, config.weight_decay, config.global_batch_size) == (
-        0.9, 0.95, 0.0, 64)
+        400,
+        2e-5,
+        20,
+        "linear",
+    )
+    assert (config.adam_beta1, config.adam_beta2, config.weight_decay, config.global_batch_size) == (0.9, 0.95, 0.0, 64)
     assert config.mixed_precision == "auto" and config.activation_checkpointing
     assert str(config.checkpoint_path) == "o-checkpoints"
 
 
 def test_the_recipe_flags_exist():
     flags = {opt for action in build_parser()._actions for opt in action.option_strings}
-    for flag in ("--model", "--method", "--factor", "--dataset", "--seq-len", "--max-train-steps", "--output-dir",
-                 "--checkpointing-steps", "--resume", "--lora", "--pose", "--config"):
+    for flag in (
+        "--model",
+        "--method",
+        "--factor",
+        "--dataset",
+        "--seq-len",
+        "--max-train-steps",
+        "--output-dir",
+        "--checkpointing-steps",
+        "--resume",
+        "--lora",
+        "--pose",
+        "--config",
+    ):
         assert flag in flags
 
 
@@ -45,13 +60,27 @@ def test_flags_win_over_yaml(tmp_path):
         "model: tiny\nmethod: yarn\nfactor: 8\ndataset: a.txt\noutput-dir: out\nmax_train_steps: 7\nwarmup-steps: 2\n"
         "lora: true\nmethod_kwargs: {}\n"
     )
-    config = config_from_args(["--config", str(tmp_path / "run.yaml"), "--factor", "4", "--no-lora",
-                               "--dataset", "b.txt", "c.jsonl", "--resume", "--method-arg", "beta_fast=64"])
+    config = config_from_args(
+        [
+            "--config",
+            str(tmp_path / "run.yaml"),
+            "--factor",
+            "4",
+            "--no-lora",
+            "--dataset",
+            "b.txt",
+            "c.jsonl",
+            "--resume",
+            "--method-arg",
+            "beta_fast=64",
+        ]
+    )
     assert (config.model, config.method, config.factor, config.max_train_steps) == ("tiny", "yarn", 4.0, 7)
     assert config.dataset == ["b.txt", "c.jsonl"] and config.lora is False
     assert config.resume == "latest" and config.method_kwargs == {"beta_fast": 64}
     assert config_from_args(["--config", str(tmp_path / "run.yaml"), "--resume", "ck/step_00000002"]).resume == (
-        "ck/step_00000002")
+        "ck/step_00000002"
+    )
 
 
 @pytest.mark.parametrize("method", available_methods())
@@ -119,9 +148,19 @@ def test_set_wins_over_yaml_key_by_key_and_method_arg_still_works(tmp_path):
     config = config_from_args(["--config", str(tmp_path / "run.yaml"), "--set", "beta_fast=64"])
     assert config.method_kwargs == {"beta_fast": 64, "beta_slow": 2}
     assert config.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
-    config = config_from_args(["--config", str(tmp_path / "run.yaml"), "--method-arg", "beta_slow=1",
-                               "--lr-scheduler-kwargs", "min_lr_rate=0.2"])
-    assert config.method_kwargs == {"beta_fast": 16, "beta_slow": 1} and config.lr_scheduler_kwargs == {"min_lr_rate": 0.2}
+    config = config_from_args(
+        [
+            "--config",
+            str(tmp_path / "run.yaml"),
+            "--method-arg",
+            "beta_slow=1",
+            "--lr-scheduler-kwargs",
+            "min_lr_rate=0.2",
+        ]
+    )
+    assert config.method_kwargs == {"beta_fast": 16, "beta_slow": 1} and config.lr_scheduler_kwargs == {
+        "min_lr_rate": 0.2
+    }
 
 
 def test_bad_set_item_exits_with_the_message(capsys):
@@ -132,8 +171,15 @@ def test_bad_set_item_exits_with_the_message(capsys):
 
 @pytest.mark.parametrize(
     "text,expected",
-    [('"false"', False), ("'FALSE'", False), ("'No'", False), ("0", False), ('"yes"', True), ("true", True),
-     ("'1'", True)],
+    [
+        ('"false"', False),
+        ("'FALSE'", False),
+        ("'No'", False),
+        ("0", False),
+        ('"yes"', True),
+        ("true", True),
+        ("'1'", True),
+    ],
 )
 def test_yaml_booleans_are_read_strictly(tmp_path, text, expected):
     (tmp_path / "run.yaml").write_text(f"model: m\noutput_dir: o\ndataset: d.txt\nlora: {text}\n")
@@ -159,8 +205,9 @@ def test_boolean_flags_take_the_same_spellings(capsys):
 def test_quoted_numbers_read_as_their_flags_read_them(tmp_path):
     (tmp_path / "run.yaml").write_text('model: m\noutput_dir: o\ndataset: d.txt\nfactor: "4"\nseq_len: "128"\n')
     by_yaml = config_from_args(["--config", str(tmp_path / "run.yaml")])
-    by_flags = config_from_args(["--model", "m", "--output-dir", "o", "--dataset", "d.txt", "--factor", "4",
-                                 "--seq-len", "128"])
+    by_flags = config_from_args(
+        ["--model", "m", "--output-dir", "o", "--dataset", "d.txt", "--factor", "4", "--seq-len", "128"]
+    )
     # The file's relative paths are read against its folder (flags against the working directory).
     assert by_yaml == dataclasses.replace(by_flags, output_dir=str(tmp_path / "o"), dataset=[str(tmp_path / "d.txt")])
     assert by_flags == TrainConfig(**REQUIRED, factor="4", seq_len="128")

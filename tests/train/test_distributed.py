@@ -64,21 +64,39 @@ def test_auto_precision_keeps_the_precision_of_an_earlier_run_in_the_process(mon
     assert Accelerator(mixed_precision=distributed.resolve_mixed_precision("auto"), cpu=True).mixed_precision == "no"
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
-                    reason="torchrun is not installed next to this Python")
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+    reason="torchrun is not installed next to this Python",
+)
 def test_two_process_run_stays_in_sync_and_matches_gradient_accumulation(tmp_path):
     make_tiny_model(tmp_path / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     (tmp_path / "data.txt").write_text((stdlib / "textwrap.py").read_text())
-    common = dict(model=str(tmp_path / "llama"), method="yarn", factor=2, dataset=[str(tmp_path / "data.txt")],
-                  max_train_steps=4, learning_rate=3e-3, warmup_steps=1, global_batch_size=4, micro_batch_size=2,
-                  mixed_precision="no", cache_dir=str(tmp_path / "cache"), seed=3)
+    common = dict(
+        model=str(tmp_path / "llama"),
+        method="yarn",
+        factor=2,
+        dataset=[str(tmp_path / "data.txt")],
+        max_train_steps=4,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        global_batch_size=4,
+        micro_batch_size=2,
+        mixed_precision="no",
+        cache_dir=str(tmp_path / "cache"),
+        seed=3,
+    )
     ddp = TrainConfig(output_dir=str(tmp_path / "ddp"), checkpointing_steps=4, **common)
     (tmp_path / "driver.py").write_text(DRIVER.format(values=ddp.to_dict(), out=tmp_path))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "driver.py")],
-                          capture_output=True, text=True, env=env, timeout=240)
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "driver.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
     rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
@@ -90,7 +108,8 @@ def test_two_process_run_stays_in_sync_and_matches_gradient_accumulation(tmp_pat
     state = tmp_path / "ddp-checkpoints" / "step_00000004"
     assert sorted(p.name for p in (tmp_path / "ddp-checkpoints").iterdir()) == ["step_00000004"]
     assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors", "optimizer.bin"} <= {
-        p.name for p in state.iterdir()}
+        p.name for p in state.iterdir()
+    }
 
     # One process, same global batch through 2 accumulation steps: the same blocks per step and
     # the same mean gradient, so the same weights up to the order of float additions.

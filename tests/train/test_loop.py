@@ -44,8 +44,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def assets(tmp_path_factory):
     """A tiny Llama with a 32-token context, a Qwen3, and real text (two stdlib modules)."""
     root = tmp_path_factory.mktemp("train")
-    make_tiny_model(root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1,
-                    max_position_embeddings=ORIGINAL_CONTEXT)
+    make_tiny_model(
+        root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=ORIGINAL_CONTEXT
+    )
     # A tokenizer limited to the model's context, as released tokenizers are (SmolLM2: 8192).
     byte_tokenizer(model_max_length=ORIGINAL_CONTEXT).save_pretrained(root / "llama")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -56,10 +57,20 @@ def assets(tmp_path_factory):
 
 def config(assets: Path, out: Path, **overrides) -> TrainConfig:
     values = dict(
-        model=str(assets / "llama"), method="yarn", factor=2, dataset=[str(assets / "data.txt")],
-        output_dir=str(out / "model"), max_train_steps=6, learning_rate=3e-3, warmup_steps=1,
-        global_batch_size=4, micro_batch_size=2, mixed_precision="no", cache_dir=str(assets / "cache"),
-        activation_checkpointing=True, seed=7,
+        model=str(assets / "llama"),
+        method="yarn",
+        factor=2,
+        dataset=[str(assets / "data.txt")],
+        output_dir=str(out / "model"),
+        max_train_steps=6,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        global_batch_size=4,
+        micro_batch_size=2,
+        mixed_precision="no",
+        cache_dir=str(assets / "cache"),
+        activation_checkpointing=True,
+        seed=7,
     )
     values.update(overrides)
     return TrainConfig(**values)
@@ -81,8 +92,7 @@ def vanilla_logits(model_dir: Path, input_ids: torch.Tensor, out_file: Path) -> 
         torch.save(logits, {str(out_file)!r})
         print(json.dumps(model.config.rope_parameters))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
-                          env=SUBPROCESS_ENV)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-2000:]
     return torch.load(out_file), json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -91,8 +101,14 @@ def test_run_saves_hub_ready_checkpoint_that_reloads_in_vanilla_transformers(ass
     result = train(config(assets, tmp_path, eval_blocks=4, checkpointing_steps=3))
     out = Path(result.output_dir)
     assert sorted(p.name for p in out.iterdir()) == [
-        MARKER, "README.md", "config.json", "generation_config.json", "model.safetensors",
-        "tokenizer.json", "tokenizer_config.json", "train_results.json",
+        MARKER,
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "train_results.json",
     ]
     assert result.steps == 6 and len(result.losses) == 6
     assert sum(result.losses[-2:]) < sum(result.losses[:2])  # loss falls
@@ -106,18 +122,30 @@ def test_run_saves_hub_ready_checkpoint_that_reloads_in_vanilla_transformers(ass
         expected = result.model.eval()(input_ids).logits
     logits, rope = vanilla_logits(out, input_ids, tmp_path / "logits.pt")
     assert torch.equal(logits, expected)
-    assert rope == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
-                    "original_max_position_embeddings": ORIGINAL_CONTEXT, "beta_fast": 32.0, "beta_slow": 1.0}
+    assert rope == {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": ORIGINAL_CONTEXT,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    }
     saved = json.loads((out / "config.json").read_text())
     assert saved["max_position_embeddings"] == 2 * ORIGINAL_CONTEXT
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 2 * ORIGINAL_CONTEXT
     assert saved["hf_posext"]["method"] == "yarn" and saved["use_cache"] is True
 
     card = (out / "README.md").read_text()
-    for line in ("- hf-posext", "| method | yarn |", "| factor | 2.0 |", f"| original context | {ORIGINAL_CONTEXT} |",
-                 f"| extended context | {2 * ORIGINAL_CONTEXT} |", "| steps | 6 |",
-                 f"| final training loss | {result.final_loss:.4f} |",
-                 f"held-out perplexity at {2 * ORIGINAL_CONTEXT} tokens, after training | {result.eval['after']:.3f} |"):
+    for line in (
+        "- hf-posext",
+        "| method | yarn |",
+        "| factor | 2.0 |",
+        f"| original context | {ORIGINAL_CONTEXT} |",
+        f"| extended context | {2 * ORIGINAL_CONTEXT} |",
+        "| steps | 6 |",
+        f"| final training loss | {result.final_loss:.4f} |",
+        f"held-out perplexity at {2 * ORIGINAL_CONTEXT} tokens, after training | {result.eval['after']:.3f} |",
+    ):
         assert line in card
     results = json.loads((out / "train_results.json").read_text())
     assert results["losses"] == result.losses and results["tokens"] == 6 * 4 * 2 * ORIGINAL_CONTEXT
@@ -142,8 +170,7 @@ def test_killed_and_resumed_run_ends_bit_identical(assets, tmp_path):
 
     crashed = config(assets, tmp_path / "crashed", checkpointing_steps=2)
     script = KILL_SCRIPT.format(kill_step=5, values=crashed.to_dict())
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
-                          env=SUBPROCESS_ENV)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=SUBPROCESS_ENV)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert not Path(crashed.output_dir).exists()
     # Killed after step 5: the newest complete state is step 4, one step of work is lost.
@@ -164,8 +191,17 @@ def test_resume_refuses_changed_settings(assets, tmp_path):
 
 
 def test_lora_merged_checkpoint_reproduces_peft_logits(assets, tmp_path):
-    result = train(config(assets, tmp_path, lora=True, lora_rank=4, learning_rate=1e-2, max_train_steps=4,
-                          activation_checkpointing=False))
+    result = train(
+        config(
+            assets,
+            tmp_path,
+            lora=True,
+            lora_rank=4,
+            learning_rate=1e-2,
+            max_train_steps=4,
+            activation_checkpointing=False,
+        )
+    )
     peft_model = result.model.eval()
     trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
     assert any("lora_A" in n for n in trainable)
@@ -182,7 +218,9 @@ def test_lora_merged_checkpoint_reproduces_peft_logits(assets, tmp_path):
     base = load_file(assets / "llama" / "model.safetensors")
     merged = load_file(Path(result.output_dir) / "model.safetensors")
     assert merged.keys() == base.keys()
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert not torch.equal(merged["model.norm.weight"], base["model.norm.weight"])
 
 
@@ -190,8 +228,17 @@ def test_lora_run_writes_its_adapter_and_patch_rebuilds_the_merged_checkpoint(as
     """The small adapter is what gets published; base + adapter through `hf-posext patch` is the run's model."""
     from hf_posext.commands.main import main
 
-    result = train(config(assets, tmp_path, lora=True, lora_rank=4, learning_rate=1e-2, max_train_steps=2,
-                          activation_checkpointing=False))
+    result = train(
+        config(
+            assets,
+            tmp_path,
+            lora=True,
+            lora_rank=4,
+            learning_rate=1e-2,
+            max_train_steps=2,
+            activation_checkpointing=False,
+        )
+    )
     adapter = Path(result.output_dir) / "adapter"
     assert (adapter / "adapter_config.json").is_file()
     saved = load_file(adapter / "adapter_model.safetensors")
@@ -203,8 +250,22 @@ def test_lora_run_writes_its_adapter_and_patch_rebuilds_the_merged_checkpoint(as
     assert "hf-posext patch BASE OUT --method yarn --factor 2 --adapter adapter" in card
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] is None
     rebuilt = tmp_path / "rebuilt"
-    assert main(["patch", str(assets / "llama"), str(rebuilt), "--method", "yarn", "--factor", "2",
-                 "--adapter", str(adapter)]) == 0
+    assert (
+        main(
+            [
+                "patch",
+                str(assets / "llama"),
+                str(rebuilt),
+                "--method",
+                "yarn",
+                "--factor",
+                "2",
+                "--adapter",
+                str(adapter),
+            ]
+        )
+        == 0
+    )
     want = load_file(Path(result.output_dir) / "model.safetensors")
     got = load_file(rebuilt / "model.safetensors")
     assert got.keys() == want.keys()
@@ -220,8 +281,22 @@ def test_lora_run_writes_its_adapter_and_patch_rebuilds_the_merged_checkpoint(as
 def test_patch_with_a_missing_adapter_is_one_line(assets, tmp_path, capsys):
     from hf_posext.commands.main import main
 
-    assert main(["patch", str(assets / "llama"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2",
-                 "--adapter", str(tmp_path / "nothing")]) == 2
+    assert (
+        main(
+            [
+                "patch",
+                str(assets / "llama"),
+                str(tmp_path / "out"),
+                "--method",
+                "yarn",
+                "--factor",
+                "2",
+                "--adapter",
+                str(tmp_path / "nothing"),
+            ]
+        )
+        == 2
+    )
     assert "no PEFT adapter at" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -247,8 +322,11 @@ def test_state_dict_merge_matches_peft_merge_and_unload(assets):
 def test_pose_run_trains_a_short_window_for_the_long_context(assets, tmp_path):
     result = train(config(assets, tmp_path, pose=True, factor=4, pose_window=ORIGINAL_CONTEXT, max_train_steps=3))
     saved = json.loads((Path(result.output_dir) / "train_results.json").read_text())
-    assert (saved["window"], saved["seq_len"], saved["context"]) == (ORIGINAL_CONTEXT, 4 * ORIGINAL_CONTEXT,
-                                                                    4 * ORIGINAL_CONTEXT)
+    assert (saved["window"], saved["seq_len"], saved["context"]) == (
+        ORIGINAL_CONTEXT,
+        4 * ORIGINAL_CONTEXT,
+        4 * ORIGINAL_CONTEXT,
+    )
     assert result.tokens == 3 * 4 * ORIGINAL_CONTEXT
 
 
@@ -258,8 +336,11 @@ def test_pose_run_trains_a_short_window_for_the_long_context(assets, tmp_path):
         ({"dataset": ["missing/notes.txt"]}, FileNotFoundError, "missing/notes.txt"),
         ({"seq_len": 65}, ValueError, r"seq_len=65 exceeds the 64 tokens"),
         ({"method": "rotary-magic"}, ValueError, r"unknown method 'rotary-magic'.*yarn"),
-        ({"lora": True, "lora_target_modules": ["query_key_value"]}, ValueError,
-         r"\['query_key_value'\] are not linear layers.*q_proj"),
+        (
+            {"lora": True, "lora_target_modules": ["query_key_value"]},
+            ValueError,
+            r"\['query_key_value'\] are not linear layers.*q_proj",
+        ),
         ({"global_batch_size": 3}, ValueError, "global_batch_size=3 is not a multiple"),
         ({"pose": True, "pose_window": 80, "seq_len": 64}, ValueError, "pose_window=80 exceeds seq_len=64"),
         ({"resume": "nowhere/step_00000002"}, FileNotFoundError, "nowhere/step_00000002"),
@@ -282,18 +363,41 @@ def test_card_describes_the_data_with_its_exclusions(assets, tmp_path):
     def described(dataset):
         return describe_data(config(assets, tmp_path, dataset=dataset))
 
-    assert described(["stdlib", "!*/pydoc_data/*"]) == "Python standard library sources (train split), without `*/pydoc_data/*`"
+    assert (
+        described(["stdlib", "!*/pydoc_data/*"])
+        == "Python standard library sources (train split), without `*/pydoc_data/*`"
+    )
     assert described(["stdlib"]) == "Python standard library sources (train split)"
     assert described(["a/x.txt", "b/y.md", "!*/y.md"]) == "local files: x.txt, y.md, without `*/y.md`"
 
 
 def test_finetune_command_runs_from_flags(assets, tmp_path, capsys):
-    code = finetune_main([
-        "--model", str(assets / "llama"), "--method", "linear", "--factor", "2", "--dataset", str(assets / "data.txt"),
-        "--output-dir", str(tmp_path / "out"), "--max-train-steps", "2", "--warmup-steps", "0",
-        "--global-batch-size", "2", "--micro-batch-size", "2", "--mixed-precision", "no",
-        "--cache-dir", str(assets / "cache"),
-    ])
+    code = finetune_main(
+        [
+            "--model",
+            str(assets / "llama"),
+            "--method",
+            "linear",
+            "--factor",
+            "2",
+            "--dataset",
+            str(assets / "data.txt"),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-train-steps",
+            "2",
+            "--warmup-steps",
+            "0",
+            "--global-batch-size",
+            "2",
+            "--micro-batch-size",
+            "2",
+            "--mixed-precision",
+            "no",
+            "--cache-dir",
+            str(assets / "cache"),
+        ]
+    )
     assert code == 0
     assert f"wrote {tmp_path / 'out'} (2 steps" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]["rope_type"] == "linear"
@@ -310,12 +414,27 @@ def test_alibi_fine_tunes_beyond_the_original_context(assets, tmp_path):
 
 def test_an_error_inside_train_is_one_line_with_exit_code_2(assets, tmp_path, capsys, monkeypatch):
     # seq_len passes the settings' checks; only train() knows the model's context.
-    argv = ["--model", str(assets / "llama"), "--method", "linear", "--factor", "2", "--dataset",
-            str(assets / "data.txt"), "--output-dir", str(tmp_path / "out"), "--seq-len", "65",
-            "--cache-dir", str(assets / "cache")]
+    argv = [
+        "--model",
+        str(assets / "llama"),
+        "--method",
+        "linear",
+        "--factor",
+        "2",
+        "--dataset",
+        str(assets / "data.txt"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--seq-len",
+        "65",
+        "--cache-dir",
+        str(assets / "cache"),
+    ]
     assert finetune_main(argv) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line or "Traceback" in line]
-    assert len(errors) == 1 and errors[0].startswith("hf-posext finetune: error: seq_len=65 exceeds the 64 tokens"), errors
+    assert len(errors) == 1 and errors[0].startswith("hf-posext finetune: error: seq_len=65 exceeds the 64 tokens"), (
+        errors
+    )
     monkeypatch.setenv("HF_POSEXT_DEBUG", "1")
     with pytest.raises(ValueError, match="seq_len=65"):
         finetune_main(argv)
@@ -379,8 +498,18 @@ def test_a_non_finite_loss_stops_training_before_anything_is_saved(assets, tmp_p
 @pytest.mark.parametrize("chunk", [0, 64])
 def test_remapping_methods_train_on_the_eager_kernel(assets, tmp_path, method, chunk):
     """Was NaN from step 2 (loss_chunk_size 0) or "logits are not its LM head's output" (chunked)."""
-    result = train(config(assets, tmp_path, method=method, factor=2, max_train_steps=3, attn_implementation="eager",
-                          loss_chunk_size=chunk, activation_checkpointing=False))
+    result = train(
+        config(
+            assets,
+            tmp_path,
+            method=method,
+            factor=2,
+            max_train_steps=3,
+            attn_implementation="eager",
+            loss_chunk_size=chunk,
+            activation_checkpointing=False,
+        )
+    )
     assert all(math.isfinite(loss) for loss in result.losses), result.losses
 
 
@@ -393,8 +522,17 @@ def test_resume_invariants_are_every_setting_but_the_ones_said_not_to_change_the
     names = {field.name for field in dataclasses.fields(TrainConfig)}
     assert set(RESUME_FREE) <= names and all(RESUME_FREE.values())  # no stale name, every one with its reason
     assert set(RESUME_INVARIANTS) == names - set(RESUME_FREE)
-    for name in ("weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "lora_dropout",
-                 "mixed_precision", "loss_chunk_size", "attn_implementation"):
+    for name in (
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "max_grad_norm",
+        "lora_dropout",
+        "mixed_precision",
+        "loss_chunk_size",
+        "attn_implementation",
+    ):
         assert name in RESUME_INVARIANTS
 
     @dataclasses.dataclass

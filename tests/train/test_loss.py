@@ -115,8 +115,9 @@ def model_loss(model, input_ids, position_ids, labels, chunk_size=None, **kwargs
     """The chunked loss, or (``chunk_size=None``) the model's own loss, as the recipe calls them."""
     if chunk_size:
         return causal_lm_loss(model, input_ids, position_ids, labels, chunk_size, **kwargs)
-    return model(input_ids=input_ids, position_ids=position_ids, labels=labels, shift_labels=labels,
-                 use_cache=False, **kwargs).loss
+    return model(
+        input_ids=input_ids, position_ids=position_ids, labels=labels, shift_labels=labels, use_cache=False, **kwargs
+    ).loss
 
 
 def assert_same_loss_and_grads(model, input_ids, position_ids, labels, chunk_size, **kwargs):
@@ -171,14 +172,23 @@ def test_pose_positions_and_attention_mask_pass_through():
     model = tiny_model("qwen3", layers=2).train()
     input_ids = tokens(24, batch=2)
     positions = torch.cat([torch.arange(12), torch.arange(40, 52)]).expand(2, -1)
-    assert_same_loss_and_grads(model, input_ids, positions, shifted(input_ids), 7,
-                               attention_mask=torch.ones_like(input_ids))
+    assert_same_loss_and_grads(
+        model, input_ids, positions, shifted(input_ids), 7, attention_mask=torch.ones_like(input_ids)
+    )
 
 
 def test_peft_lora_model_including_an_adapted_head():
     model = tiny_model("llama", layers=2)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"],
-                                             modules_to_save=["embed_tokens"], init_lora_weights=False)).train()
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "lm_head"],
+            modules_to_save=["embed_tokens"],
+            init_lora_weights=False,
+        ),
+    ).train()
     input_ids = tokens(20, batch=1)
     assert_same_loss_and_grads(model, input_ids, torch.arange(20).unsqueeze(0), shifted(input_ids, 3), 6)
 
@@ -212,9 +222,17 @@ def test_under_fsdp2_sharding(tmp_path, tied):
 
 
 def test_final_logit_softcapping_is_applied_per_chunk():
-    config = Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=32, final_logit_softcapping=0.5,
-                          attn_implementation="eager")
+    config = Gemma2Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        final_logit_softcapping=0.5,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     model = Gemma2ForCausalLM(config).train()
     input_ids = tokens(18, batch=2)
@@ -223,8 +241,15 @@ def test_final_logit_softcapping_is_applied_per_chunk():
 
 def test_unknown_logit_transform_is_refused():
     """Granite divides its logits by ``logits_scaling``: the chunked loss would differ, so it refuses."""
-    config = GraniteConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, logits_scaling=8.0)
+    config = GraniteConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        logits_scaling=8.0,
+    )
     torch.manual_seed(0)
     model = GraniteForCausalLM(config)
     input_ids = tokens(10)
@@ -235,8 +260,7 @@ def test_unknown_logit_transform_is_refused():
 @pytest.mark.parametrize("chunk_size", [0, -3, 2.5, True])
 def test_bad_chunk_size_is_refused(chunk_size):
     with pytest.raises(ValueError, match=f"chunk_size must be an integer >= 1, got {chunk_size!r}"):
-        chunked_head_loss(torch.nn.Linear(4, 5), torch.randn(1, 3, 4), torch.zeros(1, 3, dtype=torch.long),
-                          chunk_size)
+        chunked_head_loss(torch.nn.Linear(4, 5), torch.randn(1, 3, 4), torch.zeros(1, 3, dtype=torch.long), chunk_size)
 
 
 def test_labels_that_do_not_match_are_refused():
@@ -253,9 +277,21 @@ def recipe_assets(tmp_path_factory):
 
 
 def recipe_config(root: Path, out: Path, **overrides) -> TrainConfig:
-    values = dict(model=str(root / "llama"), method="yarn", factor=2, dataset=[str(root / "data.txt")],
-                  output_dir=str(out), max_train_steps=2, learning_rate=3e-3, warmup_steps=1, global_batch_size=2,
-                  micro_batch_size=2, mixed_precision="no", cache_dir=str(root / "cache"), seed=7)
+    values = dict(
+        model=str(root / "llama"),
+        method="yarn",
+        factor=2,
+        dataset=[str(root / "data.txt")],
+        output_dir=str(out),
+        max_train_steps=2,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        global_batch_size=2,
+        micro_batch_size=2,
+        mixed_precision="no",
+        cache_dir=str(root / "cache"),
+        seed=7,
+    )
     values.update(overrides)
     return TrainConfig(**values)
 

@@ -52,7 +52,9 @@ def wrapper_for(tokenizer: Any, chat_template: bool | None = None) -> Wrapper:
         raise ValueError("chat_template=True, but the tokenizer has no chat template")
     if not (has if chat_template is None else chat_template):
         return Wrapper()
-    text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _MARK}], tokenize=False, add_generation_prompt=True
+    )
     head, tail = text.split(_MARK)
     return Wrapper(head, tail, special=False, chat=True)
 
@@ -207,7 +209,9 @@ def fit_prompt(
         if all(occurrences(text, a) == c for a, c in zip(chosen.answers, chosen.counts)):
             ids = tokenizer.encode(text, add_special_tokens=wrapper.special)
             return Prompt(task.name, length, list(ids), text, list(chosen.answers), chosen.depth, units, draft_seed)
-    raise ValueError(f"{task.name}: no draft with its answers the right number of times in {attempts} seeds from {seed!r}")
+    raise ValueError(
+        f"{task.name}: no draft with its answers the right number of times in {attempts} seeds from {seed!r}"
+    )
 
 
 __all__ = ["Prompt", "Wrapper", "fit_prompt", "minimum_length", "wrapper_for"]

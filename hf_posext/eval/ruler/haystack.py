@@ -109,8 +109,38 @@ def random_letters(rng: random.Random, k: int, alphabet: str = string.ascii_uppe
     return "".join(rng.choices(alphabet, k=k))
 
 
-_SYLLABLES = ("ba", "ker", "lin", "mo", "dra", "vel", "sun", "tor", "qua", "ri", "zen", "hal", "mir", "no", "pes",
-              "gru", "fal", "dor", "wi", "ska", "thel", "bru", "cor", "ym", "lo", "vash", "ne", "ost", "pra", "gil")
+_SYLLABLES = (
+    "ba",
+    "ker",
+    "lin",
+    "mo",
+    "dra",
+    "vel",
+    "sun",
+    "tor",
+    "qua",
+    "ri",
+    "zen",
+    "hal",
+    "mir",
+    "no",
+    "pes",
+    "gru",
+    "fal",
+    "dor",
+    "wi",
+    "ska",
+    "thel",
+    "bru",
+    "cor",
+    "ym",
+    "lo",
+    "vash",
+    "ne",
+    "ost",
+    "pra",
+    "gil",
+)
 
 
 def random_name(rng: random.Random, syllables: int = 3) -> str:

@@ -58,17 +58,27 @@ def summarise(
         reference_method = "none" if "none" in out else method
         reference = out[reference_method]["average"].get(str(within[-1]), {}).get("accuracy") if within else None
         rel_threshold = None if reference is None else round(relative * reference, 2)
-        out[method]["effective_length"] = {"threshold": threshold, "length": effective_length(lengths, series, threshold)}
+        out[method]["effective_length"] = {
+            "threshold": threshold,
+            "length": effective_length(lengths, series, threshold),
+        }
         out[method]["relative_effective_length"] = {
-            "reference": f"{reference_method} at {within[-1]}" if within else None, "reference_score": reference,
-            "ratio": relative, "threshold": rel_threshold,
+            "reference": f"{reference_method} at {within[-1]}" if within else None,
+            "reference_score": reference,
+            "ratio": relative,
+            "threshold": rel_threshold,
             "length": None if rel_threshold is None else effective_length(lengths, series, rel_threshold),
         }
     return out
 
 
-def csv_rows(results: Mapping[str, Any], summary_: Mapping[str, Any], methods: Sequence[str], tasks: Sequence[str],
-             lengths: Sequence[int]) -> list[dict[str, Any]]:
+def csv_rows(
+    results: Mapping[str, Any],
+    summary_: Mapping[str, Any],
+    methods: Sequence[str],
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+) -> list[dict[str, Any]]:
     """One row per method, task (and ``average``) and length: accuracy, n, Wilson bounds (in %)."""
     rows = []
     for method in methods:
@@ -76,9 +86,19 @@ def csv_rows(results: Mapping[str, Any], summary_: Mapping[str, Any], methods: S
             for length in lengths:
                 c = cell(results, method, task, length)
                 if c is not None:
-                    rows.append({"method": method, "task": task, "length": length, "accuracy": c["accuracy"], "n": c["n"],
-                                 "low": c["low"], "high": c["high"], "prompt_tokens": c["prompt_tokens"],
-                                 "seconds": c["seconds"]})
+                    rows.append(
+                        {
+                            "method": method,
+                            "task": task,
+                            "length": length,
+                            "accuracy": c["accuracy"],
+                            "n": c["n"],
+                            "low": c["low"],
+                            "high": c["high"],
+                            "prompt_tokens": c["prompt_tokens"],
+                            "seconds": c["seconds"],
+                        }
+                    )
         for length in lengths:
             a = summary_[method]["average"].get(str(length))
             if a is not None:
@@ -90,8 +110,13 @@ def _entry(c: Mapping[str, Any] | None) -> str:
     return "-" if c is None else f"{c['accuracy']:.0f} [{c['low']:.0f}, {c['high']:.0f}] n={c['n']}"
 
 
-def task_table(results: Mapping[str, Any], summary_: Mapping[str, Any], methods: Sequence[str], tasks: Sequence[str],
-               lengths: Sequence[int]) -> str:
+def task_table(
+    results: Mapping[str, Any],
+    summary_: Mapping[str, Any],
+    methods: Sequence[str],
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+) -> str:
     """A markdown table: rows method/task, columns lengths, cells ``accuracy [low, high] n=``, in %."""
     lengths = sorted(lengths)
     rows = []
@@ -101,11 +126,16 @@ def task_table(results: Mapping[str, Any], summary_: Mapping[str, Any], methods:
     lines = [markdown_table(["method/task", *map(str, lengths)], rows), ""]
     for method in methods:
         e, r = summary_[method]["effective_length"], summary_[method]["relative_effective_length"]
-        relative = ("relative: no reference within the trained length" if r["threshold"] is None else
-                    f"relative (> {r['ratio']} x {r['reference_score']}, {r['reference']}): "
-                    f"{_reached(r['length'], r['threshold'], lengths)}")
-        lines.append(f"- {method}: effective length (> {e['threshold']}): {_reached(e['length'], e['threshold'], lengths)}"
-                     f"; {relative}")
+        relative = (
+            "relative: no reference within the trained length"
+            if r["threshold"] is None
+            else f"relative (> {r['ratio']} x {r['reference_score']}, {r['reference']}): "
+            f"{_reached(r['length'], r['threshold'], lengths)}"
+        )
+        lines.append(
+            f"- {method}: effective length (> {e['threshold']}): {_reached(e['length'], e['threshold'], lengths)}"
+            f"; {relative}"
+        )
     return "\n".join(lines)
 
 
@@ -114,7 +144,9 @@ def _reached(length: int | None, threshold: float, lengths: Sequence[int]) -> st
     return str(length) if length is not None else f"none (not above {threshold:g} at {min(lengths)})"
 
 
-def niah_grid(results: Mapping[str, Any], method: str, lengths: Sequence[int]) -> tuple[list[list[float]], list[list[int]]]:
+def niah_grid(
+    results: Mapping[str, Any], method: str, lengths: Sequence[int]
+) -> tuple[list[list[float]], list[list[int]]]:
     """``[depth bin][length]`` mean score of the method's NIAH samples (``nan`` where none), and their counts."""
     lengths = sorted(lengths)
     grid = [[math.nan] * len(lengths) for _ in DEPTH_BINS[:-1]]
@@ -135,25 +167,39 @@ def niah_grid(results: Mapping[str, Any], method: str, lengths: Sequence[int]) -
     return grid, counts
 
 
-def plot_results(out: str | os.PathLike, results: Mapping[str, Any], methods: Sequence[str], tasks: Sequence[str],
-                 lengths: Sequence[int], title: str) -> list[Path]:
+def plot_results(
+    out: str | os.PathLike,
+    results: Mapping[str, Any],
+    methods: Sequence[str],
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    title: str,
+) -> list[Path]:
     """``ruler_niah.png`` (depth x length per method; when NIAH tasks ran) and ``ruler_tasks.png`` (task x length)."""
     lengths = sorted(lengths)
     written = []
     labels = [f"{int(100 * a)}-{int(100 * b)}%" for a, b in itertools.pairwise(DEPTH_BINS)]
     if any(TASKS[t].group == "niah" for t in tasks):
         grids = {m: niah_grid(results, m, lengths) for m in methods}
-        path = plot_grid(Path(out) / "ruler_niah.png",
-                         {m: ([str(n) for n in lengths], labels, grid) for m, (grid, _) in grids.items()},
-                         title=f"{title}: needle retrieval by depth", ylabel="needle depth", colours=HEATMAP_COLOURS,
-                         counts={m: c for m, (_, c) in grids.items()})
+        path = plot_grid(
+            Path(out) / "ruler_niah.png",
+            {m: ([str(n) for n in lengths], labels, grid) for m, (grid, _) in grids.items()},
+            title=f"{title}: needle retrieval by depth",
+            ylabel="needle depth",
+            colours=HEATMAP_COLOURS,
+            counts={m: c for m, (_, c) in grids.items()},
+        )
         written += [path] if path else []
     table = {}
     for m in methods:
-        table[m] = ([str(n) for n in lengths], list(tasks),
-                    [[(c["accuracy"] / 100 if (c := cell(results, m, t, n)) else math.nan) for n in lengths] for t in tasks])
-    path = plot_grid(Path(out) / "ruler_tasks.png", table, title=f"{title}: accuracy by task", ylabel="task",
-                     colours=HEATMAP_COLOURS)
+        table[m] = (
+            [str(n) for n in lengths],
+            list(tasks),
+            [[(c["accuracy"] / 100 if (c := cell(results, m, t, n)) else math.nan) for n in lengths] for t in tasks],
+        )
+    path = plot_grid(
+        Path(out) / "ruler_tasks.png", table, title=f"{title}: accuracy by task", ylabel="task", colours=HEATMAP_COLOURS
+    )
     written += [path] if path else []
     return written
 

@@ -8,6 +8,7 @@ CLI's :class:`~hf_posext.eval.report.ResultFile`) makes the run resume cell by c
 Example::
 
     from hf_posext.eval.ruler import ruler_accuracy
+
     result = ruler_accuracy(model, tokenizer, lengths=[4096, 8192], tasks="niah_single_1,vt", samples=20)
     result["cells"]["vt/4096"]["accuracy"], result["average"]["4096"]
 """
@@ -93,7 +94,7 @@ def _generate(model: Any, tokenizer: Any, prompts: Sequence[Prompt], max_new_tok
     if pad is not None:
         kwargs["pad_token_id"] = pad
     output = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-    return [tokenizer.decode(row[ids.shape[-1]:].tolist(), skip_special_tokens=True) for row in output]
+    return [tokenizer.decode(row[ids.shape[-1] :].tolist(), skip_special_tokens=True) for row in output]
 
 
 def run_cell(
@@ -126,8 +127,15 @@ def run_cell(
     start = time.perf_counter()
     for i in range(samples):
         key = f"{seed}/{task}/{length}/{i}"
-        prompt = fit_prompt(tokenizer, spec, length, key, stratified_depth(i, samples, f"{seed}/{task}/{length}"),
-                            wrapper=wrapper, hint=hint)
+        prompt = fit_prompt(
+            tokenizer,
+            spec,
+            length,
+            key,
+            stratified_depth(i, samples, f"{seed}/{task}/{length}"),
+            wrapper=wrapper,
+            hint=hint,
+        )
         hint = prompt.units
         prompts.append(prompt)
     size = batch_size or auto_batch_size(model, length)
@@ -135,14 +143,29 @@ def run_cell(
     rows: list[dict[str, Any]] = []
     for first in range(0, samples, size):
         batch = prompts[first : first + size]
-        for prompt, output in zip(batch, _generate(model, tokenizer, batch, min(spec.max_new_tokens, max_new_tokens or spec.max_new_tokens))):
-            rows.append({"seed": prompt.seed, "depth": prompt.depth, "answers": prompt.answers, "output": output,
-                         "score": metric(output, prompt.answers)})
+        for prompt, output in zip(
+            batch, _generate(model, tokenizer, batch, min(spec.max_new_tokens, max_new_tokens or spec.max_new_tokens))
+        ):
+            rows.append(
+                {
+                    "seed": prompt.seed,
+                    "depth": prompt.depth,
+                    "answers": prompt.answers,
+                    "output": output,
+                    "score": metric(output, prompt.answers),
+                }
+            )
         if bar is not None:
             bar.update(len(batch))
-    return {"task": task, "length": length, **summary([r["score"] for r in rows]),
-            "prompt_tokens": len(prompts[0].input_ids), "batch_size": size,
-            "seconds": round(time.perf_counter() - start, 1), "samples": rows}
+    return {
+        "task": task,
+        "length": length,
+        **summary([r["score"] for r in rows]),
+        "prompt_tokens": len(prompts[0].input_ids),
+        "batch_size": size,
+        "seconds": round(time.perf_counter() - start, 1),
+        "samples": rows,
+    }
 
 
 def ruler_accuracy(
@@ -196,9 +219,20 @@ def ruler_accuracy(
         with torch.inference_mode():
             for length in lengths:
                 for task in names:
+
                     def compute(task: str = task, length: int = length) -> dict[str, Any]:
-                        return run_cell(model, tokenizer, task, length, samples, seed=seed, batch_size=batch_size,
-                                        chat_template=chat_template, max_new_tokens=max_new_tokens, bar=bar)
+                        return run_cell(
+                            model,
+                            tokenizer,
+                            task,
+                            length,
+                            samples,
+                            seed=seed,
+                            batch_size=batch_size,
+                            chat_template=chat_template,
+                            max_new_tokens=max_new_tokens,
+                            bar=bar,
+                        )
 
                     before = bar.n
                     cells[f"{task}/{length}"] = cell = store.get(f"{task}/{length}", compute)

@@ -102,7 +102,9 @@ def summary(scores: Sequence[float]) -> dict[str, float | int]:
     return {"accuracy": round(100 * total / n, 2), "n": n, "low": round(100 * low, 2), "high": round(100 * high, 2)}
 
 
-def effective_length(lengths: Sequence[int], averages: Sequence[float | None], threshold: float = RULER_THRESHOLD) -> int | None:
+def effective_length(
+    lengths: Sequence[int], averages: Sequence[float | None], threshold: float = RULER_THRESHOLD
+) -> int | None:
     """The longest length up to which every average is above ``threshold`` (RULER's effective length).
 
     Args:

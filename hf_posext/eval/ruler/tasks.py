@@ -106,8 +106,18 @@ def _other_depths(rng: random.Random, k: int) -> list[float]:
     return [d / 100 for d in rng.sample(DEPTHS, k)]
 
 
-def _niah(haystack: str, key_type: str, value_type: str, num_k: int, num_v: int, num_q: int,
-          seed: str, n: int, depth: float, length: int) -> Draft:
+def _niah(
+    haystack: str,
+    key_type: str,
+    value_type: str,
+    num_k: int,
+    num_v: int,
+    num_q: int,
+    seed: str,
+    n: int,
+    depth: float,
+    length: int,
+) -> Draft:
     rng = random.Random(seed)
     num_k = max(num_k, num_q)
     keys: list[str] = []
@@ -143,13 +153,17 @@ def _niah(haystack: str, key_type: str, value_type: str, num_k: int, num_v: int,
     query = keys[queried[0]] if num_q == 1 else ", ".join(keys[i] for i in queried[:-1]) + ", and " + keys[queried[-1]]
     if num_q * num_v == 1:
         kind = value_type[:-1]
-        head = f"A special magic {kind} is hidden within the following text. Make sure to memorize it. " \
-               f"I will quiz you about the {kind} afterwards.\n"
+        head = (
+            f"A special magic {kind} is hidden within the following text. Make sure to memorize it. "
+            f"I will quiz you about the {kind} afterwards.\n"
+        )
         question = f"\nWhat is the special magic {kind} for {query} mentioned in the provided text?"
         prefix = f" The special magic {kind} for {query} mentioned in the provided text is"
     else:
-        head = f"Some special magic {value_type} are hidden within the following text. Make sure to memorize it. " \
-               f"I will quiz you about the {value_type} afterwards.\n"
+        head = (
+            f"Some special magic {value_type} are hidden within the following text. Make sure to memorize it. "
+            f"I will quiz you about the {value_type} afterwards.\n"
+        )
         question = f"\nWhat are all the special magic {value_type} for {query} mentioned in the provided text?"
         prefix = f" The special magic {value_type} for {query} mentioned in the provided text are"
     return Draft(head + context, continuation, question, prefix, tuple(answers), (1,) * len(answers), depth)
@@ -176,8 +190,10 @@ def _vt_text(rng: random.Random, n: int, letters: int, hops: int) -> tuple[str, 
 
 def _vt_prompt(context: str, value: str, hops: int) -> tuple[str, str, str]:
     question = f"\nQuestion: Find all variables that are assigned the value {value} in the text above."
-    prefix = (f" Answer: According to the chain(s) of variable assignment in the text above, {hops + 1} variables "
-              f"are assigned the value {value}, they are: ")
+    prefix = (
+        f" Answer: According to the chain(s) of variable assignment in the text above, {hops + 1} variables "
+        f"are assigned the value {value}, they are: "
+    )
     return _VT_HEAD + context, question, prefix
 
 
@@ -190,12 +206,13 @@ def _vt(hops: int, seed: str, n: int, depth: float, length: int) -> Draft:
     before, question, prefix = _vt_prompt(example_context, example_value, hops)
     example = before + question + prefix + " " + " ".join(example_names) + "\n\n"
     before, question, prefix = _vt_prompt(context, value, hops)
-    return Draft(example + before, "\n" + "\n".join([NOISE] * 3), question, prefix, tuple(names),
-                 (2,) * hops + (1,))
+    return Draft(example + before, "\n" + "\n".join([NOISE] * 3), question, prefix, tuple(names), (2,) * hops + (1,))
 
 
-_CWE_HEAD = ("Below is a numbered list of words. In these words, some appear more often than others. "
-             "Memorize the ones that appear most often.\n")
+_CWE_HEAD = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n"
+)
 _CWE_QUESTION = "\nQuestion: What are the {num} most common words in the above list?"
 _CWE_PREFIX = " Answer: The top {num} words that appear most often in the list are:"
 
@@ -230,14 +247,26 @@ def _cwe(num_common: int, freq_common: int, freq_uncommon: int, seed: str, n: in
     else:
         example_shape = (40, 10, 3)
     example_words = example_words[: example_shape[0]]
-    example = (_CWE_HEAD + _cwe_list(rng, example_words, num_common, *example_shape[1:])
-               + _CWE_QUESTION.format(num=num_common) + _CWE_PREFIX.format(num=num_common) + " "
-               + " ".join(f"{i + 1}. {w}" for i, w in enumerate(example_words[:num_common])) + "\n")
+    example = (
+        _CWE_HEAD
+        + _cwe_list(rng, example_words, num_common, *example_shape[1:])
+        + _CWE_QUESTION.format(num=num_common)
+        + _CWE_PREFIX.format(num=num_common)
+        + " "
+        + " ".join(f"{i + 1}. {w}" for i, w in enumerate(example_words[:num_common]))
+        + "\n"
+    )
     context = _cwe_list(rng, words, num_common, freq_common, freq_uncommon)
     count = num_common * freq_common + (n - num_common) * freq_uncommon
     continuation = "".join(f" {count + i + 1}. {w}" for i, w in enumerate(rest))
-    return Draft(example + _CWE_HEAD + context, continuation, _CWE_QUESTION.format(num=num_common),
-                 _CWE_PREFIX.format(num=num_common), tuple(words[:num_common]), (freq_common,) * num_common)
+    return Draft(
+        example + _CWE_HEAD + context,
+        continuation,
+        _CWE_QUESTION.format(num=num_common),
+        _CWE_PREFIX.format(num=num_common),
+        tuple(words[:num_common]),
+        (freq_common,) * num_common,
+    )
 
 
 def _fwe(alpha: float, seed: str, n: int, depth: float, length: int) -> Draft:
@@ -250,17 +279,22 @@ def _fwe(alpha: float, seed: str, n: int, depth: float, length: int) -> Draft:
             codes.append(code)
     vocab, spare = codes[:size], codes[size:]
     vocab[0] = "..."  # the most frequent "word" is noise, as in RULER (whose question then says "the dots '....'")
-    zeta = sum(k ** -alpha for k in range(1, 100_000)) + 100_000 ** (1 - alpha) / (alpha - 1)
-    counts = [int(n * k ** -alpha / zeta) for k in range(1, size + 1)]
+    zeta = sum(k**-alpha for k in range(1, 100_000)) + 100_000 ** (1 - alpha) / (alpha - 1)
+    counts = [int(n * k**-alpha / zeta) for k in range(1, size + 1)]
     words = [w for w, c in zip(vocab, counts) for _ in range(c)]
     rng.shuffle(words)
-    head = ("Read the following coded text and track the frequency of each coded word. "
-            "Find the three most frequently appeared coded words. ")
-    question = ("\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
-                "What are the three most frequently appeared words in the above coded text?")
+    head = (
+        "Read the following coded text and track the frequency of each coded word. "
+        "Find the three most frequently appeared coded words. "
+    )
+    question = (
+        "\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+        "What are the three most frequently appeared words in the above coded text?"
+    )
     prefix = " Answer: According to the coded text above, the three most frequently appeared words are:"
-    return Draft(head + " ".join(words), "".join(" " + w for w in spare), question, prefix,
-                 tuple(vocab[1:4]), tuple(counts[1:4]))
+    return Draft(
+        head + " ".join(words), "".join(" " + w for w in spare), question, prefix, tuple(vocab[1:4]), tuple(counts[1:4])
+    )
 
 
 #: The QA stand-in's relations: (fact sentence, question), with {p} a person and {v} the answer.
@@ -270,7 +304,9 @@ RELATIONS = (
     ("{p} works for a company named {v}.", "What is the name of the company {p} works for?"),
     ("The favourite novel of {p} is titled {v}.", "What is the title of the favourite novel of {p}?"),
 )
-_QA_RULE = "Answer the question based on the given documents. Only give me the answer and do not output any other words."
+_QA_RULE = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any other words."
+)
 
 
 def _qa(distractors: int, sentences_per_document: int, seed: str, n: int, depth: float, length: int) -> Draft:
@@ -288,8 +324,12 @@ def _qa(distractors: int, sentences_per_document: int, seed: str, n: int, depth:
     relations = [rng.randrange(len(RELATIONS)) for _ in people]
     facts = [RELATIONS[r][0].format(p=p, v=v) for r, p, v in zip(relations, people, values)]
     words, extra = _prose(rng, n, 80)
-    sentences = _insert(split_sentences(" ".join(words)), [(depth, facts[0]), *zip(_other_depths(rng, distractors), facts[1:])])
-    documents = [" ".join(sentences[i : i + sentences_per_document]) for i in range(0, len(sentences), sentences_per_document)]
+    sentences = _insert(
+        split_sentences(" ".join(words)), [(depth, facts[0]), *zip(_other_depths(rng, distractors), facts[1:])]
+    )
+    documents = [
+        " ".join(sentences[i : i + sentences_per_document]) for i in range(0, len(sentences), sentences_per_document)
+    ]
     context = "\n\n".join(f"Document {i + 1}:\n{doc}" for i, doc in enumerate(documents))
     head = f"{_QA_RULE}\n\nThe following are given documents.\n\n"
     question = f"\n\n{_QA_RULE}\n\nQuestion: {RELATIONS[relations[0]][1].format(p=people[0])}"

@@ -60,4 +60,3 @@ class LearnedConfig(_AbsoluteMethod):
 
     def max_position_embeddings(self, base: BaseRope) -> int:
         return self.max_length or base.max_position_embeddings
-

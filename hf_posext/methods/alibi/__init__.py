@@ -24,7 +24,9 @@ register_method(
     surgery=AlibiSurgery,
     rope_types=NO_ROPE_TYPES,
     # the old name too, so that older checkpoints load (the surgery then switches to the current name)
-    attention={name: AttentionFunctions(alibi_attention_forward, alibi_mask) for name in (ALIBI_ATTENTION, OLD_ALIBI_ATTENTION)},
+    attention={
+        name: AttentionFunctions(alibi_attention_forward, alibi_mask) for name in (ALIBI_ATTENTION, OLD_ALIBI_ATTENTION)
+    },
 )
 
 __all__ = ["ALIBI_ATTENTION", "BACKENDS", "AlibiConfig", "alibi_slopes", "select_backend"]

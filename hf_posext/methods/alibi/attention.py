@@ -224,7 +224,9 @@ def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
     if groups == 1:
         return states
     batch, kv_heads, length, dim = states.shape
-    return states[:, :, None].expand(batch, kv_heads, groups, length, dim).reshape(batch, kv_heads * groups, length, dim)
+    return (
+        states[:, :, None].expand(batch, kv_heads, groups, length, dim).reshape(batch, kv_heads * groups, length, dim)
+    )
 
 
 def eager_alibi(
@@ -314,7 +316,10 @@ def _run_flex(query: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         logger.warning(
             "ALiBi backend 'flex': torch %s could not compile flex_attention on %s (%s); running it uncompiled on %s "
             "from now on (same result, unfused memory). Patch with backend='sdpa' or 'folded' to avoid this.",
-            torch.__version__, device_type, str(err).strip().splitlines()[0][:200], device_type,
+            torch.__version__,
+            device_type,
+            str(err).strip().splitlines()[0][:200],
+            device_type,
         )
         return _flex_attention(device_type)(query, *args, **kwargs)
 

@@ -27,7 +27,9 @@ def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, 
     """Forward pre-hook of an ALiBi base model: its attention implementation must still be ALiBi's."""
     backend = NATIVE_TO_BACKEND.get(integration.attention_implementation(module.config), "sdpa")
     check_attention_kept(
-        module.config, _is_alibi, what="ALiBi",
+        module.config,
+        _is_alibi,
+        what="ALiBi",
         needs=f"{ALIBI_ATTENTION!r}; without it the model has no position information",
         advice=f"to run ALiBi on that kernel call hf_posext.patch_model(model, 'alibi', backend={backend!r}) instead",
     )
@@ -39,7 +41,6 @@ def _is_alibi(implementation: str | None) -> bool:
 
 def _base_model(model: nn.Module) -> nn.Module:
     return getattr(model, "base_model", model)
-
 
 
 class AlibiSurgery(Surgery):

@@ -34,11 +34,29 @@ class DualChunkConfig(AttentionRemapMethod):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.chunk_size is not None:
-            object.__setattr__(self, "chunk_size", whole_number(
-                self.name, "chunk_size", self.chunk_size, minimum=2, allowed="an int >= 2, at most L0 (or None: 3 L0 // 4)"))
+            object.__setattr__(
+                self,
+                "chunk_size",
+                whole_number(
+                    self.name,
+                    "chunk_size",
+                    self.chunk_size,
+                    minimum=2,
+                    allowed="an int >= 2, at most L0 (or None: 3 L0 // 4)",
+                ),
+            )
         if self.local_size is not None:
-            object.__setattr__(self, "local_size", whole_number(
-                self.name, "local_size", self.local_size, minimum=1, allowed="an int >= 1 below chunk_size (or None: L0 // 8)"))
+            object.__setattr__(
+                self,
+                "local_size",
+                whole_number(
+                    self.name,
+                    "local_size",
+                    self.local_size,
+                    minimum=1,
+                    allowed="an int >= 1 below chunk_size (or None: L0 // 8)",
+                ),
+            )
 
     def needs_factor(self) -> bool:
         """Without a factor or a ``chunk_size`` DCA advertises no longer context, yet its default chunks
@@ -54,11 +72,14 @@ class DualChunkConfig(AttentionRemapMethod):
         chunk = self.chunk_size if self.chunk_size is not None else 3 * original // 4
         local = self.local_size if self.local_size is not None else max(1, original // 8)
         if not 2 <= chunk <= original:
-            raise ValueError(f"{self.name}: chunk_size must be an int in [2, {original}] (at most the original context "
-                             f"L0={original}), got {chunk!r}")
+            raise ValueError(
+                f"{self.name}: chunk_size must be an int in [2, {original}] (at most the original context "
+                f"L0={original}), got {chunk!r}"
+            )
         if not 1 <= local < chunk:
-            raise ValueError(f"{self.name}: local_size must be an int in [1, {chunk}) (below chunk_size={chunk}), "
-                             f"got {local!r}")
+            raise ValueError(
+                f"{self.name}: local_size must be an int in [1, {chunk}) (below chunk_size={chunk}), got {local!r}"
+            )
         return chunk, local
 
     def reach(self, original: int) -> int:
@@ -68,8 +89,13 @@ class DualChunkConfig(AttentionRemapMethod):
     def config_fields(self, original: int) -> dict[str, Any]:
         """vLLM's ``dual_chunk_attention_config`` (as Qwen2.5-1M ships it), which vLLM runs for the Qwen2 family."""
         chunk, local = self.resolve(original)
-        return {"dual_chunk_attention_config": {
-            "chunk_size": chunk, "local_size": local, "original_max_position_embeddings": original}}
+        return {
+            "dual_chunk_attention_config": {
+                "chunk_size": chunk,
+                "local_size": local,
+                "original_max_position_embeddings": original,
+            }
+        }
 
     def remapping(self, original: int) -> DualChunkRemapping:
         return DualChunkRemapping(*self.resolve(original))

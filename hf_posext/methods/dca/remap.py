@@ -28,12 +28,12 @@ class DualChunkRemapping:
     def active(self, last_position: int) -> bool:
         return last_position >= self.chunk
 
-    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
-               inv_freq: torch.Tensor) -> _Layout:
+    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int, inv_freq: torch.Tensor) -> _Layout:
         return _Layout(self, query, key, past, offset, inv_freq)
 
-    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
-                          inv_freq: torch.Tensor) -> PairLayout:
+    def positioned_layout(
+        self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+    ) -> PairLayout:
         """Every pair chooses by its positions' chunks: the same (intra), the previous (successive), older (inter)."""
         chunk, size = self.chunk, self.chunk_size
         positions = positions[None]
@@ -43,13 +43,22 @@ class DualChunkRemapping:
         shared = rotate_by(key, within - positions, inv_freq)
         chunks = positions[0].div(chunk, rounding_mode="floor")
         relation = chunks[:, None] - chunks[None, :]
-        return PairLayout([(Queries(query, kv_heads, target - positions, inv_freq), shared) for target in targets],
-                          [relation == 0, relation == 1])
+        return PairLayout(
+            [(Queries(query, kv_heads, target - positions, inv_freq), shared) for target in targets],
+            [relation == 0, relation == 1],
+        )
 
 
 class _Layout:
-    def __init__(self, remap: DualChunkRemapping, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
-                 inv_freq: torch.Tensor) -> None:
+    def __init__(
+        self,
+        remap: DualChunkRemapping,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        past: int,
+        offset: int,
+        inv_freq: torch.Tensor,
+    ) -> None:
         chunk, size = remap.chunk, remap.chunk_size
         rows, kv_heads, kv_len, _ = key.shape
         key_pos = (torch.arange(kv_len, device=query.device) + offset).expand(rows, kv_len)
@@ -77,8 +86,9 @@ class _Layout:
         if previous_start > 0:
             pieces.append(Piece(0, previous_start, self.inter.block(start, stop), self.key[:, :, :previous_start]))
         if own_start > previous_start:
-            pieces.append(Piece(previous_start, own_start, self.succ.block(start, stop),
-                                self.key[:, :, previous_start:own_start]))
+            pieces.append(
+                Piece(previous_start, own_start, self.succ.block(start, stop), self.key[:, :, previous_start:own_start])
+            )
         a = self.past + start
         intra = self.intra.block(start, stop)
         if a > own_start:

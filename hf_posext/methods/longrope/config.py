@@ -42,7 +42,9 @@ def _factor_list(name: str, field: str, given: Any) -> tuple[float, ...] | None:
     if isinstance(given, torch.Tensor):
         given = given.tolist()
     if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
-        raise ValueError(f"{name}: {field} must be a list of positive numbers (one per rotary pair) or None, got {given!r}")
+        raise ValueError(
+            f"{name}: {field} must be a list of positive numbers (one per rotary pair) or None, got {given!r}"
+        )
     values = tuple(real_number(name, field, v, "a list of positive numbers") for v in given)
     bad = [v for v in values if not (v > 0 and math.isfinite(v))]
     if not values or bad:
@@ -57,8 +59,10 @@ def check_keep_first(name: str, keep_first: int, original: int) -> None:
         ValueError: naming the value and what is allowed.
     """
     if not 0 <= keep_first < original:
-        raise ValueError(f"{name}: keep_first must be an int in [0, {original - 1}] (the first n positions keep plain "
-                         f"RoPE past the switch; they lie within the original context {original}), got {keep_first!r}")
+        raise ValueError(
+            f"{name}: keep_first must be an int in [0, {original - 1}] (the first n positions keep plain "
+            f"RoPE past the switch; they lie within the original context {original}), got {keep_first!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,17 @@ class LongRopeConfig(ExactCacheOption):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "keep_first", whole_number(self.name, "keep_first", self.keep_first, minimum=0,
-                                                            allowed="an int >= 0 (positions kept on plain RoPE)"))
+        object.__setattr__(
+            self,
+            "keep_first",
+            whole_number(
+                self.name,
+                "keep_first",
+                self.keep_first,
+                minimum=0,
+                allowed="an int >= 0 (positions kept on plain RoPE)",
+            ),
+        )
         for field in ("long_factor", "short_factor"):
             object.__setattr__(self, field, _factor_list(self.name, field, getattr(self, field)))
         if self.attention_factor is not None:
@@ -114,8 +127,11 @@ class LongRopeConfig(ExactCacheOption):
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         pairs = base.rotary_dim // 2
         original = base.original_max_position_embeddings
-        long = list(self.long_factor) if self.long_factor else yarn_long_factors(base.theta, base.rotary_dim, original,
-                                                                                 self.factor)
+        long = (
+            list(self.long_factor)
+            if self.long_factor
+            else yarn_long_factors(base.theta, base.rotary_dim, original, self.factor)
+        )
         short = list(self.short_factor) if self.short_factor else [1.0] * pairs
         for field, values in (("long_factor", long), ("short_factor", short)):
             if len(values) != pairs:
@@ -133,8 +149,11 @@ class LongRopeConfig(ExactCacheOption):
         }
         # written out (transformers' default when not given): vLLM and Phi-3.5-MoE's config read
         # short_mscale / long_mscale, transformers attention_factor (hf_posext.rope_utils)
-        attention = self.attention_factor if self.attention_factor is not None else longrope_attention_factor(
-            self.factor, original)
+        attention = (
+            self.attention_factor
+            if self.attention_factor is not None
+            else longrope_attention_factor(self.factor, original)
+        )
         params["attention_factor"] = attention
         if self.keep_first:  # no reader but hf-posext runs it: no reader-only keys either
             params.update(rope_type=LONGROPE_KEEP_FIRST_ROPE_TYPE, **{KEEP_FIRST_KEY: self.keep_first})

@@ -41,7 +41,9 @@ def compute_keep_first_parameters(
     return integration.rope_init_function("longrope")(config, device, seq_len=seq_len, layer_type=layer_type)
 
 
-def validate_keep_first_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
+def validate_keep_first_parameters(
+    config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None
+) -> None:
     """transformers' validator for the keep-first type: the keys it needs, its values as the method checks them.
 
     Raises:
@@ -50,10 +52,13 @@ def validate_keep_first_parameters(config: Any, rope_parameters: dict[str, Any],
             outside ``[0, original_max_position_embeddings)``.
     """
     integration.check_received_keys(config, rope_parameters, _REQUIRED_KEYS, _OPTIONAL_KEYS, ignore_keys)
-    method = LongRopeConfig(factor=rope_parameters.get("factor") or 1.0, long_factor=rope_parameters["long_factor"],
-                            short_factor=rope_parameters["short_factor"],
-                            attention_factor=rope_parameters.get("attention_factor"),
-                            keep_first=rope_parameters[KEEP_FIRST_KEY])
+    method = LongRopeConfig(
+        factor=rope_parameters.get("factor") or 1.0,
+        long_factor=rope_parameters["long_factor"],
+        short_factor=rope_parameters["short_factor"],
+        attention_factor=rope_parameters.get("attention_factor"),
+        keep_first=rope_parameters[KEEP_FIRST_KEY],
+    )
     check_keep_first(method.name, method.keep_first, int(rope_parameters["original_max_position_embeddings"]))
 
 
@@ -136,8 +141,9 @@ def wrap_rotary_modules(model: nn.Module) -> None:
     if not kept_positions(model.config.rope_parameters):
         return
     for name, rotary in list(integration.rotary_modules(model)):
-        if not isinstance(model.get_submodule(name.rpartition(".")[0]) if "." in name else model,
-                          KeepFirstRotaryEmbedding):
+        if not isinstance(
+            model.get_submodule(name.rpartition(".")[0]) if "." in name else model, KeepFirstRotaryEmbedding
+        ):
             integration.replace_module(model, name, KeepFirstRotaryEmbedding(rotary))
 
 

@@ -39,8 +39,13 @@ class ReRopeConfig(AttentionRemapMethod):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.window is not None:
-            object.__setattr__(self, "window", whole_number(
-                self.name, "window", self.window, minimum=1, allowed="an int >= 1 below L0 (or None: L0 // 8)"))
+            object.__setattr__(
+                self,
+                "window",
+                whole_number(
+                    self.name, "window", self.window, minimum=1, allowed="an int >= 1 below L0 (or None: L0 // 8)"
+                ),
+            )
         if self.leak is not None:
             allowed = "> 1 (or None: plain ReRoPE)"
             leak = real_number(self.name, "leak", self.leak, allowed)
@@ -58,8 +63,10 @@ class ReRopeConfig(AttentionRemapMethod):
         """
         window = self.window if self.window is not None else max(1, original // WINDOW_SHARE)
         if not 1 <= window < original:
-            raise ValueError(f"{self.name}: window must be an int in [1, {original}) (below the original context "
-                             f"L0={original}), got {window!r}")
+            raise ValueError(
+                f"{self.name}: window must be an int in [1, {original}) (below the original context "
+                f"L0={original}), got {window!r}"
+            )
         return window
 
     def reach(self, original: int) -> int:

@@ -10,6 +10,8 @@ from ..remapping import REMAP_ROPE_TYPES
 from .config import SelfExtendConfig
 from .remap import SelfExtendRemapping
 
-register_method("self_extend", SelfExtendConfig, surgery=RemapSurgery, rope_types=REMAP_ROPE_TYPES, attention=REMAP_ATTENTIONS)
+register_method(
+    "self_extend", SelfExtendConfig, surgery=RemapSurgery, rope_types=REMAP_ROPE_TYPES, attention=REMAP_ATTENTIONS
+)
 
 __all__ = ["SelfExtendConfig", "SelfExtendRemapping"]

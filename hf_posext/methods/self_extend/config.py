@@ -38,12 +38,29 @@ class SelfExtendConfig(AttentionRemapMethod):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.group_size is not None:
-            object.__setattr__(self, "group_size", whole_number(
-                self.name, "group_size", self.group_size, minimum=1, allowed="an int >= 1 (or None: derived from factor)"))
+            object.__setattr__(
+                self,
+                "group_size",
+                whole_number(
+                    self.name,
+                    "group_size",
+                    self.group_size,
+                    minimum=1,
+                    allowed="an int >= 1 (or None: derived from factor)",
+                ),
+            )
         if self.window_size is not None:
-            object.__setattr__(self, "window_size", whole_number(
-                self.name, "window_size", self.window_size, minimum=1,
-                allowed="an int >= 1 below the original context (or None: L0 // 4)"))
+            object.__setattr__(
+                self,
+                "window_size",
+                whole_number(
+                    self.name,
+                    "window_size",
+                    self.window_size,
+                    minimum=1,
+                    allowed="an int >= 1 below the original context (or None: L0 // 4)",
+                ),
+            )
         if self.factor > 1 and self.group_size is not None and self.window_size is not None:
             raise ValueError(
                 f"{self.name}: give factor or (group_size, window_size), not all three (the reach (L0 - W) G + W is "
@@ -64,14 +81,18 @@ class SelfExtendConfig(AttentionRemapMethod):
         if window is None:
             if self.group_size is not None and self.factor > 1:
                 if self.group_size <= self.factor:
-                    raise ValueError(f"{self.name}: group_size={self.group_size} must exceed factor={self.factor} "
-                                     f"to reach factor * L0 with a window; pass window_size instead")
+                    raise ValueError(
+                        f"{self.name}: group_size={self.group_size} must exceed factor={self.factor} "
+                        f"to reach factor * L0 with a window; pass window_size instead"
+                    )
                 window = int((self.group_size - self.factor) * original // (self.group_size - 1))
             else:
                 window = max(1, original // 4)
         if not 1 <= window < original:
-            raise ValueError(f"{self.name}: window_size must be an int in [1, {original}) (below the original "
-                             f"context L0={original}), got {window!r}")
+            raise ValueError(
+                f"{self.name}: window_size must be an int in [1, {original}) (below the original "
+                f"context L0={original}), got {window!r}"
+            )
         group = self.group_size
         if group is None:
             group = max(1, math.ceil((self.factor * original - window) / (original - window)))

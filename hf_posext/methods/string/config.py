@@ -47,17 +47,31 @@ class StringConfig(AttentionRemapMethod):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.shift is not None:
-            object.__setattr__(self, "shift", whole_number(
-                self.name, "shift", self.shift, minimum=1, allowed="an int >= 1 below L0 (or None: 0.33 L0)"))
+            object.__setattr__(
+                self,
+                "shift",
+                whole_number(
+                    self.name, "shift", self.shift, minimum=1, allowed="an int >= 1 below L0 (or None: 0.33 L0)"
+                ),
+            )
         if self.local_window is not None:
-            object.__setattr__(self, "local_window", whole_number(
-                self.name, "local_window", self.local_window, minimum=1,
-                allowed="an int >= 1 below shift (or None: 128)"))
+            object.__setattr__(
+                self,
+                "local_window",
+                whole_number(
+                    self.name,
+                    "local_window",
+                    self.local_window,
+                    minimum=1,
+                    allowed="an int >= 1 below shift (or None: 128)",
+                ),
+            )
         if not isinstance(self.qk_scale, bool):
             raise ValueError(f"{self.name}: qk_scale must be True or False, got {self.qk_scale!r}")
         if self.shift is not None and self.local_window is not None and self.local_window >= self.shift:
-            raise ValueError(f"{self.name}: local_window must be below shift={self.shift} (W < S), got "
-                             f"{self.local_window!r}")
+            raise ValueError(
+                f"{self.name}: local_window must be below shift={self.shift} (W < S), got {self.local_window!r}"
+            )
 
     def resolve(self, original: int) -> tuple[int, int]:
         """``(S, W)`` for the checkpoint's context ``original`` (L0).
@@ -67,12 +81,15 @@ class StringConfig(AttentionRemapMethod):
         """
         shift = self.shift if self.shift is not None else int(SHIFT_SHARE * original)
         if not 2 <= shift < original:
-            raise ValueError(f"{self.name}: shift must be an int in [2, {original}) (below the original context "
-                             f"L0={original}), got {shift!r}")
+            raise ValueError(
+                f"{self.name}: shift must be an int in [2, {original}) (below the original context "
+                f"L0={original}), got {shift!r}"
+            )
         window = self.local_window if self.local_window is not None else min(LOCAL_WINDOW, shift // 2)
         if not 1 <= window < shift:
-            raise ValueError(f"{self.name}: local_window must be an int in [1, {shift}) (below shift={shift}), "
-                             f"got {window!r}")
+            raise ValueError(
+                f"{self.name}: local_window must be an int in [1, {shift}) (below shift={shift}), got {window!r}"
+            )
         return shift, window
 
     def reach(self, original: int) -> int:

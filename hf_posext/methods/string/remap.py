@@ -23,17 +23,20 @@ class StringRemapping:
     def active(self, last_position: int) -> bool:
         return self.qk_scale is not None or last_position >= self.shift
 
-    def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int,
-               inv_freq: torch.Tensor) -> SplitLayout:
+    def layout(
+        self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int, inv_freq: torch.Tensor
+    ) -> SplitLayout:
         return SplitLayout(self.shift, past, *self._variants(query, key, inv_freq))
 
-    def positioned_layout(self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
-                          inv_freq: torch.Tensor) -> PairLayout:
+    def positioned_layout(
+        self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+    ) -> PairLayout:
         """Tokens at any increasing ``positions`` (PoSE): near when ``i - j < S``; the shift is the same."""
         return positioned_split(self.shift, positions, *self._variants(query, key, inv_freq))
 
-    def _variants(self, query: torch.Tensor, key: torch.Tensor, inv_freq: torch.Tensor
-                  ) -> tuple[tuple[Queries, torch.Tensor], tuple[Queries, torch.Tensor]]:
+    def _variants(
+        self, query: torch.Tensor, key: torch.Tensor, inv_freq: torch.Tensor
+    ) -> tuple[tuple[Queries, torch.Tensor], tuple[Queries, torch.Tensor]]:
         rows, kv_heads, _, _ = key.shape
         back = torch.full((rows, query.shape[2]), self.local_window - self.shift, device=query.device)
         key32 = key.to(torch.float32)

@@ -110,6 +110,12 @@ class DynamicYarnConfig(_YarnFields, DynamicScaling):
 
 #: What a composed dynamic YaRN entry keeps of the checkpoint's own entry: its scaling is in base_factors.
 _DYNAMIC_KEYS = {
-    "rope_type", "rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings", "beta_fast",
-    "beta_slow", "attention_factor",
+    "rope_type",
+    "rope_theta",
+    "partial_rotary_factor",
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
 }

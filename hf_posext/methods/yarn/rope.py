@@ -25,8 +25,15 @@ from .config import DynamicYarnConfig
 _VALIDATED_KEYS = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"}
 #: What a dynamic YaRN entry must have and may have (a composed one carries the checkpoint's own scaling).
 _REQUIRED_KEYS = {"rope_type", "factor", "original_max_position_embeddings"}
-_OPTIONAL_KEYS = {"rope_theta", "beta_fast", "beta_slow", "attention_factor", "truncate", "base_factors",
-                  "base_attention_factor"}
+_OPTIONAL_KEYS = {
+    "rope_theta",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "truncate",
+    "base_factors",
+    "base_attention_factor",
+}
 
 
 def compute_dynamic_yarn_parameters(
@@ -74,13 +81,21 @@ def _composed_dynamic_yarn(
     if scale == 1.0:
         return base_inv_freq.float().to(device), attention
     factors = yarn_pair_factors(
-        base_inv_freq, reach, scale, params.get("beta_fast", 32.0), params.get("beta_slow", 1.0),
+        base_inv_freq,
+        reach,
+        scale,
+        params.get("beta_fast", 32.0),
+        params.get("beta_slow", 1.0),
         params.get("truncate", True),
     )
-    return (base_inv_freq / factors).float().to(device), attention * yarn_attention_factor(params.get("attention_factor"), scale)
+    return (base_inv_freq / factors).float().to(device), attention * yarn_attention_factor(
+        params.get("attention_factor"), scale
+    )
 
 
-def validate_dynamic_yarn_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
+def validate_dynamic_yarn_parameters(
+    config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None
+) -> None:
     """transformers' validator for dynamic YaRN's rope parameters: the keys it needs, and its config's checks.
 
     Raises:

@@ -63,7 +63,9 @@ def test_slopes_examples_from_the_reference_code():
     # the reference code's get_slopes: 4 heads are 2^-2..2^-8; 12 heads continue with the odd half-steps.
     assert alibi_slopes(4).tolist() == [2**-2, 2**-4, 2**-6, 2**-8]
     twelve = [2.0**-k for k in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5]
-    torch.testing.assert_close(alibi_slopes(12).double(), torch.tensor(twelve, dtype=torch.float64), rtol=2**-23, atol=0)
+    torch.testing.assert_close(
+        alibi_slopes(12).double(), torch.tensor(twelve, dtype=torch.float64), rtol=2**-23, atol=0
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, None])
@@ -167,8 +169,15 @@ def test_attention_paths_match_slow_reference(case, backend, heads, kv_heads):
     v = torch.randn(batch, kv_heads, kv_len, dim, generator=generator)
     module = FakeAttention(backend, heads, kv_heads).eval()
     mask = alibi_mask(
-        batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=q_offset, kv_offset=kv_offset,
-        mask_function=mask_fn, attention_mask=pad, device="cpu", config=module.config,
+        batch_size=batch,
+        q_length=q_len,
+        kv_length=kv_len,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_fn,
+        attention_mask=pad,
+        device="cpu",
+        config=module.config,
     )
     with torch.no_grad():
         out, _ = alibi_attention_forward(module, q, k, v, mask, scaling=dim**-0.5)
@@ -183,7 +192,12 @@ def test_attention_paths_match_slow_reference(case, backend, heads, kv_heads):
 
 def test_mask_holds_negative_distances_and_inf():
     mask = alibi_mask(
-        batch_size=1, q_length=3, kv_length=5, q_offset=2, kv_offset=0, attention_mask=padding([4], 5, left=False),
+        batch_size=1,
+        q_length=3,
+        kv_length=5,
+        q_offset=2,
+        kv_offset=0,
+        attention_mask=padding([4], 5, left=False),
         config=SimpleNamespace(hf_posext={"backend": "sdpa"}),
     )
     inf = float("-inf")
@@ -235,7 +249,9 @@ def test_model_paths_agree_with_eager(arch, backend):
     mask = padding([24, 17], 24)
     expected = logits(model, ids, attention_mask=mask)
     hf_posext.patch_model(model, "alibi", backend=backend)
-    torch.testing.assert_close(logits(model, ids, attention_mask=mask)[1, -17:], expected[1, -17:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        logits(model, ids, attention_mask=mask)[1, -17:], expected[1, -17:], rtol=1e-5, atol=1e-5
+    )
     torch.testing.assert_close(logits(model, ids, attention_mask=mask)[0], expected[0], rtol=1e-5, atol=1e-5)
 
 
@@ -300,9 +316,16 @@ def greedy_without_cache(model, ids, steps):
 
 @pytest.mark.parametrize(
     "arch,backend,cache",
-    [("llama", "sdpa", None), ("llama", "eager", None), ("qwen3", "sdpa", None), ("mistral", "sdpa", None),
-     ("llama", "sdpa", "static"), ("llama", "folded", None), ("mistral", "folded", None),
-     ("llama", "folded", "static")],
+    [
+        ("llama", "sdpa", None),
+        ("llama", "eager", None),
+        ("qwen3", "sdpa", None),
+        ("mistral", "sdpa", None),
+        ("llama", "sdpa", "static"),
+        ("llama", "folded", None),
+        ("mistral", "folded", None),
+        ("llama", "folded", "static"),
+    ],
 )
 def test_cached_generation_equals_full_forward_greedy(arch, backend, cache):
     # Mistral's window (2 * max_positions = 16 tokens) is shorter than prompt + generation, so
@@ -321,7 +344,9 @@ def test_left_padded_batch_generation_equals_rows_alone(backend):
     model.generation_config.eos_token_id = None
     ids = tokens(12, batch=2)
     mask = padding([12, 7], 12)
-    batched = model.generate(ids.masked_fill(~mask, 0), attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    batched = model.generate(
+        ids.masked_fill(~mask, 0), attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0
+    )
     alone = model.generate(ids[1:, 5:], max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(batched[1, 12:], alone[0, 7:])
 
@@ -405,8 +430,9 @@ def test_saved_checkpoint_reloads_as_alibi(tmp_path):
 
 def test_vanilla_transformers_refuses_the_checkpoint_naming_the_import(tmp_path):
     alibi_model().save_pretrained(tmp_path)
-    assert 'attn_implementation="hf_posext_alibi (requires: import hf_posext)"` is not supported' in \
-        vanilla_load_error(tmp_path)
+    assert 'attn_implementation="hf_posext_alibi (requires: import hf_posext)"` is not supported' in vanilla_load_error(
+        tmp_path
+    )
 
 
 def test_a_checkpoint_saved_under_the_old_attention_name_loads_as_alibi(tmp_path):

@@ -24,8 +24,9 @@ def padded_generate(backend):
     ids = tokens(12, batch=2)
     mask = torch.ones(2, 12, dtype=torch.bool)
     mask[1, :5] = False
-    return model.generate(ids.masked_fill(~mask, 0), attention_mask=mask, max_new_tokens=4, do_sample=False,
-                          pad_token_id=0)
+    return model.generate(
+        ids.masked_fill(~mask, 0), attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0
+    )
 
 
 @pytest.fixture

@@ -78,9 +78,16 @@ def test_masks_is_causal_can_express_run_folded_and_match_the_reference(case, he
     mask_function = causal_or_window(window)
     module = Attention("folded").eval()
     mask = alibi_mask(
-        batch_size=2, q_length=q_len, kv_length=kv_len, q_offset=q_offset, kv_offset=kv_offset,
-        mask_function=mask_function, attention_mask=pad, config=module.config,
-        allow_is_causal_skip=True, local_size=window,
+        batch_size=2,
+        q_length=q_len,
+        kv_length=kv_len,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function,
+        attention_mask=pad,
+        config=module.config,
+        allow_is_causal_skip=True,
+        local_size=window,
     )
     # is_causal, as transformers' SDPA would run it, plus the keys that are real
     if pad is None:
@@ -112,8 +119,15 @@ def test_masks_is_causal_can_express_run_folded_and_match_the_reference(case, he
 def test_masks_is_causal_cannot_express_take_the_exact_sdpa_path(q_len, kv_len, q_offset, pad, window, allow):
     config = Attention("folded").config
     mask = alibi_mask(
-        batch_size=1, q_length=q_len, kv_length=kv_len, q_offset=q_offset, mask_function=causal_or_window(window),
-        attention_mask=pad, config=config, allow_is_causal_skip=allow, local_size=window,
+        batch_size=1,
+        q_length=q_len,
+        kv_length=kv_len,
+        q_offset=q_offset,
+        mask_function=causal_or_window(window),
+        attention_mask=pad,
+        config=config,
+        allow_is_causal_skip=allow,
+        local_size=window,
     )
     assert mask.dtype == torch.float32 and mask.shape == (1, 1, q_len, kv_len)
 
