@@ -335,7 +335,7 @@ class Results:
         benchmark: str | None = None,
         **extra: Any,
     ) -> list[Row]:
-        """One row per ``{metric: value}``, in the unit ``units`` gives or its name implies (``result_schema.unit_of``)."""
+        """One row per ``{metric: value}``, unit from ``units`` or implied by its name (``result_schema.unit_of``)."""
         return [
             self.add(method, metric, value, (units or {}).get(metric), setting, benchmark=benchmark, **extra)
             for metric, value in values.items()

@@ -3,10 +3,11 @@
 Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, tests/llamacpp_env.py), then:
 
 1. tiny Llama (2 layers, head_dim 32, q/k scaled x4, SmolLM2's tokenizer so that llama.cpp's
-   converter takes it; and a few Qwen2, Qwen3 and Mistral cases) extended to 3 x L0 = 192 tokens: each case is patched in transformers,
-   exported with ``hf-posext gguf export`` (llama.cpp's converter + the rope fix) and patched
-   GGUF to GGUF from the converted base; max |logit diff| of llama.cpp against transformers,
-   and the same for the converter's own GGUF (no fix), which shows what llama.cpp ignores;
+   converter takes it; and a few Qwen2, Qwen3 and Mistral cases) extended to 3 x L0 = 192 tokens:
+   each case is patched in transformers, exported with ``hf-posext gguf export`` (llama.cpp's
+   converter + the rope fix) and patched GGUF to GGUF from the converted base; max |logit diff| of
+   llama.cpp against transformers, and the same for the converter's own GGUF (no fix), which shows
+   what llama.cpp ignores;
 2. ``--real``: SmolLM2-135M-Instruct's Q4_1 GGUF patched GGUF to GGUF (tensor bytes unchanged)
    against transformers on the dequantized model with the same extension: mean per-token KL
    and max |diff| over ``--real-tokens`` tokens of English prose, and both perplexities.

@@ -46,7 +46,6 @@ from typing import Any
 import pydoc_data.topics
 import torch
 from harness import SMOLLM2_GGUF, smollm2_gguf
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_posext import patch_model, unpatch_model
@@ -419,7 +418,8 @@ def report(plan: Plan, cells: Cells, out: Path) -> str:
         f"## Perplexity without fine-tuning\n\nThe last {plan.score_last} tokens of the first {max(plan.lengths)} "
         "tokens of the Python Language Reference (`pydoc_data.topics`), read with L tokens of context, so every "
         "column scores the same tokens. `s=L/8k` at L <= 8k is the unpatched model. Dynamic methods use "
-        "`exact_cache=False` (one forward per cut at s(L)). The fine-tuned row is YaRN s=4 after the fine-tune below.\n",
+        "`exact_cache=False` (one forward per cut at s(L)). "
+        "The fine-tuned row is YaRN s=4 after the fine-tune below.\n",
     ]
     ppl = {
         name: [v["perplexity"] if v else None for v in values]

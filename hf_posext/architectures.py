@@ -1,8 +1,8 @@
 """Which models hf-posext can patch: decided by transformers' rotary contract, not by a list of names.
 
 A decoder config with ``rope_parameters`` and rotary modules that read ``ROPE_INIT_FUNCTIONS``
-(probed); the attention wrappers (exact dynamic cache, remapping) also need rotate-half pairing. :data:`SUPPORTED_MODEL_TYPES`
-is the tested list (docs/methods/index.md).
+(probed); the attention wrappers (exact dynamic cache, remapping) also need rotate-half pairing.
+:data:`SUPPORTED_MODEL_TYPES` is the tested list (docs/methods/index.md).
 """
 
 from __future__ import annotations

@@ -115,7 +115,8 @@ def base_rope(
         if rope_type not in COMPOSABLE_ROPE_TYPES or not method.composes:
             raise ValueError(
                 f"this checkpoint already uses rope_type={rope_type!r} ({shipped}); hf-posext composes "
-                f"{', '.join(composable_methods())} on a checkpoint's own {', '.join(COMPOSABLE_ROPE_TYPES)} scaling, not "
+                f"{', '.join(composable_methods())} on a checkpoint's own "
+                f"{', '.join(COMPOSABLE_ROPE_TYPES)} scaling, not "
                 f"{method.name!r} on {rope_type!r}. Pass override=True to replace its scaling with {method.name!r} on "
                 f"top of plain RoPE with rope_theta={shipped.get('rope_theta')} and original context {original}."
             )

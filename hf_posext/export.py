@@ -79,7 +79,8 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         )
     body = (
         f"# {card_title(config, base_model)}\n\n"
-        f"This checkpoint is {base_model or 'a local model'} {what} by [hf-posext](https://pypi.org/project/hf-posext/) "
+        f"This checkpoint is {base_model or 'a local model'} {what} by "
+        "[hf-posext](https://pypi.org/project/hf-posext/) "
         f"(`{method}`).\n\n"
         f"| | |\n|---|---|\n{table}\n\n" + readers_section(support(config, context or config.max_position_embeddings))
     )

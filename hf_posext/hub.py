@@ -53,7 +53,7 @@ class PushResult:
 
 
 def allow_patterns(include: Sequence[str] = (), all_files: bool = False) -> list[str] | None:
-    """The upload's ``allow_patterns``: a model repository's files plus ``include``; None (everything) for ``all_files``."""
+    """The upload's ``allow_patterns``: a model repo's files plus ``include``; None (everything) for ``all_files``."""
     return None if all_files else [*MODEL_REPO_FILES, *include]
 
 

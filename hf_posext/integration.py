@@ -307,7 +307,7 @@ def remove_attention_state(model: nn.Module, attr: str) -> Any | None:
 
 
 def attention_implementation(config: Any) -> str | None:
-    """``config._attn_implementation``: the attention a model built from ``config`` runs (``None``: not resolved yet)."""
+    """``config._attn_implementation``: the attention a model built from ``config`` runs (``None`` until resolved)."""
     return getattr(config, "_attn_implementation", None)
 
 

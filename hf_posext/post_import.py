@@ -65,7 +65,7 @@ def when_imported(module_name: str, callback: Callback) -> None:
 
 
 def forget(module_name: str, callback: Callback) -> None:
-    """Drop ``callback`` if :func:`when_imported` still holds it for ``module_name`` (the module is not imported yet)."""
+    """Drop ``callback`` if :func:`when_imported` still holds it for ``module_name`` (the module not yet imported)."""
     pending = _PENDING.get(module_name, [])
     if callback in pending:
         pending.remove(callback)

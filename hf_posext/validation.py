@@ -29,7 +29,10 @@ class MissingExtra(ImportError):
 
 
 def require(module: str, extra: str, why: str) -> Any:
-    """``import module``, or :class:`MissingExtra`: ``"<why> needs the <module> package: pip install 'hf-posext[<extra>]'"``."""
+    """``import module``, or :class:`MissingExtra`.
+
+    Its message: ``"<why> needs the <module> package: pip install 'hf-posext[<extra>]'"``.
+    """
     try:
         return importlib.import_module(module)
     except ImportError as err:

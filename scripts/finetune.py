@@ -1,4 +1,4 @@
-"""Developer shim: ``python scripts/finetune.py ARGS`` is ``hf-posext finetune ARGS`` (:mod:`hf_posext.commands.finetune`)."""
+"""Dev shim: ``python scripts/finetune.py ARGS`` is ``hf-posext finetune ARGS`` (:mod:`hf_posext.commands.finetune`)."""
 
 import sys
 

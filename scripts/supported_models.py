@@ -1,4 +1,4 @@
-"""Write the docs' list of supported model types (docs/methods/index.md) from hf_posext.architectures.SUPPORTED_MODEL_TYPES.
+"""Write the list of supported model types (docs/methods/index.md) from hf_posext.architectures.SUPPORTED_MODEL_TYPES.
 
 The list is what tests/test_architectures.py passes on (a test there keeps the page equal to it).
 Usage: python scripts/supported_models.py            # rewrite the block in docs/methods/index.md

@@ -2,8 +2,8 @@
 
 * every command in a ``bash`` block parses: ``hf-posext ...`` with the real argument parser (and
   its ``--method``/``--factor``/``--set`` make a method), so do the ``hf-posext ...`` examples of
-  the package's module docstrings; ``python -m X`` names an importable module, ``python path.py`` / ``bash path.sh`` a file
-  that exists; every ``python`` block compiles and every ``yaml`` block loads;
+  the package's module docstrings; ``python -m X`` names an importable module, ``python path.py`` / ``bash path.sh``
+  a file that exists; every ``python`` block compiles and every ``yaml`` block loads;
 * every repository path the package, the tests, the scripts and the docs cite exists;
 * module docstrings stay short (what the module is for; the long form lives in ``docs/``).
 """
@@ -121,7 +121,7 @@ def check_method_arguments(line: str, namespace) -> None:
 
 
 def docstring_commands() -> list[tuple[Path, str]]:
-    """``hf-posext SUBCOMMAND ...`` lines of the package's module docstrings (prose such as "hf-posext plugs" left out)."""
+    """``hf-posext SUBCOMMAND ...`` lines of the package's module docstrings (prose like "hf-posext plugs" skipped)."""
     subcommands = next(a for a in _parser()._actions if a.dest == "command").choices
     found = []
     for module in sorted(ROOT.glob("hf_posext/**/*.py")):

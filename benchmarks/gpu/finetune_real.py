@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct fine-tuned from 8k to 32k on one GPU (YaRN s = 4, full 32k sequences), evaluated before and after.
+"""SmolLM2-135M-Instruct fine-tuned from 8k to 32k on one GPU (YaRN s = 4, full 32k sequences), evaluated before/after.
 
 The recipe (``hf_posext.train.loop.train``) runs under ``accelerate launch`` with the shipped FSDP2
 config on one process: bf16, activation checkpointing, the chunked loss, on the Python standard
@@ -150,7 +150,7 @@ def evaluate(
     label: str,
     passkey: bool = True,
 ) -> dict[str, Any]:
-    """Perplexity, passkey (``passkey``) and the RULER suite (``folder``, when present) of ``model``, with wall times."""
+    """Perplexity, passkey (``passkey``) and the RULER suite (``folder``, if present) of ``model``, with wall times."""
     from hf_posext.eval.perplexity import truncated_perplexity
 
     result: dict[str, Any] = {"wall_s": {}}
@@ -583,7 +583,8 @@ def markdown(results: dict[str, Any], plan: Plan, training: dict[str, Any], trai
     ]
     steps = (
         (
-            f"{training['steps']} steps x {plan.global_batch} sequences of {plan.train_seq_len or int(plan.factor * trained)} tokens "
+            f"{training['steps']} steps x {plan.global_batch} sequences of "
+            f"{plan.train_seq_len or int(plan.factor * trained)} tokens "
             f"({training['tokens']:,} tokens, stopped by {training['stopped_by']}), final loss "
             f"{training['losses'][-1]:.3f}"
         )

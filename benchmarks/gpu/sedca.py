@@ -1,4 +1,4 @@
-"""Self-Extend and Dual Chunk Attention on the GPU: prefill time and memory at 16k-64k against SDPA / flash, bf16 parity.
+"""Self-Extend and Dual Chunk Attention on the GPU: prefill time and memory at 16k-64k against SDPA/flash, bf16 parity.
 
 For each length, one forward (``logits_to_keep=1``, as a prefill) of a random-weight Llama
 (hidden 2048, 16/4 heads of 128, 4 layers, L_orig 4096, bf16): unpatched with SDPA and with

@@ -198,5 +198,5 @@ class PairLayout:
 def positioned_split(
     window: int, positions: torch.Tensor, near: tuple[Queries, torch.Tensor], far: tuple[Queries, torch.Tensor]
 ) -> PairLayout:
-    """:class:`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near when ``i - j < window``."""
+    """:class:`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near if ``i - j < window``."""
     return PairLayout([near, far], [positions[:, None] - positions[None, :] < window])

@@ -41,7 +41,10 @@ class Remapping(Protocol):
         ...
 
     def layout(self, query: torch.Tensor, key: torch.Tensor, past: int, offset: int, inv_freq: torch.Tensor) -> Layout:
-        """The pieces for rows sharing ``offset``; ``query`` ``[rows, heads, seq, d]``, ``key`` ``[rows, kv_heads, kv_len, d]``."""
+        """The pieces for rows sharing ``offset``.
+
+        ``query`` ``[rows, heads, seq, d]``, ``key`` ``[rows, kv_heads, kv_len, d]``.
+        """
         ...
 
     def positioned_layout(
@@ -205,7 +208,7 @@ def attend(
 
 
 def attention_scale(module: nn.Module, kwargs: dict[str, Any], head_dim: int) -> float:
-    """The score scale the kernel would use: ``scaling`` among the arguments, else the module's, else ``head_dim ** -0.5``."""
+    """The kernel's score scale: ``scaling`` among the arguments, else the module's, else ``head_dim ** -0.5``."""
     scaling = kwargs.get("scaling")
     return float(scaling if scaling is not None else getattr(module, "scaling", head_dim**-0.5))
 

@@ -10,8 +10,8 @@ KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1`
 (``--factor``) everywhere and is refused in ``--set``.
 
 Every command reports bad input (``ValueError``, ``OSError``: a missing or unreadable file, an
-invalid ``config.json``; a missing optional package) as one line and exit code 2 (:func:`run_command`); ``--debug`` or the
-environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
+invalid ``config.json``; a missing optional package) as one line and exit code 2 (:func:`run_command`); ``--debug``
+or the environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations

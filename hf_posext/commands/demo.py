@@ -49,7 +49,8 @@ def _main(args: argparse.Namespace) -> int:
         f"\nTiny Llama ({train['parameters'] / 1e6:.2f}M parameters) trained for {train['config']['steps']} steps at "
         f"{config.model.seq_len} tokens on the stdlib (final loss {train['final_loss']:.3f}); "
         f"{report['protocol']['metric']} ({report['protocol']['documents']} held-out files).\n"
-        f"Static methods use s = L / {config.model.seq_len}; dynamic ones s = {report['protocol']['dynamic_factor']:g}.\n"
+        f"Static methods use s = L / {config.model.seq_len}; "
+        f"dynamic ones s = {report['protocol']['dynamic_factor']:g}.\n"
     )
     print(report["table"])
     print("\n" + footer(report, args.out))

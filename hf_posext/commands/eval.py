@@ -1,9 +1,10 @@
-"""``hf-posext eval ppl|passkey``: evaluate a checkpoint, optionally patched, against context length.
+r"""``hf-posext eval ppl|passkey``: evaluate a checkpoint, optionally patched, against context length.
 
     hf-posext eval ppl path/to/model --data stdlib --lengths 2048,4096,8192 --method none,yarn --factor 4
     hf-posext eval ppl path/to/model --data docs/ --lengths 4096,8192 --mode sliding --stride 256
     hf-posext eval passkey path/to/model --lengths 4096,8192,16384 --trials 10 --method yarn --factor 4
-    hf-posext eval ruler path/to/model --lengths 4096,8192,16384 --tasks niah,vt --samples 50 --method none,yarn --factor 2
+    hf-posext eval ruler path/to/model --lengths 4096,8192,16384 --tasks niah,vt --samples 50 \
+        --method none,yarn --factor 2
 
 Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and
 ``ruler_{niah,tasks}.png`` under ``--out``. Results are

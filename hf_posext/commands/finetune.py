@@ -5,8 +5,8 @@
 
 Every setting is a flag (``seq_len`` -> ``--seq-len``) and a key of the ``--config`` YAML file,
 with its help taken from the :class:`~hf_posext.train.config.TrainConfig` field; flags win over
-the file, the file over the defaults; the file's relative paths are read against its folder. Booleans take ``--lora``/``--lora false``/``--no-lora``;
-method arguments ``--set KEY=VALUE``. The guide: docs/guides/finetune.md.
+the file, the file over the defaults; the file's relative paths are read against its folder. Booleans take
+``--lora``/``--lora false``/``--no-lora``; method arguments ``--set KEY=VALUE``. The guide: docs/guides/finetune.md.
 """
 
 from __future__ import annotations
@@ -233,13 +233,13 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``hf-posext finetune ARGS`` and ``python -m hf_posext.commands.finetune ARGS`` (what ``accelerate launch -m`` runs)."""
+    """``hf-posext finetune ARGS`` and ``python -m hf_posext.commands.finetune ARGS`` (for ``accelerate launch -m``)."""
     debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
     return run_command(PROG, lambda: _run(argv), debug=debug)
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``hf-posext finetune``; its flags are the recipe parser's (:func:`build_parser`), read from the rest of the line."""
+    """Register ``hf-posext finetune``: the rest of the line goes to the recipe parser (:func:`build_parser`)."""
     p = subparsers.add_parser(
         "finetune",
         help="fine-tune a model for a longer context (YaRN recipe); --help lists the settings",

@@ -47,7 +47,7 @@ def method_names() -> str:
 
 
 def methods_markdown() -> str:
-    """The Markdown table of the methods and their aliases (``hf-posext methods --markdown``; docs/guides/cli.md holds it)."""
+    """The Markdown table of methods and aliases (``hf-posext methods --markdown``; docs/guides/cli.md holds it)."""
     aliases = aliases_by_method()
     rows = [
         f"| `{name}` | {', '.join(f'`{a}`' for a in aliases.get(name, [])) or '-'} |" for name in available_methods()

@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--hidden-size",
         type=whole(8, multiple_of=8),
         default=64,
-        help="model width, a multiple of 8: split over 4 query heads and 2 key/value heads of an even size (default 64)",
+        help="model width, a multiple of 8: split over 4 query heads and 2 key/value heads "
+        "of an even size (default 64)",
     )
     p.add_argument("--num-layers", type=whole(1), default=2, help="decoder layers (default 2)")
     p.add_argument(

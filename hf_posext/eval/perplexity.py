@@ -170,7 +170,8 @@ def truncated_perplexity(
         isinstance(score_last, bool) or not isinstance(score_last, int) or not 1 <= score_last < lengths[0]
     ):
         raise ValueError(
-            f"score_last must be an int in [1, {lengths[0] - 1}] (below the shortest length) or None, got {score_last!r}"
+            f"score_last must be an int in [1, {lengths[0] - 1}] (below the shortest length) "
+            f"or None, got {score_last!r}"
         )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")

@@ -133,7 +133,8 @@ def exact_dynamic_attention(
             logger.warning(
                 "exact dynamic scaling: %d prompt rows past L_orig=%d on %s each attend to their own rotated "
                 "copy of the keys (no fused kernel yet); on a GPU this prefill is many times slower than "
-                "transformers' (hf-posext docs: results/gpu.md, the GPU check). Patch with exact_cache=False for fast long-prompt prefill.",
+                "transformers' (hf-posext docs: results/gpu.md, the GPU check). "
+                "Patch with exact_cache=False for fast long-prompt prefill.",
                 rowwise.stop - rowwise.start,
                 rope.original,
                 query.device.type,

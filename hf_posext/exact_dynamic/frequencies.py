@@ -1,4 +1,4 @@
-"""Which rope types change with the length, and the frequencies of many lengths at once (bit for bit the init functions').
+"""Which rope types change with length, and the frequencies of many lengths at once (bit for bit the init functions').
 
 A prompt past L_orig needs one frequency set per row (every length between L_orig and
 saturation). The rope-init functions compute one length per call, and each call spends most of

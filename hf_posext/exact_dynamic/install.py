@@ -47,7 +47,10 @@ class ExactDynamicRotaryEmbedding(nn.Module):
         self.rope = rope
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Identity ``(cos, sin)``, ``[batch, seq, rotary_dim]`` in ``x.dtype``, for ``position_ids`` ``[batch or 1, seq]``."""
+        """Identity ``(cos, sin)`` for ``position_ids`` ``[batch or 1, seq]``.
+
+        Both are ``[batch, seq, rotary_dim]``, in ``x.dtype``.
+        """
         check_attention_kept(
             self.rope.config,
             lambda current: current == self.rope.attention_name,

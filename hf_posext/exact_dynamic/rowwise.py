@@ -132,10 +132,8 @@ def attend_rowwise(
         mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)
         # [batch or 1, rows, 1 or kv_heads, 1 or groups, keys]: one mask for all heads, or one per head (Doge)
         mask = mask.unflatten(1, (kv_heads, -1) if mask.shape[1] > 1 else (1, 1)).permute(0, 3, 1, 2, 4)
-        if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
+        # sdpa's boolean masks: True attends
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
         probs = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
         probs = probs.permute(0, 2, 1, 3, 4).reshape(batch, kv_heads, rows * groups, keys)
         out = torch.matmul(probs, value[:, :, :keys])  # [batch, kv_heads, rows * groups, dim]

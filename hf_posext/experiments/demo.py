@@ -172,7 +172,8 @@ def run_demo(
         "table": table,
         "results": results,
         "protocol": {
-            "metric": f"perplexity (per byte) of the same last {n_scored} bytes of each document, read with L tokens of context",
+            "metric": f"perplexity (per byte) of the same last {n_scored} bytes of each document, "
+            "read with L tokens of context",
             "documents": len(docs),
             "static_factor": "s = L / L_train at each length",
             "dynamic_factor": float(max(config.multiples)),

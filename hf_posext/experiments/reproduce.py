@@ -336,7 +336,8 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
         f"Models: byte-level Llama, {config.model.hidden_size} wide, {config.model.num_layers} layers, "
         f"{config.model.num_heads} heads, trained for {config.model.steps} steps of {config.model.batch_size} x "
         f"{train_len} bytes of the Python standard library (seed {config.model.seed}). Metric: perplexity per byte on "
-        f"{config.documents} held-out stdlib files; **last** = the same last {train_len - 1} bytes of each file's first "
+        f"{config.documents} held-out stdlib files; **last** = the same last {train_len - 1} bytes of each "
+        "file's first "
         f"{lengths[-1]} bytes, read with L bytes of context; **all** = every byte of the first L bytes (the YaRN "
         "repo's truncated protocol).\n"
     )
@@ -366,7 +367,8 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
         if tuned:
             parts.append(
                 f"Fine-tuned: {config.finetune_steps} steps of {config.finetune_batch} x "
-                f"{config.finetune_multiple * train_len} bytes, lr {config.finetune_lr:g}, warm-up {config.finetune_warmup}, "
+                f"{config.finetune_multiple * train_len} bytes, lr {config.finetune_lr:g}, "
+                f"warm-up {config.finetune_warmup}, "
                 "AdamW (0.9, 0.95), no weight decay, via `hf_posext.train.loop.train`; "
                 + "; ".join(f"{k}: final loss {v['final_loss']:.3f} in {v['seconds']} s" for k, v in tuned.items())
                 + ".\n"

@@ -90,7 +90,8 @@ class TinyLMConfig:
             raise ValueError(f"TinyLMConfig.seq_len must be at least 8, got {self.seq_len!r}")
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
             raise ValueError(
-                f"TinyLMConfig.num_heads={self.num_heads} must divide hidden_size={self.hidden_size} into an even head size"
+                f"TinyLMConfig.num_heads={self.num_heads} must divide hidden_size={self.hidden_size} "
+                "into an even head size"
             )
         if not 0.0 <= self.passkey_fraction <= 1.0:
             raise ValueError(f"TinyLMConfig.passkey_fraction must be in [0, 1], got {self.passkey_fraction!r}")

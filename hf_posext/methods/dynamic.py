@@ -1,4 +1,4 @@
-"""What the length-dependent methods (``dynamic_ntk``, ``dynamic_yarn``, ``longrope``) share: ``exact_cache`` and its surgery.
+"""What the dynamic methods (``dynamic_ntk``, ``dynamic_yarn``, ``longrope``) share: ``exact_cache`` and its surgery.
 
 Dynamic methods recompute the rotary frequencies from the current sequence length. With
 ``exact_cache=True`` (the default) :mod:`hf_posext.exact_dynamic` keeps KV-cached decoding equal

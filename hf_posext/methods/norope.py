@@ -71,7 +71,8 @@ def validate_no_rope_parameters(
     if not isinstance(record, dict) or not record.get("method"):
         raise KeyError(
             f"rope_type {rope_parameters.get('rope_type')!r} switches rotary embeddings off for a method that replaces "
-            f"them, and needs the config's {CONFIG_KEY!r} record naming that method (written by hf_posext.patch_model); "
+            f"them, and needs the config's {CONFIG_KEY!r} record naming that method "
+            "(written by hf_posext.patch_model); "
             "this config has none"
         )
 

@@ -1,9 +1,9 @@
-"""Surgery of the training-free methods (``self_extend``, ``dca``, ``string``, ``rerope``): the remapping attention wrapper.
+"""Surgery of training-free methods (``self_extend``, ``dca``, ``string``, ``rerope``): the remapping attention wrapper.
 
 The rotary modules keep the checkpoint's frequencies; the attention modules get the method's
 remapping and ``config._attn_implementation`` names the wrapper of the model's kernel
-(:mod:`hf_posext.attention.remap_install`, :mod:`hf_posext.attention.wrapper`), in :func:`~hf_posext.patch_model` and again while a
-saved checkpoint is built (so ``attn_implementation="sdpa"`` at load picks the sdpa wrapper).
+(:mod:`hf_posext.attention.remap_install`, :mod:`hf_posext.attention.wrapper`), in :func:`~hf_posext.patch_model`
+and again while a saved checkpoint is built (so ``attn_implementation="sdpa"`` at load picks the sdpa wrapper).
 """
 
 from __future__ import annotations

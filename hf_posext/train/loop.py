@@ -125,7 +125,7 @@ class _RunConfig:
 
 
 class FinetuneRecipe:
-    """One fine-tune run in parts: :meth:`setup`, :meth:`train_step` (or :meth:`train` for all of them), :meth:`save`, :meth:`cleanup`.
+    """One fine-tune run in parts: :meth:`setup`, :meth:`train_step` (or :meth:`train`), :meth:`save`, :meth:`cleanup`.
 
     Args:
         config: the run's settings (validated on construction).

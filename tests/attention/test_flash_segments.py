@@ -121,7 +121,7 @@ def test_bf16_inputs_agree_up_to_the_output_rounding(name):
     ],
 )
 def test_a_bf16_model_is_as_close_to_fp32_as_the_unpatched_model_is(method, kwargs):
-    """bf16 weights on the fused path: off the fp32 model by at most twice the unpatched model's own bf16 error (1.3x seen)."""
+    """bf16 weights, fused path: off the fp32 model by at most 2x the unpatched model's own bf16 error (1.3x seen)."""
     base = tiny_model("llama", attn_implementation="sdpa")
     ids = tokens(192)
 

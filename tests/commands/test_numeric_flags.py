@@ -18,7 +18,8 @@ from hf_posext.commands.main import build_parser, main
 from hf_posext.train.config import FIELD_CHECKS, TrainConfig
 
 BAD = ["0", "-1", "x", "nan", "inf"]
-#: The flags for which 0 makes sense (a seed, a key depth, no search round: the start scored; no position kept on plain RoPE); every other numeric flag counts, sizes or scales.
+#: The flags for which 0 makes sense (a seed, a key depth, no search round: the start scored; no position kept on
+#: plain RoPE); every other numeric flag counts, sizes or scales.
 ZERO_ALLOWED = {"--seed", "--depths", "--rounds", "--keep-first"}
 
 

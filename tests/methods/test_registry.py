@@ -166,7 +166,8 @@ class ToyConfig(MethodConfig):
         return {**base.rope_parameters, "rope_type": TOY_ROPE_TYPE, "factor": self.factor}
 
 
-register_method("toy", ToyConfig, aliases=("toy_alias",), rope_types={TOY_ROPE_TYPE: RopeType(toy_rope, lambda config, parameters, ignore_keys: None)})
+register_method("toy", ToyConfig, aliases=("toy_alias",), \
+rope_types={TOY_ROPE_TYPE: RopeType(toy_rope, lambda config, parameters, ignore_keys: None)})
 '''
 
 

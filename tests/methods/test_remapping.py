@@ -1,4 +1,4 @@
-"""Remapped attention (Self-Extend, DCA, STRING, ReRoPE) in use: KV cache, padding, beams, shipped ropes, reloads, refusals."""
+"""Remapped attention (Self-Extend, DCA, STRING, ReRoPE): KV cache, padding, beams, shipped ropes, reloads, refusals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ReRoPE and leaky ReRoPE: config validation, the authors' defaults, parity with a float64 relative-position reference."""
+"""ReRoPE and leaky ReRoPE: config validation, authors' defaults, parity with a float64 relative-position reference."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ REFERENCE_ATTENTION = "test_training_free_reference"
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, factor: float) -> torch.Tensor:
-    """Rotate-half RoPE of float64 ``x`` [b, h, s, d] at float ``positions`` [s] (or [q, k] grids handled by callers)."""
+    """Rotate-half RoPE of float64 ``x`` [b, h, s, d] at float ``positions`` [s] (callers handle [q, k] grids)."""
     half = inv_freq.shape[0]
     angles = positions.double()[:, None] * inv_freq.double()[None, :]
     cos, sin = angles.cos() * factor, angles.sin() * factor
@@ -100,7 +100,7 @@ def rerope_scores(q, k, inv_freq, factor, groups, window, leak=None, log_scale=N
 
 
 def reference_model(model, scores_fn, **params):
-    """A copy of ``model`` whose attention is the float64 reference ``scores_fn(q, k, inv_freq, factor, groups, **params)``."""
+    """A ``model`` copy attending with the float64 reference ``scores_fn(q, k, inv_freq, factor, groups, **params)``."""
     rotary = model.model.rotary_emb
     inv_freq, factor = rotary.inv_freq.clone(), float(rotary.attention_scaling)
     reference = copy.deepcopy(model)

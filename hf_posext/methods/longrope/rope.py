@@ -97,7 +97,7 @@ class KeepFirstRotaryEmbedding(nn.Module):
         return self._sets[key]
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
-        """What the wrapped module returns (``(cos, sin)``, or one complex table), the kept positions' rows on plain RoPE.
+        """What the wrapped module returns (``(cos, sin)``, or a complex table), the kept positions' rows on plain RoPE.
 
         Multimodal (3D) ``position_ids`` ``[sections, batch, seq]`` keep a row by its first (text) section.
         """

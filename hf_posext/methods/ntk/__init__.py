@@ -1,4 +1,4 @@
-"""NTK-aware scaling: static ``ntk`` (alias ``ntk_aware``) and ``dynamic_ntk`` (alias ``dynamic``); docs/methods/ntk.md."""
+"""NTK-aware scaling: static ``ntk`` (alias ``ntk_aware``), ``dynamic_ntk`` (alias ``dynamic``); docs/methods/ntk.md."""
 
 from ..dynamic import DynamicSurgery
 from ..registry import MethodSpec, register_family

@@ -1,4 +1,4 @@
-"""Self-Extend (``self_extend``, Jin et al. 2024): grouped positions beyond a neighbour window; docs/methods/training_free.md.
+"""Self-Extend (``self_extend``, Jin et al. 2024): grouped positions past a local window; docs/methods/training_free.md.
 
 :mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
 surgery are shared with DCA (:mod:`hf_posext.attention.remap`, :mod:`..remap_surgery`).

@@ -64,7 +64,8 @@ class SelfExtendConfig(AttentionRemapMethod):
         if self.factor > 1 and self.group_size is not None and self.window_size is not None:
             raise ValueError(
                 f"{self.name}: give factor or (group_size, window_size), not all three (the reach (L0 - W) G + W is "
-                f"the context); got factor={self.factor!r}, group_size={self.group_size!r}, window_size={self.window_size!r}"
+                f"the context); got factor={self.factor!r}, group_size={self.group_size!r}, "
+                f"window_size={self.window_size!r}"
             )
 
     def needs_factor(self) -> bool:
