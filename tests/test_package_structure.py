@@ -53,7 +53,10 @@ DEFERRED = {
 #: Packages whose functions may import anything: the command handlers.
 LAZY = ("hf_posext.commands",)
 
-MAX_LINES = 400
+#: About 400 lines as the modules were written before `ruff format` (issue 33 item 6): its one-argument-per-line
+#: calls grew them by 5-35% (commands/eval.py 382 -> 471), so the formatted limit is 480. A longer module's
+#: docstring says "Longer than ~400 lines" and why.
+MAX_LINES = 480
 
 
 def _module_name(path: Path) -> str:
