@@ -22,10 +22,8 @@ if TYPE_CHECKING:
 
 from . import integration, readers
 from .gguf import resolve_model_source
-from .methods.dca import DualChunkConfig
-from .methods.registry import surgery_for
+from .methods.registry import shipped_method, surgery_for
 from .patching import CONFIG_KEY, method_from_record, patch_model
-from .validation import whole_number
 
 _hook_handle: Any = None
 _undo_from_config: Any = None
@@ -47,7 +45,7 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
         return None
     record = getattr(getattr(parent, "config", None), CONFIG_KEY, None)
     if record is None and name == "embed_tokens":
-        record = _adopt_dual_chunk_config(parent.config)
+        record = _adopt_shipped_method(parent.config)
     if not isinstance(record, dict) or "method" not in record:
         return None
     method = method_from_record(record)
@@ -58,47 +56,29 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     return None
 
 
-def _adopts_dual_chunk_config(config: Any) -> bool:
-    """Whether building a model from ``config`` patches it (:func:`_adopt_dual_chunk_config`)."""
-    fields = getattr(config, "dual_chunk_attention_config", None)
-    return isinstance(fields, dict) and "chunk_size" in fields and getattr(config, CONFIG_KEY, None) is None
-
-
-def _adopt_dual_chunk_config(config: Any) -> dict[str, Any] | None:
-    """Patch, with ``dca``, a config that ships ``dual_chunk_attention_config`` and no hf-posext record.
-
-    Qwen2.5-7B/14B-Instruct-1M (and Qwen3 2507's 1M configs) carry vLLM's field
-    ``{chunk_size, local_size, original_max_position_embeddings}``, which transformers ignores: the
-    model would run plain RoPE far past its chunk size. The config keeps its advertised context.
-    """
-    fields = getattr(config, "dual_chunk_attention_config", None)
-    if not isinstance(fields, dict) or "chunk_size" not in fields:
-        return None
-    field = "dual_chunk_attention_config."
-    chunk = whole_number("", field + "chunk_size", fields["chunk_size"], minimum=2, allowed="an int >= 2")
-    original = fields.get("original_max_position_embeddings")
-    original = (
-        chunk
-        if original is None
-        else whole_number(
-            "",
-            field + "original_max_position_embeddings",
-            original,
-            minimum=1,
-            allowed="an int >= 1 (or absent: chunk_size)",
-        )
-    )
-    local = fields.get("local_size")
-    if local is not None:
-        local = whole_number("", field + "local_size", local, minimum=1, allowed="an int >= 1 below chunk_size")
-    factor = max(1.0, int(config.max_position_embeddings) / original)
+def _ships_method(config: Any) -> bool:
+    """Whether building a model from ``config`` patches it (:func:`_adopt_shipped_method`)."""
+    if getattr(config, CONFIG_KEY, None) is not None:
+        return False
     try:
-        method = DualChunkConfig(
-            factor=factor, original_max_position_embeddings=original, chunk_size=chunk, local_size=local
-        )
-        patch_model(config, method)
-    except ValueError as error:  # e.g. local_size >= chunk_size: name the field the values came from
-        raise ValueError(f"dual_chunk_attention_config {fields!r}: {error}") from error
+        return shipped_method(config) is not None
+    except ValueError:
+        return True  # the build raises it, naming the field; the caller's config stays untouched
+
+
+def _adopt_shipped_method(config: Any) -> dict[str, Any] | None:
+    """Patch a config without an hf-posext record with the method a family's load-time hook finds in it.
+
+    The hooks are registered with the families (:func:`hf_posext.methods.registry.shipped_method`;
+    DCA adopts Qwen's ``dual_chunk_attention_config``). Returns the new record, or ``None``.
+
+    Raises:
+        ValueError: a shipped field the method refuses (the hook names it).
+    """
+    method = shipped_method(config)
+    if method is None:
+        return None
+    patch_model(config, method)
     return getattr(config, CONFIG_KEY)
 
 
@@ -111,7 +91,7 @@ def set_construction_hook(enabled: bool) -> None:
     global _hook_handle, _undo_from_config
     if enabled and _hook_handle is None:
         _hook_handle = nn.modules.module.register_module_module_registration_hook(on_submodule_registered)
-        _undo_from_config = integration.copy_config_in_from_config(_adopts_dual_chunk_config)
+        _undo_from_config = integration.copy_config_in_from_config(_ships_method)
     elif not enabled and _hook_handle is not None:
         _hook_handle.remove()
         _hook_handle = None

@@ -1,6 +1,6 @@
 """llama.cpp itself, built once from llama-cpp-python's source package, to run GGUF files in a subprocess.
 
-The venv holds llama-cpp-python 0.3.36 compiled from its sdist (``-DGGML_NATIVE=OFF``; about
+The venv holds llama-cpp-python 0.3.36 compiled from its sdist (``-DGGML_NATIVE=OFF``, no llava; about
 10 minutes on 2 cores, then pip's wheel cache makes a rebuild quick) and sentencepiece (which
 llama.cpp's converter imports); a ``.pth`` file appends this interpreter's site-packages, so the
 same python also runs ``convert_hf_to_gguf.py`` with this torch and transformers. The sdist is
@@ -92,7 +92,10 @@ def _build(venv_dir: Path) -> None:
     )
     stamp = _stamp()
     (site / "parent-site-packages.pth").write_text("\n".join(dict.fromkeys([stamp["parent"], stamp["platlib"]])) + "\n")
-    env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"}
+    # No llava/mtmd library (LLAVA_BUILD=OFF): llama_cpp loads it only for multimodal chat handlers
+    # (llama_chat_format imports mtmd_cpp inside them; read from the 0.3.36 sdist), which nothing here uses.
+    flags = "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"
+    env = {**os.environ, "CMAKE_ARGS": flags}
     subprocess.run(
         [
             sys.executable,

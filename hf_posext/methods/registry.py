@@ -1,7 +1,9 @@
 """The method registry: one :func:`register_method` (or :func:`register_family`) call per family folder.
 
 A family folder's ``__init__.py`` registers its config classes, their surgery, the rope types
-and attention functions transformers must know, and aliases. Everything else (CLIs, the loader,
+and attention functions transformers must know, aliases, and optionally a load-time hook that
+recognises the method in a config that ships it in another form (DCA: Qwen's
+``dual_chunk_attention_config``). Everything else (CLIs, the loader,
 tests, ``import hf_posext``'s registration with transformers) reads this registry instead of
 writing method names down.
 """
@@ -60,6 +62,11 @@ class MethodSpec:
     aliases: tuple[str, ...] = ()
 
 
+#: A family's load-time hook: ``hook(config)`` is the method a config without an hf-posext record
+#: ships in another form, or ``None``; it raises ``ValueError`` naming a bad field.
+ShippedConfig = Callable[[Any], "MethodConfig | None"]
+
+
 @dataclass(frozen=True)
 class Family:
     """What one family folder registered."""
@@ -68,6 +75,7 @@ class Family:
     methods: tuple[str, ...]
     rope_types: dict[str, RopeType] = field(default_factory=dict)
     attention: dict[str, AttentionFunctions] = field(default_factory=dict)
+    shipped_config: ShippedConfig | None = None
 
 
 _METHODS: dict[str, type[MethodConfig]] = {}
@@ -88,6 +96,7 @@ def register_method(
     rope_types: Mapping[str, RopeType] | None = None,
     attention: Mapping[str, AttentionFunctions] | None = None,
     family: str | None = None,
+    shipped_config: ShippedConfig | None = None,
 ) -> Family:
     """Register a one-method family; see :func:`register_family`.
 
@@ -99,6 +108,7 @@ def register_method(
         methods=[MethodSpec(name, config_cls, surgery, tuple(aliases))],
         rope_types=rope_types,
         attention=attention,
+        shipped_config=shipped_config,
     )
 
 
@@ -118,10 +128,13 @@ def register_family(
     methods: Sequence[MethodSpec],
     rope_types: Mapping[str, RopeType] | None = None,
     attention: Mapping[str, AttentionFunctions] | None = None,
+    shipped_config: ShippedConfig | None = None,
 ) -> Family:
     """Register a family's methods, surgery, rope types and attention functions, all or nothing.
 
-    Sets each config class's ``name``. Once ``import hf_posext`` has registered the registry with
+    ``shipped_config`` is the family's load-time hook (:data:`ShippedConfig`): a model built from a
+    config without an hf-posext record that the hook recognises is patched with the method it returns
+    (:func:`shipped_method`, called by :mod:`hf_posext.loading`). Sets each config class's ``name``. Once ``import hf_posext`` has registered the registry with
     transformers, a family registered later (a plugin) is registered with transformers at once.
 
     Raises:
@@ -162,7 +175,9 @@ def register_family(
             _SURGERY[spec.config_cls] = spec.surgery() if isinstance(spec.surgery, type) else spec.surgery
     _ROPE_TYPES.update(rope_types)
     _ATTENTION.update(attention)
-    registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention)
+    if shipped_config is not None and not callable(shipped_config):
+        raise ValueError(f"method family {name!r}: shipped_config must be callable, got {shipped_config!r}")
+    registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention, shipped_config)
     _FAMILIES[name] = registered
     if _installed:
         _register_family_with_transformers(registered)
@@ -183,6 +198,20 @@ def _register_family_with_transformers(family: Family) -> None:
             integration.register_rope_type(key, entry.init, entry.validate)
     for attention_name, functions in family.attention.items():
         integration.register_attention(attention_name, functions.forward, functions.mask)
+
+
+def shipped_method(config: Any) -> MethodConfig | None:
+    """The method ``config`` ships in another form, by the first family hook that recognises it, else ``None``.
+
+    Raises:
+        ValueError: from the hook, naming the config's bad field.
+    """
+    for family in _FAMILIES.values():
+        if family.shipped_config is not None:
+            method = family.shipped_config(config)
+            if method is not None:
+                return method
+    return None
 
 
 def families() -> dict[str, Family]:

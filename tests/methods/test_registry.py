@@ -267,3 +267,49 @@ def test_a_family_registered_after_import_reaches_transformers_at_once():
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_family_load_time_hook_patches_a_config_that_ships_its_method():
+    """``register_method(..., shipped_config=hook)``: a model built from a config the hook recognises comes out patched.
+
+    DCA adopts Qwen's ``dual_chunk_attention_config`` this way (tests/methods/test_remap_surgery.py);
+    here a plugin's hook, in a fresh interpreter so the registry of this one stays as it is.
+    """
+    code = textwrap.dedent("""
+        import dataclasses
+        import hf_posext
+        from hf_posext.methods.registry import shipped_method
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        @dataclasses.dataclass(frozen=True)
+        class ShippedYarn(hf_posext.YarnConfig):
+            pass
+
+        def hook(config):
+            factor = getattr(config, "toy_yarn_factor", None)
+            return None if factor is None else ShippedYarn(factor=factor)
+
+        hf_posext.register_method("shipped_yarn", ShippedYarn, shipped_config=hook)
+        config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=16)
+        assert shipped_method(config) is None and hf_posext.patched_method(LlamaForCausalLM(config)) is None
+        config.toy_yarn_factor = 4.0
+        model = LlamaForCausalLM(config)
+        assert hf_posext.patched_method(model) == ShippedYarn(factor=4.0, original_max_position_embeddings=16)
+        assert model.config.rope_parameters["factor"] == 4.0
+        try:
+            hf_posext.register_method("shipped_bad", ShippedYarn, shipped_config="not callable")
+        except ValueError as error:
+            assert "shipped_config must be callable" in str(error), error
+        else:
+            raise AssertionError("a non-callable hook was registered")
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr

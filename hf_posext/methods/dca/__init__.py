@@ -1,15 +1,22 @@
 """Dual Chunk Attention (``dca``, An et al. 2024): chunked positions; docs/methods/training_free.md.
 
-:mod:`.config` holds the config (and Qwen's ``dual_chunk_attention_config``), :mod:`.remap` the
-positions as attention pieces; the attention and surgery are shared with Self-Extend.
+:mod:`.config` holds the config and the load-time hook that adopts Qwen's ``dual_chunk_attention_config``,
+:mod:`.remap` the positions as attention pieces; the attention and surgery are shared with Self-Extend.
 """
 
 from ..registry import register_method
 from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
 from ..remapping import REMAP_ROPE_TYPES
-from .config import DualChunkConfig
+from .config import DualChunkConfig, shipped_dual_chunk_config
 from .remap import DualChunkRemapping
 
-register_method("dca", DualChunkConfig, surgery=RemapSurgery, rope_types=REMAP_ROPE_TYPES, attention=REMAP_ATTENTIONS)
+register_method(
+    "dca",
+    DualChunkConfig,
+    surgery=RemapSurgery,
+    rope_types=REMAP_ROPE_TYPES,
+    attention=REMAP_ATTENTIONS,
+    shipped_config=shipped_dual_chunk_config,
+)
 
 __all__ = ["DualChunkConfig", "DualChunkRemapping"]

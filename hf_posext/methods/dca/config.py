@@ -99,3 +99,43 @@ class DualChunkConfig(AttentionRemapMethod):
 
     def remapping(self, original: int) -> DualChunkRemapping:
         return DualChunkRemapping(*self.resolve(original))
+
+
+FIELD = "dual_chunk_attention_config"
+
+
+def shipped_dual_chunk_config(config: Any) -> DualChunkConfig | None:
+    """DCA from a config that ships vLLM's ``dual_chunk_attention_config`` (the family's load-time hook).
+
+    Qwen2.5-7B/14B-Instruct-1M (and Qwen3 2507's 1M configs) carry
+    ``{chunk_size, local_size, original_max_position_embeddings}``, which transformers ignores: the
+    model would run plain RoPE far past its chunk size. The method keeps the config's advertised
+    context (``factor = max_position_embeddings / original_max_position_embeddings``). ``None`` for a
+    config without the field (or without its ``chunk_size``).
+
+    Raises:
+        ValueError: a field that is not a whole number in range (named ``dual_chunk_attention_config.<field>``),
+            or sizes DCA refuses (``local_size >= chunk_size``...; the fields shown).
+    """
+    fields = getattr(config, FIELD, None)
+    if not isinstance(fields, dict) or "chunk_size" not in fields:
+        return None
+    chunk = whole_number("", f"{FIELD}.chunk_size", fields["chunk_size"], minimum=2, allowed="an int >= 2")
+    original = fields.get("original_max_position_embeddings")
+    if original is None:
+        original = chunk
+    else:
+        allowed = "an int >= 1 (or absent: chunk_size)"
+        original = whole_number("", f"{FIELD}.original_max_position_embeddings", original, minimum=1, allowed=allowed)
+    local = fields.get("local_size")
+    if local is not None:
+        local = whole_number("", f"{FIELD}.local_size", local, minimum=1, allowed="an int >= 1 below chunk_size")
+    factor = max(1.0, int(config.max_position_embeddings) / original)
+    method = DualChunkConfig(
+        factor=factor, original_max_position_embeddings=original, chunk_size=chunk, local_size=local
+    )
+    try:
+        method.resolve(original)
+    except ValueError as error:  # e.g. local_size >= chunk_size: name the field the values came from
+        raise ValueError(f"{FIELD} {fields!r}: {error}") from error
+    return method
