@@ -134,8 +134,9 @@ def register_family(
 
     ``shipped_config`` is the family's load-time hook (:data:`ShippedConfig`): a model built from a
     config without an hf-posext record that the hook recognises is patched with the method it returns
-    (:func:`shipped_method`, called by :mod:`hf_posext.loading`). Sets each config class's ``name``. Once ``import hf_posext`` has registered the registry with
-    transformers, a family registered later (a plugin) is registered with transformers at once.
+    (:func:`shipped_method`, called by :mod:`hf_posext.loading`). Sets each config class's ``name``.
+    Once ``import hf_posext`` has registered the registry with transformers, a family registered
+    later (a plugin) is registered with transformers at once.
 
     Raises:
         ValueError: a name or alias taken or not lower-case, a class that is not a
