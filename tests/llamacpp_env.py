@@ -1,7 +1,8 @@
 """llama.cpp itself, built once from llama-cpp-python's source package, to run GGUF files in a subprocess.
 
-The venv holds llama-cpp-python 0.3.36 compiled from its sdist (``-DGGML_NATIVE=OFF``, no llava; about
-10 minutes on 2 cores, then pip's wheel cache makes a rebuild quick) and sentencepiece (which
+The venv holds llama-cpp-python 0.3.36 compiled from its sdist (``-DGGML_NATIVE=OFF``, no llava: 690
+CPU-seconds of compiling, measured 2026-12-02, about 6 minutes on 2 idle cores; then pip's wheel cache
+makes a rebuild quick; the wheel loads a GGUF and evaluates, checked) and sentencepiece (which
 llama.cpp's converter imports); a ``.pth`` file appends this interpreter's site-packages, so the
 same python also runs ``convert_hf_to_gguf.py`` with this torch and transformers. The sdist is
 unpacked whole next to it: the converter, ``conversion/`` and ``gguf-py/`` are what
