@@ -96,7 +96,7 @@ def llamacpp_perplexities(
     """The checkpoint exported to GGUF and run in llama.cpp on the perplexity cuts: cells ``llamacpp/ppl/<n>``."""
     from llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
 
-    from hf_posext.gguf_export import export_gguf
+    from hf_posext.gguf.export import export_gguf
 
     work = Path(__file__).resolve().parent.parent / ".cache" / "finetune-llamacpp"
     work.mkdir(parents=True, exist_ok=True)
