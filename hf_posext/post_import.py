@@ -78,9 +78,11 @@ def forget(module_name: str, callback: Callback) -> None:
 
 #: Old module path -> the module now there (0.2, issue 33 item 2: the package root grouped by feature).
 MOVED = {
+    "hf_posext.checkpoint_rope": "hf_posext.patching.checkpoint_rope",
     "hf_posext.gguf_export": "hf_posext.gguf.export",
     "hf_posext.gguf_rope": "hf_posext.gguf.rope",
     "hf_posext.gguf_writer": "hf_posext.gguf.writer",
+    "hf_posext.transaction": "hf_posext.patching.transaction",
 }
 
 
