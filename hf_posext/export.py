@@ -23,7 +23,7 @@ from .patching import patch_info, patch_model
 from .readers import support
 from .readers.hub_card import base_model_id, readers_section
 from .readers.tokenizer import raise_model_max_length
-from .config_checks import check_weight_files, read_config
+from .validation.checkpoint import check_weight_files, read_config
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:

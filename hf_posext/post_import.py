@@ -79,6 +79,7 @@ def forget(module_name: str, callback: Callback) -> None:
 #: Old module path -> the module now there (0.2, issue 33 item 2: the package root grouped by feature).
 MOVED = {
     "hf_posext.checkpoint_rope": "hf_posext.patching.checkpoint_rope",
+    "hf_posext.config_checks": "hf_posext.validation.checkpoint",
     "hf_posext.gguf_export": "hf_posext.gguf.export",
     "hf_posext.gguf_rope": "hf_posext.gguf.rope",
     "hf_posext.gguf_writer": "hf_posext.gguf.writer",

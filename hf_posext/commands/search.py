@@ -47,7 +47,7 @@ def _longrope(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from ..patching.checkpoint_rope import base_rope
-    from ..config_checks import read_config
+    from ..validation.checkpoint import read_config
     from ..data import encode_documents, load_texts
     from ..eval.checkpoint import load_model
     from ..export import extend_checkpoint

@@ -21,7 +21,7 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ..config_checks import check_weight_files, read_config
+from ..validation.checkpoint import check_weight_files, read_config
 from ..data import check_dataset, is_local_dataset
 from ..readers.tokenizer import check_tokenizer_config
 from ..gguf import resolve_model_source
