@@ -117,7 +117,7 @@ def publish(checkpoint: Path, results_md: str) -> None:
     """The adapter, its card (the run's card, these results, how to rebuild) and the rebuild's reference."""
     from huggingface_hub import ModelCard
 
-    from hf_posext.readers.hub_card import base_model_id
+    from hf_posext.export.hub_card import base_model_id
     from hf_posext.train.config import TrainConfig
     from hf_posext.train.final_checkpoint import adapter_card, describe_data
 

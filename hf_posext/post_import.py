@@ -83,6 +83,8 @@ MOVED = {
     "hf_posext.gguf_export": "hf_posext.gguf.export",
     "hf_posext.gguf_rope": "hf_posext.gguf.rope",
     "hf_posext.gguf_writer": "hf_posext.gguf.writer",
+    "hf_posext.readers.hub_card": "hf_posext.export.hub_card",
+    "hf_posext.readers.tokenizer": "hf_posext.export.tokenizer",
     "hf_posext.transaction": "hf_posext.patching.transaction",
 }
 
