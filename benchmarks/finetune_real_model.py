@@ -96,7 +96,7 @@ def llamacpp_perplexities(
     """The checkpoint exported to GGUF and run in llama.cpp on the perplexity cuts: cells ``llamacpp/ppl/<n>``."""
     from llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
 
-    from hf_posext.gguf_export import export_gguf
+    from hf_posext.gguf.export import export_gguf
 
     work = Path(__file__).resolve().parent.parent / ".cache" / "finetune-llamacpp"
     work.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def publish(checkpoint: Path, results_md: str) -> None:
     """The adapter, its card (the run's card, these results, how to rebuild) and the rebuild's reference."""
     from huggingface_hub import ModelCard
 
-    from hf_posext.readers.hub_card import base_model_id
+    from hf_posext.export.hub_card import base_model_id
     from hf_posext.train.config import TrainConfig
     from hf_posext.train.final_checkpoint import adapter_card, describe_data
 

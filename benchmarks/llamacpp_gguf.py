@@ -45,8 +45,8 @@ from llamacpp_env import CONVERTER, VERSION, llamacpp_logits, llamacpp_python  #
 from models import tiny_model  # noqa: E402
 
 import hf_posext  # noqa: E402
-from hf_posext.gguf_export import export_gguf  # noqa: E402
-from hf_posext.gguf_writer import patch_gguf  # noqa: E402
+from hf_posext.gguf.export import export_gguf  # noqa: E402
+from hf_posext.gguf.writer import patch_gguf  # noqa: E402
 
 L0 = 64
 LLAMA3 = {
@@ -248,7 +248,7 @@ def real_model(work: Path, n_tokens: int, threads: int, names: list[str] | None 
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from hf_posext.gguf_writer import open_gguf
+    from hf_posext.gguf.writer import open_gguf
 
     src = smollm2_gguf()
     folder = tokenizer_dir()

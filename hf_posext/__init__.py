@@ -10,7 +10,9 @@ The names in ``__all__`` are the public, stable API, the plugin API included (``
 internal and may change.
 Importing the package registers the methods' rope types and attention functions with
 transformers and installs the construction hook that redoes a method's surgery while a patched
-checkpoint is loaded (:mod:`hf_posext.loading`); it has no other side effect.
+checkpoint is loaded (:mod:`hf_posext.loading`), and keeps the old paths of moved modules importable
+(``hf_posext.gguf_export`` is ``hf_posext.gguf.export``, with a DeprecationWarning: :mod:`hf_posext.post_import`);
+it has no other side effect.
 """
 
 from typing import Any as _Any
@@ -19,6 +21,7 @@ from . import methods as _methods
 from .loading import AutoPatchedModelForCausalLM, from_pretrained
 from .loading import set_construction_hook as _set_construction_hook
 from .methods.deprecated import deprecated_attribute as _deprecated_attribute
+from .post_import import keep_moved_modules as _keep_moved_modules
 from .methods import (
     AttentionFunctions,
     BaseRope,
@@ -43,6 +46,7 @@ globals().update(_methods.config_classes())
 
 _methods.register_with_transformers()
 _set_construction_hook(True)
+_keep_moved_modules()
 
 
 def __getattr__(name: str) -> _Any:  # the deprecated names (hf_posext/methods/deprecated.py)

@@ -16,7 +16,7 @@ import torch.nn as nn
 from transformers import PreTrainedConfig
 
 from . import integration
-from .config_checks import check_rope_config
+from .validation.checkpoint import check_rope_config
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check
 #: (parity with transformers' own rope types, cached generation, save and reload); a test keeps it

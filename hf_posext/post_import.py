@@ -1,15 +1,20 @@
-"""Post-import hooks: run a callback once a module is imported, without importing it.
+"""Import hooks (``sys.meta_path`` finders): post-import callbacks, and the old paths of moved modules.
 
+:func:`when_imported` runs a callback once a module is imported, without importing it:
 :mod:`hf_posext.integration` registers attention functions and wraps ``from_config`` this way, so that
 ``import hf_posext`` loads neither transformers' ``modeling_utils`` nor its ``masking_utils`` (about half
-the time of ``import torch``; tests/test_import_cost.py). Internal: not part of the public API.
+the time of ``import torch``; tests/test_import_cost.py). :func:`keep_moved_modules` keeps each old path
+of :data:`MOVED` importable as the module it moved to, with a ``DeprecationWarning`` naming the new path
+(the policy of deprecated names, :mod:`hf_posext.methods.deprecated`). Internal: not part of the public API.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -69,3 +74,50 @@ def forget(module_name: str, callback: Callback) -> None:
     pending = _PENDING.get(module_name, [])
     if callback in pending:
         pending.remove(callback)
+
+
+#: Old module path -> the module now there (0.2, issue 33 item 2: the package root grouped by feature).
+MOVED = {
+    "hf_posext.checkpoint_rope": "hf_posext.patching.checkpoint_rope",
+    "hf_posext.config_checks": "hf_posext.validation.checkpoint",
+    "hf_posext.gguf_export": "hf_posext.gguf.export",
+    "hf_posext.gguf_rope": "hf_posext.gguf.rope",
+    "hf_posext.gguf_writer": "hf_posext.gguf.writer",
+    "hf_posext.readers.hub_card": "hf_posext.export.hub_card",
+    "hf_posext.readers.tokenizer": "hf_posext.export.tokenizer",
+    "hf_posext.transaction": "hf_posext.patching.transaction",
+}
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A ``sys.meta_path`` entry that imports an old path of :data:`MOVED` as the very module it moved to.
+
+    Python asks it only while the old path is not in ``sys.modules``; once imported, the old path is
+    an alias there, so a process warns once per old path.
+    """
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.machinery.ModuleSpec(fullname, self) if fullname in MOVED else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        new = MOVED[spec.name]
+        # stacklevel 2: the frame with the import statement (warnings skips the import system's own frames).
+        warnings.warn(f"{spec.name} has moved to {new}; import {new} instead", DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(new)
+        spec.loader_state = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system gave the module the old path's spec: give it its own back.
+        module.__spec__ = module.__spec__.loader_state
+
+
+_MOVED_FINDER = _MovedModuleFinder()
+
+
+def keep_moved_modules() -> None:
+    """Make the old paths of :data:`MOVED` importable (``hf_posext/__init__.py`` calls it; idempotent)."""
+    if _MOVED_FINDER not in sys.meta_path:
+        # First: an old path always means the new module, even where another finder would find a stale file
+        # (an editable install's finder maps hf_posext.* to its own checkout, whatever sys.path says).
+        sys.meta_path.insert(0, _MOVED_FINDER)

@@ -6,7 +6,7 @@ makes a rebuild quick; the wheel loads a GGUF and evaluates, checked) and senten
 llama.cpp's converter imports); a ``.pth`` file appends this interpreter's site-packages, so the
 same python also runs ``convert_hf_to_gguf.py`` with this torch and transformers. The sdist is
 unpacked whole next to it: the converter, ``conversion/`` and ``gguf-py/`` are what
-:func:`hf_posext.gguf_export.find_converter` finds there.
+:func:`hf_posext.gguf.export.find_converter` finds there.
 
 Built once under ``$HF_POSEXT_CACHE`` or ``.cache/`` (file locks make concurrent test processes
 wait for one build) and rebuilt when this interpreter's site-packages or torch version changes.

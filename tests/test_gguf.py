@@ -83,7 +83,7 @@ def test_converted_checkpoint_reproduces_the_gguf_logits(converted):
 
 def test_the_cache_is_used_and_keyed_on_the_file(converted, tmp_path, monkeypatch):
     _, _, folder, cache = converted
-    monkeypatch.setattr("hf_posext.gguf.load_gguf", lambda *a: pytest.fail("a cached file was converted again"))
+    monkeypatch.setattr("hf_posext.gguf.source.load_gguf", lambda *a: pytest.fail("a cached file was converted again"))
     assert gguf_checkpoint(GGUF) == folder == Path(resolve_model_source(str(GGUF)))
     assert (folder / SOURCE_RECORD).is_file() and folder.parent == cache / "gguf"
     # A copy of the same bytes shares the key; a changed header does not.

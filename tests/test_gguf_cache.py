@@ -29,7 +29,7 @@ def gguf_file(tmp_path, monkeypatch):
         conversions.append(path)
         return tiny_model(max_positions=64), byte_tokenizer()
 
-    monkeypatch.setattr("hf_posext.gguf.load_gguf", load)
+    monkeypatch.setattr("hf_posext.gguf.source.load_gguf", load)
     monkeypatch.setenv("HF_POSEXT_CACHE", str(tmp_path / "cache"))
     return file, conversions
 

@@ -18,7 +18,7 @@ from models import tiny_config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
-from hf_posext.gguf_rope import GGUFRope, gguf_rope_for, rope_config_of
+from hf_posext.gguf.rope import GGUFRope, gguf_rope_for, rope_config_of
 from hf_posext.rope_utils import default_inv_freq, ntk_theta, rotary_dim_of
 
 L_ORIG = 64
@@ -150,7 +150,7 @@ def test_per_pair_scalings_are_refused_where_llamacpp_has_no_rope_freqs():
 
 
 def test_the_sliding_windows_llamacpp_drops_are_named():
-    from hf_posext.gguf_export import dropped_sliding_window
+    from hf_posext.gguf.export import dropped_sliding_window
 
     assert dropped_sliding_window(tiny_config("mistral", sliding_window=128)) == 128
     assert dropped_sliding_window(tiny_config("mistral", sliding_window=None)) is None

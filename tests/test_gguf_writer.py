@@ -1,4 +1,4 @@
-"""GGUF to GGUF (hf_posext.gguf_writer) on small GGUF files written here: metadata, bytes, bad input.
+"""GGUF to GGUF (hf_posext.gguf.writer) on small GGUF files written here: metadata, bytes, bad input.
 
 No llama.cpp needed: what llama.cpp makes of the written rope is tests/test_gguf_rope.py's
 reference and tests/test_gguf_export.py's run.
@@ -11,8 +11,8 @@ from models import tiny_config
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main
-from hf_posext.gguf_rope import gguf_rope_for
-from hf_posext.gguf_writer import base_config, open_gguf, patch_gguf, read_rope
+from hf_posext.gguf.rope import gguf_rope_for
+from hf_posext.gguf.writer import base_config, open_gguf, patch_gguf, read_rope
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")

@@ -40,8 +40,10 @@ PACKAGE = "hf_posext"
 OPTIONAL = {"datasets", "flash_attn", "gguf", "matplotlib", "deepspeed", "torch.nn.attention.flex_attention"}
 
 #: Parts of transformers imported inside the functions that use them, so that ``import hf_posext``
-#: loads none of them (tests/test_import_cost.py): its model and mask machinery and the Auto classes.
+#: loads none of them (tests/test_import_cost.py): its model and mask machinery and the Auto classes;
+#: and peft, which only ``hf_posext.export.merge_adapter`` needs of the modules ``hf-posext eval`` loads.
 DEFERRED = {
+    "peft",
     "transformers.modeling_utils",
     "transformers.masking_utils",
     "transformers.cache_utils",

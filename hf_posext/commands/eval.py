@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..files import check_output_dir, write_text
 from ..methods import method_config
 from ..patching import patch_info, patch_model, snapshot_model
-from ..transaction import Snapshot, restore
+from ..patching.transaction import Snapshot, restore
 from .arguments import check_factor, default_out, method_kwargs, real, whole
 
 if TYPE_CHECKING:

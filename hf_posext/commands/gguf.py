@@ -1,6 +1,6 @@
 """``hf-posext gguf export CKPT OUT.gguf``: an extended checkpoint as a GGUF llama.cpp runs as the same model.
 
-The library side is :mod:`hf_posext.gguf_export` (llama.cpp's own converter, then the rope fix).
+The library side is :mod:`hf_posext.gguf.export` (llama.cpp's own converter, then the rope fix).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..gguf_export import OUTTYPES, export_gguf
+    from ..gguf.export import OUTTYPES, export_gguf
     from ..validation import choice
 
     if args.outtype is not None:

@@ -46,8 +46,8 @@ def _longrope(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from ..checkpoint_rope import base_rope
-    from ..config_checks import read_config
+    from ..patching.checkpoint_rope import base_rope
+    from ..validation.checkpoint import read_config
     from ..data import encode_documents, load_texts
     from ..eval.checkpoint import load_model
     from ..export import extend_checkpoint

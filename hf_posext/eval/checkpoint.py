@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..config_checks import check_device, check_weight_files, read_config
-from ..readers.tokenizer import check_tokenizer_config
+from ..export.tokenizer import check_tokenizer_config
 from ..gguf import check_model_source, gguf_identity, is_gguf, resolve_model_source
+from ..validation.checkpoint import check_device, check_weight_files, read_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

@@ -4,7 +4,8 @@ Each old name stays importable from every module it was importable from (a modul
 calling :func:`deprecated_attribute`), is in no ``__all__``, and on each access warns a
 ``DeprecationWarning`` attributed to the caller (so Python shows it once per call site) naming
 its replacement on the same module. The package itself uses only the new names
-(tests/methods/test_registry.py).
+(tests/methods/test_registry.py). Modules that moved keep their old paths by the same policy, through
+an import hook (:data:`hf_posext.post_import.MOVED`).
 """
 
 from __future__ import annotations

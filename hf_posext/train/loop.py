@@ -21,12 +21,12 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ..config_checks import check_weight_files, read_config
 from ..data import check_dataset, is_local_dataset
-from ..readers.tokenizer import check_tokenizer_config
+from ..export.tokenizer import check_tokenizer_config
 from ..gguf import resolve_model_source
 from ..patching import patch_model
 from ..readers import print_engine_warning
+from ..validation.checkpoint import check_weight_files, read_config
 from .blocks import load_blocks, micro_batch_indices, take_blocks
 from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from models import tiny_model
 
-import hf_posext.gguf_export as gguf_export
+from hf_posext.gguf import export as gguf_export
 from hf_posext.commands.main import main
 
 

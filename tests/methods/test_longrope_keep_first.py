@@ -372,7 +372,7 @@ def test_a_hand_written_config_is_validated_on_load(tmp_path):
 
 def test_readers_refuse_it_and_the_gguf_writer_names_why():
     from hf_posext import readers
-    from hf_posext.gguf_rope import gguf_rope_for
+    from hf_posext.gguf.rope import gguf_rope_for
 
     config = keep_first_model().config
     verdicts = readers.support(config, FACTOR * L_ORIG)

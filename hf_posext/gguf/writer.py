@@ -5,8 +5,8 @@
 or, in Python, ``patch_gguf("model.gguf", "out.gguf", "yarn", factor=4)``. The file's rope (plain,
 a raised base, linear, yarn, a ``rope_freqs`` tensor) is read as llama.cpp runs it and becomes the
 base the method composes on, by the same rules as for a transformers checkpoint
-(:mod:`hf_posext.checkpoint_rope`); the result is written as the rope metadata and ``rope_freqs``
-tensor llama.cpp reads (:mod:`hf_posext.gguf_rope`). Every other key and every tensor is copied
+(:mod:`hf_posext.patching.checkpoint_rope`); the result is written as the rope metadata and ``rope_freqs``
+tensor llama.cpp reads (:mod:`hf_posext.gguf.rope`). Every other key and every tensor is copied
 byte for byte (a quantized file stays quantized), through the ``gguf`` package's reader and
 writer; the output appears complete or not at all.
 """
@@ -19,17 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from .files import output_file
-from .gguf_rope import (
+from ..files import output_file
+from ..methods import canonical_name
+from ..patching import patch_model
+from ..validation import require
+from .rope import (
     REFUSED_METHODS,
     ROPE_FREQS,
     GGUFRope,
     gguf_rope_for,
     rope_config_of,
 )
-from .methods import canonical_name
-from .patching import patch_model
-from .validation import require
 
 #: Key suffixes (after ``{arch}.``) this module owns: removed from the source, written anew.
 OWNED_SUFFIXES = ("context_length", "rope.freq_base", "rope.scaling.")
@@ -80,7 +80,7 @@ def architecture(reader: Any) -> str:
 
 
 def read_rope(reader: Any) -> GGUFRope:
-    """The rope fields of the file as llama.cpp 0.3.36 reads them (:class:`~hf_posext.gguf_rope.GGUFRope`).
+    """The rope fields of the file as llama.cpp 0.3.36 reads them (:class:`~hf_posext.gguf.rope.GGUFRope`).
 
     llama.cpp's default scaling type is ``linear`` with factor 0 (= 1), the same as ``none``.
     """
@@ -193,7 +193,7 @@ def patch_gguf(
     """Write ``dst``: the GGUF ``src`` with ``method``'s rope, its tensors copied byte for byte.
 
     Args:
-        src: a GGUF file of a :data:`~hf_posext.gguf_rope.ARCHITECTURES` architecture.
+        src: a GGUF file of a :data:`~hf_posext.gguf.rope.ARCHITECTURES` architecture.
         dst: the new file; neither ``src`` nor (without ``overwrite``) an existing file.
         method: a static method: linear, ntk, yarn (dynamic and attention-level methods are
             refused with what llama.cpp runs instead).

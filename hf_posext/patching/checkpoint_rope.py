@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedConfig
 
-from . import integration
-from .methods.base import CONFIG_KEY, BaseRope, MethodConfig
-from .methods.registry import composable_methods
-from .rope_utils import default_inv_freq, rotary_dim_of
+from .. import integration
+from ..methods.base import CONFIG_KEY, BaseRope, MethodConfig
+from ..methods.registry import composable_methods
+from ..rope_utils import default_inv_freq, rotary_dim_of
 
 #: Shipped rope types a method can compose on: static per-pair scalings of theta's frequencies.
 COMPOSABLE_ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")

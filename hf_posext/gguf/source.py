@@ -19,8 +19,8 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from .files import atomic_directory, verify_folder
-from .validation import path_shape, require
+from ..files import atomic_directory, verify_folder
+from ..validation import path_shape, require
 
 logger = logging.getLogger("hf_posext")
 

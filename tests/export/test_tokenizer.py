@@ -9,8 +9,8 @@ from models import tiny_model
 from transformers import AutoTokenizer
 
 from hf_posext.commands.main import main as cli_main
+from hf_posext.export.tokenizer import TOKENIZER_CONFIG, raise_model_max_length
 from hf_posext.testing import byte_tokenizer
-from hf_posext.readers.tokenizer import TOKENIZER_CONFIG, raise_model_max_length
 
 L_ORIG = 64
 

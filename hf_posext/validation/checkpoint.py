@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedConfig
 
-from . import integration
-from .methods import method_class
-from .methods.base import CONFIG_KEY
-from .rope_utils import DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
+from .. import integration
+from ..methods import method_class
+from ..methods.base import CONFIG_KEY
+from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {

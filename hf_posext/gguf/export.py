@@ -5,7 +5,7 @@
 llama.cpp's own ``convert_hf_to_gguf.py`` converts the tensors (its version, its tokenizer
 handling: hf-posext has no tensor converter of its own); then the GGUF's rope metadata and
 ``rope_freqs`` tensor are rewritten to what llama.cpp reads for the checkpoint's rope
-(:func:`hf_posext.gguf_rope.gguf_rope_for`): the converter writes YaRN's attention factor and
+(:func:`hf_posext.gguf.rope.gguf_rope_for`): the converter writes YaRN's attention factor and
 betas under keys llama.cpp does not read, a composition (``longrope``) as plain RoPE, and a
 linear checkpoint with ``context_length`` = L0. The converter is ``--converter PATH``, else
 ``$HF_POSEXT_LLAMACPP_CONVERTER``, else the one unpacked from llama-cpp-python's source package
@@ -25,10 +25,10 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from .files import output_file
-from .gguf_rope import ARCHITECTURES, gguf_rope_for
-from .gguf_writer import architecture, open_gguf, write_gguf
-from .validation import choice
+from ..files import output_file
+from ..validation import choice
+from .rope import ARCHITECTURES, gguf_rope_for
+from .writer import architecture, open_gguf, write_gguf
 
 logger = logging.getLogger("hf_posext")
 

@@ -2,7 +2,9 @@
 
 :func:`extend_checkpoint` loads no weights: it copies a checkpoint's files byte for byte and
 rewrites only ``config.json`` and ``README.md``, so extending a 70B model takes seconds.
-:func:`merge_adapter` rebuilds a LoRA fine-tune from its base and its adapter.
+:func:`merge_adapter` rebuilds a LoRA fine-tune from its base and its adapter. Beside it: what
+travels with an extended checkpoint, its card's origin and readers table (:mod:`.hub_card`) and its
+tokenizer's raised ``model_max_length`` (:mod:`.tokenizer`; the fine-tune recipe writes both too).
 """
 
 from __future__ import annotations
@@ -14,16 +16,15 @@ from typing import Any
 
 import torch
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
-from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .files import output_folder
-from .methods import method_class
-from .patching import patch_info, patch_model
-from .readers import support
-from .readers.hub_card import base_model_id, readers_section
-from .readers.tokenizer import raise_model_max_length
-from .config_checks import check_weight_files, read_config
+from ..files import output_folder
+from ..methods import method_class
+from ..patching import patch_info, patch_model
+from ..readers import support
+from ..validation.checkpoint import check_weight_files, read_config
+from .hub_card import base_model_id, readers_section
+from .tokenizer import raise_model_max_length
 
 
 def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any] | None = None) -> ModelCard:
@@ -32,7 +33,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
     Args:
         config: a patched transformers config.
         base_model: the Hub id or path of the checkpoint that was extended; the card names only
-            its Hub id (:func:`~hf_posext.readers.hub_card.base_model_id`), never a local path.
+            its Hub id (:func:`~hf_posext.export.hub_card.base_model_id`), never a local path.
         extra: more ``key: value`` lines for the card's table (data, steps, final loss, eval...).
     """
     info = patch_info(config)
@@ -219,6 +220,8 @@ def merge_adapter(
         saved_dtype = getattr(torch, saved_dtype)
     model = AutoModelForCausalLM.from_pretrained(source_dir, config=config, dtype=torch.float32)
     patch_model(model, method, factor=factor, **kwargs)
+    from peft import PeftModel  # here: hf-posext eval and hf-posext patch without --adapter never need peft
+
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(source_dir)
     owns = (*MODEL_REPO_FILES, ADAPTER_FOLDER)

@@ -3,6 +3,8 @@
 Each check returns the value normalised (a float, an int, a bool) or raises ``ValueError`` naming
 the value and what is allowed. Booleans are never numbers; numpy scalars are. The ``Check``
 builders (:func:`integer`, :func:`number`, :func:`choice`...) make a declarative table of them.
+What is read from a checkpoint (its config, its weight files) is checked as strictly, in
+:mod:`.checkpoint`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A patch records what the checkpoint had in ``config.hf_posext`` (so patches neve
 :func:`unpatch_model` restores it), writes the method's ``rope_parameters`` and advertised context,
 rebuilds every rotary module from the patched config, and lets the method's surgery
 (:class:`~hf_posext.methods.surgery.Surgery`) do the rest. The model's forward code is never
-replaced, so model classes that keep transformers' rotary contract keep working.
+replaced, so model classes that keep transformers' rotary contract keep working. Beside it:
+:mod:`.checkpoint_rope` (what the checkpoint's rope already is, the base a method composes on) and
+:mod:`.transaction` (the snapshot a failed patch restores: a patch is all or nothing).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from typing import Any, Literal, TypeVar
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
-from . import architectures, integration, readers
-from .architectures import SUPPORTED_MODEL_TYPES
+from .. import architectures, integration, readers
+from ..architectures import SUPPORTED_MODEL_TYPES
+from ..methods.base import BaseRope, MethodConfig
+from ..methods.registry import available_methods, method_class, method_config, surgery_for
 from .checkpoint_rope import CONFIG_KEY, base_rope, shipped_rope
-from .methods.base import BaseRope, MethodConfig
-from .methods.registry import available_methods, method_class, method_config, surgery_for
 from .transaction import Snapshot, restore, snapshot
 
 __all__ = [
@@ -299,7 +301,7 @@ def _check_method_fits(config: PreTrainedConfig, method: MethodConfig, model: nn
 
 
 def snapshot_model(model: nn.Module) -> Snapshot:
-    """The model's state (config, rotary modules, surgery, hooks) for :func:`~hf_posext.transaction.restore`.
+    """The state :func:`~hf_posext.patching.transaction.restore` puts back: config, rotary modules, surgery, hooks.
 
     Patches only ever replace configs and modules (never change them in place), so restoring it
     after any patches and unpatches gives the model as it was, patched or not, bit for bit.

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, PreTrainedConfig, Qwen2Config, Qwen3Config
 
-from . import integration
-from .rope_utils import (
+from .. import integration
+from ..rope_utils import (
     DYNAMIC_YARN_ROPE_TYPE,
     LONGROPE_KEEP_FIRST_ROPE_TYPE,
     NO_ROPE_TYPE,

@@ -1,0 +1,75 @@
+"""The old paths of moved modules (``hf_posext.post_import.MOVED``): each is the module it moved to, and warns once.
+
+The post-import callbacks are tested where they matter, in tests/test_import_cost.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import hf_posext
+from hf_posext.post_import import MOVED
+
+ROOT = Path(hf_posext.__file__).resolve().parents[1]
+
+
+def _forget_old_paths() -> None:
+    for old in MOVED:
+        sys.modules.pop(old, None)
+        parent, _, leaf = old.rpartition(".")
+        if parent in sys.modules:
+            vars(sys.modules[parent]).pop(leaf, None)
+
+
+@pytest.fixture
+def no_old_path_imported():
+    """Each test imports the old paths afresh, and leaves none behind for the next."""
+    _forget_old_paths()
+    yield
+    _forget_old_paths()
+
+
+def _import_here(statement: str, namespace: dict) -> list[warnings.WarningMessage]:
+    """Run ``statement`` as if written in this file; the DeprecationWarnings it raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(statement, __file__, "exec"), namespace)
+    return [w for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_path_is_the_moved_module_and_warns_once_naming_it(old, no_old_path_imported):
+    new = MOVED[old]
+    namespace: dict = {}
+    first = _import_here(f"import {old} as module", namespace)
+    module = namespace["module"]
+    assert module is importlib.import_module(new)
+    assert (module.__name__, module.__spec__.name) == (new, new)  # the module keeps its own name and spec
+    assert [str(w.message) for w in first] == [f"{old} has moved to {new}; import {new} instead"]
+    assert first[0].filename == __file__  # attributed to the import statement, not to the import system
+    assert _import_here(f"import {old}", {}) == []  # once: the old path is an alias in sys.modules now
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_from_an_old_parent_import_the_old_name(old, no_old_path_imported):
+    parent, _, leaf = old.rpartition(".")
+    namespace: dict = {}
+    assert len(_import_here(f"from {parent} import {leaf} as module", namespace)) == 1
+    assert namespace["module"] is importlib.import_module(MOVED[old])
+
+
+def test_no_file_is_left_at_an_old_path_and_every_new_path_is_a_module():
+    for old, new in MOVED.items():
+        assert not (ROOT / f"{old.replace('.', '/')}.py").exists(), old
+        assert not (ROOT / old.replace(".", "/")).exists(), old
+        assert (ROOT / f"{new.replace('.', '/')}.py").is_file(), new
+
+
+def test_an_unknown_name_is_still_missing():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("hf_posext.gguf_nothing")
