@@ -32,7 +32,9 @@ from .rotation import cos_sin, multipliers
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 #: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
 STATE_ATTR = "_hf_posext_exact_dynamic"
-#: The attribute of a cache layer counting the tokens from the start whose keys it stores rotated.
+#: The attribute of a cache layer saying how it stores its keys: ``(count, length)``, the first ``count``
+#: tokens from the sequence's start rotated with the frequencies of ``length`` (one of
+#: :attr:`ExactDynamicRope.stable`), the later ones un-rotated; absent: none rotated.
 ROTATED_ATTR = "_hf_posext_rotated_keys"
 
 #: Elements of rotated-key copies the row-wise path may build at once on the CPU, and of cos/sin
@@ -116,7 +118,8 @@ class ForwardPlan:
         self.positions = positions
         self.calls: list[Call] = []
         self.rowwise: RowWise | None = None
-        self.native = False  # every query past saturation, every cached key stored rotated: plain decoding
+        self.stable_length: int | None = None  # the stable length (ExactDynamicRope.stable) all queries share, or None
+        self.native = False  # every query at stable_length, every cached key stored rotated with it: plain decoding
         self.rotated_layers: set[int] = set()  # cache layers this forward rotated (DiffLlama attends twice)
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
@@ -133,6 +136,7 @@ class ForwardPlan:
             row_lengths = lengths[:, 0].tolist()
             if len(set(row_lengths)) == 1:  # rows of one length (no padding, beams) share one frequency set
                 row_lengths = row_lengths[:1]
+                self.stable_length = row_lengths[0] if row_lengths[0] in rope.stable else None
             per_row = [rope.frequencies(length, device) for length in row_lengths]
             inv_freq = torch.stack([f for f, _ in per_row])
             self.calls = [
@@ -257,6 +261,16 @@ class ExactDynamicRope:
             self.original = int(params["original_max_position_embeddings"])
             # s(L) = min(factor, L / L_orig) stops changing at the first L with L / L_orig >= factor
             self.saturation = math.ceil(float(params["factor"]) * self.original)
+        # The frequency lengths whose keys the cache keeps rotated (forwards whose queries all have one of them
+        # rotate only their new keys): past saturation; for LongRoPE also up to L_orig, whose short factors hold
+        # until the switch. The dynamic types' frequencies change at every length between L_orig and
+        # saturation, which needs un-rotated keys: keys rotated up to L_orig would be un-rotated there.
+        if self.saturation is None:
+            self.stable: tuple[int, ...] = ()
+        elif self.rope_type in LONGROPE_ROPE_TYPES:
+            self.stable = (self.original, self.saturation)
+        else:
+            self.stable = (self.saturation,)
         self.kept = KeptPositions(params, self.rotary_dim)  # LongRoPE's keep_first (none for the other types)
         self.hooks: list[Any] = []  # removable handles of the base model's cache guard
         self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
@@ -371,17 +385,20 @@ class ExactDynamicRope:
         return None
 
     def keys_rotated(self, plan: ForwardPlan) -> bool:
-        """Whether every query of ``plan`` is past saturation and the cache this forward was given stores
-        every key rotated (after the switch): then the model can rotate as a static one does."""
-        if self.saturation is None or not plan.single:
+        """Whether every query of ``plan`` has one stable length (:attr:`stable`: LongRoPE before or past its
+        switch, dynamic YaRN past saturation) and the cache this forward was given stores every key rotated with
+        its frequencies: then the model can rotate as a static one does."""
+        if plan.stable_length is None:
             return False
         ref = getattr(self._forward, "cache", None)
         layers = getattr(ref() if ref is not None else None, "layers", None)
-        if not layers or not bool((plan.positions + 1 >= self.saturation).all()):
+        if not layers:
             return False
         for layer in layers:
-            rotated = getattr(layer, ROTATED_ATTR, None)
-            if not rotated or not callable(getattr(layer, "get_seq_length", None)) or rotated != layer.get_seq_length():
+            if not callable(getattr(layer, "get_seq_length", None)):
+                return False
+            count, length = getattr(layer, ROTATED_ATTR, None) or (0, None)
+            if not count or count != layer.get_seq_length() or length != plan.stable_length:
                 return False
         return True
 
@@ -391,14 +408,28 @@ class ExactDynamicRope:
         cos, sin = cos_sin(positions, call.inv_freq, call.scaling, dtype)
         return (cos, sin) if call.kept is None else self.kept.swap(positions, call.kept, cos, sin, dtype)
 
-    def saturated_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' rotary output past saturation: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the multiplier
-        (LongRoPE's kept positions, :attr:`kept`, with plain RoPE and multiplier 1)."""
-        inv_freq, scaling = self.frequencies(self.saturation, positions.device)
+    def stable_cos_sin(
+        self, length: int, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Half tables ``[batch, seq, rotary_dim // 2]`` of ``positions`` with the frequencies of the stable
+        ``length`` (:attr:`stable`), the kept positions on plain RoPE past saturation: :meth:`cos_sin` of a call
+        of that length, for keys the cache stores rotated."""
+        device = positions.device
+        inv_freq, scaling = self.frequencies(length, device)
+        cos, sin = cos_sin(positions, inv_freq[None], multipliers([scaling], device), dtype)
+        kept = self.kept.rows([length], self.saturation, device)
+        return (cos, sin) if kept is None else self.kept.swap(positions, kept, cos, sin, dtype)
+
+    def rotary_tables(
+        self, length: int, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' rotary output at the stable ``length``: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the
+        multiplier (past saturation LongRoPE's kept positions, :attr:`kept`, with plain RoPE and multiplier 1)."""
+        inv_freq, scaling = self.frequencies(length, positions.device)
         freqs = positions[..., None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos() * scaling, emb.sin() * scaling
-        if self.kept:
+        if self.kept and length == self.saturation:
             cos, sin = self.kept.swap_full(positions, cos, sin)
         return cos.to(dtype), sin.to(dtype)
 
