@@ -70,20 +70,21 @@ def exact_dynamic_attention(
         )
     kernel = rope.kernel_for(module)
     batch, _, seq, _ = query.shape
-    plan = rope.plan(position_ids, batch)
-    positions, calls, rowwise = plan.positions, plan.calls, plan.rowwise
     kv_len = key.shape[2]
-    if positions.shape != (batch, seq):
-        raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
-    if plan.native:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
+    native = rope.native_length(position_ids)
+    if native is not None:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
         layer = rope.cache_layer(module, key)
         if layer is None:
             raise RuntimeError(
                 f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
                 "(a cache layer of another kind); patch with exact_cache=False for this cache"
             )
-        setattr(layer, ROTATED_ATTR, (_stored(layer, kv_len, seq)[0] + kv_len, plan.stable_length))
+        setattr(layer, ROTATED_ATTR, (_stored(layer, kv_len, seq)[0] + kv_len, native))
         return kernel(module, query, key, value, attention_mask, **kwargs)
+    plan = rope.plan(position_ids, batch)
+    positions, calls, rowwise = plan.positions, plan.calls, plan.rowwise
+    if positions.shape != (batch, seq):
+        raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
     layer = rope.cache_layer(module, key) if rope.stable else None
     if layer is not None:
         if plan.stable_length is not None and not key.requires_grad:  # autograd: never rotate the cache in place

@@ -118,8 +118,7 @@ class ForwardPlan:
         self.positions = positions
         self.calls: list[Call] = []
         self.rowwise: RowWise | None = None
-        self.stable_length: int | None = None  # the stable length (ExactDynamicRope.stable) all queries share, or None
-        self.native = False  # every query at stable_length, every cached key stored rotated with it: plain decoding
+        self.stable_length = rope.stable_length(positions)  # ExactDynamicRope.stable: all queries share it, or None
         self.rotated_layers: set[int] = set()  # cache layers this forward rotated (DiffLlama attends twice)
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
@@ -136,7 +135,6 @@ class ForwardPlan:
             row_lengths = lengths[:, 0].tolist()
             if len(set(row_lengths)) == 1:  # rows of one length (no padding, beams) share one frequency set
                 row_lengths = row_lengths[:1]
-                self.stable_length = row_lengths[0] if row_lengths[0] in rope.stable else None
             per_row = [rope.frequencies(length, device) for length in row_lengths]
             inv_freq = torch.stack([f for f, _ in per_row])
             self.calls = [
@@ -357,6 +355,7 @@ class ExactDynamicRope:
 
     def note_cache(self, cache: Any) -> None:
         """Remember (weakly) the cache this thread's forward was given, for :meth:`cache_layer`."""
+        self._forward.native = None  # until this forward's rotary module finds it native (mark_native)
         try:
             self._forward.cache = weakref.ref(cache) if cache is not None else None
         except TypeError:  # an object without weak references: no rotated keys for it
@@ -384,23 +383,41 @@ class ExactDynamicRope:
             return layer
         return None
 
-    def keys_rotated(self, plan: ForwardPlan) -> bool:
-        """Whether every query of ``plan`` has one stable length (:attr:`stable`: LongRoPE before or past its
-        switch, dynamic YaRN past saturation) and the cache this forward was given stores every key rotated with
-        its frequencies: then the model can rotate as a static one does."""
-        if plan.stable_length is None:
-            return False
+    def stable_length(self, positions: torch.Tensor) -> int | None:
+        """The stable length (:attr:`stable`) every query at ``positions`` (``[batch or 1, seq]``) has, if they
+        share one, else ``None``."""
+        if not self.stable or not positions.numel():
+            return None
+        first, last = self.frequency_length(torch.stack(torch.aminmax(positions)) + 1).tolist()
+        return first if first == last and first in self.stable else None
+
+    def mark_native(self, position_ids: torch.Tensor) -> int | None:
+        """For the forward at ``position_ids`` ``[batch or 1, seq]`` (this thread's, from its rotary module): the
+        stable length every query has when the cache it was given stores every key rotated with its frequencies,
+        else ``None``. Then the model can rotate as a static one does, and :meth:`native_length` tells its layers."""
+        self._forward.native = None
         ref = getattr(self._forward, "cache", None)
         layers = getattr(ref() if ref is not None else None, "layers", None)
-        if not layers:
-            return False
+        if not layers or not self.stable:
+            return None
+        states = set()
         for layer in layers:
             if not callable(getattr(layer, "get_seq_length", None)):
-                return False
+                return None
             count, length = getattr(layer, ROTATED_ATTR, None) or (0, None)
-            if not count or count != layer.get_seq_length() or length != plan.stable_length:
-                return False
-        return True
+            if not count or count != layer.get_seq_length():
+                return None
+            states.add(length)
+        if len(states) != 1 or self.stable_length(position_ids) not in states:
+            return None
+        length = states.pop()
+        self._forward.native = (weakref.ref(position_ids), length)
+        return length
+
+    def native_length(self, position_ids: torch.Tensor) -> int | None:
+        """The stable length :meth:`mark_native` found for the forward at ``position_ids`` (the same tensor), or ``None``."""
+        native = getattr(self._forward, "native", None)
+        return native[1] if native is not None and native[0]() is position_ids else None
 
     def cos_sin(self, call: Call, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Half tables ``[batch, seq, rotary_dim // 2]`` of ``positions`` with ``call``'s frequencies, LongRoPE's

@@ -56,10 +56,10 @@ class ExactDynamicRotaryEmbedding(nn.Module):
             needs=repr(self.rope.attention_name),
             advice="call hf_posext.patch_model again after changing it",
         )
-        plan = self.rope.plan(position_ids, x.shape[0])
-        if self.rope.keys_rotated(plan):  # the layers rotate, the cache keeps rotated keys
-            plan.native = True
-            return self.rope.rotary_tables(plan.stable_length, plan.positions, x.dtype)
+        length = self.rope.mark_native(position_ids)
+        if length is not None:  # the layers rotate, the cache keeps rotated keys: no plan
+            return self.rope.rotary_tables(length, position_ids, x.dtype)
+        self.rope.plan(position_ids, x.shape[0])
         shape = (x.shape[0], position_ids.shape[-1], self.rope.rotary_dim)
         one = torch.ones((), dtype=x.dtype, device=x.device).expand(shape)
         zero = torch.zeros((), dtype=x.dtype, device=x.device).expand(shape)
