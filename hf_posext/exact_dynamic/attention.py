@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from .forward_plan import ATTENTION_PREFIX, ROTATED_ATTR, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
-from .rotation import apply_rotary, cos_sin, grid_rotations, interleave, rotate, uses_complex_rotation
+from .rotation import apply_rotary, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
 
 logger = logging.getLogger("hf_posext")
@@ -70,25 +70,26 @@ def exact_dynamic_attention(
         )
     kernel = rope.kernel_for(module)
     batch, _, seq, _ = query.shape
-    plan = rope.plan(position_ids, batch)
-    positions, calls, rowwise = plan.positions, plan.calls, plan.rowwise
     kv_len = key.shape[2]
-    if positions.shape != (batch, seq):
-        raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
-    if plan.native:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
+    native = rope.native_length(position_ids)
+    if native is not None:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
         layer = rope.cache_layer(module, key)
         if layer is None:
             raise RuntimeError(
                 f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
                 "(a cache layer of another kind); patch with exact_cache=False for this cache"
             )
-        setattr(layer, ROTATED_ATTR, _rotated(layer, kv_len, seq)[0] + kv_len)
+        setattr(layer, ROTATED_ATTR, (_stored(layer, kv_len, seq)[0] + kv_len, native))
         return kernel(module, query, key, value, attention_mask, **kwargs)
-    layer = rope.cache_layer(module, key) if rope.saturation is not None and not key.requires_grad else None
+    plan = rope.plan(position_ids, batch)
+    positions, calls, rowwise = plan.positions, plan.calls, plan.rowwise
+    if positions.shape != (batch, seq):
+        raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
+    layer = rope.cache_layer(module, key) if rope.stable else None
     if layer is not None:
-        if plan.single and plan.memo(("saturated",), lambda: bool((positions + 1 >= rope.saturation).all())):
+        if plan.stable_length is not None and not key.requires_grad:  # autograd: never rotate the cache in place
             return _attend_rotated(plan, kernel, module, query, key, value, attention_mask, layer, kwargs)
-        _unrotate(plan, key, layer, seq)
+        key = _unrotate(plan, key, layer, seq)
     if plan.single and seq == 1 and calls[0].kept is None:  # kept positions break the offset-only rotation
         return _attend_decoding(plan, kernel, module, query, key, value, attention_mask, calls[0], kwargs)
     key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
@@ -158,50 +159,81 @@ def _attend_rotated(
     layer: Any,
     kwargs: dict[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every query past saturation (``longrope`` past its switch): the frequencies no longer change.
+    """Every query at one stable length (``longrope`` before or past its switch, dynamic YaRN past saturation).
 
-    The cache's keys are rotated in place with them, as transformers' rotary module would have, and
-    ``layer`` records up to which token they are: the first such forward rotates every cached key once (the
-    switch), each later one only its new keys, and attention is the plain kernel's.
+    The cache's keys are rotated in place with its frequencies, as transformers' rotary module would
+    have, and ``layer`` records up to which token and with which length they are: the first such forward
+    rotates its keys (a prefill, or the cache's un-rotated keys after a prompt that crossed L_orig),
+    one whose cache holds keys of the other length turns them in one pass (LongRoPE's switch, or a cache
+    cropped back before it), each later one only its new keys; attention is the plain kernel's.
     """
-    call, positions, kv_len, dtype = plan.calls[0], plan.positions, key.shape[2], query.dtype
+    length, positions, kv_len, dtype = plan.stable_length, plan.positions, key.shape[2], query.dtype
     if id(layer) not in plan.rotated_layers:  # once per layer and forward
         plan.rotated_layers.add(id(layer))
-        first, done = _rotated(layer, kv_len, query.shape[2])
+        first, done, stored = _stored(layer, kv_len, query.shape[2])
         key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
+        if done and stored != length:
+            key[:, :, :done] = _turned(plan, key[:, :, :done], kv_len, key_positions[:, :done], stored, length)
         k_cos, k_sin = plan.tables(
-            ("k rotated", done, kv_len), lambda: plan.rope.cos_sin(call, key_positions[:, done:], dtype)
+            ("k rotated", length, done, kv_len),
+            lambda: plan.rope.stable_cos_sin(length, key_positions[:, done:], dtype),
         )
         key[:, :, done:] = apply_rotary(key[:, :, done:], k_cos, k_sin)
-        setattr(layer, ROTATED_ATTR, first + kv_len)
-    q_cos, q_sin = plan.tables(("q", 0), lambda: plan.rope.cos_sin(call, positions, dtype))
+        setattr(layer, ROTATED_ATTR, (first + kv_len, length))
+    q_cos, q_sin = plan.tables(("q", 0), lambda: plan.rope.cos_sin(plan.calls[0], positions, dtype))
     return kernel(module, apply_rotary(query, q_cos, q_sin), key, value, attention_mask, **kwargs)
 
 
-def _rotated(layer: Any, kv_len: int, new: int) -> tuple[int, int]:
-    """``(first, done)``: the sequence index of the first of the ``kv_len`` keys attention was handed
-    (a sliding window's are the last ones) and how many of them, before the ``new`` ones, are stored
-    rotated; the layer counts the rotated tokens from the sequence's start (crop-safe: clamped)."""
+def _stored(layer: Any, kv_len: int, new: int) -> tuple[int, int, int | None]:
+    """``(first, done, length)``: the sequence index of the first of the ``kv_len`` keys attention was handed
+    (a sliding window's are the last ones), how many of them, before the ``new`` ones, are stored rotated,
+    and the stable length they are rotated with; the layer counts the rotated tokens from the sequence's
+    start (crop-safe: clamped)."""
     first = max(int(layer.get_seq_length()) - kv_len, 0)
-    return first, max(0, min(int(getattr(layer, ROTATED_ATTR, 0)) - first, kv_len - new))
+    count, length = getattr(layer, ROTATED_ATTR, None) or (0, None)
+    return first, max(0, min(int(count) - first, kv_len - new)), length
 
 
-def _unrotate(plan: ForwardPlan, key: torch.Tensor, layer: Any, new: int) -> None:
-    """Turn the cache's rotated keys (:func:`_attend_rotated`) back to un-rotated ones, in place: a forward
-    with a query before saturation (a cache cropped back) needs them as the other paths do. The last
-    ``new`` keys are this forward's own (un-rotated)."""
-    _, done = _rotated(layer, key.shape[2], new)
+def _turned(
+    plan: ForwardPlan, key: torch.Tensor, kv_len: int, positions: torch.Tensor, source: int, target: int | None
+) -> torch.Tensor:
+    """``key`` ``[batch, kv_heads, n, head_dim]``, the first ``n`` of ``kv_len`` keys handed to attention, stored
+    rotated with the frequencies of the stable length ``source``, rotated with those of ``target`` instead
+    (``None``: un-rotated), in one pass in fp32.
+
+    With half tables ``(c_s, s_s)`` of ``source`` and ``(c_t, s_t)`` of ``target`` at ``positions``
+    ``[batch, n]`` (multipliers and kept positions included), the rotation is ``T conj(S) / |S|^2`` as complex
+    numbers: ``((c_t c_s + s_t s_s), (s_t c_s - c_t s_s)) / (c_s^2 + s_s^2)``; built from the tables themselves
+    it undoes ``source``'s rotation to the tables' rounding (no difference of large fp32 angles)."""
+    rope = plan.rope
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope.stable_cos_sin(source, positions, torch.float32)
+        norm = cos.square() + sin.square()
+        if target is None:
+            return cos / norm, -sin / norm
+        to_cos, to_sin = rope.stable_cos_sin(target, positions, torch.float32)
+        return (to_cos * cos + to_sin * sin) / norm, (to_sin * cos - to_cos * sin) / norm
+
+    cos, sin = plan.tables(("turn", source, target, kv_len, positions.shape[1]), build)
+    return apply_rotary(key.float(), cos, sin).to(key.dtype)
+
+
+def _unrotate(plan: ForwardPlan, key: torch.Tensor, layer: Any, new: int) -> torch.Tensor:
+    """The keys attention was handed with the cache's rotated ones (:func:`_attend_rotated`) turned back to
+    un-rotated, as the other paths need them (a forward whose queries do not share one stable length: a prompt
+    that crosses L_orig, a cache cropped back before saturation). The last ``new`` keys are this forward's own
+    (un-rotated). In place, and the layer records none rotated; under autograd a copy, the cache left as it is."""
+    _, done, stored = _stored(layer, key.shape[2], new)
     if not done:
-        return
-    rope, positions = plan.rope, plan.positions
-    inv_freq, scaling = rope.frequencies(rope.saturation, key.device)
-    key_positions = key_positions_of(positions, key.shape[2])[:, :done]
-    cos, sin = cos_sin(key_positions, inv_freq[None], None, torch.float32)
-    cos, sin = cos / scaling, -sin / scaling
-    if rope.kept:  # LongRoPE's kept positions were rotated with plain RoPE, multiplier 1
-        cos, sin = rope.kept.swap_inverse(key_positions, cos, sin)
-    key[:, :, :done] = apply_rotary(key[:, :, :done].float(), cos, sin).to(key.dtype)
-    setattr(layer, ROTATED_ATTR, 0)
+        return key
+    key_positions = plan.memo(("key positions", key.shape[2]), lambda: key_positions_of(plan.positions, key.shape[2]))
+    turned = _turned(plan, key[:, :, :done], key.shape[2], key_positions[:, :done], stored, None)
+    if key.requires_grad:
+        return torch.cat((turned, key[:, :, done:]), dim=2)
+    key[:, :, :done] = turned
+    setattr(layer, ROTATED_ATTR, None)
+    return key
 
 
 def _attend_decoding(

@@ -32,7 +32,9 @@ from .rotation import cos_sin, multipliers
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
 #: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
 STATE_ATTR = "_hf_posext_exact_dynamic"
-#: The attribute of a cache layer counting the tokens from the start whose keys it stores rotated.
+#: The attribute of a cache layer saying how it stores its keys: ``(count, length)``, the first ``count``
+#: tokens from the sequence's start rotated with the frequencies of ``length`` (one of
+#: :attr:`ExactDynamicRope.stable`), the later ones un-rotated; absent: none rotated.
 ROTATED_ATTR = "_hf_posext_rotated_keys"
 
 #: Elements of rotated-key copies the row-wise path may build at once on the CPU, and of cos/sin
@@ -116,7 +118,7 @@ class ForwardPlan:
         self.positions = positions
         self.calls: list[Call] = []
         self.rowwise: RowWise | None = None
-        self.native = False  # every query past saturation, every cached key stored rotated: plain decoding
+        self.stable_length = rope.stable_length(positions)  # ExactDynamicRope.stable: all queries share it, or None
         self.rotated_layers: set[int] = set()  # cache layers this forward rotated (DiffLlama attends twice)
         self._tables: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._table_elements = 0
@@ -257,6 +259,16 @@ class ExactDynamicRope:
             self.original = int(params["original_max_position_embeddings"])
             # s(L) = min(factor, L / L_orig) stops changing at the first L with L / L_orig >= factor
             self.saturation = math.ceil(float(params["factor"]) * self.original)
+        # The frequency lengths whose keys the cache keeps rotated (forwards whose queries all have one of them
+        # rotate only their new keys): past saturation; for LongRoPE also up to L_orig, whose short factors hold
+        # until the switch. The dynamic types' frequencies change at every length between L_orig and
+        # saturation, which needs un-rotated keys: keys rotated up to L_orig would be un-rotated there.
+        if self.saturation is None:
+            self.stable: tuple[int, ...] = ()
+        elif self.rope_type in LONGROPE_ROPE_TYPES:
+            self.stable = (self.original, self.saturation)
+        else:
+            self.stable = (self.saturation,)
         self.kept = KeptPositions(params, self.rotary_dim)  # LongRoPE's keep_first (none for the other types)
         self.hooks: list[Any] = []  # removable handles of the base model's cache guard
         self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
@@ -343,6 +355,7 @@ class ExactDynamicRope:
 
     def note_cache(self, cache: Any) -> None:
         """Remember (weakly) the cache this thread's forward was given, for :meth:`cache_layer`."""
+        self._forward.native = None  # until this forward's rotary module finds it native (mark_native)
         try:
             self._forward.cache = weakref.ref(cache) if cache is not None else None
         except TypeError:  # an object without weak references: no rotated keys for it
@@ -370,20 +383,41 @@ class ExactDynamicRope:
             return layer
         return None
 
-    def keys_rotated(self, plan: ForwardPlan) -> bool:
-        """Whether every query of ``plan`` is past saturation and the cache this forward was given stores
-        every key rotated (after the switch): then the model can rotate as a static one does."""
-        if self.saturation is None or not plan.single:
-            return False
+    def stable_length(self, positions: torch.Tensor) -> int | None:
+        """The stable length (:attr:`stable`) every query at ``positions`` (``[batch or 1, seq]``) has, if they
+        share one, else ``None``."""
+        if not self.stable or not positions.numel():
+            return None
+        first, last = self.frequency_length(torch.stack(torch.aminmax(positions)) + 1).tolist()
+        return first if first == last and first in self.stable else None
+
+    def mark_native(self, position_ids: torch.Tensor) -> int | None:
+        """For the forward at ``position_ids`` ``[batch or 1, seq]`` (this thread's, from its rotary module): the
+        stable length every query has when the cache it was given stores every key rotated with its frequencies,
+        else ``None``. Then the model can rotate as a static one does, and :meth:`native_length` tells its layers."""
+        self._forward.native = None
         ref = getattr(self._forward, "cache", None)
         layers = getattr(ref() if ref is not None else None, "layers", None)
-        if not layers or not bool((plan.positions + 1 >= self.saturation).all()):
-            return False
+        if not layers or not self.stable:
+            return None
+        states = set()
         for layer in layers:
-            rotated = getattr(layer, ROTATED_ATTR, None)
-            if not rotated or not callable(getattr(layer, "get_seq_length", None)) or rotated != layer.get_seq_length():
-                return False
-        return True
+            if not callable(getattr(layer, "get_seq_length", None)):
+                return None
+            count, length = getattr(layer, ROTATED_ATTR, None) or (0, None)
+            if not count or count != layer.get_seq_length():
+                return None
+            states.add(length)
+        if len(states) != 1 or self.stable_length(position_ids) not in states:
+            return None
+        length = states.pop()
+        self._forward.native = (weakref.ref(position_ids), length)
+        return length
+
+    def native_length(self, position_ids: torch.Tensor) -> int | None:
+        """The stable length :meth:`mark_native` found for the forward at ``position_ids`` (the same tensor), or ``None``."""
+        native = getattr(self._forward, "native", None)
+        return native[1] if native is not None and native[0]() is position_ids else None
 
     def cos_sin(self, call: Call, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Half tables ``[batch, seq, rotary_dim // 2]`` of ``positions`` with ``call``'s frequencies, LongRoPE's
@@ -391,14 +425,28 @@ class ExactDynamicRope:
         cos, sin = cos_sin(positions, call.inv_freq, call.scaling, dtype)
         return (cos, sin) if call.kept is None else self.kept.swap(positions, call.kept, cos, sin, dtype)
 
-    def saturated_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' rotary output past saturation: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the multiplier
-        (LongRoPE's kept positions, :attr:`kept`, with plain RoPE and multiplier 1)."""
-        inv_freq, scaling = self.frequencies(self.saturation, positions.device)
+    def stable_cos_sin(
+        self, length: int, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Half tables ``[batch, seq, rotary_dim // 2]`` of ``positions`` with the frequencies of the stable
+        ``length`` (:attr:`stable`), the kept positions on plain RoPE past saturation: :meth:`cos_sin` of a call
+        of that length, for keys the cache stores rotated."""
+        device = positions.device
+        inv_freq, scaling = self.frequencies(length, device)
+        cos, sin = cos_sin(positions, inv_freq[None], multipliers([scaling], device), dtype)
+        kept = self.kept.rows([length], self.saturation, device)
+        return (cos, sin) if kept is None else self.kept.swap(positions, kept, cos, sin, dtype)
+
+    def rotary_tables(
+        self, length: int, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' rotary output at the stable ``length``: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the
+        multiplier (past saturation LongRoPE's kept positions, :attr:`kept`, with plain RoPE and multiplier 1)."""
+        inv_freq, scaling = self.frequencies(length, positions.device)
         freqs = positions[..., None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos() * scaling, emb.sin() * scaling
-        if self.kept:
+        if self.kept and length == self.saturation:
             cos, sin = self.kept.swap_full(positions, cos, sin)
         return cos.to(dtype), sin.to(dtype)
 

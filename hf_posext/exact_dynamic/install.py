@@ -33,8 +33,9 @@ class ExactDynamicRotaryEmbedding(nn.Module):
 
     It returns the identity rotation, so queries and keys reach the cache un-rotated, and plans
     the attention wrapper's rotations from the forward's ``position_ids`` (the layers find that
-    plan by the same tensor, :meth:`ExactDynamicRope.plan`). Past saturation, once the cache
-    stores its keys rotated, it returns the real rotation instead (a plain cached decode).
+    plan by the same tensor, :meth:`ExactDynamicRope.plan`). When every query has one stable length
+    (past saturation; LongRoPE before its switch too) and the cache stores every key rotated with its
+    frequencies, it returns the real rotation instead (a plain cached decode).
 
     Args:
         rotary: the dynamic rotary module it replaces (kept as ``.rotary`` to be put back).
@@ -58,10 +59,10 @@ class ExactDynamicRotaryEmbedding(nn.Module):
             needs=repr(self.rope.attention_name),
             advice="call hf_posext.patch_model again after changing it",
         )
-        plan = self.rope.plan(position_ids, x.shape[0])
-        if self.rope.keys_rotated(plan):  # past the switch: the layers rotate, the cache keeps rotated keys
-            plan.native = True
-            return self.rope.saturated_cos_sin(plan.positions, x.dtype)
+        length = self.rope.mark_native(position_ids)
+        if length is not None:  # the layers rotate, the cache keeps rotated keys: no plan
+            return self.rope.rotary_tables(length, position_ids, x.dtype)
+        self.rope.plan(position_ids, x.shape[0])
         shape = (x.shape[0], position_ids.shape[-1], self.rope.rotary_dim)
         one = torch.ones((), dtype=x.dtype, device=x.device).expand(shape)
         zero = torch.zeros((), dtype=x.dtype, device=x.device).expand(shape)
@@ -74,7 +75,7 @@ def _install(model: nn.Module, rotary: nn.Module | None, guarded: list[nn.Module
     ``None`` (nothing done) when the config's rope type is not dynamic. The rotary modules are
     left to the caller; ``rotary`` is the one a base model being built is registering; the
     ``guarded`` modules refuse preallocated caches and tell the state which cache a forward was
-    given (past saturation its keys are kept rotated).
+    given (at a stable length its keys are kept rotated).
 
     Raises:
         ValueError: a kernel other than eager/sdpa, or an attention that rotates otherwise than the

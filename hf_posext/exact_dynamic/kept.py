@@ -79,12 +79,3 @@ class KeptPositions:
         emb = torch.cat((freqs, freqs), dim=-1)
         keep = (positions < self.count)[..., None]
         return torch.where(keep, emb.cos(), cos), torch.where(keep, emb.sin(), sin)
-
-    def swap_inverse(
-        self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 half tables of the inverse rotation (``cos``, ``-sin`` over the multiplier) with the kept positions'
-        inverse plain rotation: to un-rotate keys stored rotated past the switch."""
-        keep = (positions < self.count)[..., None]
-        plain_cos, plain_sin = cos_sin(positions, self.plain(positions.device)[None], None, torch.float32)
-        return torch.where(keep, plain_cos, cos), torch.where(keep, -plain_sin, sin)

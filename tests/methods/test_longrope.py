@@ -193,17 +193,83 @@ def test_past_the_switch_the_cache_holds_transformers_long_keys(arch):
         torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=TOL)
 
 
-def test_the_switch_rotates_the_cache_once_and_later_steps_are_plain(monkeypatch):
+def rotations(monkeypatch):
+    """The key count of every call of the wrapper's rotating path (the other steps are plain cached decodes)."""
     from hf_posext.exact_dynamic import attention
 
     calls = []
     rotate = attention._attend_rotated
     monkeypatch.setattr(attention, "_attend_rotated", lambda *args: (calls.append(args[4].shape[2]), rotate(*args))[1])
+    return calls
+
+
+def test_the_switch_rotates_the_cache_once_and_later_steps_are_plain(monkeypatch):
+    calls = rotations(monkeypatch)
     model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
     ids = tokens(3 * L_ORIG)
     steps = cached_steps(model, ids, L_ORIG - 3)
-    assert calls == [L_ORIG + 1] * model.config.num_hidden_layers  # only the forward that crosses L_orig
+    # the first cached step rotates the prompt's keys with the short factors (a prefill that makes its own
+    # cache stores them un-rotated), the forward that crosses L_orig turns them to the long ones
+    assert calls == [L_ORIG - 2] * model.config.num_hidden_layers + [L_ORIG + 1] * model.config.num_hidden_layers
     torch.testing.assert_close(steps[:, -1], logits(model, ids[:, :-1])[:, -1], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ("llama", "phi3-partial"))
+def test_before_the_switch_the_cache_holds_transformers_short_keys(arch, monkeypatch):
+    """Before L_orig the cache stores the keys rotated with the short factors, as transformers' own cache does,
+    and a decoding step is a plain one; a cache cropped back from past the switch holds short keys again
+    after the next forward, which turns its long keys back (one call), and decoding stays exact."""
+    make = (lambda: phi3()) if arch == "phi3-partial" else (lambda: tiny_model(arch, max_positions=L_ORIG))
+    model = hf_posext.patch_model(make(), "longrope", factor=FACTOR)
+    native_model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, exact_cache=False)
+    layers = model.config.num_hidden_layers
+    ids = tokens(2 * L_ORIG, batch=2)
+
+    def short_keys(cache, length):
+        with torch.no_grad():
+            reference = native_model(ids[:, :length], use_cache=True).cache
+        for ours, theirs in zip(cache.layers, reference.layers, strict=True):
+            torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=TOL)
+
+    calls = rotations(monkeypatch)
+    with torch.no_grad():
+        cache = model(ids[:, : L_ORIG - 6], use_cache=True).cache
+        for t in range(L_ORIG - 6, L_ORIG):
+            cache = model(ids[:, t : t + 1], cache=cache, use_cache=True).cache
+        short_keys(cache, L_ORIG)
+        assert calls == [L_ORIG - 5] * layers  # the first step only
+        for t in range(L_ORIG, L_ORIG + 5):  # past the switch
+            cache = model(ids[:, t : t + 1], cache=cache, use_cache=True).cache
+        cache.crop(-9)  # back to L_orig - 4 keys
+        del calls[:]
+        for t in range(L_ORIG - 4, 2 * L_ORIG - 1):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            torch.testing.assert_close(out.logits[:, -1], logits(model, ids[:, : t + 1])[:, -1], rtol=0, atol=TOL)
+            if t == L_ORIG - 2:
+                short_keys(cache, L_ORIG - 1)
+    assert calls == [L_ORIG - 3] * layers + [L_ORIG + 1] * layers  # the turn back to short keys, the switch again
+
+
+def test_an_autograd_forward_leaves_the_caches_rotated_keys_alone_and_stays_exact():
+    """A forward under autograd never rotates the cache in place: where it needs un-rotated keys (a forward that
+    crosses the switch, or one whose cache holds keys of mixed kinds) it attends to an un-rotated copy of the
+    short keys an inference step stored, and the cache stays valid for the next inference steps."""
+    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+    ids = tokens(2 * L_ORIG)
+    with torch.no_grad():
+        cache = model(ids[:, : L_ORIG - 6], use_cache=True).cache
+        cache = model(ids[:, L_ORIG - 6 : L_ORIG - 5], cache=cache, use_cache=True).cache  # short keys stored
+    for start, stop in ((L_ORIG - 5, L_ORIG + 1), (L_ORIG + 1, L_ORIG + 2)):  # across the switch, one step past
+        out = model(ids[:, start:stop], cache=cache, use_cache=True)
+        assert out.logits.requires_grad
+        torch.testing.assert_close(out.logits.detach(), logits(model, ids[:, :stop])[:, start:], rtol=0, atol=TOL)
+        cache = out.cache
+    with torch.no_grad():
+        for t in range(L_ORIG + 2, L_ORIG + 6):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            torch.testing.assert_close(out.logits[:, -1], logits(model, ids[:, : t + 1])[:, -1], rtol=0, atol=TOL)
 
 
 def test_a_cache_cropped_back_before_the_switch_stays_exact():
