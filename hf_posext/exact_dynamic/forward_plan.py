@@ -415,7 +415,7 @@ class ExactDynamicRope:
         return length
 
     def native_length(self, position_ids: torch.Tensor) -> int | None:
-        """The stable length :meth:`mark_native` found for the forward at ``position_ids`` (the same tensor), or ``None``."""
+        """The stable length :meth:`mark_native` found for the forward at ``position_ids`` (that tensor), or None."""
         native = getattr(self._forward, "native", None)
         return native[1] if native is not None and native[0]() is position_ids else None
 
