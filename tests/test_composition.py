@@ -1,6 +1,6 @@
 """Composition: a static method applied on top of the scaling a checkpoint already ships.
 
-Tiny models with the rope settings of published checkpoints (tests/models.py PUBLISHED); the
+Tiny models with the rope settings of published checkpoints (tests/helpers/models.py PUBLISHED); the
 float64 references below are written from the rules in hf_posext.methods' docstrings, not from
 the code under test.
 """
@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from models import PUBLISHED, published_model, tiny_model, tokens
-from vanilla import vanilla_logits
+from tests.helpers.models import PUBLISHED, published_model, tiny_model, tokens
+from tests.helpers.vanilla import vanilla_logits
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import re
 import shlex
+import warnings
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,43 @@ def test_the_path_check_finds_paths_and_can_fail():
     assert cited_paths(text) == {"tests/test_docs.py", "examples/accelerate/ddp.yaml", "examples/accelerate/fsdp2.yaml"}
     assert all(exists(p) for p in cited_paths(text))
     assert not exists("tests/test_no_such_file.py")
+
+
+# A dotted name of the package (`hf_posext.eval.ruler.mcnemar_exact`), not part of a path or of a longer word.
+DOTTED = re.compile(r"(?<![\w./~$-])hf_posext(?:\.[A-Za-z_]\w*)+")
+#: Pages and modules whose dotted names must resolve (the CHANGELOG keeps the names of its day).
+NAMED = sorted({*PAGES, *ROOT.glob("hf_posext/**/*.py")} - {ROOT / "CHANGELOG.md"})
+
+
+def resolves(name: str) -> bool:
+    """Whether ``name`` is a module of the package or an attribute reached from one."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("source", NAMED, ids=[str(p.relative_to(ROOT)) for p in NAMED])
+def test_every_dotted_name_in_the_docs_resolves(source):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # an old module path resolves (it warns once)
+        stale = sorted({name for name in DOTTED.findall(source.read_text()) if not resolves(name)})
+    assert not stale, f"{source.relative_to(ROOT)} names what does not exist: {stale}"
+
+
+def test_the_dotted_name_check_can_fail():
+    text = "`hf_posext.cli`, hf_posext.eval.ruler.mcnemar_exact, hf_posext/eval/ and ~/.cache/hf_posext.x"
+    assert DOTTED.findall(text) == ["hf_posext.cli", "hf_posext.eval.ruler.mcnemar_exact"]
+    assert [resolves(name) for name in DOTTED.findall(text)] == [False, True]
+    assert not resolves("hf_posext.patch_model.no_such_attribute")
 
 
 MODULES = sorted(ROOT.glob("hf_posext/**/*.py"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 from transformers import AutoModelForCausalLM
 
 import hf_posext

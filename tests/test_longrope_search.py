@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posext

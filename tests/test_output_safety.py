@@ -27,7 +27,7 @@ from huggingface_hub.utils import filter_repo_objects
 from hf_posext.commands.main import main as cli_main
 from hf_posext.files import MARKER, atomic_directory
 from hf_posext.testing import make_tiny_model
-from hf_posext.hub import push_to_hub
+from hf_posext.export.hub import push_to_hub
 from hf_posext.train import loop
 from hf_posext.train.checkpointing import latest_checkpoint, load_checkpoint
 from hf_posext.train.config import TrainConfig

@@ -344,3 +344,41 @@ def test_the_boundary_check_can_fail(source):
 )
 def test_the_boundary_check_passes_public_names(source):
     assert transformers_internals(ast.parse(source), _private_transformers_attributes()) == []
+
+
+TESTS_DIR = Path(__file__).resolve().parent
+#: Test folders that mirror the repository's other top-level folders, and the helpers' package.
+NOT_MIRRORS = {"benchmarks", "examples", "helpers"}
+
+
+def mirror_problems(tests_dir: Path, package_dir: Path) -> list[str]:
+    """Test folders with no package folder of the same path, and top-level test files named after a subpackage
+    (a ``test_gguf_writer.py`` beside this file belongs in ``gguf/``)."""
+    problems = []
+    for folder in sorted(p for p in tests_dir.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        relative = folder.relative_to(tests_dir)
+        if relative.parts[0] not in NOT_MIRRORS and not (package_dir / relative).is_dir():
+            where = relative.as_posix()
+            problems.append(f"{tests_dir.name}/{where}/ mirrors no {package_dir.name}/{where}/")
+    subpackages = {p.name for p in package_dir.iterdir() if (p / "__init__.py").is_file()}
+    for test in sorted(tests_dir.glob("test_*.py")):
+        owner = next((s for s in subpackages if test.stem == f"test_{s}" or test.stem.startswith(f"test_{s}_")), None)
+        if owner:
+            problems.append(f"{tests_dir.name}/{test.name} tests {package_dir.name}/{owner}/: move it to {owner}/")
+    return problems
+
+
+def test_the_tests_mirror_the_package():
+    assert not mirror_problems(TESTS_DIR, PACKAGE_DIR)
+
+
+def test_the_mirror_check_can_fail(tmp_path):
+    (tmp_path / "pkg" / "gguf").mkdir(parents=True)
+    (tmp_path / "pkg" / "gguf" / "__init__.py").touch()
+    (tmp_path / "suite" / "nowhere").mkdir(parents=True)
+    (tmp_path / "suite" / "helpers").mkdir()
+    (tmp_path / "suite" / "test_gguf_writer.py").touch()
+    assert mirror_problems(tmp_path / "suite", tmp_path / "pkg") == [
+        "suite/nowhere/ mirrors no pkg/nowhere/",
+        "suite/test_gguf_writer.py tests pkg/gguf/: move it to gguf/",
+    ]

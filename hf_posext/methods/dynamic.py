@@ -1,7 +1,7 @@
 """What the dynamic methods (``dynamic_ntk``, ``dynamic_yarn``, ``longrope``) share: ``exact_cache`` and its surgery.
 
 Dynamic methods recompute the rotary frequencies from the current sequence length. With
-``exact_cache=True`` (the default) :mod:`hf_posext.exact_dynamic` keeps KV-cached decoding equal
+``exact_cache=True`` (the default) :mod:`hf_posext.attention.exact_dynamic` keeps KV-cached decoding equal
 to a forward pass at every step; ``False`` keeps transformers' behaviour (stale cached keys), with
 YaRN's attention scaling reset along with the frequencies (docs/methods/dynamic.md).
 """
@@ -15,14 +15,14 @@ from transformers import PreTrainedConfig
 
 from .. import integration
 from ..architectures import check_wrappable_attention
-from ..exact_dynamic import (
+from ..attention.exact_dynamic import (
     ExactDynamicRotaryEmbedding,
     disable_exact_dynamic_cache,
     enable_exact_dynamic_cache,
     exact_rotary_at_init,
     length_dependent,
 )
-from ..exact_dynamic.install import FALLBACK, PURPOSE
+from ..attention.exact_dynamic.install import FALLBACK, PURPOSE
 from .base import MethodConfig
 from .surgery import Surgery
 
@@ -33,7 +33,7 @@ class ExactCacheOption(MethodConfig):
 
     Args:
         exact_cache: keep KV-cached decoding equal to a forward pass at every step
-            (:mod:`hf_posext.exact_dynamic`); ``False`` rotates each key once before caching, as
+            (:mod:`hf_posext.attention.exact_dynamic`); ``False`` rotates each key once before caching, as
             transformers does for its dynamic types and ``longrope``, and the YaRN repository for dynamic YaRN.
     """
 

@@ -43,7 +43,7 @@ _ORIGINAL_MODULES = "_hf_posext_original_modules"
 MAX_CONTEXT = 2**31 - 1
 
 #: Every registered method name and alias, for type checkers only (``str`` is accepted too);
-#: tests/test_patching.py checks that it equals the registry (available_methods() plus method_aliases()).
+#: tests/patching/test_patching.py checks that it equals the registry (available_methods() plus method_aliases()).
 MethodName = Literal[
     "linear",
     "pi",

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 from torch import nn
 
 import hf_posext

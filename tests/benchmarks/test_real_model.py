@@ -1,7 +1,7 @@
 """The real-model benchmark's bookkeeping: which cells a plan computes, and resuming them.
 
 The benchmark's model path (GGUF -> checkpoint -> patched forward, ``--quick`` end to end) runs
-in ``tests/test_gguf.py``, which reads the GGUF file once for its module.
+in ``tests/gguf/test_source.py``, which reads the GGUF file once for its module.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from models import tiny_model
+from tests.helpers.models import tiny_model
 
 from hf_posext.gguf import export as gguf_export
 from hf_posext.commands.main import main

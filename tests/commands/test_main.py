@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from models import tiny_model
+from tests.helpers.models import tiny_model
 
 import hf_posext
 from hf_posext.commands.arguments import plain

@@ -19,7 +19,7 @@ from hf_posext.eval.passkey import (
 )
 from hf_posext.eval.ruler import wilson_interval
 from hf_posext.testing import byte_tokenizer
-from models import tiny_model
+from tests.helpers.models import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from hf_posext.eval.perplexity import (
     sliding_windows,
     truncated_perplexity,
 )
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 
 
 def _next_token_nll(model, context: torch.Tensor, target: int) -> float:

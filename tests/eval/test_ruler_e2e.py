@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ruler_retrieval import train_retriever, word_tokenizer
+from tests.helpers.ruler_retrieval import train_retriever, word_tokenizer
 
 from hf_posext.eval.ruler import ruler_accuracy
 

@@ -6,7 +6,7 @@ import re
 from collections import Counter
 
 import pytest
-from ruler_tokenizers import bpe_tokenizer, smollm2_gguf, smollm2_tokenizer
+from tests.helpers.ruler_tokenizers import bpe_tokenizer, smollm2_gguf, smollm2_tokenizer
 
 from hf_posext.eval.ruler import TASKS, fit_prompt, resolve_tasks, wrapper_for
 from hf_posext.eval.ruler.fit import minimum_length

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from models import single_thread
+from tests.helpers.models import single_thread
 
 from hf_posext.commands.main import main
 from hf_posext.experiments.demo import DYNAMIC_METHODS, QUICK, ROPE_METHODS

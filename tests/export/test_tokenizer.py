@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from models import tiny_model
+from tests.helpers.models import tiny_model
 from transformers import AutoTokenizer
 
 from hf_posext.commands.main import main as cli_main

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from models import ARCHITECTURES, tiny_config, tiny_model, tokens
+from tests.helpers.models import ARCHITECTURES, tiny_config, tiny_model, tokens
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
@@ -22,7 +22,7 @@ HEAD_DIMS = [32, 64, 128]
 L_ORIG = 64
 THETA = 10000.0
 TOL = 1e-5
-# Dynamic methods default to exact KV-cache semantics (hf_posext.exact_dynamic), under which each
+# Dynamic methods default to exact KV-cache semantics (hf_posext.attention.exact_dynamic), under which each
 # token uses the frequencies of its own prefix length. Parity with transformers (one scale s(L) for
 # every position of a length-L forward) is the ``exact_cache=False`` behaviour.
 TRANSFORMERS_SEMANTICS = {"dynamic_ntk": {"exact_cache": False}, "dynamic_yarn": {"exact_cache": False}}
@@ -130,7 +130,7 @@ def with_frequencies(model, freqs, mscale):
 def test_dynamic_yarn_equals_paper_reference(arch, head_dim):
     """A fresh forward over L tokens uses s(L) = min(factor, max(1, L / L_orig)) at every position
     (transformers' semantics, ``exact_cache=False``; the exact-cache semantics are tested in
-    tests/exact_dynamic/test_exact_dynamic.py).
+    tests/attention/exact_dynamic/test_exact_dynamic.py).
 
     The reference's float64 frequencies differ from any fp32 computation by rounding, which long
     positions amplify; the tolerance is the error transformers' own static ``yarn`` at s(L) shows

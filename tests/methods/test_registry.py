@@ -202,7 +202,11 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
     module, _, function = script.group(1).partition(":")  # the console script, wherever the CLI lives
     listed = run("-c", f"import sys; from {module} import {function}; sys.exit({function}(['methods']))")
     assert any(line.startswith("toy ") for line in listed.splitlines())
-    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_patching.py"), "-k", "toy")
+    # pytest's `pythonpath` (the repository root, for tests.helpers) would put the repository's hf_posext
+    # before the copy: cleared, the root comes after the copy on PYTHONPATH.
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), str(REPO)))
+    patching_tests = str(REPO / "tests" / "patching" / "test_patching.py")
+    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "pythonpath=", patching_tests, "-k", "toy")
     assert " passed" in tests and "failed" not in tests
     assert "deselected" in tests  # only the toy's cases ran
 

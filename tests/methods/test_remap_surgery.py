@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 from transformers import AutoModelForCausalLM
 
 import hf_posext

@@ -5,16 +5,16 @@ from __future__ import annotations
 import copy
 
 import pytest
-import registry
+from tests.helpers import registry
 import torch
-from methods.training_free_reference import (
+from tests.helpers.training_free_reference import (
     dca_scores,
     reference_model,
     rerope_scores,
     self_extend_scores,
     string_scores,
 )
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 
 import hf_posext
 from hf_posext.attention import remap

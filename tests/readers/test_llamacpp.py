@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from models import tiny_model
+from tests.helpers.models import tiny_model
 
 import hf_posext
 from hf_posext.readers import llamacpp

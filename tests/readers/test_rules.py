@@ -13,9 +13,9 @@ import re
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from models import tiny_config, tiny_model, tokens
+from tests.helpers.models import tiny_config, tiny_model, tokens
 from transformers import AutoConfig, LlamaConfig, Qwen2Config
-from vanilla import vanilla_load_error
+from tests.helpers.vanilla import vanilla_load_error
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main

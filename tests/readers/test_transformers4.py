@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 import torch
-from models import tiny_model, tokens
-from transformers4_env import transformers4_python
+from tests.helpers.models import tiny_model, tokens
+from tests.helpers.transformers4_env import transformers4_python
 
 import hf_posext
 from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE, NO_ROPE_TYPE

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 from peft import LoraConfig, get_peft_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard

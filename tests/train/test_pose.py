@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_posext.train.pose import pose_position_ids
-from models import tiny_model
+from tests.helpers.models import tiny_model
 
 
 @pytest.mark.parametrize(("window", "target", "chunks"), [(16, 64, 2), (16, 16, 2), (32, 256, 4), (8, 100, 1)])

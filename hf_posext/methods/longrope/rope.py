@@ -7,7 +7,7 @@ and the attention factor; up to L_orig every position takes the short factors, a
 transformers' ``longrope``. The rope type (:data:`~hf_posext.rope_utils.LONGROPE_KEEP_FIRST_ROPE_TYPE`)
 gives transformers one frequency set per length, as ``longrope``'s does; the per-position choice
 is made by :class:`KeepFirstRotaryEmbedding` (``exact_cache=False``) or by the exact cache
-(:mod:`hf_posext.exact_dynamic`). docs/methods/longrope.md.
+(:mod:`hf_posext.attention.exact_dynamic`). docs/methods/longrope.md.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
-from models import ARCHITECTURES, tiny_model, tokens, train_steps
-from vanilla import vanilla_load_error
+from tests.helpers.models import ARCHITECTURES, tiny_model, tokens, train_steps
+from tests.helpers.vanilla import vanilla_load_error
 from transformers import AutoModelForCausalLM, masking_utils
 
 import hf_posext

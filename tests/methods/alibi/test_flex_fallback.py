@@ -10,7 +10,7 @@ import logging
 
 import pytest
 import torch
-from models import tiny_model, tokens
+from tests.helpers.models import tiny_model, tokens
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._inductor.exc import InductorError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import ARCHITECTURES, tiny_model, tokens
+from tests.helpers.models import ARCHITECTURES, tiny_model, tokens
 from transformers import masking_utils
 
 import hf_posext

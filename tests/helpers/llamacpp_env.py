@@ -1,0 +1,166 @@
+"""llama.cpp itself, built once from llama-cpp-python's source package, to run GGUF files in a subprocess.
+
+The venv holds llama-cpp-python 0.3.36 compiled from its sdist (``-DGGML_NATIVE=OFF``, no llava: 690
+CPU-seconds of compiling, measured 2026-12-02, about 6 minutes on 2 idle cores; then pip's wheel cache
+makes a rebuild quick; the wheel loads a GGUF and evaluates, checked) and sentencepiece (which
+llama.cpp's converter imports); a ``.pth`` file appends this interpreter's site-packages, so the
+same python also runs ``convert_hf_to_gguf.py`` with this torch and transformers. The sdist is
+unpacked whole next to it: the converter, ``conversion/`` and ``gguf-py/`` are what
+:func:`hf_posext.gguf.export.find_converter` finds there.
+
+Built once under ``$HF_POSEXT_CACHE`` or ``.cache/`` (file locks make concurrent test processes
+wait for one build) and rebuilt when this interpreter's site-packages or torch version changes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import venv
+from pathlib import Path
+
+import torch
+
+from . import ROOT
+
+VERSION = "0.3.36"
+CACHE = Path(os.environ.get("HF_POSEXT_CACHE") or ROOT / ".cache") / f"llama-cpp-python-{VERSION}"
+SDIST = CACHE / f"llama_cpp_python-{VERSION}.tar.gz"
+SOURCE = CACHE / f"llama_cpp_python-{VERSION}"
+VENV = CACHE / "venv"
+CONVERTER = SOURCE / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+
+# Reads a GGUF and token ids, writes llama.cpp's logits for every position ([tokens, vocab] .npy). Micro-batches
+# of at most 2048 tokens: one of 16k would need a 16k x 16k x heads attention buffer.
+RUN = """
+import json, sys
+import numpy as np
+import llama_cpp
+path, ids_file, out = sys.argv[1:4]
+ids = json.loads(open(ids_file).read())
+n = len(ids)
+model = llama_cpp.Llama(model_path=path, n_ctx=n, n_batch=n, n_ubatch=min(n, 2048), logits_all=True, verbose=False,
+                        n_threads=int(sys.argv[4]) if len(sys.argv) > 4 else 1)
+model.eval(ids)
+np.save(out, np.asarray(model.scores[:n], dtype=np.float32))
+"""
+
+
+def _stamp() -> dict[str, str]:
+    paths = sysconfig.get_paths()
+    return {"parent": paths["purelib"], "platlib": paths["platlib"], "torch": torch.__version__, "version": VERSION}
+
+
+def _python(venv_dir: Path) -> Path:
+    return venv_dir / "bin" / "python"
+
+
+def _unpack() -> None:
+    """The sdist, downloaded with pip and unpacked whole (the converter needs all of vendor/llama.cpp's Python)."""
+    if not SDIST.is_file():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={VERSION}",
+                "-d",
+                str(CACHE),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    if not (SOURCE / "pyproject.toml").is_file() or not CONVERTER.is_file():
+        with tarfile.open(SDIST) as archive:
+            archive.extractall(CACHE, filter="data")
+
+
+def _build(venv_dir: Path) -> None:
+    venv.EnvBuilder(clear=True, with_pip=False).create(venv_dir)
+    site = Path(
+        subprocess.check_output(
+            [str(_python(venv_dir)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
+    stamp = _stamp()
+    (site / "parent-site-packages.pth").write_text("\n".join(dict.fromkeys([stamp["parent"], stamp["platlib"]])) + "\n")
+    # No llava/mtmd library (LLAVA_BUILD=OFF): llama_cpp loads it only for multimodal chat handlers
+    # (llama_chat_format imports mtmd_cpp inside them; read from the 0.3.36 sdist), which nothing here uses.
+    flags = "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"
+    env = {**os.environ, "CMAKE_ARGS": flags}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(_python(venv_dir)),
+            "install",
+            "--quiet",
+            str(SDIST),
+            "sentencepiece",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    version = subprocess.check_output(
+        [str(_python(venv_dir)), "-c", "import llama_cpp; print(llama_cpp.__version__)"], text=True
+    ).strip()
+    if version != VERSION:
+        raise RuntimeError(f"the llama.cpp venv at {venv_dir} imports llama-cpp-python {version}, not {VERSION}")
+
+
+def llamacpp_python() -> Path:
+    """The python of the cached llama.cpp venv (llama_cpp importable, the converter runnable), built on first use."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _unpack()
+        ready = VENV / "ready.json"
+        if not (ready.is_file() and json.loads(ready.read_text()) == _stamp() and _python(VENV).exists()):
+            _build(VENV)
+            ready.write_text(json.dumps(_stamp()))
+    return _python(VENV)
+
+
+def run_llamacpp(script: str, gguf_file: Path, ids: list[int], *args: str, timeout: float | None = 1800) -> str:
+    """Run ``script`` in llama.cpp's interpreter as ``script GGUF IDS_FILE *args``; its standard output.
+
+    ``ids`` go to a JSON file next to ``gguf_file`` (one per length, so runs at other lengths can share it).
+
+    Raises:
+        RuntimeError: the script failed (the end of its standard error is in the message).
+    """
+    ids_file = gguf_file.with_suffix(f".ids-{len(ids)}.json")
+    ids_file.write_text(json.dumps([int(i) for i in ids]))
+    done = subprocess.run(
+        [str(llamacpp_python()), "-c", script, str(gguf_file), str(ids_file), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed on {gguf_file}:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def llamacpp_logits(gguf_file: Path, ids: list[int], threads: int = 1) -> object:
+    """llama.cpp's logits of ``ids`` under ``gguf_file``, ``[len(ids), vocab]`` float32 (a numpy array)."""
+    import numpy as np
+
+    out = gguf_file.with_suffix(".logits.npy")
+    run_llamacpp(RUN, gguf_file, ids, str(out), str(threads))
+    return np.load(out)
