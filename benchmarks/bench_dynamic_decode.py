@@ -23,7 +23,9 @@ switch, the steps after), ``past the switch`` decodes them from ``factor * L_ori
 after one untimed step (the steady state: a plain cached decode). Rows: transformers' own
 ``longrope`` (``exact_cache=False``), the exact cache, and the exact cache with ``keep_first=4``.
 Their ratio is of the median round (a best round is reported too): on a loaded machine single
-rounds of a small model scatter by +-20%, and the best of them is an outlier.
+rounds of a small model scatter by +-20%, and the best of them is an outlier. ``--interleave steps``
+pairs them finer: twins of the model sharing its weights, one per row, take their decoding steps in
+turn (step k of every row before step k + 1 of any), so load hits the rows alike within a round.
 
 Prefill is measured on its own against transformers' dynamic path (``exact_cache=False``: one
 frequency set per forward), the comparison issue 15 sets its goal in: a prompt of each of
@@ -48,6 +50,9 @@ LongRoPE only, small (a minute of one core)::
 
     .venv/bin/python benchmarks/bench_dynamic_decode.py --longrope-only --hidden 256 --heads 4 --layers 2 \\
         --original-length 128 --new-tokens 64 --repeats 9 --out benchmarks/results/dynamic_decode_longrope.json
+    .venv/bin/python benchmarks/bench_dynamic_decode.py --longrope-only --hidden 256 --heads 4 --layers 2 \
+        --original-length 128 --new-tokens 64 --repeats 9 --interleave steps \
+        --out benchmarks/results/dynamic_decode_longrope_steps.json
 
 ``--out`` gets rows (``result_schema.py``): benchmark ``dynamic_decode`` (per method, with
 ``exact_cache`` for the dynamic ones: ``decode_tokens_per_s``, ``prefill_s`` and their ratios to the
@@ -70,6 +75,7 @@ GPU (bf16)::
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 from pathlib import Path
 from typing import Any
@@ -170,6 +176,69 @@ def patch_longrope(model: LlamaForCausalLM, args: argparse.Namespace, exact: boo
     hf_posext.patch_model(model, "longrope", factor=args.factor, exact_cache=exact, keep_first=keep_first)
 
 
+Scenarios = dict[str, tuple[int, int]]  # name: (prompt tokens, untimed decoding steps before the timed ones)
+
+
+@torch.inference_mode()
+def _prefilled(model: LlamaForCausalLM, prompt: torch.Tensor, warm: int, device: str) -> tuple[Any, torch.Tensor]:
+    """``(cache, next token)`` after ``prompt`` and ``warm`` untimed decoding steps."""
+    _, cache, token = prefill(model, prompt, device)
+    for _ in range(warm):
+        out = model(token, cache=cache, use_cache=True)
+        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+    return cache, token
+
+
+def longrope_rounds(
+    model: LlamaForCausalLM, args: argparse.Namespace, ids: torch.Tensor, scenarios: Scenarios
+) -> dict[tuple[str, str], list[float]]:
+    """Seconds of each round per ``(scenario, label)``: each row decodes its ``--new-tokens`` in one go, in turn."""
+    rounds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeats):
+        for scenario, (prompt, warm) in scenarios.items():
+            for label, exact, keep_first in LONGROPE_RUNS:
+                patch_longrope(model, args, exact, keep_first)
+                cache, token = _prefilled(model, ids[:, :prompt], warm, args.device)
+                rounds.setdefault((scenario, label), []).append(
+                    decode(model, cache, token, args.new_tokens, args.device)
+                )
+    patch_longrope(model, args, None, 0)
+    return rounds
+
+
+def longrope_steps(
+    model: LlamaForCausalLM, args: argparse.Namespace, ids: torch.Tensor, scenarios: Scenarios
+) -> dict[tuple[str, str], list[float]]:
+    """As :func:`longrope_rounds`, with the rows' decoding steps interleaved one by one (``--interleave steps``).
+
+    Each row is a twin of ``model`` sharing its weight tensors (so no row runs on other memory), patched
+    its way and prefilled with its own cache; then step k of every row runs before step k + 1 of any, in
+    an order that rotates with k, so that a burst of load on the machine hits every row alike. A round's
+    seconds are the sum of its steps.
+    """
+    shared = {id(p): p for p in model.parameters()}
+    twins = {}
+    for label, exact, keep_first in LONGROPE_RUNS:
+        twins[label] = copy.deepcopy(model, memo=dict(shared))
+        patch_longrope(twins[label], args, exact, keep_first)
+    labels, tick = list(twins), clock(args.device)
+    rounds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeats):
+        for scenario, (prompt, warm) in scenarios.items():
+            state = {label: _prefilled(twins[label], ids[:, :prompt], warm, args.device) for label in labels}
+            seconds = dict.fromkeys(labels, 0.0)
+            for step in range(args.new_tokens):
+                for label in labels[step % len(labels) :] + labels[: step % len(labels)]:
+                    cache, token = state[label]
+                    with torch.inference_mode():
+                        spent, out = tick.time(lambda m=twins[label], t=token, c=cache: m(t, cache=c, use_cache=True))
+                    seconds[label] += spent
+                    state[label] = (out.cache, out.logits[:, -1:].argmax(-1))
+            for label in labels:
+                rounds.setdefault((scenario, label), []).append(seconds[label])
+    return rounds
+
+
 def longrope_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[dict[str, Any]]:
     """LongRoPE's decoding speed across its switch and past it, against the plain static model (best of the rounds)."""
     total, half = int(args.factor * args.original_length), args.new_tokens // 2
@@ -184,19 +253,8 @@ def longrope_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[d
         "across the switch": (args.original_length - half, 0),
         "past the switch": (total - args.new_tokens - 1, 1),
     }  # (prompt tokens, untimed steps first)
-    rounds: dict[tuple[str, str], list[float]] = {}
-    for _ in range(args.repeats):
-        for scenario, (prompt, warm) in scenarios.items():
-            for label, exact, keep_first in LONGROPE_RUNS:
-                patch_longrope(model, args, exact, keep_first)
-                _, cache, token = prefill(model, ids[:, :prompt], args.device)
-                with torch.inference_mode():
-                    for _ in range(warm):
-                        out = model(token, cache=cache, use_cache=True)
-                        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-                rounds.setdefault((scenario, label), []).append(
-                    decode(model, cache, token, args.new_tokens, args.device)
-                )
+    timed = longrope_steps if args.interleave == "steps" else longrope_rounds
+    rounds = timed(model, args, ids, scenarios)
     rows = []
     for scenario, (prompt, warm) in scenarios.items():
         plain = rounds[scenario, LONGROPE_RUNS[0][0]]
@@ -221,7 +279,6 @@ def longrope_ratios(model: LlamaForCausalLM, args: argparse.Namespace) -> list[d
                 f"{rows[-1]['decode_ratio_vs_plain']:.3f}x plain (median round; best rounds "
                 f"{rows[-1]['best_round_ratio_vs_plain']:.3f}x)"
             )
-    patch_longrope(model, args, None, 0)
     return rows
 
 
@@ -301,6 +358,13 @@ def main() -> None:
         "--longrope-only",
         action="store_true",
         help="only LongRoPE's decoding against the plain static model (no dynamic methods, no prefill)",
+    )
+    parser.add_argument(
+        "--interleave",
+        default="rounds",
+        choices=("rounds", "steps"),
+        help="LongRoPE's rows: each decodes its tokens in one go, in turn (rounds), or the rows' steps "
+        "alternate one by one, on twins sharing the weights (steps: finer pairing on a busy machine)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
