@@ -10,12 +10,14 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
 from . import integration
+from .methods.deprecated import deprecated_attribute
 from .validation.checkpoint import check_rope_config
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check
@@ -122,7 +124,7 @@ SUPPORTED_MODEL_TYPES = (
 #: Model types whose attention passes the checks below but treats RoPE otherwise than the attention
 #: wrappers assume, found by tests/test_architectures.py (the exact dynamic path differed from the
 #: unpatched model within L_orig, or could not run): refused by :func:`check_wrappable_attention`.
-EXACT_DYNAMIC_UNSUPPORTED = {
+WRAPPED_ATTENTION_UNSUPPORTED = {
     "afmoe": "some layers use no RoPE",
     "exaone4": "some layers use no RoPE",
     "exaone_moe": "some layers use no RoPE",
@@ -339,9 +341,10 @@ def check_wrappable_attention(
             f"{purpose} does not support per-layer-type rope parameters (model_type={model_type!r}, layer "
             f"types {nested_rope_keys(config)}); {fallback}"
         )
-    if model_type in EXACT_DYNAMIC_UNSUPPORTED:
+    if model_type in WRAPPED_ATTENTION_UNSUPPORTED:
         raise ValueError(
-            f"{purpose} does not support model_type={model_type!r}: {EXACT_DYNAMIC_UNSUPPORTED[model_type]}; {fallback}"
+            f"{purpose} does not support model_type={model_type!r}: "
+            f"{WRAPPED_ATTENTION_UNSUPPORTED[model_type]}; {fallback}"
         )
     if getattr(config, "qk_rope_head_dim", None):
         raise ValueError(
@@ -389,3 +392,7 @@ def check_wrappable_attention(
             f"rotary_dim / 2) as the wrapper does (e.g. interleaved pairs, as in Cohere); {fallback}"
         )
     return attention
+
+
+def __getattr__(name: str) -> Any:  # EXACT_DYNAMIC_UNSUPPORTED, the 0.1 name of WRAPPED_ATTENTION_UNSUPPORTED
+    return deprecated_attribute(__name__, name)

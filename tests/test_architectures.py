@@ -25,7 +25,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from tests.helpers.vanilla import vanilla_logits
 
 import hf_posext
-from hf_posext.architectures import EXACT_DYNAMIC_UNSUPPORTED, LOCAL_LAYER_MARKERS, SUPPORTED_MODEL_TYPES
+from hf_posext.architectures import WRAPPED_ATTENTION_UNSUPPORTED, LOCAL_LAYER_MARKERS, SUPPORTED_MODEL_TYPES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,7 +72,7 @@ EXACT_REFUSED = {
     ),
     "could not be checked": ("gpt_oss",),
     "config refuses dynamic": ("phi3", "phimoe"),
-    "listed": tuple(EXACT_DYNAMIC_UNSUPPORTED),
+    "listed": tuple(WRAPPED_ATTENTION_UNSUPPORTED),
 }
 EXACT_MESSAGES = {
     "interleaved pairs": "does not rotate channel pairs",

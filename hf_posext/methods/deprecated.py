@@ -15,7 +15,11 @@ import warnings
 from typing import Any
 
 #: Old name -> the name that replaced it (0.2), on the same module.
-RENAMED = {"PositionMethod": "MethodConfig", "make_method": "method_config"}
+RENAMED = {
+    "PositionMethod": "MethodConfig",
+    "make_method": "method_config",
+    "EXACT_DYNAMIC_UNSUPPORTED": "WRAPPED_ATTENTION_UNSUPPORTED",  # it gates every attention wrapper
+}
 
 
 def deprecated_attribute(module: str, name: str) -> Any:

@@ -111,6 +111,7 @@ DEPRECATED = [
     for old, new, modules in [
         ("PositionMethod", "MethodConfig", ("hf_posext", "hf_posext.methods", "hf_posext.methods.base")),
         ("make_method", "method_config", ("hf_posext", "hf_posext.methods", "hf_posext.methods.registry")),
+        ("EXACT_DYNAMIC_UNSUPPORTED", "WRAPPED_ATTENTION_UNSUPPORTED", ("hf_posext.architectures",)),
     ]
     for module in modules
 ]
