@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
 from real_model import Cells, reference_text  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
-from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, shard  # noqa: E402
+from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, passkeys, shard  # noqa: E402
 
 from hf_posext.eval.checkpoint import load_model, model_fingerprint  # noqa: E402
 from hf_posext.eval.perplexity import sequence_nll, truncated_perplexity  # noqa: E402
@@ -155,12 +155,6 @@ def publish(checkpoint: Path, results_md: str) -> None:
     }
     (OUT / "reference.json").write_text(json.dumps(reference, indent=2) + "\n")
     print("reference perplexity", reference["perplexity"])
-
-
-def passkeys(cells: dict[str, Any], row: str, length: int) -> dict[float, bool]:
-    """``{depth: found}`` of ``row``'s cell at ``length``."""
-    prefix = f"passkey/{row}/{length}/"
-    return {float(k[len(prefix) :]): bool(v["value"]) for k, v in cells.items() if k.startswith(prefix)}
 
 
 def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:

@@ -191,6 +191,7 @@ class Cells:
         rows_key: str | None = None,
     ) -> None:
         self.path, self.settings, self.after_save = path, json.loads(json.dumps(settings)), after_save
+        self.rows_key = rows_key
         previous = json.loads(path.read_text()) if path.exists() else {}
         old_settings, new_settings = dict(previous.get("settings", {})), dict(self.settings)
         old_rows = old_settings.pop(rows_key, {}) if rows_key else {}
@@ -222,10 +223,24 @@ class Cells:
 
     def save(self) -> None:
         self.runs[-1]["seconds"] = round(time.perf_counter() - self.start, 1)
-        # Another process may share the file (one per length or per row): keep the cells it saved.
+        # Another process may share the file (one per length or per row): keep the cells it saved. With
+        # rows_key, one that defines other rows too (a newer script) shares it: the rows are united, and
+        # a row defined differently on disk loses its cells there.
         on_disk = json.loads(self.path.read_text()) if self.path.exists() else {}
-        if on_disk.get("settings") == self.settings:
-            self.cells = {**on_disk.get("cells", {}), **self.cells}
+        disk_settings, own_settings = dict(on_disk.get("settings", {})), dict(self.settings)
+        disk_rows = disk_settings.pop(self.rows_key, {}) if self.rows_key else {}
+        own_rows = own_settings.pop(self.rows_key, {}) if self.rows_key else {}
+        if on_disk and disk_settings == own_settings:
+            rows = {**disk_rows, **own_rows}
+            shared = {row for row in disk_rows if rows[row] == disk_rows[row]}
+            disk_cells = {
+                key: cell
+                for key, cell in on_disk.get("cells", {}).items()
+                if not self.rows_key or key.split("/")[1] in shared
+            }
+            self.cells = {**disk_cells, **self.cells}
+            if self.rows_key:
+                self.settings = {**self.settings, self.rows_key: rows}
         write_json(
             self.path, {"settings": self.settings, "cells": self.cells, "runs": self.runs, "environment": environment()}
         )

@@ -738,6 +738,22 @@ def training_free_real_model() -> str:
     return table(header, rows)
 
 
+def training_free_real_model_paired() -> str:
+    """The exact McNemar tests of training_free/real_model.md (``training_free_real_model.py --report`` writes them)."""
+    text = (RESULTS / "training_free" / "real_model.md").read_text()
+    paired = text[text.index("Paired on the same prompts") :]
+    return paired[paired.index("\n|") + 1 :].split("\n\n")[0].rstrip()
+
+
+def longrope_smollm2() -> str:
+    """LongRoPE searched on SmolLM2 against YaRN and the base model (longrope_smollm2/results.md, its first table).
+
+    ``benchmarks/longrope_real_model.py --report`` writes that file from the training-free cells and llama.cpp's.
+    """
+    text = (RESULTS / "longrope_smollm2" / "results.md").read_text()
+    return text[text.index("\n|") + 1 :].split("\n\n")[0].rstrip()
+
+
 def finetune_smollm2() -> str:
     """The fine-tuned SmolLM2 against the training-free rows (finetune_smollm2/results.md, its tables only).
 
@@ -751,7 +767,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "real-model-ppl": real_model_ppl,
     "real-model-passkey": real_model_passkey,
     "training-free-real-model": training_free_real_model,
+    "training-free-real-model-paired": training_free_real_model_paired,
     "finetune-smollm2": finetune_smollm2,
+    "longrope-smollm2": longrope_smollm2,
     "patch-overhead": block(PATCH_OVERHEAD),
     "long-train": block(LONG_TRAIN),
     "alibi-cpu": block(ALIBI_CPU),

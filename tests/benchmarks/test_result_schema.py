@@ -26,6 +26,7 @@ NOT_ROWS = (
     "training_free/",
     "training_free_bf16/",
     "finetune_smollm2/",
+    "longrope_smollm2/",
     "demo/",
     "ruler/smollm2",
     "scratch.json",
