@@ -135,12 +135,17 @@ def clock(device: str) -> Clock:
     return Clock(device, cpu_time=None)
 
 
+def greedy(out: Any) -> tuple[Any, torch.Tensor]:
+    """``(cache, next token [batch, 1])`` of a forward's output, decoding greedily."""
+    return out.cache, out.logits[:, -1:].argmax(-1)
+
+
 @torch.inference_mode()
 def prefill(model: LlamaForCausalLM, prompt: torch.Tensor, device: str) -> tuple[float, Any, torch.Tensor]:
     """``(seconds, cache, next token [batch, 1])`` of the forward over ``prompt`` ``[batch, seq]``."""
     # logits_to_keep=1 as generate(): the next token's logits only
     seconds, out = clock(device).time(lambda: model(prompt, use_cache=True, logits_to_keep=1))
-    return seconds, out.cache, out.logits[:, -1:].argmax(-1)
+    return seconds, *greedy(out)
 
 
 @torch.inference_mode()
@@ -150,8 +155,7 @@ def decode(model: LlamaForCausalLM, cache: Any, token: torch.Tensor, new_tokens:
     def steps() -> None:
         nonlocal cache, token
         for _ in range(new_tokens):
-            out = model(token, cache=cache, use_cache=True)
-            cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+            cache, token = greedy(model(token, cache=cache, use_cache=True))
 
     seconds, _ = clock(device).time(steps)
     cache.crop(-new_tokens)
@@ -184,8 +188,7 @@ def _prefilled(model: LlamaForCausalLM, prompt: torch.Tensor, warm: int, device:
     """``(cache, next token)`` after ``prompt`` and ``warm`` untimed decoding steps."""
     _, cache, token = prefill(model, prompt, device)
     for _ in range(warm):
-        out = model(token, cache=cache, use_cache=True)
-        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+        cache, token = greedy(model(token, cache=cache, use_cache=True))
     return cache, token
 
 
@@ -233,7 +236,7 @@ def longrope_steps(
                     with torch.inference_mode():
                         spent, out = tick.time(lambda m=twins[label], t=token, c=cache: m(t, cache=c, use_cache=True))
                     seconds[label] += spent
-                    state[label] = (out.cache, out.logits[:, -1:].argmax(-1))
+                    state[label] = greedy(out)
             for label in labels:
                 rounds.setdefault((scenario, label), []).append(seconds[label])
     return rounds

@@ -193,16 +193,10 @@ class Cells:
         self.path, self.settings, self.after_save = path, json.loads(json.dumps(settings)), after_save
         self.rows_key = rows_key
         previous = json.loads(path.read_text()) if path.exists() else {}
-        old_settings, new_settings = dict(previous.get("settings", {})), dict(self.settings)
-        old_rows = old_settings.pop(rows_key, {}) if rows_key else {}
-        new_rows = new_settings.pop(rows_key, {}) if rows_key else {}
+        (old_settings, old_rows), (new_settings, new_rows) = self._split(previous), self._split(self)
         same = bool(previous) and old_settings == new_settings
         kept = {row for row in new_rows if row in old_rows and old_rows[row] == new_rows[row]}
-        self.cells: dict[str, Any] = (
-            {key: cell for key, cell in previous.get("cells", {}).items() if not rows_key or key.split("/")[1] in kept}
-            if same
-            else {}
-        )
+        self.cells: dict[str, Any] = self._cells_of(previous, kept) if same else {}
         self.runs: list[dict[str, Any]] = previous.get("runs", []) if same else []
         self.runs.append(
             {
@@ -212,6 +206,15 @@ class Cells:
             }
         )
         self.start = time.perf_counter()
+
+    def _split(self, source: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(settings but the rows, rows)`` of a results file's content (a dict) or of this object."""
+        settings = dict(source.settings if isinstance(source, Cells) else source.get("settings", {}))
+        return settings, settings.pop(self.rows_key, {}) if self.rows_key else {}
+
+    def _cells_of(self, content: dict[str, Any], rows: set[str]) -> dict[str, Any]:
+        """The cells of a results file's content whose row is one of ``rows`` (all of them without rows_key)."""
+        return {k: c for k, c in content.get("cells", {}).items() if not self.rows_key or k.split("/")[1] in rows}
 
     def get(self, key: str, compute: Callable[[], Any]) -> Any:
         if key not in self.cells:
@@ -227,18 +230,11 @@ class Cells:
         # rows_key, one that defines other rows too (a newer script) shares it: the rows are united, and
         # a row defined differently on disk loses its cells there.
         on_disk = json.loads(self.path.read_text()) if self.path.exists() else {}
-        disk_settings, own_settings = dict(on_disk.get("settings", {})), dict(self.settings)
-        disk_rows = disk_settings.pop(self.rows_key, {}) if self.rows_key else {}
-        own_rows = own_settings.pop(self.rows_key, {}) if self.rows_key else {}
+        (disk_settings, disk_rows), (own_settings, own_rows) = self._split(on_disk), self._split(self)
         if on_disk and disk_settings == own_settings:
             rows = {**disk_rows, **own_rows}
             shared = {row for row in disk_rows if rows[row] == disk_rows[row]}
-            disk_cells = {
-                key: cell
-                for key, cell in on_disk.get("cells", {}).items()
-                if not self.rows_key or key.split("/")[1] in shared
-            }
-            self.cells = {**disk_cells, **self.cells}
+            self.cells = {**self._cells_of(on_disk, shared), **self.cells}
             if self.rows_key:
                 self.settings = {**self.settings, self.rows_key: rows}
         write_json(

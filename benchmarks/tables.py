@@ -738,11 +738,16 @@ def training_free_real_model() -> str:
     return table(header, rows)
 
 
+def table_in(report: str, after: str = "") -> str:
+    """The first markdown table of ``results/<report>`` past the text ``after`` (a report a script writes)."""
+    text = (RESULTS / report).read_text()
+    text = text[text.index(after) :]
+    return text[text.index("\n|") + 1 :].split("\n\n")[0].rstrip()
+
+
 def training_free_real_model_paired() -> str:
     """The exact McNemar tests of training_free/real_model.md (``training_free_real_model.py --report`` writes them)."""
-    text = (RESULTS / "training_free" / "real_model.md").read_text()
-    paired = text[text.index("Paired on the same prompts") :]
-    return paired[paired.index("\n|") + 1 :].split("\n\n")[0].rstrip()
+    return table_in("training_free/real_model.md", after="Paired on the same prompts")
 
 
 def longrope_smollm2() -> str:
@@ -750,8 +755,7 @@ def longrope_smollm2() -> str:
 
     ``benchmarks/longrope_real_model.py --report`` writes that file from the training-free cells and llama.cpp's.
     """
-    text = (RESULTS / "longrope_smollm2" / "results.md").read_text()
-    return text[text.index("\n|") + 1 :].split("\n\n")[0].rstrip()
+    return table_in("longrope_smollm2/results.md")
 
 
 def finetune_smollm2() -> str:
