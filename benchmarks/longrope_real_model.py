@@ -10,8 +10,9 @@ sources without ``pydoc_data`` (the evaluation text, the Python Language Referen
         --dtype bfloat16 --no-progress
     cp runs/lr-smollm2/longrope_search.json benchmarks/results/longrope_smollm2/
 
-With that file in place, ``training_free_real_model.py`` has the row ``longrope s=4 searched`` beside
-``longrope s=4`` (the search's start, YaRN's ramp), ``yarn s=2`` and ``yarn s=4``: their perplexity
+With that file in place, ``training_free_real_model.py`` has the row ``longrope s=4 searched`` (with the
+attention factor it was searched with, YaRN's) beside ``yarn s=4`` (the search's start), ``yarn s=2`` and
+``longrope s=4`` (``patch_model``'s default: YaRN's ramp with LongRoPE's own attention factor): their perplexity
 on the same scored tokens as every other row (``--ppl 16384 32768 --methods ...``). This script runs
 the searched checkpoint in the real llama.cpp on those tokens (``--llamacpp``: ``hf-posext gguf
 export``, bf16, llama-cpp-python 0.3.36 built from source) and writes ``results.md`` (``--report``):
