@@ -41,7 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # tests.helpers (llama.cpp, tiny models); harness
 
 from harness import Results  # noqa: E402
-from tests.helpers.llamacpp_env import CONVERTER, VERSION, llamacpp_logits, llamacpp_python  # noqa: E402
+from tests.helpers.llamacpp_env import (  # noqa: E402
+    CONVERTER,
+    VERSION,
+    llamacpp_logits,
+    llamacpp_logits_files,
+    llamacpp_python,
+)
 from tests.helpers.models import tiny_model  # noqa: E402
 
 import hf_posext  # noqa: E402
@@ -148,16 +154,6 @@ def logits(model, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
-def convert_raw(folder: Path, out: Path, python: Path) -> Path:
-    """llama.cpp's converter alone (no rope fix)."""
-    subprocess.run(
-        [str(python), str(CONVERTER), str(folder), "--outfile", str(out), "--outtype", "f32"],
-        check=True,
-        capture_output=True,
-    )
-    return out
-
-
 def case(name: str) -> tuple[str, str, str | None, dict]:
     """``(model type, base rope, method, method arguments)`` of a :data:`CASES` or :data:`ARCH_CASES` name."""
     if name in CASES:
@@ -167,11 +163,15 @@ def case(name: str) -> tuple[str, str, str | None, dict]:
 
 
 def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """``{case: {exported, direct, converter_only}}``: max |logit diff| against transformers at 3 x L0."""
+    """``{case: {exported, direct, converter_only}}``: max |logit diff| against transformers at 3 x L0.
+
+    ``converter_only`` is llama.cpp's converter's own file (``export_gguf(keep_converted=...)``), before
+    hf-posext writes the rope. Every GGUF is written first, then llama.cpp runs them all in one process.
+    """
     python, tokenizer = llamacpp_python(), tokenizer_dir()
     ids = ids_for(3 * L0)
     base_gguf: dict[tuple[str, str], Path] = {}
-    rows: dict[str, dict[str, float]] = {}
+    files: dict[str, dict[str, Path]] = {}  # case: {row: GGUF file, "ref": transformers' logits}
     for name in names or list(CASES):
         arch, base, method, kwargs = case(name)
         model = base_model(base, arch)
@@ -182,21 +182,29 @@ def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str,
             )
         if method:
             hf_posext.patch_model(model, method, factor=4, **kwargs)
-        ref = logits(model, ids)
         slug = name.replace(" ", "_").replace("=", "")
+        np.save(work / f"{slug}.ref.npy", logits(model, ids))
         folder = save_case(model, work / slug, tokenizer)
-        exported = export_gguf(folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32")
-        exported_logits = llamacpp_logits(exported, ids)
-        row = {"exported": float(np.abs(exported_logits - ref).max())}
-        raw = convert_raw(folder, work / f"{slug}.raw.gguf", python)
-        row["converter_only"] = float(np.abs(llamacpp_logits(raw, ids) - ref).max())
+        raw = work / f"{slug}.raw.gguf"
+        row = {
+            "exported": export_gguf(
+                folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32", keep_converted=raw
+            ),
+            "converter_only": raw,
+        }
         if method:
-            direct = patch_gguf(base_gguf[arch, base], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
-            direct_logits = llamacpp_logits(direct, ids)
-            row["direct"] = float(np.abs(direct_logits - ref).max())
-            row["direct_vs_exported"] = float(np.abs(direct_logits - exported_logits).max())
-        rows[name] = row
-        print(name, row, flush=True)
+            row["direct"] = patch_gguf(base_gguf[arch, base], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
+        files[name] = {**row, "ref": work / f"{slug}.ref.npy"}
+    ggufs = [path for row in files.values() for key, path in row.items() if key != "ref"]
+    outputs = dict(zip(ggufs, llamacpp_logits_files(ggufs, ids)))
+    rows: dict[str, dict[str, float]] = {}
+    for name, row in files.items():
+        ref = np.load(row["ref"])
+        got = {key: np.load(outputs[path]) for key, path in row.items() if key != "ref"}
+        rows[name] = {key: float(np.abs(value - ref).max()) for key, value in got.items()}
+        if "direct" in got:
+            rows[name]["direct_vs_exported"] = float(np.abs(got["direct"] - got["exported"]).max())
+        print(name, rows[name], flush=True)
     return rows
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,7 @@ def export_gguf(
     outtype: str | None = None,
     python: str | os.PathLike | None = None,
     overwrite: bool = False,
+    keep_converted: str | os.PathLike | None = None,
 ) -> Path:
     """Convert ``checkpoint`` with llama.cpp's converter and write its rope as llama.cpp reads it.
 
@@ -117,6 +119,9 @@ def export_gguf(
         outtype: the converter's ``--outtype`` (one of :data:`OUTTYPES`); its default if None.
         python: the interpreter running the converter (default: this one).
         overwrite: replace an existing ``dst``.
+        keep_converted: also keep the converter's own output (its rope as it wrote it, before this function
+            writes the rope llama.cpp reads) at this path, replacing any file there: what the converter alone
+            makes of the checkpoint, for comparison.
 
     Raises:
         ValueError: an ``outtype`` the converter does not take, or the checkpoint's rope has no GGUF
@@ -154,6 +159,8 @@ def export_gguf(
             write_gguf(reader, tmp, gguf_rope_for(config, architecture(reader)))
             del reader  # its memory map, before the file goes
         finally:
+            if keep_converted is not None and raw.is_file():
+                shutil.move(raw, keep_converted)
             raw.unlink(missing_ok=True)
     return Path(dst)
 

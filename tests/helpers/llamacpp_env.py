@@ -1,15 +1,16 @@
 """llama.cpp itself, built once from llama-cpp-python's source package, to run GGUF files in a subprocess.
 
-The venv holds llama-cpp-python 0.3.36 compiled from its sdist (``-DGGML_NATIVE=OFF``, no llava: 690
-CPU-seconds of compiling, measured 2026-12-02, about 6 minutes on 2 idle cores; then pip's wheel cache
-makes a rebuild quick; the wheel loads a GGUF and evaluates, checked) and sentencepiece (which
-llama.cpp's converter imports); a ``.pth`` file appends this interpreter's site-packages, so the
-same python also runs ``convert_hf_to_gguf.py`` with this torch and transformers. The sdist is
-unpacked whole next to it: the converter, ``conversion/`` and ``gguf-py/`` are what
+The venv holds llama-cpp-python 0.3.36 compiled from its sdist into a wheel kept in the cache
+(``-DGGML_NATIVE=OFF``, no llava, no ``common`` library: 236 CPU-seconds of compiling, measured
+2026-12-02 on 2 shared cores, against 690 with ``common``; the wheel loads a GGUF and evaluates, checked)
+and sentencepiece (which llama.cpp's converter imports); a ``.pth`` file appends this interpreter's
+site-packages, so the same python also runs ``convert_hf_to_gguf.py`` with this torch and transformers.
+The sdist is unpacked whole next to it: the converter, ``conversion/`` and ``gguf-py/`` are what
 :func:`hf_posext.gguf.export.find_converter` finds there.
 
 Built once under ``$HF_POSEXT_CACHE`` or ``.cache/`` (file locks make concurrent test processes
-wait for one build) and rebuilt when this interpreter's site-packages or torch version changes.
+wait for one build; ``.ci/run`` starts it in the background) and the venv rebuilt from the kept wheel
+when this interpreter's site-packages or torch version changes.
 """
 
 from __future__ import annotations
@@ -35,19 +36,22 @@ SOURCE = CACHE / f"llama_cpp_python-{VERSION}"
 VENV = CACHE / "venv"
 CONVERTER = SOURCE / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
 
-# Reads a GGUF and token ids, writes llama.cpp's logits for every position ([tokens, vocab] .npy). Micro-batches
-# of at most 2048 tokens: one of 16k would need a 16k x 16k x heads attention buffer.
+# Reads token ids and a JSON list of [GGUF, output] pairs, writes llama.cpp's logits for every position under each
+# GGUF ([tokens, vocab] .npy), one model at a time in one process (a process per file costs ~0.5 s of start-up).
+# Micro-batches of at most 2048 tokens: one of 16k would need a 16k x 16k x heads attention buffer.
 RUN = """
 import json, sys
 import numpy as np
 import llama_cpp
-path, ids_file, out = sys.argv[1:4]
+ids_file, jobs, threads = sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 ids = json.loads(open(ids_file).read())
 n = len(ids)
-model = llama_cpp.Llama(model_path=path, n_ctx=n, n_batch=n, n_ubatch=min(n, 2048), logits_all=True, verbose=False,
-                        n_threads=int(sys.argv[4]) if len(sys.argv) > 4 else 1)
-model.eval(ids)
-np.save(out, np.asarray(model.scores[:n], dtype=np.float32))
+for path, out in jobs:
+    model = llama_cpp.Llama(model_path=path, n_ctx=n, n_batch=n, n_ubatch=min(n, 2048), logits_all=True,
+                            verbose=False, n_threads=threads)
+    model.eval(ids)
+    np.save(out, np.asarray(model.scores[:n], dtype=np.float32))
+    model.close()
 """
 
 
@@ -72,7 +76,7 @@ def _unpack() -> None:
                 "--quiet",
                 "--no-deps",
                 "--no-binary",
-                ":all:",
+                "llama-cpp-python",  # the source package; its build requirements may be wheels
                 f"llama-cpp-python=={VERSION}",
                 "-d",
                 str(CACHE),
@@ -85,6 +89,40 @@ def _unpack() -> None:
             archive.extractall(CACHE, filter="data")
 
 
+#: llama-cpp-python forces llama.cpp's common library on (chat parsers, an HTTP client: ~45% of the compile);
+#: nothing the wheel installs links it, so the build here turns it off (read from the 0.3.36 sdist's CMakeLists.txt).
+FORCED_COMMON = 'set(LLAMA_BUILD_COMMON ON CACHE BOOL "Build llama.cpp common library" FORCE)'
+
+
+def _wheel() -> Path:
+    """llama-cpp-python's wheel compiled from the unpacked sdist, once (kept in the cache for venv rebuilds).
+
+    ``-DGGML_NATIVE=OFF`` (a portable build), no llava/mtmd library (llama_cpp loads it only for multimodal
+    chat handlers: llama_chat_format imports mtmd_cpp inside them), and no ``common`` (:data:`FORCED_COMMON`).
+    """
+    built = sorted((CACHE / "wheel").glob(f"llama_cpp_python-{VERSION}-*.whl"))
+    if built:
+        return built[-1]
+    cmake = SOURCE / "CMakeLists.txt"
+    text = cmake.read_text()
+    if FORCED_COMMON in text:
+        cmake.write_text(text.replace(FORCED_COMMON, FORCED_COMMON.replace(" ON ", " OFF ")))
+    elif FORCED_COMMON.replace(" ON ", " OFF ") not in text:
+        raise RuntimeError(f"{cmake} no longer forces LLAMA_BUILD_COMMON as {VERSION} did: check the build flags")
+    flags = "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", str(SOURCE), "-w", str(CACHE / "wheel.tmp")],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CMAKE_ARGS": flags},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling llama-cpp-python {VERSION} from {SOURCE} failed:\n{done.stderr[-3000:]}")
+    os.replace(CACHE / "wheel.tmp", CACHE / "wheel")
+    return next((CACHE / "wheel").glob(f"llama_cpp_python-{VERSION}-*.whl"))
+
+
 def _build(venv_dir: Path) -> None:
     venv.EnvBuilder(clear=True, with_pip=False).create(venv_dir)
     site = Path(
@@ -94,11 +132,8 @@ def _build(venv_dir: Path) -> None:
     )
     stamp = _stamp()
     (site / "parent-site-packages.pth").write_text("\n".join(dict.fromkeys([stamp["parent"], stamp["platlib"]])) + "\n")
-    # No llava/mtmd library (LLAVA_BUILD=OFF): llama_cpp loads it only for multimodal chat handlers
-    # (llama_chat_format imports mtmd_cpp inside them; read from the 0.3.36 sdist), which nothing here uses.
-    flags = "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"
-    env = {**os.environ, "CMAKE_ARGS": flags}
-    subprocess.run(
+    wheel = _wheel()
+    done = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -107,19 +142,29 @@ def _build(venv_dir: Path) -> None:
             str(_python(venv_dir)),
             "install",
             "--quiet",
-            str(SDIST),
+            str(wheel),
             "sentencepiece",
         ],
-        check=True,
+        check=False,
         capture_output=True,
         text=True,
-        env=env,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"installing {wheel.name} into {venv_dir} failed:\n{done.stderr[-3000:]}")
     version = subprocess.check_output(
         [str(_python(venv_dir)), "-c", "import llama_cpp; print(llama_cpp.__version__)"], text=True
     ).strip()
     if version != VERSION:
         raise RuntimeError(f"the llama.cpp venv at {venv_dir} imports llama-cpp-python {version}, not {VERSION}")
+
+
+def llamacpp_source() -> Path:
+    """The unpacked ``vendor/llama.cpp`` of llama-cpp-python's sdist (converter, ``conversion/``, ``gguf-py/``)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _unpack()
+    return CONVERTER.parent
 
 
 def llamacpp_python() -> Path:
@@ -161,6 +206,16 @@ def llamacpp_logits(gguf_file: Path, ids: list[int], threads: int = 1) -> object
     """llama.cpp's logits of ``ids`` under ``gguf_file``, ``[len(ids), vocab]`` float32 (a numpy array)."""
     import numpy as np
 
-    out = gguf_file.with_suffix(".logits.npy")
-    run_llamacpp(RUN, gguf_file, ids, str(out), str(threads))
-    return np.load(out)
+    return np.load(llamacpp_logits_files([gguf_file], ids, threads)[0])
+
+
+def llamacpp_logits_files(gguf_files: list[Path], ids: list[int], threads: int = 1) -> list[Path]:
+    """llama.cpp's logits of ``ids`` under each of ``gguf_files``, run in one process: one ``.logits.npy`` per file.
+
+    ``[len(ids), vocab]`` float32 arrays, written next to each file; files rather than arrays, so that a caller
+    comparing dozens of models holds one at a time.
+    """
+    outs = [f.with_suffix(".logits.npy") for f in gguf_files]
+    jobs = json.dumps([[str(f), str(out)] for f, out in zip(gguf_files, outs)])
+    run_llamacpp(RUN, gguf_files[0], ids, jobs, str(threads))
+    return outs

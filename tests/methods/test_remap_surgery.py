@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 
@@ -49,23 +50,45 @@ def test_transformers_own_from_pretrained_reloads_the_method_with_the_requested_
     assert default.config._attn_implementation == "hf_posext_remap_sdpa"
 
 
-@pytest.mark.parametrize("method", sorted({method for method, _ in CASES}))
-def test_without_the_plugin_transformers_refuses_the_checkpoint_loudly_whatever_kernel_is_asked(tmp_path, method):
+#: Loads every (checkpoint, from_pretrained arguments) of argv[1] in turn, in a process without hf_posext:
+#: one line per attempt, ``null`` if it loaded, else the error. One interpreter for all (each start is ~3 s).
+LOAD_EACH = """
+import json, sys
+from transformers import AutoModelForCausalLM
+for folder, kwargs in json.loads(sys.argv[1]):
+    try:
+        AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        print(json.dumps(None))
+    except Exception as err:
+        print(json.dumps(f"{type(err).__name__}: {err}"))
+assert "hf_posext" not in sys.modules
+"""
+
+
+def test_without_the_plugin_transformers_refuses_the_checkpoints_loudly_whatever_kernel_is_asked(tmp_path):
     """The saved attention name is replaced by an explicit kernel; the rope type is the second guard (as ALiBi's)."""
-    factor = {"factor": 2} if method in ("self_extend", "dca") else {}
-    hf_posext.patch_model(tiny_model("llama"), method, **factor).save_pretrained(tmp_path)
-    for kwargs, guard in (
-        ("", SAVED_ATTENTION),
-        (", attn_implementation='sdpa'", REMAP_ROPE_TYPE),
-        (", attn_implementation='eager'", REMAP_ROPE_TYPE),
-    ):
-        code = (
-            "from transformers import AutoModelForCausalLM\n"
-            f"AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}{kwargs})\n"
-        )
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode != 0, kwargs
-        assert guard in done.stderr, (kwargs, done.stderr[-2000:])
+    attempts = []
+    for method in sorted({method for method, _ in CASES}):
+        factor = {"factor": 2} if method in ("self_extend", "dca") else {}
+        hf_posext.patch_model(tiny_model("llama"), method, **factor).save_pretrained(tmp_path / method)
+        for kwargs, guard in (
+            ({}, SAVED_ATTENTION),
+            ({"attn_implementation": "sdpa"}, REMAP_ROPE_TYPE),
+            ({"attn_implementation": "eager"}, REMAP_ROPE_TYPE),
+        ):
+            attempts.append((str(tmp_path / method), kwargs, guard))
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_EACH, json.dumps([(folder, kwargs) for folder, kwargs, _ in attempts])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    errors = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(errors) == len(attempts), done.stdout
+    for (folder, kwargs, guard), error in zip(attempts, errors):
+        assert error is not None and guard in error, (folder, kwargs, error)
 
 
 def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):

@@ -1,22 +1,21 @@
 """llama.cpp's real converter (convert_hf_to_gguf.py from llama-cpp-python 0.3.36's source package)
 writes the GGUF rope keys hf_posext.readers.llamacpp predicts, and they are the right ones.
 
-The source package (76 MB) is downloaded once with pip into .cache/ (about 3 minutes here) and
-only the converter is unpacked. Its vocabulary step is skipped: the tiny byte tokenizer is not one
-llama.cpp knows, and vocabularies have nothing to do with rope keys.
+The source package (76 MB) is downloaded once with pip into .cache/ and unpacked
+(tests/helpers/llamacpp_env.py; nothing is compiled for this test). Its vocabulary step is skipped:
+the tiny byte tokenizer is not one llama.cpp knows, and vocabularies have nothing to do with rope keys.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 import sys
-import tarfile
 import textwrap
 from pathlib import Path
 
 import pytest
+from tests.helpers.llamacpp_env import llamacpp_source
 from tests.helpers.models import tiny_model
 
 import hf_posext
@@ -25,9 +24,6 @@ from hf_posext.rope_utils import ntk_theta
 
 gguf = pytest.importorskip("gguf")
 
-ROOT = Path(__file__).resolve().parents[2]
-VERSION = "0.3.36"
-CACHE = ROOT / ".cache" / f"llama-cpp-python-{VERSION}"
 L_ORIG = 64
 
 # Runs the converter's own main() on each checkpoint, with set_vocab made a no-op.
@@ -47,43 +43,6 @@ CONVERT = textwrap.dedent(
 )
 
 
-def converter_dir() -> Path:
-    """The unpacked ``vendor/llama.cpp`` of llama-cpp-python's sdist (converter, conversion/, gguf-py/)."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        root = CACHE / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
-        if not (root / "convert_hf_to_gguf.py").is_file():
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--quiet",
-                    "--no-deps",
-                    "--no-binary",
-                    ":all:",
-                    f"llama-cpp-python=={VERSION}",
-                    "-d",
-                    str(CACHE),
-                ],
-                check=True,
-                capture_output=True,
-            )
-            prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
-            with tarfile.open(CACHE / f"llama_cpp_python-{VERSION}.tar.gz") as archive:
-                members = [
-                    m
-                    for m in archive.getmembers()
-                    if m.name.startswith(
-                        (prefix + "convert_hf_to_gguf.py", prefix + "conversion/", prefix + "gguf-py/")
-                    )
-                ]
-                archive.extractall(CACHE, members=members, filter="data")
-    return root
-
-
 def gguf_keys(path: Path, arch: str) -> dict:
     reader = gguf.GGUFReader(path)
     keys = {}
@@ -97,7 +56,7 @@ def gguf_keys(path: Path, arch: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.integration  # downloads llama-cpp-python's 76 MB sdist once into .cache/
 def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
-    root = converter_dir()
+    root = llamacpp_source()
     cases = {}
     for arch in ("llama", "qwen2"):
         for method in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn", "alibi"):
