@@ -50,6 +50,8 @@ ROW = "yarn s=4 fine-tuned"
 #: The training-free rows it is compared with, paired on the same prompts.
 BASELINES = ("none", "yarn s=4", "self_extend f=4", "dca")
 PPL_LENGTHS = (8192, 16384, 32768)
+#: RULER-style runs (``hf-posext eval ruler``, one output folder per seed under ``ruler/<folder>/``) by row.
+RULER_ROWS = {"yarn s=4": "yarn", ROW: "fine-tuned"}
 #: The rebuild check: perplexity of the first REFERENCE_TOKENS tokens of the Language Reference, fp32.
 REFERENCE_TOKENS = 2048
 
@@ -157,6 +159,42 @@ def publish(checkpoint: Path, results_md: str) -> None:
     print("reference perplexity", reference["perplexity"])
 
 
+def ruler_samples(row: str) -> dict[tuple[str, int], dict[str, float]]:
+    """``{(task, length): {prompt seed: score}}`` of ``row``'s RULER runs, every seed folder together."""
+    samples: dict[tuple[str, int], dict[str, float]] = {}
+    for file in sorted((OUT / "ruler" / RULER_ROWS[row]).glob("*/ruler.json")):
+        for result in json.loads(file.read_text())["results"].values():
+            cell = samples.setdefault((result["task"], result["length"]), {})
+            cell.update({sample["seed"]: sample["score"] for sample in result["samples"]})
+    return samples
+
+
+def ruler_section() -> str:
+    """The RULER table (Wilson intervals) and the paired test of the fine-tuned row against untrained YaRN."""
+    runs = {row: ruler_samples(row) for row in RULER_ROWS}
+    rows, tests = [], []
+    for task, length in sorted({key for cells in runs.values() for key in cells}):
+        for row, cells in runs.items():
+            scores = list(cells.get((task, length), {}).values())
+            if scores:
+                low, high = wilson_interval(sum(scores), len(scores))
+                rows.append([row, task, f"{length // 1024}k", f"{sum(scores):g}/{len(scores)} ({low:.2f}-{high:.2f})"])
+        mine, theirs = runs[ROW].get((task, length), {}), runs["yarn s=4"].get((task, length), {})
+        common = sorted(set(mine) & set(theirs))
+        if common:
+            b, c, p = mcnemar_exact([mine[k] == 1 for k in common], [theirs[k] == 1 for k in common])
+            tests.append([task, f"{length // 1024}k", len(common), b, c, f"{p:.3g}"])
+    if not rows:
+        return ""
+    return (
+        "\n\nRULER-style tasks (`hf-posext eval ruler`, bf16 weights, the same prompts for both rows: seeds "
+        "0 and 1, 10 prompts each; answers found / prompts, 95% Wilson intervals):\n\n"
+        + markdown_table(["row", "task", "length", "found"], rows)
+        + "\n\nPaired (exact McNemar; b: fine-tuned right, untrained YaRN wrong; c: the reverse):\n\n"
+        + markdown_table(["task", "length", "prompts", "b", "c", "p"], tests)
+    )
+
+
 def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
     """Markdown report and plots from the fine-tuned cells and the training-free ones."""
     baseline_cells: dict[str, Any] = {}
@@ -212,6 +250,7 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         )
         + "\n\nPaired on the same prompts (exact McNemar; b: fine-tuned right, other wrong; c: the reverse):\n\n"
         + markdown_table(["length", "against", "prompts", "b", "c", "p"], tests)
+        + ruler_section()
         + "\n"
     )
     write_text(OUT / "results.md", text)

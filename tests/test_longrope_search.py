@@ -256,8 +256,29 @@ def test_cli_keep_first_writes_the_plugins_rope_type(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("flag", "expected"), [("longrope", math.sqrt(1 + math.log(4) / math.log(16))), ("1.25", 1.25)]
+)
+def test_cli_attention_factor_is_every_candidates_and_the_checkpoints(checkpoint, tmp_path, flag, expected):
+    path, text = checkpoint
+    out = tmp_path / "out"
+    argv = ["search", "longrope", str(path), str(out), "--factor", "4", "--length", "40", "--data", str(text)]
+    assert main([*argv, "--population", "2", "--rounds", "0", "--attention-factor", flag, "--no-progress"]) == 0
+    log = json.loads((out / "longrope_search.json").read_text())
+    assert log["settings"]["attention_factor"] == log["result"]["attention_factor"] == pytest.approx(expected)
+    assert AutoConfig.from_pretrained(out).rope_parameters["attention_factor"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (
+            ["--attention-factor", "0"],
+            "argument --attention-factor: expected a finite number > 0 or 'longrope', got '0'",
+        ),
+        (
+            ["--attention-factor", "yarn"],
+            "argument --attention-factor: expected a finite number > 0 or 'longrope', got 'yarn'",
+        ),
         (["--factor", "0.5"], "argument --factor: expected a finite number >= 1, got '0.5'"),
         (["--length", "16"], "--length must be above the model's original context 16"),
         (["--length", "4000"], "--length 4000 is beyond the text"),

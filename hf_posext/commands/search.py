@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ def _longrope(args: argparse.Namespace) -> int:
     from ..export import extend_checkpoint
     from ..longrope_search import search_longrope
     from ..methods import method_config
+    from ..methods.longrope.config import longrope_attention_factor
 
     config = read_config(source)
     original = base_rope(config, method_config("longrope"), override=True).original_max_position_embeddings
@@ -73,6 +75,9 @@ def _longrope(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--length {args.length} is beyond the text: the longest document of --data has {longest} tokens"
         )
+    attention_factor = args.attention_factor
+    if attention_factor == "longrope":
+        attention_factor = longrope_attention_factor(args.factor, original)
     model, _ = load_model(str(source), args.dtype, args.device)
     state = Path(f"{str(args.out).rstrip('/')}.search-state.json")
     result = search_longrope(
@@ -85,6 +90,7 @@ def _longrope(args: argparse.Namespace) -> int:
         seed=args.seed,
         state_path=state,
         score_last=args.score_last,
+        attention_factor=attention_factor,
         keep_first=args.keep_first,
         progress=not args.no_progress,
     )
@@ -121,6 +127,22 @@ def _longrope(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attention_factor(text: str) -> float | str:
+    """``--attention-factor``: ``longrope``, or a finite number > 0 (argparse's message otherwise)."""
+    if text == "longrope":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0 or 'longrope', got {text!r}")
+    return value
+
+
+_attention_factor.checked = True  # type: ignore[attr-defined]  # a declared range (tests/commands/test_numeric_flags.py)
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``hf-posext search longrope``."""
     parser = subparsers.add_parser("search", help="search a method's parameters on your model and text (longrope)")
@@ -152,6 +174,13 @@ def add_parser(subparsers: Any) -> None:
         default=0,
         help="keep the first N positions on plain RoPE past "
         "the switch (the paper's n-hat; default 0). N > 0 writes a rope type only hf-posext reads",
+    )
+    p.add_argument(
+        "--attention-factor",
+        type=_attention_factor,
+        default=None,
+        help="the cos/sin multiplier of every candidate: a number > 0, or 'longrope' for LongRoPE's "
+        "sqrt(1 + ln s / ln L_orig) (default: YaRN's 0.1 ln s + 1, so the start is YaRN exactly)",
     )
     p.add_argument("--documents", type=whole(1), default=5, help="documents of at least L tokens scored (default 5)")
     p.add_argument("--seed", type=whole(0), default=0, help="random seed (default 0)")
