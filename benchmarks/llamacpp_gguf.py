@@ -170,32 +170,34 @@ def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str,
     """
     python, tokenizer = llamacpp_python(), tokenizer_dir()
     ids = ids_for(3 * L0)
-    base_gguf: dict[tuple[str, str], Path] = {}
+    bases: dict[tuple[str, str], dict[str, Path]] = {}  # the unextended model's {exported, converter_only}
     files: dict[str, dict[str, Path]] = {}  # case: {row: GGUF file, "ref": transformers' logits}
     for name in names or list(CASES):
         arch, base, method, kwargs = case(name)
-        model = base_model(base, arch)
-        if (arch, base) not in base_gguf:
-            folder = save_case(model, work / f"base-{arch}-{base}", tokenizer)
-            base_gguf[arch, base] = export_gguf(
-                folder, work / f"base-{arch}-{base}.gguf", converter=CONVERTER, python=python, outtype="f32"
+        model = base_model(base, arch)  # seeded: the same weights for every case of a base
+        if (arch, base) not in bases:
+            slug = f"base-{arch}-{base}"
+            folder = save_case(model, work / slug, tokenizer)
+            raw = work / f"{slug}.raw.gguf"
+            exported = export_gguf(
+                folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32", keep_converted=raw
             )
+            bases[arch, base] = {"exported": exported, "converter_only": raw}
+        slug = name.replace(" ", "_").replace("=", "")
         if method:
             hf_posext.patch_model(model, method, factor=4, **kwargs)
-        slug = name.replace(" ", "_").replace("=", "")
-        np.save(work / f"{slug}.ref.npy", logits(model, ids))
-        folder = save_case(model, work / slug, tokenizer)
-        raw = work / f"{slug}.raw.gguf"
-        row = {
-            "exported": export_gguf(
+            folder = save_case(model, work / slug, tokenizer)
+            raw = work / f"{slug}.raw.gguf"
+            exported = export_gguf(
                 folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32", keep_converted=raw
-            ),
-            "converter_only": raw,
-        }
-        if method:
-            row["direct"] = patch_gguf(base_gguf[arch, base], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
+            )
+            direct = patch_gguf(bases[arch, base]["exported"], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
+            row = {"exported": exported, "converter_only": raw, "direct": direct}
+        else:  # the unextended model is its base: its files are the base's
+            row = dict(bases[arch, base])
+        np.save(work / f"{slug}.ref.npy", logits(model, ids))
         files[name] = {**row, "ref": work / f"{slug}.ref.npy"}
-    ggufs = [path for row in files.values() for key, path in row.items() if key != "ref"]
+    ggufs = list(dict.fromkeys(path for row in files.values() for key, path in row.items() if key != "ref"))
     outputs = dict(zip(ggufs, llamacpp_logits_files(ggufs, ids)))
     rows: dict[str, dict[str, float]] = {}
     for name, row in files.items():
