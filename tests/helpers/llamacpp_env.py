@@ -25,8 +25,6 @@ import tarfile
 import venv
 from pathlib import Path
 
-import torch
-
 from . import ROOT
 
 VERSION = "0.3.36"
@@ -56,6 +54,8 @@ for path, out in jobs:
 
 
 def _stamp() -> dict[str, str]:
+    import torch  # here: compile_wheel runs before torch is installed (.ci/run)
+
     paths = sysconfig.get_paths()
     return {"parent": paths["purelib"], "platlib": paths["platlib"], "torch": torch.__version__, "version": VERSION}
 
@@ -156,6 +156,18 @@ def _build(venv_dir: Path) -> None:
     ).strip()
     if version != VERSION:
         raise RuntimeError(f"the llama.cpp venv at {venv_dir} imports llama-cpp-python {version}, not {VERSION}")
+
+
+def compile_wheel() -> Path:
+    """Download, unpack and compile llama-cpp-python into the cache's wheel, without torch or a venv.
+
+    ``.ci/run`` starts this first, in the background, so that compiling overlaps the installs.
+    """
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _unpack()
+        return _wheel()
 
 
 def llamacpp_source() -> Path:
