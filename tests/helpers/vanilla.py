@@ -3,6 +3,7 @@ plugin, or another runtime reading config.json, gets)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,28 +11,46 @@ import textwrap
 
 import torch
 
+# Loads every (checkpoint, from_pretrained keyword arguments) of argv[1] in turn: a line per attempt, the JSON
+# null if it loaded, else the error's type and message. One interpreter for all of them (each start costs ~3 s).
 _REFUSAL = textwrap.dedent(
     """
-    import sys
+    import json, sys
     sys.modules["hf_posext"] = None  # any `import hf_posext` now raises ImportError
     from transformers import AutoModelForCausalLM
-    try:
-        AutoModelForCausalLM.from_pretrained(sys.argv[1])
-    except Exception as error:
-        print(type(error).__name__, error)
-        sys.exit(0)
-    sys.exit(2)
+    for checkpoint, kwargs in json.loads(sys.argv[1]):
+        try:
+            AutoModelForCausalLM.from_pretrained(checkpoint, **kwargs)
+            print("attempt:", json.dumps(None), flush=True)
+        except Exception as error:
+            print("attempt:", json.dumps(f"{type(error).__name__} {error}"), flush=True)
     """
 )
 
 
+def vanilla_load_errors(attempts) -> list[str | None]:
+    """The error vanilla transformers raises for each ``(checkpoint, from_pretrained keyword arguments)``, or
+    ``None`` where it loads; every attempt in one fresh interpreter."""
+    attempts = [(str(checkpoint), dict(kwargs)) for checkpoint, kwargs in attempts]
+    result = subprocess.run(
+        [sys.executable, "-c", _REFUSAL, json.dumps(attempts)],
+        capture_output=True,
+        text=True,
+        timeout=120 + 15 * len(attempts),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = [
+        json.loads(line[len("attempt: ") :]) for line in result.stdout.splitlines() if line.startswith("attempt: ")
+    ]
+    assert len(errors) == len(attempts), result.stdout
+    return errors
+
+
 def vanilla_load_error(checkpoint) -> str:
     """The error vanilla transformers raises loading ``checkpoint``; fails the test if it loads."""
-    result = subprocess.run(
-        [sys.executable, "-c", _REFUSAL, str(checkpoint)], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, f"vanilla transformers loaded {checkpoint}:\n{result.stdout}{result.stderr}"
-    return result.stdout
+    (error,) = vanilla_load_errors([(checkpoint, {})])
+    assert error is not None, f"vanilla transformers loaded {checkpoint}"
+    return error
 
 
 _LOGITS = textwrap.dedent(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from tests.helpers.models import tiny_model, tokens
+from tests.helpers.vanilla import vanilla_load_errors
 from transformers import AutoModelForCausalLM
 
 import hf_posext
@@ -50,21 +49,6 @@ def test_transformers_own_from_pretrained_reloads_the_method_with_the_requested_
     assert default.config._attn_implementation == "hf_posext_remap_sdpa"
 
 
-#: Loads every (checkpoint, from_pretrained arguments) of argv[1] in turn, in a process without hf_posext:
-#: one line per attempt, ``null`` if it loaded, else the error. One interpreter for all (each start is ~3 s).
-LOAD_EACH = """
-import json, sys
-from transformers import AutoModelForCausalLM
-for folder, kwargs in json.loads(sys.argv[1]):
-    try:
-        AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-        print(json.dumps(None))
-    except Exception as err:
-        print(json.dumps(f"{type(err).__name__}: {err}"))
-assert "hf_posext" not in sys.modules
-"""
-
-
 def test_without_the_plugin_transformers_refuses_the_checkpoints_loudly_whatever_kernel_is_asked(tmp_path):
     """The saved attention name is replaced by an explicit kernel; the rope type is the second guard (as ALiBi's)."""
     attempts = []
@@ -77,16 +61,7 @@ def test_without_the_plugin_transformers_refuses_the_checkpoints_loudly_whatever
             ({"attn_implementation": "eager"}, REMAP_ROPE_TYPE),
         ):
             attempts.append((str(tmp_path / method), kwargs, guard))
-    done = subprocess.run(
-        [sys.executable, "-c", LOAD_EACH, json.dumps([(folder, kwargs) for folder, kwargs, _ in attempts])],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    errors = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(errors) == len(attempts), done.stdout
+    errors = vanilla_load_errors([(folder, kwargs) for folder, kwargs, _ in attempts])
     for (folder, kwargs, guard), error in zip(attempts, errors):
         assert error is not None and guard in error, (folder, kwargs, error)
 
@@ -163,7 +138,6 @@ def test_the_command_line_evaluates_and_patches_every_remapping_method(tmp_path)
         )
         == 0
     )
-    import json
 
     results = json.loads((out / "ppl.json").read_text())["results"]
     names = ["self_extend", "dca", "string", "rerope"]
