@@ -187,8 +187,8 @@ def ruler_section() -> str:
     if not rows:
         return ""
     return (
-        "\n\nRULER-style tasks (`hf-posext eval ruler`, bf16 weights, the same prompts for both rows: seeds "
-        "0 and 1, 10 prompts each; answers found / prompts, 95% Wilson intervals):\n\n"
+        "\n\nRULER-style tasks (`hf-posext eval ruler`, bf16 weights, the same prompts for both rows: one run "
+        "per prompt seed under `ruler/<row>/`; answers found / prompts, 95% Wilson intervals):\n\n"
         + markdown_table(["row", "task", "length", "found"], rows)
         + "\n\nPaired (exact McNemar; b: fine-tuned right, untrained YaRN wrong; c: the reverse):\n\n"
         + markdown_table(["task", "length", "prompts", "b", "c", "p"], tests)

@@ -170,29 +170,28 @@ def tiny_gaps(work: Path, names: list[str] | None = None) -> dict[str, dict[str,
     """
     python, tokenizer = llamacpp_python(), tokenizer_dir()
     ids = ids_for(3 * L0)
-    bases: dict[tuple[str, str], dict[str, Path]] = {}  # the unextended model's {exported, converter_only}
+
+    def export(model, slug: str) -> dict[str, Path]:
+        """``{exported, converter_only}``: hf-posext's GGUF of ``model`` and the converter's own."""
+        raw = work / f"{slug}.raw.gguf"
+        folder = save_case(model, work / slug, tokenizer)
+        exported = export_gguf(
+            folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32", keep_converted=raw
+        )
+        return {"exported": exported, "converter_only": raw}
+
+    bases: dict[tuple[str, str], dict[str, Path]] = {}  # the unextended model's files
     files: dict[str, dict[str, Path]] = {}  # case: {row: GGUF file, "ref": transformers' logits}
     for name in names or list(CASES):
         arch, base, method, kwargs = case(name)
         model = base_model(base, arch)  # seeded: the same weights for every case of a base
         if (arch, base) not in bases:
-            slug = f"base-{arch}-{base}"
-            folder = save_case(model, work / slug, tokenizer)
-            raw = work / f"{slug}.raw.gguf"
-            exported = export_gguf(
-                folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32", keep_converted=raw
-            )
-            bases[arch, base] = {"exported": exported, "converter_only": raw}
+            bases[arch, base] = export(model, f"base-{arch}-{base}")
         slug = name.replace(" ", "_").replace("=", "")
         if method:
             hf_posext.patch_model(model, method, factor=4, **kwargs)
-            folder = save_case(model, work / slug, tokenizer)
-            raw = work / f"{slug}.raw.gguf"
-            exported = export_gguf(
-                folder, work / f"{slug}.gguf", converter=CONVERTER, python=python, outtype="f32", keep_converted=raw
-            )
             direct = patch_gguf(bases[arch, base]["exported"], work / f"{slug}.direct.gguf", method, factor=4, **kwargs)
-            row = {"exported": exported, "converter_only": raw, "direct": direct}
+            row = {**export(model, slug), "direct": direct}
         else:  # the unextended model is its base: its files are the base's
             row = dict(bases[arch, base])
         np.save(work / f"{slug}.ref.npy", logits(model, ids))

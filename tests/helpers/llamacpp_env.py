@@ -15,6 +15,7 @@ when this interpreter's site-packages or torch version changes.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -23,6 +24,7 @@ import sys
 import sysconfig
 import tarfile
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import ROOT
@@ -92,6 +94,7 @@ def _unpack() -> None:
 #: llama-cpp-python forces llama.cpp's common library on (chat parsers, an HTTP client: ~45% of the compile);
 #: nothing the wheel installs links it, so the build here turns it off (read from the 0.3.36 sdist's CMakeLists.txt).
 FORCED_COMMON = 'set(LLAMA_BUILD_COMMON ON CACHE BOOL "Build llama.cpp common library" FORCE)'
+COMMON_OFF = FORCED_COMMON.replace(" ON ", " OFF ")
 
 
 def _wheel() -> Path:
@@ -106,8 +109,8 @@ def _wheel() -> Path:
     cmake = SOURCE / "CMakeLists.txt"
     text = cmake.read_text()
     if FORCED_COMMON in text:
-        cmake.write_text(text.replace(FORCED_COMMON, FORCED_COMMON.replace(" ON ", " OFF ")))
-    elif FORCED_COMMON.replace(" ON ", " OFF ") not in text:
+        cmake.write_text(text.replace(FORCED_COMMON, COMMON_OFF))
+    elif COMMON_OFF not in text:
         raise RuntimeError(f"{cmake} no longer forces LLAMA_BUILD_COMMON as {VERSION} did: check the build flags")
     flags = "-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"
     done = subprocess.run(
@@ -158,33 +161,34 @@ def _build(venv_dir: Path) -> None:
         raise RuntimeError(f"the llama.cpp venv at {venv_dir} imports llama-cpp-python {version}, not {VERSION}")
 
 
+@contextlib.contextmanager
+def _unpacked() -> Iterator[None]:
+    """Holds the cache's file lock (one build for concurrent test processes) with the sdist unpacked."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _unpack()
+        yield
+
+
 def compile_wheel() -> Path:
     """Download, unpack and compile llama-cpp-python into the cache's wheel, without torch or a venv.
 
     ``.ci/run`` starts this first, in the background, so that compiling overlaps the installs.
     """
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _unpack()
+    with _unpacked():
         return _wheel()
 
 
 def llamacpp_source() -> Path:
     """The unpacked ``vendor/llama.cpp`` of llama-cpp-python's sdist (converter, ``conversion/``, ``gguf-py/``)."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _unpack()
-    return CONVERTER.parent
+    with _unpacked():
+        return CONVERTER.parent
 
 
 def llamacpp_python() -> Path:
     """The python of the cached llama.cpp venv (llama_cpp importable, the converter runnable), built on first use."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _unpack()
+    with _unpacked():
         ready = VENV / "ready.json"
         if not (ready.is_file() and json.loads(ready.read_text()) == _stamp() and _python(VENV).exists()):
             _build(VENV)
