@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
+from pivot import found_cell  # noqa: E402
 from real_model import Cells, reference_text  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
 from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, passkeys, shard  # noqa: E402
@@ -43,7 +44,7 @@ from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_fo
 from hf_posext.eval.checkpoint import load_model, model_fingerprint  # noqa: E402
 from hf_posext.eval.perplexity import sequence_nll, truncated_perplexity  # noqa: E402
 from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text  # noqa: E402
-from hf_posext.eval.ruler.score import mcnemar_exact, wilson_interval  # noqa: E402
+from hf_posext.eval.ruler.score import mcnemar_exact  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "finetune_smollm2"
 ROW = "yarn s=4 fine-tuned"
@@ -177,8 +178,7 @@ def ruler_section() -> str:
         for row, cells in runs.items():
             scores = list(cells.get((task, length), {}).values())
             if scores:
-                low, high = wilson_interval(sum(scores), len(scores))
-                rows.append([row, task, f"{length // 1024}k", f"{sum(scores):g}/{len(scores)} ({low:.2f}-{high:.2f})"])
+                rows.append([row, task, f"{length // 1024}k", found_cell(scores)])
         mine, theirs = runs[ROW].get((task, length), {}), runs["yarn s=4"].get((task, length), {})
         common = sorted(set(mine) & set(theirs))
         if common:
@@ -206,9 +206,7 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
     for row in (*BASELINES, ROW):
         line = [row]
         for length in lengths:
-            found = list(passkeys(everything, row, length).values())
-            low, high = wilson_interval(sum(found), len(found)) if found else (0.0, 0.0)
-            line.append(f"{sum(found)}/{len(found)} ({low:.2f}-{high:.2f})" if found else "-")
+            line.append(found_cell(list(passkeys(everything, row, length).values())))
         ppls = [everything.get(f"ppl/{row}/{n}", {}).get("value") for n in PPL_LENGTHS]
         line += [f"{p:.2f}" if p else "-" for p in ppls]
         rows.append(line)

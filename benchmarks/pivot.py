@@ -25,6 +25,16 @@ def kilo(n: int | str) -> str:
     return f"{int(n) // 1024}k" if int(n) % 1024 == 0 else str(n)
 
 
+def found_cell(found: Sequence[float]) -> str:
+    """``found/asked (low-high)``: per-prompt scores (bools or 0..1) with their 95% Wilson interval; ``-`` if none."""
+    from hf_posext.eval.ruler.score import wilson_interval  # here: importing hf_posext loads torch
+
+    if not found:
+        return "-"
+    low, high = wilson_interval(sum(found), len(found))
+    return f"{sum(found):g}/{len(found)} ({low:.2f}-{high:.2f})"
+
+
 def value(rows: Sequence[Row], **match: Any) -> Any:
     """The value of the latest of ``rows`` that matches (``Row.matches``), or ``None``."""
     row = latest(r for r in rows if r.matches(**match))

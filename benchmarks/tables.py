@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pivot import Column, Pivot, Table, fmt, kilo, lengths, ok_or, ratio, reason, table, value  # noqa: E402
+from pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, table, value  # noqa: E402
 from result_schema import Row, latest, read_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -709,8 +709,6 @@ def real_model_passkey() -> str:
 
 def training_free_real_model() -> str:
     """Passkeys found / asked with 95% Wilson intervals, and perplexity, per method (training_free/results.json)."""
-    from hf_posext.eval.ruler.score import wilson_interval
-
     data = load("training_free/results.json")
     cells = data["cells"]
     # The script's rows in its own order (training_free_real_model.METHODS), any others after them.
@@ -724,8 +722,7 @@ def training_free_real_model() -> str:
         row = [method]
         for n in passkey_lengths:
             found = [c["value"] for k, c in cells.items() if k.startswith(f"passkey/{method}/{n}/")]
-            low, high = wilson_interval(sum(found), len(found)) if found else (0.0, 0.0)
-            row.append(f"{sum(found)}/{len(found)} ({low:.2f}-{high:.2f})" if found else "-")
+            row.append(found_cell(found))
         for n in ppl_lengths:
             value = cells.get(f"ppl/{method}/{n}", {}).get("value")
             row.append(f"{value:.2f}" if value else "-")

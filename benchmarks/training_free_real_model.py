@@ -34,13 +34,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_posext.integration import rebuild_rotary, replace_module, rotary_modules
+from pivot import found_cell
 from real_model import Cells, gguf_file, reference_text
 
 from hf_posext import patch_model, unpatch_model
 from hf_posext.eval.passkey import passkey_accuracy
 from hf_posext.eval.perplexity import truncated_perplexity
 from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text
-from hf_posext.eval.ruler.score import mcnemar_exact, wilson_interval
+from hf_posext.eval.ruler.score import mcnemar_exact
 from hf_posext.gguf import gguf_checkpoint
 
 TRAINED = 8192
@@ -175,9 +176,7 @@ def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
     for row in METHODS:
         accs = []
         for length in lengths:
-            done = list(passkeys(cells.cells, row, length).values())
-            low, high = wilson_interval(sum(done), len(done)) if done else (0.0, 0.0)
-            accs.append(f"{sum(done)}/{len(done)} ({low:.2f}-{high:.2f})" if done else "-")
+            accs.append(found_cell(list(passkeys(cells.cells, row, length).values())))
         rows.append([row, *accs])
         ppls = [cells.cells.get(f"ppl/{row}/{n}", {}).get("value") for n in (8192, 16384, 32768)]
         ppl_rows.append([row, *[f"{p:.2f}" if p else "-" for p in ppls]])
