@@ -73,18 +73,19 @@ def _select(documents: Sequence[torch.Tensor], min_tokens: int, max_documents: i
     return long_enough[:max_documents] if max_documents is not None else long_enough
 
 
-def _takes_logits_to_keep(model: nn.Module) -> bool:
+def _forward_parameters(model: nn.Module) -> frozenset[str]:
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        return frozenset(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
-        return False
+        return frozenset()
 
 
 def sequence_nll(model: nn.Module, input_ids: torch.Tensor, n_scored: int) -> torch.Tensor:
     """Summed NLL of the last ``n_scored`` tokens of each row, predicted from everything before them.
 
     Only ``n_scored + 1`` rows of logits are materialized when the model takes ``logits_to_keep``
-    (transformers causal LMs do): fp32 logits of 64k tokens x 128k vocab would need 31 GiB.
+    (transformers causal LMs do): fp32 logits of 64k tokens x 128k vocab would need 31 GiB. No KV
+    cache is built when the model takes ``use_cache`` (SmolLM2's at 32k tokens: 1.5 GB for nothing).
 
     Args:
         model: a causal LM returning ``.logits``.
@@ -97,10 +98,12 @@ def sequence_nll(model: nn.Module, input_ids: torch.Tensor, n_scored: int) -> to
     seq = input_ids.shape[-1]
     if not 1 <= n_scored <= seq - 1:
         raise ValueError(f"n_scored must be in [1, {seq - 1}] for a sequence of {seq} tokens, got {n_scored}")
-    if _takes_logits_to_keep(model):
-        logits = model(input_ids=input_ids, logits_to_keep=n_scored + 1).logits[:, :-1]
+    takes = _forward_parameters(model)
+    options = {"use_cache": False} if "use_cache" in takes else {}
+    if "logits_to_keep" in takes:
+        logits = model(input_ids=input_ids, logits_to_keep=n_scored + 1, **options).logits[:, :-1]
     else:
-        logits = model(input_ids=input_ids).logits[:, -n_scored - 1 : -1]
+        logits = model(input_ids=input_ids, **options).logits[:, -n_scored - 1 : -1]
     targets = input_ids[:, -n_scored:]
     # Cross-entropy in fp32 whatever the model dtype: bf16 log-softmax loses ~3 significant digits.
     nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")

@@ -154,6 +154,29 @@ def test_sequence_nll_matches_cross_entropy(model):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", [None, "dynamic_yarn"])
+def test_sequence_nll_builds_no_cache_and_scores_as_a_cached_forward(model, method):
+    # dynamic_yarn past the model's 16 positions: its exact-cache attention notes the cache (or its absence)
+    ids = tokens(40, batch=2, seed=13)
+    caches = []
+    hook = model.register_forward_hook(lambda module, args, out: caches.append(out.past_key_values))
+    if method:
+        patch_model(model, method, factor=4)
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=True).logits.double()
+            got = sequence_nll(model, ids, 5)
+    finally:
+        hook.remove()
+        if method:
+            from hf_posext import unpatch_model
+
+            unpatch_model(model)
+    assert caches[0] is not None and caches[1] is None
+    expected = F.cross_entropy(logits[:, -6:-1].transpose(1, 2), ids[:, -5:], reduction="none").sum(-1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
