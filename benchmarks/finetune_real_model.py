@@ -55,6 +55,8 @@ PPL_LENGTHS = (8192, 16384, 32768)
 RULER_ROWS = {"yarn s=4": "yarn", ROW: "fine-tuned"}
 #: The rebuild check: perplexity of the first REFERENCE_TOKENS tokens of the Language Reference, fp32.
 REFERENCE_TOKENS = 2048
+#: Further checkpoints evaluated beside the recipe's (``--experiment NAME --row ROW``): one folder each.
+EXPERIMENTS = OUT / "experiments"
 
 
 def reference_perplexity(model: Any, tokenizer: Any) -> float:
@@ -195,15 +197,25 @@ def ruler_section() -> str:
     )
 
 
+def experiments() -> dict[str, dict[str, Any]]:
+    """``{row: cells}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`)."""
+    found = {}
+    for file in sorted(EXPERIMENTS.glob("*/results.json")):
+        content = json.loads(file.read_text())
+        found[content["settings"]["row"]] = content["cells"]
+    return found
+
+
 def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
-    """Markdown report and plots from the fine-tuned cells and the training-free ones."""
+    """Markdown report and plots from the fine-tuned cells, the experiments' and the training-free ones."""
     baseline_cells: dict[str, Any] = {}
     for folder in (TRAINING_FREE.with_name(f"{TRAINING_FREE.name}_bf16"), TRAINING_FREE):  # fp32 wins where both ran
         if (folder / "results.json").exists():
             baseline_cells.update(json.loads((folder / "results.json").read_text())["cells"])
-    everything = {**baseline_cells, **cells.cells}
+    variants = experiments()
+    everything = {**baseline_cells, **cells.cells, **{k: v for found in variants.values() for k, v in found.items()}}
     rows, curves, grids, tests = [], {}, {}, []
-    for row in (*BASELINES, ROW):
+    for row in (*BASELINES, ROW, *variants):
         line = [row]
         for length in lengths:
             line.append(found_cell(list(passkeys(everything, row, length).values())))
@@ -225,7 +237,7 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         rows.append([f"{ROW}, llama.cpp (bf16 GGUF)", *["-"] * len(lengths), *map(engine_cell, PPL_LENGTHS)])
     for length in lengths:
         mine = passkeys(everything, ROW, length)
-        for other in BASELINES[1:]:
+        for other in (*BASELINES[1:], *variants):
             theirs = passkeys(everything, other, length)
             common = sorted(set(mine) & set(theirs))
             if common:
@@ -274,7 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", type=Path, help="the fine-tuned checkpoint folder")
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
     parser.add_argument("--keys", type=int, default=20)
-    parser.add_argument("--ppl", type=int, nargs="*", default=list(PPL_LENGTHS))
+    parser.add_argument(
+        "--ppl",
+        type=int,
+        nargs="*",
+        default=list(PPL_LENGTHS),
+        metavar="LENGTH",
+        help="perplexity cells at these lengths (default: 8192 16384 32768; --ppl alone: none)",
+    )
     parser.add_argument(
         "--dtype",
         default="float32",
@@ -289,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K/N",
         help="only keys whose index is K modulo N (run N processes to fill the cells)",
     )
+    parser.add_argument(
+        "--experiment",
+        metavar="NAME",
+        help="another checkpoint (a variant of the recipe): its cells go to results/finetune_smollm2/experiments/"
+        "NAME/results.json and the report adds its row",
+    )
+    parser.add_argument("--row", default=ROW, help="the row's name in the table (required with --experiment)")
     parser.add_argument("--report", action="store_true", help="only rewrite the table and plots")
     parser.add_argument(
         "--llamacpp",
@@ -304,9 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --report: copy the adapter with its card and record the rebuild's reference",
     )
     args = parser.parse_args(argv)
+    only_evaluates = not (args.report or args.llamacpp is not None)
+    if (args.experiment is None) != (args.row == ROW) or (args.experiment and not only_evaluates):
+        parser.error("--experiment and --row go together (a row of its own); an experiment has no --report, --llamacpp")
     torch.set_num_threads(args.threads)
-    settings = {**SETTINGS, "row": ROW, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
-    cells = Cells(OUT / "results.json", settings)
+    settings = {**SETTINGS, "row": args.row, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
+    cells = Cells((EXPERIMENTS / args.experiment if args.experiment else OUT) / "results.json", settings)
     if args.report:
         text = report(cells, args.lengths, args.checkpoint)
         print(text)
@@ -341,18 +370,20 @@ def main(argv: list[str] | None = None) -> int:
                 progress=False,
             )[0].perplexity
 
-        print(ROW, length, "ppl", cells.get(f"ppl/{ROW}/{length}", ppl), flush=True)
+        print(args.row, length, "ppl", cells.get(f"ppl/{args.row}/{length}", ppl), flush=True)
     for length in sorted(args.lengths):
         for index, depth in key_schedule(args.keys):
             if index % args.shard[1] != args.shard[0]:
                 continue
             found = cells.get(
-                f"passkey/{ROW}/{length}/{depth}",
+                f"passkey/{args.row}/{length}/{depth}",
                 lambda i=index, d=depth, n=length: passkey_found(model, tokenizer, n, i, d),
             )
-            print(ROW, length, depth, found, flush=True)
-        report(cells, args.lengths, args.checkpoint)
-    print(report(cells, args.lengths, args.checkpoint))
+            print(args.row, length, depth, found, flush=True)
+        if not args.experiment:
+            report(cells, args.lengths, args.checkpoint)
+    if not args.experiment:
+        print(report(cells, args.lengths, args.checkpoint))
     return 0
 
 

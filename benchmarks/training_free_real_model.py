@@ -222,7 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="*", default=[16384, 32768])
     parser.add_argument("--keys", type=int, default=10, help=f"keys per cell, 1..{MAX_KEYS} (see key_schedule)")
-    parser.add_argument("--ppl", type=int, nargs="*", default=[8192, 16384, 32768])
+    parser.add_argument(
+        "--ppl",
+        type=int,
+        nargs="*",
+        default=[8192, 16384, 32768],
+        metavar="LENGTH",
+        help="perplexity cells at these lengths (default: 8192 16384 32768; --ppl alone: none)",
+    )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(

@@ -1,0 +1,65 @@
+"""The fine-tune evaluation's experiments: other checkpoints' rows beside the recipe's, never in its file.
+
+No model is loaded: the arguments are refused before one would be, and the report reads cell files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmark imports its siblings from there
+_spec = importlib.util.spec_from_file_location("finetune_bench", ROOT / "benchmarks" / "finetune_real_model.py")
+finetune = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = finetune
+_spec.loader.exec_module(finetune)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ckpt", "--experiment", "windows"],  # a row of its own is required
+        ["ckpt", "--row", "other"],  # another row in the recipe's own file would replace its cells
+        ["ckpt", "--experiment", "windows", "--row", "other", "--report"],
+        ["ckpt", "--experiment", "windows", "--row", "other", "--llamacpp"],
+    ],
+)
+def test_experiment_and_row_go_together_and_only_evaluate(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        finetune.main(argv)
+    assert exit_.value.code == 2 and "--experiment and --row go together" in capsys.readouterr().err
+
+
+def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, monkeypatch):
+    monkeypatch.setattr(finetune, "OUT", tmp_path)
+    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "experiments")
+    recipe = finetune.ROW
+    (tmp_path / "experiments" / "windows").mkdir(parents=True)
+    variant = {
+        "settings": {"row": "longer windows"},
+        "cells": {
+            "passkey/longer windows/16384/0.0": {"value": True},
+            "passkey/longer windows/16384/0.5": {"value": True},
+            "ppl/longer windows/32768": {"value": 12.5},
+        },
+    }
+    (tmp_path / "experiments" / "windows" / "results.json").write_text(json.dumps(variant))
+    cells = finetune.Cells(tmp_path / "results.json", {"row": recipe, "dtype": "bfloat16"})
+    cells.cells = {
+        f"passkey/{recipe}/16384/0.0": {"value": False},
+        f"passkey/{recipe}/16384/0.5": {"value": True},
+        f"ppl/{recipe}/32768": {"value": 14.0},
+    }
+    text = finetune.report(cells, [16384], tmp_path / "no-checkpoint")
+    lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("| longer windows"))
+    assert "2/2" in row and "12.50" in row
+    assert next(line for line in lines if line.startswith(f"| {recipe} ")).count("1/2") == 1
+    # paired on the two shared prompts: the recipe right where the variant is wrong 0 times, the reverse once
+    assert any(line.replace(" ", "") == "|16k|longerwindows|2|0|1|1|" for line in lines), text
+    assert (tmp_path / "results.md").read_text() == text
