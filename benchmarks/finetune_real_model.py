@@ -197,13 +197,28 @@ def ruler_section() -> str:
     )
 
 
-def experiments() -> dict[str, dict[str, Any]]:
-    """``{row: cells}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`)."""
-    found = {}
-    for file in sorted(EXPERIMENTS.glob("*/results.json")):
-        content = json.loads(file.read_text())
-        found[content["settings"]["row"]] = content["cells"]
-    return found
+def experiments() -> dict[str, Path]:
+    """``{row: folder}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`)."""
+    files = sorted(EXPERIMENTS.glob("*/results.json"))
+    return {json.loads(file.read_text())["settings"]["row"]: file.parent for file in files}
+
+
+def experiment_losses(variants: dict[str, Path]) -> None:
+    """The loss curves of the experiments whose folder holds their run's ``train_results.json``, in one plot."""
+    runs = {row: folder / "train_results.json" for row, folder in variants.items()}
+    curves = {}
+    for row, file in runs.items():
+        if file.exists():
+            losses = json.loads(file.read_text())["losses"]
+            curves[row] = (list(range(1, len(losses) + 1)), losses)
+    if curves:
+        plot_curves(
+            EXPERIMENTS / "loss.png",
+            curves,
+            title="the experiments' fine-tuning loss per optimizer step",
+            xlabel="optimizer step",
+            ylabel="loss",
+        )
 
 
 def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
@@ -213,7 +228,9 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         if (folder / "results.json").exists():
             baseline_cells.update(json.loads((folder / "results.json").read_text())["cells"])
     variants = experiments()
-    everything = {**baseline_cells, **cells.cells, **{k: v for found in variants.values() for k, v in found.items()}}
+    everything = {**baseline_cells, **cells.cells}
+    for folder in variants.values():
+        everything.update(json.loads((folder / "results.json").read_text())["cells"])
     rows, curves, grids, tests = [], {}, {}, []
     for row in (*BASELINES, ROW, *variants):
         line = [row]
@@ -268,6 +285,7 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         plot_heatmaps(OUT / "passkey.png", grids, title="SmolLM2-135M passkey before / after fine-tuning")
     if curves:
         plot_curves(OUT / "perplexity.png", curves, title="SmolLM2-135M perplexity by length", vline=TRAINED)
+    experiment_losses(variants)
     results = checkpoint / "train_results.json"
     if results.exists():
         losses = json.loads(results.read_text())["losses"]

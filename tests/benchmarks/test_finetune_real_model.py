@@ -55,6 +55,7 @@ def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, m
         f"passkey/{recipe}/16384/0.5": {"value": True},
         f"ppl/{recipe}/32768": {"value": 14.0},
     }
+    (tmp_path / "experiments" / "windows" / "train_results.json").write_text(json.dumps({"losses": [2.0, 1.5]}))
     text = finetune.report(cells, [16384], tmp_path / "no-checkpoint")
     lines = text.splitlines()
     row = next(line for line in lines if line.startswith("| longer windows"))
@@ -63,3 +64,4 @@ def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, m
     # paired on the two shared prompts: the recipe right where the variant is wrong 0 times, the reverse once
     assert any(line.replace(" ", "") == "|16k|longerwindows|2|0|1|1|" for line in lines), text
     assert (tmp_path / "results.md").read_text() == text
+    assert (tmp_path / "experiments" / "loss.png").exists()  # the experiment's loss curve, from its run's record
