@@ -199,19 +199,21 @@ def ruler_section() -> str:
     )
 
 
-def experiments() -> dict[str, Path]:
-    """``{row: folder}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`)."""
-    files = sorted(EXPERIMENTS.glob("*/results.json"))
-    return {json.loads(file.read_text())["settings"]["row"]: file.parent for file in files}
+def experiments() -> dict[str, tuple[Path, dict[str, Any]]]:
+    """``{row: (folder, cells)}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`)."""
+    found = {}
+    for file in sorted(EXPERIMENTS.glob("*/results.json")):
+        content = json.loads(file.read_text())
+        found[content["settings"]["row"]] = (file.parent, content["cells"])
+    return found
 
 
-def experiment_losses(variants: dict[str, Path]) -> None:
+def experiment_losses(variants: dict[str, tuple[Path, dict[str, Any]]]) -> None:
     """The loss curves of the experiments whose folder holds their run's ``train_results.json``, in one plot."""
-    runs = {row: folder / "train_results.json" for row, folder in variants.items()}
     curves = {}
-    for row, file in runs.items():
-        if file.exists():
-            losses = json.loads(file.read_text())["losses"]
+    for row, (folder, _) in variants.items():
+        if (folder / "train_results.json").exists():
+            losses = json.loads((folder / "train_results.json").read_text())["losses"]
             curves[row] = (list(range(1, len(losses) + 1)), losses)
     if curves:
         plot_curves(
@@ -231,8 +233,8 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
             baseline_cells.update(json.loads((folder / "results.json").read_text())["cells"])
     variants = experiments()
     everything = {**baseline_cells, **cells.cells}
-    for folder in variants.values():
-        everything.update(json.loads((folder / "results.json").read_text())["cells"])
+    for _, found in variants.values():
+        everything.update(found)
     rows, curves, grids, tests = [], {}, {}, []
     for row in (*BASELINES, ROW, *variants):
         line = [row]

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_posext import patch_model
+from hf_posext import patch_model, unpatch_model
 from hf_posext.eval.perplexity import (
     sequence_nll,
     sliding_window_perplexity,
@@ -136,8 +136,6 @@ def test_patched_model_is_evaluated_with_its_patch_and_mode_is_restored(model):
     try:
         patched = truncated_perplexity(model, [doc], [64], progress=False)[0].nll
     finally:
-        from hf_posext import unpatch_model
-
         unpatch_model(model)
     assert model.training
     model.eval()
@@ -169,8 +167,6 @@ def test_sequence_nll_builds_no_cache_and_scores_as_a_cached_forward(model, meth
     finally:
         hook.remove()
         if method:
-            from hf_posext import unpatch_model
-
             unpatch_model(model)
     assert caches[0] is not None and caches[1] is None
     expected = F.cross_entropy(logits[:, -6:-1].transpose(1, 2), ids[:, -5:], reduction="none").sum(-1)
