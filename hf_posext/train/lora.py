@@ -6,6 +6,7 @@ into a plain state dict on save (docs/notes/training.md).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,7 +87,11 @@ def apply_lora(
         modules_to_save=extras or None,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # PEFT (0.21, peft_model.py) reads transformers' deprecated ``is_gradient_checkpointing``,
+        # and transformers 5 warns about it in every LoRA run's log: neither ours nor the user's.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing. is deprecated", category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 def merged_state_dict(

@@ -319,6 +319,23 @@ def test_state_dict_merge_matches_peft_merge_and_unload(assets):
         torch.testing.assert_close(ours[name], reference[name], rtol=0, atol=1e-6)
 
 
+def test_apply_lora_keeps_peft_s_deprecation_warning_out_of_the_log(assets):
+    """PEFT reads transformers 5's deprecated ``is_gradient_checkpointing``; a LoRA run's log stays clean."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_posext.train.lora import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(assets / "llama")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(model, rank=4, alpha=8)
+        model.is_gradient_checkpointing  # noqa: B018 - the filter is scoped: the user's own reads still warn
+    messages = [str(w.message) for w in caught if "is_gradient_checkpointing" in str(w.message)]
+    assert len(messages) == (1 if hasattr(type(model), "is_activation_checkpointing") else 0), messages
+
+
 def test_pose_run_trains_a_short_window_for_the_long_context(assets, tmp_path):
     result = train(config(assets, tmp_path, pose=True, factor=4, pose_window=ORIGINAL_CONTEXT, max_train_steps=3))
     saved = json.loads((Path(result.output_dir) / "train_results.json").read_text())
