@@ -9,7 +9,8 @@ as ``benchmarks/training_free_real_model.py`` (its :func:`key_schedule`, documen
   (the fine-tune never reads it: its data excludes ``pydoc_data``).
 
 Each cell is saved at once to ``results/finetune_smollm2/results.json`` (keyed on the checkpoint's
-content): a killed run resumes. ``--report`` writes the table with Wilson intervals and exact
+content): a killed run resumes. ``--report`` writes, from the cells on file (a rebuilt checkpoint
+folder reports the cells measured before), the table with Wilson intervals and exact
 McNemar tests against the training-free rows (``results/training_free/results.json``), the passkey
 heat maps before and after, the perplexity curves and the loss curve. ``--publish`` copies the run's
 LoRA adapter to ``results/finetune_smollm2/adapter/`` with a model card carrying these metrics and
@@ -357,7 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--experiment and --row go together (a row of its own); an experiment has no --report, --llamacpp")
     torch.set_num_threads(args.threads)
     settings = {**SETTINGS, "row": args.row, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
-    cells = Cells((EXPERIMENTS / args.experiment if args.experiment else OUT) / "results.json", settings)
+    results_file = (EXPERIMENTS / args.experiment if args.experiment else OUT) / "results.json"
+    if args.report and not args.publish and results_file.exists():
+        # A report only reads cells: it keeps them for a rebuilt checkpoint folder (the fingerprint
+        # hashes file times), where an evaluation or --publish needs the very checkpoint measured.
+        measured = json.loads(results_file.read_text())["settings"]
+        settings.update({key: measured[key] for key in ("checkpoint", "dtype") if key in measured})
+    cells = Cells(results_file, settings)
     if args.report:
         text = report(cells, args.lengths, args.checkpoint)
         print(text)

@@ -65,3 +65,25 @@ def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, m
     assert any(line.replace(" ", "") == "|16k|longerwindows|2|0|1|1|" for line in lines), text
     assert (tmp_path / "results.md").read_text() == text
     assert (tmp_path / "experiments" / "loss.png").exists()  # the experiment's loss curve, from its run's record
+
+
+def test_a_report_reads_the_cells_of_a_checkpoint_folder_rebuilt_since(tmp_path, monkeypatch):
+    """The fingerprint hashes file times: a rebuilt folder is another checkpoint to evaluate, not to report."""
+    monkeypatch.setattr(finetune, "OUT", tmp_path / "out")
+    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "out" / "experiments")
+    rebuilt = tmp_path / "smollm2-32k"
+    rebuilt.mkdir()
+    (rebuilt / "config.json").write_text("{}")
+    recipe = finetune.ROW
+    measured = {
+        "settings": {**finetune.SETTINGS, "row": recipe, "checkpoint": "sha256:measured", "dtype": "bfloat16"},
+        "cells": {f"ppl/{recipe}/32768": {"value": 14.0}, f"passkey/{recipe}/32768/0.0": {"value": True}},
+    }
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.json").write_text(json.dumps(measured))
+    assert finetune.main([str(rebuilt), "--report", "--lengths", "32768"]) == 0
+    row = next(
+        line for line in (tmp_path / "out" / "results.md").read_text().splitlines() if line.startswith(f"| {recipe} ")
+    )
+    assert "1/1" in row and "14.00" in row
+    assert json.loads((tmp_path / "out" / "results.json").read_text()) == measured  # read, never rewritten
