@@ -171,7 +171,9 @@ def paired_tests(cells: Cells, lengths: list[int]) -> list[list[Any]]:
     return tests
 
 
-def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
+def report(cells: Cells, lengths: list[int], out: Path = OUT) -> str:
+    """The table and plot: a column per length in ``lengths`` or with passkey cells on file."""
+    lengths = sorted(set(lengths) | {int(key.split("/")[2]) for key in cells.cells if key.startswith("passkey/")})
     rows, ppl_rows, curves, grids = [], [], {}, {}
     for row in METHODS:
         accs = []
@@ -185,8 +187,8 @@ def report(cells: Cells, lengths: list[int], keys: int, out: Path = OUT) -> str:
             curves[row] = (xs, [p for p in ppls if p])
     text = (
         "# Training-free methods on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
-        f"Passkey retrieval, keys found / keys asked with 95% Wilson intervals ({keys} keys per cell over depths "
-        "0..1, the same prompts for every method):\n\n"
+        "Passkey retrieval, keys found / keys asked with 95% Wilson intervals (a cell of n keys asks the "
+        "first n prompts of `key_schedule`, over depths 0..1: the same prompts for every method):\n\n"
         + markdown_table(["method", *[f"{n // 1024}k" for n in lengths]], rows)
         + "\n\nPaired on the same prompts (exact McNemar; b: the first row right and the second wrong; c: the "
         "reverse):\n\n"
@@ -264,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         rows_key="methods",
     )
     if args.report:
-        print(report(cells, args.lengths, args.keys, args.out))
+        print(report(cells, args.lengths, args.out))
         return 0
     folder = gguf_checkpoint(gguf_file(None))
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 found = cells.get(f"passkey/{row}/{length}/{depth}", key)
                 print(row, length, depth, found, cells.cells[f"passkey/{row}/{length}/{depth}"]["seconds"], flush=True)
-            report(cells, args.lengths, args.keys, args.out)
+            report(cells, args.lengths, args.out)
     for length in args.ppl:
         for row in args.methods:
 
@@ -295,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                     )[0].perplexity
 
             print(row, length, "ppl", cells.get(f"ppl/{row}/{length}", ppl), flush=True)
-    print(report(cells, args.lengths, args.keys, args.out))
+    print(report(cells, args.lengths, args.out))
     return 0
 
 
