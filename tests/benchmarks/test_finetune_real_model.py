@@ -87,3 +87,33 @@ def test_a_report_reads_the_cells_of_a_checkpoint_folder_rebuilt_since(tmp_path,
     )
     assert "1/1" in row and "14.00" in row
     assert json.loads((tmp_path / "out" / "results.json").read_text()) == measured  # read, never rewritten
+
+
+def test_a_report_rewrites_the_published_cards_evaluation_and_keeps_the_rest(tmp_path, monkeypatch):
+    """The card's metrics follow the cells as they fill; the run's description and the rebuild stay as published."""
+    monkeypatch.setattr(finetune, "OUT", tmp_path / "out")
+    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "out" / "experiments")
+    checkpoint = tmp_path / "smollm2-32k"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    recipe = finetune.ROW
+    measured = {
+        "settings": {**finetune.SETTINGS, "row": recipe, "checkpoint": "sha256:measured", "dtype": "bfloat16"},
+        "cells": {f"passkey/{recipe}/32768/0.0": {"value": True}, f"passkey/{recipe}/32768/0.5": {"value": True}},
+    }
+    (tmp_path / "out" / "adapter").mkdir(parents=True)
+    (tmp_path / "out" / "results.json").write_text(json.dumps(measured))
+    card = tmp_path / "out" / "adapter" / "README.md"
+    preface = "---\nlibrary_name: peft\n---\n\n# The adapter\n\nHow to rebuild it.\n\n"
+    card.write_text(preface + finetune.EVALUATION + "\n\n| yarn s=4 fine-tuned | 1/1 |\n")
+    assert finetune.main([str(checkpoint), "--report", "--lengths", "32768"]) == 0
+    text = card.read_text()
+    assert text.startswith(preface) and text.count(finetune.EVALUATION) == 1
+    row = next(line for line in text.splitlines() if line.startswith(f"| {recipe} "))
+    assert "2/2" in row and "1/1" not in row
+    assert text.endswith((tmp_path / "out" / "results.md").read_text().split("\n", 2)[2])
+
+    card.write_text(preface)  # a card published without the section: nothing to rewrite in place
+    with pytest.raises(ValueError, match="no '## Evaluation"):
+        finetune.main([str(checkpoint), "--report", "--lengths", "32768"])
+    assert card.read_text() == preface
