@@ -7,12 +7,22 @@ this rotates them with the frequencies of each query's length, then calls the wr
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from .forward_plan import ATTENTION_PREFIX, ROTATED_ATTR, STATE_ATTR, Call, ExactDynamicRope, ForwardPlan
+from .forward_plan import (
+    ACCELERATOR_CALL_MASK_BUDGET,
+    ATTENTION_PREFIX,
+    CALL_MASK_BUDGET,
+    ROTATED_ATTR,
+    STATE_ATTR,
+    Call,
+    ExactDynamicRope,
+    ForwardPlan,
+)
 from .rotation import apply_rotary, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
 
@@ -105,29 +115,33 @@ def exact_dynamic_attention(
     output = query.new_zeros(batch, seq, query.shape[1], value.shape[-1])
     weights: list[torch.Tensor | None] = [None]
 
-    def merge(start: int, stop: int, rows: torch.Tensor, out: torch.Tensor, part: torch.Tensor | None) -> None:
-        """Keep ``out`` (``[batch, stop - start, heads, head_dim]``) for the ``rows`` this call answers for."""
-        output[:, start:stop] = torch.where(rows[:, :, None, None], out, output[:, start:stop])
+    def merge(start: int, stop: int, rows: torch.Tensor | None, out: torch.Tensor, part: torch.Tensor | None) -> None:
+        """Keep ``out`` (``[batch, stop - start, heads, head_dim]``) for the ``rows`` answered for (None: all)."""
+        output[:, start:stop] = out if rows is None else torch.where(rows[:, :, None, None], out, output[:, start:stop])
         if part is not None:  # eager's attention weights, [batch, heads, stop - start, keys]
             if weights[0] is None:
                 weights[0] = part.new_zeros(batch, part.shape[1], seq, kv_len)
             target = weights[0][:, :, start:stop, : part.shape[-1]]
-            target.copy_(torch.where(rows[:, None, :, None], part, target))
+            target.copy_(part if rows is None else torch.where(rows[:, None, :, None], part, target))
 
     for index, call in enumerate(calls):
         keys = past + call.stop
         q_pos, k_pos = positions[:, call.start : call.stop], key_positions[:, :keys]
         q_cos, q_sin = plan.tables(("q", index), lambda: rope.cos_sin(call, q_pos, dtype))
         k_cos, k_sin = plan.tables(("k", index, kv_len), lambda: rope.cos_sin(call, k_pos, dtype))
-        out, part = kernel(
-            module,
-            apply_rotary(query[:, :, call.start : call.stop], q_cos, q_sin),
-            apply_rotary(key[:, :, :keys], k_cos, k_sin),
-            value[:, :, :keys],
-            rows_mask(attention_mask, call.start, call.stop, keys, past, dtype, query.device),
-            **kwargs,
-        )
-        merge(call.start, call.stop, call.rows, out, part)
+        rotated_query = apply_rotary(query[:, :, call.start : call.stop], q_cos, q_sin)
+        rotated_key = apply_rotary(key[:, :, :keys], k_cos, k_sin)
+        for start, stop in call_blocks(call, keys, query.device):
+            first, last, seen = start - call.start, stop - call.start, past + stop
+            out, part = kernel(
+                module,
+                rotated_query[:, :, first:last],
+                rotated_key[:, :, :seen],
+                value[:, :, :seen],
+                rows_mask(attention_mask, start, stop, seen, past, dtype, query.device),
+                **kwargs,
+            )
+            merge(start, stop, None if call.rows is None else call.rows[:, first:last], out, part)
     if rowwise is not None:
         if query.device.type != "cpu" and not rope.warned_rowwise_on_accelerator:
             rope.warned_rowwise_on_accelerator = True
@@ -146,6 +160,20 @@ def exact_dynamic_attention(
             plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge, kwargs
         )
     return output, weights[0]
+
+
+def call_blocks(call: Call, keys: int, device: torch.device) -> Iterator[tuple[int, int]]:
+    """The row ranges a call's rows go to the kernel in: ``[rows, keys]`` masks within ``CALL_MASK_BUDGET``.
+
+    A call past L_orig (LongRoPE's long factors, YaRN's saturated rows) can span most of a long prompt;
+    whole, its mask alone was ``rows * keys`` elements (24k x 32k: 3 GiB of fp32 for a 32k LongRoPE
+    prompt) and building it took half the forward. A block of rows sees only the keys up to its last
+    row, so the blocks together also skip most of the masked-out triangle.
+    """
+    budget = CALL_MASK_BUDGET if device.type == "cpu" else ACCELERATOR_CALL_MASK_BUDGET
+    block = max(1, budget // max(1, keys))
+    for start in range(call.start, call.stop, block):
+        yield start, min(start + block, call.stop)
 
 
 def _attend_rotated(

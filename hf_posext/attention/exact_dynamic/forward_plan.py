@@ -48,6 +48,11 @@ TABLE_BUDGET = 1 << 25
 #: one row per chunk and took 1800x transformers' dynamic prefill (docs/results/gpu.md).
 #: 2^27 elements are 256 MiB of bf16 keys per chunk.
 ACCELERATOR_ROWWISE_BUDGET = 1 << 27
+#: Mask elements (``[rows, keys]``) of one kernel call for rows sharing one frequency set: a longer
+#: run of rows goes to the kernel in blocks (:func:`~.attention.call_blocks`). 2^24 are 64 MiB of
+#: fp32 mask; off the CPU, where each call's launches cost more, 2^27.
+CALL_MASK_BUDGET = 1 << 24
+ACCELERATOR_CALL_MASK_BUDGET = 1 << 27
 #: Scratch buffers up to this many fp32 elements' worth are kept between forwards, one set per
 #: thread (:meth:`ForwardPlan.scratch`); bigger ones live as long as their forward.
 SCRATCH_KEPT = 1 << 23

@@ -629,3 +629,45 @@ def test_batched_rowwise_path_equals_kernel_path(arch, kernel, monkeypatch):
             for weights, expected in zip(out.attentions, reference.attentions, strict=True):
                 rows = real[:, None, :, None].expand_as(weights)
                 torch.testing.assert_close(weights[rows], expected[rows], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ("eager", "sdpa"))
+@pytest.mark.parametrize("method", ("dynamic_yarn", "longrope"))
+def test_a_long_run_of_rows_goes_to_the_kernel_in_blocks_with_the_same_result(method, kernel, monkeypatch):
+    # Rows sharing one frequency set (up to L_orig; YaRN's saturated rows; LongRoPE's long factors) are
+    # one call; past CALL_MASK_BUDGET mask elements it goes to the kernel in blocks of rows, each seeing
+    # the keys up to its last row. A left-padded 5x prompt (YaRN saturates at 4x), whole and in blocks of 3 rows.
+    model = tiny_model("llama", max_positions=L_ORIG, attn_implementation=kernel)
+    model = hf_posext.patch_model(model, method, factor=FACTOR, exact_cache=True)
+    ids = tokens(5 * L_ORIG, batch=2)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, :5] = 0
+    real = attention_mask.bool()
+    blocks = []
+    split = exact_attention.call_blocks
+    monkeypatch.setattr(exact_attention, "call_blocks", lambda *args: blocks.extend(split(*args)) or split(*args))
+    with torch.no_grad():
+        whole = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
+        calls = len(blocks)
+        monkeypatch.setattr(exact_attention, "CALL_MASK_BUDGET", 3 * 5 * L_ORIG)  # 3 rows per block
+        blocked = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
+    # the calls really went in blocks of at most 3 rows (the 16 rows up to L_orig see 16 keys: 15 rows a block)
+    assert calls and len(blocks) - calls > 2 * calls
+    assert max(stop - start for start, stop in blocks[calls:] if stop > L_ORIG) <= 3
+    torch.testing.assert_close(blocked.logits[real], whole.logits[real], rtol=0, atol=TOL)
+    if kernel == "eager":
+        for weights, expected in zip(blocked.attentions, whole.attentions, strict=True):
+            rows = real[:, None, :, None].expand_as(weights)
+            torch.testing.assert_close(weights[rows], expected[rows], rtol=0, atol=1e-6)
+
+
+def test_a_32k_longrope_prompts_blocks_keep_the_mask_within_budget():
+    # The call of LongRoPE's long-factor rows spans 24k of a 32k prompt past L_orig = 8k: whole, its
+    # mask was 24k x 32k elements. Each block's [rows, keys] stays within the budget.
+    from hf_posext.attention.exact_dynamic.forward_plan import CALL_MASK_BUDGET, Call
+
+    call = Call(8192, 32768, torch.ones(1, 32), None, torch.ones(1, 24576, dtype=torch.bool))
+    blocks = list(exact_attention.call_blocks(call, 32768, torch.device("cpu")))
+    assert blocks[0][0] == 8192 and blocks[-1][1] == 32768
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert max((stop - start) * stop for start, stop in blocks) <= CALL_MASK_BUDGET
