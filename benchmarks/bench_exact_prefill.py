@@ -38,7 +38,7 @@ def child(args: argparse.Namespace) -> None:
     import time
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from bench_dynamic_decode import build  # imports torch and transformers: the child's, not the parent's
 
     import hf_posext
     from hf_posext.attention.exact_dynamic import attention
@@ -51,18 +51,7 @@ def child(args: argparse.Namespace) -> None:
     blocks = []
     split = attention.call_blocks
     attention.call_blocks = lambda *call: blocks.extend(split(*call)) or split(*call)  # counted
-    config = LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=3 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=args.original_length,
-        attn_implementation=args.attention,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    model = build(argparse.Namespace(**vars(args), checkpoint=None, dtype="float32", device="cpu"))
     hf_posext.patch_model(model, args.method, factor=args.factor, exact_cache=args.mode != "transformers")
     prompt = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(1))
     before = peak_rss_mib()

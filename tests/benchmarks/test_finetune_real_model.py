@@ -67,20 +67,28 @@ def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, m
     assert (tmp_path / "experiments" / "loss.png").exists()  # the experiment's loss curve, from its run's record
 
 
-def test_a_report_reads_the_cells_of_a_checkpoint_folder_rebuilt_since(tmp_path, monkeypatch):
-    """The fingerprint hashes file times: a rebuilt folder is another checkpoint to evaluate, not to report."""
+def measured_recipe(tmp_path, monkeypatch, cells):
+    """A results folder holding the recipe's ``cells`` (measured on another checkpoint folder) and a
+    checkpoint folder rebuilt since: ``(checkpoint, results file's content)``."""
     monkeypatch.setattr(finetune, "OUT", tmp_path / "out")
     monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "out" / "experiments")
-    rebuilt = tmp_path / "smollm2-32k"
-    rebuilt.mkdir()
-    (rebuilt / "config.json").write_text("{}")
-    recipe = finetune.ROW
+    checkpoint = tmp_path / "smollm2-32k"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
     measured = {
-        "settings": {**finetune.SETTINGS, "row": recipe, "checkpoint": "sha256:measured", "dtype": "bfloat16"},
-        "cells": {f"ppl/{recipe}/32768": {"value": 14.0}, f"passkey/{recipe}/32768/0.0": {"value": True}},
+        "settings": {**finetune.SETTINGS, "row": finetune.ROW, "checkpoint": "sha256:measured", "dtype": "bfloat16"},
+        "cells": cells,
     }
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "results.json").write_text(json.dumps(measured))
+    return checkpoint, measured
+
+
+def test_a_report_reads_the_cells_of_a_checkpoint_folder_rebuilt_since(tmp_path, monkeypatch):
+    """The fingerprint hashes file times: a rebuilt folder is another checkpoint to evaluate, not to report."""
+    recipe = finetune.ROW
+    cells = {f"ppl/{recipe}/32768": {"value": 14.0}, f"passkey/{recipe}/32768/0.0": {"value": True}}
+    rebuilt, measured = measured_recipe(tmp_path, monkeypatch, cells)
     assert finetune.main([str(rebuilt), "--report", "--lengths", "32768"]) == 0
     row = next(
         line for line in (tmp_path / "out" / "results.md").read_text().splitlines() if line.startswith(f"| {recipe} ")
@@ -91,18 +99,10 @@ def test_a_report_reads_the_cells_of_a_checkpoint_folder_rebuilt_since(tmp_path,
 
 def test_a_report_rewrites_the_published_cards_evaluation_and_keeps_the_rest(tmp_path, monkeypatch):
     """The card's metrics follow the cells as they fill; the run's description and the rebuild stay as published."""
-    monkeypatch.setattr(finetune, "OUT", tmp_path / "out")
-    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "out" / "experiments")
-    checkpoint = tmp_path / "smollm2-32k"
-    checkpoint.mkdir()
-    (checkpoint / "config.json").write_text("{}")
     recipe = finetune.ROW
-    measured = {
-        "settings": {**finetune.SETTINGS, "row": recipe, "checkpoint": "sha256:measured", "dtype": "bfloat16"},
-        "cells": {f"passkey/{recipe}/32768/0.0": {"value": True}, f"passkey/{recipe}/32768/0.5": {"value": True}},
-    }
-    (tmp_path / "out" / "adapter").mkdir(parents=True)
-    (tmp_path / "out" / "results.json").write_text(json.dumps(measured))
+    cells = {f"passkey/{recipe}/32768/0.0": {"value": True}, f"passkey/{recipe}/32768/0.5": {"value": True}}
+    checkpoint, _ = measured_recipe(tmp_path, monkeypatch, cells)
+    (tmp_path / "out" / "adapter").mkdir()
     card = tmp_path / "out" / "adapter" / "README.md"
     preface = "---\nlibrary_name: peft\n---\n\n# The adapter\n\nHow to rebuild it.\n\n"
     card.write_text(preface + finetune.EVALUATION + "\n\n| yarn s=4 fine-tuned | 1/1 |\n")

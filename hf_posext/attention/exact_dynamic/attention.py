@@ -115,14 +115,14 @@ def exact_dynamic_attention(
     output = query.new_zeros(batch, seq, query.shape[1], value.shape[-1])
     weights: list[torch.Tensor | None] = [None]
 
-    def merge(start: int, stop: int, rows: torch.Tensor | None, out: torch.Tensor, part: torch.Tensor | None) -> None:
-        """Keep ``out`` (``[batch, stop - start, heads, head_dim]``) for the ``rows`` answered for (None: all)."""
-        output[:, start:stop] = out if rows is None else torch.where(rows[:, :, None, None], out, output[:, start:stop])
+    def merge(start: int, stop: int, rows: torch.Tensor, out: torch.Tensor, part: torch.Tensor | None) -> None:
+        """Keep ``out`` (``[batch, stop - start, heads, head_dim]``) for the ``rows`` this call answers for."""
+        output[:, start:stop] = torch.where(rows[:, :, None, None], out, output[:, start:stop])
         if part is not None:  # eager's attention weights, [batch, heads, stop - start, keys]
             if weights[0] is None:
                 weights[0] = part.new_zeros(batch, part.shape[1], seq, kv_len)
             target = weights[0][:, :, start:stop, : part.shape[-1]]
-            target.copy_(part if rows is None else torch.where(rows[:, None, :, None], part, target))
+            target.copy_(torch.where(rows[:, None, :, None], part, target))
 
     for index, call in enumerate(calls):
         keys = past + call.stop
@@ -141,7 +141,7 @@ def exact_dynamic_attention(
                 rows_mask(attention_mask, start, stop, seen, past, dtype, query.device),
                 **kwargs,
             )
-            merge(start, stop, None if call.rows is None else call.rows[:, first:last], out, part)
+            merge(start, stop, call.rows[:, first:last], out, part)  # a forward of many calls: rows never None
     if rowwise is not None:
         if query.device.type != "cpu" and not rope.warned_rowwise_on_accelerator:
             rope.warned_rowwise_on_accelerator = True

@@ -602,6 +602,15 @@ def test_chunked_prefill_with_cache_equals_full_forward(method):
     torch.testing.assert_close(torch.cat((first.logits, second.logits), dim=1), full, rtol=0, atol=TOL)
 
 
+def assert_real_rows_close(out, expected, real, kernel):
+    """Logits, and with the eager kernel the attention weights, equal at the ``real`` (unpadded) positions."""
+    torch.testing.assert_close(out.logits[real], expected.logits[real], rtol=0, atol=TOL)
+    if kernel == "eager":
+        for weights, reference in zip(out.attentions, expected.attentions, strict=True):
+            rows = real[:, None, :, None].expand_as(weights)
+            torch.testing.assert_close(weights[rows], reference[rows], rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("kernel", ("eager", "sdpa"))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_batched_rowwise_path_equals_kernel_path(arch, kernel, monkeypatch):
@@ -624,11 +633,7 @@ def test_batched_rowwise_path_equals_kernel_path(arch, kernel, monkeypatch):
         monkeypatch.setattr(exact_attention, "attend_rowwise", exact_rowwise.attend_rowwise_by_kernel)
         reference = model(ids, attention_mask=attention_mask, output_attentions=kernel == "eager")
     for out in (fast, chunked):
-        torch.testing.assert_close(out.logits[real], reference.logits[real], rtol=0, atol=TOL)
-        if kernel == "eager":
-            for weights, expected in zip(out.attentions, reference.attentions, strict=True):
-                rows = real[:, None, :, None].expand_as(weights)
-                torch.testing.assert_close(weights[rows], expected[rows], rtol=0, atol=1e-6)
+        assert_real_rows_close(out, reference, real, kernel)
 
 
 @pytest.mark.parametrize("kernel", ("eager", "sdpa"))
@@ -654,11 +659,7 @@ def test_a_long_run_of_rows_goes_to_the_kernel_in_blocks_with_the_same_result(me
     # the calls really went in blocks of at most 3 rows (the 16 rows up to L_orig see 16 keys: 15 rows a block)
     assert calls and len(blocks) - calls > 2 * calls
     assert max(stop - start for start, stop in blocks[calls:] if stop > L_ORIG) <= 3
-    torch.testing.assert_close(blocked.logits[real], whole.logits[real], rtol=0, atol=TOL)
-    if kernel == "eager":
-        for weights, expected in zip(blocked.attentions, whole.attentions, strict=True):
-            rows = real[:, None, :, None].expand_as(weights)
-            torch.testing.assert_close(weights[rows], expected[rows], rtol=0, atol=1e-6)
+    assert_real_rows_close(blocked, whole, real, kernel)
 
 
 def test_a_32k_longrope_prompts_blocks_keep_the_mask_within_budget():
