@@ -116,6 +116,8 @@ def remap_attention(
     inv_freq = state.rotary.inv_freq
     if attention_mask is not None and attention_mask.shape[0] != batch:
         attention_mask = attention_mask.expand(batch, *attention_mask.shape[1:])
+    if seq > 1 and past == 0 and bool((position_ids.diff(dim=-1) < 0).any()):
+        return packed_attention(module, query, key, value, attention_mask, position_ids, kwargs), None
     if seq > 1 and bool((position_ids.diff(dim=-1) > 1).any()):
         return positioned_attention(module, query, key, value, attention_mask, position_ids, state, kwargs), None
     offsets = row_offsets(position_ids, batch, kv_len)
@@ -171,6 +173,42 @@ def positioned_attention(
         layout = state.remapping.positioned_layout(query[pick], key[pick], positions, state.rotary.inv_freq)
         mask = None if attention_mask is None else attention_mask[pick]
         output[pick] = attend(module, query, value[pick], mask, layout, 0, seq, 0, heads, kwargs)
+    return output.to(query.dtype)
+
+
+def packed_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """:func:`remap_attention` for packed sequences (position ids that restart): each sequence on its own.
+
+    Self-Extend's groups and DCA's chunks depend on a token's own position, not only on distances,
+    so every sequence is remapped from its own ids (transformers' packed mask keeps the sequences
+    apart; within one, the mask's block is the sequence's own causal mask).
+    """
+    batch, heads, seq, _ = query.shape
+    output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
+    for row in range(batch):
+        positions = position_ids[row if position_ids.shape[0] > 1 else 0]
+        restarts = (positions.diff() < 0).nonzero().flatten() + 1
+        bounds = [0, *restarts.tolist(), seq]
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            part = (slice(row, row + 1), slice(None), slice(start, stop))
+            mask = None if attention_mask is None else attention_mask[row : row + 1, :, start:stop, start:stop]
+            out, _ = remap_attention(
+                module,
+                query[part],
+                key[part],
+                value[part],
+                mask,
+                **{**kwargs, "position_ids": positions[start:stop].unsqueeze(0)},
+            )
+            output[row, start:stop] = out[0]
     return output.to(query.dtype)
 
 

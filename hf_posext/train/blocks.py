@@ -1,7 +1,9 @@
 """The recipe's training blocks: documents packed into fixed-length token blocks, cached, and dealt out.
 
 BOS + tokens + EOS per document, cut into blocks, cached as a memory-mapped ``.npy``; a seeded
-order per epoch makes the data position one integer (docs/notes/training.md).
+order per epoch makes the data position one integer (docs/notes/training.md). The short side of
+the long/short mix (:func:`load_document_blocks`) packs whole short documents instead, each kept
+at its own length and positions.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ _CACHE_VERSION = 2
 
 
 def _fingerprint(
-    items: Sequence[str], split: str, text_field: str, tokenizer: Any, block_len: int, max_blocks: int | None
+    items: Sequence[str],
+    split: str,
+    text_field: str,
+    tokenizer: Any,
+    block_len: int,
+    max_blocks: int | None,
+    kind: str = "stream",
 ) -> str:
     """A key that changes whenever the blocks would: data, tokenizer, block length, limit."""
     digest = hashlib.sha256()
@@ -39,6 +47,8 @@ def _fingerprint(
         tokenizer.eos_token_id,
         len(tokenizer),
     ]
+    if kind != "stream":  # the packed blocks' keys are unchanged by the kinds added after them
+        parts.append(kind)
     if is_local_dataset(items):
         for path in resolve_local_files(items, split):
             stat = path.stat()
@@ -142,6 +152,141 @@ def load_blocks(
         with atomic_file(path) as tmp, tmp.open("wb") as handle:
             np.save(handle, blocks)
     return np.load(path, mmap_mode="r")
+
+
+#: Blocks of whole documents kept open for more documents while packing; past it the fullest is closed.
+_OPEN_BLOCKS = 64
+
+
+def _pack_documents(
+    documents: Iterable[str], tokenizer: Any, block_len: int, max_blocks: int | None, desc: str
+) -> tuple[np.ndarray, int]:
+    """Whole documents of at most ``block_len`` tokens (with BOS/EOS) packed first-fit into blocks.
+
+    Returns ``([blocks, 2, block_len] int32, documents packed)``: row 0 the token ids, row 1 each
+    token's document number within its block (1, 2, ...; 0 for the padding that fills a block's end).
+    """
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    closed: list[np.ndarray] = []
+    open_blocks: list[list[np.ndarray]] = []  # each: the documents packed so far
+    packed = 0
+    bar = tqdm(desc=desc, unit=" blocks", total=max_blocks)
+
+    def close(pieces: list[np.ndarray]) -> None:
+        block = np.zeros((2, block_len), dtype=np.int32)
+        block[0] = pad
+        start = 0
+        for number, ids in enumerate(pieces, 1):
+            block[0, start : start + len(ids)] = ids
+            block[1, start : start + len(ids)] = number
+            start += len(ids)
+        closed.append(block)
+        bar.update(1)
+
+    def full() -> bool:
+        return max_blocks is not None and len(closed) >= max_blocks
+
+    def add(batch: list[str]) -> None:
+        nonlocal packed
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            doc = np.asarray(([bos] if bos is not None else []) + list(ids) + ([eos] if eos is not None else []))
+            if not ids or len(doc) > block_len:
+                continue  # empty, or a long document: the long side's
+            for pieces in open_blocks:
+                if sum(map(len, pieces)) + len(doc) <= block_len:
+                    pieces.append(doc)
+                    break
+            else:
+                open_blocks.append([doc])
+            packed += 1
+            if len(open_blocks) > _OPEN_BLOCKS:
+                fullest = max(range(len(open_blocks)), key=lambda i: sum(map(len, open_blocks[i])))
+                close(open_blocks.pop(fullest))
+                if full():
+                    return
+
+    batch: list[str] = []
+    for document in documents:
+        batch.append(document)
+        if len(batch) == _TOKENIZE_BATCH:
+            add(batch)
+            batch = []
+            if full():
+                break
+    else:
+        if batch:
+            add(batch)
+    while open_blocks and not full():
+        close(open_blocks.pop(0))
+    bar.close()
+    if not closed:
+        return np.zeros((0, 2, block_len), dtype=np.int32), packed
+    return np.stack(closed), packed
+
+
+def load_document_blocks(
+    dataset: Sequence[str],
+    tokenizer: Any,
+    block_len: int,
+    *,
+    split: str = "train",
+    text_field: str = "text",
+    max_blocks: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> np.ndarray:
+    """The short side of a long/short mix: whole documents of at most ``block_len`` tokens, packed, or from the cache.
+
+    Each document keeps its own length and its own positions (0, 1, ...): it is never cut and
+    never continued by the next one (:func:`document_positions`, :func:`document_labels`).
+    Documents longer than a block are left out.
+
+    Returns:
+        A read-only ``[blocks, 2, block_len]`` int32 array: token ids, then each token's document
+        number within its block (0: padding).
+
+    Raises:
+        ValueError: no document of the data fits one block.
+    """
+    key = _fingerprint(dataset, split, text_field, tokenizer, block_len, max_blocks, kind="documents")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = cache / f"documents-{key}.npy"
+    if not path.is_file():
+        documents = iter_documents(dataset, split, text_field)
+        blocks, _ = _pack_documents(documents, tokenizer, block_len, max_blocks, desc="packing short documents")
+        if len(blocks) == 0:
+            raise ValueError(
+                f"dataset {dataset!r} holds no document of at most {block_len} tokens (with BOS/EOS) for the short "
+                "side of the mix; raise short_seq_len or give short documents with short_dataset"
+            )
+        with atomic_file(path) as tmp, tmp.open("wb") as handle:
+            np.save(handle, blocks)
+    return np.load(path, mmap_mode="r")
+
+
+def document_positions(segments: torch.Tensor) -> torch.Tensor:
+    """Position ids that restart at 0 with every document (and the padding) of packed ``[batch, seq]`` blocks.
+
+    transformers reads such position ids, with no attention mask, as packed sequences and lets
+    each token attend only within its own document (``find_packed_sequence_indices``).
+    """
+    seq = segments.shape[-1]
+    index = torch.arange(seq, device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=-1).values
+    return index - start_index
+
+
+def document_labels(input_ids: torch.Tensor, segments: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """The shifted targets of packed documents: the next token of the same document, else ``ignore_index``.
+
+    No token predicts the next document's BOS, and the padding predicts nothing.
+    """
+    labels = torch.full_like(input_ids, ignore_index)
+    same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, :-1] != 0)
+    labels[:, :-1] = torch.where(same, input_ids[:, 1:], torch.full_like(input_ids[:, 1:], ignore_index))
+    return labels
 
 
 def micro_batch_indices(

@@ -129,6 +129,20 @@ class TrainConfig:
     )
     pose_window: int | None = HfArg(default=None, help="tokens per PoSE sample; default the model's original context")
     pose_chunks: int = HfArg(default=2, help="chunks of a PoSE sample (the paper: 2)")
+    short_fraction: float = HfArg(
+        default=0.0,
+        help="the long/short mix (ProLong): this fraction of the micro-batches, evenly spread, holds whole short "
+        "documents at their own length and positions instead of a long sample; keeps short prompts untaxed "
+        "(0: off; with longrope, short samples train the short factors: LongRoPE2's mixed-window training)",
+    )
+    short_seq_len: int | None = HfArg(
+        default=None,
+        help="tokens of a short micro-batch: documents of at most this many tokens, packed whole; "
+        "default the original context or the training window, whichever is shorter",
+    )
+    short_dataset: list[str] = HfArg(
+        default_factory=list, help="where the short documents come from (as dataset); default the dataset itself"
+    )
     checkpointing_steps: int = HfArg(default=0, help="save the full training state every N steps (0: never)")
     checkpoint_dir: str | None = HfArg(default=None, help="where training states go; default <output_dir>-checkpoints")
     checkpoints_total_limit: int = HfArg(default=2, help="keep only the newest N training states (0: keep all)")
@@ -156,6 +170,9 @@ class TrainConfig:
         if isinstance(self.dataset, (str, os.PathLike)):
             self.dataset = [str(self.dataset)]
         self.dataset = [str(item) for item in self.dataset]
+        if isinstance(self.short_dataset, (str, os.PathLike)):
+            self.short_dataset = [str(self.short_dataset)]
+        self.short_dataset = [str(item) for item in self.short_dataset]
         if isinstance(self.lora_target_modules, str):
             self.lora_target_modules = [name.strip() for name in self.lora_target_modules.split(",") if name.strip()]
         if self.resume is True:
@@ -359,6 +376,9 @@ FIELD_CHECKS: dict[str, Check] = {
     "pose": anything,
     "pose_window": optional(integer(2)),
     "pose_chunks": integer(1),
+    "short_fraction": number(0, 1, high_open=True),
+    "short_seq_len": optional(integer(2)),
+    "short_dataset": anything,
     "checkpointing_steps": integer(0),
     "checkpoint_dir": anything,
     "checkpoints_total_limit": integer(0),

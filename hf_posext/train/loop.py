@@ -9,12 +9,15 @@ guarantees and how to call it: docs/notes/training.md.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 from accelerate.utils import DistributedType, set_seed
@@ -27,7 +30,14 @@ from ..gguf import resolve_model_source
 from ..patching import patch_model
 from ..readers import print_engine_warning
 from ..validation.checkpoint import check_weight_files, read_config
-from .blocks import load_blocks, micro_batch_indices, take_blocks
+from .blocks import (
+    document_labels,
+    document_positions,
+    load_blocks,
+    load_document_blocks,
+    micro_batch_indices,
+    take_blocks,
+)
 from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
 from .distributed import build_accelerator, data_parallel_layout
@@ -154,6 +164,8 @@ class FinetuneRecipe:
         """
         config = self.config
         check_dataset(config.dataset, config.dataset_split)
+        if config.short_dataset:
+            check_dataset(config.short_dataset, config.dataset_split)
         if Path(config.model).is_dir():  # the tokenizer reads it first, the final save rewrites it
             check_tokenizer_config(config.model)
         resume_from: Path | None = None
@@ -228,16 +240,28 @@ class FinetuneRecipe:
             self.trackers = True
         if self.eval_blocks is not None and progress.step == 0:
             progress.eval["before"] = self.evaluate()
+        shorts = self.shorts_before(progress.micro_step)
         self.batches = micro_batch_indices(
             len(self.train_blocks),
             config.micro_batch_size,
             self.dp_size,
             self.dp_rank,
             config.seed,
-            start=progress.micro_step,
+            start=progress.micro_step - shorts,
         )
-        self.tokens_per_step = config.global_batch_size * plan.window
-        self._started, self._first_step = time.perf_counter(), progress.step
+        if self.short_blocks is not None:
+            self.short_batches = micro_batch_indices(
+                len(self.short_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed, start=shorts
+            )
+        self._started, self._first_tokens = time.perf_counter(), progress.tokens
+
+    def shorts_before(self, micro_step: int) -> int:
+        """Short micro-batches among the first ``micro_step`` (``short_fraction`` of them, evenly spread).
+
+        Micro-batch ``k`` is short when this count grows from ``k`` to ``k + 1``; every process
+        counts the same, so a step's micro-batches have one length on all of them.
+        """
+        return math.floor(micro_step * Fraction(str(self.config.short_fraction)))
 
     def _setup_data(self) -> None:
         """Tokenized blocks, split into training and held-out ones; fails if there is not one micro-batch."""
@@ -264,6 +288,25 @@ class FinetuneRecipe:
             len(self.train_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed
         )
         next(batches)  # fails here, before training, when there is less than one micro-batch of data
+        self.short_blocks = None
+        if config.short_fraction > 0:
+            with accelerator.main_process_first():
+                short_data = config.short_dataset or config.dataset
+                self.short_blocks = load_document_blocks(
+                    short_data,
+                    self.tokenizer,
+                    self.plan.short_len,
+                    split=config.dataset_split,
+                    text_field=config.text_field,
+                    max_blocks=None
+                    if is_local_dataset(short_data)
+                    else config.max_train_steps * config.global_batch_size,
+                    cache_dir=config.cache_dir,
+                )
+            short = micro_batch_indices(
+                len(self.short_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed
+            )
+            next(short)
 
     def evaluate(self) -> float:
         """Perplexity of the held-out blocks (``eval_blocks``), over all processes."""
@@ -294,16 +337,24 @@ class FinetuneRecipe:
         config, accelerator, progress = self.config, self.accelerator, self.progress
         step_loss = torch.zeros((), device=accelerator.device)
         for _ in range(self.plan.accumulation):
-            input_ids = take_blocks(self.train_blocks, next(self.batches)).to(accelerator.device)
-            positions = self._positions(input_ids)
+            short = self.shorts_before(progress.micro_step + 1) > self.shorts_before(progress.micro_step)
+            labels = None
+            if short:  # whole documents at their own positions, each attending to itself (blocks.py)
+                packed = torch.from_numpy(np.asarray(self.short_blocks[next(self.short_batches)], dtype=np.int64))
+                input_ids, segments = packed[:, 0].to(accelerator.device), packed[:, 1].to(accelerator.device)
+                positions, labels = document_positions(segments), document_labels(input_ids, segments)
+            else:
+                input_ids = take_blocks(self.train_blocks, next(self.batches)).to(accelerator.device)
+                positions = self._positions(input_ids)
             with accelerator.accumulate(self.model):
                 loss = forward_loss(
                     self.model,
                     input_ids,
                     positions,
-                    pose=config.pose,
+                    pose=config.pose and not short,
                     accelerator=accelerator,
                     loss_chunk_size=config.loss_chunk_size,
+                    shift_labels=labels,
                 )
                 check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)
@@ -312,14 +363,14 @@ class FinetuneRecipe:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             progress.micro_step += 1
+            progress.tokens += input_ids.numel() * self.dp_size
             step_loss += loss.detach().float() / self.plan.accumulation
         self.scheduler.step()
         progress.step += 1
-        progress.tokens += self.tokens_per_step
         mean_loss = float(accelerator.reduce(step_loss, reduction="mean"))
         progress.losses.append(mean_loss)
         elapsed = time.perf_counter() - self._started
-        tokens_per_s = (progress.step - self._first_step) * self.tokens_per_step / max(elapsed, 1e-9)
+        tokens_per_s = (progress.tokens - self._first_tokens) / max(elapsed, 1e-9)
         lr = self.scheduler.get_last_lr()[0]
         if self.bar is not None:
             # The postfix first: the bar's last render shows this step's loss, not the one before.
@@ -346,7 +397,7 @@ class FinetuneRecipe:
             disable=not self.accelerator.is_local_main_process,
             dynamic_ncols=True,
         )
-        self._started, self._first_step = time.perf_counter(), self.progress.step
+        self._started, self._first_tokens = time.perf_counter(), self.progress.tokens
         while self.progress.step < self.config.max_train_steps:
             self.train_step()
         self.bar.close()

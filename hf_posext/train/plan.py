@@ -25,6 +25,7 @@ class Plan:
     context: int
     seq_len: int
     window: int
+    short_len: int
     accumulation: int
     dp_size: int
     dp_rank: int
@@ -57,6 +58,9 @@ def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank:
             raise ValueError(f"pose_window={window} exceeds seq_len={seq_len}; PoSE trains a shorter window")
         if config.pose_chunks > window:
             raise ValueError(f"pose_chunks={config.pose_chunks} exceeds the PoSE window of {window} tokens")
+    short_len = config.short_seq_len or min(original, window)
+    if short_len > seq_len:
+        raise ValueError(f"short_seq_len={short_len} exceeds seq_len={seq_len}; short documents are the shorter side")
     per_step = config.micro_batch_size * dp_size
     if config.global_batch_size % per_step:
         raise ValueError(
@@ -68,4 +72,4 @@ def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank:
             f"context parallelism over {cp_size} devices needs a sequence length divisible by {2 * cp_size} "
             f"(load balancing splits it in 2 x cp_size pieces); got {window}"
         )
-    return Plan(original, context, seq_len, window, config.global_batch_size // per_step, dp_size, dp_rank)
+    return Plan(original, context, seq_len, window, short_len, config.global_batch_size // per_step, dp_size, dp_rank)

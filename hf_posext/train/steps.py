@@ -22,14 +22,19 @@ def forward_loss(
     pose: bool = False,
     accelerator: Accelerator | None = None,
     loss_chunk_size: int = 0,
+    shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of ``input_ids`` ``[batch, seq]`` at ``position_ids``.
 
     Labels are shifted here rather than inside the model, so that context parallelism can shard
     inputs and labels alike (accelerate's CP guide); the last position has no target.
+    ``shift_labels`` (already shifted, ``-100`` where no target) replaces them: packed short
+    documents (blocks.document_labels), whose restarting ``position_ids`` transformers reads as
+    separate sequences (no attention mask is passed unless ``pose``).
     ``loss_chunk_size > 0`` computes the same loss without all logits (see loss.py).
     """
-    shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
     kwargs: dict[str, Any] = {}
     if pose:
         # Skipped positions would otherwise be read as packed-sequence boundaries (see pose.py).
