@@ -15,7 +15,7 @@ import textwrap
 from hf_posext.architectures import SUPPORTED_MODEL_TYPES
 from hf_posext.files import write_text
 
-README = pathlib.Path(__file__).resolve().parents[1] / "docs" / "methods" / "index.md"
+PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "methods" / "index.md"
 BLOCK = re.compile(r"<!-- supported-models -->\n(?:.*?\n)?<!-- /supported-models -->", re.S)
 
 
@@ -25,15 +25,15 @@ def block() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text()
+    text = PAGE.read_text()
     if not BLOCK.search(text):
-        print(f"{README} has no <!-- supported-models --> block", file=sys.stderr)
+        print(f"{PAGE} has no <!-- supported-models --> block", file=sys.stderr)
         return 1
     updated = BLOCK.sub(lambda _: block(), text)
     if "--check" in argv:
         return 0 if updated == text else 1
     if updated != text:
-        write_text(README, updated)
+        write_text(PAGE, updated)
     return 0
 
 
