@@ -314,6 +314,7 @@ def greedy_without_cache(model, ids, steps):
     return ids
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize(
     "arch,backend,cache",
     [
