@@ -56,7 +56,6 @@ def native_model(arch: str, method: str, factor: float, head_dim: int, state_dic
     return model
 
 
-@pytest.mark.newest
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("method", ["linear", "ntk", "dynamic_ntk", "yarn"])
