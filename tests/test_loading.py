@@ -34,6 +34,7 @@ def logits(model, ids):
         return model(ids).logits
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_from_pretrained_reloads_identical_logits(method, tmp_path):
     model = hf_posext.patch_model(tiny_model(max_positions=16, attn_implementation="sdpa"), method, **CASES[method])

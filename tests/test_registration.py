@@ -61,6 +61,7 @@ def test_every_custom_rope_type_is_registered():
     assert set(custom_rope_types()) <= set(modeling_rope_utils.ROPE_INIT_FUNCTIONS)
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize(("nested", "same"), LAYOUTS)
 @pytest.mark.parametrize("rope_type", custom_rope_types())
 def test_transformers_rope_validation_rules_hold_for_every_registered_type(rope_type, nested, same, caplog):

@@ -159,6 +159,7 @@ def _generate(model, ids, mask=None):
     )
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("method", ["self_extend", "dca"])
 def test_cached_generation_takes_the_fused_path_and_matches_the_score_path(method, monkeypatch):
     kwargs = {"self_extend": {"group_size": 4, "window_size": 16}, "dca": {"chunk_size": 48, "local_size": 8}}[method]

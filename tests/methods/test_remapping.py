@@ -79,6 +79,7 @@ def test_the_fused_cpu_path_equals_the_score_matrix_path(method, monkeypatch):
     torch.testing.assert_close(logits(model, ids), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("method", sorted(METHODS))
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_cached_greedy_generation_equals_full_forward_at_every_step(method, impl):

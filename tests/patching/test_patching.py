@@ -37,6 +37,7 @@ def test_factor_one_is_a_bit_exact_no_op(arch, method):
     assert model.config.max_position_embeddings == L_ORIG
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 @pytest.mark.parametrize("method", ROPE_METHODS)
 def test_unpatch_restores_outputs_bit_exactly(arch, method):
@@ -72,6 +73,7 @@ def test_repatching_replaces_the_previous_patch():
     assert replaced.config.max_position_embeddings == 8 * L_ORIG
 
 
+@pytest.mark.newest
 def test_patching_a_config_then_building_equals_patching_the_model():
     ids = tokens(2 * L_ORIG)
     model = hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "yarn", factor=4)
@@ -174,6 +176,7 @@ def test_static_scores_depend_only_on_relative_position(method):
             assert score(m + shift, n + shift) == pytest.approx(score(m, n), rel=1e-4, abs=1e-4)
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 @pytest.mark.parametrize("method", STATIC_METHODS)
 def test_cached_greedy_generation_equals_full_forward(arch, method):

@@ -62,6 +62,7 @@ def prefix_logits(model, ids, length):
     return model(ids[:, :length], use_cache=False).logits[:, -1]
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cached_decoding_equals_full_forward_to_3x(arch, method):

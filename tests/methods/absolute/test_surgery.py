@@ -103,6 +103,7 @@ def test_left_padded_rows_equal_rows_alone(method, arch):
     torch.testing.assert_close(batched[0], logits(model, ids[:1])[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_cached_generation_equals_full_forward_greedy(method):
     model = hf_posext.patch_model(tiny_model(), method, **METHODS[method])

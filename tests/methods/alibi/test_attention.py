@@ -237,6 +237,7 @@ def test_rotary_becomes_the_identity():
 
 
 # flex runs uncompiled here, a few seconds per model: two architectures (one with a sliding window)
+@pytest.mark.newest
 @pytest.mark.parametrize(
     "arch,backend",
     [(arch, "sdpa") for arch in sorted(ARCHITECTURES)]
@@ -314,6 +315,7 @@ def greedy_without_cache(model, ids, steps):
     return ids
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize(
     "arch,backend,cache",
     [

@@ -156,6 +156,7 @@ def test_default_factors_with_yarns_attention_factor_are_yarn_past_the_switch(ar
     torch.testing.assert_close(logits(longrope, ids), yarn, rtol=0, atol=TOL)
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("arch", (*ARCHS, "phi3-partial"))
 def test_cached_decoding_across_the_switch_equals_full_forward(arch):
     model = phi3() if arch == "phi3-partial" else tiny_model(arch, max_positions=L_ORIG)
