@@ -54,7 +54,8 @@ OUT = Path(__file__).resolve().parent / "results" / "finetune_smollm2"
 ROW = "yarn s=4 fine-tuned"
 #: The training-free rows it is compared with, paired on the same prompts.
 BASELINES = ("none", "yarn s=4", "self_extend f=4", "dca")
-PPL_LENGTHS = (8192, 16384, 32768)
+#: Perplexity cuts: the short side (512, 2048: is the base model taxed?) and the long one.
+PPL_LENGTHS = (512, 2048, 8192, 16384, 32768)
 #: RULER-style runs (``hf-posext eval ruler``, one output folder per seed under ``ruler/<folder>/``) by row.
 RULER_ROWS = {"yarn s=4": "yarn", ROW: "fine-tuned"}
 #: The rebuild check: perplexity of the first REFERENCE_TOKENS tokens of the Language Reference, fp32.
@@ -63,6 +64,11 @@ REFERENCE_TOKENS = 2048
 EXPERIMENTS = OUT / "experiments"
 #: The heading the adapter card's evaluation starts at: a report rewrites the card from there on.
 EVALUATION = "## Evaluation (benchmarks/finetune_real_model.py)"
+
+
+def kilo(tokens: int) -> str:
+    """``512`` -> ``0.5k``, ``16384`` -> ``16k``: the tables' length labels."""
+    return f"{tokens / 1024:g}k"
 
 
 def reference_perplexity(model: Any, tokenizer: Any) -> float:
@@ -254,6 +260,12 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
     everything = {**baseline_cells, **cells.cells}
     for _, found in variants.values():
         everything.update(found)
+    # A column for every length with passkey cells of a row in the table (the short side: 4k, 8k).
+    shown = {*BASELINES, ROW, *variants}
+    lengths = sorted(
+        {*lengths}
+        | {int(key.split("/")[2]) for key in everything if key.startswith("passkey/") and key.split("/")[1] in shown}
+    )
     rows, curves, grids, tests = [], {}, {}, []
     for row in (*BASELINES, ROW, *variants):
         line = [row]
@@ -275,14 +287,16 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
 
     if theirs_ppl:
         rows.append([f"{ROW}, llama.cpp (bf16 GGUF)", *["-"] * len(lengths), *map(engine_cell, PPL_LENGTHS)])
+    # Each fine-tuned row against the rows without fine-tuning, and each experiment against the recipe.
+    pairs = [(ROW, other) for other in BASELINES[1:]]
+    pairs += [(variant, other) for variant in variants for other in (*BASELINES, ROW)]
     for length in lengths:
-        mine = passkeys(everything, ROW, length)
-        for other in (*BASELINES[1:], *variants):
-            theirs = passkeys(everything, other, length)
+        for mine_row, other in pairs:
+            mine, theirs = passkeys(everything, mine_row, length), passkeys(everything, other, length)
             common = sorted(set(mine) & set(theirs))
             if common:
                 b, c, p = mcnemar_exact([mine[d] for d in common], [theirs[d] for d in common])
-                tests.append([f"{length // 1024}k", other, len(common), b, c, f"{p:.3g}"])
+                tests.append([f"{length // 1024}k", mine_row, other, len(common), b, c, f"{p:.3g}"])
     for row in ("yarn s=4", ROW):
         depths = sorted({d for n in lengths for d in passkeys(everything, row, n)})
         if depths:
@@ -296,10 +310,11 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         "(`training_free_bf16/`: at 16k bf16 weights moved the perplexity by 0.02% and kept the passkey "
         "answer, `cpu_bf16.json`).\n\n"
         + markdown_table(
-            ["row", *[f"passkey {n // 1024}k" for n in lengths], *[f"ppl {n // 1024}k" for n in PPL_LENGTHS]], rows
+            ["row", *[f"passkey {n // 1024}k" for n in lengths], *[f"ppl {kilo(n)}" for n in PPL_LENGTHS]], rows
         )
-        + "\n\nPaired on the same prompts (exact McNemar; b: fine-tuned right, other wrong; c: the reverse):\n\n"
-        + markdown_table(["length", "against", "prompts", "b", "c", "p"], tests)
+        + "\n\nPaired on the same prompts (exact McNemar; b: the fine-tuned row right, the other wrong; c: the "
+        "reverse):\n\n"
+        + markdown_table(["length", "fine-tuned", "against", "prompts", "b", "c", "p"], tests)
         + ruler_section()
         + "\n"
     )

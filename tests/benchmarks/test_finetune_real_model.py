@@ -62,7 +62,7 @@ def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, m
     assert "2/2" in row and "12.50" in row
     assert next(line for line in lines if line.startswith(f"| {recipe} ")).count("1/2") == 1
     # paired on the two shared prompts: the recipe right where the variant is wrong 0 times, the reverse once
-    assert any(line.replace(" ", "") == "|16k|longerwindows|2|0|1|1|" for line in lines), text
+    assert any(line.replace(" ", "") == "|16k|longerwindows|yarns=4fine-tuned|2|1|0|1|" for line in lines), text
     assert (tmp_path / "results.md").read_text() == text
     assert (tmp_path / "experiments" / "loss.png").exists()  # the experiment's loss curve, from its run's record
 

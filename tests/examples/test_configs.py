@@ -57,7 +57,11 @@ def header_commands(path: Path) -> list[list[str]]:
 
 def test_every_expected_config_ships():
     assert sorted(p.name for p in ACCELERATE_CONFIGS) == sorted(EXPECTED)
-    assert [p.name for p in RECIPE_CONFIGS] == ["finetune_smollm2_32k.yaml", "finetune_tiny.yaml"]
+    assert [p.name for p in RECIPE_CONFIGS] == [
+        "finetune_smollm2_32k.yaml",
+        "finetune_smollm2_32k_long.yaml",
+        "finetune_tiny.yaml",
+    ]
 
 
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
