@@ -145,6 +145,30 @@ def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator)
     setattr(RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", validator)
 
 
+#: Keys hf-posext writes into transformers' own ``longrope`` entries for other readers (vLLM and SGLang read
+#: ``short_mscale`` / ``long_mscale``, not ``attention_factor``: :func:`hf_posext.rope_utils.longrope_rope_parameters`).
+LONGROPE_READER_KEYS = frozenset({"short_mscale", "long_mscale"})
+
+
+def accept_longrope_reader_keys() -> None:
+    """Make transformers' ``longrope`` validator accept :data:`LONGROPE_READER_KEYS` without a warning.
+
+    transformers warns "Unrecognized keys" for them each time such a config is built (eight times for one
+    demo row); after ``import hf_posext`` the plugin's own keys are known. Idempotent; other unknown keys
+    still warn.
+    """
+    original = getattr(RotaryEmbeddingConfigMixin, "_validate_longrope_rope_parameters", None)
+    if original is None or getattr(original, "_hf_posext_reader_keys", False):
+        return
+
+    @functools.wraps(original)
+    def validator(self, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None) -> None:
+        original(self, rope_parameters, ignore_keys=set(ignore_keys or ()) | LONGROPE_READER_KEYS)
+
+    validator._hf_posext_reader_keys = True  # type: ignore[attr-defined]
+    RotaryEmbeddingConfigMixin._validate_longrope_rope_parameters = validator  # type: ignore[method-assign]
+
+
 def check_received_keys(
     config: Any, rope_parameters: dict[str, Any], required: set[str], optional: set[str], ignore_keys: set[str] | None
 ) -> None:

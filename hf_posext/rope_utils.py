@@ -230,7 +230,8 @@ def longrope_rope_parameters(
     equal lists make the switch a no-op, and an explicit ``attention_factor`` replaces its
     sqrt(1 + ln s / ln L) default. vLLM's longrope ignores ``attention_factor`` and reads
     ``short_mscale`` / ``long_mscale`` (else the same default), so both are written too;
-    transformers loads them with an "Unrecognized keys" warning and no other effect.
+    transformers without the plugin loads them with an "Unrecognized keys" warning and no other effect
+    (after ``import hf_posext``, none: :func:`hf_posext.integration.accept_longrope_reader_keys`).
     """
     factors = [float(c) for c in divisors]
     return {

@@ -188,6 +188,7 @@ def register_family(
 def register_with_transformers() -> None:
     """Register every registered rope type and attention function with transformers (``import hf_posext`` does)."""
     global _installed
+    integration.accept_longrope_reader_keys()
     for family in _FAMILIES.values():
         _register_family_with_transformers(family)
     _installed = True
