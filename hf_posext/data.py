@@ -78,7 +78,7 @@ def _looks_local(item: str) -> bool:
         item == STDLIB
         or any(ch in item for ch in "*?[")
         or item.startswith((EXCLUDE_PREFIX, ".", "/", "~"))
-        or item.endswith(TEXT_SUFFIXES)
+        or item.endswith((*TEXT_SUFFIXES, "/", os.sep))  # a folder: no Hub id ends with a slash
         or os.path.exists(os.path.expanduser(item))
         or os.sep in item
         and item.count("/") != 1
@@ -204,7 +204,10 @@ def _iter_hub_documents(name: str, split: str, text_field: str) -> Iterator[str]
     try:
         stream = datasets.load_dataset(name, split=split, streaming=True)
     except Exception as err:  # datasets raises several unrelated types for a bad name/split
-        raise FileNotFoundError(f"cannot load HF dataset {name!r} (split {split!r}): {err}") from err
+        raise FileNotFoundError(
+            f"dataset {name!r}: no such local file or folder, and no HF dataset of that name loads "
+            f"(split {split!r}): {err}"
+        ) from err
     for record in stream:
         if text_field not in record:
             raise ValueError(f"HF dataset {name!r} has no column {text_field!r}; columns: {sorted(record)}")

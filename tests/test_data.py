@@ -101,7 +101,7 @@ def test_blocks_cache_changes_with_the_exclusions(tmp_path):
     assert tok.texts == 3 and only_a.shape[0] < both.shape[0]
 
 
-@pytest.mark.parametrize("item", ["missing/notes.txt", "/nowhere/*.jsonl", "./no-such-folder"])
+@pytest.mark.parametrize("item", ["missing/notes.txt", "/nowhere/*.jsonl", "./no-such-folder", "nosuchdir/"])
 def test_missing_local_data_is_named(tmp_path, item):
     with pytest.raises(FileNotFoundError, match=item.replace("*", r"\*").replace(".", r"\.")):
         check_dataset([item])

@@ -150,12 +150,19 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> int:
-    """``command()``; bad input (:data:`USER_ERRORS`) is printed as one line and gives exit code 2.
+    """``command()``; bad input (:data:`USER_ERRORS`) is printed as one line and gives exit code 2, Ctrl-C 130.
 
     With ``debug`` or ``HF_POSEXT_DEBUG`` set (not ``0``) the exception propagates with its traceback.
     """
     try:
         return command()
+    except KeyboardInterrupt:  # Ctrl-C: what was saved stays saved (a fine-tune resumes with --resume)
+        if debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0"):
+            raise
+        print(
+            f"{prog}: interrupted; what was written before stays (a fine-tune continues with --resume)", file=sys.stderr
+        )
+        return 130
     except USER_ERRORS as err:
         if debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0"):
             raise

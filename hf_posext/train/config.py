@@ -42,6 +42,8 @@ SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 REPORT_TO = ("none", "tensorboard", "wandb", "all")
 #: The recipe's context scale when none is given, for the methods that take one (the YaRN paper's 16).
 DEFAULT_FACTOR = 16.0
+#: The YaRN paper's warm-up (20 steps); a run shorter than 200 steps warms up for a tenth of its steps.
+DEFAULT_WARMUP_STEPS = 20
 #: Field types read from text by their flag's parser; a YAML string value is read the same way.
 _NUMBER_TYPES: dict[Any, type] = {int: int, float: float, int | None: int, float | None: float}
 # Literal types give the flags their choices (HfArgumentParser reads them).
@@ -87,7 +89,10 @@ class TrainConfig:
         default_factory=dict,
         help="extra arguments of the schedule, e.g. min_lr_rate=0.1 for cosine_with_min_lr (repeatable)",
     )
-    warmup_steps: int = HfArg(default=20, help="linear warm-up steps (the paper: 20)")
+    warmup_steps: int | None = HfArg(
+        default=None,
+        help=f"linear warm-up steps (default: the paper's {DEFAULT_WARMUP_STEPS}, or a tenth of a shorter run)",
+    )
     adam_beta1: float = HfArg(default=0.9, help="AdamW beta1 (the paper: 0.9)")
     adam_beta2: float = HfArg(default=0.95, help="AdamW beta2 (the paper: 0.95)")
     adam_epsilon: float = HfArg(default=1e-8, help="AdamW epsilon")
@@ -206,6 +211,8 @@ class TrainConfig:
             raise ValueError(
                 "activation_offload offloads the checkpointed activations: it needs activation_checkpointing=True"
             )
+        if self.warmup_steps is None:  # a default nobody typed must not refuse a short run
+            self.warmup_steps = min(DEFAULT_WARMUP_STEPS, self.max_train_steps // 10)
         if self.warmup_steps > self.max_train_steps:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} exceeds max_train_steps={self.max_train_steps}; "
@@ -311,12 +318,18 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
-        ValueError: if the file does not hold a mapping.
+        ValueError: if the file is not valid YAML (naming the line and column) or does not hold a mapping.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:  # a bad indentation: one line naming the place, not the parser's traceback
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path}:{where} not valid YAML ({problem})") from err
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of settings, got {type(values).__name__}")
     return values
@@ -355,7 +368,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "learning_rate": number(0, low_open=True),
     "lr_scheduler": choice(SCHEDULERS),
     "lr_scheduler_kwargs": mapping(),
-    "warmup_steps": integer(0),
+    "warmup_steps": optional(integer(0)),
     "adam_beta1": number(0, 1, high_open=True),
     "adam_beta2": number(0, 1, high_open=True),
     "adam_epsilon": number(0, low_open=True),

@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from hf_posext.commands.arguments import (
+    run_command,
     KeyValueError,
     add_set_argument,
     method_kwargs,
@@ -85,3 +86,16 @@ def test_factor_is_refused_in_method_arguments():
     assert method_kwargs(["beta-fast=64"]) == {"beta_fast": 64}
     with pytest.raises(KeyValueError, match=r"--set factor=8: factor has its own flag, use --factor 8"):
         method_kwargs(["beta_fast=64", "factor=8"])
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
+    monkeypatch.delenv("HF_POSEXT_DEBUG", raising=False)
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert run_command("tool", interrupted) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tool: interrupted;") and "Traceback" not in err
+    with pytest.raises(KeyboardInterrupt):  # --debug keeps the traceback
+        run_command("tool", interrupted, debug=True)

@@ -124,6 +124,20 @@ def test_missing_yaml_file_is_named(tmp_path):
         config_from_args(["--config", str(tmp_path / "nope.yaml")])
 
 
+def test_badly_indented_yaml_is_one_line_naming_the_place(tmp_path):
+    (tmp_path / "bad.yaml").write_text("method: yarn\n factor: 4\n  seq-len: 128\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: line 2, column 8 not valid YAML \(mapping values") as raised:
+        config_from_args(["--config", str(tmp_path / "bad.yaml")])
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("steps", "warmup"), [(1, 0), (2, 0), (40, 4), (199, 19), (200, 20), (400, 20)])
+def test_the_default_warm_up_fits_a_short_run(steps, warmup):
+    """20 steps (the paper's), or a tenth of a shorter run: ``--max-train-steps 2`` alone is not refused."""
+    assert TrainConfig(**{**REQUIRED, "max_train_steps": steps}).warmup_steps == warmup
+    assert TrainConfig(**{**REQUIRED, "max_train_steps": steps, "warmup_steps": 1}).warmup_steps == 1
+
+
 def test_method_arguments_are_checked_by_the_method():
     with pytest.raises(ValueError, match=r"method 'yarn' does not take \['beta_fastest'\]"):
         TrainConfig(method="yarn", method_kwargs={"beta_fastest": 3}, **REQUIRED)
