@@ -38,14 +38,7 @@ from .blocks import (
     micro_batch_indices,
     take_blocks,
 )
-from .checkpointing import (
-    TrainProgress,
-    check_resumable,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    saved_custom_state,
-)
+from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_scheduler
 from .distributed import build_accelerator, data_parallel_layout
 from .final_checkpoint import check_final_output, save_dtype_for, save_final
@@ -128,18 +121,8 @@ def _check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
         raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details})")
 
 
-#: Where :class:`_RunConfig` sits among the objects registered for checkpointing (scheduler,
-#: progress, settings: the order of every state saved so far), i.e. its ``custom_checkpoint_<i>.pkl``.
-RUN_CONFIG_STATE = 2
-
-
 class _RunConfig:
-    """The run's settings, saved with every training state.
-
-    Checked on resume by :meth:`FinetuneRecipe.setup` before any model is built: accelerate loads
-    the weights before its custom objects, so a state of another shape (LoRA on or off, another
-    rank or target modules) would fail in ``load_state_dict`` before a check here could speak.
-    """
+    """The run's settings, saved with every training state and checked on resume."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -148,7 +131,7 @@ class _RunConfig:
         return self.config.to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to restore: the settings are the run's own, compared with these in ``setup``."""
+        _check_resume_config(state, self.config)
 
 
 class FinetuneRecipe:
@@ -190,8 +173,6 @@ class FinetuneRecipe:
             resume_from = check_resumable(config.resume)
         elif config.resume == "latest":
             resume_from = latest_checkpoint(config.checkpoint_path)
-        if resume_from is not None:  # before a model loads: see _RunConfig
-            _check_resume_config(saved_custom_state(resume_from, RUN_CONFIG_STATE), config)
 
         self.accelerator = accelerator = build_accelerator(config)
         if config.activation_offload and accelerator.device.type == "cpu":
@@ -245,7 +226,6 @@ class FinetuneRecipe:
         # FSDP2 swaps parameters for sharded ones in prepare(): clip the ones that are trained now.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.progress = progress = TrainProgress()
-        # In this order in every state saved so far: the settings are third (RUN_CONFIG_STATE).
         accelerator.register_for_checkpointing(self.scheduler, progress, _RunConfig(config))
 
         if resume_from is not None:
