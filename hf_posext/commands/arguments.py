@@ -154,17 +154,18 @@ def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> i
 
     With ``debug`` or ``HF_POSEXT_DEBUG`` set (not ``0``) the exception propagates with its traceback.
     """
+    keep_traceback = debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0")
     try:
         return command()
     except KeyboardInterrupt:  # Ctrl-C: what was saved stays saved (a fine-tune resumes with --resume)
-        if debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0"):
+        if keep_traceback:
             raise
         print(
             f"{prog}: interrupted; what was written before stays (a fine-tune continues with --resume)", file=sys.stderr
         )
         return 130
     except USER_ERRORS as err:
-        if debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0"):
+        if keep_traceback:
             raise
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)

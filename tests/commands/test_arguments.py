@@ -7,13 +7,13 @@ import argparse
 import pytest
 
 from hf_posext.commands.arguments import (
-    run_command,
     KeyValueError,
     add_set_argument,
     method_kwargs,
     parse_bool,
     parse_key_value,
     parse_key_values,
+    run_command,
 )
 
 
