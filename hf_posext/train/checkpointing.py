@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 
 from ..files import MARKER, replace_directory, verify_folder, write_marker
@@ -150,3 +151,19 @@ def check_resumable(path: str | Path) -> Path:
         hint = f"; the newest complete state there is {str(good)!r}" if good is not None else ""
         raise FileNotFoundError(f"cannot resume from {str(path)!r}: {problem}{hint}")
     return path
+
+
+def saved_custom_state(path: str | Path, index: int) -> Any:
+    """The state of the ``index``-th object registered for checkpointing, as saved in the state at ``path``.
+
+    Read without loading anything else (accelerate writes each as ``custom_checkpoint_<index>.pkl``),
+    so a resume can be checked before a model is built. Plain values only (``weights_only``): this
+    never runs code from the file.
+
+    Raises:
+        FileNotFoundError: if the state holds no such object, naming the file.
+    """
+    file = Path(path) / f"custom_checkpoint_{index}.pkl"
+    if not file.is_file():
+        raise FileNotFoundError(f"cannot resume from {str(path)!r}: it has no {file.name} (not a state of this recipe)")
+    return torch.load(file, map_location="cpu", weights_only=True)

@@ -38,7 +38,14 @@ from .blocks import (
     micro_batch_indices,
     take_blocks,
 )
-from .checkpointing import TrainProgress, check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpointing import (
+    TrainProgress,
+    check_resumable,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    saved_custom_state,
+)
 from .config import TrainConfig, build_scheduler
 from .distributed import build_accelerator, data_parallel_layout
 from .final_checkpoint import check_final_output, save_dtype_for, save_final
@@ -121,8 +128,13 @@ def _check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
         raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details})")
 
 
+#: :class:`_RunConfig`'s place among the checkpointed objects (its ``custom_checkpoint_<i>.pkl``).
+RUN_CONFIG_STATE = 2
+
+
 class _RunConfig:
-    """The run's settings, saved with every training state and checked on resume."""
+    """The run's settings, saved with every state; ``setup`` checks them before any model is built
+    (accelerate loads weights first: another LoRA shape would fail in ``load_state_dict``)."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -131,7 +143,7 @@ class _RunConfig:
         return self.config.to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_resume_config(state, self.config)
+        """Nothing to restore: compared with the run's own settings in ``setup``."""
 
 
 class FinetuneRecipe:
@@ -173,6 +185,8 @@ class FinetuneRecipe:
             resume_from = check_resumable(config.resume)
         elif config.resume == "latest":
             resume_from = latest_checkpoint(config.checkpoint_path)
+        if resume_from is not None:  # before a model loads: see _RunConfig
+            _check_resume_config(saved_custom_state(resume_from, RUN_CONFIG_STATE), config)
 
         self.accelerator = accelerator = build_accelerator(config)
         if config.activation_offload and accelerator.device.type == "cpu":
@@ -226,6 +240,7 @@ class FinetuneRecipe:
         # FSDP2 swaps parameters for sharded ones in prepare(): clip the ones that are trained now.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.progress = progress = TrainProgress()
+        # In this order in every state saved so far: the settings are third (RUN_CONFIG_STATE).
         accelerator.register_for_checkpointing(self.scheduler, progress, _RunConfig(config))
 
         if resume_from is not None:

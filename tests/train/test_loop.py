@@ -190,6 +190,57 @@ def test_resume_refuses_changed_settings(assets, tmp_path):
         train(config(assets, tmp_path, max_train_steps=2, warmup_steps=0, learning_rate=1e-3, resume="latest"))
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def saved_states(assets, tmp_path_factory):
+    """Training states of a full fine-tune and of a LoRA rank-16 one (one step each)."""
+    states = {}
+    for name, lora in (("full", {}), ("lora16", {"lora": True, "lora_rank": 16, "lora_alpha": 32})):
+        root = tmp_path_factory.mktemp(name)
+        train(config(assets, root, max_train_steps=1, warmup_steps=0, checkpointing_steps=1, **lora))
+        states[name] = Path(f"{root / 'model'}-checkpoints")
+    return states
+
+
+@pytest.mark.parametrize(
+    "saved, flags, changed",
+    [
+        ("lora16", ["--lora", "--lora-rank", "8", "--lora-alpha", "32"], "lora_rank: 16 -> 8"),
+        ("lora16", ["--lora-rank", "16", "--lora-alpha", "32"], "lora: True -> False"),
+        ("full", ["--lora"], "lora: False -> True"),
+        (
+            "lora16",
+            ["--lora", "--lora-rank", "16", "--lora-alpha", "32", "--lora-target-modules", "q_proj", "v_proj"],
+            "lora_target_modules: ['q_proj', 'k_proj', 'v_proj', 'o_proj'] -> ['q_proj', 'v_proj']",
+        ),
+        ("lora16", ["--lora", "--lora-rank", "16", "--lora-alpha", "16"], "lora_alpha: 32 -> 16"),
+    ],
+    ids=["rank", "lora-dropped", "lora-added", "targets", "alpha"],
+)
+def test_resume_with_another_lora_shape_is_one_line_and_keeps_the_states(
+    assets, tmp_path, capsys, saved_states, saved, flags, changed
+):
+    """The settings are compared before any weights load: a state of another shape is a refusal, not a traceback."""
+    states = saved_states[saved]
+    before = _files(states)
+    argv = [
+        *("--model", str(assets / "llama"), "--method", "yarn", "--factor", "2"),
+        *("--dataset", str(assets / "data.txt"), "--output-dir", str(tmp_path / "out")),
+        *("--max-train-steps", "1", "--warmup-steps", "0", "--learning-rate", "3e-3", "--seed", "7"),
+        *("--global-batch-size", "4", "--micro-batch-size", "2", "--mixed-precision", "no"),
+        *("--cache-dir", str(assets / "cache"), "--checkpoint-dir", str(states), "--resume", *flags),
+    ]
+    assert finetune_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hf-posext finetune: error: cannot resume:"), err
+    assert changed in err[0]
+    assert not (tmp_path / "out").exists()
+    assert _files(states) == before
+
+
 @pytest.mark.newest
 def test_lora_merged_checkpoint_reproduces_peft_logits(assets, tmp_path):
     result = train(
