@@ -9,12 +9,16 @@ tokenizer's raised ``model_max_length`` (:mod:`.tokenizer`; the fine-tune recipe
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
+from safetensors.torch import load_file
 from huggingface_hub import ModelCard, ModelCardData, snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -188,6 +192,84 @@ def extend_checkpoint(
     return Path(output_dir)
 
 
+#: PEFT's weights file of a saved adapter, in the order ``PeftModel.from_pretrained`` looks for them.
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+_PEFT_PREFIX = "base_model.model."
+_LORA_TENSOR = re.compile(r"(.+)\.lora_([AB])\.weight")
+
+
+def read_adapter(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The config and tensors of the PEFT adapter in ``adapter_dir``, read before any model loads.
+
+    Raises:
+        FileNotFoundError: no ``adapter_config.json``, or no weights file beside it (PEFT would
+            look for a Hub repository named like the folder instead).
+    """
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"no PEFT adapter at {adapter_dir} (it has no adapter_config.json)")
+    weights = next((adapter_dir / name for name in ADAPTER_WEIGHTS if (adapter_dir / name).is_file()), None)
+    if weights is None:
+        raise FileNotFoundError(
+            f"the PEFT adapter at {adapter_dir} has no weights: {' or '.join(ADAPTER_WEIGHTS)} is missing"
+        )
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    if weights.suffix == ".safetensors":
+        return config, load_file(weights)
+    return config, torch.load(weights, map_location="cpu", weights_only=True)
+
+
+def check_adapter(
+    model: nn.Module, adapter_config: dict[str, Any], tensors: dict[str, torch.Tensor], where: Path
+) -> None:
+    """Raise unless the adapter (``tensors``, saved by PEFT) fits ``model``, the base it is merged into.
+
+    Every tensor must belong to a module of the base: a LoRA pair's ``A`` takes the layer's input
+    width, ``B`` gives its output width, a trained copy (``modules_to_save``) has the base
+    parameter's shape. And every linear layer the adapter's ``target_modules`` names must have its
+    pair, or a base with more layers would take the adapter's layers and leave the rest untrained.
+
+    Raises:
+        ValueError: naming the first tensor or layer that does not fit, with both shapes.
+    """
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    adapted = set()
+    other_base = f"(was {where} trained on this base?)"
+    for key, tensor in tensors.items():
+        name = key.removeprefix(_PEFT_PREFIX)
+        shape = tuple(tensor.shape)
+        lora = _LORA_TENSOR.fullmatch(name)
+        owner = lora.group(1) if lora else name.split(".lora_")[0].rpartition(".")[0]
+        if owner not in modules:
+            raise ValueError(f"adapter tensor {key} belongs to {owner}, which the base model lacks {other_base}")
+        if lora:
+            layer = modules[owner]
+            if not isinstance(layer, nn.Linear):
+                raise ValueError(f"adapter tensor {key} adapts {owner}, no linear layer of the base {other_base}")
+            adapted.add(owner)
+            rank = (shape or (0,))[0 if lora.group(2) == "A" else -1]
+            want = (rank, layer.in_features) if lora.group(2) == "A" else (layer.out_features, rank)
+            base = f"the base's {owner} ({layer.in_features} -> {layer.out_features} features) takes"
+        elif name in params:
+            want, base = tuple(params[name].shape), f"the base's {name} is"
+        else:
+            continue  # another PEFT tensor kind (DoRA's magnitudes...): PEFT itself checks it
+        if shape != want:
+            raise ValueError(f"adapter tensor {key} has shape {shape}; {base} {want} {other_base}")
+    targets = adapter_config.get("target_modules")
+    if (
+        isinstance(targets, list)
+        and not adapter_config.get("layers_to_transform")
+        and not adapter_config.get("exclude_modules")
+    ):
+        for path, module in modules.items():
+            if isinstance(module, nn.Linear) and path.rpartition(".")[2] in targets and path not in adapted:
+                raise ValueError(
+                    f"the base's {path} is a target of the adapter ({', '.join(sorted(targets))}) but {where} "
+                    f"has no LoRA tensors for it: it was trained on a model with other layers"
+                )
+
+
 def merge_adapter(
     source: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -205,11 +287,12 @@ def merge_adapter(
     patched the same way first. Weights are merged in fp32 and saved in the base's dtype.
 
     Raises:
-        FileNotFoundError: no checkpoint at ``source`` or no PEFT adapter at ``adapter``.
+        FileNotFoundError: no checkpoint at ``source`` or no PEFT adapter (or its weights) at ``adapter``.
+        ValueError: an adapter trained on another base (another width or layer count): the first
+            tensor or layer that does not fit (:func:`check_adapter`). All before anything is written.
     """
     adapter_dir = Path(adapter)
-    if not (adapter_dir / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"no PEFT adapter at {adapter_dir} (it has no adapter_config.json)")
+    adapter_config, tensors = read_adapter(adapter_dir)
     source_dir = Path(source)
     if not (source_dir / "config.json").is_file():
         raise FileNotFoundError(f"{source_dir} has no config.json: not a transformers checkpoint")
@@ -220,6 +303,8 @@ def merge_adapter(
         saved_dtype = getattr(torch, saved_dtype)
     model = AutoModelForCausalLM.from_pretrained(source_dir, config=config, dtype=torch.float32)
     patch_model(model, method, factor=factor, **kwargs)
+    check_adapter(model, adapter_config, tensors, adapter_dir)
+    del tensors  # PEFT reads the file again itself
     from peft import PeftModel  # here: hf-posext eval and hf-posext patch without --adapter never need peft
 
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

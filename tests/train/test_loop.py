@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from hf_posext.commands.finetune import main as finetune_main
 from hf_posext.files import MARKER
@@ -350,6 +351,61 @@ def test_patch_with_a_missing_adapter_is_one_line(assets, tmp_path, capsys):
         == 2
     )
     assert "no PEFT adapter at" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def lora_adapter(assets, tmp_path_factory) -> Path:
+    """The adapter of a one-step LoRA run (rank 4) on the 2-layer, 32-wide Llama."""
+    root = tmp_path_factory.mktemp("adapter")
+    result = train(config(assets, root, lora=True, lora_rank=4, max_train_steps=1, warmup_steps=0))
+    return Path(result.output_dir) / "adapter"
+
+
+@pytest.mark.parametrize(
+    "base, damage, message",
+    [
+        (
+            {"hidden_size": 48},
+            None,
+            "adapter tensor base_model.model.model.embed_tokens.weight has shape (264, 32); "
+            "the base's model.embed_tokens.weight is (264, 48)",
+        ),
+        (
+            {"hidden_size": 48, "num_heads": 3},
+            "lora-pairs-only",
+            "adapter tensor base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight has shape (4, 32); "
+            "the base's model.layers.0.self_attn.k_proj (48 -> 16 features) takes (4, 48)",
+        ),
+        ({"num_layers": 3}, None, "model.layers.2.self_attn.q_proj"),
+        ({"num_layers": 1}, None, "base_model.model.model.layers.1."),
+        ({}, "adapter_model.safetensors", "adapter_model.safetensors"),
+    ],
+    ids=["wider-base", "wider-base-lora-pair", "deeper-base", "shallower-base", "weights-missing"],
+)
+def test_patch_with_an_adapter_of_another_base_is_one_line(
+    assets, tmp_path, capsys, lora_adapter, base, damage, message
+):
+    """The adapter is checked against the base before anything merges: no traceback, nothing at OUT."""
+    from hf_posext.commands.main import main
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(lora_adapter, adapter)
+    if damage == "lora-pairs-only":  # an adapter without trained embeddings and norms
+        weights = load_file(adapter / "adapter_model.safetensors")
+        save_file({k: v for k, v in weights.items() if ".lora_" in k}, adapter / "adapter_model.safetensors")
+    elif damage:
+        (adapter / damage).unlink()
+    base_dir = tmp_path / "base"
+    shape = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "max_position_embeddings": ORIGINAL_CONTEXT}
+    make_tiny_model(base_dir, **{**shape, **base})
+    byte_tokenizer(model_max_length=ORIGINAL_CONTEXT).save_pretrained(base_dir)
+    argv = ["patch", str(base_dir), str(tmp_path / "out"), "--method", "yarn", "--factor", "2", "--adapter"]
+    capsys.readouterr()
+    assert main([*argv, str(adapter)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line or "Traceback" in line]
+    assert len(err) == 1 and err[0].startswith("hf-posext: error: "), err
+    assert message in err[0] and str(adapter) in err[0], err
+    assert not (tmp_path / "out").exists()
 
 
 def test_state_dict_merge_matches_peft_merge_and_unload(assets):
