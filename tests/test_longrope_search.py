@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -305,3 +306,53 @@ def test_cli_bad_input_is_one_line_naming_the_flag_and_writes_nothing(checkpoint
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+SHIPPED_SCALINGS = {
+    "llama3": {"factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "yarn": {"factor": 2.0, "original_max_position_embeddings": 16},
+}
+
+
+@pytest.fixture(params=sorted(SHIPPED_SCALINGS))
+def scaled_checkpoint(checkpoint, tmp_path, request):
+    """The tiny checkpoint shipping a static scaling to 32 tokens (as Llama 3.1 ships llama3)."""
+    path, text = checkpoint
+    scaled = tmp_path / "scaled"
+    shutil.copytree(path, scaled)
+    config = json.loads((scaled / "config.json").read_text())
+    rope = {"rope_type": request.param, "rope_theta": 10_000.0, **SHIPPED_SCALINGS[request.param]}
+    config.update(rope_parameters=rope, max_position_embeddings=32)
+    (scaled / "config.json").write_text(json.dumps(config))
+    return scaled, text, request.param
+
+
+def test_cli_on_a_shipped_scaling_refuses_before_the_first_round_naming_override(
+    scaled_checkpoint, tmp_path, capsys, monkeypatch
+):
+    path, text, rope_type = scaled_checkpoint
+
+    def no_round(*args, **kwargs):
+        raise AssertionError("the search ran before the refusal")
+
+    monkeypatch.setattr(longrope_search, "search_longrope", no_round)
+    out = tmp_path / "out"
+    argv = ["search", "longrope", str(path), str(out), "--factor", "4", "--length", "40", "--data", str(text)]
+    assert main([*argv, "--population", "2", "--rounds", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"rope_type={rope_type!r}" in err[0] and "--override" in err[0], err
+    assert "override=True" not in err[0]  # the Python API's spelling, which the command does not take
+    assert not out.exists() and not (tmp_path / "out.search-state.json").exists()
+
+
+def test_cli_override_writes_the_searched_factors_over_plain_rope(scaled_checkpoint, tmp_path):
+    path, text, _ = scaled_checkpoint
+    out = tmp_path / "out"
+    argv = ["search", "longrope", str(path), str(out), "--factor", "4", "--length", "40", "--data", str(text)]
+    assert main([*argv, "--population", "4", "--rounds", "1", "--override", "--no-progress"]) == 0
+    log = json.loads((out / "longrope_search.json").read_text())
+    rope = AutoConfig.from_pretrained(out).rope_parameters
+    assert rope["rope_type"] == "longrope" and rope["long_factor"] == log["result"]["long_factor"]
+    # The factors divide plain RoPE at the pretraining context, as every candidate was scored.
+    assert rope["original_max_position_embeddings"] == 16 and rope["factor"] == 4
+    assert not (tmp_path / "out.search-state.json").exists()

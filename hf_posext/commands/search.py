@@ -47,7 +47,7 @@ def _longrope(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from ..patching.checkpoint_rope import base_rope
+    from ..patching.checkpoint_rope import base_rope, shipped_rope
     from ..validation.checkpoint import read_config
     from ..data import encode_documents, load_texts
     from ..eval.checkpoint import load_model
@@ -57,6 +57,15 @@ def _longrope(args: argparse.Namespace) -> int:
     from ..methods.longrope.config import longrope_attention_factor
 
     config = read_config(source)
+    shipped = shipped_rope(config)[0]
+    rope_type = shipped.get("rope_type", shipped.get("type", "default"))
+    if rope_type != "default" and not args.override:
+        # The factors are scored over plain RoPE (every candidate replaces the shipped scaling), so
+        # the checkpoint written must replace it too: asked now, not after every round has run.
+        raise ValueError(
+            f"MODEL {args.model!r} already ships rope_type={rope_type!r}; the search scores LongRoPE's factors "
+            "over plain RoPE at its pretraining context, replacing that scaling: pass --override to do so"
+        )
     original = base_rope(config, method_config("longrope"), override=True).original_max_position_embeddings
     if args.length <= original:
         raise ValueError(
@@ -118,6 +127,7 @@ def _longrope(args: argparse.Namespace) -> int:
         long_factor=result.long_factor,
         attention_factor=result.attention_factor,
         keep_first=result.keep_first,
+        override=args.override,
         overwrite=args.overwrite,
         extra_files={"longrope_search.json": json.dumps(log, indent=2)},
     )
@@ -186,6 +196,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=whole(0), default=0, help="random seed (default 0)")
     p.add_argument("--dtype", default="float32", help="weights' dtype (default float32)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 ...")
+    p.add_argument(
+        "--override",
+        action="store_true",
+        help="a checkpoint that ships a scaling (llama3, yarn...): search and write LongRoPE over plain RoPE instead",
+    )
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty output folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_longrope)
