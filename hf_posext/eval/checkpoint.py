@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..content_digest import file_digest
 from ..export.tokenizer import check_tokenizer_config
 from ..gguf import check_model_source, gguf_identity, is_gguf, resolve_model_source
 from ..validation.checkpoint import check_device, check_weight_files, read_config
@@ -51,10 +52,11 @@ _NOT_CONTENT = (".md", ".png", ".csv")
 def model_fingerprint(model: str) -> str:
     """What a result file's resume is keyed on: the checkpoint's content, not its path.
 
-    A local folder: a hash of ``config.json``'s bytes and of the name, size and modification time
-    of every other file (weights, tokenizer, generation config; documents and hidden files
-    excluded), so a model retrained in place is evaluated again while a moved folder resumes.
-    A ``.gguf`` file: :func:`~hf_posext.gguf.gguf_identity` (its size and the hash of its whole content). A Hub id:
+    A local folder: a hash of the name and the bytes of every file (weights, tokenizer, config,
+    generation config; documents and hidden files excluded), each file's digest cached by its
+    inode, size and times (:func:`~hf_posext.content_digest.file_digest`), so weights rewritten
+    in place are another model while a copied or moved folder resumes. A ``.gguf`` file:
+    :func:`~hf_posext.gguf.gguf_identity` (its size and the hash of its whole content). A Hub id:
     the id (its revision is not looked up).
     """
     check_model_source(model)
@@ -67,11 +69,7 @@ def model_fingerprint(model: str) -> str:
     for path in sorted(folder.iterdir()):
         if not path.is_file() or path.name.startswith(".") or path.suffix in _NOT_CONTENT:
             continue
-        if path.name == "config.json":
-            digest.update(b"config.json\0" + path.read_bytes())
-        else:
-            stat = path.stat()
-            digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        digest.update(f"{path.name}\0{file_digest(path)}\0".encode())
     return f"sha256:{digest.hexdigest()}"
 
 

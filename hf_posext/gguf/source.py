@@ -6,7 +6,6 @@ on the file's identity, usable wherever a model goes (docs/results/real_model.md
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -19,15 +18,13 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+from ..content_digest import HASH_CHUNK as HASH_CHUNK  # re-exported by hf_posext.gguf
+from ..content_digest import file_digest
 from ..files import atomic_directory, verify_folder
 from ..validation import path_shape, require
 
 logger = logging.getLogger("hf_posext")
 
-#: Bytes read at a time while hashing a file for its cache key.
-HASH_CHUNK = 8 << 20
-#: Hashes already computed in this process, by (path, size, mtime_ns): a file is hashed once per run.
-_IDENTITIES: dict[tuple[str, int, int], str] = {}
 #: The file in a converted checkpoint recording which GGUF file it came from.
 SOURCE_RECORD = "gguf_source.json"
 
@@ -56,18 +53,10 @@ def gguf_identity(path: str | os.PathLike) -> str:
 
     Every byte counts: a file rewritten in place (one tensor changed) is another model, and the
     cached conversion and eval's resume fingerprint are keyed on this. 0.18-0.25 s for the 98 MB
-    SmolLM2 file here; repeated calls in one process reuse it while size and mtime are unchanged.
+    SmolLM2 file here, once per version of the file (:func:`~hf_posext.content_digest.file_digest`).
     """
     file = _gguf_file(path)
-    stat = file.stat()
-    memo = (str(file), stat.st_size, stat.st_mtime_ns)
-    if memo not in _IDENTITIES:
-        digest = hashlib.sha256(str(stat.st_size).encode())
-        with file.open("rb") as handle:
-            while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
-        _IDENTITIES[memo] = digest.hexdigest()[:16]
-    return _IDENTITIES[memo]
+    return file_digest(file, prefix=str(file.stat().st_size).encode())[:16]
 
 
 def cached_checkpoint_path(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
