@@ -225,12 +225,28 @@ def ruler_section() -> str:
 
 
 def experiments() -> dict[str, tuple[Path, dict[str, Any]]]:
-    """``{row: (folder, cells)}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`)."""
-    found = {}
+    """``{row: (folder, cells)}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`).
+
+    A row measured in several folders (one per weight dtype: a file holds one) is one row with every
+    folder's cells; its folder is the one holding the run's record (``train_results.json``), if any.
+    """
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
     for file in sorted(EXPERIMENTS.glob("*/results.json")):
         content = json.loads(file.read_text())
-        found[content["settings"]["row"]] = (file.parent, content["cells"])
+        folder, cells = found.get(content["settings"]["row"], (file.parent, {}))
+        if not (folder / "train_results.json").exists():
+            folder = file.parent
+        found[content["settings"]["row"]] = (folder, {**cells, **content["cells"]})
     return found
+
+
+def experiment_dtypes() -> dict[str, list[str]]:
+    """``{row: [dtype, ...]}``: the weight dtypes each experiment's cells were measured in."""
+    dtypes: dict[str, list[str]] = {}
+    for file in sorted(EXPERIMENTS.glob("*/results.json")):
+        settings = json.loads(file.read_text())["settings"]
+        dtypes.setdefault(settings["row"], []).append(settings.get("dtype", "float32"))
+    return dtypes
 
 
 def experiment_losses(variants: dict[str, tuple[Path, dict[str, Any]]]) -> None:
@@ -308,7 +324,9 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         f"Language Reference (held out of training). Weights: the fine-tuned row in {cells.settings['dtype']}; "
         "the training-free rows in float32 where `training_free/results.json` has the cell, else in bfloat16 "
         "(`training_free_bf16/`: at 16k bf16 weights moved the perplexity by 0.02% and kept the passkey "
-        "answer, `cpu_bf16.json`).\n\n"
+        "answer, `cpu_bf16.json`)"
+        + "".join(f"; `{row}`: {', '.join(dtypes)}" for row, dtypes in experiment_dtypes().items())
+        + ".\n\n"
         + markdown_table(
             ["row", *[f"passkey {n // 1024}k" for n in lengths], *[f"ppl {kilo(n)}" for n in PPL_LENGTHS]], rows
         )
