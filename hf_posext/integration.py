@@ -9,6 +9,7 @@ hf-posext plugs into transformers 5.x through its documented extension points:
 * ``AttentionInterface`` / ``AttentionMaskInterface`` and ``PreTrainedModel._from_config`` (wrapped to copy a config
   the construction hook would patch), reached when transformers imports them (:mod:`.post_import`);
 * rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``;
+* ``longrope``'s ``original_inv_freq`` / ``long_inv_freq``, between which ``@dynamic_rope_update`` picks;
 * ``config._attn_implementation``, ``masking_utils``' mask builders (ALiBi's masks), the private
   field hook of ``HfArgumentParser`` (:class:`FieldArgumentParser`), ``HfArg``, ``bytes_to_unicode``.
 ``import hf_posext`` loads no ``modeling_utils`` / ``masking_utils``; elsewhere the package imports only
@@ -18,6 +19,7 @@ transformers' public top-level names (tests/test_package_structure.py). Internal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -27,6 +29,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+import torch
 import torch.nn as nn
 from transformers import HfArgumentParser, modeling_rope_utils
 from transformers.hf_argparser import HfArg
@@ -237,6 +240,25 @@ def restore_scaling_on_reset(rotary: nn.Module) -> None:
             module.attention_scaling = initial
 
     rotary.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@contextlib.contextmanager
+def longrope_frequencies_pinned(rotary: nn.Module, inv_freq: torch.Tensor) -> Iterator[None]:
+    """transformers' ``longrope`` rotary module rotating with ``inv_freq`` at every length within the block.
+
+    Its ``@dynamic_rope_update`` copies ``long_inv_freq`` (past L_orig) or ``original_inv_freq`` into
+    ``inv_freq`` at every forward: both are ``inv_freq`` within, and put back after.
+    """
+    saved_short, saved_long = rotary.original_inv_freq, rotary.__dict__.get("long_inv_freq")
+    rotary.original_inv_freq, rotary.long_inv_freq = inv_freq, inv_freq
+    try:
+        yield
+    finally:
+        rotary.original_inv_freq = saved_short
+        if saved_long is None:
+            del rotary.long_inv_freq  # transformers computes it at the next forward past L_orig
+        else:
+            rotary.long_inv_freq = saved_long
 
 
 def rope_init_function(rope_type: str) -> RopeInitFn:
