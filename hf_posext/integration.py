@@ -2,14 +2,13 @@
 
 hf-posext plugs into transformers 5.x through its documented extension points:
 
-* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its
-  ``__init__`` (and again by ``@dynamic_rope_update`` when ``"dynamic" in rope_type``);
+* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its ``__init__`` (again by
+  ``@dynamic_rope_update`` for the dynamic types; for ``longrope`` it picks ``original_inv_freq`` or ``long_inv_freq``);
 * ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
   config is validated (transformers only *warns* for a type it has no validator for);
 * ``AttentionInterface`` / ``AttentionMaskInterface`` and ``PreTrainedModel._from_config`` (wrapped to copy a config
   the construction hook would patch), reached when transformers imports them (:mod:`.post_import`);
 * rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``;
-* ``longrope``'s ``original_inv_freq`` / ``long_inv_freq``, between which ``@dynamic_rope_update`` picks;
 * ``config._attn_implementation``, ``masking_utils``' mask builders (ALiBi's masks), the private
   field hook of ``HfArgumentParser`` (:class:`FieldArgumentParser`), ``HfArg``, ``bytes_to_unicode``.
 ``import hf_posext`` loads no ``modeling_utils`` / ``masking_utils``; elsewhere the package imports only
