@@ -8,6 +8,8 @@ has the same one, and a run killed mid-schedule resumes with exactly the uninter
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+import torch
 
 from hf_posext.train import steps
 from hf_posext.train.checkpointing import latest_checkpoint
@@ -198,3 +201,52 @@ def test_a_schedule_the_model_cannot_follow_is_refused_before_training(assets, t
     with pytest.raises(ValueError, match=match):
         train(scheduled(assets, tmp_path, **overrides))
     assert not (tmp_path / "model").exists()
+
+
+RECORDING_DRIVER = """
+import torch
+from hf_posext.train import loop
+from hf_posext.train.config import TrainConfig
+
+seen, real = [], loop.forward_loss
+
+def recording(model, input_ids, position_ids, pose=False, **kwargs):
+    seen.append((tuple(input_ids.shape), pose))
+    return real(model, input_ids, position_ids, pose=pose, **kwargs)
+
+loop.forward_loss = recording
+result = loop.train(TrainConfig(**{values!r}))
+rank = torch.distributed.get_rank()
+weights = {{k: v.detach().clone() for k, v in result.model.state_dict().items()}}
+torch.save({{"seen": seen, "losses": result.losses, "weights": weights}}, f"{out}/rank{{rank}}.pt")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+    reason="torchrun is not installed next to this Python",
+)
+def test_two_processes_train_each_step_on_one_window(assets, tmp_path):
+    """torchrun, 2 CPU processes (gloo): the schedule, the mix and LongRoPE's pinned factors under DDP."""
+    run = scheduled(assets, tmp_path, method="longrope", max_train_steps=4, window_ramp_steps=3, global_batch_size=4)
+    (tmp_path / "driver.py").write_text(RECORDING_DRIVER.format(values=run.to_dict(), out=tmp_path))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "driver.py")],
+        capture_output=True,
+        text=True,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    assert ranks[0]["seen"] == ranks[1]["seen"], "every micro-batch has one shape on both processes"
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    for name, value in ranks[0]["weights"].items():
+        assert torch.equal(value, ranks[1]["weights"][name]), name
+    schedule = WindowSchedule("step", 8, 32, 3)
+    seen = ranks[0]["seen"]  # micro-batch k of a process belongs to step k // 2 (2 accumulated per step)
+    assert len(seen) == 8 and [pose for _, pose in seen].count(False) == 2
+    assert all(shape[1] == (schedule.window(k // 2) if pose else 16) for k, (shape, pose) in enumerate(seen))
+    assert {shape[1] for shape, pose in seen if pose} == {8, 16, 32}
