@@ -65,11 +65,20 @@ def only(assets, rope_parameters: dict, factors: str):
 
 
 @pytest.mark.parametrize(
-    ("choice", "exact_cache", "checkpointing"),
-    [("mixed", True, False), ("mixed", True, True), ("mixed", False, False), ("long", True, False)],
-    ids=["mixed-exact", "mixed-exact-checkpointing", "mixed-native", "long-exact"],
+    ("choice", "exact_cache", "checkpointing", "lora"),
+    [
+        ("mixed", True, False, False),
+        ("mixed", True, True, False),
+        ("mixed", True, False, True),
+        ("mixed", False, False, False),
+        ("long", True, False, False),
+    ],
+    ids=["mixed-exact", "mixed-exact-checkpointing", "mixed-exact-lora", "mixed-native", "long-exact"],
 )
-def test_each_micro_batch_trains_its_factor_set(assets, tmp_path, monkeypatch, choice, exact_cache, checkpointing):
+def test_each_micro_batch_trains_its_factor_set(
+    assets, tmp_path, monkeypatch, choice, exact_cache, checkpointing, lora
+):
+    """The first step's micro-batches all see the initial weights (LoRA's B starts at 0): the references' own."""
     seen, plans = [], []
     real_plan, real_loss = ExactDynamicRope.plan, steps.forward_loss
 
@@ -103,6 +112,7 @@ def test_each_micro_batch_trains_its_factor_set(assets, tmp_path, monkeypatch, c
         warmup_steps=0,
         global_batch_size=4,
         activation_checkpointing=checkpointing,
+        lora=lora,
     )
     result = train(run)
     card = (result.output_dir / "README.md").read_text()
