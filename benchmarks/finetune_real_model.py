@@ -407,6 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     only_evaluates = not (args.report or args.llamacpp is not None)
     if (args.experiment is None) != (args.row == ROW) or (args.experiment and not only_evaluates):
         parser.error("--experiment and --row go together (a row of its own); an experiment has no --report, --llamacpp")
+    if "/" in args.row:  # one line, as every bad input: the usage would bury it
+        parser.exit(
+            2,
+            f"{parser.prog}: error: --row {args.row!r}: the cells are keyed passkey/ROW/LENGTH/DEPTH and "
+            'split on "/"; pick a row name without "/"\n',
+        )
+    if args.experiment is not None and ("/" in args.experiment or args.experiment in ("", ".", "..")):
+        parser.exit(
+            2,
+            f"{parser.prog}: error: --experiment {args.experiment!r}: NAME is one folder under "
+            'results/finetune_smollm2/experiments/: no "/", not "." or ".."\n',
+        )
     torch.set_num_threads(args.threads)
     settings = {**SETTINGS, "row": args.row, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
     results_file = (EXPERIMENTS / args.experiment if args.experiment else OUT) / "results.json"

@@ -8,16 +8,14 @@ guarantees and how to call it: docs/notes/training.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 from accelerate.utils import DistributedType, set_seed
@@ -27,17 +25,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from ..data import check_dataset, is_local_dataset
 from ..export.tokenizer import check_tokenizer_config
 from ..gguf import resolve_model_source
+from ..methods.longrope import pinned_factors
 from ..patching import patch_model
 from ..readers import print_engine_warning
 from ..validation.checkpoint import check_weight_files, read_config
-from .blocks import (
-    document_labels,
-    document_positions,
-    load_blocks,
-    load_document_blocks,
-    micro_batch_indices,
-    take_blocks,
-)
+from .blocks import load_blocks, load_document_blocks, micro_batch_indices
 from .checkpointing import (
     TrainProgress,
     check_resumable,
@@ -50,8 +42,8 @@ from .config import TrainConfig, build_scheduler
 from .distributed import build_accelerator, data_parallel_layout
 from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
+from .micro_batches import MicroBatch, MicroBatches
 from .plan import plan_run
-from .pose import pose_position_ids
 from .steps import check_finite_loss, evaluate, forward_loss
 
 #: The settings a resumed run may change, each with why it leaves the result as it is; every other
@@ -255,28 +247,10 @@ class FinetuneRecipe:
             self.trackers = True
         if self.eval_blocks is not None and progress.step == 0:
             progress.eval["before"] = self.evaluate()
-        shorts = self.shorts_before(progress.micro_step)
-        self.batches = micro_batch_indices(
-            len(self.train_blocks),
-            config.micro_batch_size,
-            self.dp_size,
-            self.dp_rank,
-            config.seed,
-            start=progress.micro_step - shorts,
+        self.batches = MicroBatches(
+            config, plan, self.train_blocks, self.short_blocks, accelerator.device, progress.micro_step
         )
-        if self.short_blocks is not None:
-            self.short_batches = micro_batch_indices(
-                len(self.short_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed, start=shorts
-            )
         self._started, self._first_tokens = time.perf_counter(), progress.tokens
-
-    def shorts_before(self, micro_step: int) -> int:
-        """Short micro-batches among the first ``micro_step`` (``short_fraction`` of them, evenly spread).
-
-        Micro-batch ``k`` is short when this count grows from ``k`` to ``k + 1``; every process
-        counts the same, so a step's micro-batches have one length on all of them.
-        """
-        return math.floor(micro_step * Fraction(str(self.config.short_fraction)))
 
     def _setup_data(self) -> None:
         """Tokenized blocks, split into training and held-out ones; fails if there is not one micro-batch."""
@@ -329,19 +303,9 @@ class FinetuneRecipe:
             self.model, self.eval_blocks, self.accelerator, self.dp_size, self.dp_rank, self.config.micro_batch_size
         )["perplexity"]
 
-    def _positions(self, input_ids: torch.Tensor) -> torch.Tensor:
-        config, plan, device = self.config, self.plan, self.accelerator.device
-        if config.pose:
-            # Seeded by the data position, so a resumed run draws the same positions.
-            generator = torch.Generator().manual_seed(
-                config.seed * 1_000_003 + self.progress.micro_step * 4099 + self.dp_rank
-            )
-            positions = pose_position_ids(
-                plan.window, plan.seq_len, config.pose_chunks, batch_size=input_ids.shape[0], generator=generator
-            )
-            return positions.to(device)
-        # One row broadcast over the batch, as transformers does without position ids.
-        return torch.arange(plan.window, device=device).unsqueeze(0)
+    def _factors(self, batch: MicroBatch) -> contextlib.AbstractContextManager:
+        """LongRoPE's factor set of ``batch`` pinned for its forward and backward; nothing for other methods."""
+        return contextlib.nullcontext() if batch.factors is None else pinned_factors(self.model, batch.factors)
 
     def train_step(self) -> float:
         """One optimizer step (``plan.accumulation`` micro-batches): its mean loss over all processes.
@@ -352,24 +316,16 @@ class FinetuneRecipe:
         config, accelerator, progress = self.config, self.accelerator, self.progress
         step_loss = torch.zeros((), device=accelerator.device)
         for _ in range(self.plan.accumulation):
-            short = self.shorts_before(progress.micro_step + 1) > self.shorts_before(progress.micro_step)
-            labels = None
-            if short:  # whole documents at their own positions, each attending to itself (blocks.py)
-                packed = torch.from_numpy(np.asarray(self.short_blocks[next(self.short_batches)], dtype=np.int64))
-                input_ids, segments = packed[:, 0].to(accelerator.device), packed[:, 1].to(accelerator.device)
-                positions, labels = document_positions(segments), document_labels(input_ids, segments)
-            else:
-                input_ids = take_blocks(self.train_blocks, next(self.batches)).to(accelerator.device)
-                positions = self._positions(input_ids)
-            with accelerator.accumulate(self.model):
+            batch = self.batches.next(progress.step, progress.micro_step)
+            with accelerator.accumulate(self.model), self._factors(batch):
                 loss = forward_loss(
                     self.model,
-                    input_ids,
-                    positions,
-                    pose=config.pose and not short,
+                    batch.input_ids,
+                    batch.positions,
+                    pose=config.pose and not batch.short,
                     accelerator=accelerator,
                     loss_chunk_size=config.loss_chunk_size,
-                    shift_labels=labels,
+                    shift_labels=batch.labels,
                 )
                 check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)
@@ -378,7 +334,7 @@ class FinetuneRecipe:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             progress.micro_step += 1
-            progress.tokens += input_ids.numel() * self.dp_size
+            progress.tokens += batch.input_ids.numel() * self.dp_size
             step_loss += loss.detach().float() / self.plan.accumulation
         self.scheduler.step()
         progress.step += 1

@@ -35,6 +35,26 @@ def test_experiment_and_row_go_together_and_only_evaluate(argv, capsys):
     assert exit_.value.code == 2 and "--experiment and --row go together" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "bad"),
+    [
+        (["ckpt", "--experiment", "windows", "--row", "yarn/4k"], "--row 'yarn/4k'"),
+        (["ckpt", "--experiment", "runs/windows", "--row", "windows"], "--experiment 'runs/windows'"),
+        (["ckpt", "--experiment", "..", "--row", "windows"], "--experiment '..'"),
+    ],
+)
+def test_a_name_with_a_slash_is_one_line_naming_it(argv, bad, capsys, tmp_path, monkeypatch):
+    """The cells are keyed ``passkey/ROW/LENGTH/DEPTH`` (split on "/") and NAME is one folder."""
+    monkeypatch.setattr(finetune, "OUT", tmp_path)
+    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "experiments")
+    with pytest.raises(SystemExit) as exit_:
+        finetune.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and bad in err and "/" in err
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "experiments").exists()
+
+
 def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, monkeypatch):
     monkeypatch.setattr(finetune, "OUT", tmp_path)
     monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "experiments")

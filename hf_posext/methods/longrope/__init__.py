@@ -4,6 +4,7 @@
 from ...rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE
 from ..registry import MethodSpec, RopeType, register_family
 from .config import LongRopeConfig, yarn_long_factors
+from .pinned import pinned_factors
 from .rope import KeepFirstRotaryEmbedding, compute_keep_first_parameters, validate_keep_first_parameters
 from .surgery import LongRopeSurgery
 
@@ -13,4 +14,4 @@ register_family(
     rope_types={LONGROPE_KEEP_FIRST_ROPE_TYPE: RopeType(compute_keep_first_parameters, validate_keep_first_parameters)},
 )
 
-__all__ = ["KeepFirstRotaryEmbedding", "LongRopeConfig", "yarn_long_factors"]
+__all__ = ["KeepFirstRotaryEmbedding", "LongRopeConfig", "pinned_factors", "yarn_long_factors"]

@@ -82,6 +82,7 @@ class KeepFirstRotaryEmbedding(nn.Module):
         params = rotary.config.rope_parameters
         self.original = int(params["original_max_position_embeddings"])
         self.keep_first = kept_positions(params)
+        self.pinned: bool | None = None  # past the switch (True) or not, whatever the length: pinned.py
         self._sets: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def frequency_sets(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,7 +105,12 @@ class KeepFirstRotaryEmbedding(nn.Module):
         rotary = self.rotary
         buffer = rotary.inv_freq
         short, long, plain = self.frequency_sets(buffer.device)
-        past = position_ids.max() + 1 > self.original  # one set for the whole forward, as transformers' longrope
+        # one set for the whole forward, as transformers' longrope
+        past = (
+            position_ids.max() + 1 > self.original
+            if self.pinned is None
+            else torch.tensor(self.pinned, device=position_ids.device)
+        )
         buffer.copy_(torch.where(past.to(buffer.device), long, short))
         tables = rotary(x, position_ids)
         positions = position_ids[0] if position_ids.dim() == 3 else position_ids
