@@ -148,6 +148,12 @@ class TrainConfig:
     short_dataset: list[str] = HfArg(
         default_factory=list, help="where the short documents come from (as dataset); default the dataset itself"
     )
+    sp_size: int = HfArg(
+        default=1,
+        help="sequence parallelism: each sequence split over this many processes, attention heads over them "
+        "(DeepSpeed Ulysses through accelerate's ParallelismConfig(sp_backend='deepspeed'); GPUs with a DeepSpeed "
+        "accelerate config, examples/accelerate/deepspeed_ulysses.yaml); 1: off",
+    )
     checkpointing_steps: int = HfArg(default=0, help="save the full training state every N steps (0: never)")
     checkpoint_dir: str | None = HfArg(default=None, help="where training states go; default <output_dir>-checkpoints")
     checkpoints_total_limit: int = HfArg(default=2, help="keep only the newest N training states (0: keep all)")
@@ -392,6 +398,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "short_fraction": number(0, 1, high_open=True),
     "short_seq_len": optional(integer(2)),
     "short_dataset": anything,
+    "sp_size": integer(1),
     "checkpointing_steps": integer(0),
     "checkpoint_dir": anything,
     "checkpoints_total_limit": integer(0),
