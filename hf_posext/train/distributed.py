@@ -22,6 +22,7 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, is_bf16_available
 from torch.distributed.fsdp import FSDPModule
 
+from ..validation import require
 from .config import TrainConfig
 
 
@@ -143,6 +144,7 @@ def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator
     check_requested(requested, on_cpu)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if requested.sp_size > 1:
+        require("deepspeed", "deepspeed", f"sp_size={requested.sp_size} (DeepSpeed Ulysses sequence parallelism)")
         if launched % requested.sp_size:
             raise ValueError(f"sp_size={requested.sp_size} does not divide the {launched} processes launched")
         kwargs["parallelism_config"] = ParallelismConfig(sp_backend="deepspeed", sp_size=requested.sp_size)

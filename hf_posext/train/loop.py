@@ -51,6 +51,7 @@ from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .plan import plan_run
 from .pose import pose_position_ids
+from .sequence_parallel import check_sequence_parallel, sequence_parallel_group, setup_sequence_parallel
 from .resume import RUN_CONFIG_STATE, RunConfig, check_resume_config, check_resume_layout, process_layout
 from .steps import check_finite_loss, evaluate, forward_loss
 
@@ -158,6 +159,10 @@ class FinetuneRecipe:
         if accelerator.is_main_process:
             print_engine_warning(model.config, plan.context, config.method)
         accelerator.gradient_accumulation_steps = plan.accumulation
+        self.sequence_parallel: tuple[int, int] | None = None
+        if pc is not None and pc.sp_enabled:
+            check_sequence_parallel(config, model, pc.sp_size, plan.window)
+            self.sequence_parallel = setup_sequence_parallel(accelerator, model, plan.window)
         if config.lora:
             check_lora_targets(model, config.lora_target_modules)
         self.save_dtype = save_dtype_for(config, model)
@@ -330,6 +335,9 @@ class FinetuneRecipe:
                     accelerator=accelerator,
                     loss_chunk_size=config.loss_chunk_size,
                     shift_labels=labels,
+                    sequence_parallel=(*self.sequence_parallel, sequence_parallel_group())
+                    if self.sequence_parallel is not None
+                    else None,
                 )
                 check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)
