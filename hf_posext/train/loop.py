@@ -51,8 +51,8 @@ from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .plan import plan_run
 from .pose import pose_position_ids
-from .sequence_parallel import check_sequence_parallel, sequence_parallel_group, setup_sequence_parallel
 from .resume import RUN_CONFIG_STATE, RunConfig, check_resume_config, check_resume_layout, process_layout
+from .sequence_parallel import check_sequence_parallel, sequence_parallel_group, setup_sequence_parallel
 from .steps import check_finite_loss, evaluate, forward_loss
 
 StepCallback = Callable[[TrainProgress], None]
