@@ -174,6 +174,12 @@ class TrainConfig:
         "both sides of the switch are trained; long: every micro-batch the long factors (LongRoPE's own fine-tune; "
         "short prompts then run on short factors the fine-tune never saw)",
     )
+    sp_size: int = HfArg(
+        default=1,
+        help="sequence parallelism: each sequence split over this many processes, attention heads over them "
+        "(DeepSpeed Ulysses through accelerate's ParallelismConfig(sp_backend='deepspeed'); GPUs with a DeepSpeed "
+        "accelerate config, examples/accelerate/deepspeed_ulysses.yaml); 1: off",
+    )
     checkpointing_steps: int = HfArg(default=0, help="save the full training state every N steps (0: never)")
     checkpoint_dir: str | None = HfArg(default=None, help="where training states go; default <output_dir>-checkpoints")
     checkpoints_total_limit: int = HfArg(default=2, help="keep only the newest N training states (0: keep all)")
@@ -441,6 +447,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "window_start": optional(integer(2)),
     "window_ramp_steps": optional(integer(1)),
     "longrope_factors": choice(LONGROPE_FACTORS),
+    "sp_size": integer(1),
     "checkpointing_steps": integer(0),
     "checkpoint_dir": anything,
     "checkpoints_total_limit": integer(0),

@@ -9,7 +9,6 @@ guarantees and how to call it: docs/notes/training.md.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,37 +38,14 @@ from .checkpointing import (
     saved_custom_state,
 )
 from .config import TrainConfig, build_scheduler
-from .distributed import build_accelerator, data_parallel_layout
+from .distributed import build_accelerator, data_parallel_layout, describe_strategy
 from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .micro_batches import MicroBatch, MicroBatches
 from .plan import plan_run
+from .resume import RUN_CONFIG_STATE, RunConfig, check_resume_config, check_resume_layout, process_layout
+from .sequence_parallel import check_sequence_parallel, sequence_parallel_group, setup_sequence_parallel
 from .steps import check_finite_loss, evaluate, forward_loss
-
-#: The settings a resumed run may change, each with why it leaves the result as it is; every other
-#: field of :class:`TrainConfig` (a new one included) must match the saved run (:func:`resume_invariants`).
-RESUME_FREE = {
-    "output_dir": "where the final checkpoint is written",
-    "overwrite": "whether an existing output may be replaced",
-    "checkpointing_steps": "how often training states are saved (saving draws no random numbers)",
-    "checkpoint_dir": "where training states are kept",
-    "checkpoints_total_limit": "how many training states are kept",
-    "resume": "which training state the run continues from",
-    "cache_dir": "where the tokenized data is cached (the data itself is checked by dataset, seq_len...)",
-    "report_to": "where metrics are logged",
-    "save_dtype": "the dtype the final weights are written in, after training",
-    "activation_checkpointing": "recomputes the same activations in the backward: memory, not maths",
-    "activation_offload": "where checkpointed activations wait: memory, not maths",
-}
-
-
-def resume_invariants(config_class: type = TrainConfig) -> tuple[str, ...]:
-    """Every field of ``config_class`` but :data:`RESUME_FREE`: the settings that change the result."""
-    return tuple(field.name for field in dataclasses.fields(config_class) if field.name not in RESUME_FREE)
-
-
-#: Settings that must not change between a run and its resumption (they change the result).
-RESUME_INVARIANTS = resume_invariants()
 
 StepCallback = Callable[[TrainProgress], None]
 
@@ -112,32 +88,6 @@ def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]
     return model, tokenizer
 
 
-def _check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
-    current = config.to_dict()
-    changed = [key for key in RESUME_INVARIANTS if key in saved and saved[key] != current[key]]
-    if changed:
-        details = "; ".join(f"{key}: {saved[key]!r} -> {current[key]!r}" for key in changed)
-        raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details})")
-
-
-#: :class:`_RunConfig`'s place among the checkpointed objects (its ``custom_checkpoint_<i>.pkl``).
-RUN_CONFIG_STATE = 2
-
-
-class _RunConfig:
-    """The run's settings, saved with every state; ``setup`` checks them before any model is built
-    (accelerate loads weights first: another LoRA shape would fail in ``load_state_dict``)."""
-
-    def __init__(self, config: TrainConfig) -> None:
-        self.config = config
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to restore: compared with the run's own settings in ``setup``."""
-
-
 class FinetuneRecipe:
     """One fine-tune run in parts: :meth:`setup`, :meth:`train_step` (or :meth:`train`), :meth:`save`, :meth:`cleanup`.
 
@@ -177,10 +127,15 @@ class FinetuneRecipe:
             resume_from = check_resumable(config.resume)
         elif config.resume == "latest":
             resume_from = latest_checkpoint(config.checkpoint_path)
-        if resume_from is not None:  # before a model loads: see _RunConfig
-            _check_resume_config(saved_custom_state(resume_from, RUN_CONFIG_STATE), config)
+        saved = saved_custom_state(resume_from, RUN_CONFIG_STATE) if resume_from is not None else None
+        if saved is not None:  # before a model loads: see RunConfig
+            check_resume_config(saved, config)
 
         self.accelerator = accelerator = build_accelerator(config)
+        self.dp_size, self.dp_rank = data_parallel_layout(accelerator)
+        layout = process_layout(accelerator.num_processes, self.dp_size, accelerator.distributed_type.value)
+        if saved is not None:
+            check_resume_layout(saved, resume_from, layout)
         if config.activation_offload and accelerator.device.type == "cpu":
             raise ValueError(
                 "activation_offload moves checkpointed activations from an accelerator to host memory; "
@@ -192,11 +147,14 @@ class FinetuneRecipe:
         cp_size = pc.cp_size if pc is not None else 1
         if cp_size > 1 and config.pose:
             raise ValueError("PoSE needs an attention mask, which context parallelism (causal SDPA only) cannot take")
-        self.dp_size, self.dp_rank = data_parallel_layout(accelerator)
         self.plan = plan = plan_run(config, model, self.dp_size, self.dp_rank, cp_size)
         if accelerator.is_main_process:
             print_engine_warning(model.config, plan.context, config.method)
         accelerator.gradient_accumulation_steps = plan.accumulation
+        self.sequence_parallel: tuple[int, int] | None = None
+        if pc is not None and pc.sp_enabled:
+            check_sequence_parallel(config, model, pc.sp_size, plan.window)
+            self.sequence_parallel = setup_sequence_parallel(accelerator, model, plan.window)
         if config.lora:
             check_lora_targets(model, config.lora_target_modules)
         self.save_dtype = save_dtype_for(config, model)
@@ -229,11 +187,12 @@ class FinetuneRecipe:
             ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.micro_batch_size
         # The scheduler is deliberately not prepared: accelerate would step it once per process.
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        accelerator.print(describe_strategy(accelerator, self.model, self.dp_size))
         # FSDP2 swaps parameters for sharded ones in prepare(): clip the ones that are trained now.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.progress = progress = TrainProgress()
         # In this order in every state saved so far: the settings are third (RUN_CONFIG_STATE).
-        accelerator.register_for_checkpointing(self.scheduler, progress, _RunConfig(config))
+        accelerator.register_for_checkpointing(self.scheduler, progress, RunConfig(config, layout))
 
         if resume_from is not None:
             load_checkpoint(accelerator, resume_from)
@@ -326,6 +285,9 @@ class FinetuneRecipe:
                     accelerator=accelerator,
                     loss_chunk_size=config.loss_chunk_size,
                     shift_labels=batch.labels,
+                    sequence_parallel=(*self.sequence_parallel, sequence_parallel_group())
+                    if self.sequence_parallel is not None
+                    else None,
                 )
                 check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)

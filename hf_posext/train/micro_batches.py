@@ -101,8 +101,11 @@ class MicroBatches:
         # one integer, and a longer window later reads the same blocks further.
         input_ids = take_blocks(self.train_blocks, next(self.long_order))[:, :window].to(device)
         if config.pose:
-            # Seeded by the data position, so a resumed run draws the same positions.
-            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + micro_step * 4099 + plan.dp_rank)
+            # Seeded by the micro-batch's place in the global batch (the data position): a resumed run
+            # draws the same positions, and N processes those of one process accumulating the same
+            # global batch (one process: micro_step itself, the seeds of runs made before).
+            place = micro_step * plan.dp_size + plan.dp_rank
+            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + place * 4099)
             positions = pose_position_ids(
                 window, plan.seq_len, config.pose_chunks, batch_size=input_ids.shape[0], generator=generator
             ).to(device)
