@@ -16,6 +16,7 @@ import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
 
+from harness import current_versions
 from result_schema import Row, write_rows
 
 RESULTS = Path(__file__).parent / "results" / "memory_many_gpus.json"
@@ -116,6 +117,7 @@ def main() -> None:
     print("|---|---|" + "---:|" * len(LENGTHS))
     rows = []
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    versions = current_versions()  # the formulas' code: hf-posext and this checkout's commit
     for option in OPTIONS:
         cells = []
         for length in LENGTHS:
@@ -132,7 +134,7 @@ def main() -> None:
                     round(total(parts), 1),
                     "GiB",
                     "computed",
-                    {},
+                    versions,
                     now,
                     {"config": option.config, **extra},
                 )
@@ -157,7 +159,7 @@ def main() -> None:
                     round(total(parts), 1),
                     "GiB",
                     "computed",
-                    {},
+                    versions,
                     now,
                     {"config": fsdp2.config},
                 )
