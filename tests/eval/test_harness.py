@@ -74,7 +74,6 @@ def metrics(results):
     }
 
 
-@pytest.mark.slow  # lm-eval's task indexing and two evaluations: ~4 CPU-minutes on the loaded 2 cores here
 def test_the_command_writes_lm_evals_numbers_for_the_same_patched_model(setup, tmp_path):
     root = setup
     out = tmp_path / "results.json"
@@ -108,7 +107,7 @@ def test_the_command_writes_lm_evals_numbers_for_the_same_patched_model(setup, t
         direct = lm_eval.simple_evaluate(
             model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=4 * L_ORIG),
             tasks=["hfposext_local_ppl", "hfposext_local_mc"],
-            task_manager=TaskManager(include_path=str(root / "tasks")),
+            task_manager=TaskManager(include_path=str(root / "tasks"), include_defaults=False),
             log_samples=False,
             random_seed=0,
             numpy_random_seed=0,
@@ -131,7 +130,6 @@ def test_lm_eval_reads_the_patched_context_not_max_position_embeddings(setup):
     assert harness_max_length(model) == 4 * L_ORIG
 
 
-@pytest.mark.slow
 def test_the_patch_changes_lm_evals_perplexity_past_the_original_context(setup):
     """The documents are longer than L0: plain and patched models must differ (the patch reaches lm-eval)."""
     model, tokenizer = load_model(str(setup / "model"), device="cpu")
