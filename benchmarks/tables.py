@@ -1,7 +1,7 @@
 """The Markdown tables the docs show, rendered from the committed benchmark results.
 
 Each table has a name; a page holds it between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
-lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``). Results are
+lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``, and README.md). Results are
 rows of one schema (``result_schema.py``) and one renderer makes every table from them
 (``pivot.py``: a pivot of one file's rows); below, each table is its rows and columns. A table whose
 file is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` checks that every
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readers_table import readers_table  # noqa: E402
 from pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, table, value  # noqa: E402
 from result_schema import Row, latest, read_rows  # noqa: E402
 
@@ -765,6 +766,7 @@ def finetune_smollm2() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "readers": readers_table,
     "real-model-ppl": real_model_ppl,
     "real-model-passkey": real_model_passkey,
     "training-free-real-model": training_free_real_model,
@@ -822,8 +824,9 @@ def rewrite(text: str, cache: dict[str, str] | None = None) -> str:
 
 
 def marked_pages(root: Path = ROOT) -> list[Path]:
-    """The Markdown files under :data:`SEARCHED` holding at least one marked block."""
-    pages = [p for folder in SEARCHED for p in sorted((root / folder).rglob("*.md"))]
+    """The Markdown files under :data:`SEARCHED`, and the README, holding at least one marked block."""
+    pages = [root / "README.md", *(p for folder in SEARCHED for p in sorted((root / folder).rglob("*.md")))]
+    pages = [p for p in pages if p.is_file()]
     return [p for p in pages if BLOCK.search(p.read_text())]
 
 

@@ -28,15 +28,13 @@ from transformers import AutoConfig
 
 from ..files import output_file
 from ..validation import choice
-from .rope import ARCHITECTURES, gguf_rope_for
+from .rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for
 from .writer import architecture, open_gguf, write_gguf
 
 logger = logging.getLogger("hf_posext")
 
 #: The llama-cpp-python release whose llama.cpp hf-posext's GGUF rope rules were measured against.
 LLAMA_CPP_PYTHON = "0.3.36"
-#: transformers model types and the GGUF architecture llama.cpp's converter gives them.
-MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 def cache_root() -> Path:

@@ -76,13 +76,13 @@ def _runs(description: dict[str, Any], intended: dict[str, Any]) -> str:
     return f"{description['kind']} without/with {', '.join(extra)}" if extra else f"{description}"
 
 
-def _engine_verdict(description: Any, intended: dict[str, Any], context: int, target: int) -> Verdict:
+def _engine_verdict(description: Any, intended: dict[str, Any], context: int, target: int, flag: str) -> Verdict:
     if isinstance(description, ValueError):
         return "refused", f"raises {description}"
     if description != intended:
         return "wrong", _runs(description, intended)
     if context != target:
-        return "right", f"rope right; its default context is {context}: pass {target} (e.g. -c {target})"
+        return "right", f"rope right; its default context is {context}: pass {target} ({flag} {target})"
     return "right", f"context {context}"
 
 
@@ -102,12 +102,15 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     verdicts = {
         "transformers 5": transformers5.verdict(rope_type),
         "transformers 4.57": transformers4.verdict(rope_type),
-        "vLLM": _engine_verdict(_rules(vllm.effective_rope, config), intended, vllm.max_model_len(config), context),
+        "vLLM": _engine_verdict(
+            _rules(vllm.effective_rope, config), intended, vllm.max_model_len(config), context, "--max-model-len"
+        ),
         "SGLang": _engine_verdict(
             _rules(sglang.effective_rope, config, rotary_dim_of(config)),
             intended,
             sglang.context_length(config),
             context,
+            "--context-length",
         ),
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
@@ -120,7 +123,7 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
     else:
         status, how = _engine_verdict(
-            llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context
+            llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context, "-c"
         )
         if status == "wrong":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
             how += "; `hf-posext gguf export` writes the GGUF rope llama.cpp reads"
