@@ -241,22 +241,26 @@ def restore_scaling_on_reset(rotary: nn.Module) -> None:
     rotary.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _dynamic_wrapper_code() -> Any:
-    """The code object of the function ``@dynamic_rope_update`` wraps a rotary module's forward in."""
-    return modeling_rope_utils.dynamic_rope_update(lambda module, x, position_ids: None).__code__
+@functools.cache
+def _static_forward(cls: type) -> Callable[..., Any] | None:
+    """A rotary module class's forward inside ``@dynamic_rope_update`` (found by the code object of the function
+    that decorator wraps with), or ``None`` when it has none."""
+    code = modeling_rope_utils.dynamic_rope_update(lambda module, x, position_ids: None).__code__
+    function = cls.forward
+    while function is not None and getattr(function, "__code__", None) is not code:
+        function = getattr(function, "__wrapped__", None)
+    return None if function is None else function.__wrapped__
 
 
 def rotary_tables(rotary: nn.Module, x: Any, position_ids: Any) -> Any:
     """What ``rotary(x, position_ids)`` returns with the frequencies it holds now: the forward without
     ``@dynamic_rope_update``, which would pick ``longrope``'s set from the largest position (the rest of the
     forward, gradients off, is the module's own)."""
-    function, code = type(rotary).forward, _dynamic_wrapper_code()
-    while function is not None and getattr(function, "__code__", None) is not code:
-        function = getattr(function, "__wrapped__", None)
-    if function is None:  # no dynamic update to step around
+    forward = _static_forward(type(rotary))
+    if forward is None:  # no dynamic update to step around
         return rotary(x, position_ids)
     with torch.no_grad():
-        return function.__wrapped__(rotary, x, position_ids)
+        return forward(rotary, x, position_ids)
 
 
 def rope_init_function(rope_type: str) -> RopeInitFn:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch.nn as nn
 from transformers import PreTrainedConfig
 
@@ -12,6 +14,8 @@ from ..dynamic import DynamicSurgery
 from . import switch
 from .config import LongRopeConfig
 from .rope import LongRopeRotaryEmbedding, unwrap_rotary_modules, wrap_rotary_modules
+
+logger = logging.getLogger("hf_posext")
 
 
 def _switches(method: LongRopeConfig, config: PreTrainedConfig) -> bool:
@@ -32,6 +36,13 @@ class LongRopeSurgery(DynamicSurgery):
         if _switches(method, model.config):
             switch.enable(model)
             return
+        if method.factors_by == "query" and length_dependent(model.config.rope_parameters):
+            logger.warning(
+                "longrope factors_by='query' is hf-posext's own definition: a checkpoint saved from this model is "
+                "read by vanilla transformers, transformers 4.57, vLLM, SGLang and llama.cpp with the long factors "
+                "at every position past L_orig=%d (factors_by='sequence'), other logits than these",
+                int(model.config.rope_parameters["original_max_position_embeddings"]),
+            )
         super().patch_modules(method, model)
         if not method.exact_cache and kept_positions(model.config.rope_parameters):
             wrap_rotary_modules(model)

@@ -12,6 +12,7 @@ beam reorders and batch selections. docs/methods/longrope.md.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from typing import Any
@@ -42,32 +43,27 @@ class Prefix:
 
     def __init__(self, batch: int) -> None:
         self.inputs: list[torch.Tensor] = []  # [batch, n] token ids or [batch, n, hidden] embeddings
-        self.positions: list[torch.Tensor] = []  # [batch, n]
+        self.positions: list[torch.Tensor | int] = []  # [batch, n], or n: the default (counting on from the start)
         self.mask: torch.Tensor | None = None  # [batch, <= length] 2D attention mask; missing columns: attended
         self.mask_known = True  # False once a forward got a mask that is not 2D (a 4D one)
-        self.long = torch.zeros(batch, dtype=torch.bool)  # [batch]: the rows computed with the long factors
-
-    @property
-    def length(self) -> int:
-        return sum(p.shape[1] for p in self.positions)
-
-    @property
-    def batch(self) -> int:
-        return self.long.shape[0]
+        self.long: tuple[bool, ...] = (False,) * batch  # per row: computed with the long factors
+        self.length = 0  # tokens recorded
 
     def append(
-        self, inputs: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, long: torch.Tensor
+        self, inputs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None, long: tuple[bool, ...]
     ) -> None:
-        """Add one forward's ``inputs``, ``positions`` ``[batch, n]``, its attention ``mask`` and factor sets."""
-        past = self.length
+        """Add one forward's ``inputs`` (``[batch, n, ...]``), its ``positions`` ``[batch, n]`` (``None``: the
+        default ones), its attention ``mask`` and the factor set of each row."""
+        past, new = self.length, inputs.shape[1]
         self.inputs.append(inputs.detach().clone())
-        self.positions.append(positions.clone())
-        if mask is not None and mask.dim() == 2 and mask.shape[1] == past + positions.shape[1]:
+        self.positions.append(new if positions is None else positions.clone())
+        self.length += new
+        if mask is not None and mask.dim() == 2 and mask.shape[1] == past + new:
             self.mask = mask  # covers the prefix too (transformers' convention); the caller makes a new one per step
         elif mask is not None:
             self.mask_known = False
-        self.long = long.to(self.long.device)
-        if len(self.positions) > _SEGMENTS:
+        self.long = long
+        if len(self.inputs) > _SEGMENTS:
             self._join()
 
     def _join(self) -> None:
@@ -78,7 +74,18 @@ class Prefix:
                 inputs[-1] = torch.cat((inputs[-1], segment), dim=1)
             else:
                 inputs.append(segment)
-        self.inputs, self.positions = inputs, [torch.cat(self.positions, dim=1)]
+        self.inputs = inputs
+        if all(isinstance(p, int) for p in self.positions):
+            self.positions = [self.length]
+            return
+        device, start, parts = self.inputs[0].device, 0, []
+        for part in self.positions:
+            width = part if isinstance(part, int) else part.shape[1]
+            if isinstance(part, int):
+                part = torch.arange(start, start + width, device=device).expand(len(self.long), -1)
+            parts.append(part)
+            start += width
+        self.positions = [torch.cat(parts, dim=1)]
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` tokens (a cache cropped back)."""
@@ -88,25 +95,31 @@ class Prefix:
             if start < length:
                 kept.append(segment[:, : length - start])
             start += segment.shape[1]
-        self.inputs, self.positions = kept, [self.positions[0][:, :length]]
+        self.inputs, self.length = kept, min(self.length, length)
+        positions = self.positions[0] if self.positions else 0
+        self.positions = [self.length if isinstance(positions, int) else positions[:, :length]]
         if self.mask is not None:
             self.mask = self.mask[:, :length]
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
-        self._rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        self._rows(lambda t: t.index_select(0, beam_idx.to(t.device)), beam_idx.tolist())
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._rows(lambda t: t[indices.to(t.device)])
+        rows = torch.arange(len(self.long))[indices.cpu()].tolist()
+        self._rows(lambda t: t[indices.to(t.device)], rows)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._rows(lambda t: t.repeat_interleave(repeats, dim=0))
+        self._rows(
+            lambda t: t.repeat_interleave(repeats, dim=0), [i for i in range(len(self.long)) for _ in range(repeats)]
+        )
 
-    def _rows(self, change: Any) -> None:
+    def _rows(self, change: Any, rows: list[int]) -> None:
+        """Each tensor's batch rows through ``change``, which takes row ``rows[i]`` to row ``i``."""
         self._join()
         self.inputs = [change(s) for s in self.inputs]
-        self.positions = [change(p) for p in self.positions]
+        self.positions = [p if isinstance(p, int) else change(p) for p in self.positions]
         self.mask = None if self.mask is None else change(self.mask)
-        self.long = change(self.long)
+        self.long = tuple(self.long[i] for i in rows)
 
     def replay(self, base: nn.Module, length: int) -> dict[str, torch.Tensor | None]:
         """The keyword arguments of ``base``'s forward over the first ``length`` tokens: ``input_ids`` (or
@@ -121,12 +134,13 @@ class Prefix:
         mask = self.mask
         if mask is not None and mask.shape[1] < length:  # forwards without a mask attended to all
             mask = torch.cat((mask, mask.new_ones(mask.shape[0], length - mask.shape[1])), dim=1)
-        return {**inputs, "position_ids": self.positions[0], "attention_mask": mask}
+        positions = self.positions[0]
+        return {**inputs, "position_ids": None if isinstance(positions, int) else positions, "attention_mask": mask}
 
 
-def recompute_prefix(base: nn.Module, cache: Any, length: int, prefix: Prefix, long: torch.Tensor) -> None:
+def recompute_prefix(base: nn.Module, cache: Any, length: int, prefix: Prefix, long: tuple[bool, ...]) -> None:
     """Fill ``cache`` anew with ``base``'s forward over the ``length`` tokens of ``prefix``, each row with the
-    factors ``long`` ``[batch]`` says (the long ones where it holds).
+    factors ``long`` says (the long ones where it holds).
 
     A ``DynamicCache`` keeps all its state in its layers: it is reset and filled in place (its layer kinds and
     offloading kept). Another class may keep more (MiniMax's linear-attention states beside its layers), so
@@ -138,7 +152,7 @@ def recompute_prefix(base: nn.Module, cache: Any, length: int, prefix: Prefix, l
     kwargs = prefix.replay(base, length)
     _thread.recomputing = True
     try:
-        with forcing(long):
+        with forcing(torch.tensor(long, device=prefix.inputs[0].device)):
             if type(cache) is DynamicCache:
                 cache.reset()
                 base(**kwargs, **{integration.cache_keyword(base): cache}, use_cache=True)
@@ -155,19 +169,27 @@ def recompute_prefix(base: nn.Module, cache: Any, length: int, prefix: Prefix, l
                 vars(cache).update(state, **{PREFIX_ATTR: prefix})
     finally:
         _thread.recomputing = False
-    prefix.long = long.to(prefix.long.device)
+    prefix.long = long
 
 
 def _arguments(base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``base.forward``'s arguments by name."""
+    """``base.forward``'s arguments by name (keyword arguments alone need no signature: a decoding step's)."""
+    if not args:
+        return kwargs
     try:
-        return inspect.signature(base.forward).bind_partial(*args, **kwargs).arguments
+        return _signature(type(base)).bind_partial(base, *args, **kwargs).arguments
     except TypeError:  # the forward raises its own error
         return {}
 
 
-def _before(base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-    """The base model's forward pre-hook: recompute the cache's prefix where a row crosses the switch."""
+@functools.cache
+def _signature(cls: type) -> inspect.Signature:
+    return inspect.signature(cls.forward)
+
+
+def _before(original: int, base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """The base model's forward pre-hook (``original``: L_orig): recompute the cache's prefix where a row
+    crosses the switch."""
     _thread.pending = None
     if getattr(_thread, "recomputing", False):
         return
@@ -179,18 +201,16 @@ def _before(base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     cache = given.get("cache", given.get("past_key_values"))
     batch, seq = inputs.shape[:2]
     past = int(cache.get_seq_length()) if cache is not None else 0
-    positions = given.get("position_ids")
+    positions = given.get("position_ids")  # None: the model counts on from the cache's length
     if positions is None:
-        positions = torch.arange(past, past + seq, device=inputs.device)[None]
-    elif positions.dim() == 3:  # multimodal sections: the text one
-        positions = positions[0]
-    positions = positions.expand(batch, -1)
-    original = int(base.config.rope_parameters["original_max_position_embeddings"])
-    long = positions.amax(dim=-1) + 1 > original
+        long = (past + seq > original,) * batch
+    else:
+        positions = (positions[0] if positions.dim() == 3 else positions).expand(batch, -1)  # 3D: the text section
+        long = tuple((positions.amax(dim=-1) + 1 > original).tolist())
     mask = given.get("attention_mask")
     if past:
         prefix = _prefix_of(cache, past, batch)
-        if not torch.equal(prefix.long, long.to(prefix.long.device)):
+        if prefix.long != long:
             if not prefix.mask_known:
                 raise ValueError(
                     "longrope: the cache's prefix must be computed again for the switch at "
@@ -206,8 +226,8 @@ def _before(base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
 def _prefix_of(cache: Any, past: int, batch: int) -> Prefix:
     """The :class:`Prefix` of a cache holding ``past`` tokens of ``batch`` rows, cut to them (a crop)."""
     prefix = getattr(cache, PREFIX_ATTR, None)
-    if prefix is None or prefix.length < past or prefix.batch != batch:
-        held = "no record" if prefix is None else f"a record of {prefix.length} tokens in {prefix.batch} rows"
+    if prefix is None or prefix.length < past or len(prefix.long) != batch:
+        held = "no record" if prefix is None else f"a record of {prefix.length} tokens in {len(prefix.long)} rows"
         raise ValueError(
             f"longrope: this {type(cache).__name__} holds {past} tokens in {batch} rows but {held} of what computed "
             "them (a cache this model did not fill, or one changed outside transformers' Cache methods), so its "
@@ -226,7 +246,8 @@ def _after(base: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) ->
         return
     inputs, positions, mask, long, past = pending
     used = last_long_rows()
-    if used is not None and not torch.equal(used.to(long.device).expand_as(long), long):
+    rows = None if used is None else used.tolist()
+    if rows is not None and tuple(rows * len(long) if len(rows) == 1 else rows) != long:
         raise RuntimeError(
             f"longrope: {type(base).__name__} rotated with positions other than its position_ids (or "
             "past + arange when none are given); the switch's cache cannot follow it: patch with exact_cache=False"
@@ -243,9 +264,11 @@ def _after(base: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) ->
 
 
 def _returned_cache(output: Any) -> Any | None:
-    cache = getattr(output, "cache", None)
-    cache = getattr(output, "past_key_values", None) if cache is None else cache
-    if cache is None and isinstance(output, tuple):
+    if isinstance(output, dict):  # a ModelOutput: transformers >= 5.24 names it cache, before past_key_values
+        cache = output.get(
+            "cache" if "cache" in getattr(type(output), "__dataclass_fields__", ()) else "past_key_values"
+        )
+    else:
         cache = next((item for item in output if hasattr(item, "get_seq_length")), None)
     return cache if hasattr(cache, "get_seq_length") and hasattr(cache, "reset") else None
 
@@ -263,8 +286,9 @@ def install(base: nn.Module) -> None:
             f"longrope's cache: {type(base).__name__} holds the rotary module but its forward takes no input_ids "
             "and cache, so the prefix cannot be run again at the switch; patch with exact_cache=False"
         )
-    base.__dict__[HOOKS_ATTR] = (
-        base.register_forward_pre_hook(_before, with_kwargs=True),
+    original = int(base.config.rope_parameters["original_max_position_embeddings"])
+    base.__dict__[HOOKS_ATTR] = (  # a partial of a module function: the model still deep-copies and pickles
+        base.register_forward_pre_hook(functools.partial(_before, original), with_kwargs=True),
         base.register_forward_hook(_after, with_kwargs=True),
     )
 

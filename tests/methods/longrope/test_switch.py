@@ -169,3 +169,14 @@ def test_beam_search_with_the_cache_equals_beam_search_without():
     uncached = generate(model, ids, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, uncached.sequences)
     torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, rtol=0, atol=1e-4)
+
+
+def test_a_prompt_given_as_embeddings_is_computed_again_from_them():
+    """generate from inputs_embeds (then token ids) across the switch: the recompute replays both kinds."""
+    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+    ids = tokens(L_ORIG - 3)
+    embeds = model.get_input_embeddings()(ids).detach()
+    from_ids = generate(model, ids, max_new_tokens=8)
+    from_embeds = generate(model, None, inputs_embeds=embeds, max_new_tokens=8)
+    assert torch.equal(from_embeds.sequences, from_ids.sequences[:, ids.shape[1] :])
+    torch.testing.assert_close(torch.stack(from_embeds.logits), torch.stack(from_ids.logits), rtol=0, atol=TOL)
