@@ -2,8 +2,8 @@
 
 hf-posext plugs into transformers 5.x through its documented extension points:
 
-* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its
-  ``__init__`` (and again by ``@dynamic_rope_update`` when ``"dynamic" in rope_type``);
+* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its ``__init__`` (again by
+  ``@dynamic_rope_update`` for the dynamic types; for ``longrope`` it picks ``original_inv_freq`` or ``long_inv_freq``);
 * ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
   config is validated (transformers only *warns* for a type it has no validator for);
 * ``AttentionInterface`` / ``AttentionMaskInterface`` and ``PreTrainedModel._from_config`` (wrapped to copy a config
@@ -18,6 +18,7 @@ transformers' public top-level names (tests/test_package_structure.py). Internal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -261,6 +262,25 @@ def rotary_tables(rotary: nn.Module, x: Any, position_ids: Any) -> Any:
         return rotary(x, position_ids)
     with torch.no_grad():
         return forward(rotary, x, position_ids)
+
+
+@contextlib.contextmanager
+def longrope_frequencies_pinned(rotary: nn.Module, inv_freq: torch.Tensor) -> Iterator[None]:
+    """transformers' ``longrope`` rotary module rotating with ``inv_freq`` at every length within the block.
+
+    Its ``@dynamic_rope_update`` copies ``long_inv_freq`` (past L_orig) or ``original_inv_freq`` into
+    ``inv_freq`` at every forward: both are ``inv_freq`` within, and put back after.
+    """
+    saved_short, saved_long = rotary.original_inv_freq, rotary.__dict__.get("long_inv_freq")
+    rotary.original_inv_freq, rotary.long_inv_freq = inv_freq, inv_freq
+    try:
+        yield
+    finally:
+        rotary.original_inv_freq = saved_short
+        if saved_long is None:
+            del rotary.long_inv_freq  # transformers computes it at the next forward past L_orig
+        else:
+            rotary.long_inv_freq = saved_long
 
 
 def rope_init_function(rope_type: str) -> RopeInitFn:

@@ -122,6 +122,7 @@ def save_final(
             "context": plan.context,
             "seq_len": plan.seq_len,
             "window": plan.window,
+            "window_schedule": plan.schedule.describe() if plan.schedule is not None else None,
             "steps": progress.step,
             "tokens": progress.tokens,
             "final_loss": progress.losses[-1] if progress.losses else None,
@@ -213,6 +214,14 @@ def card_for(
         )
     if config.pose:
         extra["PoSE"] = f"{plan.window}-token windows, {config.pose_chunks} chunks, positions up to {plan.seq_len}"
+    if plan.schedule is not None:
+        extra["window schedule"] = plan.schedule.describe()
+    if config.method == "longrope":
+        extra["LongRoPE factors trained"] = (
+            "mixed: short factors on sequences within the original context, long ones past it (LongRoPE2)"
+            if config.longrope_factors == "mixed"
+            else "long factors on every sequence"
+        )
     for phase in ("before", "after"):
         if phase in eval_results:
             extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"

@@ -275,6 +275,7 @@ class ExactDynamicRope:
         else:
             self.stable = (self.saturation,)
         self.kept = KeptPositions(params, self.rotary_dim)  # LongRoPE's keep_first (none for the other types)
+        self.pinned: int | None = None  # every query's frequency length while set (longrope's pinned_factors)
         self.hooks: list[Any] = []  # removable handles of the base model's cache guard
         self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
         self._init_caches()
@@ -299,7 +300,9 @@ class ExactDynamicRope:
         self._init_caches()
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
-        """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""
+        """The smallest length with the same frequencies as each of ``lengths`` (same shape); :attr:`pinned` if set."""
+        if self.pinned is not None:
+            return torch.full_like(lengths, self.pinned)
         return lengths.clamp(min=self.original, max=self.saturation)
 
     def frequencies(self, length: int, device: torch.device | str) -> tuple[torch.Tensor, float]:
@@ -340,7 +343,7 @@ class ExactDynamicRope:
         """
         # inference tensors have no version counter (and cannot be changed in place outside inference mode)
         version = None if position_ids.is_inference() else position_ids._version
-        key = (id(position_ids), version, batch, str(position_ids.device))
+        key = (id(position_ids), version, batch, str(position_ids.device), self.pinned)
         with self._lock:
             found = self._plans.get(key)
             if found is not None and found[0]() is position_ids:

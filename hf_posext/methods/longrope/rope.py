@@ -91,6 +91,7 @@ class LongRopeRotaryEmbedding(nn.Module):
         params = rotary.config.rope_parameters
         self.original = int(params["original_max_position_embeddings"])
         self.keep_first = kept_positions(params)
+        self.pinned: bool | None = None  # past the switch (True) or not, whatever the length: pinned.py
         self._sets: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def frequency_sets(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,6 +111,8 @@ class LongRopeRotaryEmbedding(nn.Module):
         forced = getattr(_forced, "rows", None)
         if forced is not None:
             return forced.to(positions.device)
+        if self.pinned is not None:  # pinned_factors: one set whatever the positions
+            return torch.tensor([self.pinned], device=positions.device)
         if self.per_row:
             return positions.amax(dim=-1) + 1 > self.original
         return (positions.max() + 1 > self.original).reshape(1)
@@ -125,7 +128,7 @@ class LongRopeRotaryEmbedding(nn.Module):
         short, long, plain = self.frequency_sets(buffer.device)
         positions = position_ids[0] if position_ids.dim() == 3 else position_ids
         past = self.long_rows(positions)
-        _forced.used = past
+        _forced.used, _forced.pinned = past, self.pinned is not None
         if past.numel() == 1:  # one set for the whole forward: no host sync, as transformers' own update
             buffer.copy_(torch.where(past.to(buffer.device), long, short))
             tables = integration.rotary_tables(rotary, x, position_ids)
@@ -175,11 +178,12 @@ def forcing(rows: torch.Tensor) -> Iterator[None]:
         _forced.rows = None
 
 
-def last_long_rows() -> torch.Tensor | None:
-    """``[batch or 1]`` bool: the rows this thread's last :class:`LongRopeRotaryEmbedding` forward took the long
-    factors for (``None`` before any); read and cleared."""
+def last_long_rows() -> tuple[torch.Tensor | None, bool]:
+    """``([batch or 1] bool, pinned)``: the rows this thread's last :class:`LongRopeRotaryEmbedding` forward took
+    the long factors for (``None`` before any), and whether :func:`~.pinned.pinned_factors` chose them; read and
+    cleared."""
     used, _forced.used = getattr(_forced, "used", None), None
-    return used
+    return used, bool(getattr(_forced, "pinned", False))
 
 
 def _select(rows: torch.Tensor, chosen: Any, other: Any, rotary: nn.Module) -> Any:

@@ -56,8 +56,9 @@ class LongRopeSurgery(DynamicSurgery):
         self, method: LongRopeConfig, base_model: nn.Module, rotary: nn.Module
     ) -> nn.Module | None:
         if _switches(method, base_model.config):
-            switch.install(base_model)
-            return LongRopeRotaryEmbedding(rotary, per_row=True)
+            wrapper = LongRopeRotaryEmbedding(rotary, per_row=True)
+            switch.install(base_model, (wrapper,))
+            return wrapper
         replaced = super().on_rotary_init(method, base_model, rotary)
         if replaced is None and kept_positions(base_model.config.rope_parameters):
             return LongRopeRotaryEmbedding(rotary)

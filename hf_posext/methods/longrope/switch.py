@@ -187,9 +187,11 @@ def _signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)
 
 
-def _before(original: int, base: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-    """The base model's forward pre-hook (``original``: L_orig): recompute the cache's prefix where a row
-    crosses the switch."""
+def _before(
+    original: int, rotaries: tuple[LongRopeRotaryEmbedding, ...], base: nn.Module, args: tuple, kwargs: dict[str, Any]
+) -> None:
+    """The base model's forward pre-hook (``original``: L_orig; ``rotaries``: its rotary modules): recompute the
+    cache's prefix where a row crosses the switch."""
     _thread.pending = None
     if getattr(_thread, "recomputing", False):
         return
@@ -202,7 +204,12 @@ def _before(original: int, base: nn.Module, args: tuple, kwargs: dict[str, Any])
     batch, seq = inputs.shape[:2]
     past = int(cache.get_seq_length()) if cache is not None else 0
     positions = given.get("position_ids")  # None: the model counts on from the cache's length
-    if positions is None:
+    pinned = next((r.pinned for r in rotaries if r.pinned is not None), None)
+    if pinned is not None:  # pinned_factors: one set whatever the positions
+        long = (pinned,) * batch
+        if positions is not None:
+            positions = (positions[0] if positions.dim() == 3 else positions).expand(batch, -1)
+    elif positions is None:
         long = (past + seq > original,) * batch
     else:
         positions = (positions[0] if positions.dim() == 3 else positions).expand(batch, -1)  # 3D: the text section
@@ -245,9 +252,12 @@ def _after(base: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) ->
     if pending is None or getattr(_thread, "recomputing", False):
         return
     inputs, positions, mask, long, past = pending
-    used = last_long_rows()
+    used, pinned = last_long_rows()
     rows = None if used is None else used.tolist()
-    if rows is not None and tuple(rows * len(long) if len(rows) == 1 else rows) != long:
+    rows = None if rows is None else tuple(rows * len(long) if len(rows) == 1 else rows)
+    if pinned and rows is not None:  # pinned_factors chose the set: the cache holds what it chose
+        long = rows
+    elif rows is not None and rows != long:
         raise RuntimeError(
             f"longrope: {type(base).__name__} rotated with positions other than its position_ids (or "
             "past + arange when none are given); the switch's cache cannot follow it: patch with exact_cache=False"
@@ -273,8 +283,9 @@ def _returned_cache(output: Any) -> Any | None:
     return cache if hasattr(cache, "get_seq_length") and hasattr(cache, "reset") else None
 
 
-def install(base: nn.Module) -> None:
-    """The switch's hooks on ``base``, the module holding the rotary modules (once: a second call replaces them).
+def install(base: nn.Module, rotaries: tuple[LongRopeRotaryEmbedding, ...]) -> None:
+    """The switch's hooks on ``base``, the module holding the rotary modules ``rotaries`` (whose ``pinned`` set,
+    :func:`~.pinned.pinned_factors`, the hooks follow); once: a second call replaces them.
 
     Raises:
         ValueError: ``base``'s forward takes no ``input_ids`` and cache (the prefix could not be run again).
@@ -288,7 +299,7 @@ def install(base: nn.Module) -> None:
         )
     original = int(base.config.rope_parameters["original_max_position_embeddings"])
     base.__dict__[HOOKS_ATTR] = (  # a partial of a module function: the model still deep-copies and pickles
-        base.register_forward_pre_hook(functools.partial(_before, original), with_kwargs=True),
+        base.register_forward_pre_hook(functools.partial(_before, original, rotaries), with_kwargs=True),
         base.register_forward_hook(_after, with_kwargs=True),
     )
 
@@ -304,7 +315,7 @@ def enable(model: nn.Module) -> None:
     bases = {id(m): m for m in _holders(model)}
     wrap_rotary_modules(model, per_row=True)
     for base in bases.values():
-        install(base)
+        install(base, tuple(m for m in base.modules() if isinstance(m, LongRopeRotaryEmbedding)))
 
 
 def disable(model: nn.Module) -> None:
