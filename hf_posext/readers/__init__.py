@@ -130,7 +130,28 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
         verdicts["llama.cpp"] = (status, how)
     if method is not None and issubclass(method_class(method), AttentionRemapMethod):
         verdicts.update(_remap_verdicts(config, method))
+    if method == "longrope" and config.hf_posext.get("factors_by") == "query":
+        verdicts.update(_per_query_verdicts(verdicts))
     return verdicts
+
+
+def _per_query_verdicts(verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+    """LongRoPE with ``factors_by="query"``: hf-posext's own definition, under transformers' ``longrope`` entry.
+
+    Every other reader of the entry applies the long factors to all positions of a sequence past L_orig
+    (docs/methods/longrope.md), so a reader that reads the rope right computes another model past the switch.
+    """
+    other = (
+        "past L_orig it applies the long factors to every position (transformers' longrope); factors_by='query' "
+        "keeps the rows before L_orig on the short ones, which only hf-posext computes"
+    )
+    changed: dict[str, Verdict] = {
+        "transformers 5": ("right", f"after `import hf_posext`; without it, {other}"),
+    }
+    for reader, (status, _) in verdicts.items():
+        if reader != "transformers 5" and status == "right":
+            changed[reader] = ("wrong", other)
+    return changed
 
 
 #: Model types whose vLLM model file reads ``dual_chunk_attention_config`` (vLLM main: qwen2.py,

@@ -65,20 +65,37 @@ def only(assets, rope_parameters: dict, factors: str):
 
 
 @pytest.mark.parametrize(
-    ("choice", "exact_cache", "checkpointing", "lora"),
+    ("choice", "method_kwargs", "checkpointing", "lora"),
     [
-        ("mixed", True, False, False),
-        ("mixed", True, True, False),
-        ("mixed", True, False, True),
-        ("mixed", False, False, False),
-        ("long", True, False, False),
+        ("mixed", {}, False, False),
+        ("mixed", {}, True, False),
+        ("mixed", {}, False, True),
+        ("mixed", {"exact_cache": False}, False, False),
+        ("mixed", {"factors_by": "query"}, False, False),
+        ("mixed", {"factors_by": "query"}, True, False),
+        ("long", {}, False, False),
+        ("long", {"factors_by": "query"}, False, False),
     ],
-    ids=["mixed-exact", "mixed-exact-checkpointing", "mixed-exact-lora", "mixed-native", "long-exact"],
+    ids=[
+        "mixed",
+        "mixed-checkpointing",
+        "mixed-lora",
+        "mixed-no-exact-cache",
+        "mixed-query",
+        "mixed-query-checkpointing",
+        "long",
+        "long-query",
+    ],
 )
 def test_each_micro_batch_trains_its_factor_set(
-    assets, tmp_path, monkeypatch, choice, exact_cache, checkpointing, lora
+    assets, tmp_path, monkeypatch, choice, method_kwargs, checkpointing, lora
 ):
-    """The first step's micro-batches all see the initial weights (LoRA's B starts at 0): the references' own."""
+    """The first step's micro-batches all see the initial weights (LoRA's B starts at 0): the references' own.
+
+    transformers' own rotary module rotates the default (``factors_by="sequence"``, with or without the
+    exact cache's switch hooks); the exact dynamic rope plans ``factors_by="query"``.
+    """
+    by_query = method_kwargs.get("factors_by") == "query"
     seen, plans = [], []
     real_plan, real_loss = ExactDynamicRope.plan, steps.forward_loss
 
@@ -90,7 +107,7 @@ def test_each_micro_batch_trains_its_factor_set(
     def recording(model, input_ids, position_ids, pose=False, **kwargs):
         plans.clear()
         loss = real_loss(model, input_ids, position_ids, pose=pose, **kwargs)
-        if exact_cache:
+        if by_query:
             assert {id(plan) for plan in plans} == {id(plans[0])}, "one plan for the forward"
             (plan,) = plans[:1]
             assert plan.rowwise is None and len(plan.calls) == 1, "one frequency set for every row"
@@ -106,7 +123,7 @@ def test_each_micro_batch_trains_its_factor_set(
         assets,
         tmp_path,
         method="longrope",
-        method_kwargs={"exact_cache": exact_cache},
+        method_kwargs=method_kwargs,
         longrope_factors=choice,
         max_train_steps=1,
         warmup_steps=0,

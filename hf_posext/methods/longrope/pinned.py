@@ -19,7 +19,7 @@ import torch.nn as nn
 from ... import integration
 from ...attention.exact_dynamic import ExactDynamicRotaryEmbedding
 from ...rope_utils import LONGROPE_ROPE_TYPES
-from .rope import KeepFirstRotaryEmbedding
+from .rope import LongRopeRotaryEmbedding
 
 FACTOR_SETS = ("short", "long")
 
@@ -55,7 +55,7 @@ def pinned_factors(model: nn.Module, which: Literal["short", "long"]) -> Iterato
             stack.callback(setattr, rope, "pinned", rope.pinned)
             rope.pinned = rope.saturation if long else rope.original
         for module in model.modules():
-            if isinstance(module, KeepFirstRotaryEmbedding):
+            if isinstance(module, LongRopeRotaryEmbedding):
                 stack.callback(setattr, module, "pinned", module.pinned)
                 module.pinned = long
         for rotary in rotaries:

@@ -56,13 +56,29 @@ def test_every_position_uses_one_set_as_the_model_with_only_that_set(exact_cache
     torch.testing.assert_close(logits(model, ids), before, rtol=0, atol=0)  # the model's own rule again
 
 
-def test_without_the_pin_a_row_straddling_the_switch_is_not_one_set():
-    """Why the recipe pins: the exact cache gives rows within L_orig the short set (today's per-position default)."""
+def test_without_the_pin_the_rows_length_picks_the_set():
+    """Why the recipe pins: by default a row's largest position picks one set for the row (a PoSE row within
+    L_orig gets the short one, whatever target it stands for); factors_by="query" gives a row straddling the
+    switch both sets."""
     ids = tokens(16, batch=3)
     model = patched(base())
-    for which in (SHORT, LONG):
-        differs = (logits(model, ids) - logits(patched(base(), short=which, long=which), ids)).abs().amax(dim=(1, 2))
-        assert differs[:2].min() > 1e-3
+    short, long = (logits(patched(base(), short=which, long=which), ids) for which in (SHORT, LONG))
+    torch.testing.assert_close(logits(model, ids)[:2], long[:2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(model, ids)[2:], short[2:], rtol=1e-5, atol=1e-5)
+    query = patched(base(), factors_by="query")
+    for only in (short, long):
+        assert (logits(query, ids) - only).abs().amax(dim=(1, 2))[:2].min() > 1e-3
+
+
+def test_a_cache_filled_while_pinned_follows_the_pin():
+    """Cached decoding inside the block: the cache holds the pinned set and the switch computes nothing again."""
+    model, ids = patched(base()), tokens(L_ORIG + 8)
+    with pinned_factors(model, "long"), torch.no_grad():
+        cache = model(ids[:, : L_ORIG - 4], use_cache=True).cache
+        for t in range(L_ORIG - 4, L_ORIG + 8):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            full = model(ids[:, : t + 1], use_cache=False).logits[:, -1]
+            torch.testing.assert_close(out.logits[:, -1], full, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("exact_cache", [True, False], ids=["exact", "native"])
