@@ -20,7 +20,7 @@ from typing import Any as _Any
 from . import methods as _methods
 from .loading import AutoPatchedModelForCausalLM, from_pretrained
 from .loading import set_construction_hook as _set_construction_hook
-from .methods.deprecated import deprecated_attribute as _deprecated_attribute
+from .post_import import deprecated_attribute as _deprecated_attribute
 from .post_import import keep_moved_modules as _keep_moved_modules
 from .methods import (
     AttentionFunctions,
@@ -49,7 +49,7 @@ _set_construction_hook(True)
 _keep_moved_modules()
 
 
-def __getattr__(name: str) -> _Any:  # the deprecated names (hf_posext/methods/deprecated.py)
+def __getattr__(name: str) -> _Any:  # the deprecated names (hf_posext/post_import.py)
     return _deprecated_attribute(__name__, name)
 
 

@@ -15,13 +15,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..rope_utils import CONFIG_KEY as CONFIG_KEY  # re-exported: defined below what reads a record
 from ..rope_utils import longrope_rope_parameters
-from .deprecated import deprecated_attribute
+from ..post_import import deprecated_attribute
 from ..validation import real_number, whole_number  # re-exported: the methods' checks
-
-#: The config attribute holding what a patch did (the method's name and arguments, what the
-#: checkpoint had); saved in config.json with the checkpoint.
-CONFIG_KEY = "hf_posext"
 
 
 @dataclass(frozen=True)

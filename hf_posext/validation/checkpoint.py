@@ -23,9 +23,8 @@ import torch
 from transformers import PreTrainedConfig
 
 from .. import integration
-from ..methods import method_class
-from ..methods.base import CONFIG_KEY
-from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
+from ..method_names import registered_name
+from ..rope_utils import CONFIG_KEY, DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -207,7 +206,7 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> 
         raise ValueError(
             f"{CONFIG_KEY} (the record of an hf-posext patch) must be a mapping with a 'method', got {record!r}"
         )
-    method_class(record["method"])  # names the known methods
+    registered_name(record["method"])  # names the known methods
     for key in ("base_max_position_embeddings", "base_original_max_position_embeddings"):
         if key in record and not (_is_whole(record[key]) and record[key] >= 1):
             raise ValueError(f"{CONFIG_KEY}['{key}'] must be a positive integer, got {record[key]!r}")
