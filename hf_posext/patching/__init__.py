@@ -21,6 +21,7 @@ from transformers import PreTrainedConfig
 
 from .. import architectures, integration, readers
 from ..architectures import SUPPORTED_MODEL_TYPES
+from ..methods.base import MAX_CONTEXT as MAX_CONTEXT  # importable from here, as before
 from ..methods.base import BaseRope, MethodConfig
 from ..methods.registry import available_methods, method_class, method_config, surgery_for
 from .checkpoint_rope import CONFIG_KEY, base_rope, shipped_rope
@@ -38,9 +39,6 @@ __all__ = [
 
 
 _ORIGINAL_MODULES = "_hf_posext_original_modules"
-
-#: The longest context a patch may reach (positions are int32 in attention masks and kernels).
-MAX_CONTEXT = 2**31 - 1
 
 #: Every registered method name and alias, for type checkers only (``str`` is accepted too);
 #: tests/patching/test_patching.py checks that it equals the registry (available_methods() plus method_aliases()).
@@ -78,13 +76,7 @@ def _config_of(model: nn.Module | PreTrainedConfig) -> PreTrainedConfig:
 
 def _method_rope(method: MethodConfig, base: BaseRope) -> tuple[dict[str, Any], int]:
     """The rope parameters and advertised context of ``method`` on ``base``."""
-    reach = method.factor * base.original_max_position_embeddings
-    if reach > MAX_CONTEXT:
-        raise ValueError(
-            f"{method.name}: factor={method.factor!r} times the original context "
-            f"{base.original_max_position_embeddings} is {reach:.4g} tokens, beyond the {MAX_CONTEXT} positions a "
-            "config can hold; use a smaller factor"
-        )
+    method.context_length(base)  # refuses a context beyond MAX_CONTEXT, before the method's own checks
     method.check_base(base)
     if method.factor == 1 and method.scales_rope:
         return dict(base.rope_parameters), base.max_position_embeddings
@@ -96,7 +88,7 @@ def _method_rope(method: MethodConfig, base: BaseRope) -> tuple[dict[str, Any], 
 def _patch_config(
     config: PreTrainedConfig, method: MethodConfig, override: bool, layer_types: Sequence[str] | None = None
 ) -> None:
-    architectures.check_config(config)
+    """Write ``method`` into ``config`` (checked by :func:`architectures.check_config`, any previous patch undone)."""
     keys = architectures.rope_layer_types(config, layer_types, method.scales_rope)
     # The record keeps what the checkpoint itself had, whatever this patch replaces (override=True
     # included), so that unpatch restores it and a later patch starts from it.
@@ -129,11 +121,7 @@ def _patch_config(
         {
             **method.to_dict(),
             "original_max_position_embeddings": base.original_max_position_embeddings,
-            "context_length": (
-                int(round(method.factor * base.original_max_position_embeddings))
-                if method.scales_rope
-                else max_positions
-            ),
+            "context_length": method.context_length(base) if method.scales_rope else max_positions,
             "base_rope_parameters": base_parameters,
             "base_max_position_embeddings": base.max_position_embeddings,
             "base_original_max_position_embeddings": checkpoint_reach,
@@ -224,31 +212,27 @@ def patch_model(
     if isinstance(model, nn.Module):
         architectures.check_rotary_modules(model)
     _check_method_fits(config, spec, model if isinstance(model, nn.Module) else None)
-    # Validate on a copy: every check (ours, the surgery's, transformers' validators - Phi-3's
-    # config accepts only default and longrope) runs before the caller's config or model is touched.
-    trial = copy.deepcopy(config)
-    _unpatch_previous_config(trial)
-    _patch_config(trial, spec, override, layer_types)
+    # Patch a copy: every check (ours, the surgery's, transformers' validators - Phi-3's config accepts
+    # only default and longrope) runs before the caller's config or model is touched. The copy becomes a
+    # model's private config: a config object shared with other models (two models built from one
+    # config) must not change under them.
+    patched = copy.deepcopy(config)
+    previous = _unpatch_previous_config(patched)
+    _patch_config(patched, spec, override, layer_types)
     if not isinstance(model, nn.Module):
         config.__dict__.clear()
-        config.__dict__.update(trial.__dict__)
+        config.__dict__.update(patched.__dict__)
         return model
     saved = snapshot(_modules_with_originals(model))
     try:
-        # A private copy: a config object shared with other models (two models built from one
-        # config) must not change under them.
-        private = copy.deepcopy(config)
-        _replace_config(model, config, private)
-        previous_record = getattr(private, CONFIG_KEY, None)
+        _replace_config(model, config, patched)
         before = dict(model.named_modules())
-        if previous_record is not None:
-            previous = _unpatch_previous_config(private)
-            surgery_for(previous).unpatch_modules(previous, model)
-        _patch_config(private, spec, override, layer_types)
-        _swap_rotary_modules(model, keep_originals=previous_record is None)
+        if previous is not None:
+            surgery_for(previous).unpatch_modules(previous, model)  # module surgery reads no config
+        _swap_rotary_modules(model, keep_originals=previous is None)
         surgery = surgery_for(spec)
         surgery.patch_modules(spec, model)
-        if previous_record is not None:
+        if previous is not None:
             surgery.inherit_modules(spec, model, before)
     except BaseException:
         restore(saved)
