@@ -18,7 +18,9 @@ Checked on the source (ast), so a new module is covered without a list:
   counts);
 * the method modules' docstrings are a few lines (the maths is in ``docs/methods/``);
 * no module over :data:`MAX_LINES` lines unless its docstring says why, in a sentence starting
-  "Longer than ~400 lines" (the convention docs/layout.md states).
+  "Longer than ~400 lines" (the convention docs/layout.md states);
+* a package's ``__init__.py`` is its face: imports, ``__all__`` and at most one registration call (the
+  logic lives in named modules), but for :data:`NOT_A_FACE`.
 """
 
 from __future__ import annotations
@@ -246,6 +248,49 @@ def test_no_module_imports_from_a_package_still_initialising():
     module that imports a name from that very package, bound only because it happens to come earlier there."""
     run = subprocess.run([sys.executable, "-c", HALF_BUILT_IMPORTS], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
+
+
+#: Package ``__init__.py`` files that do more than a face, and why.
+NOT_A_FACE = {
+    "hf_posext": "importing the package registers the methods with transformers and keeps the old paths (three calls)",
+    "hf_posext.methods": "it loads the family folders and exposes their config classes, found, not listed",
+}
+
+
+def face_problems(tree: ast.Module) -> list[str]:
+    """What a package ``__init__.py`` holds beyond a face: a docstring, imports, ``__all__``, ``if TYPE_CHECKING:``
+    imports, a module ``__getattr__`` (deprecated names) and at most one call (a registration)."""
+    problems, calls = [], 0
+    for index, node in enumerate(tree.body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_type_checking(node):
+            continue
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and len(node.body) == 1:
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and calls == 0:
+            calls += 1
+            continue
+        problems.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0][:80]}")
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _is_package(n) and n not in NOT_A_FACE))
+def test_a_package_init_is_a_face(name):
+    problems = face_problems(ast.parse(MODULES[name].read_text(encoding="utf-8")))
+    assert problems == [], f"{MODULES[name]} holds logic (move it to a named module): {problems}"
+
+
+def test_the_face_check_can_fail():
+    face = '"""A face."""\nfrom .a import b\nregister(b)\n__all__ = ["b"]\n'
+    assert face_problems(ast.parse(face)) == []
+    assert face_problems(ast.parse(face + "def helper():\n    return 1\nregister(helper)\nX = 1\n")) == [
+        "line 5: def helper():",
+        "line 7: register(helper)",
+        "line 8: X = 1",
+    ]
 
 
 def test_the_cycle_check_can_fail():

@@ -13,7 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import hf_posext
-import hf_posext.patching as patching
+import hf_posext.patching.patch as patching
 from hf_posext import architectures
 from hf_posext.methods import method_class
 from hf_posext.methods.registry import register_method
