@@ -290,7 +290,6 @@ def segmented_attention(
     dropout = float(kwargs.get("dropout", 0.0) or 0.0) if module.training else 0.0
     value32 = value.to(torch.float32)
     output = value32.new_empty(rows, seq, heads, value.shape[-1])
-    lowest = torch.finfo(torch.float32).min
     # In place only when autograd does not record: backward needs the scores each op would overwrite
     # (amax's input, tanh's output); in place keeps inference at one score matrix per block.
     inplace = not torch.is_grad_enabled()
@@ -317,11 +316,15 @@ def segmented_attention(
             allowed = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
         else:
             allowed = attention_mask[:, :, start:stop, :keys][:, :, None]
+        # The floor is the dtype's own: under autocast the matmuls give bf16/fp16 scores, which fp32's
+        # minimum overflows; an fp32 mask added out of place gives fp32 scores, floored as in fp32.
         if allowed.dtype == torch.bool:
+            lowest = torch.finfo(scores.dtype).min
             scores = scores.masked_fill_(~allowed, lowest) if inplace else scores.masked_fill(~allowed, lowest)
         else:
-            bias = allowed.to(torch.float32)
-            scores = scores.add_(bias).clamp_(min=lowest) if inplace else (scores + bias).clamp(min=lowest)
+            scores = scores.add_(allowed) if inplace else scores + allowed.to(torch.float32)
+            lowest = torch.finfo(scores.dtype).min
+            scores = scores.clamp_(min=lowest) if inplace else scores.clamp(min=lowest)
         values = value32[:, :, None, :keys]
         if inplace:
             scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
