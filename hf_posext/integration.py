@@ -356,6 +356,18 @@ def attention_function(implementation: str, module: nn.Module) -> Callable[..., 
     return ALL_ATTENTION_FUNCTIONS[implementation]
 
 
+def attention_maps_requested(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether the forward running ``module`` collects attention maps (``output_attentions``).
+
+    transformers 5.24's ``capture_outputs`` reads ``output_attentions`` from the forward's arguments,
+    else from the config, and records the second output of each attention module; the argument
+    reaches the attention function among its keyword arguments, the config's setting does not.
+    """
+    if "output_attentions" in kwargs:
+        return bool(kwargs["output_attentions"])
+    return bool(getattr(getattr(module, "config", None), "output_attentions", False))
+
+
 def set_saved_attribute(config: Any, name: str, value: Any) -> None:
     """Make ``config.save_pretrained`` write ``name: value`` at the top of config.json; ``None`` removes it.
 

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from ... import integration
 from ...rope_utils import LONGROPE_ROPE_TYPES, rotary_dim_of
+from ..wrapper import kernel_function
 from .frequencies import frequency_rows
 from .kept import KeptPositions
 from .rotation import cos_sin, multipliers
@@ -462,8 +463,14 @@ class ExactDynamicRope:
             scratch = self._scratch.buffers = Scratch()
         return scratch
 
-    def kernel_for(self, module: nn.Module) -> Any:
-        """The wrapped kernel's attention function for ``module`` (looked up once per module class)."""
+    def kernel_for(self, module: nn.Module, kwargs: dict[str, Any]) -> Any:
+        """The wrapped kernel's attention function for ``module`` (looked up once per module class).
+
+        Where the forward asks for attention maps, :func:`~hf_posext.attention.wrapper.kernel_function`'s
+        (eager's in place of sdpa, which returns none).
+        """
+        if self.kernel != "eager" and integration.attention_maps_requested(module, kwargs):
+            return kernel_function(self.kernel, module, kwargs)
         kind = type(module)
         kernel = self._kernels.get(kind)
         if kernel is None:
