@@ -225,12 +225,28 @@ def ruler_section() -> str:
 
 
 def experiments() -> dict[str, tuple[Path, dict[str, Any]]]:
-    """``{row: (folder, cells)}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`)."""
-    found = {}
+    """``{row: (folder, cells)}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`).
+
+    A row measured in several folders (one per weight dtype: a file holds one) is one row with every
+    folder's cells; its folder is the one holding the run's record (``train_results.json``), if any.
+    """
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
     for file in sorted(EXPERIMENTS.glob("*/results.json")):
         content = json.loads(file.read_text())
-        found[content["settings"]["row"]] = (file.parent, content["cells"])
+        folder, cells = found.get(content["settings"]["row"], (file.parent, {}))
+        if not (folder / "train_results.json").exists():
+            folder = file.parent
+        found[content["settings"]["row"]] = (folder, {**cells, **content["cells"]})
     return found
+
+
+def experiment_dtypes() -> dict[str, list[str]]:
+    """``{row: [dtype, ...]}``: the weight dtypes each experiment's cells were measured in."""
+    dtypes: dict[str, list[str]] = {}
+    for file in sorted(EXPERIMENTS.glob("*/results.json")):
+        settings = json.loads(file.read_text())["settings"]
+        dtypes.setdefault(settings["row"], []).append(settings.get("dtype", "float32"))
+    return dtypes
 
 
 def experiment_losses(variants: dict[str, tuple[Path, dict[str, Any]]]) -> None:
@@ -308,7 +324,9 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         f"Language Reference (held out of training). Weights: the fine-tuned row in {cells.settings['dtype']}; "
         "the training-free rows in float32 where `training_free/results.json` has the cell, else in bfloat16 "
         "(`training_free_bf16/`: at 16k bf16 weights moved the perplexity by 0.02% and kept the passkey "
-        "answer, `cpu_bf16.json`).\n\n"
+        "answer, `cpu_bf16.json`)"
+        + "".join(f"; `{row}`: {', '.join(dtypes)}" for row, dtypes in experiment_dtypes().items())
+        + ".\n\n"
         + markdown_table(
             ["row", *[f"passkey {n // 1024}k" for n in lengths], *[f"ppl {kilo(n)}" for n in PPL_LENGTHS]], rows
         )
@@ -389,6 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     only_evaluates = not (args.report or args.llamacpp is not None)
     if (args.experiment is None) != (args.row == ROW) or (args.experiment and not only_evaluates):
         parser.error("--experiment and --row go together (a row of its own); an experiment has no --report, --llamacpp")
+    if "/" in args.row:  # one line, as every bad input: the usage would bury it
+        parser.exit(
+            2,
+            f"{parser.prog}: error: --row {args.row!r}: the cells are keyed passkey/ROW/LENGTH/DEPTH and "
+            'split on "/"; pick a row name without "/"\n',
+        )
+    if args.experiment is not None and ("/" in args.experiment or args.experiment in ("", ".", "..")):
+        parser.exit(
+            2,
+            f"{parser.prog}: error: --experiment {args.experiment!r}: NAME is one folder under "
+            'results/finetune_smollm2/experiments/: no "/", not "." or ".."\n',
+        )
     torch.set_num_threads(args.threads)
     settings = {**SETTINGS, "row": args.row, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
     results_file = (EXPERIMENTS / args.experiment if args.experiment else OUT) / "results.json"

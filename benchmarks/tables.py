@@ -1,7 +1,7 @@
 """The Markdown tables the docs show, rendered from the committed benchmark results.
 
 Each table has a name; a page holds it between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
-lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``). Results are
+lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``, and README.md). Results are
 rows of one schema (``result_schema.py``) and one renderer makes every table from them
 (``pivot.py``: a pivot of one file's rows); below, each table is its rows and columns. A table whose
 file is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` checks that every
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readers_table import readers_table  # noqa: E402
 from pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, table, value  # noqa: E402
 from result_schema import Row, latest, read_rows  # noqa: E402
 
@@ -764,7 +765,56 @@ def finetune_smollm2() -> str:
     return text[text.index("\n|") + 1 :].rstrip()
 
 
+def switch_columns(rows: list[Row]) -> list[Column]:
+    columns = []
+    for cache, header in (
+        ("transformers", "transformers' `longrope`"),
+        ("recompute", "default"),
+        ("per_query", '`factors_by="query"`'),
+    ):
+        for step, metric in (("crossing step", "crossing"), ("steady step", "steady")):
+            columns.append(
+                Column(
+                    f"{header}, {step}",
+                    compute=lambda group, _, c=cache, m=metric: _switch(group, c, m),
+                )
+            )
+    return columns
+
+
+def _switch(group: list[Row], cache: str, metric: str) -> str:
+    seconds = value(group, cache=cache, metric=f"{metric}_step_s")
+    times = value(group, cache=cache, metric=f"{metric}_ratio_vs_transformers")
+    return "-" if seconds is None or times is None else f"{seconds * 1e3:.2f} ms ({times:.2f}x)"
+
+
+def switch_model(row: Row) -> tuple[str, str]:
+    s = row.setting
+    prefill = f"{s['layers']} layers, hidden {s['hidden']}, {s['heads']}/{s['kv_heads']} heads, vocab {s['vocab']}"
+    return (prefill, f"{s['original_length']}")
+
+
+def switch_prefill(group: list[Row], rows: list[Row]) -> str:
+    seconds = value(group, cache="transformers", metric="prefill_s")
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+LONGROPE_SWITCH = Table(
+    "longrope_switch.json",
+    ["model (random weights, fp32, sdpa)", "L₀"],
+    [
+        Pivot(
+            {"benchmark": "longrope_switch"},
+            switch_model,
+            lambda rows: [*switch_columns(rows), Column("transformers' prefill of L₀ tokens", compute=switch_prefill)],
+            order=lambda r: r.setting["layers"],
+        )
+    ],
+)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "readers": readers_table,
     "real-model-ppl": real_model_ppl,
     "real-model-passkey": real_model_passkey,
     "training-free-real-model": training_free_real_model,
@@ -793,6 +843,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "llamacpp-smollm2": block(LLAMACPP_SMOLLM2),
     "longrope-tiny": block(LONGROPE_TINY, missing=LONGROPE_MISSING),
     "longrope-cache": block(LONGROPE_CACHE, missing=LONGROPE_MISSING),
+    "longrope-switch": block(
+        LONGROPE_SWITCH, missing="_Not measured yet: run `python benchmarks/bench_longrope_switch.py`._"
+    ),
     "gpu-check": block(GPU_CHECK),
     "gpu-dynamic-decode": block(decode_table("gpu/dynamic_decode.json")),
     "gpu-finetune-real": block(GPU_FINETUNE_REAL),
@@ -822,8 +875,9 @@ def rewrite(text: str, cache: dict[str, str] | None = None) -> str:
 
 
 def marked_pages(root: Path = ROOT) -> list[Path]:
-    """The Markdown files under :data:`SEARCHED` holding at least one marked block."""
-    pages = [p for folder in SEARCHED for p in sorted((root / folder).rglob("*.md"))]
+    """The Markdown files under :data:`SEARCHED`, and the README, holding at least one marked block."""
+    pages = [root / "README.md", *(p for folder in SEARCHED for p in sorted((root / folder).rglob("*.md")))]
+    pages = [p for p in pages if p.is_file()]
     return [p for p in pages if BLOCK.search(p.read_text())]
 
 

@@ -2,8 +2,8 @@
 
 hf-posext plugs into transformers 5.x through its documented extension points:
 
-* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its
-  ``__init__`` (and again by ``@dynamic_rope_update`` when ``"dynamic" in rope_type``);
+* ``modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``, read by every rotary module in its ``__init__`` (again by
+  ``@dynamic_rope_update`` for the dynamic types; for ``longrope`` it picks ``original_inv_freq`` or ``long_inv_freq``);
 * ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
   config is validated (transformers only *warns* for a type it has no validator for);
 * ``AttentionInterface`` / ``AttentionMaskInterface`` and ``PreTrainedModel._from_config`` (wrapped to copy a config
@@ -18,15 +18,18 @@ transformers' public top-level names (tests/test_package_structure.py). Internal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
 import importlib
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+import torch
 import torch.nn as nn
 from transformers import HfArgumentParser, modeling_rope_utils
 from transformers.hf_argparser import HfArg
@@ -239,6 +242,47 @@ def restore_scaling_on_reset(rotary: nn.Module) -> None:
     rotary.register_forward_pre_hook(hook, with_kwargs=True)
 
 
+@functools.cache
+def _static_forward(cls: type) -> Callable[..., Any] | None:
+    """A rotary module class's forward inside ``@dynamic_rope_update`` (found by the code object of the function
+    that decorator wraps with), or ``None`` when it has none."""
+    code = modeling_rope_utils.dynamic_rope_update(lambda module, x, position_ids: None).__code__
+    function = cls.forward
+    while function is not None and getattr(function, "__code__", None) is not code:
+        function = getattr(function, "__wrapped__", None)
+    return None if function is None else function.__wrapped__
+
+
+def rotary_tables(rotary: nn.Module, x: Any, position_ids: Any) -> Any:
+    """What ``rotary(x, position_ids)`` returns with the frequencies it holds now: the forward without
+    ``@dynamic_rope_update``, which would pick ``longrope``'s set from the largest position (the rest of the
+    forward, gradients off, is the module's own)."""
+    forward = _static_forward(type(rotary))
+    if forward is None:  # no dynamic update to step around
+        return rotary(x, position_ids)
+    with torch.no_grad():
+        return forward(rotary, x, position_ids)
+
+
+@contextlib.contextmanager
+def longrope_frequencies_pinned(rotary: nn.Module, inv_freq: torch.Tensor) -> Iterator[None]:
+    """transformers' ``longrope`` rotary module rotating with ``inv_freq`` at every length within the block.
+
+    Its ``@dynamic_rope_update`` copies ``long_inv_freq`` (past L_orig) or ``original_inv_freq`` into
+    ``inv_freq`` at every forward: both are ``inv_freq`` within, and put back after.
+    """
+    saved_short, saved_long = rotary.original_inv_freq, rotary.__dict__.get("long_inv_freq")
+    rotary.original_inv_freq, rotary.long_inv_freq = inv_freq, inv_freq
+    try:
+        yield
+    finally:
+        rotary.original_inv_freq = saved_short
+        if saved_long is None:
+            del rotary.long_inv_freq  # transformers computes it at the next forward past L_orig
+        else:
+            rotary.long_inv_freq = saved_long
+
+
 def rope_init_function(rope_type: str) -> RopeInitFn:
     """transformers' ``(config, device, seq_len, layer_type) -> (inv_freq, attention_factor)`` for ``rope_type``."""
     return modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
@@ -274,6 +318,50 @@ def guard_growing_cache(base_model: nn.Module, needs: str, alternative: str = ""
     """
     hook = functools.partial(_refuse_preallocated_cache, needs, alternative)
     return base_model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def cache_keyword(module: nn.Module) -> str:
+    """The keyword ``module``'s forward takes a cache by: ``cache`` (transformers >= 5.24) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+#: The ``Cache`` methods that change its batch rows, which :func:`follow_cache_batch_changes` extends.
+CACHE_BATCH_METHODS = ("reorder_cache", "batch_select_indices", "batch_repeat_interleave")
+#: The attributes whose objects follow those methods (:func:`follow_cache_batch_changes`).
+_CACHE_FOLLOWERS: list[str] = []
+
+
+def follow_cache_batch_changes(attr: str) -> None:
+    """Make transformers' ``Cache`` methods that change its batch rows (:data:`CACHE_BATCH_METHODS`) call the
+    same-named method of the object a cache holds as ``attr``, with the same arguments, after their own work.
+
+    For state kept beside a cache that must move with its rows (beam search reorders them). Wrapping the base
+    class once, when first asked, keeps every cache, its deep copies and pickles plain transformers objects; a
+    cache without ``attr`` is untouched. A subclass that overrides a method without calling ``Cache``'s is not
+    followed.
+    """
+    if attr in _CACHE_FOLLOWERS:
+        return
+    _CACHE_FOLLOWERS.append(attr)
+    if len(_CACHE_FOLLOWERS) > 1:  # already wrapped
+        return
+    from transformers.cache_utils import Cache
+
+    for name in CACHE_BATCH_METHODS:
+        setattr(Cache, name, _following(getattr(Cache, name), name))
+
+
+def _following(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        for attr in _CACHE_FOLLOWERS:
+            follower = getattr(self, attr, None)
+            if follower is not None:
+                getattr(follower, name)(*args, **kwargs)
+        return result
+
+    return method
 
 
 def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Callable[..., Any] | str) -> None:
@@ -354,18 +442,6 @@ def attention_function(implementation: str, module: nn.Module) -> Callable[..., 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return ALL_ATTENTION_FUNCTIONS[implementation]
-
-
-def attention_maps_requested(module: nn.Module, kwargs: dict[str, Any]) -> bool:
-    """Whether the forward running ``module`` collects attention maps (``output_attentions``).
-
-    transformers 5.24's ``capture_outputs`` reads ``output_attentions`` from the forward's arguments,
-    else from the config, and records the second output of each attention module; the argument
-    reaches the attention function among its keyword arguments, the config's setting does not.
-    """
-    if "output_attentions" in kwargs:
-        return bool(kwargs["output_attentions"])
-    return bool(getattr(getattr(module, "config", None), "output_attentions", False))
 
 
 def set_saved_attribute(config: Any, name: str, value: Any) -> None:

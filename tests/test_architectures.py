@@ -415,14 +415,16 @@ def test_the_docs_list_the_supported_model_types():
     )
 
 
-#: Why exact_cache=True is refused for longrope: the dynamic methods' reasons, less the config's (Phi-3 takes longrope).
+#: Why factors_by="query" (the exact dynamic cache) is refused for longrope: the dynamic methods' reasons,
+#: less the config's (Phi-3 takes longrope).
 LONGROPE_EXACT_REFUSED = {reason for reason in EXACT_REFUSED if reason != "config refuses dynamic"}
 
 
 @pytest.mark.parametrize("arch", SUPPORTED_MODEL_TYPES)
 def test_longrope_equals_transformers_and_its_cache_is_exact_or_refused(arch):
-    """exact_cache=False is transformers' own ``longrope`` model; exact_cache=True equals it within L_orig
-    and, past the switch to the long factors, cached decoding equals a forward at every step."""
+    """With and without the exact cache, a full forward is transformers' own ``longrope`` model; by default
+    cached decoding across the switch to the long factors (the prefix computed again) equals a forward at
+    every step, on every architecture; factors_by="query" (the exact dynamic cache) works or is refused."""
     sequence = ids(L_ORIG + 6)
     dims = rotary_dims(tiny_model(arch))
     reason = exact_refusal(arch)
@@ -438,15 +440,9 @@ def test_longrope_equals_transformers_and_its_cache_is_exact_or_refused(arch):
     native = model_class(config)(config).eval()
     native.load_state_dict(model.state_dict())
     assert torch.equal(logits(model, sequence), logits(native, sequence)), arch
-    before = logits(native, sequence[:, :L_ORIG])
     model = tiny_model(arch)
-    if reason in LONGROPE_EXACT_REFUSED:
-        with pytest.raises(ValueError, match=re.escape(EXACT_MESSAGES[reason])):
-            hf_posext.patch_model(model, "longrope", factor=FACTOR)
-        return
     hf_posext.patch_model(model, "longrope", factor=FACTOR)
-    error = (logits(model, sequence[:, :L_ORIG]) - before).abs().max().item()
-    assert error <= TOL, f"{arch}: exact path within L_orig differs from transformers' longrope by {error:.2e}"
+    assert torch.equal(logits(model, sequence), logits(native, sequence)), arch
     prompt = L_ORIG - 2
     with torch.no_grad():
         out = model(sequence[:, :prompt], use_cache=True)
@@ -454,6 +450,14 @@ def test_longrope_equals_transformers_and_its_cache_is_exact_or_refused(arch):
         for t in range(prompt, sequence.shape[1]):
             out = model(sequence[:, t : t + 1], cache=cache, use_cache=True)
             cache = out.cache
-            expected = model(sequence[:, : t + 1], use_cache=False).logits[:, -1]
+            expected = native(sequence[:, : t + 1], use_cache=False).logits[:, -1]
             step = (out.logits[:, -1] - expected).abs().max().item()
             assert step <= 2e-5, f"{arch}: cached step at position {t} differs from a forward by {step:.2e}"
+    model = tiny_model(arch)
+    if reason in LONGROPE_EXACT_REFUSED:
+        with pytest.raises(ValueError, match=re.escape(EXACT_MESSAGES[reason])):
+            hf_posext.patch_model(model, "longrope", factor=FACTOR, factors_by="query")
+        return
+    hf_posext.patch_model(model, "longrope", factor=FACTOR, factors_by="query")
+    error = (logits(model, sequence[:, :L_ORIG]) - logits(native, sequence[:, :L_ORIG])).abs().max().item()
+    assert error <= TOL, f"{arch}: exact path within L_orig differs from transformers' longrope by {error:.2e}"

@@ -37,7 +37,7 @@ PACKAGE = "hf_posext"
 
 #: Top-level names that may be imported inside a function: optional extras, or parts of torch that
 #: older supported releases lack.
-OPTIONAL = {"datasets", "flash_attn", "gguf", "matplotlib", "deepspeed", "torch.nn.attention.flex_attention"}
+OPTIONAL = {"datasets", "flash_attn", "gguf", "lm_eval", "matplotlib", "deepspeed", "torch.nn.attention.flex_attention"}
 
 #: Parts of transformers imported inside the functions that use them, so that ``import hf_posext``
 #: loads none of them (tests/test_import_cost.py): its model and mask machinery and the Auto classes;

@@ -15,10 +15,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .. import integration
 from .flash_segments import flash_available, flash_segmented_attention
 from .layout import Layout
-from .wrapper import kernel_function
+from .maps import attention_maps_requested, kernel_function
 
 #: The attribute of an attention module holding its :class:`RemapState`.
 STATE_ATTR = "_hf_posext_remap"
@@ -148,7 +147,7 @@ def remap_attention(
 
 def new_maps(module: nn.Module, query: torch.Tensor, kv_len: int, kwargs: dict[str, Any]) -> torch.Tensor | None:
     """Zeros ``[batch, heads, seq, kv_len]`` fp32 for the attention maps where ``output_attentions`` asks, else None."""
-    if not integration.attention_maps_requested(module, kwargs):
+    if not attention_maps_requested(module, kwargs):
         return None
     batch, heads, seq, _ = query.shape
     return query.new_zeros(batch, heads, seq, kv_len, dtype=torch.float32)

@@ -8,11 +8,9 @@ a later change of attention implementation is :mod:`.guard`'s.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
-import torch
 from torch import nn
 
 from .. import integration
@@ -51,46 +49,6 @@ def wrapped_kernel(requested: str | None, prefix: str, *, purpose: str, fallback
             f"model with one of those or {fallback}"
         )
     return kernel
-
-
-def kernel_function(kernel: str, module: nn.Module, kwargs: dict[str, Any]) -> Callable[..., Any]:
-    """The attention function of the wrapped ``kernel`` for ``module``: eager's where attention maps are asked for.
-
-    sdpa returns no attention weights (transformers then warns once and ``attentions`` comes back
-    empty); eager computes the same attention and returns them. It is given the sdpa mask in its own
-    additive form (:func:`additive_mask`).
-    """
-    if kernel == "sdpa" and integration.attention_maps_requested(module, kwargs):
-        return functools.partial(_eager_on_any_mask, integration.attention_function("eager", module))
-    return integration.attention_function(kernel, module)
-
-
-def additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """Eager's additive float mask (0 or the dtype's minimum) for a kernel's mask.
-
-    ``None`` (sdpa's plain causal) is causal with the queries as the last rows (``[1, 1, q, kv]``), a
-    boolean mask (True attends) is turned, a float one is returned as it is.
-    """
-    rows, keys = query.shape[2], key.shape[2]
-    if mask is None:
-        columns = torch.arange(keys, device=query.device)
-        mask = (columns[None, :] <= torch.arange(keys - rows, keys, device=query.device)[:, None])[None, None]
-    if mask.dtype != torch.bool:
-        return mask
-    additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-    return additive.masked_fill_(~mask, torch.finfo(query.dtype).min)
-
-
-def _eager_on_any_mask(
-    eager: Callable[..., Any],
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return eager(module, query, key, value, additive_mask(attention_mask, query, key), **kwargs)
 
 
 def install_wrapper(

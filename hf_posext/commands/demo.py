@@ -1,6 +1,6 @@
 """``hf-posext demo``: train a tiny model once, extend it with every method, print perplexity by length.
 
-    hf-posext demo            # <= 5 min on 2 CPU cores the first time, seconds once the models are cached
+    hf-posext demo            # 3-5 CPU-minutes the first time (one thread per free core), seconds once cached
     hf-posext demo --quick    # the same pipeline shrunk to seconds (CI)
 
 The experiment itself is :mod:`hf_posext.experiments.demo`.

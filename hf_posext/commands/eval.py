@@ -26,6 +26,7 @@ from ..files import check_output_dir, write_text
 from ..methods import method_config
 from ..patching import patch_info, patch_model, snapshot_model
 from ..patching.transaction import Snapshot, restore
+from . import harness
 from .arguments import check_factor, default_out, method_kwargs, real, whole
 
 if TYPE_CHECKING:
@@ -457,6 +458,7 @@ def add_parser(subparsers: Any) -> None:
         "--no-chat-template", action="store_true", help="plain prompts even if the tokenizer has a chat template"
     )
     p.set_defaults(func=_ruler)
+    harness.add_parser(sub, DTYPES)
 
 
 def __getattr__(name: str) -> Any:

@@ -203,6 +203,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = tuple(
         "tiny_model",
         "gguf",
         "search",
+        "doctor",
     )
 )
 

@@ -25,13 +25,10 @@ from ..files import check_output_file, output_file, same_file
 from ..validation import choice
 from ..validation.checkpoint import check_weight_files, read_config
 from .converter import LLAMA_CPP_PYTHON, check_converter, find_converter, run_converter
-from .rope import ARCHITECTURES, gguf_rope_for
+from .rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for
 from .writer import architecture, open_gguf, write_gguf
 
 logger = logging.getLogger("hf_posext")
-
-#: transformers model types and the GGUF architecture llama.cpp's converter gives them.
-MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 def _architecture_of(config: Any) -> str:

@@ -31,6 +31,8 @@ from ..rope_utils import (
 #: GGUF architectures whose rope llama.cpp applies as transformers' Llama/Qwen2/Qwen3 do (one
 #: rotation per pair, theta^(-2i/d) / factor_i). Mistral 7B, SmolLM2, Llama 2/3 GGUFs are ``llama``.
 ARCHITECTURES: dict[str, type[PreTrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+#: transformers model types and the GGUF architecture llama.cpp's converter gives them.
+MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 #: The architectures whose llama.cpp graph loads a ``rope_freqs`` tensor (per-pair divisors):
 #: only these run a per-pair scaling (llama3, a composition, YaRN with other betas). llama.cpp's
 #: qwen2 and qwen3 graphs have none, and refuse a file that carries one (wrong tensor count).

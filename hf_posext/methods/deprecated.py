@@ -19,6 +19,7 @@ RENAMED = {
     "PositionMethod": "MethodConfig",
     "make_method": "method_config",
     "EXACT_DYNAMIC_UNSUPPORTED": "WRAPPED_ATTENTION_UNSUPPORTED",  # it gates every attention wrapper
+    "KeepFirstRotaryEmbedding": "LongRopeRotaryEmbedding",  # it runs every longrope model's default cache
 }
 
 

@@ -76,13 +76,13 @@ def _runs(description: dict[str, Any], intended: dict[str, Any]) -> str:
     return f"{description['kind']} without/with {', '.join(extra)}" if extra else f"{description}"
 
 
-def _engine_verdict(description: Any, intended: dict[str, Any], context: int, target: int) -> Verdict:
+def _engine_verdict(description: Any, intended: dict[str, Any], context: int, target: int, flag: str) -> Verdict:
     if isinstance(description, ValueError):
         return "refused", f"raises {description}"
     if description != intended:
         return "wrong", _runs(description, intended)
     if context != target:
-        return "right", f"rope right; its default context is {context}: pass {target} (e.g. -c {target})"
+        return "right", f"rope right; its default context is {context}: pass {target} ({flag} {target})"
     return "right", f"context {context}"
 
 
@@ -102,12 +102,15 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     verdicts = {
         "transformers 5": transformers5.verdict(rope_type),
         "transformers 4.57": transformers4.verdict(rope_type),
-        "vLLM": _engine_verdict(_rules(vllm.effective_rope, config), intended, vllm.max_model_len(config), context),
+        "vLLM": _engine_verdict(
+            _rules(vllm.effective_rope, config), intended, vllm.max_model_len(config), context, "--max-model-len"
+        ),
         "SGLang": _engine_verdict(
             _rules(sglang.effective_rope, config, rotary_dim_of(config)),
             intended,
             sglang.context_length(config),
             context,
+            "--context-length",
         ),
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
@@ -120,14 +123,35 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
         verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
     else:
         status, how = _engine_verdict(
-            llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context
+            llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context, "-c"
         )
         if status == "wrong":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
             how += "; `hf-posext gguf export` writes the GGUF rope llama.cpp reads"
         verdicts["llama.cpp"] = (status, how)
     if method is not None and issubclass(method_class(method), AttentionRemapMethod):
         verdicts.update(_remap_verdicts(config, method))
+    if method == "longrope" and config.hf_posext.get("factors_by") == "query":
+        verdicts.update(_per_query_verdicts(verdicts))
     return verdicts
+
+
+def _per_query_verdicts(verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+    """LongRoPE with ``factors_by="query"``: hf-posext's own definition, under transformers' ``longrope`` entry.
+
+    Every other reader of the entry applies the long factors to all positions of a sequence past L_orig
+    (docs/methods/longrope.md), so a reader that reads the rope right computes another model past the switch.
+    """
+    other = (
+        "past L_orig it applies the long factors to every position (transformers' longrope); factors_by='query' "
+        "keeps the rows before L_orig on the short ones, which only hf-posext computes"
+    )
+    changed: dict[str, Verdict] = {
+        "transformers 5": ("right", f"after `import hf_posext`; without it, {other}"),
+    }
+    for reader, (status, _) in verdicts.items():
+        if reader != "transformers 5" and status == "right":
+            changed[reader] = ("wrong", other)
+    return changed
 
 
 #: Model types whose vLLM model file reads ``dual_chunk_attention_config`` (vLLM main: qwen2.py,

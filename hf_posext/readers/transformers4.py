@@ -11,6 +11,9 @@ from typing import Any
 #: Rope types transformers 4.57.6 implements (``ROPE_INIT_FUNCTIONS`` plus ``default``).
 KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
+#: 4.57.6's default ``rope_theta`` (Llama, Mistral, Qwen2, Qwen3 and Phi-3 configs): a config.json without one runs it.
+DEFAULT_THETA = 10000.0
+
 #: Top-level config fields only 4.x (and engines reading a 4.x-style config) need.
 LEGACY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "original_max_position_embeddings")
 
@@ -33,6 +36,58 @@ def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
         # 4.57's longrope reads L0 from the top level only (else max_position_embeddings: never switches)
         fields["original_max_position_embeddings"] = rope_parameters["original_max_position_embeddings"]
     return fields
+
+
+def reading(config_json: dict[str, Any]) -> dict[str, Any]:
+    """The ``rope_parameters`` 4.57.6 runs for a config.json: from its top-level ``rope_theta`` and ``rope_scaling``.
+
+    4.57 never reads ``rope_parameters``: a config.json written by transformers 5 alone (``rope_scaling: null``)
+    runs plain RoPE with :data:`DEFAULT_THETA` there. ``type`` wins over ``rope_type`` (``LlamaConfig.__init__``
+    copies it over); LongRoPE takes L0 from a top-level ``original_max_position_embeddings`` only, else
+    ``max_position_embeddings``, and then its factor from their ratio (``_compute_longrope_parameters``,
+    ``longrope_frequency_update``); YaRN without an original takes ``max_position_embeddings``. A Phi-3
+    config's ``rope_scaling`` must hold ``type``, ``short_factor`` and ``long_factor`` and nothing else.
+
+    Raises:
+        ValueError: a rope type 4.57 does not know (building the model raises ``KeyError``), naming it.
+    """
+    scaling = dict(config_json.get("rope_scaling") or {})
+    if config_json.get("model_type") == "phi3" and scaling:
+        # Phi3Config._rope_scaling_validation (4.57.6): exactly these three fields, the type longrope (or su, yarn)
+        if set(scaling) != {"type", "short_factor", "long_factor"} or scaling["type"] not in ("longrope", "su", "yarn"):
+            raise ValueError(
+                "Phi3Config raises ValueError: `rope_scaling` must be a dictionary with three fields, `type`, "
+                f"`short_factor` and `long_factor` (got {', '.join(sorted(scaling))})"
+            )
+        scaling["type"] = "longrope"
+    rope_type = scaling.pop("type", None) or scaling.pop("rope_type", None) or "default"
+    scaling.pop("rope_type", None)
+    if rope_type not in KNOWN_ROPE_TYPES:
+        raise ValueError(f"building the model raises KeyError: {rope_type!r}")
+    theta = config_json.get("rope_theta")
+    params: dict[str, Any] = {
+        **scaling,
+        "rope_type": rope_type,
+        "rope_theta": DEFAULT_THETA if theta is None else theta,
+    }
+    if config_json.get("partial_rotary_factor") is not None:
+        params["partial_rotary_factor"] = config_json["partial_rotary_factor"]
+    max_positions = config_json.get("max_position_embeddings")
+    if rope_type == "longrope":
+        top = config_json.get("original_max_position_embeddings")
+        if not top and params.get("factor") is None:
+            raise ValueError(
+                "building the rope raises TypeError: LongRoPE without a top-level original_max_position_embeddings "
+                "needs rope_scaling's factor (_compute_longrope_parameters compares it with 1.0)"
+            )
+        params["original_max_position_embeddings"] = top or max_positions
+        if top and max_positions:
+            params["factor"] = max_positions / top
+    elif rope_type == "yarn" and not params.get("original_max_position_embeddings"):
+        params["original_max_position_embeddings"] = max_positions
+    if rope_type == "default":  # the rope_scaling of a plain rope is not read
+        return {k: v for k, v in params.items() if k in ("rope_type", "rope_theta", "partial_rotary_factor")}
+    return params
 
 
 def verdict(rope_type: str) -> tuple[str, str]:

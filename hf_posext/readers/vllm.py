@@ -69,6 +69,8 @@ def effective_rope(config: Any) -> RopeDescription:
             beta_fast=rope.get("beta_fast", 32),
             beta_slow=rope.get("beta_slow", 1),
         )
+    if rope_type == "llama3":  # Llama3RotaryEmbedding: factor, low/high_freq_factor, original as written
+        return {"kind": "llama3", "theta": float(theta)}
     if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
         return describe("longrope", theta)
     raise ValueError(f"Unknown RoPE scaling type {rope_type}")

@@ -31,6 +31,7 @@ from ..validation import (
     real_number,
     required,
 )
+from .schedule import SCHEDULES
 
 #: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
 #: or greedy, which step on a metric); ``constant`` keeps the peak after the warm-up.
@@ -51,6 +52,9 @@ Scheduler = Literal[SCHEDULERS]
 MixedPrecision = Literal[MIXED_PRECISIONS]
 SaveDtype = Literal[SAVE_DTYPES]
 ReportTo = Literal[REPORT_TO]
+WindowScheduleKind = Literal[SCHEDULES]
+LONGROPE_FACTORS = ("mixed", "long")
+LongRopeFactors = Literal[LONGROPE_FACTORS]
 
 
 @dataclass
@@ -138,7 +142,7 @@ class TrainConfig:
         default=0.0,
         help="the long/short mix (ProLong): this fraction of the micro-batches, evenly spread, holds whole short "
         "documents at their own length and positions instead of a long sample; keeps short prompts untaxed "
-        "(0: off; with longrope, short samples train the short factors: LongRoPE2's mixed-window training)",
+        "(0: off; with longrope, short samples train the short factors: longrope_factors)",
     )
     short_seq_len: int | None = HfArg(
         default=None,
@@ -147,6 +151,34 @@ class TrainConfig:
     )
     short_dataset: list[str] = HfArg(
         default_factory=list, help="where the short documents come from (as dataset); default the dataset itself"
+    )
+    window_schedule: WindowScheduleKind = HfArg(
+        default="none",
+        help="grow the window of the long micro-batches (the PoSE window, or the sequence without PoSE) with the "
+        "optimizer step, short to long (SkyLadder): linear, or step (doubling stages), from window_start to the full "
+        "window at window_ramp_steps; none: the full window from step 1. Use it when long windows are costly: the "
+        "early steps are cheaper and the rest of the run trains the full window",
+    )
+    window_start: int | None = HfArg(
+        default=None, help="the first step's window with a window_schedule; default a quarter of the full window"
+    )
+    window_ramp_steps: int | None = HfArg(
+        default=None,
+        help="optimizer steps over which the window grows to its full length; default half of max_train_steps",
+    )
+    longrope_factors: LongRopeFactors = HfArg(
+        default="mixed",
+        help="method longrope: which of its factor sets each micro-batch trains. mixed (LongRoPE2): a micro-batch "
+        "standing for a sequence within the original context (the short side of the mix, a window no longer than "
+        "it) trains the short factors, every other (PoSE samples included) the long factors at every position, so "
+        "both sides of the switch are trained; long: every micro-batch the long factors (LongRoPE's own fine-tune; "
+        "short prompts then run on short factors the fine-tune never saw)",
+    )
+    sp_size: int = HfArg(
+        default=1,
+        help="sequence parallelism: each sequence split over this many processes, attention heads over them "
+        "(DeepSpeed Ulysses through accelerate's ParallelismConfig(sp_backend='deepspeed'); GPUs with a DeepSpeed "
+        "accelerate config, examples/accelerate/deepspeed_ulysses.yaml); 1: off",
     )
     checkpointing_steps: int = HfArg(default=0, help="save the full training state every N steps (0: never)")
     checkpoint_dir: str | None = HfArg(default=None, help="where training states go; default <output_dir>-checkpoints")
@@ -229,6 +261,12 @@ class TrainConfig:
                 f"pose_window={self.pose_window} exceeds seq_len={self.seq_len}: PoSE trains a short window "
                 "with positions spread over the longer seq_len"
             )
+        self._check_window_schedule()
+        if self.longrope_factors != "mixed" and self.method != "longrope":
+            raise ValueError(
+                f"longrope_factors={self.longrope_factors!r} chooses between LongRoPE's short and long factors; "
+                f"method {self.method!r} has none: leave it at 'mixed' (ignored) or use --method longrope"
+            )
         if "factor" in self.method_kwargs:
             raise ValueError(
                 f"method_kwargs (--set) sets factor={self.method_kwargs['factor']!r}; factor has its own setting: "
@@ -236,6 +274,19 @@ class TrainConfig:
             )
         # The method's own checks (ALiBi takes factor 1 only, unknown arguments...), before any model loads.
         method_config(self.method, factor=self.factor, **self.method_kwargs)
+
+    def _check_window_schedule(self) -> None:
+        shaping = [name for name in ("window_start", "window_ramp_steps") if getattr(self, name) is not None]
+        if self.window_schedule == "none" and shaping:
+            raise ValueError(
+                f"window_start and window_ramp_steps shape a window_schedule, which is none ({', '.join(shaping)} "
+                "given): set window_schedule to linear or step, or leave them out"
+            )
+        if self.window_ramp_steps is not None and self.window_ramp_steps > self.max_train_steps:
+            raise ValueError(
+                f"window_ramp_steps={self.window_ramp_steps} exceeds max_train_steps={self.max_train_steps}: the full "
+                f"window would never be trained; use at most {self.max_train_steps}"
+            )
 
     @property
     def checkpoint_path(self) -> Path:
@@ -392,6 +443,11 @@ FIELD_CHECKS: dict[str, Check] = {
     "short_fraction": number(0, 1, high_open=True),
     "short_seq_len": optional(integer(2)),
     "short_dataset": anything,
+    "window_schedule": choice(SCHEDULES),
+    "window_start": optional(integer(2)),
+    "window_ramp_steps": optional(integer(1)),
+    "longrope_factors": choice(LONGROPE_FACTORS),
+    "sp_size": integer(1),
     "checkpointing_steps": integer(0),
     "checkpoint_dir": anything,
     "checkpoints_total_limit": integer(0),

@@ -8,6 +8,8 @@ fails, the finished checkpoint stays on disk and the error says where.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from pathlib import Path
@@ -122,6 +124,7 @@ def save_final(
             "context": plan.context,
             "seq_len": plan.seq_len,
             "window": plan.window,
+            "window_schedule": plan.schedule.describe() if plan.schedule is not None else None,
             "steps": progress.step,
             "tokens": progress.tokens,
             "final_loss": progress.losses[-1] if progress.losses else None,
@@ -213,6 +216,24 @@ def card_for(
         )
     if config.pose:
         extra["PoSE"] = f"{plan.window}-token windows, {config.pose_chunks} chunks, positions up to {plan.seq_len}"
+    if plan.schedule is not None:
+        extra["window schedule"] = plan.schedule.describe()
+    if config.short_fraction:
+        source = (
+            describe_data(dataclasses.replace(config, dataset=config.short_dataset))
+            if config.short_dataset
+            else "the same data"
+        )
+        extra["short documents"] = (
+            f"{config.short_fraction:.0%} of the micro-batches: whole documents of up to {config.short_seq_len} tokens "
+            f"at their own positions, from {source}"
+        )
+    if config.method == "longrope":
+        extra["LongRoPE factors trained"] = (
+            "mixed: short factors on sequences within the original context, long ones past it (LongRoPE2)"
+            if config.longrope_factors == "mixed"
+            else "long factors on every sequence"
+        )
     for phase in ("before", "after"):
         if phase in eval_results:
             extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"

@@ -8,16 +8,13 @@ guarantees and how to call it: docs/notes/training.md.
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 from accelerate.utils import DistributedType, set_seed
@@ -27,17 +24,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from ..data import check_dataset, is_local_dataset
 from ..export.tokenizer import check_tokenizer_config
 from ..gguf import resolve_model_source
+from ..methods.longrope import pinned_factors
 from ..patching import patch_model
 from ..readers import print_engine_warning
 from ..validation.checkpoint import check_weight_files, read_config
-from .blocks import (
-    document_labels,
-    document_positions,
-    load_blocks,
-    load_document_blocks,
-    micro_batch_indices,
-    take_blocks,
-)
+from .blocks import load_blocks, load_document_blocks, micro_batch_indices
 from .checkpointing import (
     TrainProgress,
     check_resumable,
@@ -47,37 +38,14 @@ from .checkpointing import (
     saved_custom_state,
 )
 from .config import TrainConfig, build_scheduler
-from .distributed import build_accelerator, data_parallel_layout
+from .distributed import build_accelerator, data_parallel_layout, describe_strategy
 from .final_checkpoint import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
+from .micro_batches import MicroBatch, MicroBatches
 from .plan import plan_run
-from .pose import pose_position_ids
+from .resume import RUN_CONFIG_STATE, RunConfig, check_resume_config, check_resume_layout, process_layout
+from .sequence_parallel import check_sequence_parallel, sequence_parallel_group, setup_sequence_parallel
 from .steps import check_finite_loss, evaluate, forward_loss
-
-#: The settings a resumed run may change, each with why it leaves the result as it is; every other
-#: field of :class:`TrainConfig` (a new one included) must match the saved run (:func:`resume_invariants`).
-RESUME_FREE = {
-    "output_dir": "where the final checkpoint is written",
-    "overwrite": "whether an existing output may be replaced",
-    "checkpointing_steps": "how often training states are saved (saving draws no random numbers)",
-    "checkpoint_dir": "where training states are kept",
-    "checkpoints_total_limit": "how many training states are kept",
-    "resume": "which training state the run continues from",
-    "cache_dir": "where the tokenized data is cached (the data itself is checked by dataset, seq_len...)",
-    "report_to": "where metrics are logged",
-    "save_dtype": "the dtype the final weights are written in, after training",
-    "activation_checkpointing": "recomputes the same activations in the backward: memory, not maths",
-    "activation_offload": "where checkpointed activations wait: memory, not maths",
-}
-
-
-def resume_invariants(config_class: type = TrainConfig) -> tuple[str, ...]:
-    """Every field of ``config_class`` but :data:`RESUME_FREE`: the settings that change the result."""
-    return tuple(field.name for field in dataclasses.fields(config_class) if field.name not in RESUME_FREE)
-
-
-#: Settings that must not change between a run and its resumption (they change the result).
-RESUME_INVARIANTS = resume_invariants()
 
 StepCallback = Callable[[TrainProgress], None]
 
@@ -120,32 +88,6 @@ def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]
     return model, tokenizer
 
 
-def _check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
-    current = config.to_dict()
-    changed = [key for key in RESUME_INVARIANTS if key in saved and saved[key] != current[key]]
-    if changed:
-        details = "; ".join(f"{key}: {saved[key]!r} -> {current[key]!r}" for key in changed)
-        raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details})")
-
-
-#: :class:`_RunConfig`'s place among the checkpointed objects (its ``custom_checkpoint_<i>.pkl``).
-RUN_CONFIG_STATE = 2
-
-
-class _RunConfig:
-    """The run's settings, saved with every state; ``setup`` checks them before any model is built
-    (accelerate loads weights first: another LoRA shape would fail in ``load_state_dict``)."""
-
-    def __init__(self, config: TrainConfig) -> None:
-        self.config = config
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to restore: compared with the run's own settings in ``setup``."""
-
-
 class FinetuneRecipe:
     """One fine-tune run in parts: :meth:`setup`, :meth:`train_step` (or :meth:`train`), :meth:`save`, :meth:`cleanup`.
 
@@ -185,10 +127,15 @@ class FinetuneRecipe:
             resume_from = check_resumable(config.resume)
         elif config.resume == "latest":
             resume_from = latest_checkpoint(config.checkpoint_path)
-        if resume_from is not None:  # before a model loads: see _RunConfig
-            _check_resume_config(saved_custom_state(resume_from, RUN_CONFIG_STATE), config)
+        saved = saved_custom_state(resume_from, RUN_CONFIG_STATE) if resume_from is not None else None
+        if saved is not None:  # before a model loads: see RunConfig
+            check_resume_config(saved, config)
 
         self.accelerator = accelerator = build_accelerator(config)
+        self.dp_size, self.dp_rank = data_parallel_layout(accelerator)
+        layout = process_layout(accelerator.num_processes, self.dp_size, accelerator.distributed_type.value)
+        if saved is not None:
+            check_resume_layout(saved, resume_from, layout)
         if config.activation_offload and accelerator.device.type == "cpu":
             raise ValueError(
                 "activation_offload moves checkpointed activations from an accelerator to host memory; "
@@ -200,11 +147,14 @@ class FinetuneRecipe:
         cp_size = pc.cp_size if pc is not None else 1
         if cp_size > 1 and config.pose:
             raise ValueError("PoSE needs an attention mask, which context parallelism (causal SDPA only) cannot take")
-        self.dp_size, self.dp_rank = data_parallel_layout(accelerator)
         self.plan = plan = plan_run(config, model, self.dp_size, self.dp_rank, cp_size)
         if accelerator.is_main_process:
             print_engine_warning(model.config, plan.context, config.method)
         accelerator.gradient_accumulation_steps = plan.accumulation
+        self.sequence_parallel: tuple[int, int] | None = None
+        if pc is not None and pc.sp_enabled:
+            check_sequence_parallel(config, model, pc.sp_size, plan.window)
+            self.sequence_parallel = setup_sequence_parallel(accelerator, model, plan.window)
         if config.lora:
             check_lora_targets(model, config.lora_target_modules)
         self.save_dtype = save_dtype_for(config, model)
@@ -237,11 +187,12 @@ class FinetuneRecipe:
             ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.micro_batch_size
         # The scheduler is deliberately not prepared: accelerate would step it once per process.
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        accelerator.print(describe_strategy(accelerator, self.model, self.dp_size))
         # FSDP2 swaps parameters for sharded ones in prepare(): clip the ones that are trained now.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.progress = progress = TrainProgress()
         # In this order in every state saved so far: the settings are third (RUN_CONFIG_STATE).
-        accelerator.register_for_checkpointing(self.scheduler, progress, _RunConfig(config))
+        accelerator.register_for_checkpointing(self.scheduler, progress, RunConfig(config, layout))
 
         if resume_from is not None:
             load_checkpoint(accelerator, resume_from)
@@ -255,28 +206,10 @@ class FinetuneRecipe:
             self.trackers = True
         if self.eval_blocks is not None and progress.step == 0:
             progress.eval["before"] = self.evaluate()
-        shorts = self.shorts_before(progress.micro_step)
-        self.batches = micro_batch_indices(
-            len(self.train_blocks),
-            config.micro_batch_size,
-            self.dp_size,
-            self.dp_rank,
-            config.seed,
-            start=progress.micro_step - shorts,
+        self.batches = MicroBatches(
+            config, plan, self.train_blocks, self.short_blocks, accelerator.device, progress.micro_step
         )
-        if self.short_blocks is not None:
-            self.short_batches = micro_batch_indices(
-                len(self.short_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed, start=shorts
-            )
         self._started, self._first_tokens = time.perf_counter(), progress.tokens
-
-    def shorts_before(self, micro_step: int) -> int:
-        """Short micro-batches among the first ``micro_step`` (``short_fraction`` of them, evenly spread).
-
-        Micro-batch ``k`` is short when this count grows from ``k`` to ``k + 1``; every process
-        counts the same, so a step's micro-batches have one length on all of them.
-        """
-        return math.floor(micro_step * Fraction(str(self.config.short_fraction)))
 
     def _setup_data(self) -> None:
         """Tokenized blocks, split into training and held-out ones; fails if there is not one micro-batch."""
@@ -329,19 +262,9 @@ class FinetuneRecipe:
             self.model, self.eval_blocks, self.accelerator, self.dp_size, self.dp_rank, self.config.micro_batch_size
         )["perplexity"]
 
-    def _positions(self, input_ids: torch.Tensor) -> torch.Tensor:
-        config, plan, device = self.config, self.plan, self.accelerator.device
-        if config.pose:
-            # Seeded by the data position, so a resumed run draws the same positions.
-            generator = torch.Generator().manual_seed(
-                config.seed * 1_000_003 + self.progress.micro_step * 4099 + self.dp_rank
-            )
-            positions = pose_position_ids(
-                plan.window, plan.seq_len, config.pose_chunks, batch_size=input_ids.shape[0], generator=generator
-            )
-            return positions.to(device)
-        # One row broadcast over the batch, as transformers does without position ids.
-        return torch.arange(plan.window, device=device).unsqueeze(0)
+    def _factors(self, batch: MicroBatch) -> contextlib.AbstractContextManager:
+        """LongRoPE's factor set of ``batch`` pinned for its forward and backward; nothing for other methods."""
+        return contextlib.nullcontext() if batch.factors is None else pinned_factors(self.model, batch.factors)
 
     def train_step(self) -> float:
         """One optimizer step (``plan.accumulation`` micro-batches): its mean loss over all processes.
@@ -352,24 +275,19 @@ class FinetuneRecipe:
         config, accelerator, progress = self.config, self.accelerator, self.progress
         step_loss = torch.zeros((), device=accelerator.device)
         for _ in range(self.plan.accumulation):
-            short = self.shorts_before(progress.micro_step + 1) > self.shorts_before(progress.micro_step)
-            labels = None
-            if short:  # whole documents at their own positions, each attending to itself (blocks.py)
-                packed = torch.from_numpy(np.asarray(self.short_blocks[next(self.short_batches)], dtype=np.int64))
-                input_ids, segments = packed[:, 0].to(accelerator.device), packed[:, 1].to(accelerator.device)
-                positions, labels = document_positions(segments), document_labels(input_ids, segments)
-            else:
-                input_ids = take_blocks(self.train_blocks, next(self.batches)).to(accelerator.device)
-                positions = self._positions(input_ids)
-            with accelerator.accumulate(self.model):
+            batch = self.batches.next(progress.step, progress.micro_step)
+            with accelerator.accumulate(self.model), self._factors(batch):
                 loss = forward_loss(
                     self.model,
-                    input_ids,
-                    positions,
-                    pose=config.pose and not short,
+                    batch.input_ids,
+                    batch.positions,
+                    pose=config.pose and not batch.short,
                     accelerator=accelerator,
                     loss_chunk_size=config.loss_chunk_size,
-                    shift_labels=labels,
+                    shift_labels=batch.labels,
+                    sequence_parallel=(*self.sequence_parallel, sequence_parallel_group())
+                    if self.sequence_parallel is not None
+                    else None,
                 )
                 check_finite_loss(loss, progress.step + 1, accelerator)
                 accelerator.backward(loss)
@@ -378,7 +296,7 @@ class FinetuneRecipe:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             progress.micro_step += 1
-            progress.tokens += input_ids.numel() * self.dp_size
+            progress.tokens += batch.input_ids.numel() * self.dp_size
             step_loss += loss.detach().float() / self.plan.accumulation
         self.scheduler.step()
         progress.step += 1

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 from accelerate.utils import extract_model_from_parallel
+from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
@@ -188,5 +189,11 @@ def causal_lm_loss(
                 "the loss: set loss_chunk_size=0 to use the model's own loss"
             )
     # ZeRO-3 frees a partitioned parameter when its module's forward returns (``ds_id`` marks one).
-    partitioned = any(hasattr(p, "ds_id") for p in head.parameters())
+    # Under FSDP2 a backward run inside the forward fires the head's FSDP post-backward hook, which
+    # reshards its group (the final norm too): the real backward then reads freed parameters
+    # (a segfault with LoRA, tests/train/test_fsdp2.py). Recomputing in the real backward runs the
+    # hooks once, in order.
+    partitioned = any(hasattr(p, "ds_id") for p in head.parameters()) or any(
+        isinstance(module, FSDPModule) for module in (model, lm, head)
+    )
     return chunked_head_loss(head, hidden, shift_labels, chunk_size, softcap=softcap, recompute=partitioned)

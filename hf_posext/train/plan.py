@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from ..methods import method_class
 from ..patching import patch_info
 from .config import TrainConfig
+from .schedule import WindowSchedule
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,12 @@ class Plan:
     accumulation: int
     dp_size: int
     dp_rank: int
+    #: the window of each optimizer step (``window`` from step 1 unless ``window_schedule`` is set)
+    schedule: WindowSchedule | None = None
+
+    def window_at(self, step: int) -> int:
+        """Tokens of the long micro-batches of optimizer step ``step`` (0-based)."""
+        return self.window if self.schedule is None else self.schedule.window(step)
 
 
 def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank: int, cp_size: int = 1) -> Plan:
@@ -36,7 +43,8 @@ def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank:
 
     Raises:
         ValueError: a sequence the patched model cannot take, a PoSE window longer than the
-            sequence, or a global batch the processes and micro-batches do not divide.
+            sequence, a global batch the processes and micro-batches do not divide, or a window
+            schedule the window cannot follow.
     """
     info = patch_info(model)
     original = int(info.get("original_max_position_embeddings") or model.config.max_position_embeddings)
@@ -72,4 +80,34 @@ def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank:
             f"context parallelism over {cp_size} devices needs a sequence length divisible by {2 * cp_size} "
             f"(load balancing splits it in 2 x cp_size pieces); got {window}"
         )
-    return Plan(original, context, seq_len, window, short_len, config.global_batch_size // per_step, dp_size, dp_rank)
+    if (
+        config.method == "longrope"
+        and config.longrope_factors == "mixed"
+        and config.short_fraction
+        and short_len > original
+    ):
+        raise ValueError(
+            f"longrope_factors='mixed' trains the short micro-batches with the short factors, which hold up to the "
+            f"original context of {original} tokens; short_seq_len={short_len} would train longer documents on them: "
+            f"use short_seq_len <= {original}"
+        )
+    schedule = _schedule(config, window, cp_size)
+    accumulation = config.global_batch_size // per_step
+    return Plan(original, context, seq_len, window, short_len, accumulation, dp_size, dp_rank, schedule)
+
+
+def _schedule(config: TrainConfig, window: int, cp_size: int) -> WindowSchedule | None:
+    """The window schedule of ``config`` growing to ``window`` (None without one); checked against PoSE's chunks."""
+    if config.window_schedule == "none":
+        return None
+    multiple = 2 * cp_size if cp_size > 1 else 1
+    start = config.window_start or max(2, multiple, window // 4 // multiple * multiple)
+    ramp = config.window_ramp_steps or max(1, config.max_train_steps // 2)
+    schedule = WindowSchedule(config.window_schedule, start, window, ramp, multiple)
+    first = schedule.window(0)
+    if config.pose and config.pose_chunks > first:
+        raise ValueError(
+            f"pose_chunks={config.pose_chunks} exceeds the first window of {first} tokens (window_start); "
+            f"use window_start >= {config.pose_chunks} or fewer chunks"
+        )
+    return schedule

@@ -13,6 +13,7 @@ from accelerate import Accelerator
 
 from .blocks import take_blocks
 from .loss import causal_lm_loss
+from .sequence_parallel import group_mean_loss, shard_sequence
 
 
 def forward_loss(
@@ -23,6 +24,7 @@ def forward_loss(
     accelerator: Accelerator | None = None,
     loss_chunk_size: int = 0,
     shift_labels: torch.Tensor | None = None,
+    sequence_parallel: tuple[int, int, Any] | None = None,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy of ``input_ids`` ``[batch, seq]`` at ``position_ids``.
 
@@ -32,9 +34,18 @@ def forward_loss(
     documents (blocks.document_labels), whose restarting ``position_ids`` transformers reads as
     separate sequences (no attention mask is passed unless ``pose``).
     ``loss_chunk_size > 0`` computes the same loss without all logits (see loss.py).
+    ``sequence_parallel``: ``(rank, size, group)``: this process scores its slice of the sequence and
+    the mean is the group's (sequence_parallel.py).
     """
     if shift_labels is None:
         shift_labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
+    if sequence_parallel is not None:
+        rank, size, group = sequence_parallel
+        input_ids, position_ids, shift_labels = (
+            shard_sequence(t, rank, size) for t in (input_ids, position_ids, shift_labels)
+        )
+        local = forward_loss(model, input_ids, position_ids, pose, accelerator, loss_chunk_size, shift_labels)
+        return group_mean_loss(local, (shift_labels != -100).sum(), group)
     kwargs: dict[str, Any] = {}
     if pose:
         # Skipped positions would otherwise be read as packed-sequence boundaries (see pose.py).

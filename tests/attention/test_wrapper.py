@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hf_posext
-from hf_posext.attention.wrapper import additive_mask
+from hf_posext.attention.maps import additive_mask
 from hf_posext.methods.alibi import attention as alibi_attention
 from tests.helpers.models import tiny_model, tokens
 
@@ -59,11 +59,16 @@ def test_every_method_returns_one_map_per_layer_whose_rows_are_distributions(met
         assert not layer[1, :, PADDED:, :PADDED].any()  # nothing on left padding
 
 
-@pytest.mark.parametrize("method", ["dynamic_ntk", "dynamic_yarn", "longrope", "alibi"])
-def test_the_wrapper_of_sdpa_returns_the_maps_the_wrapper_of_eager_returns(method):
+@pytest.mark.parametrize(
+    ("method", "arguments"),
+    [("dynamic_ntk", {}), ("dynamic_yarn", {}), ("longrope", {"factors_by": "query"}), ("alibi", {})],
+    ids=["dynamic_ntk", "dynamic_yarn", "longrope-by-query", "alibi"],
+)
+def test_the_wrapper_of_sdpa_returns_the_maps_the_wrapper_of_eager_returns(method, arguments):
     """With a cache too: the exact-dynamic decode step and the rotated prefix, ALiBi's cached bias."""
     ids, mask = batch()
-    eager, sdpa = patched(method, "eager"), patched(method, "sdpa")
+    eager, sdpa = patched(method, "eager", **arguments), patched(method, "sdpa", **arguments)
+    assert sdpa.config._attn_implementation != "sdpa"  # one of the package's wrappers, not transformers' own
     sdpa.load_state_dict(eager.state_dict())
     got, want = maps_of(sdpa, ids, attention_mask=mask), maps_of(eager, ids, attention_mask=mask)
     assert len(got) == len(want) == sdpa.config.num_hidden_layers

@@ -35,6 +35,26 @@ def test_experiment_and_row_go_together_and_only_evaluate(argv, capsys):
     assert exit_.value.code == 2 and "--experiment and --row go together" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "bad"),
+    [
+        (["ckpt", "--experiment", "windows", "--row", "yarn/4k"], "--row 'yarn/4k'"),
+        (["ckpt", "--experiment", "runs/windows", "--row", "windows"], "--experiment 'runs/windows'"),
+        (["ckpt", "--experiment", "..", "--row", "windows"], "--experiment '..'"),
+    ],
+)
+def test_a_name_with_a_slash_is_one_line_naming_it(argv, bad, capsys, tmp_path, monkeypatch):
+    """The cells are keyed ``passkey/ROW/LENGTH/DEPTH`` (split on "/") and NAME is one folder."""
+    monkeypatch.setattr(finetune, "OUT", tmp_path)
+    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "experiments")
+    with pytest.raises(SystemExit) as exit_:
+        finetune.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and bad in err and "/" in err
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "experiments").exists()
+
+
 def test_an_experiment_is_a_row_of_the_report_paired_with_the_recipe(tmp_path, monkeypatch):
     monkeypatch.setattr(finetune, "OUT", tmp_path)
     monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "experiments")
@@ -117,3 +137,30 @@ def test_a_report_rewrites_the_published_cards_evaluation_and_keeps_the_rest(tmp
     with pytest.raises(ValueError, match="no '## Evaluation"):
         finetune.main([str(checkpoint), "--report", "--lengths", "32768"])
     assert card.read_text() == preface
+
+
+def test_one_row_measured_in_two_folders_is_one_row_of_the_report(tmp_path, monkeypatch):
+    """An experiment's cells in two dtypes (fp32 perplexity, bf16 long passkeys) are two folders, one row."""
+    monkeypatch.setattr(finetune, "OUT", tmp_path)
+    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "experiments")
+    row = "long-short mix"
+    for folder, dtype, cells in (
+        ("mix", "float32", {f"ppl/{row}/32768": {"value": 12.5}, f"passkey/{row}/4096/0.0": {"value": True}}),
+        ("mix-bf16", "bfloat16", {f"passkey/{row}/32768/0.0": {"value": True}}),
+    ):
+        (tmp_path / "experiments" / folder).mkdir(parents=True)
+        content = {"settings": {"row": row, "dtype": dtype}, "cells": cells}
+        (tmp_path / "experiments" / folder / "results.json").write_text(json.dumps(content))
+    (tmp_path / "experiments" / "mix" / "train_results.json").write_text(json.dumps({"losses": [2.0, 1.5]}))
+    variants = finetune.experiments()
+    assert list(variants) == [row]
+    folder, cells = variants[row]
+    assert folder.name == "mix" and len(cells) == 3  # the folder holding the run's record; every cell
+    text = finetune.report(
+        finetune.Cells(tmp_path / "results.json", {"row": finetune.ROW, "dtype": "bfloat16"}),
+        [32768],
+        tmp_path / "no-checkpoint",
+    )
+    line = next(line for line in text.splitlines() if line.startswith(f"| {row}"))
+    assert line.count("1/1") == 2 and "12.50" in line
+    assert "long-short mix: float32, bfloat16" in text.replace("`", "")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_posext.commands.finetune import config_from_args
 from hf_posext.commands.finetune import main as finetune_main
 from hf_posext.commands.finetune import summary
 from hf_posext.commands.main import main
@@ -135,3 +136,38 @@ def test_bf16_fine_tuning_of_a_remapping_method_gets_past_step_one(tmp_path, cap
     ]
     assert finetune_main(argv) == 0, capsys.readouterr().err
     assert "(2 steps, final loss" in capsys.readouterr().out
+
+
+def test_the_window_schedule_and_longrope_factors_are_yaml_keys_and_flags(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model: m\ndataset: d.txt\noutput-dir: out\nmethod: longrope\nfactor: 4\nwindow-schedule: step\n"
+        "window-start: '512'\nwindow-ramp-steps: 100\nlongrope-factors: long\n"
+    )
+    parsed = config_from_args(["--config", str(config), "--window-schedule", "linear"])
+    assert (parsed.window_schedule, parsed.window_start, parsed.window_ramp_steps, parsed.longrope_factors) == (
+        "linear",
+        512,
+        100,
+        "long",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--window-schedule", "cosine"], "--window-schedule"),
+        (["--window-start", "8"], "--window-start"),
+        (["--window-schedule", "linear", "--window-ramp-steps", "500"], "window_ramp_steps=500 exceeds"),
+        (["--longrope-factors", "long"], "longrope_factors"),
+    ],
+)
+def test_a_bad_schedule_or_factor_setting_is_one_line(tmp_path, capsys, argv, named):
+    try:
+        code = finetune_main(["--model", "m", "--dataset", "d.txt", "--output-dir", str(tmp_path / "out"), *argv])
+    except SystemExit as exit_:  # argparse's own refusal of a choice
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0] and "usage" not in err[0], err
+    assert not (tmp_path / "out").exists()

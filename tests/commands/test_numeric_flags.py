@@ -19,8 +19,8 @@ from hf_posext.train.config import FIELD_CHECKS, TrainConfig
 
 BAD = ["0", "-1", "x", "nan", "inf"]
 #: The flags for which 0 makes sense (a seed, a key depth, no search round: the start scored; no position kept on
-#: plain RoPE); every other numeric flag counts, sizes or scales.
-ZERO_ALLOWED = {"--seed", "--depths", "--rounds", "--keep-first"}
+#: plain RoPE; zero-shot evaluation); every other numeric flag counts, sizes or scales.
+ZERO_ALLOWED = {"--seed", "--depths", "--rounds", "--keep-first", "--num-fewshot"}
 
 
 def numeric_flags() -> list[tuple[tuple[str, ...], str, typing.Any]]:

@@ -35,6 +35,7 @@ EXPECTED = {
         "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
     },
     "deepspeed_zero3.yaml": {"distributed_type": "DEEPSPEED", "zero_stage": 3, "zero3_save_16bit_model": "true"},
+    "deepspeed_ulysses.yaml": {"distributed_type": "DEEPSPEED", "zero_stage": 3, "zero3_save_16bit_model": "true"},
     "context_parallel.yaml": {
         "distributed_type": "FSDP",
         "FSDP_VERSION": "2",

@@ -72,3 +72,42 @@ def test_trained_model_is_cached(demo):
     assert info == report["train"]["rope"]
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
     assert info["final_loss"] < 5.0  # trained: a uniform guess over 259 byte tokens is ln 259 = 5.56
+
+
+@pytest.mark.parametrize("load, cpus, threads", [(0.0, 2, 2), (0.9, 2, 1), (1.5, 2, 1), (3.0, 16, 2), (40.0, 16, 1)])
+def test_demo_threads_are_the_cores_other_work_leaves_free(monkeypatch, load, cpus, threads):
+    from hf_posext.experiments import demo as demo_module
+
+    monkeypatch.setattr(demo_module.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(demo_module.os, "cpu_count", lambda: cpus)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert demo_module.demo_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_demo_runs_on_the_free_cores_and_gives_the_thread_count_back(tmp_path, monkeypatch):
+    """Two OpenMP threads on a 2-core machine running another job cost 3-9x per step (docs/getting_started.md)."""
+    from hf_posext.experiments import demo as demo_module
+
+    seen = []
+    for name in ("pretrain", "truncated_perplexity"):
+        real = getattr(demo_module, name)
+
+        def spy(*args, _real=real, **kwargs):
+            seen.append(torch.get_num_threads())
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(demo_module, name, spy)
+    monkeypatch.setattr(demo_module.os, "getloadavg", lambda: (1.5, 1.5, 1.5))
+    monkeypatch.setattr(demo_module.os, "cpu_count", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        report = demo_module.run_demo(QUICK, tmp_path / "cache", progress=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1} and report["threads"] == 1

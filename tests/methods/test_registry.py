@@ -112,6 +112,11 @@ DEPRECATED = [
         ("PositionMethod", "MethodConfig", ("hf_posext", "hf_posext.methods", "hf_posext.methods.base")),
         ("make_method", "method_config", ("hf_posext", "hf_posext.methods", "hf_posext.methods.registry")),
         ("EXACT_DYNAMIC_UNSUPPORTED", "WRAPPED_ATTENTION_UNSUPPORTED", ("hf_posext.architectures",)),
+        (
+            "KeepFirstRotaryEmbedding",
+            "LongRopeRotaryEmbedding",
+            ("hf_posext.methods.longrope", "hf_posext.methods.longrope.rope"),
+        ),
     ]
     for module in modules
 ]

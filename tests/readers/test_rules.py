@@ -219,3 +219,27 @@ def test_sglang_reads_a_longrope_checkpoint(tmp_path):
     assert sglang.effective_rope(config, HEAD_DIM) == intended_rope(config.rope_parameters)
     assert sglang.context_length(config) == 4 * L_ORIG
     assert support(config, 4 * L_ORIG)["SGLang"][0] == "right"
+
+
+def test_longrope_per_query_definition_is_named_as_hf_posexts_own(tmp_path, capsys, caplog):
+    """factors_by="query" keeps transformers' longrope entry, which every other reader runs with the long
+    factors at every position past L_orig: `hf-posext patch` warns naming them, the card says so, and
+    patching a model logs it. The default (factors_by="sequence") is what they all compute (llama.cpp's converter
+    writes plain RoPE for it, a warning of its own)."""
+    tiny_model(max_positions=L_ORIG).save_pretrained(tmp_path / "base")
+    patch = ["patch", str(tmp_path / "base"), "--method", "longrope", "--factor", "4"]
+    assert cli_main([*patch[:2], str(tmp_path / "seq"), *patch[2:]]) == 0
+    err = capsys.readouterr().err
+    assert "factors_by" not in err and "vLLM (" not in err
+    assert cli_main([*patch[:2], str(tmp_path / "query"), *patch[2:], "--set", "factors_by=query"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("hf-posext: warning:") == 1
+    assert all(name in err for name in ("transformers 4.57", "vLLM", "SGLang", "llama.cpp", "factors_by='query'"))
+    config = AutoConfig.from_pretrained(tmp_path / "query")
+    verdicts = support(config, 4 * L_ORIG)
+    assert verdicts["transformers 5"][0] == "right" and "without it" in verdicts["transformers 5"][1]
+    assert {verdicts[r][0] for r in ("transformers 4.57", "vLLM", "SGLang", "llama.cpp")} == {"wrong"}
+    assert "| vLLM | **no: runs it wrong** |" in (tmp_path / "query" / "README.md").read_text()
+    with caplog.at_level("WARNING", logger="hf_posext"):
+        hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "longrope", factor=4, factors_by="query")
+    assert [r.message for r in caplog.records if "factors_by='query'" in r.message]

@@ -642,7 +642,8 @@ def test_resume_invariants_are_every_setting_but_the_ones_said_not_to_change_the
     """Derived from TrainConfig's fields: a new field is refused on a change until classified as free."""
     import dataclasses
 
-    from hf_posext.train.loop import RESUME_FREE, RESUME_INVARIANTS, _check_resume_config, resume_invariants
+    from hf_posext.train.resume import RESUME_FREE, RESUME_INVARIANTS, resume_invariants
+    from hf_posext.train.resume import check_resume_config as _check_resume_config
 
     names = {field.name for field in dataclasses.fields(TrainConfig)}
     assert set(RESUME_FREE) <= names and all(RESUME_FREE.values())  # no stale name, every one with its reason

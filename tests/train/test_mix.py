@@ -28,7 +28,8 @@ from hf_posext.train import steps
 from hf_posext.train.blocks import _pack_documents, document_labels, document_positions, load_document_blocks
 from hf_posext.train.checkpointing import latest_checkpoint
 from hf_posext.train.config import TrainConfig
-from hf_posext.train.loop import FinetuneRecipe, train
+from hf_posext.train.loop import train
+from hf_posext.train.micro_batches import shorts_before
 
 from tests.train.test_loop import KILL_SCRIPT, ROOT, SUBPROCESS_ENV, config
 
@@ -39,8 +40,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
+    return make_assets(tmp_path_factory.mktemp("mix"))
+
+
+def make_assets(root: Path) -> Path:
     """A tiny Llama (32-token context), long text, and a .jsonl of short documents of many lengths."""
-    root = tmp_path_factory.mktemp("mix")
     make_tiny_model(
         root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=ORIGINAL_CONTEXT
     )
@@ -134,9 +138,8 @@ def test_a_packed_block_scores_as_its_documents_one_by_one(assets, method, kwarg
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.4, 0.5, 0.9])
-def test_short_micro_batches_are_the_given_fraction_evenly_spread(assets, tmp_path, fraction):
-    recipe = FinetuneRecipe(config(assets, tmp_path, short_fraction=fraction))
-    kinds = [recipe.shorts_before(k + 1) - recipe.shorts_before(k) for k in range(100)]
+def test_short_micro_batches_are_the_given_fraction_evenly_spread(fraction):
+    kinds = [shorts_before(k + 1, fraction) - shorts_before(k, fraction) for k in range(100)]
     assert set(kinds) <= {0, 1}
     assert sum(kinds) == round(100 * fraction)
     for start in range(0, 100, 10):  # evenly: every 10 micro-batches hold their share, rounded either way
@@ -175,6 +178,8 @@ def test_a_mixed_run_alternates_long_and_short_micro_batches(assets, tmp_path, m
     assert all(s[2] >= ORIGINAL_CONTEXT for s in seen[::2]), "long samples: PoSE positions beyond L_orig"
     assert all(s[2] < 16 and s[3] for s in seen[1::2]), "short samples: their own positions and labels"
     assert result.tokens == 3 * (ORIGINAL_CONTEXT + 16)
+    card = (result.output_dir / "README.md").read_text()
+    assert "50% of the micro-batches: whole documents of up to 16 tokens at their own positions" in card
 
 
 def test_a_killed_mixed_run_resumes_bit_identical(assets, tmp_path):

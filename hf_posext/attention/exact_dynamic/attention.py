@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ... import integration
+from ..maps import attention_maps_requested
 from .forward_plan import (
     ACCELERATOR_CALL_MASK_BUDGET,
     ATTENTION_PREFIX,
@@ -157,7 +157,7 @@ def exact_dynamic_attention(
             )
         # the batched rows return eager's weights only for eager: maps for another kernel go through eager's
         batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
-        batched = batched and (rope.kernel == "eager" or not integration.attention_maps_requested(module, kwargs))
+        batched = batched and (rope.kernel == "eager" or not attention_maps_requested(module, kwargs))
         attend = attend_rowwise if batched else attend_rowwise_by_kernel
         attend(
             plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge, kwargs

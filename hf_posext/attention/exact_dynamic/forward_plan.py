@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from ... import integration
 from ...rope_utils import LONGROPE_ROPE_TYPES, rotary_dim_of
-from ..wrapper import kernel_function
+from ..maps import attention_maps_requested, kernel_function
 from .frequencies import frequency_rows
 from .kept import KeptPositions
 from .rotation import cos_sin, multipliers
@@ -276,6 +276,7 @@ class ExactDynamicRope:
         else:
             self.stable = (self.saturation,)
         self.kept = KeptPositions(params, self.rotary_dim)  # LongRoPE's keep_first (none for the other types)
+        self.pinned: int | None = None  # every query's frequency length while set (longrope's pinned_factors)
         self.hooks: list[Any] = []  # removable handles of the base model's cache guard
         self.warned_rowwise_on_accelerator = False  # the row-wise prefill's speed warning, once per model
         self._init_caches()
@@ -300,7 +301,9 @@ class ExactDynamicRope:
         self._init_caches()
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
-        """The smallest length with the same frequencies as each of ``lengths`` (same shape)."""
+        """The smallest length with the same frequencies as each of ``lengths`` (same shape); :attr:`pinned` if set."""
+        if self.pinned is not None:
+            return torch.full_like(lengths, self.pinned)
         return lengths.clamp(min=self.original, max=self.saturation)
 
     def frequencies(self, length: int, device: torch.device | str) -> tuple[torch.Tensor, float]:
@@ -341,7 +344,7 @@ class ExactDynamicRope:
         """
         # inference tensors have no version counter (and cannot be changed in place outside inference mode)
         version = None if position_ids.is_inference() else position_ids._version
-        key = (id(position_ids), version, batch, str(position_ids.device))
+        key = (id(position_ids), version, batch, str(position_ids.device), self.pinned)
         with self._lock:
             found = self._plans.get(key)
             if found is not None and found[0]() is position_ids:
@@ -464,12 +467,8 @@ class ExactDynamicRope:
         return scratch
 
     def kernel_for(self, module: nn.Module, kwargs: dict[str, Any]) -> Any:
-        """The wrapped kernel's attention function for ``module`` (looked up once per module class).
-
-        Where the forward asks for attention maps, :func:`~hf_posext.attention.wrapper.kernel_function`'s
-        (eager's in place of sdpa, which returns none).
-        """
-        if self.kernel != "eager" and integration.attention_maps_requested(module, kwargs):
+        """The wrapped kernel's attention function for ``module`` (once per class); eager's where maps are asked."""
+        if self.kernel != "eager" and attention_maps_requested(module, kwargs):
             return kernel_function(self.kernel, module, kwargs)
         kind = type(module)
         kernel = self._kernels.get(kind)

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from ... import integration as masking_utils  # transformers' mask builders, re-exported
+from ...attention.head_sharding import held_heads
+from ...attention.maps import attention_maps_requested
 
 from .folded import folded_alibi, folded_mask, is_key_padding
 from .slopes import alibi_slopes
@@ -208,7 +210,14 @@ def _cached_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     return alibi_slopes(num_heads, device=device)
 
 
-def _head_bias(mask: torch.Tensor, num_heads: int, floor_dtype: torch.dtype) -> torch.Tensor:
+def head_slopes(module: torch.nn.Module, heads: int, device: torch.device) -> torch.Tensor:
+    """``[heads]`` slopes of the query heads ``module`` attends over here: all of them, or under sequence
+    parallelism the slice of the heads this process holds (:mod:`hf_posext.attention.head_sharding`)."""
+    first, total = held_heads(module, heads)
+    return _cached_slopes(total, device)[first : first + heads]
+
+
+def _head_bias(mask: torch.Tensor, slopes: torch.Tensor, floor_dtype: torch.dtype) -> torch.Tensor:
     """``[batch, heads, q, kv]`` fp32 bias -m_h (i - j); masked entries at the dtype's minimum.
 
     The minimum instead of -inf keeps rows with no allowed key (left-padding queries) finite:
@@ -216,8 +225,7 @@ def _head_bias(mask: torch.Tensor, num_heads: int, floor_dtype: torch.dtype) -> 
     """
     if mask.dtype == torch.bool:  # a 4D boolean mask built by the caller: distances from the cache layout
         mask = distance_mask(mask, q_offset=mask.shape[-1] - mask.shape[-2])
-    slopes = _cached_slopes(num_heads, mask.device).view(1, num_heads, 1, 1)
-    return (mask.to(torch.float32) * slopes).clamp_min(torch.finfo(floor_dtype).min)
+    return (mask.to(torch.float32) * slopes.view(1, -1, 1, 1)).clamp_min(torch.finfo(floor_dtype).min)
 
 
 def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
@@ -250,7 +258,7 @@ def eager_alibi(
     groups = query.shape[1] // key.shape[1]
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     logits = torch.matmul(query, key.transpose(2, 3)).to(torch.float32) * scaling
-    logits = logits + _head_bias(mask, query.shape[1], torch.float32)
+    logits = logits + _head_bias(mask, head_slopes(module, query.shape[1], query.device), torch.float32)
     weights = F.softmax(logits, dim=-1).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
@@ -266,7 +274,7 @@ def sdpa_alibi(
     dropout: float = 0.0,
 ) -> tuple[torch.Tensor, None]:
     """ALiBi through ``scaled_dot_product_attention`` with an additive ``[batch, heads, q, kv]`` bias."""
-    bias = _head_bias(mask, query.shape[1], query.dtype).to(query.dtype)
+    bias = _head_bias(mask, head_slopes(module, query.shape[1], query.device), query.dtype).to(query.dtype)
     out = F.scaled_dot_product_attention(
         query,
         key,
@@ -345,7 +353,7 @@ def flex_alibi(
             "ALiBi backend 'flex' cannot train on CPU (PyTorch's flex_attention has no CPU backward); "
             "patch with backend='sdpa' (or 'auto') to train on CPU, or run under torch.no_grad()"
         )
-    slopes = _cached_slopes(query.shape[1], query.device)
+    slopes = head_slopes(module, query.shape[1], query.device)
     shift = getattr(block_mask, "hf_posext_query_shift", key.shape[-2] - query.shape[-2])
     if not isinstance(shift, torch.Tensor):
         shift = torch.tensor(shift, device=query.device)
@@ -387,7 +395,7 @@ def flash_alibi(
 
     batch, heads, q_length, head_dim = query.shape
     kv_length = key.shape[-2]
-    slopes = _cached_slopes(heads, query.device)
+    slopes = head_slopes(module, heads, query.device)
     window = (sliding_window - 1, 0) if sliding_window is not None and kv_length > sliding_window else (-1, -1)
     options = dict(
         dropout_p=dropout if module.training else 0.0,
@@ -452,7 +460,7 @@ def alibi_attention_forward(
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     config = getattr(module, "config", None)
     backend = select_backend(requested_backend(config), query.device, query.dtype)
-    maps = masking_utils.attention_maps_requested(module, kwargs)  # eager's path returns them, sdpa's mask alike
+    maps = attention_maps_requested(module, kwargs)  # eager's path returns them, sdpa's mask alike
     if maps and backend in ("flash", "flex", "folded"):
         raise ValueError(
             f"ALiBi backend {backend!r} computes no attention maps (output_attentions=True); patch with "
@@ -460,6 +468,11 @@ def alibi_attention_forward(
         )
     if backend == "flash":
         return flash_alibi(module, query, key, value, attention_mask, scaling, dropout, sliding_window)
+    if attention_mask is None and backend in ("eager", "sdpa"):
+        # Sequence parallelism (DeepSpeed Ulysses) drops the model's mask and attends over the whole
+        # gathered sequence: causal over it, no cache (as SDPA's is_causal without a mask).
+        allowed = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
+        attention_mask = distance_mask(allowed[None, None])
     if backend == "folded" and attention_mask is None:
         return folded_alibi(module, query, key, value, scaling, dropout)
     if backend == "folded" and is_key_padding(attention_mask, query):

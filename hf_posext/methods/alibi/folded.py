@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from ... import integration as masking_utils  # transformers' mask builders, re-exported
 
+from ...attention.head_sharding import held_heads
 from .slopes import alibi_slopes
 
 #: Extra channels: two position pairs (the high and the low part of the slope) and the padding one.
@@ -112,6 +113,7 @@ def folded_operands(
     query_shift: int,
     scaling: float,
     key_is_real: torch.Tensor | None = None,
+    heads: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q', k', v')`` in fp32, head dim ``head_dim + 5`` rounded up to a multiple of 8.
 
@@ -120,16 +122,19 @@ def folded_operands(
         query_shift: position of the first query counted from the first key.
         scaling: the logit scale s, folded into q'.
         key_is_real: ``[batch, kv]`` boolean, False for padding keys; None when there is none.
+        heads: ``(first, total)``: the query heads are ``first ..`` of ``total`` (heads split over
+            processes, :mod:`hf_posext.attention.head_sharding`); None: all of them.
     """
-    batch, heads, q_length, head_dim = query.shape
+    batch, local, q_length, head_dim = query.shape
+    first, total = heads if heads is not None else (0, local)
     kv_heads, kv_length = key.shape[1], key.shape[2]
     padded = -(-(head_dim + EXTRA_CHANNELS) // 8) * 8
     zeros = padded - head_dim - EXTRA_CHANNELS
     device = query.device
-    high, low = split_slopes(heads, position_bits(max(kv_length, query_shift + q_length)), device)
+    high, low = split_slopes(total, position_bits(max(kv_length, query_shift + q_length)), device)
     q_pos = (torch.arange(q_length, device=device) + query_shift).to(torch.float32).view(1, 1, q_length, 1)
-    high, low = high.view(1, heads, 1, 1), low.view(1, heads, 1, 1)
-    ones = torch.ones(1, heads, q_length, 1, device=device)
+    high, low = high[first : first + local].view(1, local, 1, 1), low[first : first + local].view(1, local, 1, 1)
+    ones = torch.ones(1, local, q_length, 1, device=device)
     q_extra = torch.cat([high * ones, -high * q_pos, low * ones, -low * q_pos, ones], -1)
     k_pos = torch.arange(kv_length, device=device, dtype=torch.float32).view(1, 1, kv_length, 1)
     k_extra = torch.cat([k_pos, torch.ones_like(k_pos)], -1).repeat(1, 1, 1, 2).expand(batch, kv_heads, -1, -1)
@@ -141,7 +146,7 @@ def folded_operands(
     q_parts = [q_extra.expand(batch, -1, -1, -1), query.to(torch.float32) * scaling]
     k_parts = [k_extra, k_padding, key.to(torch.float32)]
     if zeros:
-        q_parts.append(query.new_zeros(batch, heads, q_length, zeros, dtype=torch.float32))
+        q_parts.append(query.new_zeros(batch, local, q_length, zeros, dtype=torch.float32))
         k_parts.append(key.new_zeros(batch, kv_heads, kv_length, zeros, dtype=torch.float32))
     v_folded = F.pad(value.to(torch.float32), (0, padded - head_dim))
     return torch.cat(q_parts, -1), torch.cat(k_parts, -1), v_folded
@@ -166,7 +171,8 @@ def folded_alibi(
         ``([batch, q, heads, head_dim], None)`` in the query's dtype.
     """
     shift = query_shift(query.shape[2], key.shape[2])
-    q, k, v = folded_operands(query, key, value, shift, scaling, key_is_real)
+    heads = held_heads(module, query.shape[1])
+    q, k, v = folded_operands(query, key, value, shift, scaling, key_is_real, heads)
     out = F.scaled_dot_product_attention(
         q,
         k,

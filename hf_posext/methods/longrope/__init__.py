@@ -4,7 +4,9 @@
 from ...rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE
 from ..registry import MethodSpec, RopeType, register_family
 from .config import LongRopeConfig, yarn_long_factors
-from .rope import KeepFirstRotaryEmbedding, compute_keep_first_parameters, validate_keep_first_parameters
+from ..deprecated import deprecated_attribute
+from .pinned import pinned_factors
+from .rope import LongRopeRotaryEmbedding, compute_keep_first_parameters, validate_keep_first_parameters
 from .surgery import LongRopeSurgery
 
 register_family(
@@ -13,4 +15,8 @@ register_family(
     rope_types={LONGROPE_KEEP_FIRST_ROPE_TYPE: RopeType(compute_keep_first_parameters, validate_keep_first_parameters)},
 )
 
-__all__ = ["KeepFirstRotaryEmbedding", "LongRopeConfig", "yarn_long_factors"]
+__all__ = ["LongRopeConfig", "LongRopeRotaryEmbedding", "pinned_factors", "yarn_long_factors"]
+
+
+def __getattr__(name: str) -> object:
+    return deprecated_attribute(__name__, name)

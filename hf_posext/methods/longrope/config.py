@@ -20,6 +20,10 @@ from ..base import BaseRope, real_number, whole_number
 from ..dynamic import ExactCacheOption
 
 
+#: What picks a position's factors: the whole sequence's length (transformers') or its query's (hf-posext's own).
+FACTORS_BY = ("sequence", "query")
+
+
 def yarn_long_factors(theta: float, rotary_dim: int, original: int, factor: float) -> list[float]:
     """LongRoPE's starting point: YaRN's per-pair ramp as divisors, ``rotary_dim // 2`` of them.
 
@@ -78,7 +82,14 @@ class LongRopeConfig(ExactCacheOption):
             cos/sin multiplier 1), the paper's n-hat; 0 (the default) is transformers' ``longrope``. A value
             above 0 writes hf-posext's own rope type, which only transformers with ``import hf_posext``
             reads (vLLM, SGLang, llama.cpp and a vanilla transformers refuse it).
-        exact_cache: cached decoding across the switch equals a forward pass (docs/methods/longrope.md).
+        exact_cache: cached decoding across the switch equals a forward pass (docs/methods/longrope.md): at the
+            forward that crosses L_orig the cache's prefix is computed again with the long factors. ``False``:
+            transformers' cache, whose keys and values from before the switch keep the short factors.
+        factors_by: ``"sequence"`` (the default): the sequence's length picks the factors of every position, as
+            transformers' ``longrope`` and every other reader of the checkpoint compute it (Phi-3's training).
+            ``"query"``: each query with the factors of its own prefix's length, so past L_orig the rows before
+            it keep the short factors (hf-posext's own definition, which no other reader computes; needs
+            ``exact_cache=True``).
     """
 
     paper = "Ding et al. 2024, LongRoPE, arXiv:2402.13753"
@@ -90,9 +101,19 @@ class LongRopeConfig(ExactCacheOption):
     short_factor: tuple[float, ...] | None = None
     attention_factor: float | None = None
     keep_first: int = 0
+    factors_by: str = "sequence"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.factors_by not in FACTORS_BY:
+            raise ValueError(
+                f"{self.name}: factors_by must be one of {', '.join(map(repr, FACTORS_BY))}, got {self.factors_by!r}"
+            )
+        if self.factors_by == "query" and not self.exact_cache:
+            raise ValueError(
+                f"{self.name}: factors_by='query' is computed by the exact cache; it needs exact_cache=True, "
+                "got exact_cache=False (transformers' longrope is factors_by='sequence')"
+            )
         object.__setattr__(
             self,
             "keep_first",

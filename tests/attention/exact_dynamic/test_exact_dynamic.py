@@ -644,7 +644,8 @@ def test_a_long_run_of_rows_goes_to_the_kernel_in_blocks_with_the_same_result(me
     # one call; past CALL_MASK_BUDGET mask elements it goes to the kernel in blocks of rows, each seeing
     # the keys up to its last row. A left-padded 5x prompt (YaRN saturates at 4x), whole and in blocks of 3 rows.
     model = tiny_model("llama", max_positions=L_ORIG, attn_implementation=kernel)
-    model = hf_posext.patch_model(model, method, factor=FACTOR, exact_cache=True)
+    extra = {"factors_by": "query"} if method == "longrope" else {}  # the default longrope has no exact wrapper
+    model = hf_posext.patch_model(model, method, factor=FACTOR, exact_cache=True, **extra)
     ids = tokens(5 * L_ORIG, batch=2)
     attention_mask = torch.ones_like(ids)
     attention_mask[1, :5] = 0

@@ -4,8 +4,9 @@ The reference is written from the paper (Ding et al. 2024, arXiv:2402.13753, sec
 microsoft/LongRoPE's start-token embedding, in float64 and one position at a time: past L_orig a
 position p < n turns pair i by p * theta^(-2i/d) with cos/sin multiplier 1, a position p >= n by
 p * theta^(-2i/d) / long_i with the attention factor; up to L_orig every position takes the short
-factors (transformers' ``longrope``). The fast paths (the rotary module of ``exact_cache=False``,
-the exact cache) are compared with it, and with each other through cached decoding.
+factors (transformers' ``longrope``). The fast paths (the rotary module, by default and with
+``exact_cache=False``; the exact cache of ``factors_by="query"``) are compared with it, and with each
+other through cached decoding.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posext
 from hf_posext.attention.exact_dynamic import ExactDynamicRotaryEmbedding
-from hf_posext.methods.longrope import KeepFirstRotaryEmbedding
+from hf_posext.methods.longrope import LongRopeRotaryEmbedding
 from hf_posext.rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -93,14 +94,20 @@ def cached_steps(model, ids, prompt):
     return torch.stack(steps, dim=1)
 
 
-def keep_first_model(arch="llama", keep_first=N, exact_cache=False, **kwargs):
+def keep_first_model(arch="llama", keep_first=N, exact_cache=False, factors_by="sequence", **kwargs):
     return hf_posext.patch_model(
         tiny_model(arch, max_positions=L_ORIG, **kwargs),
         "longrope",
         factor=FACTOR,
         keep_first=keep_first,
         exact_cache=exact_cache,
+        factors_by=factors_by,
     )
+
+
+def last_rows(model, ids, start):
+    """The last row of a forward over each prefix ``ids[:, :t + 1]`` from ``t = start - 1``: ``[batch, n, vocab]``."""
+    return torch.stack([logits(model, ids[:, : t + 1])[:, -1] for t in range(start - 1, ids.shape[1] - 1)], dim=1)
 
 
 def stablelm_partial():
@@ -133,7 +140,7 @@ def test_the_rotary_tables_equal_the_papers_position_by_position(seq_len):
     """Fast path (transformers' rotary module run per set, the kept rows swapped in) against float64, per position."""
     model = keep_first_model()
     rotary = model.model.rotary_emb
-    assert isinstance(rotary, KeepFirstRotaryEmbedding)
+    assert isinstance(rotary, LongRopeRotaryEmbedding)
     cos, sin = rotary(torch.zeros(1), torch.arange(seq_len)[None])
     ref_cos, ref_sin, angles = reference_tables(model.config.rope_parameters, 32, range(seq_len), seq_len)
     # fp32 rounds each angle (and its frequency) to a relative 2^-24, then cos/sin and the multiplier
@@ -146,7 +153,7 @@ def test_the_rotary_tables_equal_the_papers_position_by_position(seq_len):
 
 def test_the_exact_caches_tables_equal_the_papers():
     """The exact cache's own tables (its plan for a prompt past the switch) against the float64 reference."""
-    model = keep_first_model(exact_cache=True)
+    model = keep_first_model(exact_cache=True, factors_by="query")
     stand_in = model.model.rotary_emb
     assert isinstance(stand_in, ExactDynamicRotaryEmbedding)
     rope, seq = stand_in.rope, 3 * L_ORIG
@@ -180,7 +187,7 @@ def test_full_forward_equals_the_reference_model(arch):
 def test_exact_cache_is_the_per_row_reference():
     """exact_cache=True (one layer): row i attends with the set of length i + 1 (hf-posext's causal definition),
     i.e. the last row of the reference model's forward over ids[:i + 1]."""
-    model = keep_first_model(exact_cache=True, layers=1)
+    model = keep_first_model(exact_cache=True, factors_by="query", layers=1)
     reference = reference_model(model, model.config.rope_parameters, 32)
     ids = tokens(3 * L_ORIG)
     full = logits(model, ids)
@@ -188,25 +195,29 @@ def test_exact_cache_is_the_per_row_reference():
         torch.testing.assert_close(full[:, i], logits(reference, ids[:, : i + 1])[:, -1], rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize("factors_by", ("sequence", "query"))
 @pytest.mark.parametrize("arch", ("llama", "mistral", "qwen3", "stablelm-partial"))
-def test_cached_decoding_across_the_switch_equals_full_forward(arch):
+def test_cached_decoding_across_the_switch_equals_full_forward(arch, factors_by):
     if arch == "stablelm-partial":
-        model = hf_posext.patch_model(stablelm_partial(), "longrope", factor=FACTOR, keep_first=N)
+        model = hf_posext.patch_model(
+            stablelm_partial(), "longrope", factor=FACTOR, keep_first=N, factors_by=factors_by
+        )
     else:
-        model = keep_first_model(arch, exact_cache=True)
+        model = keep_first_model(arch, exact_cache=True, factors_by=factors_by)
     ids = tokens(3 * L_ORIG)
-    prompt = L_ORIG - 5
-    full = logits(model, ids)[:, prompt - 1 : -1]
-    torch.testing.assert_close(cached_steps(model, ids, prompt), full, rtol=0, atol=TOL)
-    # a prompt past the switch, then decoding; a prompt shorter than n
-    torch.testing.assert_close(cached_steps(model, ids, 2 * L_ORIG), full[:, 2 * L_ORIG - prompt :], rtol=0, atol=TOL)
-    torch.testing.assert_close(cached_steps(model, ids, N - 2), logits(model, ids)[:, N - 3 : -1], rtol=0, atol=TOL)
+    full = last_rows(model, ids, N - 2)  # each step: the last row of a forward over its prefix
+    if factors_by == "query":  # one forward computes every prefix's last row
+        torch.testing.assert_close(full, logits(model, ids)[:, N - 3 : -1], rtol=0, atol=TOL)
+    # a prompt before the switch, one past it, one shorter than n
+    for prompt in (L_ORIG - 5, 2 * L_ORIG, N - 2):
+        torch.testing.assert_close(cached_steps(model, ids, prompt), full[:, prompt - N + 2 :], rtol=0, atol=TOL)
 
 
-def test_decoding_under_autograd_takes_the_general_path_and_stays_exact():
+@pytest.mark.parametrize("factors_by", ("sequence", "query"))
+def test_decoding_under_autograd_takes_the_general_path_and_stays_exact(factors_by):
     """With gradients the cache's keys are never rotated in place: a decoding step past the switch rotates
     its kept keys with plain RoPE itself (the offset-only decoding path cannot: they are not relative)."""
-    model = keep_first_model(exact_cache=True)
+    model = keep_first_model(exact_cache=True, factors_by=factors_by)
     ids = tokens(2 * L_ORIG)
     out = model(ids[:, : L_ORIG + 2], use_cache=True)
     cache = out.cache
@@ -216,9 +227,11 @@ def test_decoding_under_autograd_takes_the_general_path_and_stays_exact():
         torch.testing.assert_close(out.logits[:, -1].detach(), logits(model, ids[:, : t + 1])[:, -1], rtol=0, atol=TOL)
 
 
-def test_a_cache_cropped_back_before_the_switch_stays_exact():
-    """Keys rotated past the switch (the first n with plain RoPE) are un-rotated when the cache is cropped back."""
-    model = keep_first_model(exact_cache=True)
+@pytest.mark.parametrize("factors_by", ("sequence", "query"))
+def test_a_cache_cropped_back_before_the_switch_stays_exact(factors_by):
+    """Keys rotated past the switch (the first n with plain RoPE) are un-rotated, or computed again by default,
+    when the cache is cropped back."""
+    model = keep_first_model(exact_cache=True, factors_by=factors_by)
     ids = tokens(2 * L_ORIG)
     with torch.no_grad():
         cache = model(ids[:, : L_ORIG + 4], use_cache=True).cache
@@ -250,7 +263,7 @@ def test_the_rotary_wrapper_keeps_each_architectures_layout(model_type):
 
     config = registry_config(model_type, layers=1)
     kept = hf_posext.patch_model(build(config), "longrope", factor=FACTOR, keep_first=N, exact_cache=False)
-    wrapper = next(m for m in kept.modules() if isinstance(m, KeepFirstRotaryEmbedding))
+    wrapper = next(m for m in kept.modules() if isinstance(m, LongRopeRotaryEmbedding))
     others = [hf_posext.patch_model(build(config), "longrope", factor=FACTOR, exact_cache=False), build(config)]
     longrope, plain = (next(integration.rotary_modules(model))[1] for model in others)
     positions = torch.arange(2 * REGISTRY_L_ORIG + 8)[None]
@@ -292,19 +305,19 @@ def test_up_to_l_orig_it_is_longrope():
         )
 
 
-@pytest.mark.parametrize("exact", (False, True))
-def test_save_reload_round_trips_and_vanilla_transformers_refuses(tmp_path, exact):
+@pytest.mark.parametrize(("exact", "factors_by"), [(False, "sequence"), (True, "sequence"), (True, "query")])
+def test_save_reload_round_trips_and_vanilla_transformers_refuses(tmp_path, exact, factors_by):
     from tests.helpers.vanilla import vanilla_load_error
 
-    model = keep_first_model(exact_cache=exact)
+    model = keep_first_model(exact_cache=exact, factors_by=factors_by)
     model.save_pretrained(tmp_path / "kf")
     reloaded = hf_posext.from_pretrained(tmp_path / "kf", attn_implementation="eager")
     assert reloaded.config.rope_parameters["keep_first"] == N and reloaded.config.hf_posext["keep_first"] == N
-    stand_in = ExactDynamicRotaryEmbedding if exact else KeepFirstRotaryEmbedding
+    stand_in = ExactDynamicRotaryEmbedding if factors_by == "query" else LongRopeRotaryEmbedding
     assert isinstance(reloaded.model.rotary_emb, stand_in)
     ids = tokens(3 * L_ORIG)
     assert torch.equal(logits(reloaded, ids), logits(model, ids))
-    if exact:
+    if factors_by == "query":
         error = vanilla_load_error(tmp_path / "kf")
         assert "KeyError" in error and LONGROPE_KEEP_FIRST_ROPE_TYPE in error
 
@@ -313,10 +326,10 @@ def test_unpatch_and_repatch_leave_no_wrapper():
     model = keep_first_model()
     before = logits(tiny_model(max_positions=L_ORIG), tokens(20))
     hf_posext.patch_model(model, "longrope", factor=FACTOR)  # re-patch without keep_first
-    assert not any(isinstance(m, KeepFirstRotaryEmbedding) for m in model.modules())
+    assert not any(isinstance(m, LongRopeRotaryEmbedding) and m.keep_first for m in model.modules())
     hf_posext.patch_model(model, "longrope", factor=FACTOR, keep_first=N, exact_cache=False)
     hf_posext.unpatch_model(model)
-    assert not any(isinstance(m, (KeepFirstRotaryEmbedding, ExactDynamicRotaryEmbedding)) for m in model.modules())
+    assert not any(isinstance(m, (LongRopeRotaryEmbedding, ExactDynamicRotaryEmbedding)) for m in model.modules())
     assert torch.equal(logits(model, tokens(20)), before)
 
 

@@ -3,7 +3,8 @@
 References: transformers' own ``longrope`` model built from rope parameters written by hand (the long
 factors as YaRN's per-pair ratio, from transformers' own ``yarn`` function), transformers' full
 forward of a one-layer model, and the property that cached decoding equals a forward pass at every
-step (hf-posext's causal definition: docs/methods/longrope.md).
+step, for the default (transformers' definition, the cache's prefix computed again at the switch: more
+in test_switch.py) and for ``factors_by="query"`` (hf-posext's causal definition: docs/methods/longrope.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from transformers import Phi3ForCausalLM, modeling_rope_utils
 
 import hf_posext
 from hf_posext.attention.exact_dynamic import ExactDynamicRotaryEmbedding
+from hf_posext.methods.longrope import switch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,7 +110,7 @@ def test_default_long_factors_are_yarns_ramp(partial):
 
 @pytest.mark.parametrize("arch", (*ARCHS, "phi3-partial"))
 def test_equals_transformers_longrope_model(arch):
-    """exact_cache=False is transformers' own model bit for bit; exact_cache=True is too up to L_orig."""
+    """transformers' own model bit for bit, with and without the exact cache."""
     make = (lambda: phi3()) if arch == "phi3-partial" else (lambda: tiny_model(arch, max_positions=L_ORIG))
     base = make()
     rotary_dim = 24 if arch == "phi3-partial" else 32
@@ -129,7 +131,7 @@ def test_equals_transformers_longrope_model(arch):
         model = hf_posext.patch_model(
             make(), "longrope", factor=FACTOR, long_factor=long, short_factor=short, exact_cache=exact
         )
-        for length in (L_ORIG, 3 * L_ORIG) if not exact else (L_ORIG,):
+        for length in (L_ORIG, 3 * L_ORIG):
             assert torch.equal(logits(model, ids[:, :length]), logits(reference, ids[:, :length])), (exact, length)
     # the default factors and attention factor, through transformers' own yarn function
     model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, attention_factor=1.5, exact_cache=False)
@@ -156,33 +158,44 @@ def test_default_factors_with_yarns_attention_factor_are_yarn_past_the_switch(ar
     torch.testing.assert_close(logits(longrope, ids), yarn, rtol=0, atol=TOL)
 
 
+def last_rows(model, ids, start):
+    """The last row of a forward over each prefix ``ids[:, :t + 1]`` from ``t = start - 1``: ``[batch, n, vocab]``."""
+    return torch.stack([logits(model, ids[:, : t + 1])[:, -1] for t in range(start - 1, ids.shape[1] - 1)], dim=1)
+
+
 @pytest.mark.newest
+@pytest.mark.parametrize("factors_by", ("sequence", "query"))
 @pytest.mark.parametrize("arch", (*ARCHS, "phi3-partial"))
-def test_cached_decoding_across_the_switch_equals_full_forward(arch):
+def test_cached_decoding_across_the_switch_equals_full_forward(arch, factors_by):
     model = phi3() if arch == "phi3-partial" else tiny_model(arch, max_positions=L_ORIG)
-    hf_posext.patch_model(model, "longrope", factor=FACTOR)
+    hf_posext.patch_model(model, "longrope", factor=FACTOR, factors_by=factors_by)
     ids = tokens(3 * L_ORIG)
     prompt = L_ORIG - 5
     steps = cached_steps(model, ids, prompt)
-    full = logits(model, ids)[:, prompt - 1 : -1]
-    torch.testing.assert_close(steps, full, rtol=0, atol=TOL)
-    for length in (L_ORIG, L_ORIG + 1, 2 * L_ORIG + 3):  # each step is the last row of a forward over its prefix
-        torch.testing.assert_close(steps[:, length - prompt], logits(model, ids[:, :length])[:, -1], rtol=0, atol=TOL)
+    expected = last_rows(model, ids, prompt)  # each step is the last row of a forward over its prefix
+    torch.testing.assert_close(steps, expected, rtol=0, atol=TOL)
+    if factors_by == "query":  # one forward computes every prefix's last row
+        torch.testing.assert_close(expected, logits(model, ids)[:, prompt - 1 : -1], rtol=0, atol=TOL)
     # a prompt past the switch, then decoding
-    torch.testing.assert_close(cached_steps(model, ids, 2 * L_ORIG), full[:, 2 * L_ORIG - prompt :], rtol=0, atol=TOL)
-
-
-@pytest.mark.parametrize("arch", ("llama", "phi3-partial"))
-def test_past_the_switch_the_cache_holds_transformers_long_keys(arch):
-    """The switch re-rotates the cached keys once; from then on the cache is what transformers' own
-    full forward caches (keys rotated with the long factors) and a decoding step is a plain one.
-    One layer: deeper layers' keys before L_orig come from hidden states that differ by definition."""
-    make = (
-        (lambda: phi3(num_hidden_layers=1))
-        if arch == "phi3-partial"
-        else (lambda: tiny_model(arch, max_positions=L_ORIG, layers=1))
+    torch.testing.assert_close(
+        cached_steps(model, ids, 2 * L_ORIG), expected[:, 2 * L_ORIG - prompt :], rtol=0, atol=TOL
     )
-    model = hf_posext.patch_model(make(), "longrope", factor=FACTOR)
+
+
+@pytest.mark.parametrize("factors_by", ("sequence", "query"))
+@pytest.mark.parametrize("arch", ("llama", "phi3-partial"))
+def test_past_the_switch_the_cache_holds_transformers_long_keys(arch, factors_by):
+    """Past the switch the cache holds what transformers' own full forward caches (keys rotated with the long
+    factors), in every layer by default (the prefix computed again); with factors_by="query" the keys are
+    turned once, so only in a one-layer model (deeper layers' keys before L_orig come from hidden states
+    that differ by definition)."""
+    layers = 2 if factors_by == "sequence" else 1
+    make = (
+        (lambda: phi3(num_hidden_layers=layers))
+        if arch == "phi3-partial"
+        else (lambda: tiny_model(arch, max_positions=L_ORIG, layers=layers))
+    )
+    model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, factors_by=factors_by)
     native_model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, exact_cache=False)
     ids = tokens(2 * L_ORIG + 3, batch=2)
     with torch.no_grad():
@@ -192,6 +205,7 @@ def test_past_the_switch_the_cache_holds_transformers_long_keys(arch):
         reference = native_model(ids, use_cache=True).cache
     for ours, theirs in zip(cache.layers, reference.layers, strict=True):
         torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=TOL)
+        torch.testing.assert_close(ours.values, theirs.values, rtol=0, atol=TOL)
 
 
 def rotations(monkeypatch):
@@ -206,7 +220,9 @@ def rotations(monkeypatch):
 
 def test_the_switch_rotates_the_cache_once_and_later_steps_are_plain(monkeypatch):
     calls = rotations(monkeypatch)
-    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+    model = hf_posext.patch_model(
+        tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR, factors_by="query"
+    )
     ids = tokens(3 * L_ORIG)
     steps = cached_steps(model, ids, L_ORIG - 3)
     # the first cached step rotates the prompt's keys with the short factors (a prefill that makes its own
@@ -221,7 +237,7 @@ def test_before_the_switch_the_cache_holds_transformers_short_keys(arch, monkeyp
     and a decoding step is a plain one; a cache cropped back from past the switch holds short keys again
     after the next forward, which turns its long keys back (one call), and decoding stays exact."""
     make = (lambda: phi3()) if arch == "phi3-partial" else (lambda: tiny_model(arch, max_positions=L_ORIG))
-    model = hf_posext.patch_model(make(), "longrope", factor=FACTOR)
+    model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, factors_by="query")
     native_model = hf_posext.patch_model(make(), "longrope", factor=FACTOR, exact_cache=False)
     layers = model.config.num_hidden_layers
     ids = tokens(2 * L_ORIG, batch=2)
@@ -252,11 +268,13 @@ def test_before_the_switch_the_cache_holds_transformers_short_keys(arch, monkeyp
     assert calls == [L_ORIG - 3] * layers + [L_ORIG + 1] * layers  # the turn back to short keys, the switch again
 
 
-def test_an_autograd_forward_leaves_the_caches_rotated_keys_alone_and_stays_exact():
+@pytest.mark.parametrize("kwargs", ({}, {"factors_by": "query"}))
+def test_an_autograd_forward_leaves_the_caches_rotated_keys_alone_and_stays_exact(kwargs):
     """A forward under autograd never rotates the cache in place: where it needs un-rotated keys (a forward that
     crosses the switch, or one whose cache holds keys of mixed kinds) it attends to an un-rotated copy of the
-    short keys an inference step stored, and the cache stays valid for the next inference steps."""
-    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+    short keys an inference step stored, and the cache stays valid for the next inference steps. By default the
+    forward that crosses the switch computes the prefix again under autograd."""
+    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR, **kwargs)
     ids = tokens(2 * L_ORIG)
     with torch.no_grad():
         cache = model(ids[:, : L_ORIG - 6], use_cache=True).cache
@@ -273,8 +291,11 @@ def test_an_autograd_forward_leaves_the_caches_rotated_keys_alone_and_stays_exac
             torch.testing.assert_close(out.logits[:, -1], logits(model, ids[:, : t + 1])[:, -1], rtol=0, atol=TOL)
 
 
-def test_a_cache_cropped_back_before_the_switch_stays_exact():
-    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
+@pytest.mark.parametrize("factors_by", ("sequence", "query"))
+def test_a_cache_cropped_back_before_the_switch_stays_exact(factors_by):
+    model = hf_posext.patch_model(
+        tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR, factors_by=factors_by
+    )
     ids = tokens(2 * L_ORIG)
     with torch.no_grad():
         cache = model(ids[:, : L_ORIG + 4], use_cache=True).cache
@@ -304,7 +325,9 @@ def test_native_cache_is_not_exact_across_the_switch():
 
 def test_one_layer_model_equals_transformers_full_forward_past_the_switch():
     """hf-posext's causal definition and transformers' agree at the last position of a one-layer model."""
-    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG, layers=1), "longrope", factor=FACTOR)
+    model = hf_posext.patch_model(
+        tiny_model("llama", max_positions=L_ORIG, layers=1), "longrope", factor=FACTOR, factors_by="query"
+    )
     reference = native(model, {**model.config.rope_parameters})
     ids = tokens(3 * L_ORIG)
     torch.testing.assert_close(logits(model, ids)[:, -1], logits(reference, ids)[:, -1], rtol=0, atol=TOL)
@@ -315,12 +338,17 @@ def test_a_shipped_longrope_checkpoint_keeps_its_factors_and_gets_the_exact_cach
     shipped = copy.deepcopy(model.config.rope_parameters)
     ids = tokens(40)
     before = logits(model, ids)
-    hf_posext.patch_model(model, "longrope")
-    assert model.config.rope_parameters == shipped
-    assert any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
-    assert torch.equal(logits(model, ids), before)  # 40 tokens are short of 4096: the short factors, as shipped
-    hf_posext.unpatch_model(model)
-    assert not any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
+    for factors_by, installed in (("sequence", switch.enabled), ("query", exact_dynamic)):
+        hf_posext.patch_model(model, "longrope", factors_by=factors_by)
+        assert model.config.rope_parameters == shipped
+        assert installed(model)
+        assert torch.equal(logits(model, ids), before)  # 40 tokens are short of 4096: the short factors, as shipped
+        hf_posext.unpatch_model(model)
+        assert not switch.enabled(model) and not exact_dynamic(model)
+
+
+def exact_dynamic(model) -> bool:
+    return any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
 
 
 def test_on_a_shipped_scaling_it_composes_and_refuses_absolute_factors():
@@ -330,7 +358,7 @@ def test_on_a_shipped_scaling_it_composes_and_refuses_absolute_factors():
     hf_posext.patch_model(model, "longrope", factor=2)
     params = model.config.rope_parameters
     assert params["short_factor"] == params["long_factor"]  # a composition: nothing switches
-    assert not any(isinstance(m, ExactDynamicRotaryEmbedding) for m in model.modules())
+    assert not exact_dynamic(model) and not switch.enabled(model)
 
 
 @pytest.mark.parametrize(
@@ -343,6 +371,8 @@ def test_on_a_shipped_scaling_it_composes_and_refuses_absolute_factors():
         ({"factor": 4, "attention_factor": 0}, "attention_factor must be a positive number"),
         ({"factor": 0.5}, "factor must be >= 1"),
         ({"factor": 4, "exact_cache": "yes"}, "exact_cache must be True or False"),
+        ({"factor": 4, "factors_by": "position"}, "factors_by must be one of 'sequence', 'query', got 'position'"),
+        ({"factor": 4, "factors_by": "query", "exact_cache": False}, "factors_by='query' .* needs exact_cache=True"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -353,16 +383,22 @@ def test_bad_arguments_are_named(kwargs, message):
 
 
 def test_saved_checkpoint_reloads_exact_and_loads_in_vanilla_transformers(tmp_path):
+    """Each definition reloads as saved; vanilla transformers computes the default's (factors_by="query" is
+    hf-posext's own: past L_orig a vanilla reader's logits differ from it)."""
     from tests.helpers.vanilla import vanilla_logits
 
-    model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
-    model.save_pretrained(tmp_path / "lr")
-    reloaded = hf_posext.from_pretrained(tmp_path / "lr", attn_implementation="eager")
     ids = tokens(3 * L_ORIG)
-    assert torch.equal(logits(reloaded, ids), logits(model, ids))
-    assert any(isinstance(m, ExactDynamicRotaryEmbedding) for m in reloaded.modules())
-    plain = hf_posext.patch_model(
-        tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR, exact_cache=False
-    )
-    vanilla = vanilla_logits([tmp_path / "lr"], [dict(input_ids=ids)], tmp_path)
-    assert torch.equal(vanilla[tmp_path / "lr"][0], logits(plain, ids))
+    models = {}
+    for factors_by, installed in (("sequence", switch.enabled), ("query", exact_dynamic)):
+        model = hf_posext.patch_model(
+            tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR, factors_by=factors_by
+        )
+        model.save_pretrained(tmp_path / factors_by)
+        reloaded = hf_posext.from_pretrained(tmp_path / factors_by, attn_implementation="eager")
+        assert torch.equal(logits(reloaded, ids), logits(model, ids))
+        assert installed(reloaded) and reloaded.config.hf_posext["factors_by"] == factors_by
+        models[factors_by] = model
+    vanilla = vanilla_logits([tmp_path / "sequence", tmp_path / "query"], [dict(input_ids=ids)], tmp_path)
+    assert torch.equal(vanilla[tmp_path / "sequence"][0], logits(models["sequence"], ids))
+    assert torch.equal(vanilla[tmp_path / "query"][0], logits(models["sequence"], ids))
+    assert not torch.allclose(vanilla[tmp_path / "query"][0], logits(models["query"], ids), atol=1e-3)

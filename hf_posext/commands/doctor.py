@@ -1,0 +1,179 @@
+"""``hf-posext doctor PATH``: how transformers 4 and 5, vLLM, SGLang and llama.cpp read a checkpoint's rope.
+
+    hf-posext doctor path/to/checkpoint          # a folder holding config.json (any checkpoint, patched or not)
+    hf-posext doctor Qwen/Qwen2.5-7B-Instruct     # a Hub id, through huggingface_hub's cache (HF_HUB_OFFLINE=1 works)
+    hf-posext doctor model.Q4_K_M.gguf --json     # a GGUF file; --json: {"readers": {"transformers5": ...}, ...}
+
+Per reader a verdict (same, misread, refused, needs-plugin, unknown), why, and the version rules it used
+(:mod:`hf_posext.readers.doctor`); then the checks of the config itself. Exit 0 once it has answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .arguments import plain
+
+
+def _config_file(path: str) -> Path:
+    """config.json of a checkpoint folder, or of a Hub id through huggingface_hub (its cache and offline rules).
+
+    Raises:
+        FileNotFoundError: a folder without config.json, a file that is not a GGUF, a path-shaped name that
+            does not exist, a Hub id that is neither cached nor reachable.
+    """
+    from ..validation import path_shape
+
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path!r} is a folder without config.json: not a checkpoint (doctor reads a "
+                "checkpoint folder, a Hub id or a .gguf file)"
+            )
+        return local / "config.json"
+    if local.exists():
+        raise FileNotFoundError(
+            f"{path!r} is a file but not a .gguf file: doctor reads a checkpoint folder, a Hub id or a .gguf file"
+        )
+    reason = path_shape(path)
+    if reason is not None:
+        raise FileNotFoundError(
+            f"{path!r} does not exist (a local path: {reason}); give a checkpoint folder, a .gguf "
+            "file or a Hub id as org/name"
+        )
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(hf_hub_download(path, "config.json"))
+    except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError) as error:
+        offline = " (HF_HUB_OFFLINE is set and it is not in the cache)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise FileNotFoundError(
+            f"{path!r} is no local path and its config.json could not be had from the Hub"
+            f"{offline}: {str(error).splitlines()[0]}"
+        ) from None
+
+
+def diagnose_path(path: str) -> dict[str, Any]:
+    """:func:`hf_posext.readers.doctor.diagnose` (or ``diagnose_gguf``) of a checkpoint folder, Hub id or .gguf file.
+
+    Raises:
+        FileNotFoundError: see :func:`_config_file`.
+        ValueError: a config.json that is not JSON or that transformers cannot read, a model with no rotary
+            position embedding, a damaged GGUF file.
+    """
+    from ..gguf import is_gguf
+    from ..readers import doctor
+
+    if is_gguf(path):
+        from ..gguf.writer import architecture, open_gguf, read_rope
+
+        reader = open_gguf(path)
+        arch = architecture(reader)
+        prefix = f"{arch}.rope."
+        keys = {
+            name[len(arch) + 1 :]: field.contents() for name, field in reader.fields.items() if name.startswith(prefix)
+        }
+        return {"path": str(path), **doctor.diagnose_gguf(arch, read_rope(reader), keys)}
+    file = _config_file(path)
+    try:
+        config_json = json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file} is not valid JSON ({error})") from None
+    if not isinstance(config_json, dict):
+        raise ValueError(f"{file} holds {type(config_json).__name__}, not a JSON object")
+    import transformers
+    from huggingface_hub.errors import StrictDataclassClassValidationError
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    model_type = config_json.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"{file}: model_type {model_type!r} is not one transformers {transformers.__version__} knows "
+            "(a remote-code model?): doctor reads the configs transformers reads"
+        )
+    with _transformers_warnings() as warned:
+        try:
+            config = AutoConfig.from_pretrained(file.parent)
+        except (ValueError, KeyError, TypeError, StrictDataclassClassValidationError) as error:
+            text = " ".join(line.strip() for line in str(error).splitlines())
+            report = doctor.diagnose_unreadable(config_json, f"{type(error).__name__}: {text}")
+            return {"path": str(path), **report}
+    if not isinstance(getattr(config, "rope_parameters", None), dict):
+        raise ValueError(
+            f"{path}: model_type {config.model_type!r} has no rotary position embedding (no rope_parameters):"
+            " there is no rope for a reader to misread (doctor checks rotary decoders)"
+        )
+    report = doctor.diagnose(config_json, config)
+    report["checks"] += [
+        {
+            "check": "transformers-warns",
+            "severity": "warning",
+            "message": f"transformers {transformers.__version__}: {text}",
+        }
+        for text in dict.fromkeys(warned)
+        if "rope" in text.lower()
+    ]
+    return {"path": str(path), **report}
+
+
+@contextlib.contextmanager
+def _transformers_warnings() -> Iterator[list[str]]:
+    """The messages transformers logs inside the block, collected instead of printed."""
+    from transformers.utils import logging as hf_logging
+
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    hf_logging.disable_default_handler()
+    hf_logging.add_handler(handler)
+    try:
+        yield messages
+    finally:
+        hf_logging.remove_handler(handler)
+        hf_logging.enable_default_handler()
+
+
+def render(report: dict[str, Any]) -> str:
+    """The human-readable report: the rope, one line per reader (and route), then the config checks."""
+    rope = report["rope"]
+    lines = [f"{report['path']}: " + ", ".join(f"{k} {v}" for k, v in rope.items() if v is not None), "", "readers:"]
+    width = max(len(name) for name in report["readers"])
+    for name, finding in report["readers"].items():
+        lines.append(f"  {name:<{width}}  {finding['verdict']:<12}  {finding['why']}")
+        for route, sub in finding.get("routes", {}).items():
+            lines.append(f"  {'':<{width}}    {route}: {sub['verdict']}: {sub['why']}")
+        lines.append(f"  {'':<{width}}    rules: {finding['rules']} [{finding['checked']}]")
+    lines += ["", "config:"]
+    lines += [f"  {c['severity']}: {c['check']}: {c['message']}" for c in report["checks"]] or ["  no problem found"]
+    return "\n".join(lines)
+
+
+def _main(args: argparse.Namespace) -> int:
+    report = diagnose_path(args.path)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``hf-posext doctor``."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="how transformers 4/5, vLLM, SGLang and llama.cpp read a checkpoint's rope, and what is wrong with it",
+        description=plain(__doc__.split("\n\n")[0]),
+    )
+    p.add_argument("path", help="a checkpoint folder, a Hub id (org/name) or a .gguf file")
+    p.add_argument("--json", action="store_true", help='print {"rope", "checks", "readers": {...}} as JSON')
+    p.set_defaults(func=_main)

@@ -1,0 +1,241 @@
+"""Checks of a checkpoint's rope config itself: missing, mismatched, ignored or damaged fields (``hf-posext doctor``).
+
+Each check names the field, its value and what the readers do with it. The keys each reader reads per
+rope type are re-written from transformers 5.25's ``RotaryEmbeddingConfigMixin._validate_*_rope_parameters``,
+vLLM's and SGLang's ``get_rope`` (the commits of :mod:`.vllm` and :mod:`.sglang`) and the fields
+hf-posext writes for them (docs/readers/index.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..rope_utils import rotary_dim_of
+from . import transformers5
+
+#: Keys transformers 5 reads per native rope type (``rope_type``, ``type``, ``rope_theta`` and
+#: ``partial_rotary_factor`` always).
+TRANSFORMERS5_KEYS = {
+    "default": set(),
+    "linear": {"factor"},
+    "dynamic": {"factor"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
+    "longrope": {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor", "factor"},
+    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+}
+ALWAYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+#: Keys vLLM / SGLang read that transformers 5 does not (per rope type).
+ENGINE_KEYS = {
+    "yarn": {"extrapolation_factor": "vLLM, SGLang", "attn_factor": "vLLM, SGLang", "apply_yarn_scaling": "vLLM"},
+    "longrope": {"short_mscale": "vLLM, SGLang", "long_mscale": "vLLM, SGLang"},
+    "dynamic": {"alpha": "vLLM, SGLang (dynamic NTK-alpha)"},
+}
+#: Rope types whose maths needs the pretraining length L0.
+NEEDS_ORIGINAL = ("yarn", "longrope", "llama3")
+
+
+def rope_dict(config_json: dict[str, Any]) -> dict[str, Any]:
+    """The rope as config.json writes it: ``rope_parameters``, else the legacy ``rope_scaling`` plus ``rope_theta``."""
+    rope = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
+    rope = dict(rope) if isinstance(rope, dict) else {}
+    if "rope_theta" not in rope and config_json.get("rope_theta") is not None:
+        rope["rope_theta"] = config_json["rope_theta"]
+    return rope
+
+
+def _check(name: str, severity: str, message: str) -> dict[str, str]:
+    return {"check": name, "severity": severity, "message": message}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _pairs(config_json: dict[str, Any], config: Any) -> int | None:
+    """Rotated pairs per head, from transformers 5's config or, if it could not read one, from config.json."""
+    if config is not None:
+        return rotary_dim_of(config, config.rope_parameters) // 2
+    heads, hidden = config_json.get("num_attention_heads"), config_json.get("hidden_size")
+    head_dim = config_json.get("head_dim") or (
+        hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+    )
+    partial = rope_dict(config_json).get("partial_rotary_factor") or config_json.get("partial_rotary_factor") or 1.0
+    return int(head_dim * partial) // 2 if isinstance(head_dim, int) else None
+
+
+def _damaged(rope: dict[str, Any], config_json: dict[str, Any], config: Any) -> list[dict[str, str]]:
+    out = []
+    theta = rope.get("rope_theta")
+    if theta is not None and not (_number(theta) and theta > 0):
+        out.append(_check("damaged-value", "error", f"rope_theta = {theta!r}: a positive number is required"))
+    factor = rope.get("factor")
+    if factor is not None and not (_number(factor) and factor >= 1):
+        out.append(_check("damaged-value", "error", f"factor = {factor!r}: a number >= 1 is required"))
+    original = rope.get("original_max_position_embeddings")
+    if original is not None and not (isinstance(original, int) and not isinstance(original, bool) and original > 0):
+        out.append(
+            _check(
+                "damaged-value",
+                "error",
+                f"original_max_position_embeddings = {original!r}: a positive integer is required",
+            )
+        )
+    beta_fast, beta_slow = rope.get("beta_fast", 32), rope.get("beta_slow", 1)
+    if _number(beta_fast) and _number(beta_slow) and beta_fast < beta_slow:
+        out.append(
+            _check(
+                "damaged-value",
+                "error",
+                f"beta_fast = {beta_fast} < beta_slow = {beta_slow}: YaRN's "
+                "ramp runs backwards (transformers 5 warns; the engines run it as written)",
+            )
+        )
+    if rope.get("rope_type", rope.get("type")) == "longrope":
+        pairs = _pairs(config_json, config)
+        for name in ("short_factor", "long_factor"):
+            value = rope.get(name)
+            if not (isinstance(value, list) and all(_number(v) and v > 0 for v in value)):
+                out.append(_check("damaged-value", "error", f"{name} is not a list of positive numbers"))
+            elif pairs is not None and len(value) != pairs:
+                out.append(
+                    _check(
+                        "damaged-value",
+                        "error",
+                        f"{name} has {len(value)} entries; the rotary dimension needs {pairs} (one per pair)",
+                    )
+                )
+    return out
+
+
+def _reach(rope: dict[str, Any], config_json: dict[str, Any], config: Any) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    max_positions = config_json.get("max_position_embeddings")
+    if rope_type == "yarn" and _number(factor) and isinstance(original, int) and isinstance(max_positions, int):
+        reach = round(factor * original)
+        if max_positions not in (original, reach):
+            out.append(
+                _check(
+                    "reach-mismatch",
+                    "warning",
+                    f"yarn factor {factor:g} over original {original} reaches "
+                    f"{reach}, but max_position_embeddings is {max_positions} (neither {original} nor "
+                    f"{reach}): transformers 5 uses the factor, SGLang and llama.cpp default to {max_positions}",
+                )
+            )
+    sizes = isinstance(original, int) and isinstance(max_positions, int)
+    if rope_type == "longrope" and _number(factor) and sizes and abs(max_positions / original - factor) > 1e-6 * factor:
+        out.append(
+            _check(
+                "reach-mismatch",
+                "warning",
+                f"longrope factor {factor:g} but max_position_embeddings / "
+                f"original = {max_positions}/{original} = {max_positions / original:g}: transformers 4.57 "
+                "takes the ratio for the attention factor, transformers 5 the factor",
+            )
+        )
+    record = config_json.get("hf_posext") or {}
+    context = record.get("context_length")
+    if record.get("factor") is not None and _number(factor) and abs(float(record["factor"]) - factor) > 1e-9:
+        out.append(
+            _check(
+                "reach-mismatch",
+                "warning",
+                f"the hf_posext record says factor {record['factor']:g} "
+                f"(context {context}), the rope says {factor:g}: edited after patching?",
+            )
+        )
+    return out
+
+
+def _unknown_keys(rope: dict[str, Any]) -> list[dict[str, str]]:
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in transformers5.custom_rope_types() or rope_type not in TRANSFORMERS5_KEYS:
+        return []  # hf-posext's own types validate their fields when they load; unknown types are a refusal
+    engines = ENGINE_KEYS.get(rope_type, {})
+    out = []
+    for key in sorted(set(rope) - ALWAYS - TRANSFORMERS5_KEYS[rope_type]):
+        if key in engines:
+            out.append(
+                _check(
+                    "ignored-key",
+                    "info",
+                    f"{key} ({rope[key]!r}) is read by {engines[key]} but not by "
+                    f"transformers 5 for rope type {rope_type!r}",
+                )
+            )
+        else:
+            out.append(
+                _check(
+                    "unknown-key",
+                    "warning",
+                    f"{key} ({rope[key]!r}) is read by no reader for rope type {rope_type!r}: a typo? "
+                    f"(transformers 5 reads {', '.join(sorted(TRANSFORMERS5_KEYS[rope_type])) or 'rope_theta only'})",
+                )
+            )
+    return out
+
+
+def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str]]:
+    """The problems of a config.json's rope fields, each ``{"check", "severity", "message"}`` (empty: none).
+
+    ``config`` is transformers 5's reading of it (``None``: it could not read it). Checks: ``no-rope-fields``
+    (plain RoPE at the model type's default base), ``legacy-disagrees`` (``rope_scaling`` and
+    ``rope_parameters`` say different things), ``missing-original``, ``reach-mismatch``, ``unknown-key`` /
+    ``ignored-key``, ``damaged-value``.
+    """
+    out = []
+    rope = rope_dict(config_json)
+    if not rope and config is not None:
+        theta = (config.rope_parameters or {}).get("rope_theta")
+        out.append(
+            _check(
+                "no-rope-fields",
+                "info",
+                f"config.json names no rope: plain RoPE with the {config.model_type} default base {theta}",
+            )
+        )
+        return out
+    legacy, current = config_json.get("rope_scaling"), config_json.get("rope_parameters")
+    if isinstance(legacy, dict) and isinstance(current, dict):
+        differ = sorted(
+            k
+            for k in set(legacy) | set(current) - {"rope_theta", "type", "rope_type"}
+            if k not in ("rope_theta", "type", "rope_type") and legacy.get(k) != current.get(k)
+        )
+        legacy_type = legacy.get("rope_type", legacy.get("type"))
+        if legacy_type != current.get("rope_type", current.get("type")) or differ:
+            out.append(
+                _check(
+                    "legacy-disagrees",
+                    "error",
+                    f"rope_scaling ({legacy_type}) and rope_parameters "
+                    f"({current.get('rope_type')}) differ{' in ' + ', '.join(differ) if differ else ''}: "
+                    "transformers 4.x and 5 both read rope_scaling, vLLM and SGLang what transformers 5 makes of it",
+                )
+            )
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    top = config_json.get("original_max_position_embeddings")  # Phi-3 keeps it at the top level
+    if rope_type in NEEDS_ORIGINAL and rope.get("original_max_position_embeddings") is None and top is None:
+        fallback = config_json.get("max_position_embeddings")
+        out.append(
+            _check(
+                "missing-original",
+                "error",
+                f"{rope_type} without original_max_position_embeddings: "
+                f"transformers takes max_position_embeddings ({fallback}) as the pretraining length, "
+                "so the scaling starts there; vLLM's get_rope raises KeyError",
+            )
+        )
+    return out + _reach(rope, config_json, config) + _unknown_keys(rope) + _damaged(rope, config_json, config)

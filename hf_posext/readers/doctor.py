@@ -1,0 +1,411 @@
+"""``hf-posext doctor``'s answers: how each reader reads a checkpoint's config, from the readers' own rules.
+
+:func:`diagnose` takes a config.json and transformers 5's reading of it and gives, per reader, a
+:class:`Finding`: ``same`` (runs what transformers 5 with hf-posext runs), ``misread`` (loads it and runs
+something else, silently), ``refused`` (a loud error), ``needs-plugin`` (transformers 5: only after ``import
+hf_posext``; llama.cpp: only through ``hf-posext gguf export``) or ``unknown`` (no rule here covers it). The
+engines' verdicts are :func:`~hf_posext.readers.support`'s; which rules ran against a real reader: :data:`RULES`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import transformers
+
+from .. import integration
+from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, ROPE_FREQS_ARCHITECTURES, gguf_rope_for, reach_of
+from ..rope_utils import default_inv_freq, rotary_dim_of
+from . import support, transformers4, transformers5
+from .config_checks import check_config, rope_dict
+
+VERDICTS = ("same", "misread", "refused", "needs-plugin", "unknown")
+#: The readers, keyed as ``--json`` prints them, with :func:`support`'s names.
+READERS = {"transformers5": "transformers 5", "transformers4": "transformers 4.57", "vllm": "vLLM"}
+READERS.update(sglang="SGLang", llamacpp="llama.cpp")
+#: Rope types whose 4.57 reading was run here against a real transformers 4.57.6 (logits compared):
+#: tests/readers/test_transformers4.py and tests/readers/test_doctor_readers.py.
+RUN_IN_TRANSFORMERS4 = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+#: Rope types whose converter keys were run here through the real ``convert_hf_to_gguf.py`` (0.3.36):
+#: tests/readers/test_llamacpp.py and tests/gguf/test_export.py (hf-posext's own types: its unknown-type rule).
+RUN_IN_CONVERTER = ("default", "linear", "dynamic", "yarn", "longrope")
+#: Each reader's rules: the version they were written from and how they were checked.
+RULES = {
+    "transformers5": f"transformers {transformers.__version__}, the installed one (run here)",
+    "transformers4": "transformers 4.57.6 (hf_posext/readers/transformers4.py; run here against a real 4.57.6 for "
+    f"rope types {', '.join(RUN_IN_TRANSFORMERS4)} and hf-posext's own; read from its source otherwise)",
+    "vllm": "vLLM main, commits 0052a5b (max_model_len), 07b12f1 (get_rope), 3cfbaf3 (dynamic NTK): "
+    "read from source, not run",
+    "sglang": "SGLang 0.5.x, commit 108c36c (get_context_length, get_rope): read from source, not run",
+    "converter": "convert_hf_to_gguf.py of llama-cpp-python 0.3.36 (run here for rope types "
+    f"{', '.join(RUN_IN_CONVERTER)} and hf-posext's own: tests/readers/test_llamacpp.py; read from its source "
+    "otherwise) and llama.cpp 0.3.36 on its keys (run and measured: tests/gguf/test_export.py)",
+    "export": "hf-posext gguf export, then llama.cpp 0.3.36 (run and compared: tests/gguf/test_export.py)",
+}
+#: Whether each reader's rules were run against the real reader here; transformers 4.57: per rope type.
+CHECKED = {"transformers5": "run here", "transformers4": "run here", "vllm": "read from source"}
+CHECKED.update(sglang="read from source", converter="run here", export="run here")
+_STATUS = {"right": "same", "wrong": "misread", "refused": "refused"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reader's answer: its verdict, why in one line, the rules used, and the routes it summarises."""
+
+    verdict: str
+    why: str
+    rules: str
+    checked: str  # "run here" or "read from source"
+    routes: dict[str, Finding] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict {self.verdict!r} is not one of {', '.join(VERDICTS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"verdict": self.verdict, "why": self.why, "rules": self.rules, "checked": self.checked}
+        if self.routes:
+            out["routes"] = {name: route.to_dict() for name, route in self.routes.items()}
+        return out
+
+
+def _finding(key: str, verdict: str, why: str, checked: str | None = None) -> Finding:
+    return Finding(verdict, why, RULES[key], checked or CHECKED[key])
+
+
+def describe(params: dict[str, Any]) -> str:
+    """``"yarn (factor 4, original 4096, theta 10000)"``: a rope in a few words."""
+    rope_type = params.get("rope_type", "default")
+    parts = [
+        f"{k.replace('original_max_position_embeddings', 'original')} {params[k]:g}"
+        for k in ("factor", "original_max_position_embeddings", "rope_theta")
+        if isinstance(params.get(k), (int, float))
+    ]
+    return f"{'plain RoPE' if rope_type == 'default' else rope_type} ({', '.join(parts)})"
+
+
+def _known(rope_type: str) -> bool:
+    """Whether transformers 5 (after ``import hf_posext``) builds a rope of this type."""
+    try:
+        return rope_type == "default" or integration.rope_init_function(rope_type) is not None
+    except KeyError:
+        return False
+
+
+def _rope_at(config: Any, params: dict[str, Any], seq_len: int) -> tuple[torch.Tensor, float]:
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":  # transformers 5 computes plain RoPE in the rotary module, not in ROPE_INIT_FUNCTIONS
+        return default_inv_freq(float(params["rope_theta"]), rotary_dim_of(config, params)).double(), 1.0
+    probe = copy.deepcopy(config)
+    probe.rope_parameters = dict(params)
+    if "original_max_position_embeddings" in params and hasattr(probe, "original_max_position_embeddings"):
+        # standardize_rope_params (run by the rope functions) prefers Phi-3's top-level field over the params'
+        probe.original_max_position_embeddings = params["original_max_position_embeddings"]
+    inv_freq, attention = integration.rope_init_function(rope_type)(probe, "cpu", seq_len=seq_len)
+    return inv_freq.double(), float(attention)
+
+
+def same_rope(config: Any, a: dict[str, Any], b: dict[str, Any], lengths: tuple[int, ...]) -> bool:
+    """Whether transformers' rope functions give the same frequencies and attention factor for ``a`` and ``b``."""
+    if a.get("rope_type", "default") != b.get("rope_type", "default"):
+        return False
+    for n in lengths:
+        (fa, aa), (fb, ab) = _rope_at(config, a, n), _rope_at(config, b, n)
+        if fa.shape != fb.shape or not torch.allclose(fa, fb, rtol=1e-9, atol=0) or abs(aa - ab) > 1e-9 * abs(ab):
+            return False
+    return True
+
+
+def _custom(config: Any, config_json: dict[str, Any]) -> str | None:
+    """What transformers 5 without ``import hf_posext`` cannot build: a rope type or attention hf-posext registers."""
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if rope_type in transformers5.custom_rope_types():
+        return f"rope type {rope_type!r}"
+    attention = config_json.get("attn_implementation")
+    if isinstance(attention, str) and "hf_posext" in attention:
+        return f"attention {attention!r}"
+    return None
+
+
+def _transformers5(config: Any, config_json: dict[str, Any]) -> Finding:
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if not _known(rope_type):
+        why = f"building the model raises KeyError: {rope_type!r} (neither transformers 5 nor hf-posext knows it)"
+        return _finding("transformers5", "refused", why)
+    custom = _custom(config, config_json)
+    with_plugin = _finding(
+        "transformers5", "same", "after `import hf_posext`: hf-posext registers every type it writes"
+    )
+    if custom is None:
+        why = f"native rope type {rope_type!r}: loads with or without hf-posext"
+        if (getattr(config, "hf_posext", None) or {}).get("exact_cache"):
+            why += " (hf-posext's exact cache only after `import hf_posext`; without it transformers' own dynamic rope)"
+        return Finding(
+            "same",
+            why,
+            RULES["transformers5"],
+            "run here",
+            {"with_plugin": with_plugin, "without_plugin": _finding("transformers5", "same", why)},
+        )
+    without = _finding(
+        "transformers5",
+        "refused",
+        f"without `import hf_posext` the {custom} is unknown: a KeyError or ValueError naming it",
+    )
+    return Finding(
+        "needs-plugin",
+        f"loads only after `import hf_posext` ({custom})",
+        RULES["transformers5"],
+        "run here",
+        {"with_plugin": with_plugin, "without_plugin": without},
+    )
+
+
+def _transformers4(config: Any, config_json: dict[str, Any], reach: int, base: tuple[str, str]) -> Finding:
+    try:
+        read = transformers4.reading(config_json)
+    except ValueError as error:
+        return _finding("transformers4", "refused", str(error))
+    if _custom(config, config_json) is not None:
+        return _finding("transformers4", *base)
+    ran = "run here" if read["rope_type"] in RUN_IN_TRANSFORMERS4 else "read from source"
+    intended = dict(config.rope_parameters)
+    original = int(intended.get("original_max_position_embeddings") or config.max_position_embeddings)
+    lengths = tuple(sorted({original, max(reach, original + 1)}))
+    if not same_rope(config, read, intended, lengths):
+        legacy = "config.json has no rope_scaling" if not config_json.get("rope_scaling") else "its legacy fields"
+        why = (
+            f"4.57 reads the top-level rope_theta/rope_scaling, never rope_parameters ({legacy}): it runs "
+            f"{describe(read)} where transformers 5 runs {describe(intended)}"
+        )
+        if read.get("rope_type") == "longrope":
+            why = (
+                f"4.57 takes LongRoPE's L0 from a top-level original_max_position_embeddings only (here "
+                f"{read['original_max_position_embeddings']}, transformers 5: {original}): another switch point and "
+                "attention factor"
+            )
+        return _finding("transformers4", "misread", why, ran)
+    return _finding("transformers4", *base, ran)
+
+
+def _engine(key: str, base: tuple[str, str]) -> Finding:
+    return _finding(key, *base)
+
+
+def _export_route(config: Any) -> Finding:
+    arch = MODEL_TYPES.get(getattr(config, "model_type", None))
+    if arch is None:
+        return _finding(
+            "export",
+            "refused",
+            f"model_type {config.model_type!r}: the export writes the rope of "
+            f"{', '.join(sorted(MODEL_TYPES))} checkpoints only",
+        )
+    try:
+        rope = gguf_rope_for(config, arch)
+    except ValueError as error:
+        return _finding("export", "refused", str(error))
+    what = (
+        "plain RoPE"
+        if rope.scaling_type == "none" and rope.rope_freqs is None
+        else ("a rope_freqs tensor" if rope.rope_freqs is not None else f"{rope.scaling_type} x{rope.factor:g}")
+    )
+    return _finding("export", "same", f"writes {what} with context_length {rope.context_length}, as llama.cpp reads it")
+
+
+def _llamacpp(config: Any, base: tuple[str, str]) -> Finding:
+    arch = MODEL_TYPES.get(getattr(config, "model_type", None))
+    if arch is None:
+        converter = _finding(
+            "converter",
+            "unknown",
+            f"model_type {config.model_type!r}: these rules cover the "
+            f"{', '.join(ARCHITECTURES)} GGUF graphs (model types {', '.join(sorted(MODEL_TYPES))})",
+        )
+    else:
+        rope_type = config.rope_parameters.get("rope_type", "default")
+        ran = rope_type in RUN_IN_CONVERTER or rope_type in transformers5.custom_rope_types()
+        converter = _finding("converter", *base, "run here" if ran else "read from source")
+    export = _export_route(config)
+    routes = {"converter": converter, "gguf_export": export}
+    if converter.verdict == "same":
+        return Finding("same", converter.why, RULES["converter"], converter.checked, routes)
+    if export.verdict == "same":
+        why = f"only through `hf-posext gguf export` ({export.why}); the converter alone: {converter.why}"
+        return Finding("needs-plugin", why, RULES["export"], export.checked, routes)
+    why = f"converter alone: {converter.why}; `hf-posext gguf export`: {export.why}"
+    return Finding(converter.verdict, why, RULES["converter"], converter.checked, routes)
+
+
+def _unknown(key: str, why: str) -> Finding:
+    return _finding(key, "unknown", why)
+
+
+def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
+    """Every reader's :class:`Finding` for a config.json, and the checks of the config itself.
+
+    Args:
+        config_json: config.json as a dict, as the readers that parse it themselves (transformers 4.x,
+            llama.cpp's converter) see it.
+        config: transformers 5's reading of it (``AutoConfig.from_pretrained`` after ``import hf_posext``).
+
+    Returns:
+        ``{"rope": {rope_type, reach, ...}, "checks": [{"check", "severity", "message"}],
+        "readers": {"transformers5": Finding.to_dict(), "transformers4": ..., "vllm": ..., "sglang": ...,
+        "llamacpp": ...}}``.
+    """
+    params = config.rope_parameters or {}
+    checks = check_config(config_json, config)
+    rope = {"rope_type": params.get("rope_type"), "model_type": getattr(config, "model_type", None)}
+    if "rope_theta" not in params:  # per-layer-type parameters (Gemma 3): no single rope to compare
+        why = f"per-layer-type rope parameters ({', '.join(sorted(params))}): these rules compare a single rope"
+        readers = {key: _unknown(key if key != "llamacpp" else "converter", why) for key in READERS}
+        readers["transformers5"] = _transformers5_nested(config, config_json)
+        return {"rope": rope, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
+    reach = reach_of(config)
+    rope.update(
+        reach=reach,
+        max_position_embeddings=config.max_position_embeddings,
+        method=(getattr(config, "hf_posext", None) or {}).get("method"),
+        description=describe(params),
+    )
+    verdicts = {
+        key: (_STATUS[status], how)
+        for key, (status, how) in ((k, support(config, reach)[name]) for k, name in READERS.items())
+    }
+    readers = {
+        "transformers5": _transformers5(config, config_json),
+        "transformers4": _transformers4(config, config_json, reach, verdicts["transformers4"]),
+        "vllm": _engine("vllm", verdicts["vllm"]),
+        "sglang": _engine("sglang", verdicts["sglang"]),
+        "llamacpp": _llamacpp(config, verdicts["llamacpp"]),
+    }
+    return {"rope": rope, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
+
+
+def diagnose_unreadable(config_json: dict[str, Any], error: str) -> dict[str, Any]:
+    """The readers of a config.json transformers 5 refuses to read (``error``: what ``AutoConfig`` raised)."""
+    refused = f"AutoConfig raises {error}"
+    readers = {"transformers5": _finding("transformers5", "refused", refused)}
+    try:
+        read = transformers4.reading(config_json)
+        readers["transformers4"] = _unknown(
+            "transformers4", f"reads {describe(read)}; not compared: transformers 5 builds no rope to compare with"
+        )
+    except ValueError as err:
+        readers["transformers4"] = _finding("transformers4", "refused", str(err))
+    for key in ("vllm", "sglang"):
+        readers[key] = _finding(key, "refused", f"reads config.json through transformers 5: {refused}")
+    readers["llamacpp"] = _unknown("converter", "not evaluated: transformers 5 cannot read the config")
+    rope = {
+        "rope_type": rope_dict(config_json).get("rope_type", rope_dict(config_json).get("type")),
+        "model_type": config_json.get("model_type"),
+    }
+    return {
+        "rope": rope,
+        "checks": check_config(config_json, None),
+        "readers": {k: f.to_dict() for k, f in readers.items()},
+    }
+
+
+def _transformers5_nested(config: Any, config_json: dict[str, Any]) -> Finding:
+    entries = [e for e in (config.rope_parameters or {}).values() if isinstance(e, dict)]
+    custom = [e["rope_type"] for e in entries if e.get("rope_type") in transformers5.custom_rope_types()]
+    if custom:
+        return Finding(
+            "needs-plugin",
+            f"loads only after `import hf_posext` (rope types {custom})",
+            RULES["transformers5"],
+            "run here",
+        )
+    return Finding(
+        "same", "native per-layer-type rope: loads with or without hf-posext", RULES["transformers5"], "run here"
+    )
+
+
+#: What transformers 5 reads of a GGUF file's rope (``integrations/ggml.py``'s config mapping, 5.25.0:
+#: ``context_length`` and ``rope.freq_base`` for llama, qwen2, qwen3; ``rope.scaling.*`` for gpt-oss only).
+GGUF_TRANSFORMERS = (
+    "transformers {version}'s GGUF loader (integrations/ggml.py; run here: tests/readers/test_doctor.py)"
+)
+#: GGUF keys the converter writes that llama.cpp 0.3.36 does not read for these graphs, and their defaults.
+GGUF_UNREAD = {
+    "rope.scaling.yarn_attn_factor": None,
+    "rope.scaling.yarn_beta_fast": 32.0,
+    "rope.scaling.yarn_beta_slow": 1.0,
+}
+
+
+def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
+    """Every reader's :class:`Finding` for a GGUF file: llama.cpp reads it directly, transformers converts it.
+
+    Args:
+        arch: ``general.architecture``.
+        rope: the file's :class:`~hf_posext.gguf.rope.GGUFRope` (as llama.cpp reads it).
+        keys: the file's ``{arch}.rope.*`` keys without the prefix.
+    """
+    scaled = (rope.scaling_type in ("linear", "yarn") and rope.factor > 1) or rope.rope_freqs is not None
+    scaled = scaled or rope.attn_factor != 1.0 or rope.scaling_type == "longrope"
+    what = f"{rope.scaling_type} x{rope.factor:g}" + (", a rope_freqs tensor" if rope.rope_freqs is not None else "")
+    summary = {
+        "architecture": arch,
+        "context_length": rope.context_length,
+        "freq_base": rope.freq_base,
+        "scaling": what if scaled else "none",
+    }
+    checks: list[dict[str, str]] = []
+    rules = GGUF_TRANSFORMERS.format(version=transformers.__version__)
+    if scaled:
+        why = (
+            "transformers' GGUF loader maps context_length and rope.freq_base only: plain RoPE, the file's "
+            f"{what} dropped; hf-posext's GGUF source converts through it (the same)"
+        )
+        t5 = Finding("misread", why, rules, "run here")
+    else:
+        t5 = Finding("same", "plain RoPE: transformers maps context_length and rope.freq_base", rules, "run here")
+    readers = {"transformers5": t5}
+    for key in ("transformers4", "vllm", "sglang"):
+        readers[key] = _unknown(key, "not checked for GGUF files (these rules read config.json)")
+    if arch not in ARCHITECTURES:
+        readers["llamacpp"] = _unknown(
+            "converter", f"GGUF architecture {arch!r}: these rules cover the {', '.join(ARCHITECTURES)} graphs"
+        )
+        return {"rope": summary, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
+    unread = {k: v for k, v in keys.items() if k in GGUF_UNREAD and v != GGUF_UNREAD[k]}
+    rules = "llama.cpp 0.3.36 (what it reads, measured: tests/gguf/test_export.py, docs/readers/llamacpp.md)"
+    if rope.scaling_type == "longrope" and rope.rope_freqs is None:
+        llama = Finding(
+            "misread", "rope.scaling.type longrope without factor tensors: llama.cpp runs plain RoPE", rules, "run here"
+        )
+    elif rope.rope_freqs is not None and arch not in ROPE_FREQS_ARCHITECTURES:
+        llama = Finding(
+            "refused",
+            f"a rope_freqs tensor, which llama.cpp's {arch} graph does not load (wrong tensor count)",
+            rules,
+            "read from source",
+        )
+    elif unread and rope.scaling_type == "yarn":
+        llama = Finding(
+            "misread",
+            f"llama.cpp does not read {', '.join(sorted(unread))} for {arch}: it runs betas "
+            "32/1 and the attention factor (0.1 ln s + 1) x rope.scaling.attn_factor",
+            rules,
+            "run here",
+        )
+    elif rope.scaling_type not in ("none", "linear", "yarn"):
+        llama = Finding(
+            "unknown", f"rope.scaling.type {rope.scaling_type!r}: not one these rules cover", rules, "read from source"
+        )
+    else:
+        llama = Finding(
+            "same",
+            f"llama.cpp runs the file's rope ({what if scaled else 'plain RoPE'}), default "
+            f"context {rope.context_length}",
+            rules,
+            "run here",
+        )
+    readers["llamacpp"] = llama
+    return {"rope": summary, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}

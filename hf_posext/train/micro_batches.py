@@ -1,0 +1,129 @@
+"""What each micro-batch of a run holds: long or short, its window, positions and labels, its LongRoPE factors.
+
+Every choice is a function of the data position (micro-batches consumed) and the optimizer step,
+never of the process or the clock: a resumed run gets the micro-batches an uninterrupted one
+would, and a step's micro-batches have one shape on every process (docs/notes/training.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from .blocks import document_labels, document_positions, micro_batch_indices, take_blocks
+from .config import TrainConfig
+from .plan import Plan
+from .pose import pose_position_ids
+
+
+def shorts_before(micro_step: int, short_fraction: float) -> int:
+    """Short micro-batches among the first ``micro_step`` (``short_fraction`` of them, evenly spread).
+
+    Micro-batch ``k`` is short when this count grows from ``k`` to ``k + 1``; every process
+    counts the same, so a step's micro-batches have one length on all of them.
+    """
+    return math.floor(micro_step * Fraction(str(short_fraction)))
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward's inputs.
+
+    Attributes:
+        input_ids: ``[batch, seq]`` token ids.
+        positions: ``[batch or 1, seq]`` position ids.
+        labels: ``[batch, seq]`` shifted targets (``-100``: none) of packed short documents, else ``None``
+            (the next token of the same row).
+        short: whole short documents (the long/short mix), not a long sample.
+        factors: with ``longrope``, the factor set every position of the forward uses (``"short"`` or
+            ``"long"``, :func:`hf_posext.methods.longrope.pinned_factors`); ``None`` for other methods.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    labels: torch.Tensor | None
+    short: bool
+    factors: Literal["short", "long"] | None
+
+
+class MicroBatches:
+    """This process's micro-batches from data position ``micro_step`` on (:meth:`next`).
+
+    Args:
+        config: the run's settings.
+        plan: its lengths, processes and window schedule.
+        train_blocks: ``[blocks, plan.window]`` token ids of the long side.
+        short_blocks: ``[blocks, 2, plan.short_len]`` packed short documents (ids, document numbers), or
+            ``None`` without the long/short mix.
+        device: where the tensors go.
+        micro_step: micro-batches consumed before (a resumed run's data position).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        plan: Plan,
+        train_blocks: np.ndarray,
+        short_blocks: np.ndarray | None,
+        device: Any,
+        micro_step: int = 0,
+    ) -> None:
+        self.config, self.plan, self.device = config, plan, device
+        self.train_blocks, self.short_blocks = train_blocks, short_blocks
+        shorts = shorts_before(micro_step, config.short_fraction)
+        batch, dp = config.micro_batch_size, (plan.dp_size, plan.dp_rank)
+        self.long_order = micro_batch_indices(len(train_blocks), batch, *dp, config.seed, start=micro_step - shorts)
+        self.short_order = None
+        if short_blocks is not None:
+            self.short_order = micro_batch_indices(len(short_blocks), batch, *dp, config.seed, start=shorts)
+
+    def is_short(self, micro_step: int) -> bool:
+        """Whether micro-batch ``micro_step`` (0-based, over the whole run) holds short documents."""
+        fraction = self.config.short_fraction
+        return shorts_before(micro_step + 1, fraction) > shorts_before(micro_step, fraction)
+
+    def next(self, step: int, micro_step: int) -> MicroBatch:
+        """The next micro-batch: number ``micro_step`` of the run, part of optimizer step ``step`` (both 0-based)."""
+        config, plan, device = self.config, self.plan, self.device
+        if self.short_blocks is not None and self.short_order is not None and self.is_short(micro_step):
+            # whole documents at their own positions, each attending to itself (blocks.py)
+            packed = torch.from_numpy(np.asarray(self.short_blocks[next(self.short_order)], dtype=np.int64))
+            input_ids, segments = packed[:, 0].to(device), packed[:, 1].to(device)
+            positions, labels = document_positions(segments), document_labels(input_ids, segments)
+            return MicroBatch(input_ids, positions, labels, True, self.factors(plan.short_len))
+        window = plan.window_at(step)
+        # The schedule's window is the start of the block (cut at the full window): the data position stays
+        # one integer, and a longer window later reads the same blocks further.
+        input_ids = take_blocks(self.train_blocks, next(self.long_order))[:, :window].to(device)
+        if config.pose:
+            # Seeded by the micro-batch's place in the global batch (the data position): a resumed run
+            # draws the same positions, and N processes those of one process accumulating the same
+            # global batch (one process: micro_step itself, the seeds of runs made before).
+            place = micro_step * plan.dp_size + plan.dp_rank
+            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + place * 4099)
+            positions = pose_position_ids(
+                window, plan.seq_len, config.pose_chunks, batch_size=input_ids.shape[0], generator=generator
+            ).to(device)
+            return MicroBatch(input_ids, positions, None, False, self.factors(plan.seq_len))
+        # One row broadcast over the batch, as transformers does without position ids.
+        positions = torch.arange(window, device=device).unsqueeze(0)
+        return MicroBatch(input_ids, positions, None, False, self.factors(window))
+
+    def factors(self, length: int) -> Literal["short", "long"] | None:
+        """LongRoPE's factor set for a micro-batch that stands for a sequence of ``length`` tokens.
+
+        ``mixed`` (LongRoPE2's mixed context window training, Shang et al. 2025, arXiv 2502.20082): the
+        set inference uses at that length, the short factors up to the original context and the long
+        ones past it; a PoSE sample stands for a sequence of ``seq_len`` tokens, whatever its largest
+        position. ``long``: always the long set.
+        """
+        if self.config.method != "longrope":
+            return None
+        if self.config.longrope_factors == "long" or length > self.plan.original_context:
+            return "long"
+        return "short"
