@@ -1,7 +1,7 @@
 """Memory and time of an exact-cache prefill past L_orig whose rows share one frequency set, in blocks or whole.
 
 The exact cache (hf_posext.attention.exact_dynamic) sends the prompt rows that share one frequency set
-to the kernel as one call: LongRoPE's rows past L_orig (its long factors), YaRN's rows from
+to the kernel as one call: LongRoPE's rows past L_orig (its long factors, ``factors_by="query"``), YaRN's rows from
 saturation (``factor * L_orig``) on. Whole, such a call's ``[rows, keys]`` mask was built in the
 query dtype (24k x 32k elements for a 32k LongRoPE prompt at L_orig 8k: 3 GiB of fp32); now the rows
 go in blocks within ``CALL_MASK_BUDGET`` mask elements
@@ -52,7 +52,10 @@ def child(args: argparse.Namespace) -> None:
     split = attention.call_blocks
     attention.call_blocks = lambda *call: blocks.extend(split(*call)) or split(*call)  # counted
     model = build(argparse.Namespace(**vars(args), checkpoint=None, dtype="float32", device="cpu"))
-    hf_posext.patch_model(model, args.method, factor=args.factor, exact_cache=args.mode != "transformers")
+    exact = args.mode != "transformers"
+    # LongRoPE's exact kernel is its per-query definition (the default rotates with transformers' own module)
+    query = {"factors_by": "query"} if exact and args.method == "longrope" else {}
+    hf_posext.patch_model(model, args.method, factor=args.factor, exact_cache=exact, **query)
     prompt = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(1))
     before = peak_rss_mib()
     with torch.inference_mode():

@@ -189,6 +189,7 @@ def check_output_dir(
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise ValueError(f"output folder {str(target)!r} is an existing file; give a folder path (nothing was written)")
+    refuse_file_above(target, "output folder")
     real = Path(os.path.realpath(target))
     for source in sources:
         src = Path(os.path.realpath(source))
@@ -365,6 +366,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     run filling one cache) never write into each other's temporary file.
     """
     target = Path(path)
+    made = [folder for folder in target.absolute().parents if not folder.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(target)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -374,33 +376,78 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        for folder in made:  # the folders made for the file, deepest first: a failed write leaves no empty one
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
+
+
+def same_file(first: str | os.PathLike, second: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same path by any spelling or link, or hard links of one file."""
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # one of them does not exist (yet): then only the spelling can make them one
+        return False
+
+
+def refuse_file_above(path: str | os.PathLike, what: str) -> None:
+    """Refuse an output ``path`` under an existing file (``out.gguf/x``): no folder can be made there.
+
+    Raises:
+        ValueError: naming ``what``, the path and the file in the way.
+    """
+    for parent in Path(path).absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(
+                    f"{what} {str(path)!r} lies under {str(parent)!r}, which is a file, not a folder; "
+                    "choose another path (nothing was written)"
+                )
+            return
+
+
+def check_output_file(
+    path: str | os.PathLike,
+    *,
+    sources: Sequence[str | os.PathLike] = (),
+    overwrite: bool = False,
+    what: str = "output file",
+) -> Path:
+    """Refuse a file the writer must not write; returns ``path`` as a Path (the rules of :func:`output_file`).
+
+    ``path`` may not be one of ``sources`` (by any spelling or link), a folder, under a file, or
+    (without ``overwrite``) an existing file. ``what`` names it in the messages.
+
+    Raises:
+        ValueError: naming the file and what to do instead.
+    """
+    target = Path(path)
+    for source in sources:
+        if same_file(target, source):
+            raise ValueError(f"{what} {str(target)!r} is the source {str(source)!r}; write to another file")
+    if target.is_dir():
+        raise ValueError(f"{what} {str(target)!r} is an existing folder; give a file path (nothing was written)")
+    refuse_file_above(target, what)
+    if target.exists() and not overwrite:
+        raise ValueError(
+            f"{what} {str(target)!r} exists; pass --overwrite (overwrite=True) to replace it, "
+            "or choose another path (nothing was written)"
+        )
+    return target
 
 
 @contextlib.contextmanager
 def output_file(
     path: str | os.PathLike, *, sources: Sequence[str | os.PathLike] = (), overwrite: bool = False
 ) -> Iterator[Path]:
-    """The output-folder policy for a single file: checked first, then :func:`atomic_file`.
-
-    ``path`` may not be one of ``sources`` (also through a link), a folder, or (without
-    ``overwrite``) an existing file.
+    """The output-folder policy for a single file: checked first (:func:`check_output_file`), then :func:`atomic_file`.
 
     Raises:
         ValueError: naming the file and what to do instead; nothing was written.
     """
-    target = Path(path)
-    for source in sources:
-        if os.path.realpath(target) == os.path.realpath(source):
-            raise ValueError(f"output file {str(target)!r} is the source {str(source)!r}; write to another file")
-    if target.is_dir():
-        raise ValueError(f"output {str(target)!r} is an existing folder; give a file path (nothing was written)")
-    if target.exists() and not overwrite:
-        raise ValueError(
-            f"output file {str(target)!r} exists; pass --overwrite (overwrite=True) to replace it, "
-            "or choose another path (nothing was written)"
-        )
-    with atomic_file(target) as tmp:
+    with atomic_file(check_output_file(path, sources=sources, overwrite=overwrite)) as tmp:
         yield tmp
 
 

@@ -24,6 +24,7 @@ from . import integration, readers
 from .gguf import resolve_model_source
 from .methods.registry import shipped_method, surgery_for
 from .patching import CONFIG_KEY, method_from_record, patch_model
+from .validation.checkpoint import check_checkpoint_file, check_model_config
 
 _hook_handle: Any = None
 _undo_from_config: Any = None
@@ -46,8 +47,9 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     record = getattr(getattr(parent, "config", None), CONFIG_KEY, None)
     if record is None and name == "embed_tokens":
         record = _adopt_shipped_method(parent.config)
-    if not isinstance(record, dict) or "method" not in record:
+    if record is None:
         return None
+    check_model_config(parent.config)  # a hand-edited checkpoint: refused before the model is built on it
     method = method_from_record(record)
     if name == "rotary_emb":
         return surgery_for(method).on_rotary_init(method, parent, submodule)
@@ -116,6 +118,8 @@ def from_pretrained(
         The model, patched as it was saved (an unpatched checkpoint loads as transformers loads it).
 
     Raises:
+        ValueError: a rope field or record of the checkpoint out of range, non-finite or misshapen
+            (:func:`hf_posext.validation.checkpoint.check_model_config`), naming the file and the field.
         RuntimeError: the method's surgery is missing (the construction hook was switched off).
 
     Example:
@@ -126,7 +130,10 @@ def from_pretrained(
 
         model_class = AutoModelForCausalLM
     pretrained_model_name_or_path = resolve_model_source(pretrained_model_name_or_path)  # .gguf -> cached conversion
+    if isinstance(pretrained_model_name_or_path, (str, os.PathLike)):
+        check_checkpoint_file(pretrained_model_name_or_path)  # before transformers' own reading of the file
     model = model_class.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+    check_model_config(model.config, unknown_types=True)  # a checkpoint without a record too, before it is used
     record = getattr(model.config, CONFIG_KEY, None)
     if isinstance(record, dict) and "method" in record:
         method = method_from_record(record)

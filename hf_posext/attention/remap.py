@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .. import integration
 from .flash_segments import flash_available, flash_segmented_attention
 from .layout import Layout
+from .maps import attention_maps_requested, kernel_function
 
 #: The attribute of an attention module holding its :class:`RemapState`.
 STATE_ATTR = "_hf_posext_remap"
@@ -81,11 +81,13 @@ def remap_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention-interface function of the training-free methods.
 
     Inputs where no pair is remapped (all of them inside the method's window: Self-Extend's W,
     DCA's first chunk, STRING's shift, ReRoPE's w) go to the model's own kernel unchanged.
+    With ``output_attentions`` the attention maps of the method's own scores come back, as eager
+    returns its own (the score path; with sdpa, eager's where nothing is remapped).
 
     Args:
         module: an attention module carrying a :class:`RemapState`.
@@ -95,7 +97,8 @@ def remap_attention(
         **kwargs: ``position_ids`` ``[batch or 1, seq]`` and the kernel's arguments.
 
     Returns:
-        ``(output [batch, seq, heads, head_dim], None)``.
+        ``(output [batch, seq, heads, head_dim], maps [batch, heads, seq, kv_len] or None)``: the maps
+        (softmax probabilities, after dropout, in the query's dtype) where ``output_attentions`` asks.
     """
     state: RemapState | None = getattr(module, STATE_ATTR, None)
     if state is None:
@@ -107,33 +110,47 @@ def remap_attention(
             f"got {type(position_ids).__name__}"
         )
     refuse_unsupported(module, kwargs, state.remapping.name)
-    kernel = integration.attention_function(state.kernel, module)
     if not state.remapping.active(int(position_ids[:, -1].max())):
-        return kernel(module, query, key, value, attention_mask, **kwargs)
+        return kernel_function(state.kernel, module, kwargs)(module, query, key, value, attention_mask, **kwargs)
     batch, heads, seq, _ = query.shape
     kv_len = key.shape[2]
     past = kv_len - seq
     inv_freq = state.rotary.inv_freq
     if attention_mask is not None and attention_mask.shape[0] != batch:
         attention_mask = attention_mask.expand(batch, *attention_mask.shape[1:])
+    maps = new_maps(module, query, kv_len, kwargs)
     if seq > 1 and past == 0 and bool((position_ids.diff(dim=-1) < 0).any()):
-        return packed_attention(module, query, key, value, attention_mask, position_ids, kwargs), None
-    if seq > 1 and bool((position_ids.diff(dim=-1) > 1).any()):
-        return positioned_attention(module, query, key, value, attention_mask, position_ids, state, kwargs), None
-    offsets = row_offsets(position_ids, batch, kv_len)
-    output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
-    for offset in torch.unique(offsets).tolist():
-        rows = (offsets == offset).nonzero().flatten()
-        every = rows.numel() == batch
-        pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
-        layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
-        mask = None if attention_mask is None else pick(attention_mask)
-        out = attend(module, query, pick(value), mask, layout, past, seq, int(offset), heads, kwargs)
-        if every:
-            output = out
-        else:
-            output[rows] = out
-    return output.to(query.dtype), None
+        output = packed_attention(module, query, key, value, attention_mask, position_ids, kwargs, maps)
+    elif seq > 1 and bool((position_ids.diff(dim=-1) > 1).any()):
+        output = positioned_attention(module, query, key, value, attention_mask, position_ids, state, kwargs, maps)
+    else:
+        output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
+        offsets = row_offsets(position_ids, batch, kv_len)
+        for offset in torch.unique(offsets).tolist():
+            rows = (offsets == offset).nonzero().flatten()
+            every = rows.numel() == batch
+            pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
+            layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
+            mask = None if attention_mask is None else pick(attention_mask)
+            part = None if maps is None or every else pick(maps)
+            out = attend(
+                module, query, pick(value), mask, layout, past, seq, int(offset), heads, kwargs, maps if every else part
+            )
+            if every:
+                output = out
+            else:
+                output[rows] = out
+                if part is not None and maps is not None:
+                    maps[rows] = part
+    return output.to(query.dtype), None if maps is None else maps.to(query.dtype)
+
+
+def new_maps(module: nn.Module, query: torch.Tensor, kv_len: int, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """Zeros ``[batch, heads, seq, kv_len]`` fp32 for the attention maps where ``output_attentions`` asks, else None."""
+    if not attention_maps_requested(module, kwargs):
+        return None
+    batch, heads, seq, _ = query.shape
+    return query.new_zeros(batch, heads, seq, kv_len, dtype=torch.float32)
 
 
 def positioned_attention(
@@ -145,11 +162,13 @@ def positioned_attention(
     position_ids: torch.Tensor,
     state: RemapState,
     kwargs: dict[str, Any],
+    maps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`remap_attention` for position ids that jump forward (PoSE's chunks): pairs remapped from those ids.
 
     Every row is scored on its own, each pair by the variant its two positions select; the keys
     must be the new tokens themselves (no cache: the positions of cached keys are not known).
+    ``maps`` (``[batch, heads, seq, seq]``), if given, receives the attention maps.
 
     Raises:
         ValueError: cached keys before jumping positions.
@@ -172,7 +191,8 @@ def positioned_attention(
         pick = slice(row, row + 1)
         layout = state.remapping.positioned_layout(query[pick], key[pick], positions, state.rotary.inv_freq)
         mask = None if attention_mask is None else attention_mask[pick]
-        output[pick] = attend(module, query, value[pick], mask, layout, 0, seq, 0, heads, kwargs)
+        part = None if maps is None else maps[pick]
+        output[pick] = attend(module, query, value[pick], mask, layout, 0, seq, 0, heads, kwargs, part)
     return output.to(query.dtype)
 
 
@@ -184,12 +204,14 @@ def packed_attention(
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor,
     kwargs: dict[str, Any],
+    maps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`remap_attention` for packed sequences (position ids that restart): each sequence on its own.
 
     Self-Extend's groups and DCA's chunks depend on a token's own position, not only on distances,
     so every sequence is remapped from its own ids (transformers' packed mask keeps the sequences
-    apart; within one, the mask's block is the sequence's own causal mask).
+    apart; within one, the mask's block is the sequence's own causal mask). ``maps``
+    (``[batch, heads, seq, seq]``), if given, receives each sequence's maps on its diagonal block.
     """
     batch, heads, seq, _ = query.shape
     output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
@@ -200,7 +222,7 @@ def packed_attention(
         for start, stop in zip(bounds[:-1], bounds[1:]):
             part = (slice(row, row + 1), slice(None), slice(start, stop))
             mask = None if attention_mask is None else attention_mask[row : row + 1, :, start:stop, start:stop]
-            out, _ = remap_attention(
+            out, weights = remap_attention(
                 module,
                 query[part],
                 key[part],
@@ -209,6 +231,8 @@ def packed_attention(
                 **{**kwargs, "position_ids": positions[start:stop].unsqueeze(0)},
             )
             output[row, start:stop] = out[0]
+            if maps is not None and weights is not None:
+                maps[row, :, start:stop, start:stop] = weights[0]
     return output.to(query.dtype)
 
 
@@ -234,15 +258,17 @@ def attend(
     offset: int,
     heads: int,
     kwargs: dict[str, Any],
+    maps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The layout's attention by the fused path where it runs (no mask, :func:`flash_available`), else the score path.
 
     Arguments as :func:`segmented_attention`'s; ``query`` is the kernel's, for what the paths need of it.
+    Attention maps (``maps``) come from the score path only: the fused one never holds the probabilities.
     """
-    if attention_mask is None and flash_available(module, kwargs, query):
+    if attention_mask is None and maps is None and flash_available(module, kwargs, query):
         scale = attention_scale(module, kwargs, value.shape[-1])
         return flash_segmented_attention(value, layout, past, seq, offset, heads, scale)
-    return segmented_attention(module, value, attention_mask, layout, past, seq, offset, heads, kwargs)
+    return segmented_attention(module, value, attention_mask, layout, past, seq, offset, heads, kwargs, maps)
 
 
 def attention_scale(module: nn.Module, kwargs: dict[str, Any], head_dim: int) -> float:
@@ -265,6 +291,7 @@ def segmented_attention(
     offset: int,
     heads: int,
     kwargs: dict[str, Any],
+    maps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One softmax over each query row's pieces (rows sharing one position offset).
 
@@ -279,6 +306,8 @@ def segmented_attention(
         offset: the rows' position offset (:func:`row_offsets`).
         heads: query heads.
         kwargs: the attention arguments (``scaling``, ``dropout``, ``softcap``).
+        maps: ``[rows, heads, seq, >= kv_len]`` float32 that receives the probabilities (after dropout,
+            as eager returns them), or ``None``.
 
     Returns:
         ``[rows, seq, heads, head_dim]`` float32.
@@ -290,7 +319,6 @@ def segmented_attention(
     dropout = float(kwargs.get("dropout", 0.0) or 0.0) if module.training else 0.0
     value32 = value.to(torch.float32)
     output = value32.new_empty(rows, seq, heads, value.shape[-1])
-    lowest = torch.finfo(torch.float32).min
     # In place only when autograd does not record: backward needs the scores each op would overwrite
     # (amax's input, tanh's output); in place keeps inference at one score matrix per block.
     inplace = not torch.is_grad_enabled()
@@ -317,11 +345,15 @@ def segmented_attention(
             allowed = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
         else:
             allowed = attention_mask[:, :, start:stop, :keys][:, :, None]
+        # The floor is the dtype's own: under autocast the matmuls give bf16/fp16 scores, which fp32's
+        # minimum overflows; an fp32 mask added out of place gives fp32 scores, floored as in fp32.
         if allowed.dtype == torch.bool:
+            lowest = torch.finfo(scores.dtype).min
             scores = scores.masked_fill_(~allowed, lowest) if inplace else scores.masked_fill(~allowed, lowest)
         else:
-            bias = allowed.to(torch.float32)
-            scores = scores.add_(bias).clamp_(min=lowest) if inplace else (scores + bias).clamp(min=lowest)
+            scores = scores.add_(allowed) if inplace else scores + allowed.to(torch.float32)
+            lowest = torch.finfo(scores.dtype).min
+            scores = scores.clamp_(min=lowest) if inplace else scores.clamp(min=lowest)
         values = value32[:, :, None, :keys]
         if inplace:
             scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
@@ -329,11 +361,14 @@ def segmented_attention(
             if dropout:
                 scores = nn.functional.dropout(scores, p=dropout, training=True)
             out = torch.matmul(scores, values).div_(total)  # [rows, kv_heads, groups, block, dim]
+            probs = scores.div_(total) if maps is not None else None
         else:
             probs = torch.softmax(scores, dim=-1)
             if dropout:
                 probs = nn.functional.dropout(probs, p=dropout, training=True)
             out = torch.matmul(probs, values)
+        if maps is not None and probs is not None:
+            maps[:, :, start:stop, :keys] = probs.reshape(rows, heads, block, keys)
         output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
     return output
 

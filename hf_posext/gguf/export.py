@@ -2,16 +2,13 @@
 
     hf-posext gguf export out/llama-16k llama-16k.gguf --converter llama.cpp/convert_hf_to_gguf.py
 
-llama.cpp's own ``convert_hf_to_gguf.py`` converts the tensors (its version, its tokenizer
-handling: hf-posext has no tensor converter of its own); then the GGUF's rope metadata and
-``rope_freqs`` tensor are rewritten to what llama.cpp reads for the checkpoint's rope
-(:func:`hf_posext.gguf.rope.gguf_rope_for`): the converter writes YaRN's attention factor and
-betas under keys llama.cpp does not read, a composition (``longrope``) as plain RoPE, and a
-linear checkpoint with ``context_length`` = L0. The converter is ``--converter PATH``, else
-``$HF_POSEXT_LLAMACPP_CONVERTER``, else the one unpacked from llama-cpp-python's source package
-in hf-posext's cache (``.cache/`` of a source checkout, or ``$HF_POSEXT_CACHE``), e.g. by
-``pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`` and ``tar xzf``. Its Python
-needs torch, transformers, numpy and sentencepiece (``--python`` picks another interpreter).
+llama.cpp's own ``convert_hf_to_gguf.py`` converts the tensors (:mod:`.converter`: where it comes
+from, what its Python needs); then the GGUF's rope metadata and ``rope_freqs`` tensor are rewritten
+to what llama.cpp reads for the checkpoint's rope (:func:`hf_posext.gguf.rope.gguf_rope_for`): the
+converter writes YaRN's attention factor and betas under keys llama.cpp does not read, a
+composition (``longrope``) as plain RoPE, and a linear checkpoint with ``context_length`` = L0.
+Everything is checked before the converter runs (the checkpoint, the output paths, the converter
+and its Python); the outputs appear complete or not at all, and nothing else is left behind.
 """
 
 from __future__ import annotations
@@ -19,57 +16,19 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig
-
-from ..files import output_file
+from ..files import check_output_file, output_file, same_file
 from ..validation import choice
+from ..validation.checkpoint import check_weight_files, read_config
+from .converter import LLAMA_CPP_PYTHON, check_converter, find_converter, run_converter
 from .rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for
 from .writer import architecture, open_gguf, write_gguf
 
 logger = logging.getLogger("hf_posext")
-
-#: The llama-cpp-python release whose llama.cpp hf-posext's GGUF rope rules were measured against.
-LLAMA_CPP_PYTHON = "0.3.36"
-
-
-def cache_root() -> Path:
-    """``$HF_POSEXT_CACHE``, else ``.cache/`` of the source checkout, else ``~/.cache/hf_posext``."""
-    if os.environ.get("HF_POSEXT_CACHE"):
-        return Path(os.environ["HF_POSEXT_CACHE"])
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").is_file():
-        return checkout / ".cache"
-    return Path.home() / ".cache" / "hf_posext"
-
-
-def find_converter(path: str | os.PathLike | None = None) -> Path:
-    """The ``convert_hf_to_gguf.py`` to run: ``path``, ``$HF_POSEXT_LLAMACPP_CONVERTER`` or the cached sdist's.
-
-    Raises:
-        FileNotFoundError: none of them exists; the message says how to get one.
-    """
-    given = path or os.environ.get("HF_POSEXT_LLAMACPP_CONVERTER")
-    candidates = (
-        [Path(given)]
-        if given
-        else sorted(cache_root().glob("llama-cpp-python-*/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-    )
-    for candidate in candidates:
-        if candidate.is_dir():
-            candidate = candidate / "convert_hf_to_gguf.py"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"no llama.cpp converter {'at ' + repr(str(given)) if given else 'found'}: pass --converter "
-        "PATH/convert_hf_to_gguf.py (a llama.cpp checkout, or llama-cpp-python's source package: "
-        f"pip download --no-deps --no-binary :all: llama-cpp-python=={LLAMA_CPP_PYTHON}; tar xzf it and take "
-        "vendor/llama.cpp/convert_hf_to_gguf.py)"
-    )
 
 
 def _architecture_of(config: Any) -> str:
@@ -113,17 +72,21 @@ def export_gguf(
     Args:
         checkpoint: a local transformers checkpoint folder (from ``hf-posext patch`` or the recipe).
         dst: the GGUF file to write (atomically; an existing one only with ``overwrite``).
-        converter: ``convert_hf_to_gguf.py`` (:func:`find_converter`).
+        converter: ``convert_hf_to_gguf.py`` (:func:`~.converter.find_converter`).
         outtype: the converter's ``--outtype`` (one of :data:`OUTTYPES`); its default if None.
         python: the interpreter running the converter (default: this one).
-        overwrite: replace an existing ``dst``.
+        overwrite: replace an existing ``dst`` (and ``keep_converted``).
         keep_converted: also keep the converter's own output (its rope as it wrote it, before this function
-            writes the rope llama.cpp reads) at this path, replacing any file there: what the converter alone
-            makes of the checkpoint, for comparison.
+            writes the rope llama.cpp reads) at this file path, for comparison: what the converter alone
+            makes of the checkpoint. Written atomically with ``dst``, under the same rules.
 
     Raises:
-        ValueError: an ``outtype`` the converter does not take, or the checkpoint's rope has no GGUF
-            form (both checked before converting).
+        ValueError: before converting: an ``outtype`` the converter does not take, a checkpoint whose config
+            or weights are refused (:func:`~hf_posext.validation.checkpoint.read_config`) or whose rope has no
+            GGUF form, an output path that is a folder, lies under a file, exists (without ``overwrite``), is
+            a file of the checkpoint, or (``keep_converted``) is ``dst`` itself; a converter Python that
+            cannot run it or lacks a module it imports (:func:`~.converter.check_converter`).
+        FileNotFoundError: no converter (:func:`~.converter.find_converter`).
         RuntimeError: the converter failed (its last output lines are in the message).
     """
     if outtype is not None:
@@ -131,8 +94,11 @@ def export_gguf(
     source = Path(checkpoint)
     if not (source / "config.json").is_file():
         raise ValueError(f"{str(checkpoint)!r} is not a checkpoint folder (no config.json)")
-    config = AutoConfig.from_pretrained(source)
+    config = read_config(source)
+    check_weight_files(source)  # the converter reads them: a missing or truncated shard is named here
     gguf_rope_for(config, _architecture_of(config))  # refuse before converting
+    outputs = _check_outputs(source, Path(dst), None if keep_converted is None else Path(keep_converted), overwrite)
+    script = find_converter(converter)
     window = dropped_sliding_window(config)
     if window:
         logger.warning(
@@ -142,25 +108,41 @@ def export_gguf(
             window,
             window,
         )
-    script = find_converter(converter)
-    with output_file(dst, sources=[], overwrite=overwrite) as tmp:
-        raw = tmp.with_name(tmp.name + ".converted")
-        command = [str(python or sys.executable), str(script), str(source), "--outfile", str(raw)]
-        if outtype:
-            command += ["--outtype", outtype]
-        try:
-            done = subprocess.run(command, check=False, capture_output=True, text=True)
-            if done.returncode != 0 or not raw.is_file():
-                tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
-                raise RuntimeError(f"llama.cpp's converter failed ({' '.join(command)}):\n{tail}")
-            reader = open_gguf(raw)
-            write_gguf(reader, tmp, gguf_rope_for(config, architecture(reader)))
-            del reader  # its memory map, before the file goes
-        finally:
-            if keep_converted is not None and raw.is_file():
-                shutil.move(raw, keep_converted)
-            raw.unlink(missing_ok=True)
+    interpreter = str(python or sys.executable)
+    # the converter's own output goes to a folder on dst's filesystem that clean_stale removes if this process dies
+    staging = f".{Path(dst).name}.tmp-{os.getpid()}-"
+    with (
+        output_file(dst, sources=outputs, overwrite=overwrite) as tmp,
+        tempfile.TemporaryDirectory(dir=tmp.parent, prefix=staging) as scratch,
+    ):
+        check_converter(interpreter, script, source, Path(scratch))
+        raw = Path(scratch) / "converted.gguf"
+        run_converter(interpreter, script, source, raw, ["--outtype", outtype] if outtype else [])
+        reader = open_gguf(raw)
+        write_gguf(reader, tmp, gguf_rope_for(config, architecture(reader)))
+        del reader  # its memory map, before the file moves
+        if keep_converted is not None:
+            with output_file(keep_converted, sources=outputs, overwrite=overwrite) as kept:
+                shutil.move(raw, kept)
     return Path(dst)
+
+
+def _check_outputs(source: Path, dst: Path, keep: Path | None, overwrite: bool) -> list[Path]:
+    """Refuse the output paths before anything runs; returns the checkpoint's files (which no output may be).
+
+    Raises:
+        ValueError: as :func:`hf_posext.files.check_output_file`, or ``keep`` naming the same file as ``dst``.
+    """
+    protected = sorted(path for path in source.iterdir() if path.is_file())
+    check_output_file(dst, sources=protected, overwrite=overwrite)
+    if keep is not None:
+        check_output_file(keep, sources=protected, overwrite=overwrite, what="keep_converted")
+        if same_file(keep, dst):
+            raise ValueError(
+                f"keep_converted {str(keep)!r} is the output file {str(dst)!r}; give the converter's own output "
+                "another path (nothing was written)"
+            )
+    return protected
 
 
 __all__ = ["LLAMA_CPP_PYTHON", "OUTTYPES", "dropped_sliding_window", "export_gguf", "find_converter"]

@@ -8,6 +8,8 @@ fails, the finished checkpoint stays on disk and the error says where.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from pathlib import Path
@@ -216,6 +218,16 @@ def card_for(
         extra["PoSE"] = f"{plan.window}-token windows, {config.pose_chunks} chunks, positions up to {plan.seq_len}"
     if plan.schedule is not None:
         extra["window schedule"] = plan.schedule.describe()
+    if config.short_fraction:
+        source = (
+            describe_data(dataclasses.replace(config, dataset=config.short_dataset))
+            if config.short_dataset
+            else "the same data"
+        )
+        extra["short documents"] = (
+            f"{config.short_fraction:.0%} of the micro-batches: whole documents of up to {config.short_seq_len} tokens "
+            f"at their own positions, from {source}"
+        )
     if config.method == "longrope":
         extra["LongRoPE factors trained"] = (
             "mixed: short factors on sequences within the original context, long ones past it (LongRoPE2)"

@@ -7,7 +7,9 @@ what accelerate's DataLoader adapter would: each process takes its slice of the 
 positions and shifted labels (:func:`shard_sequence`), and the loss is the group's mean over all
 its tokens (:func:`group_mean_loss`). Every family works under head sharding (ALiBi's slopes follow
 the heads a process holds, :mod:`hf_posext.attention.head_sharding`; the remapping and exact
-dynamic kernels read the gathered positions); what cannot work is refused (:func:`check_sequence_parallel`).
+dynamic kernels read the gathered positions; LongRoPE's factor set is the one the whole sequence takes,
+pinned on every micro-batch by the loop, where a slice would pick by its own length); what cannot work is
+refused (:func:`check_sequence_parallel`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """What the commands read (a checkpoint's config and weights), checked as strictly as what is typed.
 
 The checks of a model source (typed values: :mod:`hf_posext.validation`): :func:`check_rope_config`
-(every rope field of a config, and its ``hf_posext`` record, in type, range and presence), :func:`read_config` (a
-checkpoint's ``config.json`` read by transformers and then checked, every error naming the file),
+(every rope field of a config, its attention shapes, and its ``hf_posext`` record, in type, range and presence),
+:func:`read_config` (a checkpoint's ``config.json`` checked as written, read by transformers and then checked,
+every error naming the file: the commands' way in), :func:`check_model_config` (the same for a model being
+built: the construction hook's and :func:`hf_posext.from_pretrained`'s way in),
 :func:`check_weight_files` (a sharded checkpoint's index against its shards, every safetensors
 header against its file's size) and :func:`check_device`. Each raises ``ValueError`` naming the
 bad value and what is allowed, which the commands print as one line with exit code 2
@@ -11,6 +13,7 @@ bad value and what is allowed, which the commands print as one line with exit co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
@@ -23,7 +26,7 @@ import torch
 from transformers import PreTrainedConfig
 
 from .. import integration
-from ..method_names import registered_name
+from ..method_names import METHODS, registered_name
 from ..rope_utils import CONFIG_KEY, DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
@@ -50,6 +53,8 @@ _REALS: dict[str, tuple[float, bool]] = {
     "mscale": (0.0, True),
     "mscale_all_dim": (0.0, True),
 }
+#: The attention shapes a config's rope is built on (absent or None: the model's own default).
+_SHAPE_KEYS = ("head_dim", "hidden_size", "num_attention_heads", "num_key_value_heads")
 #: Per-pair lists: one positive divisor per rotated channel pair.
 _PAIR_LISTS = ("short_factor", "long_factor", "base_factors")
 
@@ -156,21 +161,18 @@ def _pairs(config: Any, entry: dict[str, Any]) -> int | None:
     return int(head_dim * partial) // 2 if _is_real(partial) and 0 < partial <= 1 else None
 
 
-def _entries(rope_parameters: Any, layer_types: list[str]) -> list[tuple[str, Any]]:
+def _entries(rope_parameters: Any, layer_types: list[str], field: str = "rope_parameters") -> list[tuple[str, Any]]:
     if layer_types:
-        return [
-            (f"rope_parameters[{key!r}]", rope_parameters[key])
-            for key in layer_types
-            if rope_parameters[key] is not None
-        ]
-    return [("rope_parameters", rope_parameters)]
+        return [(f"{field}[{key!r}]", rope_parameters[key]) for key in layer_types if rope_parameters[key] is not None]
+    return [(field, rope_parameters)]
 
 
-def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> None:
+def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False, field: str = "rope_parameters") -> None:
     """Every rope field of ``config`` and of its ``hf_posext`` record, in type, range and presence.
 
     Args:
         unknown_types: leave entries of an unregistered rope type to transformers (:func:`check_rope_entry`).
+        field: how the messages name ``config.rope_parameters`` (``rope_scaling``: the legacy field of a file).
 
     Raises:
         ValueError: naming the field, its value and what is allowed.
@@ -178,13 +180,17 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> 
     max_positions = getattr(config, "max_position_embeddings", None)
     if max_positions is not None and not (_is_whole(max_positions) and max_positions >= 1):
         raise ValueError(f"max_position_embeddings must be a positive integer, got {max_positions!r}")
+    for key in _SHAPE_KEYS:  # the rotary's width comes from them (a negative head_dim built a tensor of -64 rows)
+        value = getattr(config, key, None)
+        if value is not None and not (_is_whole(value) and value >= 1):
+            raise ValueError(f"{key} must be a positive integer (an attention shape), got {value!r}")
     params = getattr(config, "rope_parameters", None)
     if params is None:
+        if getattr(config, CONFIG_KEY, None) is not None:
+            check_record(getattr(config, CONFIG_KEY))
         return
     if not isinstance(params, dict):
-        raise ValueError(
-            f"rope_parameters must be a mapping of rope fields (rope_type, rope_theta, ...), got {params!r}"
-        )
+        raise ValueError(f"{field} must be a mapping of rope fields (rope_type, rope_theta, ...), got {params!r}")
     layer_types = (
         list(config.nested_rope_parameter_keys(params)) if hasattr(config, "nested_rope_parameter_keys") else []
     )
@@ -195,21 +201,14 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> 
             return max_positions  # what transformers reads it as when an entry lacks it
         return value
 
-    for where, entry in _entries(params, layer_types):
+    for where, entry in _entries(params, layer_types, field):
         check_rope_entry(
             entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level, unknown_types
         )
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         return
-    if not isinstance(record, dict) or not isinstance(record.get("method"), str):
-        raise ValueError(
-            f"{CONFIG_KEY} (the record of an hf-posext patch) must be a mapping with a 'method', got {record!r}"
-        )
-    registered_name(record["method"])  # names the known methods
-    for key in ("base_max_position_embeddings", "base_original_max_position_embeddings"):
-        if key in record and not (_is_whole(record[key]) and record[key] >= 1):
-            raise ValueError(f"{CONFIG_KEY}['{key}'] must be a positive integer, got {record[key]!r}")
+    check_record(record)
     base = record.get("base_rope_parameters")
     if base is not None:
         for where, entry in _entries(base, [key for key in layer_types if isinstance(base, dict) and key in base]):
@@ -221,26 +220,123 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False) -> 
             )
 
 
-def _raw_config(file: Path) -> PreTrainedConfig | None:
-    """``config.json``'s fields on a bare config object (no transformers validation), to name what is wrong."""
+#: The record's own keys beside the method's fields: what each must be (a test, and how it is said).
+_RECORD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "context_length": (lambda v: _is_whole(v) and v >= 1, "a positive integer"),
+    "base_max_position_embeddings": (lambda v: _is_whole(v) and v >= 1, "a positive integer"),
+    "base_original_max_position_embeddings": (lambda v: _is_whole(v) and v >= 1, "a positive integer"),
+    "base_rope_parameters": (lambda v: isinstance(v, dict), "a mapping of rope fields"),
+    "base_reader_fields": (lambda v: isinstance(v, dict), "a mapping of config fields"),
+    "base_config_fields": (lambda v: isinstance(v, dict), "a mapping of config fields"),
+    "base_attn_implementation": (lambda v: v is None or isinstance(v, str), "an attention implementation name"),
+    "composed_on": (lambda v: isinstance(v, str), "a rope type name"),
+    "layer_types": (lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v), "a list of layer types"),
+}
+
+
+def check_record(record: Any) -> None:
+    """A config's ``hf_posext`` record: a known method, its arguments checked as typed ones, its own keys.
+
+    The method's arguments are checked by the method's config class, as the arguments a user passes
+    to ``patch_model`` are (its ``__post_init__``).
+
+    Raises:
+        ValueError: naming the record's key, its value and what is allowed.
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("method"), str):
+        raise ValueError(
+            f"{CONFIG_KEY} (the record of an hf-posext patch) must be a mapping with a 'method', got {record!r}"
+        )
+    for key, (valid, allowed) in _RECORD_KEYS.items():
+        if key in record and not valid(record[key]):
+            raise ValueError(f"{CONFIG_KEY}['{key}'] must be {allowed}, got {record[key]!r}")
+    method_cls = METHODS[registered_name(record["method"])]  # names the known methods
+    fields = {field.name for field in dataclasses.fields(method_cls)}
+    try:
+        method_cls(**{key: value for key, value in record.items() if key in fields})  # as method_config builds it
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{CONFIG_KEY} (the record of an hf-posext patch): {err}") from None
+
+
+def config_source(config: Any) -> str:
+    """How messages name where ``config`` was read: its folder's ``config.json``, its Hub id, or "the config"."""
+    name = str(getattr(config, "name_or_path", "") or "")
+    if not name:
+        return "the model's config"
+    return str(Path(name) / "config.json") if Path(name).is_dir() else name
+
+
+def check_model_config(config: PreTrainedConfig, unknown_types: bool = False) -> None:
+    """The check of every load path: the config a model is built from, and the ``config.json`` it was read from.
+
+    The construction hook and :func:`hf_posext.from_pretrained` run it; the commands run the same
+    checks through :func:`read_config`. The file is checked as written (:func:`check_config_file`):
+    transformers reads one of ``rope_parameters`` and the legacy ``rope_scaling`` when a file has both.
+
+    Raises:
+        ValueError: ``"<folder>/config.json: <field> must be ..., got ..."``.
+    """
+    name = str(getattr(config, "name_or_path", "") or "")
+    try:
+        if name and (Path(name) / "config.json").is_file():
+            check_config_file(Path(name) / "config.json")
+        check_rope_config(config, unknown_types)
+    except ValueError as err:
+        raise ValueError(f"{config_source(config)}: {err}") from None
+
+
+def check_config_file(file: Path) -> None:
+    """Every rope field ``config.json`` holds as written, before transformers reads it: the record, ``rope_parameters``
+    and the legacy ``rope_scaling`` (each a value read from the checkpoint, whichever a reader takes).
+
+    Entries of a rope type transformers renames in its model configs (Phi-3's ``su``) are left to it. A
+    file that is not a JSON object is left to transformers too (its error is the more precise).
+
+    Raises:
+        ValueError: naming the field (without the file: the callers name it).
+    """
     try:
         raw = json.loads(file.read_text())
     except (OSError, ValueError):
-        return None
+        return
     if not isinstance(raw, dict):
-        return None
-    bare = PreTrainedConfig.__new__(PreTrainedConfig)
-    bare.__dict__.update(raw)
-    rope = raw.get("rope_parameters", raw.get("rope_scaling"))
-    if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()):
-        # transformers 4's layout (Phi-4-mini, StableLM): theta and the partial rotary factor at the top level
-        rope = {key: raw[key] for key in ("rope_theta", "partial_rotary_factor") if key in raw} | rope
-    bare.__dict__["rope_parameters"] = rope
-    return bare
+        return
+    for field in ("rope_parameters", "rope_scaling"):
+        if field not in raw and not (field == "rope_parameters" and "rope_scaling" not in raw):
+            continue
+        bare = PreTrainedConfig.__new__(PreTrainedConfig)
+        bare.__dict__.update(raw)
+        rope = raw.get(field)
+        if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()):
+            # transformers 4's layout (Phi-4-mini, StableLM): theta and the partial rotary factor at the top level
+            rope = {key: raw[key] for key in ("rope_theta", "partial_rotary_factor") if key in raw} | rope
+        bare.__dict__["rope_parameters"] = rope
+        try:
+            check_rope_config(bare, unknown_types=True, field=field)
+        except ValueError:
+            raise
+        except Exception:  # noqa: BLE001, S112
+            continue  # a layout the bare reading does not know: transformers' reading and the config's check decide
+
+
+def check_checkpoint_file(source: str | os.PathLike) -> None:
+    """:func:`check_config_file` on a local checkpoint folder's ``config.json`` (else nothing), before transformers
+    reads it: its warnings, and its own errors (a strict field's type: two lines naming no file), come after.
+
+    Raises:
+        ValueError: ``"<folder>/config.json: <field> must be ..., got ..."``.
+    """
+    file = Path(source) / "config.json"
+    if file.is_file():
+        try:
+            check_config_file(file)
+        except ValueError as err:
+            raise ValueError(f"{file}: {err}") from None
 
 
 def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
-    """``AutoConfig.from_pretrained(source)``, then :func:`check_rope_config`; errors name ``config.json``.
+    """``AutoConfig.from_pretrained(source)``, checked before and after as :func:`check_model_config` does; errors
+    name ``config.json``.
 
     Raises:
         ValueError: a bad field (naming it and the file), or a config transformers cannot read.
@@ -248,15 +344,7 @@ def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
     """
     folder = Path(source)
     where = str(folder / "config.json") if folder.is_dir() else str(source)
-    raw = _raw_config(folder / "config.json") if folder.is_dir() else None
-    if raw is not None:
-        # before transformers reads it: its warnings about a field refused here would be a second line
-        try:
-            check_rope_config(raw, unknown_types=True)
-        except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
-        except Exception:  # noqa: BLE001, S110
-            pass  # a layout the bare reading does not know: transformers' reading and the check below decide
+    check_checkpoint_file(folder)
     try:
         from transformers import AutoConfig  # here: the Auto mappings cost a tenth of import torch
 
@@ -365,4 +453,15 @@ def check_device(device: str) -> None:
         raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu or auto")
 
 
-__all__ = ["check_device", "check_rope_config", "check_rope_entry", "check_weight_files", "read_config"]
+__all__ = [
+    "check_checkpoint_file",
+    "check_config_file",
+    "check_device",
+    "check_model_config",
+    "check_record",
+    "check_rope_config",
+    "check_rope_entry",
+    "check_weight_files",
+    "config_source",
+    "read_config",
+]

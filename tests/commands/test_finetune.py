@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,29 @@ def test_a_bad_yaml_value_is_one_line_naming_the_file_and_field(tmp_path, capsys
     assert finetune_main(["--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(config) in err[0] and field in err[0] and "usage" not in err[0], err
+
+
+@pytest.mark.parametrize("method", [["string"], ["rerope", "--set", "leak=16"]], ids=["string", "rerope-leaky"])
+def test_bf16_fine_tuning_of_a_remapping_method_gets_past_step_one(tmp_path, capsys, method):
+    # The recipe's batches pad, and bf16 autocast gives bf16 scores: fp32's minimum overflowed them at step 1.
+    from hf_posext.testing import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32)
+    data = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
+    argv = ["--model", str(model), "--method", *method, "--factor", "4", "--dataset", str(data)]
+    argv += ["--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--eval-blocks", "0"]
+    argv += [
+        "--max-train-steps",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--mixed-precision",
+        "bf16",
+    ]
+    assert finetune_main(argv) == 0, capsys.readouterr().err
+    assert "(2 steps, final loss" in capsys.readouterr().out
 
 
 def test_the_window_schedule_and_longrope_factors_are_yaml_keys_and_flags(tmp_path):

@@ -6,7 +6,7 @@ The venv holds llama-cpp-python 0.3.36 compiled from its sdist into a wheel kept
 and sentencepiece (which llama.cpp's converter imports); a ``.pth`` file appends this interpreter's
 site-packages, so the same python also runs ``convert_hf_to_gguf.py`` with this torch and transformers.
 The sdist is unpacked whole next to it: the converter, ``conversion/`` and ``gguf-py/`` are what
-:func:`hf_posext.gguf.export.find_converter` finds there.
+:func:`hf_posext.gguf.converter.find_converter` finds there.
 
 Built once under ``$HF_POSEXT_CACHE`` or ``.cache/`` (file locks make concurrent test processes
 wait for one build; ``.ci/run`` starts it in the background) and the venv rebuilt from the kept wheel

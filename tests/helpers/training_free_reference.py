@@ -120,7 +120,7 @@ def reference_model(model, scores_fn, **params):
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1)
         out = probs @ v.repeat_interleave(groups, dim=1)
-        return out.transpose(1, 2).to(query.dtype), None
+        return out.transpose(1, 2).to(query.dtype), probs.to(query.dtype)  # the maps, as eager returns them
 
     integration.register_attention_wrapper(REFERENCE_ATTENTION, attention, mask_like="sdpa")
     config._attn_implementation = REFERENCE_ATTENTION

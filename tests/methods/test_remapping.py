@@ -242,6 +242,55 @@ def test_runs_on_top_of_a_composed_longrope(method):
     assert (logits(patched, ids) - expected).abs().max() <= 1e-4
 
 
+def attention_maps(model, ids, **kwargs):
+    with torch.no_grad():
+        return model(ids, output_attentions=True, **kwargs).attentions
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_output_attentions_returns_the_maps_of_the_methods_own_scores(method, impl, padded):
+    """One map per layer, the float64 reference's softmax: unpadded sdpa would take the fused path, which has none."""
+    base = tiny_model("llama", attn_implementation=impl)
+    model = patch(copy.deepcopy(base), method)
+    reference = reference_model(base, METHODS[method][1], **reference_arguments(method, model))
+    ids = tokens(130, batch=2, seed=4)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :30] = 0
+    got, want = attention_maps(model, ids, attention_mask=mask), attention_maps(reference, ids, attention_mask=mask)
+    assert len(got) == len(want) == model.config.num_hidden_layers
+    for layer, (maps, expected) in enumerate(zip(got, want)):
+        assert maps.shape == (2, 4, 130, 130) and maps.dtype == torch.float32, layer
+        # the rows of padding queries attend to no key: their uniform rows are no token's business (not compared)
+        real = mask[:, :, None, None].transpose(1, 2).bool().expand_as(maps)
+        torch.testing.assert_close(maps[real], expected[real], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_output_attentions_of_a_cached_step_and_of_packed_sequences_are_the_full_forwards_rows(method, impl):
+    model = patch(tiny_model("llama", attn_implementation=impl), method)
+    ids = tokens(101, seed=5)
+    full = attention_maps(model, ids)
+    with torch.no_grad():
+        cache = model(ids[:, :-1], use_cache=True).past_key_values
+    step = attention_maps(model, ids[:, -1:], past_key_values=cache)
+    for layer, maps in enumerate(step):
+        torch.testing.assert_close(maps, full[layer][:, :, -1:], rtol=0, atol=1e-5)
+    # two sequences packed in one row (position ids restart): each its own maps on its block, zeros between
+    first = tokens(L0, seed=6)
+    packed = torch.cat((first, ids), dim=1)
+    positions = torch.cat((torch.arange(L0), torch.arange(ids.shape[1])))[None]
+    together = attention_maps(model, packed, position_ids=positions)
+    alone = attention_maps(model, first)
+    for layer, maps in enumerate(together):
+        torch.testing.assert_close(maps[:, :, :L0, :L0], alone[layer], rtol=0, atol=1e-5)
+        torch.testing.assert_close(maps[:, :, L0:, L0:], full[layer], rtol=0, atol=1e-5)
+        assert not maps[:, :, L0:, :L0].any()
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_unpatch_restores_the_model_bit_for_bit(method):
     base = tiny_model("llama", attn_implementation="sdpa")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 import typing
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ import hf_posext
 import hf_posext.patching.patch as patching
 from hf_posext import architectures
 from hf_posext.methods import method_class
+from hf_posext.methods.longrope import pinned_factors
 from hf_posext.methods.registry import register_method
 from hf_posext.patching import MethodName
 
@@ -174,9 +176,13 @@ def test_static_scores_depend_only_on_relative_position(method):
         k_rot, _ = apply_rotary_pos_emb(k, k, cos[:, 1:], sin[:, 1:])
         return (q_rot * k_rot).sum().item()
 
-    for m, n in [(5, 0), (100, 37), (300, 299)]:
-        for shift in [1, 64, 200]:
-            assert score(m + shift, n + shift) == pytest.approx(score(m, n), rel=1e-4, abs=1e-4)
+    # LongRoPE picks its factor set by the sequence's length: relative within each set
+    sets = [pinned_factors(model, which) for which in ("short", "long")] if method == "longrope" else [nullcontext()]
+    for factor_set in sets:
+        with factor_set:
+            for m, n in [(5, 0), (100, 37), (300, 299)]:
+                for shift in [1, 64, 200]:
+                    assert score(m + shift, n + shift) == pytest.approx(score(m, n), rel=1e-4, abs=1e-4)
 
 
 @pytest.mark.newest
@@ -190,7 +196,12 @@ def test_cached_greedy_generation_equals_full_forward(arch, method):
         prompt, max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0
     )
     sequence = out.sequences
-    full = logits(model, sequence[:, :-1])[:, prompt.shape[1] - 1 :]
+    if method == "longrope":  # its factor set is the sequence's: each step against a full forward of its prefix
+        full = torch.stack(
+            [logits(model, sequence[:, :end])[:, -1] for end in range(prompt.shape[1], sequence.shape[1])], 1
+        )
+    else:
+        full = logits(model, sequence[:, :-1])[:, prompt.shape[1] - 1 :]
     cached = torch.stack(out.logits, dim=1)
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=0)
     assert torch.equal(full.argmax(-1), sequence[:, prompt.shape[1] :])

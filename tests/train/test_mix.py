@@ -178,6 +178,8 @@ def test_a_mixed_run_alternates_long_and_short_micro_batches(assets, tmp_path, m
     assert all(s[2] >= ORIGINAL_CONTEXT for s in seen[::2]), "long samples: PoSE positions beyond L_orig"
     assert all(s[2] < 16 and s[3] for s in seen[1::2]), "short samples: their own positions and labels"
     assert result.tokens == 3 * (ORIGINAL_CONTEXT + 16)
+    card = (result.output_dir / "README.md").read_text()
+    assert "50% of the micro-batches: whole documents of up to 16 tokens at their own positions" in card
 
 
 def test_a_killed_mixed_run_resumes_bit_identical(assets, tmp_path):

@@ -28,7 +28,7 @@ from hf_posext.train.sequence_parallel import check_sequence_parallel
 TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable))
 
 DRIVER = """
-import json, sys, traceback
+import contextlib, json, sys, traceback
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 import deepspeed
@@ -39,6 +39,7 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from hf_posext import patch_model
 from hf_posext.attention.head_sharding import shard_heads
+from hf_posext.methods.longrope import pinned_factors
 from hf_posext.train.sequence_parallel import shard_sequence
 from hf_posext.train.steps import forward_loss
 
@@ -72,8 +73,12 @@ for name, (method, kwargs) in families.items():
             model_name_or_path=model, core_attn_implementation=impl, sequence_parallel_size=world,
             seq_length=L, seq_length_is_variable=False, micro_batch_size=B)
         shard_heads(model, rank, world)
+        # LongRoPE picks its factor set by the sequence's length, which a process holding a slice does not see: the
+        # recipe pins the set the whole sequence takes on every micro-batch (train/loop.py), and so does this run
+        sequence_set = pinned_factors(model, "long") if method == "longrope" else contextlib.nullcontext()
         try:
-            logits, loss, grads = run(model, ids, positions, (rank, world, mpu.get_sequence_parallel_group()))
+            with sequence_set:
+                logits, loss, grads = run(model, ids, positions, (rank, world, mpu.get_sequence_parallel_group()))
         finally:
             ALL_ATTENTION_FUNCTIONS[impl] = original
         gathered = [torch.empty_like(logits) for _ in range(world)]

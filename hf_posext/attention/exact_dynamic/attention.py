@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..maps import attention_maps_requested
 from .forward_plan import (
     ACCELERATOR_CALL_MASK_BUDGET,
     ATTENTION_PREFIX,
@@ -78,7 +79,7 @@ def exact_dynamic_attention(
             f"{type(position_ids).__name__}; call the model (or its decoder layers with position_ids), not a bare "
             f"attention function"
         )
-    kernel = rope.kernel_for(module)
+    kernel = rope.kernel_for(module, kwargs)
     batch, _, seq, _ = query.shape
     kv_len = key.shape[2]
     native = rope.native_length(position_ids)
@@ -154,7 +155,9 @@ def exact_dynamic_attention(
                 rope.original,
                 query.device.type,
             )
+        # the batched rows return eager's weights only for eager: maps for another kernel go through eager's
         batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
+        batched = batched and (rope.kernel == "eager" or not attention_maps_requested(module, kwargs))
         attend = attend_rowwise if batched else attend_rowwise_by_kernel
         attend(
             plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge, kwargs

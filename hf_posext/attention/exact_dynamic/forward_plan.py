@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from ... import integration
 from ...rope_utils import LONGROPE_ROPE_TYPES, rotary_dim_of
+from ..maps import attention_maps_requested, kernel_function
 from .frequencies import frequency_rows
 from .kept import KeptPositions
 from .rotation import cos_sin, multipliers
@@ -465,8 +466,10 @@ class ExactDynamicRope:
             scratch = self._scratch.buffers = Scratch()
         return scratch
 
-    def kernel_for(self, module: nn.Module) -> Any:
-        """The wrapped kernel's attention function for ``module`` (looked up once per module class)."""
+    def kernel_for(self, module: nn.Module, kwargs: dict[str, Any]) -> Any:
+        """The wrapped kernel's attention function for ``module`` (once per class); eager's where maps are asked."""
+        if self.kernel != "eager" and attention_maps_requested(module, kwargs):
+            return kernel_function(self.kernel, module, kwargs)
         kind = type(module)
         kernel = self._kernels.get(kind)
         if kernel is None:

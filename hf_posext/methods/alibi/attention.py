@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from ... import integration as masking_utils  # transformers' mask builders, re-exported
 from ...attention.head_sharding import held_heads
+from ...attention.maps import attention_maps_requested
 
 from .folded import folded_alibi, folded_mask, is_key_padding
 from .slopes import alibi_slopes
@@ -453,11 +454,18 @@ def alibi_attention_forward(
         sliding_window: the layer's window, used by the flash path (the others get it in the mask).
 
     Returns:
-        ``(output [batch, q, heads, head_dim], attention weights or None)``.
+        ``(output [batch, q, heads, head_dim], attention weights or None)``: the weights where the
+        forward asks for them (``output_attentions``; refused by the paths that never hold them).
     """
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     config = getattr(module, "config", None)
     backend = select_backend(requested_backend(config), query.device, query.dtype)
+    maps = attention_maps_requested(module, kwargs)  # eager's path returns them, sdpa's mask alike
+    if maps and backend in ("flash", "flex", "folded"):
+        raise ValueError(
+            f"ALiBi backend {backend!r} computes no attention maps (output_attentions=True); patch with "
+            "backend='eager' or 'sdpa' for them"
+        )
     if backend == "flash":
         return flash_alibi(module, query, key, value, attention_mask, scaling, dropout, sliding_window)
     if attention_mask is None and backend in ("eager", "sdpa"):
@@ -476,7 +484,7 @@ def alibi_attention_forward(
         )
     if backend == "flex":
         return flex_alibi(module, query, key, value, attention_mask, scaling, dropout)
-    if backend == "eager":
+    if backend == "eager" or maps:
         return eager_alibi(module, query, key, value, attention_mask, scaling, dropout)
     # "folded" with a mask that is_causal cannot express runs here
     return sdpa_alibi(module, query, key, value, attention_mask, scaling, dropout)
