@@ -15,12 +15,14 @@ checkpoint is loaded (:mod:`hf_posext.loading`), and keeps the old paths of move
 it has no other side effect.
 """
 
+from importlib import import_module as _import_module
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 from . import methods as _methods
 from .loading import AutoPatchedModelForCausalLM, from_pretrained
 from .loading import set_construction_hook as _set_construction_hook
-from .methods.deprecated import deprecated_attribute as _deprecated_attribute
+from .post_import import deprecated_attribute as _deprecated_attribute
 from .post_import import keep_moved_modules as _keep_moved_modules
 from .methods import (
     AttentionFunctions,
@@ -37,7 +39,9 @@ from .methods import (
     register_method,
 )
 from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, patched_method, unpatch_model
-from .longrope_search import LongRopeSearchResult, search_longrope
+
+if _TYPE_CHECKING:
+    from .longrope_search import LongRopeSearchResult, search_longrope
 
 __version__ = "0.1.0"
 
@@ -49,8 +53,19 @@ _set_construction_hook(True)
 _keep_moved_modules()
 
 
-def __getattr__(name: str) -> _Any:  # the deprecated names (hf_posext/methods/deprecated.py)
+#: Public names whose module ``import hf_posext`` does not load: LongRoPE's search scores with
+#: :mod:`hf_posext.eval`, which patching does not need (tests/test_import_cost.py). Loaded on first use.
+_ON_FIRST_USE = {"LongRopeSearchResult": "longrope_search", "search_longrope": "longrope_search"}
+
+
+def __getattr__(name: str) -> _Any:  # the names loaded on first use, and the deprecated names (post_import.py)
+    if name in _ON_FIRST_USE:
+        return getattr(_import_module(f"{__name__}.{_ON_FIRST_USE[name]}"), name)
     return _deprecated_attribute(__name__, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ON_FIRST_USE})
 
 
 __all__ = [

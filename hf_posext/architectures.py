@@ -17,7 +17,7 @@ import torch.nn as nn
 from transformers import PreTrainedConfig
 
 from . import integration
-from .methods.deprecated import deprecated_attribute
+from .post_import import deprecated_attribute
 from .validation.checkpoint import check_rope_config
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check

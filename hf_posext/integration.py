@@ -37,7 +37,8 @@ from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 
 from .post_import import forget, when_imported
 
-#: transformers' helpers that its top level does not export, re-exported for the package from the
+#: transformers' helpers that its top level does not export, and ``DynamicCache`` (whose module
+#: ``import hf_posext`` must not load: tests/test_import_cost.py), re-exported for the package from the
 #: module that defines them, imported when first asked for (:func:`__getattr__`).
 _LAZY = {
     "add_offsets_to_mask_function": "transformers.masking_utils",
@@ -48,6 +49,7 @@ _LAZY = {
     "prepare_padding_mask": "transformers.masking_utils",
     "sdpa_mask": "transformers.masking_utils",
     "bytes_to_unicode": "transformers.convert_slow_tokenizer",
+    "DynamicCache": "transformers.cache_utils",
 }
 
 __all__ = ["HfArg", *_LAZY]

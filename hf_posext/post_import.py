@@ -5,7 +5,8 @@
 ``import hf_posext`` loads neither transformers' ``modeling_utils`` nor its ``masking_utils`` (about half
 the time of ``import torch``; tests/test_import_cost.py). :func:`keep_moved_modules` keeps each old path
 of :data:`MOVED` importable as the module it moved to, with a ``DeprecationWarning`` naming the new path
-(the policy of deprecated names, :mod:`hf_posext.methods.deprecated`). Internal: not part of the public API.
+and :func:`deprecated_attribute` does the same for each old name of :data:`RENAMED`: one policy for both.
+Imports nothing of the package, so that every module may use it. Internal: not part of the public API.
 """
 
 from __future__ import annotations
@@ -76,6 +77,33 @@ def forget(module_name: str, callback: Callback) -> None:
         pending.remove(callback)
 
 
+#: Old name -> the name that replaced it (0.2), on the same module.
+RENAMED = {
+    "PositionMethod": "MethodConfig",
+    "make_method": "method_config",
+    "EXACT_DYNAMIC_UNSUPPORTED": "WRAPPED_ATTENTION_UNSUPPORTED",  # it gates every attention wrapper
+    "KeepFirstRotaryEmbedding": "LongRopeRotaryEmbedding",  # it runs every longrope model's default cache
+}
+
+
+def deprecated_attribute(module: str, name: str) -> Any:
+    """What ``module.name`` resolves to for a deprecated ``name`` (for the module's ``__getattr__``).
+
+    Each old name of :data:`RENAMED` stays importable from every module it was importable from (a module
+    ``__getattr__`` calling this), is in no ``__all__``, and on each access warns a ``DeprecationWarning``
+    attributed to the caller (so Python shows it once per call site) naming its replacement on the same
+    module. The package itself uses only the new names (tests/methods/test_registry.py).
+
+    Raises:
+        AttributeError: ``name`` is not a deprecated name, as for any missing attribute.
+    """
+    new = RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} is deprecated; use {module}.{new}", DeprecationWarning, stacklevel=3)
+    return getattr(sys.modules[module], new)
+
+
 #: Old module path -> the module now there (0.2, issue 33 item 2: the package root grouped by feature).
 MOVED = {
     "hf_posext.checkpoint_rope": "hf_posext.patching.checkpoint_rope",
@@ -93,6 +121,7 @@ MOVED = {
     "hf_posext.gguf_rope": "hf_posext.gguf.rope",
     "hf_posext.gguf_writer": "hf_posext.gguf.writer",
     "hf_posext.hub": "hf_posext.export.hub",
+    "hf_posext.methods.deprecated": "hf_posext.post_import",  # 0.2, issue 48: the one deprecation policy
     "hf_posext.readers.hub_card": "hf_posext.export.hub_card",
     "hf_posext.readers.tokenizer": "hf_posext.export.tokenizer",
     "hf_posext.transaction": "hf_posext.patching.transaction",

@@ -17,6 +17,10 @@ from typing import Any
 
 import torch
 
+#: The config attribute holding what a patch did (the method's name and arguments, what the
+#: checkpoint had); saved in config.json with the checkpoint.
+CONFIG_KEY = "hf_posext"
+
 #: The ``rope_type`` dynamic YaRN registers; a vanilla transformers install that cannot load it
 #: shows this name in its KeyError, so it says what is missing (hf_posext.readers.transformers5).
 DYNAMIC_YARN_ROPE_TYPE = "hf_posext_dynamic_yarn (requires: import hf_posext)"

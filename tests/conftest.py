@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from tests.helpers.finetune import write_finetune_assets
 from tests.helpers.models import single_thread
 
 # Under pytest-xdist (`-n auto`: one worker per core) each worker gets its share of the cores: workers
@@ -21,6 +22,12 @@ def one_thread():
     """Opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``; see models.single_thread."""
     with single_thread():
         yield
+
+
+@pytest.fixture(scope="module")
+def finetune_assets(tmp_path_factory):
+    """The tiny fine-tune's model and text (tests/helpers/finetune.py), written once per test module."""
+    return write_finetune_assets(tmp_path_factory.mktemp("finetune"))
 
 
 @pytest.fixture(autouse=True)

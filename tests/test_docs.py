@@ -23,6 +23,7 @@ import yaml
 
 from hf_posext import method_config
 from hf_posext.commands.arguments import check_factor, method_kwargs
+from hf_posext.post_import import MOVED
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")])
@@ -226,11 +227,19 @@ def exists(path: str) -> bool:
     return (ROOT / path).exists()
 
 
+def moved_module(path: str) -> bool:
+    """Whether ``path`` is the file of a module that moved (an old path of :data:`hf_posext.post_import.MOVED`)."""
+    return path.endswith(".py") and path.removesuffix(".py").replace("/", ".") in MOVED
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
 def test_every_cited_repository_path_exists(source):
     if not source.is_file() or source.suffix in (".png", ".json", ".gguf"):
         return
-    missing = sorted(p for p in cited_paths(source.read_text(errors="replace")) if not exists(p))
+    # The CHANGELOG keeps the paths of its day where a module moved (it still imports, with a warning).
+    history = source == ROOT / "CHANGELOG.md"
+    cited = cited_paths(source.read_text(errors="replace"))
+    missing = sorted(p for p in cited if not exists(p) and not (history and moved_module(p)))
     assert not missing, f"{source.relative_to(ROOT)} cites paths that do not exist: {missing}"
 
 

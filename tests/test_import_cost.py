@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: What neither ``import hf_posext`` nor ``hf-posext --help`` may load: transformers' model, mask,
 #: cache, generation, Auto and slow-tokenizer machinery, the fine-tuning and GGUF dependencies, torch's
-#: compiler, the package's training and checkpoint-loading code. (``hf_posext.eval`` itself does load:
-#: ``search_longrope``, exported at the top, scores with ``eval.perplexity``; the package is torch + tqdm.)
+#: compiler, the package's training and checkpoint-loading code (and, by prefix, :data:`NOT_LOADED`).
 HEAVY = (
     "transformers.modeling_utils",
     "transformers.masking_utils",
@@ -61,6 +60,39 @@ def loaded_heavy(code: str) -> list[str]:
 
 def test_import_hf_posext_loads_nothing_heavy():
     assert loaded_heavy("import hf_posext") == []
+
+
+#: The package's parts that patching does not need: ``import hf_posext`` loads none of their modules
+#: (``search_longrope``, exported at the top, scores with ``eval.perplexity``: it loads on first use).
+NOT_LOADED = ("hf_posext.eval", "hf_posext.train", "hf_posext.experiments", "hf_posext.commands")
+
+LOADED_PARTS = (
+    f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({NOT_LOADED!r}) or m in {NOT_LOADED!r})))\n"
+)
+
+
+def loaded_parts(code: str) -> list[str]:
+    """The modules of :data:`NOT_LOADED`'s packages loaded after running ``code`` in a fresh interpreter."""
+    done = run(PREAMBLE + code + "\n" + LOADED_PARTS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_hf_posext_loads_no_evaluation_training_or_command_module():
+    assert loaded_parts("import hf_posext") == []
+
+
+def test_search_longrope_at_the_top_loads_the_search_when_first_used():
+    code = (
+        "import hf_posext\nfrom hf_posext import LongRopeSearchResult, search_longrope\n"
+        "from hf_posext.longrope_search import search_longrope as defined\nassert search_longrope is defined\n"
+        "assert {'search_longrope', 'LongRopeSearchResult'} <= set(hf_posext.__all__) & set(dir(hf_posext))"
+    )
+    assert "hf_posext.eval.perplexity" in loaded_parts(code)
+
+
+def test_the_parts_check_sees_a_loaded_part():
+    assert "hf_posext.eval" in loaded_parts("import hf_posext.eval")
 
 
 def test_cli_help_loads_nothing_heavy():

@@ -17,7 +17,6 @@ import signal
 import stat
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -26,11 +25,11 @@ from huggingface_hub.utils import filter_repo_objects
 
 from hf_posext.commands.main import main as cli_main
 from hf_posext.files import MARKER, atomic_directory
-from hf_posext.testing import make_tiny_model
 from hf_posext.export.hub import push_to_hub
 from hf_posext.train import loop
 from hf_posext.train.checkpointing import latest_checkpoint, load_checkpoint
 from hf_posext.train.config import TrainConfig
+from tests.helpers.finetune import train_config
 from hf_posext.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,34 +38,10 @@ SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    """A tiny Llama (32-token context) and some real text."""
-    root = tmp_path_factory.mktemp("safety")
-    make_tiny_model(root / "base", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32)
-    (root / "data.txt").write_text((Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text())
-    return root
-
-
 def run_config(assets: Path, output_dir: Path, **overrides) -> TrainConfig:
-    values = dict(
-        model=str(assets / "base"),
-        method="yarn",
-        factor=2,
-        dataset=[str(assets / "data.txt")],
-        output_dir=str(output_dir),
-        max_train_steps=2,
-        learning_rate=3e-3,
-        warmup_steps=0,
-        global_batch_size=2,
-        micro_batch_size=2,
-        mixed_precision="no",
-        cache_dir=str(assets / "cache"),
-        activation_checkpointing=False,
-        seed=3,
+    return train_config(
+        assets, output_dir, **{"warmup_steps": 0, "activation_checkpointing": False, "seed": 3, **overrides}
     )
-    values.update(overrides)
-    return TrainConfig(**values)
 
 
 def patch(src: Path, out: Path, *extra: str) -> int:
@@ -96,21 +71,21 @@ def hidden_leftovers(folder: Path) -> list[str]:
 # -- 1: a mount point as OUT ------------------------------------------------------------------------
 
 
-def test_1_patch_writes_into_a_mount_point_in_place(assets, tmp_path, monkeypatch):
+def test_1_patch_writes_into_a_mount_point_in_place(finetune_assets, tmp_path, monkeypatch):
     out = tmp_path / "mnt"
     out.mkdir()  # a mount point always exists
     mount_point(monkeypatch, out)
-    assert patch(assets / "base", out) == 0
-    assert (out / "model.safetensors").read_bytes() == (assets / "base" / "model.safetensors").read_bytes()
+    assert patch(finetune_assets / "llama", out) == 0
+    assert (out / "model.safetensors").read_bytes() == (finetune_assets / "llama" / "model.safetensors").read_bytes()
     assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_type"] == "yarn"
     assert (out / MARKER).exists() and hidden_leftovers(out) == [] and hidden_leftovers(tmp_path) == []
 
 
-def test_1_the_recipe_saves_into_a_mount_point_and_never_loses_a_finished_run(assets, tmp_path, monkeypatch):
+def test_1_the_recipe_saves_into_a_mount_point_and_never_loses_a_finished_run(finetune_assets, tmp_path, monkeypatch):
     out = tmp_path / "mnt"
     out.mkdir()
     mount_point(monkeypatch, out)
-    result = train(run_config(assets, out))
+    result = train(run_config(finetune_assets, out))
     assert result.output_dir == out and (out / "model.safetensors").exists() and (out / MARKER).exists()
     assert file_modes(out) == {0o666 & ~current_umask()}  # safetensors' own temporary file is 0600
 
@@ -125,7 +100,7 @@ def test_1_the_recipe_saves_into_a_mount_point_and_never_loses_a_finished_run(as
 
     monkeypatch.setattr(os, "replace", no_space)
     with pytest.raises(OSError, match="it is complete and kept in") as raised:
-        train(run_config(assets, full))
+        train(run_config(finetune_assets, full))
     kept = Path(str(raised.value).split("kept in ")[1].strip("'"))
     assert (kept / "model.safetensors").stat().st_size > 0 and (kept / "train_results.json").exists()
 
@@ -133,67 +108,69 @@ def test_1_the_recipe_saves_into_a_mount_point_and_never_loses_a_finished_run(as
 # -- 2: an existing OUT -----------------------------------------------------------------------------
 
 
-def test_2_a_non_empty_out_is_refused_unless_overwrite_and_keeps_what_is_not_ours(assets, tmp_path, capsys, caplog):
+def test_2_a_non_empty_out_is_refused_unless_overwrite_and_keeps_what_is_not_ours(
+    finetune_assets, tmp_path, capsys, caplog
+):
     out = tmp_path / "out"
     (out / "notes").mkdir(parents=True)
     for name in ("notes/todo.txt", ".env", "results.csv", "model-00001-of-00002.safetensors"):
         (out / name).write_text("mine")
-    assert patch(assets / "base", out) == 2
+    assert patch(finetune_assets / "llama", out) == 2
     err = capsys.readouterr().err
     assert "is not empty" in err and "--overwrite" in err
     assert sorted(p.name for p in out.iterdir()) == [".env", "model-00001-of-00002.safetensors", "notes", "results.csv"]
     with caplog.at_level(logging.WARNING, logger="hf_posext"):
-        assert patch(assets / "base", out, "--overwrite") == 0
+        assert patch(finetune_assets / "llama", out, "--overwrite") == 0
     # Ours replaced (and a stale shard of ours removed, by name); everything else kept as it was.
-    assert (out / "model.safetensors").read_bytes() == (assets / "base" / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").read_bytes() == (finetune_assets / "llama" / "model.safetensors").read_bytes()
     assert not (out / "model-00001-of-00002.safetensors").exists()
     assert "model-00001-of-00002.safetensors" in caplog.text
     for name in ("notes/todo.txt", ".env", "results.csv"):
         assert (out / name).read_text() == "mine"
 
 
-def test_2_what_overwrite_replaces_is_said_before_it_does(assets, tmp_path, capsys, caplog):
+def test_2_what_overwrite_replaces_is_said_before_it_does(finetune_assets, tmp_path, capsys, caplog):
     """The user's own README.md would become the model card: the refusal says so, and so does the run."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "README.md").write_text("my notes")
     (out / "notes.txt").write_text("mine")
-    assert patch(assets / "base", out) == 2
+    assert patch(finetune_assets / "llama", out) == 2
     err = capsys.readouterr().err
     assert "--overwrite (overwrite=True) to replace README.md (this command writes them) and keep notes.txt" in err
     with caplog.at_level(logging.WARNING, logger="hf_posext"):
-        assert patch(assets / "base", out, "--overwrite") == 0
+        assert patch(finetune_assets / "llama", out, "--overwrite") == 0
     assert "replacing README.md" in caplog.text and "notes.txt" not in caplog.text
     assert (out / "notes.txt").read_text() == "mine"
 
 
-def test_2_the_recipe_refuses_a_non_empty_out_before_training(assets, tmp_path, monkeypatch):
+def test_2_the_recipe_refuses_a_non_empty_out_before_training(finetune_assets, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     (out / "thesis.tex").write_text("mine")
     trained = []
     monkeypatch.setattr(loop, "forward_loss", lambda *a, **k: trained.append(1))
     with pytest.raises(ValueError, match=r"thesis.tex.*--overwrite"):
-        train(run_config(assets, out))
+        train(run_config(finetune_assets, out))
     assert trained == [] and (out / "thesis.tex").read_text() == "mine"
 
     # An earlier run's training states are not silently replaced by a new run's either.
     earlier = tmp_path / "fresh-checkpoints" / "step_00000002"
     earlier.mkdir(parents=True)
     with pytest.raises(ValueError, match=r"fresh-checkpoints.*step_00000002.*--overwrite"):
-        train(run_config(assets, tmp_path / "fresh", checkpointing_steps=2))
+        train(run_config(finetune_assets, tmp_path / "fresh", checkpointing_steps=2))
     assert trained == [] and not (tmp_path / "fresh").exists()
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "containing"])
-def test_2_checkpoints_in_the_output_folder_are_refused_before_training(assets, tmp_path, monkeypatch, where):
+def test_2_checkpoints_in_the_output_folder_are_refused_before_training(finetune_assets, tmp_path, monkeypatch, where):
     """The final save would refuse a folder holding ``step_*`` (or eat them): refused before the first step."""
     out = tmp_path / "out"
     checkpoints = {"same": out, "inside": out / "checkpoints", "containing": tmp_path}[where]
     trained = []
     monkeypatch.setattr(loop, "forward_loss", lambda *a, **k: trained.append(1))
     with pytest.raises(ValueError, match=r"--checkpoint-dir .* --output-dir"):
-        train(run_config(assets, out, checkpointing_steps=1, checkpoint_dir=str(checkpoints)))
+        train(run_config(finetune_assets, out, checkpointing_steps=1, checkpoint_dir=str(checkpoints)))
     assert trained == [] and not out.exists()
 
 
@@ -201,9 +178,9 @@ def test_2_checkpoints_in_the_output_folder_are_refused_before_training(assets, 
 
 
 @pytest.mark.parametrize("where", ["same", "inside"])
-def test_3_out_equal_to_or_inside_the_source_is_refused(assets, tmp_path, capsys, where):
+def test_3_out_equal_to_or_inside_the_source_is_refused(finetune_assets, tmp_path, capsys, where):
     src = tmp_path / "src"
-    shutil.copytree(assets / "base", src)
+    shutil.copytree(finetune_assets / "llama", src)
     (src / "README.md").write_text("my notes")
     (src / ".gitattributes").write_text("*.safetensors filter=lfs")
     (src / ".cache").mkdir()
@@ -218,22 +195,22 @@ def test_3_out_equal_to_or_inside_the_source_is_refused(assets, tmp_path, capsys
 # -- 4: OUT a file, OUT a symlink -------------------------------------------------------------------
 
 
-def test_4_out_a_file_is_refused_and_a_symlink_is_written_through(assets, tmp_path, capsys):
+def test_4_out_a_file_is_refused_and_a_symlink_is_written_through(finetune_assets, tmp_path, capsys):
     file = tmp_path / "out.txt"
     file.write_text("keep me")
-    assert patch(assets / "base", file) == 2
+    assert patch(finetune_assets / "llama", file) == 2
     assert "is an existing file" in capsys.readouterr().err and file.read_text() == "keep me"
 
     real, link = tmp_path / "bucket", tmp_path / "link"
     real.mkdir()
     link.symlink_to(real, target_is_directory=True)
-    assert patch(assets / "base", link) == 0
+    assert patch(finetune_assets / "llama", link) == 0
     assert link.is_symlink()
-    assert (real / "model.safetensors").read_bytes() == (assets / "base" / "model.safetensors").read_bytes()
+    assert (real / "model.safetensors").read_bytes() == (finetune_assets / "llama" / "model.safetensors").read_bytes()
 
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "not-yet", target_is_directory=True)
-    assert patch(assets / "base", dangling) == 0
+    assert patch(finetune_assets / "llama", dangling) == 0
     assert dangling.is_symlink() and (tmp_path / "not-yet" / "config.json").exists()
 
 
@@ -300,10 +277,12 @@ def test_10_a_kill_during_cleanup_is_never_restored(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def states(assets, tmp_path_factory):
+def states(finetune_assets, tmp_path_factory):
     """Training states of steps 2 and 4 of a real run."""
     root = tmp_path_factory.mktemp("states")
-    train(run_config(assets, root / "model", max_train_steps=4, checkpointing_steps=2, checkpoints_total_limit=0))
+    train(
+        run_config(finetune_assets, root / "model", max_train_steps=4, checkpointing_steps=2, checkpoints_total_limit=0)
+    )
     return root / "model-checkpoints"
 
 
@@ -330,12 +309,12 @@ def test_11_resume_falls_back_to_the_newest_state_that_verifies(states, tmp_path
         load_checkpoint(None, broken)
 
 
-def test_11_a_run_resumes_past_a_truncated_state(assets, states, tmp_path):
+def test_11_a_run_resumes_past_a_truncated_state(finetune_assets, states, tmp_path):
     root = tmp_path / "model-checkpoints"
     shutil.copytree(states, root)
     with open(root / "step_00000004" / "model.safetensors", "r+b") as handle:
         handle.truncate(100)
-    result = train(run_config(assets, tmp_path / "model", max_train_steps=4, resume="latest"))
+    result = train(run_config(finetune_assets, tmp_path / "model", max_train_steps=4, resume="latest"))
     assert result.steps == 4 and len(result.losses) == 4
 
 
@@ -350,7 +329,7 @@ def file_modes(folder: Path) -> set[int]:
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002])
-def test_every_written_file_gets_the_mode_a_plain_open_gives(assets, tmp_path, umask):
+def test_every_written_file_gets_the_mode_a_plain_open_gives(finetune_assets, tmp_path, umask):
     old_umask = os.umask(umask)
     try:
         assert cli_main(["tiny-model", str(tmp_path / "tiny")]) == 0
@@ -363,10 +342,12 @@ def test_every_written_file_gets_the_mode_a_plain_open_gives(assets, tmp_path, u
 # -- 14: what push sends, and permissions -----------------------------------------------------------
 
 
-def test_14_push_sends_only_a_model_repository_and_folders_get_the_umask(assets, tmp_path, monkeypatch, capsys):
+def test_14_push_sends_only_a_model_repository_and_folders_get_the_umask(
+    finetune_assets, tmp_path, monkeypatch, capsys
+):
     old_umask = os.umask(0o022)
     try:
-        assert patch(assets / "base", tmp_path / "model") == 0
+        assert patch(finetune_assets / "llama", tmp_path / "model") == 0
     finally:
         os.umask(old_umask)
     folder = tmp_path / "model"

@@ -3,9 +3,12 @@
 Checked on the source (ast), so a new module is covered without a list:
 
 * no cycle among the package's modules through module-level imports (``if TYPE_CHECKING:`` blocks
-  excluded, since they never run). A submodule's implicit import of its parent packages is not an
-  edge: importing ``hf_posext.methods.yarn`` runs ``hf_posext/__init__.py`` first whatever it
-  imports, which is how every package works;
+  excluded, since they never run), ``importlib.import_module`` calls included: a package that loads its
+  sub-packages with it (``methods/__init__.py`` its family folders) has an edge to each of them, so a
+  module they import that imports a name from the package, still initialising, closes a cycle
+  (:func:`_dynamic_targets`). A submodule's implicit import of its parent packages is not an edge:
+  importing ``hf_posext.methods.yarn`` runs ``hf_posext/__init__.py`` first whatever it imports, which
+  is how every package works;
 * no import inside a function or class except of an optional dependency (:data:`OPTIONAL`), a heavy
   part of transformers (:data:`DEFERRED`), or in the command handlers (:data:`LAZY`), which import
   what they run when they run so that ``hf-posext --help`` loads none of it;
@@ -15,13 +18,17 @@ Checked on the source (ast), so a new module is covered without a list:
   counts);
 * the method modules' docstrings are a few lines (the maths is in ``docs/methods/``);
 * no module over :data:`MAX_LINES` lines unless its docstring says why, in a sentence starting
-  "Longer than ~400 lines" (the convention docs/layout.md states).
+  "Longer than ~400 lines" (the convention docs/layout.md states);
+* a package's ``__init__.py`` is its face: imports, ``__all__`` and at most one registration call (the
+  logic lives in named modules), but for :data:`NOT_A_FACE`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -119,6 +126,43 @@ def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]
     return found
 
 
+def _module_level_nodes(tree: ast.Module) -> list[ast.AST]:
+    """Every node that runs when the module is imported: not inside a function, a class body's methods or an
+    ``if TYPE_CHECKING:`` block."""
+    found: list[ast.AST] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or (
+                isinstance(child, ast.stmt) and _is_type_checking(child)
+            ):
+                continue
+            found.append(child)
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _dynamic_targets(module: str, tree: ast.Module) -> list[str]:
+    """The package modules a module loads at import time through ``importlib.import_module``: a constant name, or
+    ``f"{__name__}.{...}"`` in a package, which may be any module directly inside it."""
+    found = []
+    for node in _module_level_nodes(tree):
+        if not (isinstance(node, ast.Call) and ast.unparse(node.func) in {"importlib.import_module", "import_module"}):
+            continue
+        argument = node.args[0] if node.args else None
+        if isinstance(argument, ast.Constant) and argument.value in MODULES:
+            found.append(argument.value)
+        elif (
+            isinstance(argument, ast.JoinedStr)
+            and _is_package(module)
+            and ast.unparse(argument).startswith("f'{__name__}.")
+        ):
+            found += [name for name in MODULES if name.rpartition(".")[0] == module]
+    return found
+
+
 def _trees() -> dict[str, ast.Module]:
     return {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
 
@@ -164,12 +208,89 @@ def test_the_walk_sees_the_whole_package():
 
 
 def test_no_import_cycle():
-    trees = _trees()
-    graph = {
-        name: {t for node in _module_level_imports(tree) for t in _targets(name, node) if t != name}
-        for name, tree in trees.items()
-    }
-    assert _cycles(graph) == []
+    assert _cycles(_graph()) == []
+
+
+def test_the_graph_sees_what_a_package_loads_with_importlib():
+    tree = ast.parse(
+        "import importlib\nFAMILIES = tuple(importlib.import_module(f'{__name__}.{name}') for name in NAMES)\n"
+        "def later():\n    importlib.import_module('hf_posext.eval')\n"
+    )
+    assert set(_dynamic_targets("hf_posext.methods", tree)) >= {"hf_posext.methods.yarn", "hf_posext.methods.dca"}
+    assert "hf_posext.eval" not in _dynamic_targets("hf_posext.methods", tree)
+
+
+#: Run in a fresh interpreter: every ``from X import name`` a package module runs while ``X`` is a package still
+#: initialising (its ``__init__.py`` running further up the stack), from a module outside ``X``.
+HALF_BUILT_IMPORTS = """
+import builtins, importlib.util, sys
+
+found, real_import = [], builtins.__import__
+
+def spy(name, globals=None, locals=None, fromlist=(), level=0):
+    importer = (globals or {}).get("__name__", "")
+    if fromlist and importer.startswith("hf_posext"):
+        package = (globals or {}).get("__package__") or ""
+        target = importlib.util.resolve_name("." * level + name, package) if level else name
+        spec = getattr(sys.modules.get(target), "__spec__", None)
+        if getattr(spec, "_initializing", False) and not importer.startswith(target + ".") and importer != target:
+            found.append(f"{importer} imports {', '.join(fromlist)} from {target}, still initialising")
+    return real_import(name, globals, locals, fromlist, level)
+
+builtins.__import__ = spy
+import hf_posext
+print(found)
+"""
+
+
+def test_no_module_imports_from_a_package_still_initialising():
+    """The circle the static graph cannot see unless it follows ``importlib``: a package's ``__init__.py`` loads a
+    module that imports a name from that very package, bound only because it happens to come earlier there."""
+    run = subprocess.run([sys.executable, "-c", HALF_BUILT_IMPORTS], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"
+
+
+#: Package ``__init__.py`` files that do more than a face, and why.
+NOT_A_FACE = {
+    "hf_posext": "importing the package registers the methods with transformers and keeps the old paths (three calls)",
+    "hf_posext.methods": "it loads the family folders and exposes their config classes, found, not listed",
+}
+
+
+def face_problems(tree: ast.Module) -> list[str]:
+    """What a package ``__init__.py`` holds beyond a face: a docstring, imports, ``__all__``, ``if TYPE_CHECKING:``
+    imports, a module ``__getattr__`` (deprecated names) and at most one call (a registration)."""
+    problems, calls = [], 0
+    for index, node in enumerate(tree.body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_type_checking(node):
+            continue
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and len(node.body) == 1:
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and calls == 0:
+            calls += 1
+            continue
+        problems.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0][:80]}")
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _is_package(n) and n not in NOT_A_FACE))
+def test_a_package_init_is_a_face(name):
+    problems = face_problems(ast.parse(MODULES[name].read_text(encoding="utf-8")))
+    assert problems == [], f"{MODULES[name]} holds logic (move it to a named module): {problems}"
+
+
+def test_the_face_check_can_fail():
+    face = '"""A face."""\nfrom .a import b\nregister(b)\n__all__ = ["b"]\n'
+    assert face_problems(ast.parse(face)) == []
+    assert face_problems(ast.parse(face + "def helper():\n    return 1\nregister(helper)\nX = 1\n")) == [
+        "line 5: def helper():",
+        "line 7: register(helper)",
+        "line 8: X = 1",
+    ]
 
 
 def test_the_cycle_check_can_fail():
@@ -213,6 +334,7 @@ def test_modules_are_small_or_say_why(name):
 def _graph() -> dict[str, set[str]]:
     return {
         name: {t for node in _module_level_imports(tree) for t in _targets(name, node) if t != name}
+        | set(_dynamic_targets(name, tree)) - {name}
         for name, tree in _trees().items()
     }
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import filter_repo_objects
 
-from . import MODEL_REPO_FILES
+from .repository import MODEL_REPO_FILES
 
 #: What stays local even with ``--all``, as huggingface_hub patterns (``upload_folder(ignore_patterns=...)``, matched
 #: with fnmatch against paths relative to the folder): hidden files and folders (temporary folders

@@ -12,7 +12,7 @@ import pkgutil
 from typing import Any
 
 from .base import BaseRope, MethodConfig
-from .deprecated import deprecated_attribute
+from ..post_import import deprecated_attribute
 from .registry import (
     AttentionFunctions,
     Family,
@@ -50,7 +50,7 @@ def config_classes() -> dict[str, type[MethodConfig]]:
 globals().update(config_classes())
 
 
-def __getattr__(name: str) -> Any:  # the deprecated names (.deprecated)
+def __getattr__(name: str) -> Any:  # the deprecated names (hf_posext.post_import)
     return deprecated_attribute(__name__, name)
 
 

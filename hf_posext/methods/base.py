@@ -15,13 +15,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..rope_utils import CONFIG_KEY as CONFIG_KEY  # re-exported: defined below what reads a record
 from ..rope_utils import longrope_rope_parameters
-from .deprecated import deprecated_attribute
+from ..post_import import deprecated_attribute
 from ..validation import real_number, whole_number  # re-exported: the methods' checks
 
-#: The config attribute holding what a patch did (the method's name and arguments, what the
-#: checkpoint had); saved in config.json with the checkpoint.
-CONFIG_KEY = "hf_posext"
+#: The longest context a patch may reach (positions are int32 in attention masks and kernels).
+MAX_CONTEXT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -163,16 +163,31 @@ class MethodConfig:
             params["partial_rotary_factor"] = base.rope_parameters["partial_rotary_factor"]
         return params
 
+    def context_length(self, base: BaseRope) -> int:
+        """The context the patched model reads: ``factor * L_orig`` (the one place it is computed).
+
+        Raises:
+            ValueError: beyond :data:`MAX_CONTEXT` positions.
+        """
+        reach = self.factor * base.original_max_position_embeddings
+        if reach > MAX_CONTEXT:
+            raise ValueError(
+                f"{self.name}: factor={self.factor!r} times the original context "
+                f"{base.original_max_position_embeddings} is {reach:.4g} tokens, beyond the {MAX_CONTEXT} positions a "
+                "config can hold; use a smaller factor"
+            )
+        return int(round(reach))
+
     def max_position_embeddings(self, base: BaseRope) -> int:
         """The context length the patched config advertises.
 
-        Static methods reach ``factor * L_orig``. Dynamic methods keep ``L_orig``: transformers
+        Static methods reach :meth:`context_length`. Dynamic methods keep ``L_orig``: transformers
         starts recomputing frequencies only once a sequence outgrows ``max_position_embeddings``,
         so raising it would silently switch dynamic scaling off.
         """
         if self.dynamic:
             return base.original_max_position_embeddings
-        return int(round(self.factor * base.original_max_position_embeddings))
+        return self.context_length(base)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.name, **dataclasses.asdict(self)}

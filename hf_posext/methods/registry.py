@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import integration
+from ..method_names import ALIASES, METHODS, available_methods, method_aliases, registered_name
+from ..post_import import deprecated_attribute
 from .base import MethodConfig
-from .deprecated import deprecated_attribute
 from .surgery import NO_SURGERY, Surgery
 
 
@@ -78,8 +79,6 @@ class Family:
     shipped_config: ShippedConfig | None = None
 
 
-_METHODS: dict[str, type[MethodConfig]] = {}
-_ALIASES: dict[str, str] = {}
 _SURGERY: dict[type[MethodConfig], Surgery] = {}
 _FAMILIES: dict[str, Family] = {}
 _ROPE_TYPES: dict[str, RopeType] = {}
@@ -150,7 +149,7 @@ def register_family(
     for key in keys:
         if not isinstance(key, str) or not key or key != key.lower():
             raise ValueError(f"method names are non-empty lower-case strings, got {key!r}")
-        if key in _METHODS or key in _ALIASES or keys.count(key) > 1:
+        if key in METHODS or key in ALIASES or keys.count(key) > 1:
             raise ValueError(f"method name {key!r} is already registered")
     for spec in methods:
         if not (isinstance(spec.config_cls, type) and issubclass(spec.config_cls, MethodConfig)):
@@ -169,9 +168,9 @@ def register_family(
         integration.check_attention_free(attention_name, functions.forward)
     for spec in methods:
         spec.config_cls.name = spec.name
-        _METHODS[spec.name] = spec.config_cls
+        METHODS[spec.name] = spec.config_cls
         for alias in spec.aliases:
-            _ALIASES[alias] = spec.name
+            ALIASES[alias] = spec.name
         if spec.surgery is not None:
             _SURGERY[spec.config_cls] = spec.surgery() if isinstance(spec.surgery, type) else spec.surgery
     _ROPE_TYPES.update(rope_types)
@@ -231,16 +230,6 @@ def attention_functions() -> dict[str, AttentionFunctions]:
     return dict(_ATTENTION)
 
 
-def available_methods() -> list[str]:
-    """The registered method names (aliases excluded), sorted."""
-    return sorted(_METHODS)
-
-
-def method_aliases() -> dict[str, str]:
-    """``{alias: registered name}`` of every alias (e.g. ``"pi": "linear"``)."""
-    return dict(sorted(_ALIASES.items()))
-
-
 def canonical_name(name: str) -> str:
     """The registered name of ``name`` or of the alias ``name``.
 
@@ -256,12 +245,7 @@ def method_class(name: str) -> type[MethodConfig]:
     Raises:
         ValueError: for an unknown name, listing the known ones.
     """
-    key = _ALIASES.get(name, name) if isinstance(name, str) else name
-    if key not in _METHODS:
-        known = ", ".join(available_methods())
-        aliases = ", ".join(f"{a} (= {n})" for a, n in sorted(_ALIASES.items()))
-        raise ValueError(f"unknown method {name!r}; available methods: {known}; aliases: {aliases}")
-    return _METHODS[key]
+    return METHODS[registered_name(name)]
 
 
 def method_config(method: str | MethodConfig, **kwargs: Any) -> MethodConfig:
@@ -308,4 +292,28 @@ def needs_surgery(method: str | MethodConfig | type[MethodConfig]) -> bool:
 
 def composable_methods() -> list[str]:
     """The methods that can be applied on top of a checkpoint's own static scaling."""
-    return [name for name in available_methods() if _METHODS[name].composes]
+    return [name for name in available_methods() if METHODS[name].composes]
+
+
+__all__ = [
+    "AttentionFunctions",
+    "Family",
+    "MethodSpec",
+    "RopeType",
+    "ShippedConfig",
+    "attention_functions",
+    "available_methods",  # from hf_posext.method_names, below every module that checks a method name
+    "canonical_name",
+    "composable_methods",
+    "families",
+    "method_aliases",
+    "method_class",
+    "method_config",
+    "needs_surgery",
+    "register_family",
+    "register_method",
+    "register_with_transformers",
+    "rope_types",
+    "shipped_method",
+    "surgery_for",
+]

@@ -1,208 +1,38 @@
 """Who reads a saved config, and what hf-posext writes so that each reads the same model.
 
 One module per reader (:mod:`.transformers4`, :mod:`.transformers5`, :mod:`.vllm`, :mod:`.sglang`,
-:mod:`.llamacpp`) holds its rules, re-written from its source; :func:`support` applies them and
-:func:`engine_warning` names the silent failures. Conventions: docs/readers/index.md.
+:mod:`.llamacpp`) holds its rules, re-written from its source; :mod:`.verdicts` applies them
+(:func:`support`) and names the silent failures (:func:`engine_warning`); :mod:`.fields` writes the
+fields those readers need into a patched config. Conventions: docs/readers/index.md.
 """
 
-from __future__ import annotations
-
-import sys
-from typing import Any
-
-from .. import integration
-from ..methods.registry import method_class
-from ..methods.remapping import AttentionRemapMethod
-from ..rope_utils import REMAP_ROPE_TYPE, rotary_dim_of
 from . import llamacpp, sglang, transformers4, transformers5, vllm
-from .rope import intended_rope
+from .fields import clear_reader_fields, restore_on_load, saved_fields, write_reader_fields
+from .verdicts import (
+    READERS,
+    STATUSES,
+    VLLM_DUAL_CHUNK_MODEL_TYPES,
+    Verdict,
+    engine_warning,
+    print_engine_warning,
+    support,
+)
 
-#: The readers, in the order of the README's compatibility table.
-READERS = ("transformers 5", "transformers 4.57", "vLLM", "SGLang", "llama.cpp")
-
-#: A reader's verdict: one of :data:`STATUSES` and how it reads the checkpoint.
-Verdict = tuple[str, str]
-STATUSES = ("right", "refused", "wrong")  # refused: an error names the rope type; wrong: silently
-
-
-def _nested_entries(config: Any) -> list[str]:
-    params = config.rope_parameters or {}
-    return list(config.nested_rope_parameter_keys(params)) if hasattr(config, "nested_rope_parameter_keys") else []
-
-
-def write_reader_fields(config: Any) -> None:
-    """Put the 4.x fields (:func:`.transformers4.legacy_fields`) into ``config``, for ``save_pretrained`` to write.
-
-    Per-layer-type rope parameters (Gemma 3, DeepSeek V4) have no single 4.x equivalent (4.x Gemma 3
-    reads ``rope_theta`` plus ``rope_local_base_freq``): nothing is written for them.
-    """
-    if _nested_entries(config):
-        return
-    for name, value in transformers4.legacy_fields(config.rope_parameters).items():
-        integration.set_saved_attribute(config, name, value)
-
-
-def saved_fields(config: Any) -> dict[str, Any]:
-    """The fields :func:`write_reader_fields` would overwrite, as ``config`` holds them now."""
-    return {name: config.__dict__[name] for name in transformers4.LEGACY_FIELDS if name in config.__dict__}
-
-
-def clear_reader_fields(config: Any, saved: dict[str, Any]) -> None:
-    """Undo :func:`write_reader_fields` (unpatch): put back ``saved`` (:func:`saved_fields`), remove the rest."""
-    for name in transformers4.LEGACY_FIELDS:
-        integration.set_saved_attribute(config, name, None)
-        if name in saved:  # an explicit None included: the config's own __dict__ comes back as it was
-            config.__dict__[name] = saved[name]
-
-
-def restore_on_load(config: Any) -> None:
-    """For a patched config transformers 5 has just loaded: current rope type names, legacy fields again.
-
-    transformers 5 consumes the legacy fields when it loads config.json; writing them again keeps
-    them in a checkpoint saved from the loaded model.
-    """
-    rope = config.rope_parameters
-    for entry in [rope[key] for key in _nested_entries(config)] or [rope]:
-        entry["rope_type"] = transformers5.current_rope_type(entry.get("rope_type", "default"))
-    write_reader_fields(config)
-
-
-def _runs(description: dict[str, Any], intended: dict[str, Any]) -> str:
-    if description["kind"] == "default" and description["theta"] == intended["theta"]:
-        return "plain RoPE: no scaling at any length"
-    if description["kind"] == "default":
-        return f"plain RoPE with one fixed base {description['theta']:.6g} at every length"
-    extra = sorted(set(intended) ^ set(description))
-    return f"{description['kind']} without/with {', '.join(extra)}" if extra else f"{description}"
-
-
-def _engine_verdict(description: Any, intended: dict[str, Any], context: int, target: int, flag: str) -> Verdict:
-    if isinstance(description, ValueError):
-        return "refused", f"raises {description}"
-    if description != intended:
-        return "wrong", _runs(description, intended)
-    if context != target:
-        return "right", f"rope right; its default context is {context}: pass {target} ({flag} {target})"
-    return "right", f"context {context}"
-
-
-def _rules(reader, *args):
-    try:
-        return reader(*args)
-    except ValueError as error:
-        return error
-
-
-def support(config: Any, context: int) -> dict[str, Verdict]:
-    """``{reader: (status, how)}`` for a patched ``config`` that reaches ``context`` tokens in transformers 5."""
-    params = config.rope_parameters
-    rope_type = params.get("rope_type", "default")
-    intended = intended_rope(params)
-    keys = llamacpp.gguf_rope_keys(config.to_dict())
-    verdicts = {
-        "transformers 5": transformers5.verdict(rope_type),
-        "transformers 4.57": transformers4.verdict(rope_type),
-        "vLLM": _engine_verdict(
-            _rules(vllm.effective_rope, config), intended, vllm.max_model_len(config), context, "--max-model-len"
-        ),
-        "SGLang": _engine_verdict(
-            _rules(sglang.effective_rope, config, rotary_dim_of(config)),
-            intended,
-            sglang.context_length(config),
-            context,
-            "--context-length",
-        ),
-    }
-    # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
-    method = (getattr(config, "hf_posext", None) or {}).get("method")
-    if method is not None and method_class(method).adds_weights:
-        verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
-    elif rope_type in transformers5.custom_rope_types():
-        verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
-    elif rope_type == "dynamic":
-        verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
-    else:
-        status, how = _engine_verdict(
-            llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context, "-c"
-        )
-        if status == "wrong":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
-            how += "; `hf-posext gguf export` writes the GGUF rope llama.cpp reads"
-        verdicts["llama.cpp"] = (status, how)
-    if method is not None and issubclass(method_class(method), AttentionRemapMethod):
-        verdicts.update(_remap_verdicts(config, method))
-    if method == "longrope" and config.hf_posext.get("factors_by") == "query":
-        verdicts.update(_per_query_verdicts(verdicts))
-    return verdicts
-
-
-def _per_query_verdicts(verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
-    """LongRoPE with ``factors_by="query"``: hf-posext's own definition, under transformers' ``longrope`` entry.
-
-    Every other reader of the entry applies the long factors to all positions of a sequence past L_orig
-    (docs/methods/longrope.md), so a reader that reads the rope right computes another model past the switch.
-    """
-    other = (
-        "past L_orig it applies the long factors to every position (transformers' longrope); factors_by='query' "
-        "keeps the rows before L_orig on the short ones, which only hf-posext computes"
-    )
-    changed: dict[str, Verdict] = {
-        "transformers 5": ("right", f"after `import hf_posext`; without it, {other}"),
-    }
-    for reader, (status, _) in verdicts.items():
-        if reader != "transformers 5" and status == "right":
-            changed[reader] = ("wrong", other)
-    return changed
-
-
-#: Model types whose vLLM model file reads ``dual_chunk_attention_config`` (vLLM main: qwen2.py,
-#: qwen2_moe.py, qwen3.py, qwen3_moe.py).
-VLLM_DUAL_CHUNK_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-
-
-def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
-    """Readers of a remapping method's checkpoint (docs/methods/training_free.md), beyond its rope type's verdicts.
-
-    Its rope type (:data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`) is one only hf-posext registers,
-    so the other readers refuse it as they refuse every custom type; vLLM's Qwen-family files take
-    ``dual_chunk_attention_config`` before they look at the rope type.
-    """
-    verdicts: dict[str, Verdict] = {
-        "transformers 5": (
-            "right",
-            "after `import hf_posext`; without it, from_pretrained refuses the "
-            "attn_implementation config.json names, and with an explicit attn_implementation "
-            f"building the model raises KeyError: {REMAP_ROPE_TYPE!r}",
-        ),
-    }
-    if method == "dca" and getattr(config, "model_type", None) in VLLM_DUAL_CHUNK_MODEL_TYPES:
-        verdicts["vLLM"] = (
-            "right",
-            "reads dual_chunk_attention_config before the rope type (get_rope's dual-chunk "
-            "branch, DualChunkFlashAttention; plain-theta frequencies; not run here)",
-        )
-    return verdicts
-
-
-def engine_warning(config: Any, context: int, method: str) -> str | None:
-    """One warning naming the readers that would run ``config`` wrong without an error, or ``None``."""
-    verdicts = support(config, context)
-    wrong = [f"{reader} ({how})" for reader, (status, how) in verdicts.items() if status == "wrong"]
-    if not wrong:
-        return None
-    right = [reader for reader, (status, _) in verdicts.items() if status == "right"]
-    text = (
-        f"{method} checkpoints are read wrong, without an error, by: "
-        + "; ".join(wrong)
-        + f". Read as patched by: {', '.join(right)}."
-    )
-    static = method_class(method).static_equivalent
-    if static is not None:
-        text += f" To serve it with those engines, patch with the static equivalent --method {static} instead."
-    return text
-
-
-def print_engine_warning(config: Any, context: int, method: str, file: Any = None) -> None:
-    """Print :func:`engine_warning` as ``hf-posext: warning: ...`` to ``file`` (stderr), if there is one."""
-    text = engine_warning(config, context, method)
-    if text is not None:
-        print(f"hf-posext: warning: {text}", file=file or sys.stderr)
+__all__ = [
+    "READERS",
+    "STATUSES",
+    "VLLM_DUAL_CHUNK_MODEL_TYPES",
+    "Verdict",
+    "clear_reader_fields",
+    "engine_warning",
+    "llamacpp",
+    "print_engine_warning",
+    "restore_on_load",
+    "saved_fields",
+    "sglang",
+    "support",
+    "transformers4",
+    "transformers5",
+    "vllm",
+    "write_reader_fields",
+]

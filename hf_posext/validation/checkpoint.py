@@ -26,9 +26,8 @@ import torch
 from transformers import PreTrainedConfig
 
 from .. import integration
-from ..methods import method_class, method_config
-from ..methods.base import CONFIG_KEY
-from ..rope_utils import DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
+from ..method_names import METHODS, registered_name
+from ..rope_utils import CONFIG_KEY, DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -251,9 +250,10 @@ def check_record(record: Any) -> None:
     for key, (valid, allowed) in _RECORD_KEYS.items():
         if key in record and not valid(record[key]):
             raise ValueError(f"{CONFIG_KEY}['{key}'] must be {allowed}, got {record[key]!r}")
-    fields = {field.name for field in dataclasses.fields(method_class(record["method"]))}  # names the known methods
+    method_cls = METHODS[registered_name(record["method"])]  # names the known methods
+    fields = {field.name for field in dataclasses.fields(method_cls)}
     try:
-        method_config(record["method"], **{key: value for key, value in record.items() if key in fields})
+        method_cls(**{key: value for key, value in record.items() if key in fields})  # as method_config builds it
     except (ValueError, TypeError) as err:
         raise ValueError(f"{CONFIG_KEY} (the record of an hf-posext patch): {err}") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 import typing
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import hf_posext
+import hf_posext.patching.patch as patching
+from hf_posext import architectures
 from hf_posext.methods import method_class
 from hf_posext.methods.longrope import pinned_factors
 from hf_posext.methods.registry import register_method
@@ -303,3 +306,39 @@ def test_patched_method_is_the_config_object_patch_info_describes():
     assert method == hf_posext.method_config("linear", factor=4, original_max_position_embeddings=L_ORIG)  # resolved
     assert hf_posext.patch_info(model)["method"] == method.name == "linear"
     assert hf_posext.patched_method(hf_posext.unpatch_model(model)) is None
+
+
+def test_a_patch_checks_and_writes_the_config_once(monkeypatch):
+    """Patch once (issue 48 item 6): the config checks run once, the method's config is computed once (on the copy
+    that becomes the model's private config), whatever the model carried before."""
+    model = hf_posext.patch_model(tiny_model("llama", max_position_embeddings=L_ORIG), "linear", factor=2)
+    calls = {"check_config": 0, "_patch_config": 0}
+    for owner, name in ((architectures, "check_config"), (patching, "_patch_config")):
+        original = getattr(owner, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+    reference = tiny_model("llama", max_position_embeddings=L_ORIG)
+    reference.load_state_dict(model.state_dict())
+    hf_posext.patch_model(model, "yarn", factor=4)
+    assert calls == {"check_config": 1, "_patch_config": 1}
+    hf_posext.patch_model(reference, "yarn", factor=4)
+    assert model.config.to_dict() == reference.config.to_dict()
+    ids = tokens(1, 3 * L_ORIG)
+    torch.testing.assert_close(logits(model, ids), logits(reference, ids), rtol=0, atol=0)
+
+
+def test_the_context_a_method_reaches_is_computed_in_one_place():
+    """factor x L_orig is MethodConfig.context_length's: the advertised context and the record's follow it."""
+
+    @dataclass(frozen=True)
+    class OneShort(hf_posext.YarnConfig):
+        def context_length(self, base):
+            return super().context_length(base) - 1
+
+    config = tiny_config("llama", max_position_embeddings=L_ORIG)
+    hf_posext.patch_model(config, OneShort(factor=4))
+    assert config.max_position_embeddings == hf_posext.patch_info(config)["context_length"] == 4 * L_ORIG - 1

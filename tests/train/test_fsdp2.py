@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,6 @@ from safetensors.torch import load_file
 
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
-from hf_posext.testing import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE = shutil.which("accelerate", path=os.path.dirname(sys.executable))
@@ -81,12 +79,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fsdp2")
-    make_tiny_model(root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    (root / "data.txt").write_text((stdlib / "textwrap.py").read_text())
-    return root
+def assets(finetune_assets):
+    return finetune_assets
 
 
 def values(assets: Path, name: str, **overrides) -> dict:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -27,9 +26,10 @@ from hf_posext.commands.finetune import main as finetune_main
 from hf_posext.files import MARKER
 from hf_posext.train.checkpointing import latest_checkpoint, list_checkpoints
 from hf_posext.train.config import TrainConfig
+from hf_posext.testing import byte_tokenizer, make_tiny_model
+from tests.helpers.finetune import train_config, write_finetune_assets
 from hf_posext.train.lora import merged_state_dict
 from hf_posext.train.loop import FinetuneRecipe, train
-from hf_posext.testing import byte_tokenizer, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_CONTEXT = 32
@@ -43,38 +43,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    """A tiny Llama with a 32-token context, a Qwen3, and real text (two stdlib modules)."""
-    root = tmp_path_factory.mktemp("train")
-    make_tiny_model(
-        root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=ORIGINAL_CONTEXT
+    """The tiny Llama with its tokenizer limited to its 32-token context, and real text (two stdlib modules)."""
+    return write_finetune_assets(
+        tmp_path_factory.mktemp("train"), tokenizer_limit=True, sources=("textwrap.py", "glob.py")
     )
-    # A tokenizer limited to the model's context, as released tokenizers are (SmolLM2: 8192).
-    byte_tokenizer(model_max_length=ORIGINAL_CONTEXT).save_pretrained(root / "llama")
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    text = (stdlib / "textwrap.py").read_text() + (stdlib / "glob.py").read_text()
-    (root / "data.txt").write_text(text)
-    return root
 
 
 def config(assets: Path, out: Path, **overrides) -> TrainConfig:
-    values = dict(
-        model=str(assets / "llama"),
-        method="yarn",
-        factor=2,
-        dataset=[str(assets / "data.txt")],
-        output_dir=str(out / "model"),
-        max_train_steps=6,
-        learning_rate=3e-3,
-        warmup_steps=1,
-        global_batch_size=4,
-        micro_batch_size=2,
-        mixed_precision="no",
-        cache_dir=str(assets / "cache"),
-        activation_checkpointing=True,
-        seed=7,
-    )
-    values.update(overrides)
-    return TrainConfig(**values)
+    settings = {"max_train_steps": 6, "global_batch_size": 4, "activation_checkpointing": True, **overrides}
+    return train_config(assets, out / "model", **settings)
 
 
 def vanilla_logits(model_dir: Path, input_ids: torch.Tensor, out_file: Path) -> tuple[torch.Tensor, dict]:

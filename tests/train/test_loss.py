@@ -7,9 +7,7 @@ The reference is transformers itself: the model called with ``labels``/``shift_l
 from __future__ import annotations
 
 import gc
-import sysconfig
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import Gemma2Config, Gemma2ForCausalLM, GraniteConfig, GraniteForCausalLM
 
-from hf_posext.testing import make_tiny_model
-from hf_posext.train.config import TrainConfig
+from tests.helpers.finetune import train_config
 from hf_posext.train.loop import train
 from hf_posext.train.loss import IGNORE_INDEX, causal_lm_loss, chunked_head_loss
 
@@ -268,56 +265,28 @@ def test_labels_that_do_not_match_are_refused():
         chunked_head_loss(torch.nn.Linear(4, 5), torch.randn(1, 3, 4), torch.zeros(1, 2, dtype=torch.long), 2)
 
 
-@pytest.fixture(scope="module")
-def recipe_assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("recipe")
-    make_tiny_model(root / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32)
-    (root / "data.txt").write_text((Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text())
-    return root
-
-
-def recipe_config(root: Path, out: Path, **overrides) -> TrainConfig:
-    values = dict(
-        model=str(root / "llama"),
-        method="yarn",
-        factor=2,
-        dataset=[str(root / "data.txt")],
-        output_dir=str(out),
-        max_train_steps=2,
-        learning_rate=3e-3,
-        warmup_steps=1,
-        global_batch_size=2,
-        micro_batch_size=2,
-        mixed_precision="no",
-        cache_dir=str(root / "cache"),
-        seed=7,
-    )
-    values.update(overrides)
-    return TrainConfig(**values)
-
-
 @pytest.mark.parametrize("pose", [False, True])
-def test_recipe_steps_with_and_without_the_chunked_loss_agree(recipe_assets, tmp_path, pose):
+def test_recipe_steps_with_and_without_the_chunked_loss_agree(finetune_assets, tmp_path, pose):
     extra = dict(pose=True, factor=4, pose_window=32) if pose else {}
-    plain = train(recipe_config(recipe_assets, tmp_path / "plain", loss_chunk_size=0, **extra))
-    chunked = train(recipe_config(recipe_assets, tmp_path / "chunked", loss_chunk_size=7, **extra))
+    plain = train(train_config(finetune_assets, tmp_path / "plain", loss_chunk_size=0, **extra))
+    chunked = train(train_config(finetune_assets, tmp_path / "chunked", loss_chunk_size=7, **extra))
     torch.testing.assert_close(torch.tensor(chunked.losses), torch.tensor(plain.losses), **TOL)
     want, got = plain.model.state_dict(), chunked.model.state_dict()
     for name in want:
         torch.testing.assert_close(got[name], want[name], **TOL)
 
 
-def test_recipe_in_bf16_autocast_trains_with_the_chunked_loss(recipe_assets, tmp_path):
+def test_recipe_in_bf16_autocast_trains_with_the_chunked_loss(finetune_assets, tmp_path):
     """The chunked head runs under the forward's autocast (it was fp32 and refused the bf16 logits)."""
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
-        fp32 = train(recipe_config(recipe_assets, tmp_path / "fp32", loss_chunk_size=7))
+        fp32 = train(train_config(finetune_assets, tmp_path / "fp32", loss_chunk_size=7))
         AcceleratorState._reset_state(reset_partial_state=True)
-        plain = train(recipe_config(recipe_assets, tmp_path / "plain", loss_chunk_size=0, mixed_precision="bf16"))
+        plain = train(train_config(finetune_assets, tmp_path / "plain", loss_chunk_size=0, mixed_precision="bf16"))
         AcceleratorState._reset_state(reset_partial_state=True)
-        chunked = train(recipe_config(recipe_assets, tmp_path / "chunked", loss_chunk_size=7, mixed_precision="bf16"))
+        chunked = train(train_config(finetune_assets, tmp_path / "chunked", loss_chunk_size=7, mixed_precision="bf16"))
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     bf16_error = (torch.tensor(plain.losses) - torch.tensor(fp32.losses)).abs().max()
@@ -332,13 +301,13 @@ def test_recipe_in_bf16_autocast_trains_with_the_chunked_loss(recipe_assets, tmp
         ({"activation_offload": True, "activation_checkpointing": False}, "needs activation_checkpointing=True"),
     ],
 )
-def test_bad_memory_settings_are_refused(recipe_assets, tmp_path, overrides, match):
+def test_bad_memory_settings_are_refused(finetune_assets, tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):
-        recipe_config(recipe_assets, tmp_path, **overrides)
+        train_config(finetune_assets, tmp_path, **overrides)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for CPU training")
-def test_activation_offload_is_refused_on_cpu(recipe_assets, tmp_path):
+def test_activation_offload_is_refused_on_cpu(finetune_assets, tmp_path):
     with pytest.raises(ValueError, match="activation_offload moves checkpointed activations"):
-        train(recipe_config(recipe_assets, tmp_path / "out", activation_offload=True))
+        train(train_config(finetune_assets, tmp_path / "out", activation_offload=True))
     assert not (tmp_path / "out").exists()

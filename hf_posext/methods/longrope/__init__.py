@@ -4,7 +4,7 @@
 from ...rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE
 from ..registry import MethodSpec, RopeType, register_family
 from .config import LongRopeConfig, yarn_long_factors
-from ..deprecated import deprecated_attribute
+from ...post_import import deprecated_attribute
 from .pinned import pinned_factors
 from .rope import LongRopeRotaryEmbedding, compute_keep_first_parameters, validate_keep_first_parameters
 from .surgery import LongRopeSurgery

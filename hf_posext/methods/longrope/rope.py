@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from ... import integration
-from ..deprecated import deprecated_attribute
+from ...post_import import deprecated_attribute
 from ...rope_utils import KEEP_FIRST_KEY, default_inv_freq, kept_positions, rotary_dim_of
 from .config import LongRopeConfig, check_keep_first
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from transformers import DynamicCache
 
 from ... import integration
 from .rope import LongRopeRotaryEmbedding, forcing, last_long_rows, unwrap_rotary_modules, wrap_rotary_modules
@@ -153,7 +152,7 @@ def recompute_prefix(base: nn.Module, cache: Any, length: int, prefix: Prefix, l
     _thread.recomputing = True
     try:
         with forcing(torch.tensor(long, device=prefix.inputs[0].device)):
-            if type(cache) is DynamicCache:
+            if type(cache) is integration.DynamicCache:
                 cache.reset()
                 base(**kwargs, **{integration.cache_keyword(base): cache}, use_cache=True)
             else:
