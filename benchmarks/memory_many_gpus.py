@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from harness import current_versions
 from result_schema import Row, write_rows
@@ -118,6 +119,23 @@ def main() -> None:
     rows = []
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     versions = current_versions()  # the formulas' code: hf-posext and this checkout's commit
+
+    def row(option: Option, setting: dict[str, Any], parts: dict[str, float], extra: dict[str, float]) -> Row:
+        """A computed total of ``option`` as a row of the schema (``extra``: its terms, where the table shows them)."""
+        extra = {"config": option.config, **extra}
+        return Row(
+            "memory_many_gpus",
+            option.name,
+            setting,
+            "gib_per_gpu",
+            round(total(parts), 1),
+            "GiB",
+            "computed",
+            versions,
+            now,
+            extra,
+        )
+
     for option in OPTIONS:
         cells = []
         for length in LENGTHS:
@@ -125,20 +143,7 @@ def main() -> None:
             cells.append(f"{total(parts):.0f}")
             setting = {"length": length, "activation_checkpointing": True, "loss_chunk_size": 1024}
             extra = {key: round(value, 2) for key, value in parts.items()}
-            rows.append(
-                Row(
-                    "memory_many_gpus",
-                    option.name,
-                    setting,
-                    "gib_per_gpu",
-                    round(total(parts), 1),
-                    "GiB",
-                    "computed",
-                    versions,
-                    now,
-                    {"config": option.config, **extra},
-                )
-            )
+            rows.append(row(option, setting, parts, extra))
         print(f"| {option.name} | `{option.config}` | " + " | ".join(cells) + " |")
     print("\nFSDP2 x 8, full fine-tune, at 64k: what each default saves\n")
     print("| activation checkpointing | chunked loss | model states | activations | logits | gathered | total |")
@@ -150,20 +155,7 @@ def main() -> None:
             cells = " | ".join(f"{value:.1f}" for value in parts.values())
             print(f"| {'on' if checkpointing else 'off'} | {'on' if chunk else 'off'} | {cells} | {total(parts):.0f} |")
             setting = {"length": 65_536, "activation_checkpointing": checkpointing, "loss_chunk_size": chunk}
-            rows.append(
-                Row(
-                    "memory_many_gpus",
-                    fsdp2.name,
-                    setting,
-                    "gib_per_gpu",
-                    round(total(parts), 1),
-                    "GiB",
-                    "computed",
-                    versions,
-                    now,
-                    {"config": fsdp2.config},
-                )
-            )
+            rows.append(row(fsdp2, setting, parts, {}))
     write_rows(RESULTS, rows, replace=lambda row: row.benchmark == "memory_many_gpus")
 
 
