@@ -23,6 +23,19 @@ def checks_of(tmp_path, config_json):
     return diagnose_path(str(folder))["checks"]
 
 
+def tiny_llama_config():
+    """A one-layer Llama config, 64 positions: what patch_model writes for it is checked."""
+    return AutoConfig.for_model(
+        "llama",
+        vocab_size=97,
+        hidden_size=128,
+        num_attention_heads=4,
+        head_dim=32,
+        num_hidden_layers=1,
+        max_position_embeddings=64,
+    )
+
+
 def yarn(**rope):
     config_json = shipped_config_json(YARN)
     config_json["rope_parameters"] = {**config_json["rope_parameters"], **rope}
@@ -38,15 +51,7 @@ def test_released_configs_have_no_problem(tmp_path, name):
 
 @pytest.mark.parametrize("method", available_methods())
 def test_every_method_writes_a_config_with_no_problem(tmp_path, method):
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=97,
-        hidden_size=128,
-        num_attention_heads=4,
-        head_dim=32,
-        num_hidden_layers=1,
-        max_position_embeddings=64,
-    )
+    config = tiny_llama_config()
     kwargs = {"factor": 4} if method_class(method).scales_rope else {}
     hf_posext.patch_model(config, method, **kwargs).save_pretrained(tmp_path / "ckpt")
     found = diagnose_path(str(tmp_path / "ckpt"))["checks"]
@@ -95,15 +100,7 @@ def test_legacy_fields_that_disagree_with_rope_parameters_are_named(tmp_path):
 
 
 def test_a_hand_edited_factor_is_told_from_the_patch_record(tmp_path):
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=97,
-        hidden_size=128,
-        num_attention_heads=4,
-        head_dim=32,
-        num_hidden_layers=1,
-        max_position_embeddings=64,
-    )
+    config = tiny_llama_config()
     hf_posext.patch_model(config, "linear", factor=4).save_pretrained(tmp_path / "ckpt")
     config_json = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     for key in ("rope_parameters", "rope_scaling"):
