@@ -9,11 +9,12 @@ default assets once per test module.
 from __future__ import annotations
 
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hf_posext.testing import byte_tokenizer, make_tiny_model
+from hf_posext.train import steps
 from hf_posext.train.config import TrainConfig
 
 #: The tiny model's context (its max_position_embeddings).
@@ -57,3 +58,26 @@ def train_config(assets: Path, output_dir: Path, **overrides: Any) -> TrainConfi
     )
     values.update(overrides)
     return TrainConfig(**values)
+
+
+def record_forward_loss(
+    monkeypatch: Any, entry: Callable[..., Any], before: Callable[[], Any] | None = None
+) -> list[Any]:
+    """Route the training loop's ``forward_loss`` through a recorder; returns the list it fills.
+
+    Each micro-batch calls ``before()`` (if given), runs the real ``forward_loss`` and then appends
+    ``entry(model, input_ids, position_ids, pose, kwargs, loss)`` (``kwargs`` holds ``shift_labels`` where the
+    micro-batch brings its own labels).
+    """
+    seen: list[Any] = []
+    real = steps.forward_loss
+
+    def recording(model: Any, input_ids: Any, position_ids: Any, pose: bool = False, **kwargs: Any) -> Any:
+        if before is not None:
+            before()
+        loss = real(model, input_ids, position_ids, pose=pose, **kwargs)
+        seen.append(entry(model, input_ids, position_ids, pose, kwargs, loss))
+        return loss
+
+    monkeypatch.setattr("hf_posext.train.loop.forward_loss", recording)
+    return seen

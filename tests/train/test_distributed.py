@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,9 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from hf_posext.commands.finetune import main as finetune_main
-from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
-from hf_posext.testing import make_tiny_model
+
+from tests.helpers.finetune import train_config, write_finetune_assets
 
 DRIVER = """
 import sys, torch
@@ -77,26 +76,11 @@ def test_auto_precision_keeps_the_precision_of_an_earlier_run_in_the_process(mon
     reason="torchrun is not installed next to this Python",
 )
 def test_two_process_run_stays_in_sync_and_matches_gradient_accumulation(tmp_path, capsys):
-    make_tiny_model(tmp_path / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    (tmp_path / "data.txt").write_text((stdlib / "textwrap.py").read_text())
-    common = dict(
-        model=str(tmp_path / "llama"),
-        method="yarn",
-        factor=2,
-        dataset=[str(tmp_path / "data.txt")],
-        max_train_steps=4,
-        learning_rate=3e-3,
-        warmup_steps=1,
-        global_batch_size=4,
-        micro_batch_size=2,
-        mixed_precision="no",
-        cache_dir=str(tmp_path / "cache"),
-        seed=3,
-    )
-    ddp = TrainConfig(output_dir=str(tmp_path / "ddp"), checkpointing_steps=4, **common)
-    pose = {**common, "max_train_steps": 3, "pose": True, "output_dir": str(tmp_path / "pose")}
-    runs = {"ddp": ddp.to_dict(), "pose": TrainConfig(**pose).to_dict()}
+    assets = write_finetune_assets(tmp_path)
+    common = dict(max_train_steps=4, global_batch_size=4, seed=3)
+    pose = {**common, "max_train_steps": 3, "pose": True}
+    ddp = train_config(assets, tmp_path / "ddp", checkpointing_steps=4, **common)
+    runs = {"ddp": ddp.to_dict(), "pose": train_config(assets, tmp_path / "pose", **pose).to_dict()}
     (tmp_path / "driver.py").write_text(DRIVER.format(runs=runs, out=tmp_path))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -123,7 +107,7 @@ def test_two_process_run_stays_in_sync_and_matches_gradient_accumulation(tmp_pat
 
     # One process, same global batch through 2 accumulation steps: the same blocks per step and
     # the same mean gradient, so the same weights up to the order of float additions.
-    single = train(TrainConfig(output_dir=str(tmp_path / "single"), **common))
+    single = train(train_config(assets, tmp_path / "single", **common))
     ddp_weights = load_file(tmp_path / "ddp" / "model.safetensors")
     single_weights = load_file(tmp_path / "single" / "model.safetensors")
     for name, value in single_weights.items():
@@ -133,7 +117,7 @@ def test_two_process_run_stays_in_sync_and_matches_gradient_accumulation(tmp_pat
     # PoSE: each sample draws its positions by its place in the global batch, not by process
     # (each rank drew its own: 1.2e-4 off in the loss, 1.4e-2 in the weights).
     AcceleratorState._reset_state(reset_partial_state=True)
-    single = train(TrainConfig(**{**pose, "output_dir": str(tmp_path / "pose-single")}))
+    single = train(train_config(assets, tmp_path / "pose-single", **pose))
     torch.testing.assert_close(
         torch.tensor(single.losses), torch.tensor(torch.load(tmp_path / "pose-losses0.pt")), rtol=0, atol=1e-5
     )
@@ -193,8 +177,7 @@ def test_a_parallelism_the_cpu_run_cannot_give_is_one_line_with_exit_code_2(
 
     from hf_posext.commands.finetune import main
 
-    make_tiny_model(tmp_path / "llama", hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=32)
-    (tmp_path / "data.txt").write_text("text " * 200)
+    write_finetune_assets(tmp_path)
     for key, value in {**launcher_env(config_file), **changes}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)

@@ -24,6 +24,7 @@ from hf_posext.train.micro_batches import MicroBatches
 from hf_posext.train.plan import Plan
 from hf_posext.train.schedule import WindowSchedule
 
+from tests.helpers.finetune import record_forward_loss
 from tests.train.test_mix import ORIGINAL_CONTEXT, make_assets, mixed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,17 +97,15 @@ def test_each_micro_batch_trains_its_factor_set(
     exact cache's switch hooks); the exact dynamic rope plans ``factors_by="query"``.
     """
     by_query = method_kwargs.get("factors_by") == "query"
-    seen, plans = [], []
-    real_plan, real_loss = ExactDynamicRope.plan, steps.forward_loss
+    plans = []
+    real_plan = ExactDynamicRope.plan
 
     def planning(self, position_ids, batch):
         plan = real_plan(self, position_ids, batch)
         plans.append(plan)
         return plan
 
-    def recording(model, input_ids, position_ids, pose=False, **kwargs):
-        plans.clear()
-        loss = real_loss(model, input_ids, position_ids, pose=pose, **kwargs)
+    def entry(model, input_ids, position_ids, pose, kwargs, loss):
         if by_query:
             assert {id(plan) for plan in plans} == {id(plans[0])}, "one plan for the forward"
             (plan,) = plans[:1]
@@ -114,11 +113,10 @@ def test_each_micro_batch_trains_its_factor_set(
             used = plan.calls[0].inv_freq
         else:
             used = next(rotary for _, rotary in integration.rotary_modules(model)).inv_freq
-        seen.append((input_ids, position_ids, pose, kwargs.get("shift_labels"), loss.detach(), used.clone()))
-        return loss
+        return input_ids, position_ids, pose, kwargs.get("shift_labels"), loss.detach(), used.clone()
 
     monkeypatch.setattr(ExactDynamicRope, "plan", planning)
-    monkeypatch.setattr("hf_posext.train.loop.forward_loss", recording)
+    seen = record_forward_loss(monkeypatch, entry, before=plans.clear)
     run = mixed(
         assets,
         tmp_path,

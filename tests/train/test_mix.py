@@ -31,6 +31,7 @@ from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 from hf_posext.train.micro_batches import shorts_before
 
+from tests.helpers.finetune import record_forward_loss
 from tests.train.test_loop import KILL_SCRIPT, ROOT, SUBPROCESS_ENV, config
 
 ORIGINAL_CONTEXT = 32
@@ -164,14 +165,15 @@ def mixed(assets: Path, out: Path, **overrides) -> TrainConfig:
 
 
 def test_a_mixed_run_alternates_long_and_short_micro_batches(assets, tmp_path, monkeypatch):
-    seen = []
-    real = steps.forward_loss
-
-    def recording(model, input_ids, position_ids, pose=False, **kwargs):
-        seen.append((input_ids.shape[1], pose, int(position_ids.max()), kwargs.get("shift_labels") is not None))
-        return real(model, input_ids, position_ids, pose=pose, **kwargs)
-
-    monkeypatch.setattr("hf_posext.train.loop.forward_loss", recording)
+    seen = record_forward_loss(
+        monkeypatch,
+        lambda model, ids, positions, pose, kw, loss: (
+            ids.shape[1],
+            pose,
+            int(positions.max()),
+            kw.get("shift_labels") is not None,
+        ),
+    )
     result = train(mixed(assets, tmp_path, max_train_steps=3))
     long, short = (ORIGINAL_CONTEXT, True), (16, False)
     assert [s[:2] for s in seen] == [long, short] * 3

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-from hf_posext.train import steps
 from hf_posext.train.checkpointing import latest_checkpoint
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
@@ -27,6 +26,7 @@ from hf_posext.train.micro_batches import MicroBatches
 from hf_posext.train.plan import Plan
 from hf_posext.train.schedule import WindowSchedule
 
+from tests.helpers.finetune import record_forward_loss
 from tests.train.test_loop import KILL_SCRIPT, ROOT, SUBPROCESS_ENV
 from tests.train.test_mix import make_assets, mixed
 
@@ -124,14 +124,9 @@ def scheduled(assets, out, **overrides) -> TrainConfig:
 
 
 def test_a_scheduled_run_trains_each_step_on_its_window(assets, tmp_path, monkeypatch):
-    seen = []
-    real = steps.forward_loss
-
-    def recording(model, input_ids, position_ids, pose=False, **kwargs):
-        seen.append((input_ids.shape[1], pose, int(position_ids.max())))
-        return real(model, input_ids, position_ids, pose=pose, **kwargs)
-
-    monkeypatch.setattr("hf_posext.train.loop.forward_loss", recording)
+    seen = record_forward_loss(
+        monkeypatch, lambda model, ids, positions, pose, kw, loss: (ids.shape[1], pose, int(positions.max()))
+    )
     result = train(scheduled(assets, tmp_path))
     schedule = WindowSchedule("step", 8, 32, 4)
     assert len(seen) == 6 * 4
