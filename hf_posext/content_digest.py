@@ -13,8 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from .data import default_cache_dir
-from .files import atomic_file
+from .files import atomic_file, default_cache_dir
 
 #: Bytes read at a time while hashing.
 HASH_CHUNK = 8 << 20

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from .files import default_cache_dir as default_cache_dir  # re-exported: the recipe's cache
 from .validation import require
 
 #: ``dataset``/``--data`` value selecting the Python standard library's sources.
@@ -39,11 +40,6 @@ class Tokenizer(Protocol):
     def encode(self, text: str, **kwargs: Any) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], **kwargs: Any) -> str: ...
-
-
-def default_cache_dir() -> Path:
-    """Where tokenized blocks and trained tiny models are cached: ``$HF_POSEXT_CACHE``, else ``~/.cache/hf_posext``."""
-    return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))
 
 
 def stdlib_files(split: Split = "test", test_fraction: float = 0.1) -> list[Path]:

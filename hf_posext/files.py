@@ -29,6 +29,11 @@ _INPLACE_PREFIX = ".hf_posext.tmp-"
 _IN_PLACE_ERRNOS = (errno.EBUSY, errno.EXDEV)
 
 
+def default_cache_dir() -> Path:
+    """The cache of tokenized blocks, digests and tiny models: ``$HF_POSEXT_CACHE``, else ``~/.cache/hf_posext``."""
+    return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext"))
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from ..content_digest import HASH_CHUNK as HASH_CHUNK  # re-exported by hf_posext.gguf
 from ..content_digest import file_digest
+from .. import files
 from ..files import atomic_directory, verify_folder
 from ..validation import path_shape, require
 
@@ -36,7 +37,7 @@ def is_gguf(source: str | os.PathLike) -> bool:
 
 def default_cache_dir() -> Path:
     """``$HF_POSEXT_CACHE/gguf``, else ``~/.cache/hf_posext/gguf``."""
-    return Path(os.environ.get("HF_POSEXT_CACHE", Path.home() / ".cache" / "hf_posext")) / "gguf"
+    return files.default_cache_dir() / "gguf"
 
 
 def _gguf_file(path: str | os.PathLike) -> Path:

@@ -19,8 +19,9 @@ import transformers
 from .. import integration
 from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, ROPE_FREQS_ARCHITECTURES, gguf_rope_for, reach_of
 from ..rope_utils import default_inv_freq, rotary_dim_of
-from . import support, transformers4, transformers5
+from . import transformers4, transformers5
 from .config_checks import check_config, rope_dict
+from .verdicts import support
 
 VERDICTS = ("same", "misread", "refused", "needs-plugin", "unknown")
 #: The readers, keyed as ``--json`` prints them, with :func:`support`'s names.
