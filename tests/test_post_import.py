@@ -82,3 +82,29 @@ def test_no_file_is_left_at_an_old_path_and_every_new_path_is_a_module():
 def test_an_unknown_name_is_still_missing():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("hf_posext.gguf_nothing")
+
+
+#: Issue 48 item 4 (one name, one meaning): a statement as code written before the renames has it -> the name it
+#: binds, which must be the very object the new path holds.
+RENAMED_MODULE_IMPORTS = [
+    ("from hf_posext.validation.checkpoint import read_config", "hf_posext.validation.saved_model", "read_config"),
+    ("from hf_posext.eval.checkpoint import load_model", "hf_posext.eval.evaluated_model", "load_model"),
+    ("from hf_posext.train.checkpointing import latest_checkpoint", "hf_posext.train.saved_state", "latest_checkpoint"),
+    ("from hf_posext.train.final_checkpoint import save_final", "hf_posext.train.final_model", "save_final"),
+    ("from hf_posext.patching.checkpoint_rope import base_rope", "hf_posext.patching.shipped_rope", "base_rope"),
+    ("from hf_posext.experiments.reproduce import write_report", "hf_posext.experiments.reproduction", "write_report"),
+    ("from hf_posext.export import extend_checkpoint", "hf_posext.publish", "extend_checkpoint"),
+    ("from hf_posext.export.extend import extend_checkpoint", "hf_posext.publish.config_patch", "extend_checkpoint"),
+    ("from hf_posext.export.hub import push_to_hub", "hf_posext.publish.hub", "push_to_hub"),
+]
+
+
+@pytest.mark.parametrize(("statement", "new", "name"), RENAMED_MODULE_IMPORTS)
+def test_a_renamed_module_old_import_gives_the_same_object_and_warns_once(statement, new, name, no_old_path_imported):
+    namespace: dict = {}
+    old = statement.split()[1]
+    first = _import_here(statement, namespace)
+    assert namespace[name] is getattr(importlib.import_module(new), name)
+    assert [str(w.message) for w in first] == _warnings_for(old)  # one per renamed path along it
+    assert any(new in str(w.message) for w in first)
+    assert _import_here(statement, {}) == []  # once per process

@@ -74,7 +74,7 @@ def _methods(args: argparse.Namespace) -> int:
 def _patch(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from ..export import extend_checkpoint, merge_adapter
+    from ..publish import extend_checkpoint, merge_adapter
     from ..gguf import is_gguf, resolve_model_source
     from ..patching import patch_info
     from ..readers import print_engine_warning

@@ -19,7 +19,7 @@ from tests.helpers.vanilla import vanilla_load_error
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main
-from hf_posext.export import extend_checkpoint, model_card
+from hf_posext.publish import extend_checkpoint, model_card
 from hf_posext.readers import llamacpp, sglang, support, vllm
 from hf_posext.readers.rope import intended_rope
 from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE, ntk_theta

@@ -1,6 +1,6 @@
 """Checkpoints for others to load: model cards, config-only context extension, adapter merges.
 
-:mod:`.extend` (``hf-posext patch``: a checkpoint's context extended without loading its weights),
+:mod:`.config_patch` (``hf-posext patch``: a checkpoint's context extended without loading its weights),
 :mod:`.adapter` (a LoRA fine-tune merged from its base and its adapter), :mod:`.card` (their model
 card), :mod:`.repository` (the files a model repository holds). Beside them, what travels with an
 extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its tokenizer's raised
@@ -9,7 +9,7 @@ extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its
 
 from .adapter import ADAPTER_WEIGHTS, check_adapter, merge_adapter, read_adapter
 from .card import card_title, model_card
-from .extend import CONFIG_ONLY_FILES, extend_checkpoint
+from .config_patch import CONFIG_ONLY_FILES, extend_checkpoint
 from .repository import ADAPTER_FOLDER, MODEL_REPO_FILES
 
 __all__ = [

@@ -15,7 +15,7 @@ from huggingface_hub import snapshot_download
 
 from ..files import output_folder
 from ..patching import patch_info, patch_model
-from ..validation.checkpoint import check_weight_files, read_config
+from ..validation.saved_model import check_weight_files, read_config
 from .card import model_card
 from .repository import MODEL_REPO_FILES
 from .tokenizer import raise_model_max_length
