@@ -83,6 +83,7 @@ RENAMED = {
     "make_method": "method_config",
     "EXACT_DYNAMIC_UNSUPPORTED": "WRAPPED_ATTENTION_UNSUPPORTED",  # it gates every attention wrapper
     "KeepFirstRotaryEmbedding": "LongRopeRotaryEmbedding",  # it runs every longrope model's default cache
+    "extend_checkpoint": "patch_checkpoint",  # issue 48: `hf-posext patch`'s library side, like patch_model, patch_gguf
 }
 
 

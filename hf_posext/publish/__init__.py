@@ -9,8 +9,14 @@ extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its
 
 from .adapter import ADAPTER_WEIGHTS, check_adapter, merge_adapter, read_adapter
 from .card import card_title, model_card
-from .config_patch import CONFIG_ONLY_FILES, extend_checkpoint
+from .config_patch import CONFIG_ONLY_FILES, patch_checkpoint
+from ..post_import import deprecated_attribute as _deprecated_attribute
 from .repository import ADAPTER_FOLDER, MODEL_REPO_FILES
+
+
+def __getattr__(name: str) -> object:  # the deprecated extend_checkpoint (hf_posext.post_import.RENAMED)
+    return _deprecated_attribute(__name__, name)
+
 
 __all__ = [
     "ADAPTER_FOLDER",
@@ -19,8 +25,8 @@ __all__ = [
     "MODEL_REPO_FILES",
     "card_title",
     "check_adapter",
-    "extend_checkpoint",
     "merge_adapter",
     "model_card",
+    "patch_checkpoint",
     "read_adapter",
 ]
