@@ -25,7 +25,7 @@ import torch
 from harness import Results
 from transformers import AutoTokenizer
 
-from hf_posext.eval.checkpoint import load_model
+from hf_posext.eval.evaluated_model import load_model
 from hf_posext.eval.ruler import TASKS, fit_prompt, run_cell, wrapper_for
 from hf_posext.eval.ruler.tasks import stratified_depth
 from hf_posext.gguf import resolve_model_source

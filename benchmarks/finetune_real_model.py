@@ -45,7 +45,7 @@ from real_model import Cells, reference_text  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
 from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, passkeys, shard  # noqa: E402
 
-from hf_posext.eval.checkpoint import load_model, model_fingerprint  # noqa: E402
+from hf_posext.eval.evaluated_model import load_model, model_fingerprint  # noqa: E402
 from hf_posext.eval.perplexity import sequence_nll, truncated_perplexity  # noqa: E402
 from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text  # noqa: E402
 from hf_posext.eval.ruler.score import mcnemar_exact  # noqa: E402
@@ -153,9 +153,9 @@ def publish(checkpoint: Path, results_md: str) -> None:
     """The adapter, its card (the run's card, these results, how to rebuild) and the rebuild's reference."""
     from huggingface_hub import ModelCard
 
-    from hf_posext.export.hub_card import base_model_id
+    from hf_posext.publish.hub_card import base_model_id
     from hf_posext.train.config import TrainConfig
-    from hf_posext.train.final_checkpoint import adapter_card, describe_data
+    from hf_posext.train.final_model import adapter_card, describe_data
 
     out = OUT / "adapter"
     out.mkdir(parents=True, exist_ok=True)

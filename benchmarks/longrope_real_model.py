@@ -36,7 +36,7 @@ from real_model import Cells, reference_text  # noqa: E402
 from training_free_real_model import LONGROPE_SEARCH, SETTINGS  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
 
-from hf_posext.eval.checkpoint import model_fingerprint  # noqa: E402
+from hf_posext.eval.evaluated_model import model_fingerprint  # noqa: E402
 from hf_posext.eval.report import markdown_table, write_text  # noqa: E402
 
 OUT = LONGROPE_SEARCH.parent

@@ -18,7 +18,7 @@ from transformers import PreTrainedConfig
 
 from . import integration
 from .post_import import deprecated_attribute
-from .validation.checkpoint import check_rope_config
+from .validation.saved_model import check_rope_config
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check
 #: (parity with transformers' own rope types, cached generation, save and reload); a test keeps it

@@ -24,7 +24,7 @@ from . import integration, readers
 from .gguf import resolve_model_source
 from .methods.registry import shipped_method, surgery_for
 from .patching import CONFIG_KEY, method_from_record, patch_model
-from .validation.checkpoint import check_checkpoint_file, check_model_config
+from .validation.saved_model import check_checkpoint_file, check_model_config
 
 _hook_handle: Any = None
 _undo_from_config: Any = None
@@ -119,7 +119,7 @@ def from_pretrained(
 
     Raises:
         ValueError: a rope field or record of the checkpoint out of range, non-finite or misshapen
-            (:func:`hf_posext.validation.checkpoint.check_model_config`), naming the file and the field.
+            (:func:`hf_posext.validation.saved_model.check_model_config`), naming the file and the field.
         RuntimeError: the method's surgery is missing (the construction hook was switched off).
 
     Example:

@@ -29,7 +29,7 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 from transformers.utils import logging as transformers_logging
 
-from .patching.checkpoint_rope import base_rope
+from .patching.shipped_rope import base_rope
 from .eval.perplexity import sequence_nll
 from .files import write_text
 from .methods import method_config

@@ -2,7 +2,7 @@
 
 The names half of the method registry (:mod:`hf_posext.methods.registry` fills these tables, one
 ``register_method`` or ``register_family`` call per family folder, and maps a name to its config
-class), kept below every module that checks a method name: :mod:`hf_posext.validation.checkpoint`
+class), kept below every module that checks a method name: :mod:`hf_posext.validation.saved_model`
 checks the method a checkpoint's ``hf_posext`` record names, and the method families import that
 module, so the check cannot import the ``methods`` package they make up. Imports nothing of the package.
 """

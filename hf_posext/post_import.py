@@ -83,6 +83,7 @@ RENAMED = {
     "make_method": "method_config",
     "EXACT_DYNAMIC_UNSUPPORTED": "WRAPPED_ATTENTION_UNSUPPORTED",  # it gates every attention wrapper
     "KeepFirstRotaryEmbedding": "LongRopeRotaryEmbedding",  # it runs every longrope model's default cache
+    "extend_checkpoint": "patch_checkpoint",  # issue 48: `hf-posext patch`'s library side, like patch_model, patch_gguf
 }
 
 
@@ -104,10 +105,12 @@ def deprecated_attribute(module: str, name: str) -> Any:
     return getattr(sys.modules[module], new)
 
 
-#: Old module path -> the module now there (0.2, issue 33 item 2: the package root grouped by feature).
+#: Old module path -> the module now there (0.2: issue 33 item 2, the package root grouped by feature; issue 48
+#: item 4, one name one meaning: a module named for what it holds).
 MOVED = {
-    "hf_posext.checkpoint_rope": "hf_posext.patching.checkpoint_rope",
-    "hf_posext.config_checks": "hf_posext.validation.checkpoint",
+    "hf_posext.checkpoint_rope": "hf_posext.patching.shipped_rope",
+    "hf_posext.config_checks": "hf_posext.validation.saved_model",
+    "hf_posext.eval.checkpoint": "hf_posext.eval.evaluated_model",
     "hf_posext.exact_dynamic": "hf_posext.attention.exact_dynamic",
     "hf_posext.exact_dynamic.attention": "hf_posext.attention.exact_dynamic.attention",
     "hf_posext.exact_dynamic.complex_rowwise": "hf_posext.attention.exact_dynamic.complex_rowwise",
@@ -117,14 +120,27 @@ MOVED = {
     "hf_posext.exact_dynamic.kept": "hf_posext.attention.exact_dynamic.kept",
     "hf_posext.exact_dynamic.rotation": "hf_posext.attention.exact_dynamic.rotation",
     "hf_posext.exact_dynamic.rowwise": "hf_posext.attention.exact_dynamic.rowwise",
+    "hf_posext.experiments.reproduce": "hf_posext.experiments.reproduction",
+    "hf_posext.export": "hf_posext.publish",
+    "hf_posext.export.adapter": "hf_posext.publish.adapter",
+    "hf_posext.export.card": "hf_posext.publish.card",
+    "hf_posext.export.extend": "hf_posext.publish.config_patch",
+    "hf_posext.export.hub": "hf_posext.publish.hub",
+    "hf_posext.export.hub_card": "hf_posext.publish.hub_card",
+    "hf_posext.export.repository": "hf_posext.publish.repository",
+    "hf_posext.export.tokenizer": "hf_posext.publish.tokenizer",
     "hf_posext.gguf_export": "hf_posext.gguf.export",
     "hf_posext.gguf_rope": "hf_posext.gguf.rope",
     "hf_posext.gguf_writer": "hf_posext.gguf.writer",
-    "hf_posext.hub": "hf_posext.export.hub",
+    "hf_posext.hub": "hf_posext.publish.hub",
     "hf_posext.methods.deprecated": "hf_posext.post_import",  # 0.2, issue 48: the one deprecation policy
-    "hf_posext.readers.hub_card": "hf_posext.export.hub_card",
-    "hf_posext.readers.tokenizer": "hf_posext.export.tokenizer",
+    "hf_posext.patching.checkpoint_rope": "hf_posext.patching.shipped_rope",
+    "hf_posext.readers.hub_card": "hf_posext.publish.hub_card",
+    "hf_posext.readers.tokenizer": "hf_posext.publish.tokenizer",
+    "hf_posext.train.checkpointing": "hf_posext.train.saved_state",
+    "hf_posext.train.final_checkpoint": "hf_posext.train.final_model",
     "hf_posext.transaction": "hf_posext.patching.transaction",
+    "hf_posext.validation.checkpoint": "hf_posext.validation.saved_model",
 }
 
 

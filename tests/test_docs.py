@@ -228,8 +228,13 @@ def exists(path: str) -> bool:
 
 
 def moved_module(path: str) -> bool:
-    """Whether ``path`` is the file of a module that moved (an old path of :data:`hf_posext.post_import.MOVED`)."""
-    return path.endswith(".py") and path.removesuffix(".py").replace("/", ".") in MOVED
+    """Whether ``path`` is the file of a module that moved (an old path of :data:`hf_posext.post_import.MOVED`),
+    the folder of a package that moved, or that folder's mirror under ``tests/`` (which moved with it)."""
+    if path.startswith("tests/") and path.endswith("/"):
+        path = "hf_posext/" + path.removeprefix("tests/")
+    if not path.endswith((".py", "/")):
+        return False
+    return path.removesuffix(".py").rstrip("/").replace("/", ".") in MOVED
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])

@@ -35,7 +35,7 @@ HEAVY = (
     "matplotlib",
     "torch._dynamo",
     "hf_posext.train",
-    "hf_posext.eval.checkpoint",
+    "hf_posext.eval.evaluated_model",
     "hf_posext.eval.report",
 )
 

@@ -320,7 +320,7 @@ def test_broken_weights_are_refused_naming_the_file(assets, tmp_path, capsys, co
 def test_published_layouts_are_read(assets, tmp_path):
     """No false refusal: transformers 4's layout (rope_scaling; theta and a partial rotary factor at the top
     level, as Phi-4-mini writes them) with longrope lists of the partial rotary pairs."""
-    from hf_posext.validation.checkpoint import read_config
+    from hf_posext.validation.saved_model import read_config
 
     pairs = HALF // 2
     changes = {

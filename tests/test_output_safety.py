@@ -25,9 +25,9 @@ from huggingface_hub.utils import filter_repo_objects
 
 from hf_posext.commands.main import main as cli_main
 from hf_posext.files import MARKER, atomic_directory
-from hf_posext.export.hub import push_to_hub
+from hf_posext.publish.hub import push_to_hub
 from hf_posext.train import loop
-from hf_posext.train.checkpointing import latest_checkpoint, load_checkpoint
+from hf_posext.train.saved_state import latest_checkpoint, load_checkpoint
 from hf_posext.train.config import TrainConfig
 from tests.helpers.finetune import train_config
 from hf_posext.train.loop import train

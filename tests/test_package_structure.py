@@ -48,7 +48,7 @@ OPTIONAL = {"datasets", "flash_attn", "gguf", "lm_eval", "matplotlib", "deepspee
 
 #: Parts of transformers imported inside the functions that use them, so that ``import hf_posext``
 #: loads none of them (tests/test_import_cost.py): its model and mask machinery and the Auto classes;
-#: and peft, which only ``hf_posext.export.merge_adapter`` needs of the modules ``hf-posext eval`` loads.
+#: and peft, which only ``hf_posext.publish.merge_adapter`` needs of the modules ``hf-posext eval`` loads.
 DEFERRED = {
     "peft",
     "transformers.modeling_utils",

@@ -82,3 +82,33 @@ def test_no_file_is_left_at_an_old_path_and_every_new_path_is_a_module():
 def test_an_unknown_name_is_still_missing():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("hf_posext.gguf_nothing")
+
+
+#: Issue 48 item 4 (one name, one meaning): a statement as code written before the renames has it -> the object it
+#: must bind (new module, new name): ``extend_checkpoint`` is ``patch_checkpoint`` now, like ``patch_model``.
+RENAMED_MODULE_IMPORTS = [
+    ("from hf_posext.validation.checkpoint import read_config", "hf_posext.validation.saved_model", "read_config"),
+    ("from hf_posext.eval.checkpoint import load_model", "hf_posext.eval.evaluated_model", "load_model"),
+    ("from hf_posext.train.checkpointing import latest_checkpoint", "hf_posext.train.saved_state", "latest_checkpoint"),
+    ("from hf_posext.train.final_checkpoint import save_final", "hf_posext.train.final_model", "save_final"),
+    ("from hf_posext.patching.checkpoint_rope import base_rope", "hf_posext.patching.shipped_rope", "base_rope"),
+    ("from hf_posext.experiments.reproduce import write_report", "hf_posext.experiments.reproduction", "write_report"),
+    ("from hf_posext.export import extend_checkpoint", "hf_posext.publish", "patch_checkpoint"),
+    ("from hf_posext.export.extend import extend_checkpoint", "hf_posext.publish.config_patch", "patch_checkpoint"),
+    ("from hf_posext.export.hub import push_to_hub", "hf_posext.publish.hub", "push_to_hub"),
+]
+
+
+@pytest.mark.parametrize(("statement", "new", "name"), RENAMED_MODULE_IMPORTS)
+def test_a_renamed_module_old_import_gives_the_same_object_and_warns_once(statement, new, name, no_old_path_imported):
+    _, old, _, old_name = statement.split()
+    renamed = [f"{new}.{old_name} is deprecated; use {new}.{name}"] if old_name != name else []
+    namespace: dict = {}
+    first = _import_here(statement, namespace)
+    assert namespace[old_name] is getattr(importlib.import_module(new), name)
+    # One warning per renamed path along it, and the name's: a package's ``from ... import`` looks a name up twice
+    # (the import system's hasattr, then the binding), each look-up of a deprecated name warns, at the same line.
+    assert list(dict.fromkeys(str(w.message) for w in first)) == _warnings_for(old) + renamed
+    assert any(new in str(w.message) for w in first)
+    again = {str(w.message) for w in _import_here(statement, {})}
+    assert again == set(renamed)  # the module paths warn once per process, a deprecated name at each use

@@ -30,9 +30,9 @@ from . import harness
 from .arguments import check_factor, default_out, method_kwargs, real, whole
 
 if TYPE_CHECKING:
-    from ..eval.checkpoint import load_model, model_fingerprint
+    from ..eval.evaluated_model import load_model, model_fingerprint
 
-#: ``--dtype`` choices: :data:`hf_posext.eval.checkpoint.DTYPES`, spelled here so that ``--help`` does not
+#: ``--dtype`` choices: :data:`hf_posext.eval.evaluated_model.DTYPES`, spelled here so that ``--help`` does not
 #: import the evaluation package (tests/commands/test_eval.py checks the two agree).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -69,7 +69,7 @@ def _names(text: str) -> list[str]:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the results depend on, the model by its content (:func:`model_fingerprint`)."""
-    from ..eval.checkpoint import model_fingerprint
+    from ..eval.evaluated_model import model_fingerprint
 
     settings = {
         k: v
@@ -122,7 +122,7 @@ def _checked_methods(args: argparse.Namespace) -> tuple[list[str], dict[str, Any
 
 def _ppl(args: argparse.Namespace) -> int:
     from ..data import encode_documents, load_texts
-    from ..eval import checkpoint
+    from ..eval import evaluated_model
     from ..eval.perplexity import sliding_window_perplexity, truncated_perplexity
     from ..eval.report import ResultFile, markdown_table, plot_curves, write_csv
 
@@ -132,7 +132,7 @@ def _ppl(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ppl.*",), reuse_own=True)
     done = ResultFile(out / "ppl.json", settings, overwrite=args.overwrite)
     results = done.results
-    model, tokenizer = checkpoint.load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     docs = encode_documents(load_texts(args.data, split=args.split, text_field=args.text_field), tokenizer)
     for method in methods:
         for mode in modes:
@@ -188,7 +188,7 @@ def _ppl(args: argparse.Namespace) -> int:
 
 
 def _passkey(args: argparse.Namespace) -> int:
-    from ..eval import checkpoint
+    from ..eval import evaluated_model
     from ..eval.passkey import passkey_accuracy
     from ..eval.report import ResultFile, markdown_table, plot_heatmaps, write_csv
 
@@ -197,7 +197,7 @@ def _passkey(args: argparse.Namespace) -> int:
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
     done = ResultFile(out / "passkey.json", settings, overwrite=args.overwrite)
     results = done.results
-    model, tokenizer = checkpoint.load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if method in done:
             print(f"{method}: done in an earlier run, skipped")
@@ -287,7 +287,7 @@ class _MethodCells:
 def _ruler(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from ..eval import checkpoint
+    from ..eval import evaluated_model
     from ..eval.report import ResultFile, write_csv, write_json
     from ..eval.ruler import QUICK, TASKS, resolve_tasks, ruler_accuracy
     from ..eval.ruler.fit import minimum_length, wrapper_for
@@ -321,7 +321,7 @@ def _ruler(args: argparse.Namespace) -> int:
     } | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
     done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
-    model, tokenizer = checkpoint.load_model(args.model, args.dtype, args.device, args.attn_implementation)
+    model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
             print(f"{method}: done in an earlier run, skipped")
@@ -462,11 +462,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``load_model`` and ``model_fingerprint`` (:mod:`hf_posext.eval.checkpoint`), imported when first asked for."""
+    """``load_model`` and ``model_fingerprint`` (:mod:`hf_posext.eval.evaluated_model`), imported on first use."""
     if name in ("load_model", "model_fingerprint"):
-        from ..eval import checkpoint
+        from ..eval import evaluated_model
 
-        return getattr(checkpoint, name)
+        return getattr(evaluated_model, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -46,7 +46,7 @@ def _main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ValueError(f"output file {str(out)!r} exists; pass --overwrite to replace it (nothing was run)")
-    from ..eval.checkpoint import load_model
+    from ..eval.evaluated_model import load_model
     from ..gguf import resolve_model_source
     from ..patching import patch_model
 

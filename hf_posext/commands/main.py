@@ -74,7 +74,7 @@ def _methods(args: argparse.Namespace) -> int:
 def _patch(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from ..export import extend_checkpoint, merge_adapter
+    from ..publish import patch_checkpoint, merge_adapter
     from ..gguf import is_gguf, resolve_model_source
     from ..patching import patch_info
     from ..readers import print_engine_warning
@@ -117,7 +117,7 @@ def _patch(args: argparse.Namespace) -> int:
             **extra,
         )
     else:
-        out = extend_checkpoint(
+        out = patch_checkpoint(
             source, args.output_dir, args.method, args.factor, override=args.override, overwrite=args.overwrite, **extra
         )
     print(f"wrote {out}")

@@ -5,7 +5,7 @@
     hf-posext reproduce --quick --out /tmp/repro   # seconds, for CI
 
 Writes ``<experiment>.json``, ``reproduction.md`` and ``repro_*.png`` under ``--out``; trained
-models are cached, and a rerun reuses finished experiments (:mod:`hf_posext.experiments.reproduce`).
+models are cached, and a rerun reuses finished experiments (:mod:`hf_posext.experiments.reproduction`).
 """
 
 from __future__ import annotations
@@ -25,30 +25,36 @@ PROG = "hf-posext reproduce"
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from ..experiments import reproduce
+    from ..experiments import reproduction
 
-    runners = {"scratch": reproduce.run_scratch, "extension": reproduce.run_extension, "passkey": reproduce.run_passkey}
-    only = args.only or list(reproduce.EXPERIMENTS)
-    unknown = [name for name in only if name not in reproduce.EXPERIMENTS]
+    runners = {
+        "scratch": reproduction.run_scratch,
+        "extension": reproduction.run_extension,
+        "passkey": reproduction.run_passkey,
+    }
+    only = args.only or list(reproduction.EXPERIMENTS)
+    unknown = [name for name in only if name not in reproduction.EXPERIMENTS]
     if unknown:
         raise ValueError(
-            f"--only: unknown experiment(s) {unknown}; the experiments are: {', '.join(reproduce.EXPERIMENTS)}"
+            f"--only: unknown experiment(s) {unknown}; the experiments are: {', '.join(reproduction.EXPERIMENTS)}"
         )
-    config = reproduce.QUICK if args.quick else reproduce.FULL
+    config = reproduction.QUICK if args.quick else reproduction.FULL
     out = Path(args.out)
     if args.report_only:
         seconds = sum(
-            json.loads(p.read_text()).get("seconds", 0.0) for p in out.glob("*.json") if p.stem in reproduce.EXPERIMENTS
+            json.loads(p.read_text()).get("seconds", 0.0)
+            for p in out.glob("*.json")
+            if p.stem in reproduction.EXPERIMENTS
         )
         command = f"{PROG} --only EXPERIMENT` (one process each) and `--report-only"
-        print(reproduce.write_report(config, out, command, seconds))
+        print(reproduction.write_report(config, out, command, seconds))
         return 0
     start = time.perf_counter()
     for name in only:
         print(f"== {name}", flush=True)
         runners[name](config, out, Path(args.cache_dir) if args.cache_dir else None, progress=not args.no_progress)
     command = f"{PROG} {shlex.join(args.command_argv)}".strip()  # the report quotes the command that made it
-    print(reproduce.write_report(config, out, command, time.perf_counter() - start))
+    print(reproduction.write_report(config, out, command, time.perf_counter() - start))
     return 0
 
 

@@ -47,11 +47,11 @@ def _longrope(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from ..patching.checkpoint_rope import base_rope, shipped_rope
-    from ..validation.checkpoint import read_config
+    from ..patching.shipped_rope import base_rope, shipped_rope
+    from ..validation.saved_model import read_config
     from ..data import encode_documents, load_texts
-    from ..eval.checkpoint import load_model
-    from ..export import extend_checkpoint
+    from ..eval.evaluated_model import load_model
+    from ..publish import patch_checkpoint
     from ..longrope_search import search_longrope
     from ..methods import method_config
     from ..methods.longrope.config import longrope_attention_factor
@@ -119,7 +119,7 @@ def _longrope(args: argparse.Namespace) -> int:
         },
         "result": result.to_dict(),
     }
-    out = extend_checkpoint(
+    out = patch_checkpoint(
         source,
         args.out,
         "longrope",

@@ -40,7 +40,7 @@ from ..testing import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, byte_tokenizer
 from ..files import atomic_directory
 from ..methods import available_methods
 from ..patching import patch_model
-from ..train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..train.saved_state import latest_checkpoint, load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..files import check_output_file, output_file, same_file
 from ..validation import choice
-from ..validation.checkpoint import check_weight_files, read_config
+from ..validation.saved_model import check_weight_files, read_config
 from .converter import LLAMA_CPP_PYTHON, check_converter, find_converter, run_converter
 from .rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for
 from .writer import architecture, open_gguf, write_gguf
@@ -82,7 +82,7 @@ def export_gguf(
 
     Raises:
         ValueError: before converting: an ``outtype`` the converter does not take, a checkpoint whose config
-            or weights are refused (:func:`~hf_posext.validation.checkpoint.read_config`) or whose rope has no
+            or weights are refused (:func:`~hf_posext.validation.saved_model.read_config`) or whose rope has no
             GGUF form, an output path that is a folder, lies under a file, exists (without ``overwrite``), is
             a file of the checkpoint, or (``keep_converted``) is ``dst`` itself; a converter Python that
             cannot run it or lacks a module it imports (:func:`~.converter.check_converter`).

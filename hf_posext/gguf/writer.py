@@ -5,7 +5,7 @@
 or, in Python, ``patch_gguf("model.gguf", "out.gguf", "yarn", factor=4)``. The file's rope (plain,
 a raised base, linear, yarn, a ``rope_freqs`` tensor) is read as llama.cpp runs it and becomes the
 base the method composes on, by the same rules as for a transformers checkpoint
-(:mod:`hf_posext.patching.checkpoint_rope`); the result is written as the rope metadata and ``rope_freqs``
+(:mod:`hf_posext.patching.shipped_rope`); the result is written as the rope metadata and ``rope_freqs``
 tensor llama.cpp reads (:mod:`hf_posext.gguf.rope`). Every other key and every tensor is copied
 byte for byte (a quantized file stays quantized), through the ``gguf`` package's reader and
 writer; the output appears complete or not at all.

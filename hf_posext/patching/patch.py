@@ -20,7 +20,7 @@ from transformers import PreTrainedConfig
 from .. import architectures, integration, readers
 from ..methods.base import BaseRope, MethodConfig
 from ..methods.registry import available_methods, method_class, method_config, surgery_for
-from .checkpoint_rope import CONFIG_KEY, base_rope, shipped_rope
+from .shipped_rope import CONFIG_KEY, base_rope, shipped_rope
 from .transaction import Snapshot, restore, snapshot
 
 _ORIGINAL_MODULES = "_hf_posext_original_modules"

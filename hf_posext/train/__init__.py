@@ -4,8 +4,9 @@ Library code behind ``hf-posext finetune``: settings (:mod:`.config`), the pre-f
 (:mod:`.plan`), the recipe (:mod:`.loop`: :class:`~.loop.FinetuneRecipe` with setup / train step /
 save / cleanup, and :func:`~.loop.train`), each micro-batch's contents (:mod:`.micro_batches`), the
 window schedule (:mod:`.schedule`), a batch's loss and evaluation (:mod:`.steps`), the accelerator
-(:mod:`.distributed`), training states (:mod:`.checkpointing`) and what a resume must share with them
-(:mod:`.resume`), sequence parallelism (:mod:`.sequence_parallel`), the final checkpoint
-(:mod:`.final_checkpoint`), LoRA (:mod:`.lora`), PoSE (:mod:`.pose`), the chunked loss (:mod:`.loss`).
+(:mod:`.distributed`), resumable training states (:mod:`.saved_state`) and what a resume must share
+with them (:mod:`.resume`), sequence parallelism (:mod:`.sequence_parallel`), the final model written to
+the output folder (:mod:`.final_model`), LoRA (:mod:`.lora`), PoSE (:mod:`.pose`), the chunked loss
+(:mod:`.loss`).
 Nothing runs on import. The guide: docs/guides/finetune.md; internals: docs/notes/training.md.
 """

@@ -22,14 +22,14 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..data import check_dataset, is_local_dataset
-from ..export.tokenizer import check_tokenizer_config
+from ..publish.tokenizer import check_tokenizer_config
 from ..gguf import resolve_model_source
 from ..methods.longrope import pinned_factors
 from ..patching import patch_model
 from ..readers import print_engine_warning
-from ..validation.checkpoint import check_weight_files, read_config
+from ..validation.saved_model import check_weight_files, read_config
 from .blocks import load_blocks, load_document_blocks, micro_batch_indices
-from .checkpointing import (
+from .saved_state import (
     TrainProgress,
     check_resumable,
     latest_checkpoint,
@@ -39,7 +39,7 @@ from .checkpointing import (
 )
 from .config import TrainConfig, build_scheduler
 from .distributed import build_accelerator, data_parallel_layout, describe_strategy
-from .final_checkpoint import check_final_output, save_dtype_for, save_final
+from .final_model import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
 from .micro_batches import MicroBatch, MicroBatches
 from .plan import plan_run

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from hf_posext import patch_model
 from hf_posext.commands.main import main
 from hf_posext.commands import eval as eval_cli
-from hf_posext.eval import checkpoint as eval_checkpoint
+from hf_posext.eval import evaluated_model
 from hf_posext.eval import encode_documents, load_texts, sliding_window_perplexity, truncated_perplexity
 from hf_posext.testing import byte_tokenizer, make_tiny_model
 
@@ -190,7 +190,7 @@ def test_every_method_is_checked_before_any_evaluation(checkpoint, tmp_path, cap
     def no_evaluation(*args, **kwargs):
         raise AssertionError("a model was loaded before the methods were checked")
 
-    monkeypatch.setattr(eval_checkpoint, "load_model", no_evaluation)
+    monkeypatch.setattr(evaluated_model, "load_model", no_evaluation)
     for command in (["ppl", "--data", str(text)], ["passkey"]):
         assert (
             main(
@@ -324,9 +324,9 @@ def test_two_models_never_replace_each_others_results_in_the_default_out(
 
 
 def test_the_dtype_choices_are_the_loaders():
-    assert eval_cli.DTYPES == eval_checkpoint.DTYPES
+    assert eval_cli.DTYPES == evaluated_model.DTYPES
 
 
 def test_load_model_is_still_importable_from_the_command_module():
-    assert eval_cli.load_model is eval_checkpoint.load_model
-    assert eval_cli.model_fingerprint is eval_checkpoint.model_fingerprint
+    assert eval_cli.load_model is evaluated_model.load_model
+    assert eval_cli.model_fingerprint is evaluated_model.model_fingerprint

@@ -15,7 +15,7 @@ from tests.helpers.models import single_thread
 import hf_posext
 from hf_posext.commands.main import main
 from hf_posext.data import stdlib_files
-from hf_posext.eval.checkpoint import load_model
+from hf_posext.eval.evaluated_model import load_model
 from hf_posext.eval.harness import harness_max_length, run_harness
 from hf_posext.testing import make_tiny_model
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_posext.commands.main import main
 from hf_posext import eval as eval_lib
-from hf_posext.eval import checkpoint as eval_checkpoint
+from hf_posext.eval import evaluated_model
 from hf_posext.eval.ruler import ruler_accuracy
 from hf_posext.testing import make_tiny_model
 
@@ -162,7 +162,7 @@ def test_bad_tasks_and_lengths_are_refused_before_the_model_loads(
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(eval_checkpoint, "load_model", no_model)
+    monkeypatch.setattr(evaluated_model, "load_model", no_model)
     assert main(["eval", "ruler", str(checkpoint), "--out", str(tmp_path / "out"), "--no-progress", *extra]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -117,6 +117,7 @@ DEPRECATED = [
             "LongRopeRotaryEmbedding",
             ("hf_posext.methods.longrope", "hf_posext.methods.longrope.rope"),
         ),
+        ("extend_checkpoint", "patch_checkpoint", ("hf_posext.publish", "hf_posext.publish.config_patch")),
     ]
     for module in modules
 ]

@@ -19,7 +19,7 @@ from tests.helpers.vanilla import vanilla_load_error
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main
-from hf_posext.export import extend_checkpoint, model_card
+from hf_posext.publish import patch_checkpoint, model_card
 from hf_posext.readers import llamacpp, sglang, support, vllm
 from hf_posext.readers.rope import intended_rope
 from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE, ntk_theta
@@ -180,23 +180,23 @@ def test_cli_warns_once_for_dynamic_methods_naming_the_engines(tmp_path, capsys)
 
 def test_model_card_names_no_local_path(tmp_path):
     tiny_model(max_positions=L_ORIG).save_pretrained(tmp_path / "base")
-    extend_checkpoint(tmp_path / "base", tmp_path / "out", "yarn", factor=4)
+    patch_checkpoint(tmp_path / "base", tmp_path / "out", "yarn", factor=4)
     text = (tmp_path / "out" / "README.md").read_text()
     assert str(tmp_path) not in text and ABSOLUTE_PATH.search(text) is None, text
     assert ModelCard.load(tmp_path / "out" / "README.md").data.base_model is None
     # a folder from huggingface_hub's cache, or a config recording its Hub id, names the id
     cached = tmp_path / "hub" / "models--my-org--tiny-base" / "snapshots" / "abc123"
     tiny_model(max_positions=L_ORIG).save_pretrained(cached)
-    extend_checkpoint(cached, tmp_path / "from-cache", "linear", factor=2)
+    patch_checkpoint(cached, tmp_path / "from-cache", "linear", factor=2)
     assert ModelCard.load(tmp_path / "from-cache" / "README.md").data.base_model == "my-org/tiny-base"
     # re-patching an hf-posext checkpoint extends the same base model its card names
-    extend_checkpoint(tmp_path / "from-cache", tmp_path / "again", "yarn", factor=2)
+    patch_checkpoint(tmp_path / "from-cache", tmp_path / "again", "yarn", factor=2)
     assert ModelCard.load(tmp_path / "again" / "README.md").data.base_model == "my-org/tiny-base"
     # a config.json saved by transformers 4.x records the Hub id it was loaded from
     tiny_model(max_positions=L_ORIG).save_pretrained(tmp_path / "base-4x")
     raw = json.loads((tmp_path / "base-4x" / "config.json").read_text())
     (tmp_path / "base-4x" / "config.json").write_text(json.dumps({**raw, "_name_or_path": "my-org/tiny-4x"}))
-    extend_checkpoint(tmp_path / "base-4x", tmp_path / "named", "ntk", factor=2)
+    patch_checkpoint(tmp_path / "base-4x", tmp_path / "named", "ntk", factor=2)
     assert ModelCard.load(tmp_path / "named" / "README.md").data.base_model == "my-org/tiny-4x"
     config = hf_posext.patch_model(tiny_config(max_positions=L_ORIG), "ntk", factor=2)
     card = model_card(config, base_model=str(tmp_path / "base"))

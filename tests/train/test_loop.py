@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_posext.commands.finetune import main as finetune_main
 from hf_posext.files import MARKER
-from hf_posext.train.checkpointing import latest_checkpoint, list_checkpoints
+from hf_posext.train.saved_state import latest_checkpoint, list_checkpoints
 from hf_posext.train.config import TrainConfig
 from hf_posext.testing import byte_tokenizer, make_tiny_model
 from tests.helpers.finetune import train_config, write_finetune_assets
@@ -460,7 +460,7 @@ def test_bad_input_fails_before_training(assets, tmp_path, monkeypatch, override
 
 
 def test_card_describes_the_data_with_its_exclusions(assets, tmp_path):
-    from hf_posext.train.final_checkpoint import describe_data
+    from hf_posext.train.final_model import describe_data
 
     def described(dataset):
         return describe_data(config(assets, tmp_path, dataset=dataset))

@@ -26,7 +26,7 @@ from hf_posext import patch_model
 from hf_posext.testing import byte_tokenizer, make_tiny_model
 from hf_posext.train import steps
 from hf_posext.train.blocks import _pack_documents, document_labels, document_positions, load_document_blocks
-from hf_posext.train.checkpointing import latest_checkpoint
+from hf_posext.train.saved_state import latest_checkpoint
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 from hf_posext.train.micro_batches import shorts_before

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_posext.train.checkpointing import latest_checkpoint
+from hf_posext.train.saved_state import latest_checkpoint
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import train
 from hf_posext.train.micro_batches import MicroBatches

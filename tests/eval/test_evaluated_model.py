@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from hf_posext import content_digest
-from hf_posext.eval.checkpoint import model_fingerprint
+from hf_posext.eval.evaluated_model import model_fingerprint
 from hf_posext.testing import make_tiny_model
 
 

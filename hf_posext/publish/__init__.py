@@ -1,6 +1,6 @@
 """Checkpoints for others to load: model cards, config-only context extension, adapter merges.
 
-:mod:`.extend` (``hf-posext patch``: a checkpoint's context extended without loading its weights),
+:mod:`.config_patch` (``hf-posext patch``: a checkpoint's context extended without loading its weights),
 :mod:`.adapter` (a LoRA fine-tune merged from its base and its adapter), :mod:`.card` (their model
 card), :mod:`.repository` (the files a model repository holds). Beside them, what travels with an
 extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its tokenizer's raised
@@ -9,8 +9,14 @@ extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its
 
 from .adapter import ADAPTER_WEIGHTS, check_adapter, merge_adapter, read_adapter
 from .card import card_title, model_card
-from .extend import CONFIG_ONLY_FILES, extend_checkpoint
+from .config_patch import CONFIG_ONLY_FILES, patch_checkpoint
+from ..post_import import deprecated_attribute as _deprecated_attribute
 from .repository import ADAPTER_FOLDER, MODEL_REPO_FILES
+
+
+def __getattr__(name: str) -> object:  # the deprecated extend_checkpoint (hf_posext.post_import.RENAMED)
+    return _deprecated_attribute(__name__, name)
+
 
 __all__ = [
     "ADAPTER_FOLDER",
@@ -19,8 +25,8 @@ __all__ = [
     "MODEL_REPO_FILES",
     "card_title",
     "check_adapter",
-    "extend_checkpoint",
     "merge_adapter",
     "model_card",
+    "patch_checkpoint",
     "read_adapter",
 ]

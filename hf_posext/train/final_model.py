@@ -23,11 +23,11 @@ from huggingface_hub import ModelCard
 from transformers import PreTrainedModel
 
 from ..data import STDLIB, is_local_dataset
-from ..export import ADAPTER_FOLDER, MODEL_REPO_FILES, model_card
-from ..export.hub_card import base_model_id
-from ..export.tokenizer import raise_model_max_length
+from ..publish import ADAPTER_FOLDER, MODEL_REPO_FILES, model_card
+from ..publish.hub_card import base_model_id
+from ..publish.tokenizer import raise_model_max_length
 from ..files import check_output_dir, output_folder
-from .checkpointing import TrainProgress
+from .saved_state import TrainProgress
 from .config import TrainConfig
 from .lora import merged_state_dict
 from .plan import Plan

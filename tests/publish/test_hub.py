@@ -17,8 +17,8 @@ from huggingface_hub.utils import filter_repo_objects
 
 from hf_posext import patch_model
 from hf_posext.commands.main import main
-from hf_posext.export.hub import push_to_hub
-from hf_posext.export import model_card
+from hf_posext.publish.hub import push_to_hub
+from hf_posext.publish import model_card
 from hf_posext.testing import make_tiny_model
 
 SECRET = "hf_secretTOKENforTESTSdoNOTprint1234"

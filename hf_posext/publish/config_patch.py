@@ -1,4 +1,4 @@
-"""Config-only context extension (``hf-posext patch``): :func:`extend_checkpoint` loads no weights.
+"""Config-only context extension (``hf-posext patch`` on a folder): :func:`patch_checkpoint` loads no weights.
 
 It copies a checkpoint's files byte for byte and rewrites only ``config.json`` and ``README.md``
 (:data:`CONFIG_ONLY_FILES`), so extending a 70B model takes seconds.
@@ -15,7 +15,8 @@ from huggingface_hub import snapshot_download
 
 from ..files import output_folder
 from ..patching import patch_info, patch_model
-from ..validation.checkpoint import check_weight_files, read_config
+from ..post_import import deprecated_attribute
+from ..validation.saved_model import check_weight_files, read_config
 from .card import model_card
 from .repository import MODEL_REPO_FILES
 from .tokenizer import raise_model_max_length
@@ -24,7 +25,7 @@ from .tokenizer import raise_model_max_length
 CONFIG_ONLY_FILES = ("config.json", "README.md")
 
 
-def extend_checkpoint(
+def patch_checkpoint(
     source: str | os.PathLike,
     output_dir: str | os.PathLike,
     method: str,
@@ -80,4 +81,9 @@ def extend_checkpoint(
 #: PEFT's weights file of a saved adapter, in the order ``PeftModel.from_pretrained`` looks for them.
 
 
-__all__ = ["CONFIG_ONLY_FILES", "extend_checkpoint"]
+def __getattr__(name: str) -> Any:
+    """The deprecated ``extend_checkpoint`` (:data:`hf_posext.post_import.RENAMED`)."""
+    return deprecated_attribute(__name__, name)
+
+
+__all__ = ["CONFIG_ONLY_FILES", "patch_checkpoint"]

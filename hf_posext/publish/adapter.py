@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..files import output_folder
 from ..patching import patch_info, patch_model
-from ..validation.checkpoint import check_weight_files, read_config
+from ..validation.saved_model import check_weight_files, read_config
 from .card import model_card
 from .repository import ADAPTER_FOLDER, MODEL_REPO_FILES
 from .tokenizer import raise_model_max_length

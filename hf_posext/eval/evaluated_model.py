@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..content_digest import file_digest
-from ..export.tokenizer import check_tokenizer_config
+from ..publish.tokenizer import check_tokenizer_config
 from ..gguf import check_model_source, gguf_identity, is_gguf, resolve_model_source
-from ..validation.checkpoint import check_device, check_weight_files, read_config
+from ..validation.saved_model import check_device, check_weight_files, read_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

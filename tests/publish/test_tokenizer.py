@@ -9,7 +9,7 @@ from tests.helpers.models import tiny_model
 from transformers import AutoTokenizer
 
 from hf_posext.commands.main import main as cli_main
-from hf_posext.export.tokenizer import TOKENIZER_CONFIG, raise_model_max_length
+from hf_posext.publish.tokenizer import TOKENIZER_CONFIG, raise_model_max_length
 from hf_posext.testing import byte_tokenizer
 
 L_ORIG = 64
