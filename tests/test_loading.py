@@ -168,3 +168,17 @@ def test_a_plugin_checkpoint_of_the_plugins_own_rope_type_is_refused_naming_the_
     with pytest.raises(ValueError, match=r"'plugin_own'.*'plugin_own_rope'.*import the plugin") as refused:
         loader(plugin_checkpoints["plugin_own"])
     assert "config.json" in str(refused.value)
+
+
+def test_what_needs_a_plugin_method_loaded_without_its_plugin_names_the_import(plugin_checkpoints):
+    """The model loads (above); what needs the method's own code (its config, undoing or re-patching it) says what
+    to import."""
+    with pytest.warns(UserWarning, match="'plugin_slow'"):
+        model = hf_posext.from_pretrained(plugin_checkpoints["plugin_slow"])
+    for needs_the_method in (
+        hf_posext.patched_method,
+        hf_posext.unpatch_model,
+        lambda model: hf_posext.patch_model(model, "yarn", factor=2, override=True),
+    ):
+        with pytest.raises(ValueError, match=r"'plugin_slow'.*not registered.*import the plugin that registers"):
+            needs_the_method(model)

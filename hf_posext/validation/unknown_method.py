@@ -65,6 +65,19 @@ def refuse_unknown_method(method: str, rope_types: Collection[Any] | None) -> No
         )
 
 
+def refuse_to_build(method: str) -> None:
+    """Refuse to build the config of a record's unregistered ``method`` (to undo it, re-patch, or return it).
+
+    Raises:
+        ValueError: naming the method and what to import.
+    """
+    raise ValueError(
+        f"{CONFIG_KEY}['method'] {method!r} is not registered in this process (a plugin's method?): import the "
+        f"plugin that registers {method!r} (hf_posext.register_method) first; registered methods: "
+        f"{', '.join(available_methods())}"
+    )
+
+
 def warn_unknown_method(method: str, rope_types: Collection[Any], source: str) -> None:
     """Warn that ``source`` loads as transformers loads it, without what the unregistered ``method`` adds.
 
@@ -80,4 +93,11 @@ def warn_unknown_method(method: str, rope_types: Collection[Any], source: str) -
     )
 
 
-__all__ = ["is_native_rope_type", "refuse_unknown_method", "rope_types_of", "unknown_method", "warn_unknown_method"]
+__all__ = [
+    "is_native_rope_type",
+    "refuse_to_build",
+    "refuse_unknown_method",
+    "rope_types_of",
+    "unknown_method",
+    "warn_unknown_method",
+]
