@@ -5,6 +5,7 @@ Real save_pretrained / from_pretrained round trips of tiny models; no Hub.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -182,3 +183,13 @@ def test_what_needs_a_plugin_method_loaded_without_its_plugin_names_the_import(p
     ):
         with pytest.raises(ValueError, match=r"'plugin_slow'.*not registered.*import the plugin that registers"):
             needs_the_method(model)
+
+
+def test_a_plugin_checkpoint_loaded_without_its_plugin_saves_the_config_it_was_read_from(plugin_checkpoints, tmp_path):
+    """The record and the fields for other readers (rope_scaling...) are kept, so the plugin can load the copy."""
+    with pytest.warns(UserWarning, match="'plugin_yarn'"):
+        model = AutoModelForCausalLM.from_pretrained(plugin_checkpoints["plugin_yarn"])
+    model.save_pretrained(tmp_path)
+    saved = json.loads((plugin_checkpoints["plugin_yarn"] / "config.json").read_text())
+    assert "rope_scaling" in saved and saved["hf_posext"]["method"] == "plugin_yarn"
+    assert json.loads((tmp_path / "config.json").read_text()) == saved
