@@ -6,8 +6,8 @@
     model = hf_posext.from_pretrained("out/llama-yarn-16k")   # a saved patched checkpoint
 
 The names in ``__all__`` are the public, stable API, the plugin API included (``register_method``,
-``Surgery``, ``RopeType``, ``AttentionFunctions``: docs/methods/adding-a-method.md); submodules are
-internal and may change.
+``register_family``, the shared bases, the helpers of a rope type: docs/methods/adding-a-method.md);
+submodules are internal and may change.
 Importing the package registers the methods' rope types and attention functions with
 transformers and installs the construction hook that redoes a method's surgery while a patched
 checkpoint is loaded (:mod:`hf_posext.loading`), and keeps the old paths of moved modules importable
@@ -25,9 +25,14 @@ from .loading import set_construction_hook as _set_construction_hook
 from .post_import import deprecated_attribute as _deprecated_attribute
 from .post_import import keep_moved_modules as _keep_moved_modules
 from .methods import (
+    NO_ROPE_TYPES,
     AttentionFunctions,
     BaseRope,
+    DynamicScaling,
+    DynamicSurgery,
     MethodConfig,
+    MethodSpec,
+    NoRopeMethod,
     RopeType,
     Surgery,
     available_methods,
@@ -36,9 +41,13 @@ from .methods import (
     method_class,
     method_config,
     needs_surgery,
+    register_family,
     register_method,
 )
+from .integration import check_received_keys
 from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, patched_method, unpatch_model
+from .rope_utils import default_inv_freq, rope_parameters_for, rotary_dim_of
+from .validation import real_number, whole_number
 
 if _TYPE_CHECKING:
     from .longrope_search import LongRopeSearchResult, search_longrope
@@ -69,17 +78,24 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "NO_ROPE_TYPES",
     "SUPPORTED_MODEL_TYPES",
     "AttentionFunctions",
     "AutoPatchedModelForCausalLM",
     "BaseRope",
+    "DynamicScaling",
+    "DynamicSurgery",
     "LongRopeSearchResult",
     "MethodConfig",
+    "MethodSpec",
+    "NoRopeMethod",
     "RopeType",
     "Surgery",
     "__version__",
     "available_methods",
     "canonical_name",
+    "check_received_keys",
+    "default_inv_freq",
     "from_pretrained",
     "method_aliases",
     "method_class",
@@ -88,8 +104,13 @@ __all__ = [
     "patch_info",
     "patch_model",
     "patched_method",
+    "real_number",
+    "register_family",
     "register_method",
+    "rope_parameters_for",
+    "rotary_dim_of",
     "search_longrope",
     "unpatch_model",
+    "whole_number",
     *sorted(_methods.config_classes()),
 ]

@@ -7,7 +7,9 @@ weights are loaded. :func:`on_submodule_registered`, a torch module-registration
 ``rotary_emb`` of a base model whose config carries a record), so plain
 ``AutoModelForCausalLM.from_pretrained`` works too. :func:`from_pretrained` (and
 :class:`AutoPatchedModelForCausalLM`) also checks that the surgery is in place (its
-:meth:`~hf_posext.methods.surgery.Surgery.missing` hook).
+:meth:`~hf_posext.methods.surgery.Surgery.missing` hook). A record of a method this process has not
+registered (a plugin not imported) loads as transformers loads it, with a warning, where its rope types
+are transformers' own (:mod:`hf_posext.validation.unknown_method`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from . import integration, readers
 from .gguf import resolve_model_source
 from .methods.registry import shipped_method, surgery_for
 from .patching import CONFIG_KEY, method_from_record, patch_model
-from .validation.saved_model import check_checkpoint_file, check_model_config
+from .validation.saved_model import check_checkpoint_file, check_model_config, config_source
+from .validation.unknown_method import rope_types_of, unknown_method, warn_unknown_method
 
 _hook_handle: Any = None
 _undo_from_config: Any = None
@@ -50,12 +53,26 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
     if record is None:
         return None
     check_model_config(parent.config)  # a hand-edited checkpoint: refused before the model is built on it
+    if _unknown_method_loads_as_saved(parent.config):
+        if name == "embed_tokens":
+            readers.restore_on_load(parent.config)
+        return None
     method = method_from_record(record)
     if name == "rotary_emb":
         return surgery_for(method).on_rotary_init(method, parent, submodule)
     readers.restore_on_load(parent.config)  # old rope type names, legacy fields; before the rotary is built
     surgery_for(method).on_model_init(method, parent)
     return None
+
+
+def _unknown_method_loads_as_saved(config: Any) -> bool:
+    """Whether ``config``'s record names a method this process has not registered, which (its rope types being
+    transformers' own: :func:`~hf_posext.validation.saved_model.check_model_config` refused the others) then
+    loads as transformers loads it, with a warning (:mod:`hf_posext.validation.unknown_method`)."""
+    method = unknown_method(getattr(config, CONFIG_KEY, None))
+    if method is not None:
+        warn_unknown_method(method, rope_types_of(config), config_source(config))
+    return method is not None
 
 
 def _ships_method(config: Any) -> bool:
@@ -119,8 +136,13 @@ def from_pretrained(
 
     Raises:
         ValueError: a rope field or record of the checkpoint out of range, non-finite or misshapen
-            (:func:`hf_posext.validation.saved_model.check_model_config`), naming the file and the field.
+            (:func:`hf_posext.validation.saved_model.check_model_config`), naming the file and the field; a
+            record of a method this process has not registered whose rope type is not transformers' own.
         RuntimeError: the method's surgery is missing (the construction hook was switched off).
+
+    Warns:
+        UserWarning: a record of a method this process has not registered, on transformers' own rope types:
+            the checkpoint loads as transformers loads it.
 
     Example:
         >>> model = hf_posext.from_pretrained("out/llama-yarn-16k", torch_dtype="auto")
@@ -135,7 +157,7 @@ def from_pretrained(
     model = model_class.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
     check_model_config(model.config, unknown_types=True)  # a checkpoint without a record too, before it is used
     record = getattr(model.config, CONFIG_KEY, None)
-    if isinstance(record, dict) and "method" in record:
+    if isinstance(record, dict) and "method" in record and not _unknown_method_loads_as_saved(model.config):
         method = method_from_record(record)
         missing = surgery_for(method).missing(method, model)
         if missing is not None:

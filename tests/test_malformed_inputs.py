@@ -25,11 +25,13 @@ import torch
 
 from hf_posext.commands.finetune import main as finetune_main
 from hf_posext.commands.main import main
+from hf_posext.rope_utils import NO_ROPE_TYPE
 from hf_posext.testing import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 L_ORIG = 32
 HALF = 8  # rotary pairs of the tiny model: head_dim 16
+NO_ROPE = {"rope_type": NO_ROPE_TYPE, "rope_theta": 10000.0}
 LLAMA3 = {
     "rope_type": "llama3",
     "rope_theta": 10000.0,
@@ -121,7 +123,8 @@ CASES = [
     ("longrope_long_factor_zero", _with(LONGROPE, long_factor=[0.0] * HALF), "long_factor"),
     ("longrope_no_long_factor", _with(LONGROPE, long_factor=MISSING), "long_factor"),
     ("longrope_attention_factor_text", _with(LONGROPE, attention_factor="x"), "attention_factor"),
-    ("record_unknown_method", {"hf_posext": {"method": "rotary9"}}, "rotary9"),
+    # with a rope type that is not transformers' own (one with, a plugin's method, loads: tests/test_loading.py)
+    ("record_unknown_method", {"hf_posext": {"method": "rotary9"}, "rope_parameters": NO_ROPE}, "rotary9"),
     ("record_not_a_mapping", {"hf_posext": "yarn"}, "hf_posext"),
 ]
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from .base import BaseRope, MethodConfig
 from ..post_import import deprecated_attribute
+from .dynamic import DynamicScaling, DynamicSurgery
+from .norope import NO_ROPE_TYPES, NoRopeMethod
 from .registry import (
     AttentionFunctions,
     Family,
@@ -55,12 +57,16 @@ def __getattr__(name: str) -> Any:  # the deprecated names (hf_posext.post_impor
 
 
 __all__ = [
+    "NO_ROPE_TYPES",
     "NO_SURGERY",
     "AttentionFunctions",
     "BaseRope",
+    "DynamicScaling",
+    "DynamicSurgery",
     "Family",
     "MethodConfig",
     "MethodSpec",
+    "NoRopeMethod",
     "RopeType",
     "Surgery",
     "available_methods",

@@ -20,6 +20,7 @@ from transformers import PreTrainedConfig
 from .. import architectures, integration, readers
 from ..methods.base import BaseRope, MethodConfig
 from ..methods.registry import available_methods, method_class, method_config, surgery_for
+from ..validation.unknown_method import refuse_to_build, unknown_method
 from .shipped_rope import CONFIG_KEY, base_rope, shipped_rope
 from .transaction import Snapshot, restore, snapshot
 
@@ -279,7 +280,14 @@ def snapshot_model(model: nn.Module) -> Snapshot:
 
 
 def method_from_record(record: dict[str, Any]) -> MethodConfig:
-    """The method config a ``config.hf_posext`` record was written by."""
+    """The method config a ``config.hf_posext`` record was written by.
+
+    Raises:
+        ValueError: a method this process has not registered, naming the import (a plugin's: its checkpoint
+            loads without it, :mod:`hf_posext.validation.unknown_method`, but this needs its code).
+    """
+    if unknown_method(record) is not None:
+        refuse_to_build(record["method"])
     fields = {f.name for f in dataclasses.fields(method_class(record["method"]))}
     return method_config(record["method"], **{k: v for k, v in record.items() if k in fields})
 

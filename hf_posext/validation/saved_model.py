@@ -28,6 +28,7 @@ from transformers import PreTrainedConfig
 from .. import integration
 from ..method_names import METHODS, registered_name
 from ..rope_utils import CONFIG_KEY, DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
+from .unknown_method import refuse_unknown_method, rope_types_of, unknown_method
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -187,7 +188,7 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False, fie
     params = getattr(config, "rope_parameters", None)
     if params is None:
         if getattr(config, CONFIG_KEY, None) is not None:
-            check_record(getattr(config, CONFIG_KEY))
+            check_record(getattr(config, CONFIG_KEY), rope_types=["default"])
         return
     if not isinstance(params, dict):
         raise ValueError(f"{field} must be a mapping of rope fields (rope_type, rope_theta, ...), got {params!r}")
@@ -208,7 +209,7 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False, fie
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         return
-    check_record(record)
+    check_record(record, rope_types=rope_types_of(config))
     base = record.get("base_rope_parameters")
     if base is not None:
         for where, entry in _entries(base, [key for key in layer_types if isinstance(base, dict) and key in base]):
@@ -234,11 +235,12 @@ _RECORD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def check_record(record: Any) -> None:
+def check_record(record: Any, rope_types: list[Any] | None = None) -> None:
     """A config's ``hf_posext`` record: a known method, its arguments checked as typed ones, its own keys.
 
     The method's arguments are checked by the method's config class, as the arguments a user passes
-    to ``patch_model`` are (its ``__post_init__``).
+    to ``patch_model`` are (its ``__post_init__``). An unregistered method passes where the config's
+    ``rope_types`` are all transformers' own (:mod:`.unknown_method`: a plugin not imported).
 
     Raises:
         ValueError: naming the record's key, its value and what is allowed.
@@ -250,6 +252,9 @@ def check_record(record: Any) -> None:
     for key, (valid, allowed) in _RECORD_KEYS.items():
         if key in record and not valid(record[key]):
             raise ValueError(f"{CONFIG_KEY}['{key}'] must be {allowed}, got {record[key]!r}")
+    if unknown_method(record) is not None:
+        refuse_unknown_method(record["method"], rope_types)
+        return
     method_cls = METHODS[registered_name(record["method"])]  # names the known methods
     fields = {field.name for field in dataclasses.fields(method_cls)}
     try:

@@ -219,14 +219,29 @@ def test_adding_a_method_is_adding_a_folder(tmp_path):
 
 
 def test_the_plugin_api_is_the_top_levels():
-    """What a third-party method needs, exported as peft exports register_peft_method."""
+    """What a third-party method or family needs, exported as peft exports register_peft_method (issue 48 item 7):
+    what the built-in families import from the modules they share, but for the remapping's (item 5 reshapes it)."""
     for name, value in [
         ("register_method", register_method),
+        ("register_family", register_family),
+        ("MethodSpec", MethodSpec),
+        ("MethodConfig", methods.base.MethodConfig),
+        ("BaseRope", methods.base.BaseRope),
         ("Surgery", methods.surgery.Surgery),
         ("RopeType", RopeType),
         ("AttentionFunctions", AttentionFunctions),
+        ("DynamicScaling", methods.dynamic.DynamicScaling),
+        ("DynamicSurgery", methods.dynamic.DynamicSurgery),
+        ("NoRopeMethod", methods.norope.NoRopeMethod),
+        ("NO_ROPE_TYPES", methods.norope.NO_ROPE_TYPES),
+        ("real_number", methods.base.real_number),
+        ("whole_number", methods.base.whole_number),
+        ("check_received_keys", hf_posext.integration.check_received_keys),
+        ("default_inv_freq", hf_posext.rope_utils.default_inv_freq),
+        ("rope_parameters_for", hf_posext.rope_utils.rope_parameters_for),
+        ("rotary_dim_of", hf_posext.rope_utils.rotary_dim_of),
     ]:
-        assert name in hf_posext.__all__ and getattr(hf_posext, name) is value
+        assert name in hf_posext.__all__ and getattr(hf_posext, name) is value, name
 
 
 def test_the_readers_hints_name_registered_static_methods():
@@ -324,3 +339,49 @@ def test_a_family_load_time_hook_patches_a_config_that_ships_its_method():
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr
+
+
+PLUGIN_PAGE = REPO / "docs" / "methods" / "adding-a-method.md"
+#: What each plugin block of PLUGIN_PAGE must do once run: the built-in ``linear``'s logits, its page's claims.
+PLUGIN_CHECKS = textwrap.dedent("""
+    import torch
+    from tests.helpers.models import tiny_model, tokens
+    from hf_posext.methods import families
+
+    ids = tokens(40)
+    linear = hf_posext.patch_model(tiny_model(max_positions=16), "linear", factor=2)
+    slow = hf_posext.patch_model(tiny_model(max_positions=16), "slow", factor=2)
+    assert slow.config.rope_parameters["rope_type"] == "linear" and slow.config.rope_parameters["factor"] == 2.0
+    assert slow.config.max_position_embeddings == 32
+    for name in ("slow", "my_pi", "my_linear", "my_pi_native"):
+        model = hf_posext.patch_model(tiny_model(max_positions=16), name, factor=2)
+        torch.testing.assert_close(model(ids).logits, linear(ids).logits, rtol=0, atol=0)
+    assert hf_posext.patch_model(tiny_model(max_positions=16), "my_pi", factor=2).config.rope_parameters[
+        "rope_type"] == "my_pi"
+    assert families()["my_pi"].methods == ("my_pi", "my_linear")
+    try:
+        hf_posext.method_config("my_pi", attention_scale=0)
+    except ValueError as error:
+        assert "attention_scale must be > 0, got 0.0" in str(error), error
+    else:
+        raise AssertionError("attention_scale=0 was accepted")
+""")
+
+
+def test_the_plugin_examples_of_the_docs_run_as_written():
+    """docs/methods/adding-a-method.md's plugins (a method, a family with a rope type of its own), as written,
+    in a fresh interpreter: the top level's names are all they need."""
+    fence = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+    plugins = [body for body in fence.findall(PLUGIN_PAGE.read_text()) if "hf_posext.register_" in body]
+    assert len(plugins) == 2
+    assert all("from hf_posext" not in body and "hf_posext." in body for body in plugins)
+    code = "\n".join([*plugins, PLUGIN_CHECKS])
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
