@@ -111,7 +111,8 @@ class Table:
 
     The header is ``index`` (the leading cells' headers) and the first pivot's column headers; the
     pivots' table rows follow each other; ``before`` and ``after`` read every row of the file. With
-    no rows selected it renders as ``None``.
+    no rows selected it renders as ``None``. ``derive``, if given, makes the rows the pivots read from
+    the file's (a cell cache's one computation shown in several table rows: ``tables.real_model_view``).
     """
 
     source: str
@@ -119,11 +120,14 @@ class Table:
     pivots: Sequence[Pivot]
     before: Callable[[list[Row]], str] | None = None
     after: Callable[[list[Row]], str] | None = None
+    derive: Callable[[list[Row]], list[Row]] | None = None
 
     def render(self, folder: Path) -> str | None:
         """The table from ``folder / source``, or ``None`` when the file or its selected rows are not there."""
         path = folder / self.source
         rows = read_rows(path) if path.is_file() else []
+        if self.derive is not None:
+            rows = self.derive(rows)
         body = [line for pivot in self.pivots for line in pivot.body(rows)]
         if not body:
             return None

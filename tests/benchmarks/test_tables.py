@@ -32,7 +32,7 @@ def test_a_table_cell_is_the_json_value_of_its_row_and_column():
     cells = json.loads((ROOT / "benchmarks/results/real_model/results.json").read_text())["cells"]
     rows = {
         line.split(" | ")[0].lstrip("| "): line.strip("|").split("|")
-        for line in tables.real_model_ppl().splitlines()[2:]
+        for line in tables.render("real-model-ppl").splitlines()[2:]
     }
     assert rows["yarn, s = 4"][4].strip() == f"{cells['ppl/yarn@4/32768']['value']['perplexity']:.2f}"
     assert rows["linear, s = L/8k"][3].strip() == f"{cells['ppl/linear@2/16384']['value']['perplexity']:.2f}"
@@ -58,3 +58,27 @@ def test_rewrite_replaces_the_blocks_only_and_check_names_a_stale_page(tmp_path,
 def test_an_unknown_table_name_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="gpu-mfu"):
         tables.render("no-such-table")
+
+
+@pytest.mark.parametrize(
+    ("name", "files"),
+    [
+        ("real-model-ppl", ["real_model/results.json"]),
+        ("real-model-passkey", ["real_model/results.json"]),
+        ("training-free-real-model", ["training_free/results.json"]),
+    ],
+)
+def test_a_cells_file_in_todays_format_renders_the_rows_of_its_migration(name, files, tmp_path, monkeypatch):
+    """The committed cell caches (today's cells format, read on the fly) and the same cells as rows render alike."""
+    from result_schema import dumps, read_rows
+
+    committed = tables.render(name)
+    for kind in ("cells", "rows"):
+        folder = tmp_path / kind
+        for relative in files:
+            source, target = tables.RESULTS / relative, folder / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(source.read_text() if kind == "cells" else dumps(read_rows(source)))
+        assert isinstance(json.loads(target.read_text()), dict if kind == "cells" else list)
+        monkeypatch.setattr(tables, "RESULTS", folder)
+        assert tables.render(name) == committed, kind
