@@ -9,7 +9,7 @@ committed block equals what this script writes from the committed results. The c
 resumable real-model evaluations (``real_model/results.json``, ``training_free/results.json``) are
 read as rows too (``result_schema.rows_from_cells``, on read: a file in today's cells format needs
 no migration step). The exceptions: the blocks that quote a report a script writes (``table_in``:
-``finetune_smollm2/results.md``, ``longrope_smollm2/results.md``, ``training_free/real_model.md``).
+``longrope_smollm2/results.md``, ``training_free/real_model.md``).
 
 Longer than ~400 lines: one declaration per docs table (about 25), each read on its own; split by
 page they would scatter the registry :data:`TABLES` that the page rewriting and the test walk.
@@ -780,12 +780,16 @@ def longrope_smollm2() -> str:
 
 
 def finetune_smollm2() -> str:
-    """The fine-tuned SmolLM2 against the training-free rows (finetune_smollm2/results.md, its tables only).
+    """The fine-tuned SmolLM2 against the training-free rows: the tables of its report, from the rows.
 
-    ``benchmarks/finetune_real_model.py --report`` writes that file from its cells and the training-free ones.
+    ``finetune_real_model.tables_text``: the recipe's, the experiments', llama.cpp's and the training-free
+    cells read as rows (``result_schema.rows_from_cells``), pivoted; ``--report`` writes the same tables
+    into ``finetune_smollm2/results.md`` after its introduction.
     """
-    text = (RESULTS / "finetune_smollm2" / "results.md").read_text()
-    return text[text.index("\n|") + 1 :].rstrip()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import finetune_real_model
+
+    return finetune_real_model.tables_text().rstrip()
 
 
 def switch_columns(rows: list[Row]) -> list[Column]:

@@ -241,3 +241,19 @@ def test_a_migrated_tables_cell_is_the_value_of_its_row():
     ratio = next(r for r in rows if r.method == "yarn" and r.metric == "ratio" and r.setting["length"] == 1024)
     line = next(line for line in tables.render("patch-overhead").splitlines() if line.startswith("| yarn |"))
     assert line.split(" | ")[2] == f"{ratio.value:.3f}"
+
+
+def test_an_aligned_table_is_laid_out_as_the_librarys_reports_are():
+    """``pivot.table(aligned=True)`` pads as ``hf_posext.eval.report.markdown_table`` does (strings and ints)."""
+    from hf_posext.eval.report import markdown_table
+
+    header, body = ["row", "passkey 16k", "p"], [["yarn s=4", "12/20 (0.39-0.78)", 7], ["dca fine-tuned", "-", 1]]
+    assert pivot.table(header, body, aligned=True) == markdown_table(header, body)
+    assert pivot.table(header, [], aligned=True) == markdown_table(header, [])
+
+
+def test_a_pivot_with_only_order_shows_exactly_those_rows_in_that_order():
+    rows = [row("yarn", length=64), row("other", length=64, value=3.0)]
+    columns = [pivot.Column("64", {"length": 64}, pivot.fmt(".1f"))]
+    spec = pivot.Pivot({"metric": "ratio"}, lambda r: (r.method,), columns, order=["ntk", "yarn"], only_order=True)
+    assert spec.body(rows) == [["ntk", "-"], ["yarn", "1.0"]]

@@ -82,3 +82,25 @@ def test_a_cells_file_in_todays_format_renders_the_rows_of_its_migration(name, f
         assert isinstance(json.loads(target.read_text()), dict if kind == "cells" else list)
         monkeypatch.setattr(tables, "RESULTS", folder)
         assert tables.render(name) == committed, kind
+
+
+def test_the_finetune_block_is_rendered_from_the_cells_as_rows_not_quoted_from_the_report(tmp_path, monkeypatch):
+    """The headline table: its cells (today's cells format, or migrated to rows) without results.md, same block."""
+    import finetune_real_model
+    from result_schema import dumps, read_rows
+
+    committed = tables.render("finetune-smollm2")
+    for kind in ("cells", "rows"):
+        folder = tmp_path / kind
+        for name in ("finetune_smollm2", "training_free", "training_free_bf16"):
+            for source in (tables.RESULTS / name).rglob("*.json"):
+                target = folder / source.relative_to(tables.RESULTS)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                cells = isinstance(json.loads(source.read_text()), dict) and "cells" in json.loads(source.read_text())
+                target.write_text(dumps(read_rows(source)) if cells and kind == "rows" else source.read_text())
+        assert not list(folder.rglob("*.md"))  # no report to quote
+        monkeypatch.setattr(tables, "RESULTS", folder)
+        monkeypatch.setattr(finetune_real_model, "OUT", folder / "finetune_smollm2")
+        monkeypatch.setattr(finetune_real_model, "EXPERIMENTS", folder / "finetune_smollm2" / "experiments")
+        monkeypatch.setattr(finetune_real_model, "TRAINING_FREE", folder / "training_free")
+        assert tables.render("finetune-smollm2") == committed, kind
