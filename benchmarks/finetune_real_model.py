@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
-from pivot import Column, Pivot, found_cell, table, value  # noqa: E402
+from pivot import Column, Pivot, found_by_depth, found_cell, table, value  # noqa: E402
 from real_model import Cells, reference_text  # noqa: E402
 from result_schema import Row, read_rows, rows_from_cells  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
@@ -299,11 +299,6 @@ def measured(cells: Cells | None = None) -> list[Row]:
     for file in [*sorted(EXPERIMENTS.glob("*/results.json")), OUT / "llamacpp.json"]:
         by_key.update({row.extra["key"]: row for row in read_rows(file)} if file.exists() else {})
     return list(by_key.values())
-
-
-def found_by_depth(rows: list[Row], row: str, length: int) -> dict[float, bool]:
-    """``{depth: found}`` of ``row``'s passkey rows at ``length`` (a depth names one prompt of the schedule)."""
-    return {r.setting["depth"]: bool(r.value) for r in rows if r.matches(metric="passkey", method=row, length=length)}
 
 
 def results_table(rows: list[Row], lengths: list[int], variants: list[str]) -> str:

@@ -46,6 +46,13 @@ def found_cell(found: Sequence[float]) -> str:
     return f"{sum(found):g}/{len(found)} ({low:.2f}-{high:.2f})"
 
 
+def found_by_depth(rows: Sequence[Row], method: str, length: int) -> dict[float, bool]:
+    """``{depth: found}`` of ``method``'s passkey rows at ``length`` (cells ``passkey/<row>/<length>/<depth>``)."""
+    return {
+        r.setting["depth"]: bool(r.value) for r in rows if r.matches(metric="passkey", method=method, length=length)
+    }
+
+
 def value(rows: Sequence[Row], **match: Any) -> Any:
     """The value of the latest of ``rows`` that matches (``Row.matches``), or ``None``."""
     row = latest(r for r in rows if r.matches(**match))

@@ -8,8 +8,10 @@ file is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` c
 committed block equals what this script writes from the committed results. The cell caches of the
 resumable real-model evaluations (``real_model/results.json``, ``training_free/results.json``) are
 read as rows too (``result_schema.rows_from_cells``, on read: a file in today's cells format needs
-no migration step). The exceptions: the blocks that quote a report a script writes (``table_in``:
-``longrope_smollm2/results.md``, ``training_free/real_model.md``).
+no migration step). The tables the scripts' reports show beside Wilson intervals and exact McNemar
+tests (``finetune-smollm2``, ``longrope-smollm2``, ``training-free-real-model-paired``) are rendered by
+those scripts' functions from the same rows, laid out aligned (``pivot.table(aligned=True)``), so
+that each block equals its report's table.
 
 Longer than ~400 lines: one declaration per docs table (about 25), each read on its own; split by
 page they would scatter the registry :data:`TABLES` that the page rewriting and the test walk.
@@ -759,24 +761,24 @@ TRAINING_FREE_REAL_MODEL = Table(
 )
 
 
-def table_in(report: str, after: str = "") -> str:
-    """The first markdown table of ``results/<report>`` past the text ``after`` (a report a script writes)."""
-    text = (RESULTS / report).read_text()
-    text = text[text.index(after) :]
-    return text[text.index("\n|") + 1 :].split("\n\n")[0].rstrip()
-
-
 def training_free_real_model_paired() -> str:
-    """The exact McNemar tests of training_free/real_model.md (``training_free_real_model.py --report`` writes them)."""
-    return table_in("training_free/real_model.md", after="Paired on the same prompts")
+    """The exact McNemar tests of the training-free cells (``training_free_real_model.paired_table``, from the rows)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import training_free_real_model
+
+    return training_free_real_model.paired_table()
 
 
 def longrope_smollm2() -> str:
-    """LongRoPE searched on SmolLM2 against YaRN and the base model (longrope_smollm2/results.md, its first table).
+    """LongRoPE searched on SmolLM2 against YaRN and the base model (``longrope_real_model.ppl_table``, from the rows).
 
-    ``benchmarks/longrope_real_model.py --report`` writes that file from the training-free cells and llama.cpp's.
+    The training-free cells and llama.cpp's (``longrope_smollm2/llamacpp.json``) read as rows; ``--report`` writes
+    the same table into ``longrope_smollm2/results.md``.
     """
-    return table_in("longrope_smollm2/results.md")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import longrope_real_model
+
+    return longrope_real_model.ppl_table()
 
 
 def finetune_smollm2() -> str:

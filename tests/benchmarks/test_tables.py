@@ -84,23 +84,49 @@ def test_a_cells_file_in_todays_format_renders_the_rows_of_its_migration(name, f
         assert tables.render(name) == committed, kind
 
 
-def test_the_finetune_block_is_rendered_from_the_cells_as_rows_not_quoted_from_the_report(tmp_path, monkeypatch):
-    """The headline table: its cells (today's cells format, or migrated to rows) without results.md, same block."""
-    import finetune_real_model
+#: The blocks of the scripts' reports: (table, the folders their rows come from, {module: {name: folder}}).
+REPORT_BLOCKS = [
+    (
+        "finetune-smollm2",
+        ["finetune_smollm2", "training_free", "training_free_bf16"],
+        {
+            "finetune_real_model": {
+                "OUT": "finetune_smollm2",
+                "EXPERIMENTS": "finetune_smollm2/experiments",
+                "TRAINING_FREE": "training_free",
+            }
+        },
+    ),
+    ("training-free-real-model-paired", ["training_free"], {"training_free_real_model": {"OUT": "training_free"}}),
+    (
+        "longrope-smollm2",
+        ["longrope_smollm2", "training_free"],
+        {"longrope_real_model": {"OUT": "longrope_smollm2", "TRAINING_FREE": "training_free"}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "folders", "paths"), REPORT_BLOCKS)
+def test_a_reports_block_is_rendered_from_the_cells_as_rows_not_quoted_from_the_report(
+    name, folders, paths, tmp_path, monkeypatch
+):
+    """Its cells (today's cells format, or migrated to rows) without the report's .md, the same block."""
+    import importlib
+
     from result_schema import dumps, read_rows
 
-    committed = tables.render("finetune-smollm2")
+    committed = tables.render(name)
     for kind in ("cells", "rows"):
         folder = tmp_path / kind
-        for name in ("finetune_smollm2", "training_free", "training_free_bf16"):
-            for source in (tables.RESULTS / name).rglob("*.json"):
-                target = folder / source.relative_to(tables.RESULTS)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                cells = isinstance(json.loads(source.read_text()), dict) and "cells" in json.loads(source.read_text())
-                target.write_text(dumps(read_rows(source)) if cells and kind == "rows" else source.read_text())
+        for source in (p for name in folders for p in (tables.RESULTS / name).rglob("*.json")):
+            target = folder / source.relative_to(tables.RESULTS)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            content = json.loads(source.read_text())
+            cells = isinstance(content, dict) and "cells" in content
+            target.write_text(dumps(read_rows(source)) if cells and kind == "rows" else source.read_text())
         assert not list(folder.rglob("*.md"))  # no report to quote
         monkeypatch.setattr(tables, "RESULTS", folder)
-        monkeypatch.setattr(finetune_real_model, "OUT", folder / "finetune_smollm2")
-        monkeypatch.setattr(finetune_real_model, "EXPERIMENTS", folder / "finetune_smollm2" / "experiments")
-        monkeypatch.setattr(finetune_real_model, "TRAINING_FREE", folder / "training_free")
-        assert tables.render("finetune-smollm2") == committed, kind
+        for module, names in paths.items():
+            for attribute, relative in names.items():
+                monkeypatch.setattr(importlib.import_module(module), attribute, folder / relative)
+        assert tables.render(name) == committed, kind
