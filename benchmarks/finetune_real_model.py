@@ -13,7 +13,9 @@ content): a killed run resumes. ``--report`` writes, from the cells on file (a r
 folder reports the cells measured before), the table with Wilson intervals and exact
 McNemar tests against the training-free rows (``results/training_free/results.json``), the passkey
 heat maps before and after, the perplexity curves and the loss curve, and rewrites the published
-adapter card's evaluation section from them. ``--publish`` copies the run's
+adapter card's evaluation section from them. The cells are read as rows of the one results schema
+(``result_schema.read_rows``; :func:`tables_text` is also the docs' ``finetune-smollm2`` block,
+``benchmarks/tables.py``). ``--publish`` copies the run's
 LoRA adapter to ``results/finetune_smollm2/adapter/`` with a model card carrying these metrics and
 records the merged model's perplexity on the first 2048 tokens of the Language Reference (fp32), which
 ``tests/gguf/test_source.py`` reproduces from the PyPI GGUF plus that adapter. ``--llamacpp`` exports the
@@ -33,6 +35,7 @@ import json
 import math
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +43,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
-from pivot import found_cell  # noqa: E402
+from pivot import Column, Pivot, found_by_depth, found_cell, table, value  # noqa: E402
 from real_model import Cells, reference_text  # noqa: E402
+from result_schema import Row, read_rows, rows_from_cells  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
-from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, passkeys, shard  # noqa: E402
+from training_free_real_model import SETTINGS, TRAINED, key_schedule, passkey_found, shard  # noqa: E402
 
 from hf_posext.eval.evaluated_model import load_model, model_fingerprint  # noqa: E402
 from hf_posext.eval.perplexity import sequence_nll, truncated_perplexity  # noqa: E402
-from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text  # noqa: E402
+from hf_posext.eval.report import plot_curves, plot_heatmaps, write_text  # noqa: E402
 from hf_posext.eval.ruler.score import mcnemar_exact  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "finetune_smollm2"
 ROW = "yarn s=4 fine-tuned"
 #: The training-free rows it is compared with, paired on the same prompts.
 BASELINES = ("none", "yarn s=4", "self_extend f=4", "dca")
+#: Passkey lengths a report asks for (``--lengths``), besides those with cells.
+PASSKEY_LENGTHS = (16384, 32768)
 #: Perplexity cuts: the short side (512, 2048: is the base model taxed?) and the long one.
 PPL_LENGTHS = (512, 2048, 8192, 16384, 32768)
 #: RULER-style runs (``hf-posext eval ruler``, one output folder per seed under ``ruler/<folder>/``) by row.
@@ -218,25 +224,29 @@ def ruler_section() -> str:
     return (
         "\n\nRULER-style tasks (`hf-posext eval ruler`, bf16 weights, the same prompts for both rows: one run "
         "per prompt seed under `ruler/<row>/`; answers found / prompts, 95% Wilson intervals):\n\n"
-        + markdown_table(["row", "task", "length", "found"], rows)
+        + table(["row", "task", "length", "found"], rows, aligned=True)
         + "\n\nPaired (exact McNemar; b: fine-tuned right, untrained YaRN wrong; c: the reverse):\n\n"
-        + markdown_table(["task", "length", "prompts", "b", "c", "p"], tests)
+        + table(["task", "length", "prompts", "b", "c", "p"], tests, aligned=True)
     )
 
 
-def experiments() -> dict[str, tuple[Path, dict[str, Any]]]:
-    """``{row: (folder, cells)}`` of the other checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`).
+def experiments() -> dict[str, tuple[Path, dict[str, Row]]]:
+    """``{row: (folder, {cell key: row})}`` of the checkpoints evaluated with ``--experiment`` (:data:`EXPERIMENTS`).
 
     A row measured in several folders (one per weight dtype: a file holds one) is one row with every
     folder's cells; its folder is the one holding the run's record (``train_results.json``), if any.
+    A file is read as rows (``result_schema.read_rows``: today's cells format or rows).
     """
-    found: dict[str, tuple[Path, dict[str, Any]]] = {}
+    found: dict[str, tuple[Path, dict[str, Row]]] = {}
     for file in sorted(EXPERIMENTS.glob("*/results.json")):
-        content = json.loads(file.read_text())
-        folder, cells = found.get(content["settings"]["row"], (file.parent, {}))
+        rows = read_rows(file)
+        if not rows:
+            continue
+        name = rows[0].setting.get("row", rows[0].method)
+        folder, cells = found.get(name, (file.parent, {}))
         if not (folder / "train_results.json").exists():
             folder = file.parent
-        found[content["settings"]["row"]] = (folder, {**cells, **content["cells"]})
+        found[name] = (folder, {**cells, **{row.extra["key"]: row for row in rows}})
     return found
 
 
@@ -244,12 +254,15 @@ def experiment_dtypes() -> dict[str, list[str]]:
     """``{row: [dtype, ...]}``: the weight dtypes each experiment's cells were measured in."""
     dtypes: dict[str, list[str]] = {}
     for file in sorted(EXPERIMENTS.glob("*/results.json")):
-        settings = json.loads(file.read_text())["settings"]
-        dtypes.setdefault(settings["row"], []).append(settings.get("dtype", "float32"))
+        rows = read_rows(file)
+        if rows:
+            dtypes.setdefault(rows[0].setting.get("row", rows[0].method), []).append(
+                rows[0].setting.get("dtype", "float32")
+            )
     return dtypes
 
 
-def experiment_losses(variants: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+def experiment_losses(variants: dict[str, tuple[Path, dict[str, Row]]]) -> None:
     """The loss curves of the experiments whose folder holds their run's ``train_results.json``, in one plot."""
     curves = {}
     for row, (folder, _) in variants.items():
@@ -266,58 +279,128 @@ def experiment_losses(variants: dict[str, tuple[Path, dict[str, Any]]]) -> None:
         )
 
 
-def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
-    """Markdown report and plots from the fine-tuned cells, the experiments' and the training-free ones."""
-    baseline_cells: dict[str, Any] = {}
-    for folder in (TRAINING_FREE.with_name(f"{TRAINING_FREE.name}_bf16"), TRAINING_FREE):  # fp32 wins where both ran
-        if (folder / "results.json").exists():
-            baseline_cells.update(json.loads((folder / "results.json").read_text())["cells"])
-    variants = experiments()
-    everything = {**baseline_cells, **cells.cells}
-    for _, found in variants.values():
-        everything.update(found)
-    # A column for every length with passkey cells of a row in the table (the short side: 4k, 8k).
-    shown = {*BASELINES, ROW, *variants}
-    lengths = sorted(
-        {*lengths}
-        | {int(key.split("/")[2]) for key in everything if key.startswith("passkey/") and key.split("/")[1] in shown}
+def measured(cells: Cells | None = None) -> list[Row]:
+    """Every cell the report shows, as rows (``result_schema``), one per cell key, a later one winning.
+
+    The training-free cells (bf16, then fp32: fp32 wins where both ran), the recipe's (``cells`` as in
+    memory, else its file), the experiments' (a later folder wins) and llama.cpp's (``llamacpp/ppl/<n>``).
+    """
+    files = [
+        folder / "results.json" for folder in (TRAINING_FREE.with_name(f"{TRAINING_FREE.name}_bf16"), TRAINING_FREE)
+    ]
+    if cells is None:
+        files.append(OUT / "results.json")
+    by_key: dict[str, Row] = {}
+    for file in files:
+        by_key.update({row.extra["key"]: row for row in read_rows(file)} if file.exists() else {})
+    if cells is not None:
+        content = {"settings": cells.settings, "cells": cells.cells, "runs": cells.runs}
+        by_key.update({row.extra["key"]: row for row in rows_from_cells(content, OUT.name)})
+    for file in [*sorted(EXPERIMENTS.glob("*/results.json")), OUT / "llamacpp.json"]:
+        by_key.update({row.extra["key"]: row for row in read_rows(file)} if file.exists() else {})
+    return list(by_key.values())
+
+
+def results_table(rows: list[Row], lengths: list[int], variants: list[str]) -> str:
+    """The report's table: passkeys found per length and perplexity per cut, the rows without fine-tuning first.
+
+    A pivot of the rows (``pivot.Pivot``, the one renderer of the docs' tables); the llama.cpp row gives
+    each perplexity's gap to the recipe's in transformers.
+    """
+    engine = f"{ROW}, llama.cpp (bf16 GGUF)"
+    shown = [*BASELINES, ROW, *variants]
+    if any(r.metric == "llamacpp" and r.setting.get("length") in PPL_LENGTHS for r in rows):
+        shown.append(engine)
+
+    def passkey(n: int) -> Column:
+        return Column(
+            f"passkey {n // 1024}k",
+            compute=lambda group, _: found_cell(
+                list(found_by_depth(group, group[0].method, n).values()) if group else []
+            ),
+        )
+
+    def ppl(n: int) -> Column:
+        def cell(group: list[Row], every: list[Row]) -> str:
+            if group and group[0].metric == "llamacpp":  # llama.cpp's perplexity and its gap to transformers'
+                theirs, ours = value(group, length=n), value(every, metric="ppl", method=ROW, length=n)
+                return "-" if theirs is None else f"{theirs:.2f}" + (f" ({theirs / ours - 1:+.2%})" if ours else "")
+            found = value(group, metric="ppl", length=n)
+            return f"{found:.2f}" if found else "-"
+
+        return Column(f"ppl {kilo(n)}", compute=cell)
+
+    grid = Pivot(
+        lambda r: r.metric in ("passkey", "ppl") and r.method in shown or r.metric == "llamacpp" and r.method == "ppl",
+        lambda r: (engine if r.metric == "llamacpp" else r.method,),
+        [*map(passkey, lengths), *map(ppl, PPL_LENGTHS)],
+        order=shown,
+        only_order=True,
     )
-    rows, curves, grids, tests = [], {}, {}, []
-    for row in (*BASELINES, ROW, *variants):
-        line = [row]
-        for length in lengths:
-            line.append(found_cell(list(passkeys(everything, row, length).values())))
-        ppls = [everything.get(f"ppl/{row}/{n}", {}).get("value") for n in PPL_LENGTHS]
-        line += [f"{p:.2f}" if p else "-" for p in ppls]
-        rows.append(line)
-        if any(ppls):
-            curves[row] = ([n for n, p in zip(PPL_LENGTHS, ppls) if p], [p for p in ppls if p])
-    ours = {n: cells.cells[f"ppl/{ROW}/{n}"]["value"] for n in PPL_LENGTHS if f"ppl/{ROW}/{n}" in cells.cells}
-    engine = json.loads((OUT / "llamacpp.json").read_text())["cells"] if (OUT / "llamacpp.json").exists() else {}
-    theirs_ppl = {n: engine[f"llamacpp/ppl/{n}"]["value"] for n in PPL_LENGTHS if f"llamacpp/ppl/{n}" in engine}
+    return table(["row", *(c.header for c in grid.columns_for(rows))], grid.body(rows), aligned=True)
 
-    def engine_cell(n: int) -> str:  # llama.cpp's perplexity and its gap to transformers'
-        if n not in theirs_ppl:
-            return "-"
-        return f"{theirs_ppl[n]:.2f}" + (f" ({theirs_ppl[n] / ours[n] - 1:+.2%})" if n in ours else "")
 
-    if theirs_ppl:
-        rows.append([f"{ROW}, llama.cpp (bf16 GGUF)", *["-"] * len(lengths), *map(engine_cell, PPL_LENGTHS)])
-    # Each fine-tuned row against the rows without fine-tuning, and each experiment against the recipe.
+def shown_lengths(rows: list[Row], lengths: list[int], variants: list[str]) -> list[int]:
+    """``lengths`` and every length with passkey cells of a row in the table (the short side: 4k, 8k)."""
+    shown = {*BASELINES, ROW, *variants}
+    return sorted({*lengths} | {r.setting["length"] for r in rows if r.metric == "passkey" and r.method in shown})
+
+
+def paired_tests(rows: list[Row], lengths: list[int], variants: list[str]) -> list[list[Any]]:
+    """Exact McNemar tests: each fine-tuned row against the untrained rows, each experiment against the recipe."""
     pairs = [(ROW, other) for other in BASELINES[1:]]
     pairs += [(variant, other) for variant in variants for other in (*BASELINES, ROW)]
+    tests = []
     for length in lengths:
         for mine_row, other in pairs:
-            mine, theirs = passkeys(everything, mine_row, length), passkeys(everything, other, length)
+            mine, theirs = found_by_depth(rows, mine_row, length), found_by_depth(rows, other, length)
             common = sorted(set(mine) & set(theirs))
             if common:
                 b, c, p = mcnemar_exact([mine[d] for d in common], [theirs[d] for d in common])
                 tests.append([f"{length // 1024}k", mine_row, other, len(common), b, c, f"{p:.3g}"])
+    return tests
+
+
+def tables_text(cells: Cells | None = None, lengths: Sequence[int] = PASSKEY_LENGTHS) -> str:
+    """The report's tables (``results.md`` past its introduction; the docs' ``finetune-smollm2`` block).
+
+    ``cells``: the recipe's cells as in memory (default: its file); ``lengths``: the passkey lengths
+    asked for, besides those with cells.
+    """
+    variants = list(experiments())
+    rows = measured(cells)
+    shown = shown_lengths(rows, list(lengths), variants)
+    return (
+        results_table(rows, shown, variants)
+        + "\n\nPaired on the same prompts (exact McNemar; b: the fine-tuned row right, the other wrong; c: the "
+        "reverse):\n\n"
+        + table(
+            ["length", "fine-tuned", "against", "prompts", "b", "c", "p"],
+            paired_tests(rows, shown, variants),
+            aligned=True,
+        )
+        + ruler_section()
+        + "\n"
+    )
+
+
+def report(cells: Cells, lengths: Sequence[int], checkpoint: Path) -> str:
+    """Markdown report and plots from the fine-tuned cells, the experiments' and the training-free ones."""
+    variants = experiments()
+    everything = measured(cells)
+    curves, grids = {}, {}
+    for row in (*BASELINES, ROW, *variants):
+        ppls = [value(everything, metric="ppl", method=row, length=n) for n in PPL_LENGTHS]
+        if any(ppls):
+            curves[row] = ([n for n, p in zip(PPL_LENGTHS, ppls) if p], [p for p in ppls if p])
+    heat_lengths = shown_lengths(everything, list(lengths), list(variants))
     for row in ("yarn s=4", ROW):
-        depths = sorted({d for n in lengths for d in passkeys(everything, row, n)})
+        depths = sorted({d for n in heat_lengths for d in found_by_depth(everything, row, n)})
         if depths:
-            grid = [[float(passkeys(everything, row, n).get(d, float("nan"))) for n in lengths] for d in depths]
-            grids[row] = (lengths, depths, grid)
+            grid = [
+                [float(found_by_depth(everything, row, n).get(d, float("nan"))) for n in heat_lengths] for d in depths
+            ]
+            grids[row] = (heat_lengths, depths, grid)
     text = (
         "# SmolLM2-135M-Instruct fine-tuned from 8k to 32k (YaRN s=4), against no fine-tuning\n\n"
         "Keys found / asked with 95% Wilson intervals; perplexity of the last 2048 tokens of the Python "
@@ -327,14 +410,7 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
         "answer, `cpu_bf16.json`)"
         + "".join(f"; `{row}`: {', '.join(dtypes)}" for row, dtypes in experiment_dtypes().items())
         + ".\n\n"
-        + markdown_table(
-            ["row", *[f"passkey {n // 1024}k" for n in lengths], *[f"ppl {kilo(n)}" for n in PPL_LENGTHS]], rows
-        )
-        + "\n\nPaired on the same prompts (exact McNemar; b: the fine-tuned row right, the other wrong; c: the "
-        "reverse):\n\n"
-        + markdown_table(["length", "fine-tuned", "against", "prompts", "b", "c", "p"], tests)
-        + ruler_section()
-        + "\n"
+        + tables_text(cells, lengths)
     )
     write_text(OUT / "results.md", text)
     if grids:
@@ -358,7 +434,7 @@ def report(cells: Cells, lengths: list[int], checkpoint: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="the fine-tuned checkpoint folder")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(PASSKEY_LENGTHS))
     parser.add_argument("--keys", type=int, default=20)
     parser.add_argument(
         "--ppl",

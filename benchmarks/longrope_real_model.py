@@ -32,12 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
 from finetune_real_model import llamacpp_perplexities  # noqa: E402
+from pivot import Column, Pivot, table, value  # noqa: E402
 from real_model import Cells, reference_text  # noqa: E402
+from result_schema import Row, read_rows  # noqa: E402
 from training_free_real_model import LONGROPE_SEARCH, SETTINGS  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
 
 from hf_posext.eval.evaluated_model import model_fingerprint  # noqa: E402
-from hf_posext.eval.report import markdown_table, write_text  # noqa: E402
+from hf_posext.eval.report import write_text  # noqa: E402
 
 OUT = LONGROPE_SEARCH.parent
 LENGTHS = (8192, 16384, 32768)
@@ -45,23 +47,41 @@ LENGTHS = (8192, 16384, 32768)
 ROWS = ("none", "yarn s=2", "yarn s=4", "longrope s=4", "longrope s=4 searched")
 
 
+ENGINE = "longrope s=4 searched, llama.cpp (bf16 GGUF)"
+
+
+def ppl_table(rows: list[Row] | None = None) -> str:
+    """Perplexity by length of :data:`ROWS` and the searched checkpoint in llama.cpp (the docs' ``longrope-smollm2``).
+
+    ``rows``: the training-free cells and llama.cpp's as rows (default: their files, ``result_schema.read_rows``).
+    """
+    if rows is None:
+        files = [TRAINING_FREE / "results.json", OUT / "llamacpp.json"]
+        rows = [row for file in files if file.exists() for row in read_rows(file)]
+    shown = [*ROWS, *([ENGINE] if any(r.metric == "llamacpp" for r in rows) else [])]
+
+    def ppl(n: int) -> Column:
+        def cell(group: list[Row], every: list[Row]) -> str:
+            found = value(group, length=n)
+            if group and group[0].metric == "llamacpp":  # llama.cpp's perplexity and its gap to transformers'
+                ours = value(every, metric="ppl", method="longrope s=4 searched", length=n)
+                return f"{found:.2f}" + (f" ({found / ours - 1:+.2%})" if ours else "") if found else "-"
+            return f"{found:.2f}" if found else "-"
+
+        return Column(f"{n // 1024}k", compute=cell)
+
+    grid = Pivot(
+        lambda r: r.metric == "ppl" and r.method in ROWS or r.metric == "llamacpp" and r.method == "ppl",
+        lambda r: (ENGINE if r.metric == "llamacpp" else r.method,),
+        [ppl(n) for n in LENGTHS],
+        order=shown,
+        only_order=True,
+    )
+    return table(["row", *(f"{n // 1024}k" for n in LENGTHS)], grid.body(rows), aligned=True)
+
+
 def report(checkpoint: Path) -> str:
     """``results.md``: perplexity by length for :data:`ROWS` and the searched checkpoint in llama.cpp; the search."""
-    cells = json.loads((TRAINING_FREE / "results.json").read_text())["cells"]
-    rows = []
-    for row in ROWS:
-        values = [cells.get(f"ppl/{row}/{n}", {}).get("value") for n in LENGTHS]
-        rows.append([row, *[f"{v:.2f}" if v else "-" for v in values]])
-    engine_file = OUT / "llamacpp.json"
-    if engine_file.exists():
-        engine = json.loads(engine_file.read_text())["cells"]
-        line = ["longrope s=4 searched, llama.cpp (bf16 GGUF)"]
-        for n in LENGTHS:
-            ours = cells.get(f"ppl/longrope s=4 searched/{n}", {}).get("value")
-            theirs = engine.get(f"llamacpp/ppl/{n}", {}).get("value")
-            gap = f" ({theirs / ours - 1:+.2%})" if theirs and ours else ""
-            line.append(f"{theirs:.2f}{gap}" if theirs else "-")
-        rows.append(line)
     log = json.loads(LONGROPE_SEARCH.read_text())
     result, settings = log["result"], log["settings"]
     history = [[0, f"{result['start_perplexity']:.4f}", "-"]] + [
@@ -74,9 +94,9 @@ def report(checkpoint: Path) -> str:
         f"population {settings['population']}, {settings['rounds']} rounds, seed {settings['seed']}.\n\n"
         "Perplexity of the last 2048 tokens of the Python Language Reference cut to each length (fp32, the "
         "same tokens as `training_free/`; the base model's own context is 8k):\n\n"
-        + markdown_table(["row", *[f"{n // 1024}k" for n in LENGTHS]], rows)
+        + ppl_table()
         + "\n\nThe search (perplexity on its own text at 16k; round 0 is the start, YaRN's ramp):\n\n"
-        + markdown_table(["round", "best perplexity", "candidates evaluated"], history)
+        + table(["round", "best perplexity", "candidates evaluated"], history, aligned=True)
         + "\n\nSearched long factors (one per rotary pair, low to high wavelength):\n\n"
         + ", ".join(f"{f:.3f}" for f in result["long_factor"])
         + "\n"

@@ -16,9 +16,20 @@ from typing import Any
 from result_schema import Row, latest, read_rows
 
 
-def table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+def table(header: list[str], rows: list[list[Any]], aligned: bool = False) -> str:
+    """A Markdown table; ``aligned`` pads every column to its widest cell (the first left, the others right)."""
+    if not aligned:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(header)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += [
+        "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
+        for row in cells
+    ]
+    return "\n".join(lines)
 
 
 def kilo(n: int | str) -> str:
@@ -33,6 +44,13 @@ def found_cell(found: Sequence[float]) -> str:
         return "-"
     low, high = wilson_interval(sum(found), len(found))
     return f"{sum(found):g}/{len(found)} ({low:.2f}-{high:.2f})"
+
+
+def found_by_depth(rows: Sequence[Row], method: str, length: int) -> dict[float, bool]:
+    """``{depth: found}`` of ``method``'s passkey rows at ``length`` (cells ``passkey/<row>/<length>/<depth>``)."""
+    return {
+        r.setting["depth"]: bool(r.value) for r in rows if r.matches(metric="passkey", method=method, length=length)
+    }
 
 
 def value(rows: Sequence[Row], **match: Any) -> Any:
@@ -74,12 +92,15 @@ class Pivot:
     ``key`` gives the leading cells (``None`` leaves a row out); the table rows come in the order
     their keys are first seen, sorted by ``order`` (a function of the first row of each, or the
     leading cells' wanted order: others after them); ``columns`` may depend on the selected rows.
+    With ``only_order`` (and ``order`` a sequence) the table rows are exactly those of ``order``,
+    one with no result rows showing its columns' empty cells.
     """
 
     where: Mapping[str, Any] | Callable[[Row], bool]
     key: Callable[[Row], tuple[str, ...] | None]
     columns: Sequence[Column] | Callable[[list[Row]], Sequence[Column]]
     order: Callable[[Row], Any] | Sequence[str] | None = None
+    only_order: bool = False
 
     def select(self, rows: list[Row]) -> list[Row]:
         where = self.where
@@ -96,13 +117,15 @@ class Pivot:
             if key is not None:
                 groups.setdefault(key, []).append(row)
         keys = list(groups)
-        if isinstance(self.order, Sequence):
+        if self.only_order and isinstance(self.order, Sequence):
+            keys = [(name,) for name in self.order]
+        elif isinstance(self.order, Sequence):
             wanted = list(self.order)
             keys.sort(key=lambda k: wanted.index(k[0]) if k[0] in wanted else len(wanted))
         elif self.order is not None:
             keys.sort(key=lambda k: self.order(groups[k][0]))  # type: ignore[operator, misc]
         columns = self.columns_for(rows)
-        return [[*key, *(c.cell(groups[key], selected) for c in columns)] for key in keys]
+        return [[*key, *(c.cell(groups.get(key, []), selected) for c in columns)] for key in keys]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +134,8 @@ class Table:
 
     The header is ``index`` (the leading cells' headers) and the first pivot's column headers; the
     pivots' table rows follow each other; ``before`` and ``after`` read every row of the file. With
-    no rows selected it renders as ``None``.
+    no rows selected it renders as ``None``. ``derive``, if given, makes the rows the pivots read from
+    the file's (a cell cache's one computation shown in several table rows: ``tables.real_model_view``).
     """
 
     source: str
@@ -119,11 +143,14 @@ class Table:
     pivots: Sequence[Pivot]
     before: Callable[[list[Row]], str] | None = None
     after: Callable[[list[Row]], str] | None = None
+    derive: Callable[[list[Row]], list[Row]] | None = None
 
     def render(self, folder: Path) -> str | None:
         """The table from ``folder / source``, or ``None`` when the file or its selected rows are not there."""
         path = folder / self.source
         rows = read_rows(path) if path.is_file() else []
+        if self.derive is not None:
+            rows = self.derive(rows)
         body = [line for pivot in self.pivots for line in pivot.body(rows)]
         if not body:
             return None

@@ -20,6 +20,12 @@ in place, and ``replace`` drops the rows a rerun owns; every other row is kept. 
 library is imported (``harness.py``'s children measure their own imports); ``benchmarks/tables.py``
 renders every table from these rows.
 
+The resumable real-model evaluations (``real_model.py``'s ``Cells``: ``real_model/``,
+``training_free/``, ``finetune_smollm2/`` ...) write a cell cache, ``{"settings", "cells", "runs",
+"environment"}``, one cell per computation keyed ``<kind>/<row>[/<length>[/<depth>]]``: their resume
+protocol, which runs of hours write. :func:`read_rows` reads such a file as rows too, migrating it on
+read (:func:`rows_from_cells`): one row per cell, so that one renderer makes every table.
+
     rows = read_rows("benchmarks/results/patch_overhead.json")
     write_rows(path, [Row("demo", "yarn", {"length": 64}, "ratio", 1.0, "x", "cpu", {}, "2026-01-01T00:00:00+00:00")])
 """
@@ -30,7 +36,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -117,20 +123,87 @@ def row_from_dict(data: Mapping[str, Any]) -> Row:
 
 
 def read_rows(path: str | os.PathLike) -> list[Row]:
-    """The rows of a results file.
+    """The rows of a results file: a JSON list of rows, or a cell cache migrated on read (:func:`rows_from_cells`).
+
+    A cell cache's benchmark is its folder's name (``training_free/results.json``: ``training_free``),
+    with the file's stem unless it is ``results`` (``finetune_smollm2/llamacpp.json``:
+    ``finetune_smollm2/llamacpp``).
 
     Raises:
-        ValueError: the file is not a JSON list of rows (naming the file and the bad row).
+        ValueError: the file is neither (naming the file and the bad row).
     """
-    data = json.loads(Path(path).read_text())
+    path = Path(path)
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and isinstance(data.get("cells"), dict):
+        benchmark = path.parent.name + ("" if path.stem == "results" else f"/{path.stem}")
+        try:
+            return rows_from_cells(data, benchmark)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{str(path)!r}: {error}") from None
     if not isinstance(data, list):
         raise ValueError(
-            f"{str(path)!r} is not a benchmark results file (a JSON list of rows, benchmarks/result_schema.py)"
+            f"{str(path)!r} is not a benchmark results file (a JSON list of rows, benchmarks/result_schema.py, "
+            'or a cells file: {"settings", "cells", ...}, benchmarks/real_model.py Cells)'
         )
     try:
         return [row_from_dict(item) for item in data]
     except (ValueError, TypeError) as error:
         raise ValueError(f"{str(path)!r}: {error}") from None
+
+
+#: A cell cache keeps no time per cell: its rows take the last run's start, else this.
+UNKNOWN_TIME = "1970-01-01T00:00:00+00:00"
+
+
+def rows_from_cells(content: Mapping[str, Any], benchmark: str) -> list[Row]:
+    """The rows of a cell cache's content (``real_model.Cells``' file), one per cell, in the file's order.
+
+    A cell ``<kind>/<row>/<length>/<depth>`` is the row ``metric=kind, method=row`` whose setting is
+    the file's scalar settings with ``length`` (an int) and ``depth`` (a float); a key of one part
+    (``timing``) is its own method. The value is the cell's scalar value, or its headline when it is
+    an object (a perplexity point's ``perplexity``, a one-length passkey result's accuracy, else
+    ``None``); ``extra`` keeps the cell's key, its seconds and its object value. Device and versions
+    are the file's ``environment``; the time is the last run's start if it is in UTC (the cache keeps
+    none per cell), else :data:`UNKNOWN_TIME`.
+
+    Raises:
+        ValueError: a cell is not ``{"seconds", "value"}`` (naming its key).
+    """
+    settings = {k: v for k, v in content.get("settings", {}).items() if isinstance(v, (str, int, float, bool))}
+    environment = content.get("environment") or {}
+    device = str(environment.get("cuda") or environment.get("cpu") or "unknown")
+    versions = {k: str(environment[k]) for k in ("python", "torch", "transformers") if environment.get(k)}
+    runs = content.get("runs") or []
+    started = str(runs[-1].get("started", "")) if runs else ""
+    time = UNKNOWN_TIME
+    if started.endswith(" UTC"):  # time.strftime("%Y-%m-%d %H:%M:%S %Z") on a machine in UTC
+        time = datetime.strptime(started[:-4], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).isoformat()
+    rows = []
+    for key, cell in content["cells"].items():
+        if not isinstance(cell, Mapping) or "value" not in cell:
+            raise ValueError(f"the cell {key!r} must be {{'seconds': ..., 'value': ...}}, got {cell!r}")
+        parts = key.split("/")
+        setting = dict(settings)
+        if len(parts) > 2:
+            setting["length"] = int(parts[2])
+        if len(parts) > 3:
+            setting["depth"] = float(parts[3])
+        extra = {"key": key, "seconds": cell.get("seconds")}
+        value = cell["value"]
+        if isinstance(value, (dict, list)):
+            extra["value"], value = value, _headline(value)
+        method = parts[1] if len(parts) > 1 else parts[0]
+        rows.append(Row(benchmark, method, setting, parts[0], value, "", device, versions, time, extra))
+    return rows
+
+
+def _headline(value: Any) -> Value:
+    """The number an object-valued cell stands for: its perplexity, or its accuracy at its one length."""
+    if isinstance(value, dict) and "perplexity" in value:
+        return value["perplexity"]
+    if isinstance(value, dict) and len(value.get("accuracy_by_length") or ()) == 1:
+        return value["accuracy_by_length"][0]
+    return None
 
 
 def dumps(rows: Iterable[Row]) -> str:

@@ -5,9 +5,13 @@ lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchma
 rows of one schema (``result_schema.py``) and one renderer makes every table from them
 (``pivot.py``: a pivot of one file's rows); below, each table is its rows and columns. A table whose
 file is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` checks that every
-committed block equals what this script writes from the committed results. The exception: the
-real-model, training-free and fine-tune tables read the cell caches their resumable evaluations
-write, in their own format, by the functions of the last section.
+committed block equals what this script writes from the committed results. The cell caches of the
+resumable real-model evaluations (``real_model/results.json``, ``training_free/results.json``) are
+read as rows too (``result_schema.rows_from_cells``, on read: a file in today's cells format needs
+no migration step). The tables the scripts' reports show beside Wilson intervals and exact McNemar
+tests (``finetune-smollm2``, ``longrope-smollm2``, ``training-free-real-model-paired``) are rendered by
+those scripts' functions from the same rows, laid out aligned (``pivot.table(aligned=True)``), so
+that each block equals its report's table.
 
 Longer than ~400 lines: one declaration per docs table (about 25), each read on its own; split by
 page they would scatter the registry :data:`TABLES` that the page rewriting and the test walk.
@@ -20,17 +24,16 @@ page they would scatter the registry :data:`TABLES` that the page rewriting and 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import math
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from readers_table import readers_table  # noqa: E402
-from pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, table, value  # noqa: E402
+from pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, value  # noqa: E402
 from result_schema import Row, latest, read_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -657,112 +660,138 @@ GPU_SEDCA = Table(
 )
 
 
-# --- The cell caches of the resumable real-model evaluations (their own format) -------------------
+# --- The resumable real-model evaluations: their cell caches, read as rows (result_schema.rows_from_cells) ---
 
 
-def load(relative: str) -> dict[str, Any]:
-    return json.loads((RESULTS / relative).read_text())
+def real_model_view(kind: str) -> Callable[[list[Row]], list[Row]]:
+    """``real_model/results.json``'s ``kind`` (ppl or passkey) rows as the table shows them: one per label and length.
+
+    One cell serves several labels (``yarn s=L/8k`` at 8k is the ``none`` cell; at 32k ``yarn s=4``'s):
+    each (label, length) of ``real_model.variants`` of the full plan gets a copy of its cell's row (value
+    ``None`` where the cell is not computed yet), the fine-tuned row (``tuned``) last, at the lengths
+    with a cell of ``kind``. The passkey table leaves out labels with no cell.
+    """
+
+    def derive(rows: list[Row]) -> list[Row]:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import real_model
+
+        plan = real_model.WITH_PASSKEY_4X
+        cells = {(r.method, r.setting.get("length")): r for r in rows if r.metric == kind}
+        ns = [n for n in (plan.lengths if kind == "ppl" else plan.passkey_lengths) if any(k[1] == n for k in cells)]
+        view: list[Row] = []
+        for n in ns:
+            for name, method, factor in [*real_model.variants(plan, n, kind == "ppl"), ("tuned", "tuned", None)]:
+                cell = "tuned" if method == "tuned" else real_model.cell_key(kind, method, factor, n).split("/")[1]
+                found = cells.get((cell, n))
+                empty = Row("real_model", name, {}, kind, None, "", "", {}, "1970-01-01T00:00:00+00:00")
+                view.append(dataclasses.replace(found or empty, method=name, setting={"length": n}))
+        shown = {r.method for r in view if r.value is not None or r.extra.get("value")} if kind == "passkey" else None
+        return [r for r in view if shown is None or r.method in shown]
+
+    return derive
 
 
-def real_model_rows(kind: str) -> tuple[list[int], list[tuple[str, list[Any]]]]:
-    """``(lengths, [(row name, [cell value or None])])`` of ``real_model/results.json`` for ppl or passkey."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import real_model
-
-    cells = load("real_model/results.json")["cells"]
-    plan = real_model.WITH_PASSKEY_4X
-    lengths = list(plan.lengths if kind == "ppl" else plan.passkey_lengths)
-    lengths = [n for n in lengths if any(k.startswith(f"{kind}/") and k.endswith(f"/{n}") for k in cells)]
-    rows: dict[str, list[Any]] = {}
-    for i, n in enumerate(lengths):
-        for name, method, factor in [*real_model.variants(plan, n, kind == "ppl"), ("tuned", "tuned", None)]:
-            key = f"{kind}/tuned/{n}" if method == "tuned" else real_model.cell_key(kind, method, factor, n)
-            rows.setdefault(name, [None] * len(lengths))[i] = cells.get(key, {}).get("value")
-    return lengths, list(rows.items())
+def row_label(row: Row) -> tuple[str]:
+    if row.method == "tuned":
+        return ("YaRN s = 4 after the fine-tune",)
+    return (row.method.replace(" s=", ", s = "),)
 
 
-def row_label(name: str) -> str:
-    if name == "tuned":
-        return "YaRN s = 4 after the fine-tune"
-    return name.replace(" s=", ", s = ")
-
-
-def real_model_ppl() -> str:
-    lengths, rows = real_model_rows("ppl")
-    header = ["method", *[f"{kilo(n)} ({n / 8192:g}x)" for n in lengths]]
-    return table(
-        header, [[row_label(name), *[f"{v['perplexity']:.2f}" if v else "-" for v in values]] for name, values in rows]
-    )
-
-
-def real_model_passkey() -> str:
-    lengths, rows = real_model_rows("passkey")
-
-    def cell(value: dict[str, Any] | None) -> str:
-        if not value:
-            return "-"
-        found = [value["correct"][d][0] for d in range(len(value["depths"]))]
-        return f"{sum(found)}/{len(found) * value['trials']} ({''.join('x' if f else '.' for f in found)})"
-
-    header = ["method", *[f"{kilo(n)} ({n / 8192:g}x)" for n in lengths]]
-    return table(header, [[row_label(name), *map(cell, values)] for name, values in rows if any(values)])
-
-
-def training_free_real_model() -> str:
-    """Passkeys found / asked with 95% Wilson intervals, and perplexity, per method (training_free/results.json)."""
-    data = load("training_free/results.json")
-    cells = data["cells"]
-    # The script's rows in its own order (training_free_real_model.METHODS), any others after them.
-    order = ["none", "yarn s=4", "self_extend f=4", "dca", "self_extend f=2 on yarn s=2"]
-    seen = list(dict.fromkeys(k.split("/")[1] for k in cells))
-    methods = [m for m in order if m in seen] + [m for m in seen if m not in order]
-    passkey_lengths = sorted({int(k.split("/")[2]) for k in cells if k.startswith("passkey/")})
-    ppl_lengths = sorted({int(k.split("/")[2]) for k in cells if k.startswith("ppl/")})
-    rows = []
-    for method in methods:
-        row = [method]
-        for n in passkey_lengths:
-            found = [c["value"] for k, c in cells.items() if k.startswith(f"passkey/{method}/{n}/")]
-            row.append(found_cell(found))
-        for n in ppl_lengths:
-            value = cells.get(f"ppl/{method}/{n}", {}).get("value")
-            row.append(f"{value:.2f}" if value else "-")
-        rows.append(row)
-    header = [
-        "method",
-        *[f"passkey {kilo(n)} (95% interval)" for n in passkey_lengths],
-        *[f"ppl {kilo(n)}" for n in ppl_lengths],
+def real_model_columns(show: Callable[[Row], str]) -> Callable[[list[Row]], list[Column]]:
+    return lambda rows: [
+        Column(f"{kilo(n)} ({n / 8192:g}x)", {"length": n}, show)
+        for n in dict.fromkeys(r.setting["length"] for r in rows)
     ]
-    return table(header, rows)
 
 
-def table_in(report: str, after: str = "") -> str:
-    """The first markdown table of ``results/<report>`` past the text ``after`` (a report a script writes)."""
-    text = (RESULTS / report).read_text()
-    text = text[text.index(after) :]
-    return text[text.index("\n|") + 1 :].split("\n\n")[0].rstrip()
+def passkey_found(row: Row) -> str:
+    """``found/asked (x.x)``: the keys found per depth of a real_model passkey cell."""
+    result = row.extra["value"]
+    found = [result["correct"][d][0] for d in range(len(result["depths"]))]
+    return f"{sum(found)}/{len(found) * result['trials']} ({''.join('x' if f else '.' for f in found)})"
+
+
+REAL_MODEL_MISSING = "_Not measured yet: run `python benchmarks/real_model.py`._"
+REAL_MODEL_PPL = Table(
+    "real_model/results.json",
+    ["method"],
+    [Pivot({"metric": "ppl"}, row_label, real_model_columns(fmt(".2f")))],
+    derive=real_model_view("ppl"),
+)
+REAL_MODEL_PASSKEY = Table(
+    "real_model/results.json",
+    ["method"],
+    [Pivot({"metric": "passkey"}, row_label, real_model_columns(passkey_found))],
+    derive=real_model_view("passkey"),
+)
+
+
+def training_free_columns(rows: list[Row]) -> list[Column]:
+    """Passkeys found / asked (95% Wilson interval) per passkey length, then perplexity per cut."""
+
+    def found(n: int) -> Callable[[list[Row], list[Row]], str]:
+        return lambda group, _: found_cell([r.value for r in group if r.matches(metric="passkey", length=n)])
+
+    return [
+        *(Column(f"passkey {kilo(n)} (95% interval)", compute=found(n)) for n in lengths(rows_of(rows, "passkey"))),
+        *(
+            Column(f"ppl {kilo(n)}", {"metric": "ppl", "length": n}, lambda r: f"{r.value:.2f}" if r.value else "-")
+            for n in lengths(rows_of(rows, "ppl"))
+        ),
+    ]
+
+
+def rows_of(rows: list[Row], metric: str) -> list[Row]:
+    return [r for r in rows if r.metric == metric]
+
+
+TRAINING_FREE_REAL_MODEL = Table(
+    "training_free/results.json",
+    ["method"],
+    [
+        Pivot(
+            lambda r: r.metric in ("passkey", "ppl"),
+            lambda r: (r.method,),
+            training_free_columns,
+            # The script's rows in its own order (training_free_real_model.METHODS), any others after them.
+            order=["none", "yarn s=4", "self_extend f=4", "dca", "self_extend f=2 on yarn s=2"],
+        )
+    ],
+)
 
 
 def training_free_real_model_paired() -> str:
-    """The exact McNemar tests of training_free/real_model.md (``training_free_real_model.py --report`` writes them)."""
-    return table_in("training_free/real_model.md", after="Paired on the same prompts")
+    """The exact McNemar tests of the training-free cells (``training_free_real_model.paired_table``, from the rows)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import training_free_real_model
+
+    return training_free_real_model.paired_table()
 
 
 def longrope_smollm2() -> str:
-    """LongRoPE searched on SmolLM2 against YaRN and the base model (longrope_smollm2/results.md, its first table).
+    """LongRoPE searched on SmolLM2 against YaRN and the base model (``longrope_real_model.ppl_table``, from the rows).
 
-    ``benchmarks/longrope_real_model.py --report`` writes that file from the training-free cells and llama.cpp's.
+    The training-free cells and llama.cpp's (``longrope_smollm2/llamacpp.json``) read as rows; ``--report`` writes
+    the same table into ``longrope_smollm2/results.md``.
     """
-    return table_in("longrope_smollm2/results.md")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import longrope_real_model
+
+    return longrope_real_model.ppl_table()
 
 
 def finetune_smollm2() -> str:
-    """The fine-tuned SmolLM2 against the training-free rows (finetune_smollm2/results.md, its tables only).
+    """The fine-tuned SmolLM2 against the training-free rows: the tables of its report, from the rows.
 
-    ``benchmarks/finetune_real_model.py --report`` writes that file from its cells and the training-free ones.
+    ``finetune_real_model.tables_text``: the recipe's, the experiments', llama.cpp's and the training-free
+    cells read as rows (``result_schema.rows_from_cells``), pivoted; ``--report`` writes the same tables
+    into ``finetune_smollm2/results.md`` after its introduction.
     """
-    text = (RESULTS / "finetune_smollm2" / "results.md").read_text()
-    return text[text.index("\n|") + 1 :].rstrip()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import finetune_real_model
+
+    return finetune_real_model.tables_text().rstrip()
 
 
 def switch_columns(rows: list[Row]) -> list[Column]:
@@ -815,9 +844,11 @@ LONGROPE_SWITCH = Table(
 
 TABLES: dict[str, Callable[[], str]] = {
     "readers": readers_table,
-    "real-model-ppl": real_model_ppl,
-    "real-model-passkey": real_model_passkey,
-    "training-free-real-model": training_free_real_model,
+    "real-model-ppl": block(REAL_MODEL_PPL, missing=REAL_MODEL_MISSING),
+    "real-model-passkey": block(REAL_MODEL_PASSKEY, missing=REAL_MODEL_MISSING),
+    "training-free-real-model": block(
+        TRAINING_FREE_REAL_MODEL, missing="_Not measured yet: run `python benchmarks/training_free_real_model.py`._"
+    ),
     "training-free-real-model-paired": training_free_real_model_paired,
     "finetune-smollm2": finetune_smollm2,
     "longrope-smollm2": longrope_smollm2,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +35,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_posext.integration import rebuild_rotary, replace_module, rotary_modules
-from pivot import found_cell
+from pivot import found_by_depth, found_cell, table, value
 from real_model import Cells, gguf_file, reference_text
+from result_schema import Row, read_rows, rows_from_cells
 
 from hf_posext import patch_model, unpatch_model
 from hf_posext.eval.passkey import passkey_accuracy
 from hf_posext.eval.perplexity import truncated_perplexity
-from hf_posext.eval.report import markdown_table, plot_curves, plot_heatmaps, write_text
+from hf_posext.eval.report import plot_curves, plot_heatmaps, write_text
 from hf_posext.eval.ruler.score import mcnemar_exact
 from hf_posext.gguf import gguf_checkpoint
 
@@ -141,6 +143,8 @@ SETTINGS = {
 }
 
 
+#: Passkey lengths a report shows (``--lengths``), besides those with cells.
+PASSKEY_LENGTHS = (16384, 32768)
 #: Rows compared prompt by prompt (exact McNemar) where both have keys of one length.
 PAIRS = (
     ("string", "none"),
@@ -152,18 +156,12 @@ PAIRS = (
 )
 
 
-def passkeys(cells: dict[str, Any], row: str, length: int) -> dict[float, bool]:
-    """``{depth: found}`` of ``row``'s cell at ``length`` (a depth names one prompt of the schedule)."""
-    prefix = f"passkey/{row}/{length}/"
-    return {float(k[len(prefix) :]): bool(v["value"]) for k, v in cells.items() if k.startswith(prefix)}
-
-
-def paired_tests(cells: Cells, lengths: list[int]) -> list[list[Any]]:
+def paired_tests(rows: list[Row], lengths: list[int]) -> list[list[Any]]:
     """``[length, first, second, prompts, b, c, p]`` for each of :data:`PAIRS` on the prompts both were asked."""
     tests = []
     for length in lengths:
         for first, second in PAIRS:
-            mine, theirs = passkeys(cells.cells, first, length), passkeys(cells.cells, second, length)
+            mine, theirs = found_by_depth(rows, first, length), found_by_depth(rows, second, length)
             common = sorted(set(mine) & set(theirs))
             if common:
                 b, c, p = mcnemar_exact([mine[d] for d in common], [theirs[d] for d in common])
@@ -171,16 +169,32 @@ def paired_tests(cells: Cells, lengths: list[int]) -> list[list[Any]]:
     return tests
 
 
+def passkey_lengths(rows: list[Row], lengths: Sequence[int]) -> list[int]:
+    """``lengths`` and every length with passkey cells, sorted."""
+    return sorted({*lengths} | {r.setting["length"] for r in rows if r.metric == "passkey"})
+
+
+def paired_table(rows: list[Row] | None = None, lengths: Sequence[int] = PASSKEY_LENGTHS) -> str:
+    """The exact McNemar tests of the report (the docs' ``training-free-real-model-paired`` block).
+
+    ``rows``: the cells as rows (default: ``results.json`` read by ``result_schema.read_rows``).
+    """
+    rows = read_rows(OUT / "results.json") if rows is None else rows
+    tests = paired_tests(rows, passkey_lengths(rows, lengths))
+    return table(["length", "first", "second", "prompts", "b", "c", "p"], tests, aligned=True)
+
+
 def report(cells: Cells, lengths: list[int], out: Path = OUT) -> str:
     """The table and plot: a column per length in ``lengths`` or with passkey cells on file."""
-    lengths = sorted(set(lengths) | {int(key.split("/")[2]) for key in cells.cells if key.startswith("passkey/")})
+    measured = rows_from_cells({"settings": cells.settings, "cells": cells.cells, "runs": cells.runs}, OUT.name)
+    lengths = passkey_lengths(measured, lengths)
     rows, ppl_rows, curves, grids = [], [], {}, {}
     for row in METHODS:
         accs = []
         for length in lengths:
-            accs.append(found_cell(list(passkeys(cells.cells, row, length).values())))
+            accs.append(found_cell(list(found_by_depth(measured, row, length).values())))
         rows.append([row, *accs])
-        ppls = [cells.cells.get(f"ppl/{row}/{n}", {}).get("value") for n in (8192, 16384, 32768)]
+        ppls = [value(measured, metric="ppl", method=row, length=n) for n in (8192, 16384, 32768)]
         ppl_rows.append([row, *[f"{p:.2f}" if p else "-" for p in ppls]])
         xs = [n for n, p in zip((8192, 16384, 32768), ppls) if p]
         if xs:
@@ -189,28 +203,20 @@ def report(cells: Cells, lengths: list[int], out: Path = OUT) -> str:
         "# Training-free methods on SmolLM2-135M-Instruct (trained at 8k), no fine-tuning\n\n"
         "Passkey retrieval, keys found / keys asked with 95% Wilson intervals (a cell of n keys asks the "
         "first n prompts of `key_schedule`, over depths 0..1: the same prompts for every method):\n\n"
-        + markdown_table(["method", *[f"{n // 1024}k" for n in lengths]], rows)
+        + table(["method", *[f"{n // 1024}k" for n in lengths]], rows, aligned=True)
         + "\n\nPaired on the same prompts (exact McNemar; b: the first row right and the second wrong; c: the "
         "reverse):\n\n"
-        + markdown_table(["length", "first", "second", "prompts", "b", "c", "p"], paired_tests(cells, lengths))
+        + paired_table(measured, lengths)
         + "\n\nPerplexity of the last 2048 tokens (Python Language Reference):\n\n"
-        + markdown_table(["method", "8k", "16k", "32k"], ppl_rows)
+        + table(["method", "8k", "16k", "32k"], ppl_rows, aligned=True)
         + "\n"
     )
     write_text(out / "real_model.md", text)
     for row in METHODS:
-        asked = sorted({float(k.split("/")[3]) for k in cells.cells if k.startswith(f"passkey/{row}/")})
+        asked = sorted({r.setting["depth"] for r in measured if r.matches(metric="passkey", method=row)})
         if asked:
-            acc = [
-                [
-                    float(cells.cells[f"passkey/{row}/{n}/{d}"]["value"])
-                    if f"passkey/{row}/{n}/{d}" in cells.cells
-                    else float("nan")
-                    for n in lengths
-                ]
-                for d in asked
-            ]
-            grids[row] = (lengths, asked, acc)
+            found = {n: found_by_depth(measured, row, n) for n in lengths}
+            grids[row] = (lengths, asked, [[float(found[n].get(d, float("nan"))) for n in lengths] for d in asked])
     if grids:
         plot_heatmaps(
             out / "real_model_passkey.png", grids, title="SmolLM2-135M passkey, no fine-tuning (one key per cell)"
@@ -222,7 +228,7 @@ def report(cells: Cells, lengths: list[int], out: Path = OUT) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="*", default=[16384, 32768])
+    parser.add_argument("--lengths", type=int, nargs="*", default=list(PASSKEY_LENGTHS))
     parser.add_argument("--keys", type=int, default=10, help=f"keys per cell, 1..{MAX_KEYS} (see key_schedule)")
     parser.add_argument(
         "--ppl",

@@ -17,16 +17,24 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import harness  # noqa: E402  (benchmarks/ is not a package)
 import pivot  # noqa: E402
 import tables  # noqa: E402
-from result_schema import FIELDS, Row, dumps, merge, read_rows, row_from_dict, unit_of, write_rows  # noqa: E402
+from result_schema import (  # noqa: E402
+    FIELDS,
+    Row,
+    dumps,
+    merge,
+    read_rows,
+    row_from_dict,
+    rows_from_cells,
+    unit_of,
+    write_rows,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
-#: The resumable evaluations' cell caches and the library commands' own reports: not rows (their writers own them).
+#: The resumable evaluations' cell caches: read as rows (``result_schema.rows_from_cells``), written as cells.
+CELL_CACHES = ("real_model/", "training_free/", "training_free_bf16/", "finetune_smollm2/", "longrope_smollm2/")
+#: The library commands' own reports: not benchmark results (their commands own them).
 NOT_ROWS = (
-    "real_model/",
-    "training_free/",
-    "training_free_bf16/",
-    "finetune_smollm2/",
-    "longrope_smollm2/",
+    *CELL_CACHES,
     "demo/",
     "ruler/smollm2",
     "scratch.json",
@@ -54,6 +62,67 @@ def test_every_committed_results_file_but_the_cell_caches_is_rows_of_the_schema(
         assert rows, path
         assert all(r.device and r.versions for r in rows), path
         assert path.read_text() == dumps(rows), f"{path}: not written as one row a line"
+
+
+def test_every_committed_cell_cache_reads_as_rows_one_per_cell():
+    files = [
+        p
+        for p in sorted(RESULTS.rglob("*.json"))
+        if "work" not in p.relative_to(RESULTS).parts
+        and str(p.relative_to(RESULTS)).startswith(CELL_CACHES)
+        and "cells" in json.loads(p.read_text())
+    ]
+    assert len(files) >= 8
+    for path in files:
+        cells = json.loads(path.read_text())["cells"]
+        rows = read_rows(path)
+        assert [r.extra["key"] for r in rows] == list(cells), path
+        assert all(r.device and r.versions and r.benchmark for r in rows), path
+
+
+def test_a_cells_file_in_todays_format_reads_as_rows(tmp_path):
+    """The resumable evaluations' format (real_model.Cells), migrated on read: one row per cell."""
+    ppl = {"length": 4096, "perplexity": 12.5, "nll": 2.5, "tokens": 2048, "documents": 1}
+    content = {
+        "settings": {"score_last": 2048, "dtype": "bfloat16", "methods": {"none": None}},
+        "cells": {
+            "timing": {"seconds": 1.0, "value": {"seconds": {"256": 2.2}}},
+            "ppl/yarn@4/4096": {"seconds": 13.8, "value": ppl},
+            "passkey/dca/16384/0.111": {"seconds": 670.1, "value": True},
+            "llamacpp/ppl/8192": {"seconds": 314.6, "value": 12.8},
+        },
+        "runs": [{"command": "python x.py", "started": "2026-11-30 09:08:33 UTC", "seconds": 5.0}],
+        "environment": {"cpu": "AMD EPYC", "cuda": None, "python": "3.11.7", "torch": "2.13.0", "transformers": "5"},
+    }
+    path = tmp_path / "training_free" / "results.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(content))
+    timing, yarn, dca, engine = read_rows(path)
+    assert (yarn.benchmark, yarn.method, yarn.metric, yarn.value) == ("training_free", "yarn@4", "ppl", 12.5)
+    assert yarn.setting == {"score_last": 2048, "dtype": "bfloat16", "length": 4096}
+    assert yarn.extra == {"key": "ppl/yarn@4/4096", "seconds": 13.8, "value": ppl}
+    assert (dca.method, dca.metric, dca.value, dca.setting["length"], dca.setting["depth"]) == (
+        "dca",
+        "passkey",
+        True,
+        16384,
+        0.111,
+    )
+    assert (engine.method, engine.metric, engine.value) == ("ppl", "llamacpp", 12.8)
+    assert (timing.method, timing.metric, timing.value) == ("timing", "timing", None)
+    assert timing.extra["value"] == {"seconds": {"256": 2.2}}
+    assert yarn.device == "AMD EPYC" and yarn.versions == {"python": "3.11.7", "torch": "2.13.0", "transformers": "5"}
+    assert yarn.time == "2026-11-30T09:08:33+00:00"
+    assert rows_from_cells(content, "training_free") == [timing, yarn, dca, engine]
+    (tmp_path / "rows.json").write_text(dumps([timing, yarn, dca, engine]))
+    assert read_rows(tmp_path / "rows.json") == [timing, yarn, dca, engine]  # the migration is lossless
+
+
+def test_a_file_neither_rows_nor_cells_is_refused_naming_both_formats(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"settings": {}}))
+    with pytest.raises(ValueError, match="a JSON list of rows.*or a cells file"):
+        read_rows(path)
 
 
 def test_a_row_names_what_is_wrong_with_it():
@@ -172,3 +241,19 @@ def test_a_migrated_tables_cell_is_the_value_of_its_row():
     ratio = next(r for r in rows if r.method == "yarn" and r.metric == "ratio" and r.setting["length"] == 1024)
     line = next(line for line in tables.render("patch-overhead").splitlines() if line.startswith("| yarn |"))
     assert line.split(" | ")[2] == f"{ratio.value:.3f}"
+
+
+def test_an_aligned_table_is_laid_out_as_the_librarys_reports_are():
+    """``pivot.table(aligned=True)`` pads as ``hf_posext.eval.report.markdown_table`` does (strings and ints)."""
+    from hf_posext.eval.report import markdown_table
+
+    header, body = ["row", "passkey 16k", "p"], [["yarn s=4", "12/20 (0.39-0.78)", 7], ["dca fine-tuned", "-", 1]]
+    assert pivot.table(header, body, aligned=True) == markdown_table(header, body)
+    assert pivot.table(header, [], aligned=True) == markdown_table(header, [])
+
+
+def test_a_pivot_with_only_order_shows_exactly_those_rows_in_that_order():
+    rows = [row("yarn", length=64), row("other", length=64, value=3.0)]
+    columns = [pivot.Column("64", {"length": 64}, pivot.fmt(".1f"))]
+    spec = pivot.Pivot({"metric": "ratio"}, lambda r: (r.method,), columns, order=["ntk", "yarn"], only_order=True)
+    assert spec.body(rows) == [["ntk", "-"], ["yarn", "1.0"]]
