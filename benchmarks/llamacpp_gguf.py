@@ -52,7 +52,7 @@ from tests.helpers.models import tiny_model  # noqa: E402
 
 import hf_posext  # noqa: E402
 from hf_posext.gguf.export import export_gguf  # noqa: E402
-from hf_posext.gguf.writer import patch_gguf  # noqa: E402
+from hf_posext.publish.gguf_patch import patch_gguf  # noqa: E402
 
 L0 = 64
 LLAMA3 = {

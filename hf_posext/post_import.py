@@ -87,17 +87,27 @@ RENAMED = {
 }
 
 
+#: ``old module.name`` -> the module the name moved to (issue 48: the GGUF side of ``hf-posext patch`` sits in
+#: publish/ beside patch_checkpoint, above the patching it uses; gguf/ no longer imports patching/).
+MOVED_NAMES = {"hf_posext.gguf.writer.patch_gguf": "hf_posext.publish.gguf_patch"}
+
+
 def deprecated_attribute(module: str, name: str) -> Any:
     """What ``module.name`` resolves to for a deprecated ``name`` (for the module's ``__getattr__``).
 
     Each old name of :data:`RENAMED` stays importable from every module it was importable from (a module
     ``__getattr__`` calling this), is in no ``__all__``, and on each access warns a ``DeprecationWarning``
     attributed to the caller (so Python shows it once per call site) naming its replacement on the same
-    module. The package itself uses only the new names (tests/methods/test_registry.py).
+    module; a name of :data:`MOVED_NAMES` likewise, naming the module it moved to, where it is looked up.
+    The package itself uses only the new names (tests/methods/test_registry.py).
 
     Raises:
         AttributeError: ``name`` is not a deprecated name, as for any missing attribute.
     """
+    moved = MOVED_NAMES.get(f"{module}.{name}")
+    if moved is not None:
+        warnings.warn(f"{module}.{name} has moved to {moved}; import it from there", DeprecationWarning, stacklevel=3)
+        return getattr(importlib.import_module(moved), name)
     new = RENAMED.get(name)
     if new is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -112,3 +112,16 @@ def test_a_renamed_module_old_import_gives_the_same_object_and_warns_once(statem
     assert any(new in str(w.message) for w in first)
     again = {str(w.message) for w in _import_here(statement, {})}
     assert again == set(renamed)  # the module paths warn once per process, a deprecated name at each use
+
+
+def test_a_name_moved_to_another_module_is_the_same_object_and_warns_naming_its_module():
+    """Issue 48: ``patch_gguf`` left gguf/writer.py (gguf/ imported patching/, a floor above it) for publish/."""
+    from hf_posext.publish.gguf_patch import patch_gguf
+
+    with pytest.warns(
+        DeprecationWarning, match=r"gguf\.writer\.patch_gguf has moved to hf_posext\.publish\.gguf_patch"
+    ):
+        from hf_posext.gguf.writer import patch_gguf as old
+    assert old is patch_gguf
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        _ = importlib.import_module("hf_posext.gguf.writer").nothing

@@ -89,7 +89,7 @@ def _patch(args: argparse.Namespace) -> int:
             "then hf-posext gguf export"
         )
     if is_gguf(args.model) and is_gguf(args.output_dir):  # GGUF to GGUF: rope metadata only, tensors as stored
-        from ..gguf.writer import patch_gguf
+        from ..publish.gguf_patch import patch_gguf
 
         out = patch_gguf(
             args.model,

@@ -1,14 +1,11 @@
-"""Extend a GGUF file's context without touching its tensors: ``hf-posext patch model.gguf out.gguf``.
+"""A GGUF file rewritten with a new rope, its tensors untouched: what ``hf-posext patch model.gguf out.gguf`` writes.
 
-    hf-posext patch SmolLM2-135M-Instruct.Q4_1.gguf smollm2-32k.gguf --method yarn --factor 4
-
-or, in Python, ``patch_gguf("model.gguf", "out.gguf", "yarn", factor=4)``. The file's rope (plain,
-a raised base, linear, yarn, a ``rope_freqs`` tensor) is read as llama.cpp runs it and becomes the
-base the method composes on, by the same rules as for a transformers checkpoint
-(:mod:`hf_posext.patching.shipped_rope`); the result is written as the rope metadata and ``rope_freqs``
-tensor llama.cpp reads (:mod:`hf_posext.gguf.rope`). Every other key and every tensor is copied
-byte for byte (a quantized file stays quantized), through the ``gguf`` package's reader and
-writer; the output appears complete or not at all.
+:func:`base_config` reads the file's rope (plain, a raised base, linear, yarn, a ``rope_freqs``
+tensor) as llama.cpp runs it, as a transformers config a method composes on; :func:`write_gguf`
+writes a rope as the metadata and ``rope_freqs`` tensor llama.cpp reads (:mod:`hf_posext.gguf.rope`).
+Every other key and every tensor is copied byte for byte (a quantized file stays quantized), through
+the ``gguf`` package's reader and writer; the output appears complete or not at all. The method is
+applied above this package, by :func:`hf_posext.publish.gguf_patch.patch_gguf`.
 """
 
 from __future__ import annotations
@@ -21,14 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..files import output_file
-from ..methods import canonical_name
-from ..patching import patch_model
+from ..post_import import deprecated_attribute as _deprecated_attribute
 from ..validation import require
 from .rope import (
-    REFUSED_METHODS,
     ROPE_FREQS,
     GGUFRope,
-    gguf_rope_for,
     rope_config_of,
 )
 
@@ -203,45 +197,8 @@ def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, rope: GGUFRope,
     return Path(dst)
 
 
-def patch_gguf(
-    src: str | os.PathLike,
-    dst: str | os.PathLike,
-    method: str,
-    *,
-    factor: float = 1.0,
-    override: bool = False,
-    overwrite: bool = False,
-    **kwargs: Any,
-) -> Path:
-    """Write ``dst``: the GGUF ``src`` with ``method``'s rope, its tensors copied byte for byte.
-
-    Args:
-        src: a GGUF file of a :data:`~hf_posext.gguf.rope.ARCHITECTURES` architecture.
-        dst: the new file; neither ``src`` nor (without ``overwrite``) an existing file.
-        method: a static method: linear, ntk, yarn (dynamic and attention-level methods are
-            refused with what llama.cpp runs instead).
-        factor: the context scale s.
-        override: replace the file's own scaling by plain RoPE instead of composing on it.
-        overwrite: replace an existing ``dst``.
-        **kwargs: the method's other fields (``beta_fast``, ``attention_factor``, ...).
-
-    Returns:
-        ``dst`` as a Path.
-
-    Raises:
-        ValueError: a bad or unsupported input, named in the message; nothing is written.
-    """
-    name = method if method in REFUSED_METHODS else canonical_name(method)
-    if name in REFUSED_METHODS:
-        raise ValueError(f"{method} cannot be written into a GGUF: {REFUSED_METHODS[name]}")
-    reader = open_gguf(src)
-    arch = architecture(reader)
-    config = base_config(reader, override)
-    patch_model(config, method, factor=factor, override=override, **kwargs)
-    rope = gguf_rope_for(config, arch)
-    with output_file(dst, sources=[src], overwrite=overwrite) as tmp:
-        write_gguf(reader, tmp, rope)
-    return Path(dst)
+def __getattr__(name: str) -> object:  # patch_gguf, moved to hf_posext.publish.gguf_patch (post_import.MOVED_NAMES)
+    return _deprecated_attribute(__name__, name)
 
 
-__all__ = ["architecture", "base_config", "open_gguf", "patch_gguf", "read_rope", "rewrite_gguf", "write_gguf"]
+__all__ = ["architecture", "base_config", "open_gguf", "read_rope", "rewrite_gguf", "write_gguf"]

@@ -1,6 +1,7 @@
 """Checkpoints for others to load: model cards, config-only context extension, adapter merges.
 
 :mod:`.config_patch` (``hf-posext patch``: a checkpoint's context extended without loading its weights),
+:mod:`.gguf_patch` (the same verb on a GGUF file: its rope rewritten, its tensors copied),
 :mod:`.adapter` (a LoRA fine-tune merged from its base and its adapter), :mod:`.card` (their model
 card), :mod:`.repository` (the files a model repository holds). Beside them, what travels with an
 extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its tokenizer's raised
@@ -10,6 +11,7 @@ extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its
 from .adapter import ADAPTER_WEIGHTS, check_adapter, merge_adapter, read_adapter
 from .card import card_title, model_card
 from .config_patch import CONFIG_ONLY_FILES, patch_checkpoint
+from .gguf_patch import patch_gguf
 from ..post_import import deprecated_attribute as _deprecated_attribute
 from .repository import ADAPTER_FOLDER, MODEL_REPO_FILES
 
@@ -28,5 +30,6 @@ __all__ = [
     "merge_adapter",
     "model_card",
     "patch_checkpoint",
+    "patch_gguf",
     "read_adapter",
 ]

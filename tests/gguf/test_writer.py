@@ -1,4 +1,4 @@
-"""GGUF to GGUF (hf_posext.gguf.writer) on small GGUF files written here: metadata, bytes, bad input.
+"""GGUF to GGUF (gguf.writer, publish.gguf_patch) on small GGUF files written here: metadata, bytes, bad input.
 
 No llama.cpp needed: what llama.cpp makes of the written rope is tests/gguf/test_rope.py's
 reference and tests/gguf/test_export.py's run.
@@ -12,7 +12,8 @@ from tests.helpers.models import tiny_config
 import hf_posext
 from hf_posext.commands.main import main as cli_main
 from hf_posext.gguf.rope import gguf_rope_for
-from hf_posext.gguf.writer import base_config, open_gguf, patch_gguf, read_rope
+from hf_posext.gguf.writer import base_config, open_gguf, read_rope
+from hf_posext.publish.gguf_patch import patch_gguf
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
