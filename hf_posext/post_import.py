@@ -108,6 +108,9 @@ def deprecated_attribute(module: str, name: str) -> Any:
 MOVED = {
     "hf_posext.checkpoint_rope": "hf_posext.patching.checkpoint_rope",
     "hf_posext.config_checks": "hf_posext.validation.checkpoint",
+    "hf_posext.attention.flash_segments": "hf_posext.attention.remap.flash_segments",  # 0.2, issue 48 item 5
+    "hf_posext.attention.layout": "hf_posext.attention.remap.layout",
+    "hf_posext.attention.remap_install": "hf_posext.attention.remap.install",
     "hf_posext.exact_dynamic": "hf_posext.attention.exact_dynamic",
     "hf_posext.exact_dynamic.attention": "hf_posext.attention.exact_dynamic.attention",
     "hf_posext.exact_dynamic.complex_rowwise": "hf_posext.attention.exact_dynamic.complex_rowwise",
@@ -122,6 +125,7 @@ MOVED = {
     "hf_posext.gguf_writer": "hf_posext.gguf.writer",
     "hf_posext.hub": "hf_posext.export.hub",
     "hf_posext.methods.deprecated": "hf_posext.post_import",  # 0.2, issue 48: the one deprecation policy
+    "hf_posext.methods.remap_surgery": "hf_posext.methods.remapping",  # 0.2, issue 48 item 5: one module
     "hf_posext.readers.hub_card": "hf_posext.export.hub_card",
     "hf_posext.readers.tokenizer": "hf_posext.export.tokenizer",
     "hf_posext.transaction": "hf_posext.patching.transaction",

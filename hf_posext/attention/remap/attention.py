@@ -17,7 +17,7 @@ from torch import nn
 
 from .flash_segments import flash_available, flash_segmented_attention
 from .layout import Layout
-from .maps import attention_maps_requested, kernel_function
+from ..maps import attention_maps_requested, kernel_function
 
 #: The attribute of an attention module holding its :class:`RemapState`.
 STATE_ATTR = "_hf_posext_remap"

@@ -15,7 +15,8 @@ from tests.helpers.models import tiny_model, tokens
 from torch import nn
 
 import hf_posext
-from hf_posext.attention import flash_segments, remap
+from hf_posext.attention.remap import attention as remap
+from hf_posext.attention.remap import flash_segments
 from hf_posext.methods.dca.remap import DualChunkRemapping
 from hf_posext.methods.rerope.remap import ReRopeRemapping
 from hf_posext.methods.self_extend.remap import SelfExtendRemapping
@@ -95,7 +96,7 @@ def test_the_fused_path_equals_the_score_path(name, rows, heads, kv_heads, past,
 
 @pytest.mark.parametrize("name", sorted(REMAPPINGS))
 def test_positions_that_jump_pair_by_pair_agree_too(name):
-    """:class:`~hf_posext.attention.layout.PairLayout`: every piece chosen per pair and masked causally."""
+    """:class:`~hf_posext.attention.remap.layout.PairLayout`: every piece chosen per pair and masked causally."""
     q, k, v = inputs(1, 6, 2, 120, 120)
     positions = torch.cat((torch.arange(40), torch.arange(150, 230)))
     fused, score = both_paths(REMAPPINGS[name], q, k, v, 0, 0, positions)

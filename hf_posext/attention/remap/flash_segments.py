@@ -3,9 +3,9 @@
 PyTorch's CPU flash kernel returns a call's log-sum-exp beside its output, so the pieces of a
 :class:`~.layout.Layout` (each with its own (query, key) variant over its own key columns) make one
 exact softmax without any score matrix in memory, at about the FLOPs of one causal attention
-(LongLM's and ChunkLlama's flash paths merge the same way). :mod:`.remap` takes this path where
+(LongLM's and ChunkLlama's flash paths merge the same way). :mod:`.attention` takes this path where
 :func:`flash_available` says so (CPU inference without a padding mask, dropout or softcap) and its
-score path everywhere else; tests/attention/test_flash_segments.py checks the two against each other.
+score path everywhere else; tests/attention/remap/test_flash_segments.py checks the two against each other.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tens
 def flash_segmented_attention(
     value: torch.Tensor, layout: Layout, past: int, seq: int, offset: int, heads: int, scale: float
 ) -> torch.Tensor:
-    """:func:`.remap.segmented_attention` without a mask beyond causal, by :func:`flash_with_lse` per piece.
+    """:func:`.attention.segmented_attention` without a mask beyond causal, by :func:`flash_with_lse` per piece.
 
     Args:
         value: ``[rows, kv_heads, kv_len, head_dim]``.
