@@ -15,6 +15,7 @@ from tests.helpers.models import tiny_model, tokens
 from torch import nn
 
 import hf_posext
+from hf_posext.attention.inputs import AttentionInputs
 from hf_posext.attention.remap import attention as remap
 from hf_posext.attention.remap import flash_segments
 from hf_posext.methods.dca.remap import DualChunkRemapping
@@ -56,17 +57,16 @@ def baseline_gap(q, k, v):
 
 
 def both_paths(remapping, q, k, v, past, offset, positions=None):
-    heads, seq = q.shape[1], q.shape[2]
+    assert k.shape[2] - q.shape[2] == past  # the kernels take the cached keys from the shapes
 
     def layout():
         if positions is not None:
             return remapping.positioned_layout(q, k, positions, INV_FREQ)
         return remapping.layout(q, k, past, offset, INV_FREQ)
 
-    fused = flash_segments.flash_segmented_attention(v, layout(), past, seq, offset, heads, SCALE)
-    score = remap.segmented_attention(
-        nn.Module().eval(), v, None, layout(), past, seq, offset, heads, {"scaling": SCALE}
-    )
+    inputs = AttentionInputs(nn.Module().eval(), q, k, v, None, {"scaling": SCALE})
+    fused = flash_segments.flash_segmented_attention(inputs, layout(), offset, SCALE)
+    score = remap.segmented_attention(inputs, layout(), offset)
     return fused, score
 
 
