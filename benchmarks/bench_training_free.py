@@ -52,7 +52,7 @@ def one(variant: str, length: int, layers: int, repeats: int, dtype: str = "floa
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import hf_posext
-    from hf_posext.attention import remap
+    from hf_posext.attention.remap import attention as remap
 
     variant, _, path = variant.partition(":")
     if path == "score":  # what unpadded CPU inference ran before the fused path, and padded inputs still do

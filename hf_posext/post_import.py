@@ -118,6 +118,9 @@ def deprecated_attribute(module: str, name: str) -> Any:
 #: Old module path -> the module now there (0.2: issue 33 item 2, the package root grouped by feature; issue 48
 #: item 4, one name one meaning: a module named for what it holds).
 MOVED = {
+    "hf_posext.attention.flash_segments": "hf_posext.attention.remap.flash_segments",  # 0.2, issue 48 item 5
+    "hf_posext.attention.layout": "hf_posext.attention.remap.layout",
+    "hf_posext.attention.remap_install": "hf_posext.attention.remap.install",
     "hf_posext.checkpoint_rope": "hf_posext.patching.shipped_rope",
     "hf_posext.config_checks": "hf_posext.validation.saved_model",
     "hf_posext.eval.checkpoint": "hf_posext.eval.evaluated_model",
@@ -144,6 +147,7 @@ MOVED = {
     "hf_posext.gguf_writer": "hf_posext.gguf.writer",
     "hf_posext.hub": "hf_posext.publish.hub",
     "hf_posext.methods.deprecated": "hf_posext.post_import",  # 0.2, issue 48: the one deprecation policy
+    "hf_posext.methods.remap_surgery": "hf_posext.methods.remapping",  # 0.2, issue 48 item 5: one module
     "hf_posext.patching.checkpoint_rope": "hf_posext.patching.shipped_rope",
     "hf_posext.readers.hub_card": "hf_posext.publish.hub_card",
     "hf_posext.readers.tokenizer": "hf_posext.publish.tokenizer",

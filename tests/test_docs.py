@@ -229,12 +229,20 @@ def exists(path: str) -> bool:
 
 def moved_module(path: str) -> bool:
     """Whether ``path`` is the file of a module that moved (an old path of :data:`hf_posext.post_import.MOVED`),
-    the folder of a package that moved, or that folder's mirror under ``tests/`` (which moved with it)."""
+    the folder of a package that moved or that folder's mirror under ``tests/`` (which moved with it), a module
+    that became the package of its name (``hf_posext/attention/remap.py``), or a test file that moved to another
+    folder of ``tests/`` with its module."""
     if path.startswith("tests/") and path.endswith("/"):
         path = "hf_posext/" + path.removeprefix("tests/")
     if not path.endswith((".py", "/")):
         return False
-    return path.removesuffix(".py").rstrip("/").replace("/", ".") in MOVED
+    if path.removesuffix(".py").rstrip("/").replace("/", ".") in MOVED:
+        return True
+    if not path.endswith(".py"):
+        return False
+    if (ROOT / path.removesuffix(".py") / "__init__.py").is_file():
+        return True
+    return path.startswith("tests/") and any((ROOT / "tests").rglob(Path(path).name))
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
@@ -253,6 +261,8 @@ def test_the_path_check_finds_paths_and_can_fail():
     assert cited_paths(text) == {"tests/test_docs.py", "examples/accelerate/ddp.yaml", "examples/accelerate/fsdp2.yaml"}
     assert all(exists(p) for p in cited_paths(text))
     assert not exists("tests/test_no_such_file.py")
+    assert moved_module("hf_posext/attention/remap.py") and moved_module("tests/test_flash_segments.py")
+    assert not moved_module("tests/test_no_such_file.py") and not moved_module("hf_posext/no_such_module.py")
 
 
 # A dotted name of the package (`hf_posext.eval.ruler.mcnemar_exact`), not part of a path or of a longer word.

@@ -1,4 +1,4 @@
-"""Installing an attention wrapper: what remapping (:mod:`.remap_install`) and exact dynamic scaling share.
+"""Installing an attention wrapper: what remapping (:mod:`.remap.install`) and exact dynamic scaling share.
 
 A wrapper wraps the model's own kernel (one of :data:`SUPPORTED_KERNELS`) under the name
 ``prefix + kernel``: :func:`install_wrapper` checks the kernel and the attention, registers the

@@ -1,77 +1,42 @@
-"""The base of the training-free methods that remap positions inside attention (Self-Extend, DCA, STRING, ReRoPE).
+"""What the training-free methods that remap positions inside attention share (Self-Extend, DCA, STRING, ReRoPE).
 
-They keep the checkpoint's rotary embedding as it is (plain, raised theta, or a shipped static
-scaling: llama3, yarn, longrope) and score some (query, key) pairs at other positions
-(:mod:`hf_posext.attention.remap`). Their surgery selects the remapping attention wrapper.
+Their config's base, their rope type and attention functions as registered, and their surgery. They
+keep the checkpoint's rotary embedding and score some (query, key) pairs at other positions: the kernel,
+its install and its rope type are :mod:`hf_posext.attention.remap`; this module is what the method
+registry and patching need of them (it stays in ``methods/``: ``attention/`` imports nothing above it).
+The surgery selects the remapping attention wrapper in :func:`~hf_posext.patch_model` and again while a
+saved checkpoint is built (so ``attn_implementation="sdpa"`` at load picks the sdpa wrapper).
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
+from torch import nn
+from transformers import PreTrainedConfig
 
-from .. import integration
-from ..rope_utils import REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY, default_inv_freq, rope_parameters_for, rotary_dim_of
+from ..architectures import check_wrappable_attention
+from ..attention.remap import (
+    ATTENTION_PREFIX,
+    FALLBACK,
+    SAVED_ATTENTION,
+    STATE_ATTR,
+    compute_remap_rope_parameters,
+    install_remap_guard,
+    install_remapping,
+    remap_attention,
+    remap_rope_parameters,
+    remove_remap_guard,
+    shipped_parameters,  # noqa: F401 (importable from here before 0.2, issue 48 item 5)
+    uninstall_remapping,
+    validate_remap_rope_parameters,
+)
+from ..attention.wrapper import SUPPORTED_KERNELS
+from ..rope_utils import REMAP_ROPE_TYPE
 from .base import BaseRope, MethodConfig
-from .registry import RopeType
-
-
-def remap_rope_parameters(shipped: dict[str, Any]) -> dict[str, Any]:
-    """``shipped`` under the remapping's rope type, its own type kept as ``remapped_rope_type``."""
-    return {**shipped, "rope_type": REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY: shipped.get("rope_type", "default")}
-
-
-def shipped_parameters(rope_parameters: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint's own entry back from a :func:`remap_rope_parameters` one."""
-    params = dict(rope_parameters)
-    params["rope_type"] = params.pop(REMAPPED_TYPE_KEY, "default")
-    return params
-
-
-def _shipped_config(config: Any, layer_type: str | None) -> Any:
-    probe = copy.copy(config)
-    probe.__dict__["rope_parameters"] = shipped_parameters(rope_parameters_for(config, layer_type))
-    return probe
-
-
-def compute_remap_rope_parameters(
-    config: Any, device: torch.device | str | None = None, seq_len: int | None = None, layer_type: str | None = None
-) -> tuple[torch.Tensor, float]:
-    """transformers' rope-init contract for :data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`: the shipped type's own.
-
-    Plain RoPE as transformers' ``compute_default_rope_parameters`` computes it (bit for bit);
-    any other type by its own transformers function.
-    """
-    probe = _shipped_config(config, layer_type)
-    params = probe.rope_parameters
-    if params["rope_type"] == "default":
-        return default_inv_freq(float(params["rope_theta"]), rotary_dim_of(probe, params), device), 1.0
-    return integration.rope_init_function(params["rope_type"])(probe, device, seq_len, layer_type)
-
-
-def validate_remap_rope_parameters(
-    config: Any, rope_parameters: dict[str, Any], ignore_keys: set[str] | None = None
-) -> None:
-    """Validate the shipped entry by its own type's validator (``remapped_rope_type`` is the one extra key).
-
-    Raises:
-        KeyError: no ``remapped_rope_type`` (transformers' rule for a missing required key).
-    """
-    if REMAPPED_TYPE_KEY not in rope_parameters:
-        raise KeyError(
-            f"Missing required keys in `rope_parameters` for 'rope_type'='{REMAP_ROPE_TYPE}': {{'{REMAPPED_TYPE_KEY}'}}"
-        )
-    params = shipped_parameters(rope_parameters)
-    shipped = params["rope_type"]
-    if not isinstance(shipped, str) or shipped == REMAP_ROPE_TYPE or not integration.is_registered_rope_type(shipped):
-        raise ValueError(
-            f"rope_parameters[{REMAPPED_TYPE_KEY!r}] must name the checkpoint's own rope type (default, "
-            f"linear, yarn, llama3, longrope...), got {shipped!r}"
-        )
-    getattr(config, f"_validate_{shipped}_rope_parameters")(params, ignore_keys=ignore_keys)
+from .registry import AttentionFunctions, RopeType
+from .surgery import Surgery
 
 
 #: Registered by both families (the same functions, so the second registration is a no-op).
@@ -107,3 +72,62 @@ class AttentionRemapMethod(MethodConfig):
     def remapping(self, original: int) -> Any:
         """The :class:`~hf_posext.attention.remap.Remapping` for L0 = ``original`` (validates against it)."""
         raise NotImplementedError
+
+
+#: The wrapper of each kernel, masked as that kernel is, and the name saved checkpoints carry.
+REMAP_ATTENTIONS = {
+    SAVED_ATTENTION: AttentionFunctions(remap_attention, "sdpa"),
+    **{ATTENTION_PREFIX + kernel: AttentionFunctions(remap_attention, kernel) for kernel in SUPPORTED_KERNELS},
+}
+
+_BASE_FIELDS = "base_config_fields"
+
+
+def _original(config: PreTrainedConfig) -> int:
+    return int(config.hf_posext["original_max_position_embeddings"])
+
+
+class RemapSurgery(Surgery):
+    def check(self, method: AttentionRemapMethod, config: PreTrainedConfig, model: nn.Module | None) -> None:
+        """Interleaved rotary pairs, multi-head latent attention, per-layer-type rope: refused before any change."""
+        check_wrappable_attention(
+            config,
+            model,
+            purpose=f"{method.name} (model_type={getattr(config, 'model_type', None)!r})",
+            fallback=FALLBACK,
+        )
+
+    def patch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig) -> None:
+        fields = method.config_fields(_original(config))
+        config.hf_posext[_BASE_FIELDS] = {key: config.__dict__.get(key) for key in fields}
+        config.__dict__.update(fields)
+        # written to config.json: transformers without hf-posext then refuses the checkpoint
+        config.attn_implementation = SAVED_ATTENTION
+
+    def unpatch_config(self, method: AttentionRemapMethod, config: PreTrainedConfig, record: dict[str, Any]) -> None:
+        config.__dict__.pop("attn_implementation", None)
+        for key, value in record.get(_BASE_FIELDS, {}).items():
+            if value is None:
+                config.__dict__.pop(key, None)
+            else:
+                config.__dict__[key] = value
+
+    def patch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
+        install_remapping(model, method.remapping(_original(model.config)))
+        install_remap_guard(getattr(model, "base_model", model))
+
+    def unpatch_modules(self, method: AttentionRemapMethod, model: nn.Module) -> None:
+        uninstall_remapping(model)
+        remove_remap_guard(getattr(model, "base_model", model))
+
+    def on_rotary_init(
+        self, method: AttentionRemapMethod, base_model: nn.Module, rotary: nn.Module
+    ) -> nn.Module | None:
+        install_remapping(base_model, method.remapping(_original(base_model.config)), rotary)
+        install_remap_guard(base_model)
+        return None
+
+    def missing(self, method: AttentionRemapMethod, model: nn.Module) -> str | None:
+        if not any(STATE_ATTR in module.__dict__ for module in model.modules()):
+            return f"the remapping attention ({method.name})"
+        return None

@@ -17,8 +17,8 @@ from tests.helpers.training_free_reference import (
 from tests.helpers.models import tiny_model, tokens
 
 import hf_posext
-from hf_posext.attention import remap
-from hf_posext.attention.layout import rotate_by
+from hf_posext.attention.remap import attention as remap
+from hf_posext.attention.remap import rotate_by
 from hf_posext.rope_utils import REMAP_ROPE_TYPE
 
 L0 = 64

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..inputs import AttentionInputs
 from ..maps import attention_maps_requested
 from .forward_plan import (
     ACCELERATOR_CALL_MASK_BUDGET,
@@ -99,10 +100,13 @@ def exact_dynamic_attention(
     layer = rope.cache_layer(module, key) if rope.stable else None
     if layer is not None:
         if plan.stable_length is not None and not key.requires_grad:  # autograd: never rotate the cache in place
-            return _attend_rotated(plan, kernel, module, query, key, value, attention_mask, layer, kwargs)
+            return _attend_rotated(
+                plan, kernel, AttentionInputs(module, query, key, value, attention_mask, kwargs), layer
+            )
         key = _unrotate(plan, key, layer, seq)
+    inputs = AttentionInputs(module, query, key, value, attention_mask, kwargs)
     if plan.single and seq == 1 and calls[0].kept is None:  # kept positions break the offset-only rotation
-        return _attend_decoding(plan, kernel, module, query, key, value, attention_mask, calls[0], kwargs)
+        return _attend_decoding(plan, kernel, inputs, calls[0])
     key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
     dtype = query.dtype
     if plan.single:
@@ -159,9 +163,7 @@ def exact_dynamic_attention(
         batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
         batched = batched and (rope.kernel == "eager" or not attention_maps_requested(module, kwargs))
         attend = attend_rowwise if batched else attend_rowwise_by_kernel
-        attend(
-            plan, kernel, module, query, key, value, attention_mask, positions, key_positions, rowwise, merge, kwargs
-        )
+        attend(plan, kernel, inputs, key_positions, rowwise, merge)
     return output, weights[0]
 
 
@@ -180,15 +182,7 @@ def call_blocks(call: Call, keys: int, device: torch.device) -> Iterator[tuple[i
 
 
 def _attend_rotated(
-    plan: ForwardPlan,
-    kernel: Any,
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    layer: Any,
-    kwargs: dict[str, Any],
+    plan: ForwardPlan, kernel: Any, inputs: AttentionInputs, layer: Any
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Every query at one stable length (``longrope`` before or past its switch, dynamic YaRN past saturation).
 
@@ -198,6 +192,7 @@ def _attend_rotated(
     one whose cache holds keys of the other length turns them in one pass (LongRoPE's switch, or a cache
     cropped back before it), each later one only its new keys; attention is the plain kernel's.
     """
+    query, key = inputs.query, inputs.key
     length, positions, kv_len, dtype = plan.stable_length, plan.positions, key.shape[2], query.dtype
     if id(layer) not in plan.rotated_layers:  # once per layer and forward
         plan.rotated_layers.add(id(layer))
@@ -212,7 +207,8 @@ def _attend_rotated(
         key[:, :, done:] = apply_rotary(key[:, :, done:], k_cos, k_sin)
         setattr(layer, ROTATED_ATTR, (first + kv_len, length))
     q_cos, q_sin = plan.tables(("q", 0), lambda: plan.rope.cos_sin(plan.calls[0], positions, dtype))
-    return kernel(module, apply_rotary(query, q_cos, q_sin), key, value, attention_mask, **kwargs)
+    rotated = apply_rotary(query, q_cos, q_sin)
+    return kernel(inputs.module, rotated, key, inputs.value, inputs.attention_mask, **inputs.kwargs)
 
 
 def _stored(layer: Any, kv_len: int, new: int) -> tuple[int, int, int | None]:
@@ -268,15 +264,7 @@ def _unrotate(plan: ForwardPlan, key: torch.Tensor, layer: Any, new: int) -> tor
 
 
 def _attend_decoding(
-    plan: ForwardPlan,
-    kernel: Any,
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    call: Call,
-    kwargs: dict[str, Any],
+    plan: ForwardPlan, kernel: Any, inputs: AttentionInputs, call: Call
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One new token per row (a decoding step): the query stays un-rotated, each key turns by its offset.
 
@@ -288,6 +276,7 @@ def _attend_decoding(
     ``(i, i + rotary_dim / 2)`` then come out interleaved, and the query's are interleaved alike
     (a dot product does not see the order). Other dtypes and devices rotate with :func:`_rotate`.
     """
+    query, key = inputs.query, inputs.key
     kv_len, half = key.shape[2], plan.rope.rotary_dim // 2
 
     def rotation() -> torch.Tensor:  # [batch or 1, 1, kv_len, half] complex64, shared by the layers
@@ -302,7 +291,7 @@ def _attend_decoding(
             return table.real.to(query.dtype), table.imag.to(query.dtype)
 
         cos, sin = plan.tables(("decode-real", kv_len, query.dtype), real_tables)
-        return kernel(module, query, rotate(key, cos, sin), value, attention_mask, **kwargs)
+        return kernel(inputs.module, query, rotate(key, cos, sin), inputs.value, inputs.attention_mask, **inputs.kwargs)
     (table,) = plan.tables(("decode", kv_len), lambda: (rotation(),))
     # in scratch memory shared by the layers and kept for the next steps: a fresh copy of the key
     # cache per layer and step costs its page faults, as much as the rotation itself
@@ -313,4 +302,4 @@ def _attend_decoding(
     if 2 * half < key.shape[-1]:  # channels past rotary_dim are not rotated
         rotated_key = torch.cat((rotated_key, key[..., 2 * half :]), dim=-1)
         interleaved_query = torch.cat((interleaved_query, query[..., 2 * half :]), dim=-1)
-    return kernel(module, interleaved_query, rotated_key, value, attention_mask, **kwargs)
+    return kernel(inputs.module, interleaved_query, rotated_key, inputs.value, inputs.attention_mask, **inputs.kwargs)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..inputs import AttentionInputs
 from .forward_plan import ForwardPlan, RowWise
 from .rotation import grid_factors, grid_product, grid_size
 
@@ -48,11 +49,7 @@ def kept_pairs(rowwise: RowWise) -> int:
 
 def attend_complex(
     plan: ForwardPlan,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    positions: torch.Tensor,
+    inputs: AttentionInputs,
     key_positions: torch.Tensor,
     rowwise: RowWise,
     merge: Any,
@@ -76,6 +73,8 @@ def attend_complex(
     so that the scores of a KV head's rows and groups are one ``[rows * groups, keys]`` matrix for
     the values.
     """
+    query, key, value, attention_mask = inputs.query, inputs.key, inputs.value, inputs.attention_mask
+    positions = plan.positions
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups, past = heads // kv_heads, kv_len - seq

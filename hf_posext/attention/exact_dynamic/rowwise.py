@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn as nn
 
+from ..inputs import AttentionInputs
 from .complex_rowwise import attend_complex, contiguous_keys, rows_mask
 from .forward_plan import ACCELERATOR_ROWWISE_BUDGET, ROWWISE_BUDGET, ForwardPlan, RowWise
 from .rotation import apply_rotary, grid_rotations, rotate, uses_complex_rotation
@@ -86,18 +86,7 @@ def _row_chunks(rowwise: RowWise, key: torch.Tensor) -> Iterator[tuple[int, int]
 
 
 def attend_rowwise(
-    plan: ForwardPlan,
-    kernel: Any,
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    positions: torch.Tensor,
-    key_positions: torch.Tensor,
-    rowwise: RowWise,
-    merge: Any,
-    kwargs: dict[str, Any],
+    plan: ForwardPlan, kernel: Any, inputs: AttentionInputs, key_positions: torch.Tensor, rowwise: RowWise, merge: Any
 ) -> None:
     """Attend rows that each need their own frequencies: a chunk of rows per batched matmul.
 
@@ -110,13 +99,13 @@ def attend_rowwise(
     it does not call the kernel, whose batch-of-single-queries layout copies the keys again for
     every query head (eager's ``repeat_kv``) and the values for every row.
     """
-    scaling = kwargs.get("scaling")
+    query, key, value, attention_mask = inputs.query, inputs.key, inputs.value, inputs.attention_mask
+    positions = plan.positions
+    scaling = inputs.kwargs.get("scaling")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if uses_complex_rotation(query, key, value):
         chunks = list(_row_chunks(rowwise, key))
-        attend_complex(
-            plan, query, key, value, attention_mask, positions, key_positions, rowwise, merge, scaling, chunks
-        )
+        attend_complex(plan, inputs, key_positions, rowwise, merge, scaling, chunks)
         return
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
@@ -145,18 +134,7 @@ def attend_rowwise(
 
 
 def attend_rowwise_by_kernel(
-    plan: ForwardPlan,
-    kernel: Any,
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    positions: torch.Tensor,
-    key_positions: torch.Tensor,
-    rowwise: RowWise,
-    merge: Any,
-    kwargs: dict[str, Any],
+    plan: ForwardPlan, kernel: Any, inputs: AttentionInputs, key_positions: torch.Tensor, rowwise: RowWise, merge: Any
 ) -> None:
     """Attend rows that each need their own frequencies, a chunk of rows per kernel call.
 
@@ -165,6 +143,8 @@ def attend_rowwise_by_kernel(
     :func:`attend_rowwise`, and the path for what that does not implement (dropout, sinks,
     soft-capping).
     """
+    query, key, value, attention_mask = inputs.query, inputs.key, inputs.value, inputs.attention_mask
+    positions = plan.positions
     batch, heads, seq, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     past = kv_len - seq
@@ -181,7 +161,7 @@ def attend_rowwise_by_kernel(
         v = v.reshape(batch * rows, kv_heads, keys, value.shape[-1])
         mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)
         mask = mask.expand(batch, -1, -1, -1).transpose(1, 2).reshape(batch * rows, mask.shape[1], 1, keys)
-        out, part = kernel(module, q, k, v, mask, **kwargs)
+        out, part = kernel(inputs.module, q, k, v, mask, **inputs.kwargs)
         out = out.reshape(batch, rows, heads, out.shape[-1])
         if part is not None:
             part = part.reshape(batch, rows, part.shape[1], keys).transpose(1, 2)

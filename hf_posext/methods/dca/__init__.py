@@ -5,8 +5,7 @@
 """
 
 from ..registry import register_method
-from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
-from ..remapping import REMAP_ROPE_TYPES
+from ..remapping import REMAP_ATTENTIONS, REMAP_ROPE_TYPES, RemapSurgery
 from .config import DualChunkConfig, shipped_dual_chunk_config
 from .remap import DualChunkRemapping
 

@@ -1,12 +1,11 @@
 """ReRoPE and leaky ReRoPE (``rerope``, Su 2023): distances capped at a window; docs/methods/training_free.md.
 
 :mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
-surgery are shared with the other remapping methods (:mod:`hf_posext.attention.remap`, :mod:`..remap_surgery`).
+surgery are shared with the other remapping methods (:mod:`hf_posext.attention.remap`, :mod:`..remapping`).
 """
 
 from ..registry import register_method
-from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
-from ..remapping import REMAP_ROPE_TYPES
+from ..remapping import REMAP_ATTENTIONS, REMAP_ROPE_TYPES, RemapSurgery
 from .config import ReRopeConfig
 from .remap import ReRopeRemapping
 

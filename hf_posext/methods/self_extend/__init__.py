@@ -1,12 +1,11 @@
 """Self-Extend (``self_extend``, Jin et al. 2024): grouped positions past a local window; docs/methods/training_free.md.
 
 :mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
-surgery are shared with DCA (:mod:`hf_posext.attention.remap`, :mod:`..remap_surgery`).
+surgery are shared with DCA (:mod:`hf_posext.attention.remap`, :mod:`..remapping`).
 """
 
 from ..registry import register_method
-from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
-from ..remapping import REMAP_ROPE_TYPES
+from ..remapping import REMAP_ATTENTIONS, REMAP_ROPE_TYPES, RemapSurgery
 from .config import SelfExtendConfig
 from .remap import SelfExtendRemapping
 

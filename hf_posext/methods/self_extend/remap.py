@@ -1,4 +1,4 @@
-"""Self-Extend's positions as a :class:`hf_posext.attention.layout.SplitLayout`.
+"""Self-Extend's positions as a :class:`hf_posext.attention.remap.layout.SplitLayout`.
 
 Pairs closer than W score at their true positions; farther ones with the key at ``j // G`` and the
 query at ``i // G + W - W // G``, as LongLM's selection merge.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention.layout import PairLayout, Queries, SplitLayout, rotate_by
+from ...attention.remap import PairLayout, Queries, SplitLayout, rotate_by
 
 
 class SelfExtendRemapping:

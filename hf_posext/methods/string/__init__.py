@@ -1,12 +1,11 @@
 """STRING (``string``, An et al. 2024): shifted positions inside the trained window; docs/methods/training_free.md.
 
 :mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
-surgery are shared with the other remapping methods (:mod:`hf_posext.attention.remap`, :mod:`..remap_surgery`).
+surgery are shared with the other remapping methods (:mod:`hf_posext.attention.remap`, :mod:`..remapping`).
 """
 
 from ..registry import register_method
-from ..remap_surgery import REMAP_ATTENTIONS, RemapSurgery
-from ..remapping import REMAP_ROPE_TYPES
+from ..remapping import REMAP_ATTENTIONS, REMAP_ROPE_TYPES, RemapSurgery
 from .config import StringConfig
 from .remap import StringRemapping
 

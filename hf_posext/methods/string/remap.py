@@ -1,4 +1,4 @@
-"""STRING's positions as a :class:`hf_posext.attention.layout.SplitLayout`.
+"""STRING's positions as a :class:`hf_posext.attention.remap.layout.SplitLayout`.
 
 Pairs closer than S score at their true positions; farther ones with the query moved back by
 ``S - W`` (the key stays), as the authors' ``position_ids - shifted_offset + small_local_value``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention.layout import PairLayout, Queries, SplitLayout, positioned_split
+from ...attention.remap import PairLayout, Queries, SplitLayout, positioned_split
 
 
 class StringRemapping:

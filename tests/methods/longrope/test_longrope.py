@@ -214,7 +214,9 @@ def rotations(monkeypatch):
 
     calls = []
     rotate = attention._attend_rotated
-    monkeypatch.setattr(attention, "_attend_rotated", lambda *args: (calls.append(args[4].shape[2]), rotate(*args))[1])
+    monkeypatch.setattr(
+        attention, "_attend_rotated", lambda *args: (calls.append(args[2].key.shape[2]), rotate(*args))[1]
+    )
     return calls
 
 

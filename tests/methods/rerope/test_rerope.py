@@ -10,7 +10,8 @@ from tests.helpers.training_free_reference import reference_model, rerope_scores
 from tests.helpers.models import tiny_model, tokens
 
 import hf_posext
-from hf_posext.attention import flash_segments, remap
+from hf_posext.attention.remap import attention as remap
+from hf_posext.attention.remap import flash_segments
 from hf_posext.methods.rerope import ReRopeConfig
 
 L0 = 64

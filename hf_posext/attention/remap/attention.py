@@ -15,9 +15,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..inputs import AttentionInputs
+from ..maps import attention_maps_requested, kernel_function
 from .flash_segments import flash_available, flash_segmented_attention
 from .layout import Layout
-from .maps import attention_maps_requested, kernel_function
 
 #: The attribute of an attention module holding its :class:`RemapState`.
 STATE_ATTR = "_hf_posext_remap"
@@ -118,24 +119,27 @@ def remap_attention(
     inv_freq = state.rotary.inv_freq
     if attention_mask is not None and attention_mask.shape[0] != batch:
         attention_mask = attention_mask.expand(batch, *attention_mask.shape[1:])
-    maps = new_maps(module, query, kv_len, kwargs)
+    inputs = AttentionInputs(module, query, key, value, attention_mask, kwargs)
+    maps = new_maps(inputs)
     if seq > 1 and past == 0 and bool((position_ids.diff(dim=-1) < 0).any()):
-        output = packed_attention(module, query, key, value, attention_mask, position_ids, kwargs, maps)
+        output = packed_attention(inputs, position_ids, maps)
     elif seq > 1 and bool((position_ids.diff(dim=-1) > 1).any()):
-        output = positioned_attention(module, query, key, value, attention_mask, position_ids, state, kwargs, maps)
+        output = positioned_attention(inputs, position_ids, state, maps)
     else:
         output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
         offsets = row_offsets(position_ids, batch, kv_len)
         for offset in torch.unique(offsets).tolist():
             rows = (offsets == offset).nonzero().flatten()
             every = rows.numel() == batch
-            pick = (lambda t: t) if every else (lambda t, rows=rows: t.index_select(0, rows))
-            layout = state.remapping.layout(pick(query), pick(key), past, int(offset), inv_freq)
-            mask = None if attention_mask is None else pick(attention_mask)
-            part = None if maps is None or every else pick(maps)
-            out = attend(
-                module, query, pick(value), mask, layout, past, seq, int(offset), heads, kwargs, maps if every else part
-            )
+            if every:
+                rows_inputs, part = inputs, maps
+            else:
+                mask = None if attention_mask is None else attention_mask.index_select(0, rows)
+                query_rows, key_rows, value_rows = (t.index_select(0, rows) for t in (query, key, value))
+                rows_inputs = AttentionInputs(module, query_rows, key_rows, value_rows, mask, kwargs)
+                part = None if maps is None else maps.index_select(0, rows)
+            layout = state.remapping.layout(rows_inputs.query, rows_inputs.key, past, int(offset), inv_freq)
+            out = attend(rows_inputs, layout, int(offset), part)
             if every:
                 output = out
             else:
@@ -145,24 +149,16 @@ def remap_attention(
     return output.to(query.dtype), None if maps is None else maps.to(query.dtype)
 
 
-def new_maps(module: nn.Module, query: torch.Tensor, kv_len: int, kwargs: dict[str, Any]) -> torch.Tensor | None:
+def new_maps(inputs: AttentionInputs) -> torch.Tensor | None:
     """Zeros ``[batch, heads, seq, kv_len]`` fp32 for the attention maps where ``output_attentions`` asks, else None."""
-    if not attention_maps_requested(module, kwargs):
+    if not attention_maps_requested(inputs.module, inputs.kwargs):
         return None
-    batch, heads, seq, _ = query.shape
-    return query.new_zeros(batch, heads, seq, kv_len, dtype=torch.float32)
+    batch, heads, seq, _ = inputs.query.shape
+    return inputs.query.new_zeros(batch, heads, seq, inputs.key.shape[2], dtype=torch.float32)
 
 
 def positioned_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor,
-    state: RemapState,
-    kwargs: dict[str, Any],
-    maps: torch.Tensor | None = None,
+    inputs: AttentionInputs, position_ids: torch.Tensor, state: RemapState, maps: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`remap_attention` for position ids that jump forward (PoSE's chunks): pairs remapped from those ids.
 
@@ -173,6 +169,7 @@ def positioned_attention(
     Raises:
         ValueError: cached keys before jumping positions.
     """
+    query, key, value, attention_mask = inputs.query, inputs.key, inputs.value, inputs.attention_mask
     batch, heads, seq, _ = query.shape
     if not hasattr(state.remapping, "positioned_layout"):
         raise ValueError(
@@ -189,22 +186,16 @@ def positioned_attention(
     for row in range(batch):
         positions = position_ids[row if position_ids.shape[0] > 1 else 0]
         pick = slice(row, row + 1)
-        layout = state.remapping.positioned_layout(query[pick], key[pick], positions, state.rotary.inv_freq)
         mask = None if attention_mask is None else attention_mask[pick]
+        row_inputs = AttentionInputs(inputs.module, query[pick], key[pick], value[pick], mask, inputs.kwargs)
+        layout = state.remapping.positioned_layout(row_inputs.query, row_inputs.key, positions, state.rotary.inv_freq)
         part = None if maps is None else maps[pick]
-        output[pick] = attend(module, query, value[pick], mask, layout, 0, seq, 0, heads, kwargs, part)
+        output[pick] = attend(row_inputs, layout, 0, part)
     return output.to(query.dtype)
 
 
 def packed_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor,
-    kwargs: dict[str, Any],
-    maps: torch.Tensor | None = None,
+    inputs: AttentionInputs, position_ids: torch.Tensor, maps: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`remap_attention` for packed sequences (position ids that restart): each sequence on its own.
 
@@ -213,6 +204,7 @@ def packed_attention(
     apart; within one, the mask's block is the sequence's own causal mask). ``maps``
     (``[batch, heads, seq, seq]``), if given, receives each sequence's maps on its diagonal block.
     """
+    query, key, value, attention_mask = inputs.query, inputs.key, inputs.value, inputs.attention_mask
     batch, heads, seq, _ = query.shape
     output = query.new_empty(batch, seq, heads, value.shape[-1], dtype=torch.float32)
     for row in range(batch):
@@ -223,12 +215,12 @@ def packed_attention(
             part = (slice(row, row + 1), slice(None), slice(start, stop))
             mask = None if attention_mask is None else attention_mask[row : row + 1, :, start:stop, start:stop]
             out, weights = remap_attention(
-                module,
+                inputs.module,
                 query[part],
                 key[part],
                 value[part],
                 mask,
-                **{**kwargs, "position_ids": positions[start:stop].unsqueeze(0)},
+                **{**inputs.kwargs, "position_ids": positions[start:stop].unsqueeze(0)},
             )
             output[row, start:stop] = out[0]
             if maps is not None and weights is not None:
@@ -247,28 +239,16 @@ def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Te
     return last - (kv_len - 1)
 
 
-def attend(
-    module: nn.Module,
-    query: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    layout: Layout,
-    past: int,
-    seq: int,
-    offset: int,
-    heads: int,
-    kwargs: dict[str, Any],
-    maps: torch.Tensor | None = None,
-) -> torch.Tensor:
+def attend(inputs: AttentionInputs, layout: Layout, offset: int, maps: torch.Tensor | None = None) -> torch.Tensor:
     """The layout's attention by the fused path where it runs (no mask, :func:`flash_available`), else the score path.
 
-    Arguments as :func:`segmented_attention`'s; ``query`` is the kernel's, for what the paths need of it.
-    Attention maps (``maps``) come from the score path only: the fused one never holds the probabilities.
+    Arguments as :func:`segmented_attention`'s. Attention maps (``maps``) come from the score path only: the fused
+    one never holds the probabilities.
     """
-    if attention_mask is None and maps is None and flash_available(module, kwargs, query):
-        scale = attention_scale(module, kwargs, value.shape[-1])
-        return flash_segmented_attention(value, layout, past, seq, offset, heads, scale)
-    return segmented_attention(module, value, attention_mask, layout, past, seq, offset, heads, kwargs, maps)
+    if inputs.attention_mask is None and maps is None and flash_available(inputs.module, inputs.kwargs, inputs.query):
+        scale = attention_scale(inputs.module, inputs.kwargs, inputs.value.shape[-1])
+        return flash_segmented_attention(inputs, layout, offset, scale)
+    return segmented_attention(inputs, layout, offset, maps)
 
 
 def attention_scale(module: nn.Module, kwargs: dict[str, Any], head_dim: int) -> float:
@@ -282,37 +262,28 @@ def _block_size(heads: int, kv_len: int) -> int:
 
 
 def segmented_attention(
-    module: nn.Module,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    layout: Layout,
-    past: int,
-    seq: int,
-    offset: int,
-    heads: int,
-    kwargs: dict[str, Any],
-    maps: torch.Tensor | None = None,
+    inputs: AttentionInputs, layout: Layout, offset: int, maps: torch.Tensor | None = None
 ) -> torch.Tensor:
     """One softmax over each query row's pieces (rows sharing one position offset).
 
     Args:
-        module: the attention module (``scaling``, ``training``).
-        value: ``[rows, kv_heads, kv_len, head_dim]``.
-        attention_mask: the kernel's mask for these rows, ``[rows, 1, seq, >= kv_len]`` bool (True:
-            attend) or additive float, or ``None`` (causal).
+        inputs: the call for these rows: the attention module (``scaling``, ``training``), the queries
+            ``[rows, heads, seq, head_dim]`` (their shape: the layout holds what is scored), the keys
+            ``[rows, kv_heads, kv_len, head_dim]`` (their length), the values alike, the kernel's mask for
+            these rows, ``[rows, 1, seq, >= kv_len]`` bool (True: attend) or additive float, or ``None``
+            (causal), and the attention arguments (``scaling``, ``dropout``, ``softcap``).
         layout: the method's pieces.
-        past: cached keys before the new tokens (``kv_len - seq``).
-        seq: new tokens (query rows).
         offset: the rows' position offset (:func:`row_offsets`).
-        heads: query heads.
-        kwargs: the attention arguments (``scaling``, ``dropout``, ``softcap``).
         maps: ``[rows, heads, seq, >= kv_len]`` float32 that receives the probabilities (after dropout,
             as eager returns them), or ``None``.
 
     Returns:
         ``[rows, seq, heads, head_dim]`` float32.
     """
+    module, value, attention_mask, kwargs = inputs.module, inputs.value, inputs.attention_mask, inputs.kwargs
+    _, heads, seq, _ = inputs.query.shape
     rows, kv_heads, kv_len, _ = value.shape
+    past = kv_len - seq
     groups = heads // kv_heads
     scaling = attention_scale(module, kwargs, value.shape[-1])
     softcap = kwargs.get("softcap")

@@ -3,9 +3,9 @@
 PyTorch's CPU flash kernel returns a call's log-sum-exp beside its output, so the pieces of a
 :class:`~.layout.Layout` (each with its own (query, key) variant over its own key columns) make one
 exact softmax without any score matrix in memory, at about the FLOPs of one causal attention
-(LongLM's and ChunkLlama's flash paths merge the same way). :mod:`.remap` takes this path where
+(LongLM's and ChunkLlama's flash paths merge the same way). :mod:`.attention` takes this path where
 :func:`flash_available` says so (CPU inference without a padding mask, dropout or softcap) and its
-score path everywhere else; tests/attention/test_flash_segments.py checks the two against each other.
+score path everywhere else; tests/attention/remap/test_flash_segments.py checks the two against each other.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..inputs import AttentionInputs
 from .layout import Layout, Piece
 
 #: Query rows per block (a per-pair piece's masks are ``[groups * block, columns]``).
@@ -74,24 +75,22 @@ def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tens
     )
 
 
-def flash_segmented_attention(
-    value: torch.Tensor, layout: Layout, past: int, seq: int, offset: int, heads: int, scale: float
-) -> torch.Tensor:
-    """:func:`.remap.segmented_attention` without a mask beyond causal, by :func:`flash_with_lse` per piece.
+def flash_segmented_attention(inputs: AttentionInputs, layout: Layout, offset: int, scale: float) -> torch.Tensor:
+    """:func:`.attention.segmented_attention` without a mask beyond causal, by :func:`flash_with_lse` per piece.
 
     Args:
-        value: ``[rows, kv_heads, kv_len, head_dim]``.
+        inputs: the call for these rows (its mask unused): values ``[rows, kv_heads, kv_len, head_dim]``; the
+            queries' and keys' shapes give the heads, new tokens and cached keys (the layout holds what is scored).
         layout: the method's pieces.
-        past: cached keys before the new tokens (``kv_len - seq``).
-        seq: new tokens (query rows).
         offset: the rows' position offset.
-        heads: query heads.
         scale: the score scale.
 
     Returns:
         ``[rows, seq, heads, head_dim]`` in ``value``'s dtype (each block merged in fp32, then rounded once).
     """
-    rows, kv_heads, _, dim = value.shape
+    value, (_, heads, seq, _) = inputs.value, inputs.query.shape
+    rows, kv_heads, kv_len, dim = value.shape
+    past = kv_len - seq
     groups = heads // kv_heads
     value32 = value.to(torch.float32)
     output = value.new_empty(rows, seq, heads, dim)

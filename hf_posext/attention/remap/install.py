@@ -1,16 +1,24 @@
-"""Switching remapped attention (:mod:`.remap`) on and off in a model, with :func:`.wrapper.install_wrapper`."""
+"""Switching remapped attention (:mod:`.attention`) on and off in a model, with :func:`..wrapper.install_wrapper`.
+
+And the guard that refuses a forward after the attention implementation was changed away from it.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from .. import integration
-from ..rope_utils import REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY, rope_parameters_for
-from .remap import ATTENTION_PREFIX, SAVED_ATTENTION, STATE_ATTR, Remapping, RemapState, remap_attention
-from .wrapper import install_wrapper
+from ... import integration
+from ...rope_utils import REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY, rope_parameters_for
+from ..guard import check_attention_kept, install_forward_guard, remove_forward_guard
+from ..wrapper import install_wrapper
+from .attention import ATTENTION_PREFIX, SAVED_ATTENTION, STATE_ATTR, Remapping, RemapState, remap_attention
 
 #: What to do instead when a model cannot be remapped.
 FALLBACK = "use a rope method (yarn, ntk) instead"
+#: The attribute of the base model holding the handle of its attention guard.
+_GUARD_HANDLE = "_hf_posext_remap_guard"
 
 
 def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module | None = None) -> RemapState:
@@ -57,3 +65,31 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
 def uninstall_remapping(model: nn.Module) -> None:
     """Undo :func:`install_remapping` (a no-op when it is not installed)."""
     integration.remove_attention_state(model, STATE_ATTR)
+
+
+def _is_remapping(implementation: str | None) -> bool:
+    return implementation == SAVED_ATTENTION or str(implementation).startswith(ATTENTION_PREFIX)
+
+
+def _refuse_changed_attention(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a remapped base model: its attention implementation must still be the remapping's."""
+    method = module.config.hf_posext["method"]
+    check_attention_kept(
+        module.config,
+        _is_remapping,
+        what=method,
+        needs=f"the remapping attention {ATTENTION_PREFIX}<kernel>; without it the model runs plain RoPE past its "
+        f"context",
+        advice=f"to run {method} on another kernel, unpatch, set the implementation, then call "
+        f"hf_posext.patch_model(model, {method!r}, ...) again",
+    )
+
+
+def install_remap_guard(base: nn.Module) -> None:
+    """Refuse every forward of ``base`` (a remapped base model) once its attention is no longer the remapping's."""
+    install_forward_guard(base, _GUARD_HANDLE, _refuse_changed_attention)
+
+
+def remove_remap_guard(base: nn.Module) -> None:
+    """Undo :func:`install_remap_guard` (nothing to do if none is installed)."""
+    remove_forward_guard(base, _GUARD_HANDLE)

@@ -6,7 +6,7 @@ the difference, ``R(p' theta) x = R((p' - p) theta) R(p theta) x`` (:func:`rotat
 rotary module's attention factor is already in q and k, so it is counted once. A method's
 :class:`Layout` splits each block of query rows into column :class:`Piece` s, each scored by one
 (query, key) variant or by two or three variants chosen per pair. The kernels that score the
-pieces (:mod:`.remap`'s score path, :mod:`.flash_segments`'s fused path) read only these; the
+pieces (:mod:`.attention`'s score path, :mod:`.flash_segments`'s fused path) read only these; the
 maths is in ``docs/methods/training_free.md``.
 """
 

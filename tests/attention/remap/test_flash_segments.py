@@ -15,7 +15,9 @@ from tests.helpers.models import tiny_model, tokens
 from torch import nn
 
 import hf_posext
-from hf_posext.attention import flash_segments, remap
+from hf_posext.attention.inputs import AttentionInputs
+from hf_posext.attention.remap import attention as remap
+from hf_posext.attention.remap import flash_segments
 from hf_posext.methods.dca.remap import DualChunkRemapping
 from hf_posext.methods.rerope.remap import ReRopeRemapping
 from hf_posext.methods.self_extend.remap import SelfExtendRemapping
@@ -55,17 +57,16 @@ def baseline_gap(q, k, v):
 
 
 def both_paths(remapping, q, k, v, past, offset, positions=None):
-    heads, seq = q.shape[1], q.shape[2]
+    assert k.shape[2] - q.shape[2] == past  # the kernels take the cached keys from the shapes
 
     def layout():
         if positions is not None:
             return remapping.positioned_layout(q, k, positions, INV_FREQ)
         return remapping.layout(q, k, past, offset, INV_FREQ)
 
-    fused = flash_segments.flash_segmented_attention(v, layout(), past, seq, offset, heads, SCALE)
-    score = remap.segmented_attention(
-        nn.Module().eval(), v, None, layout(), past, seq, offset, heads, {"scaling": SCALE}
-    )
+    inputs = AttentionInputs(nn.Module().eval(), q, k, v, None, {"scaling": SCALE})
+    fused = flash_segments.flash_segmented_attention(inputs, layout(), offset, SCALE)
+    score = remap.segmented_attention(inputs, layout(), offset)
     return fused, score
 
 
@@ -95,7 +96,7 @@ def test_the_fused_path_equals_the_score_path(name, rows, heads, kv_heads, past,
 
 @pytest.mark.parametrize("name", sorted(REMAPPINGS))
 def test_positions_that_jump_pair_by_pair_agree_too(name):
-    """:class:`~hf_posext.attention.layout.PairLayout`: every piece chosen per pair and masked causally."""
+    """:class:`~hf_posext.attention.remap.layout.PairLayout`: every piece chosen per pair and masked causally."""
     q, k, v = inputs(1, 6, 2, 120, 120)
     positions = torch.cat((torch.arange(40), torch.arange(150, 230)))
     fused, score = both_paths(REMAPPINGS[name], q, k, v, 0, 0, positions)
