@@ -24,6 +24,14 @@ from hf_posext import methods
 from hf_posext.methods.registry import AttentionFunctions, MethodSpec, RopeType, register_family, register_method
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter at the repository's root, on one thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+
 PACKAGE_DIR = Path(hf_posext.__file__).parent
 
 
@@ -284,14 +292,7 @@ def test_a_family_registered_after_import_reaches_transformers_at_once():
         model(torch.tensor([[1, 2, 3]]))
     """)
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr
 
 
@@ -330,14 +331,7 @@ def test_a_family_load_time_hook_patches_a_config_that_ships_its_method():
         else:
             raise AssertionError("a non-callable hook was registered")
     """)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr
 
 
@@ -376,12 +370,5 @@ def test_the_plugin_examples_of_the_docs_run_as_written():
     assert len(plugins) == 2
     assert all("from hf_posext" not in body and "hf_posext." in body for body in plugins)
     code = "\n".join([*plugins, PLUGIN_CHECKS])
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-3000:]
