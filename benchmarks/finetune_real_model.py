@@ -63,7 +63,13 @@ PASSKEY_LENGTHS = (16384, 32768)
 #: Perplexity cuts: the short side (512, 2048: is the base model taxed?) and the long one.
 PPL_LENGTHS = (512, 2048, 8192, 16384, 32768)
 #: RULER-style runs (``hf-posext eval ruler``, one output folder per seed under ``ruler/<folder>/``) by row.
-RULER_ROWS = {"yarn s=4": "yarn", ROW: "fine-tuned"}
+RULER_ROWS = {"yarn s=4": "yarn", ROW: "fine-tuned", "long-short mix, 400 steps": "long-short-400"}
+#: The RULER rows tested against each other, paired on their common prompts: (row, against).
+RULER_PAIRS = (
+    (ROW, "yarn s=4"),
+    ("long-short mix, 400 steps", "yarn s=4"),
+    ("long-short mix, 400 steps", ROW),
+)
 #: The rebuild check: perplexity of the first REFERENCE_TOKENS tokens of the Language Reference, fp32.
 REFERENCE_TOKENS = 2048
 #: Further checkpoints evaluated beside the recipe's (``--experiment NAME --row ROW``): one folder each.
@@ -206,7 +212,7 @@ def ruler_samples(row: str) -> dict[tuple[str, int], dict[str, float]]:
 
 
 def ruler_section() -> str:
-    """The RULER table (Wilson intervals) and the paired test of the fine-tuned row against untrained YaRN."""
+    """The RULER table (Wilson intervals) and the paired tests of :data:`RULER_PAIRS`."""
     runs = {row: ruler_samples(row) for row in RULER_ROWS}
     rows, tests = [], []
     for task, length in sorted({key for cells in runs.values() for key in cells}):
@@ -214,19 +220,20 @@ def ruler_section() -> str:
             scores = list(cells.get((task, length), {}).values())
             if scores:
                 rows.append([row, task, f"{length // 1024}k", found_cell(scores)])
-        mine, theirs = runs[ROW].get((task, length), {}), runs["yarn s=4"].get((task, length), {})
-        common = sorted(set(mine) & set(theirs))
-        if common:
-            b, c, p = mcnemar_exact([mine[k] == 1 for k in common], [theirs[k] == 1 for k in common])
-            tests.append([task, f"{length // 1024}k", len(common), b, c, f"{p:.3g}"])
+        for row, against in RULER_PAIRS:
+            mine, theirs = runs[row].get((task, length), {}), runs[against].get((task, length), {})
+            common = sorted(set(mine) & set(theirs))
+            if common:
+                b, c, p = mcnemar_exact([mine[k] == 1 for k in common], [theirs[k] == 1 for k in common])
+                tests.append([row, against, task, f"{length // 1024}k", len(common), b, c, f"{p:.3g}"])
     if not rows:
         return ""
     return (
-        "\n\nRULER-style tasks (`hf-posext eval ruler`, bf16 weights, the same prompts for both rows: one run "
+        "\n\nRULER-style tasks (`hf-posext eval ruler`, bf16 weights, the same prompts for every row: one run "
         "per prompt seed under `ruler/<row>/`; answers found / prompts, 95% Wilson intervals):\n\n"
         + table(["row", "task", "length", "found"], rows, aligned=True)
-        + "\n\nPaired (exact McNemar; b: fine-tuned right, untrained YaRN wrong; c: the reverse):\n\n"
-        + table(["task", "length", "prompts", "b", "c", "p"], tests, aligned=True)
+        + "\n\nPaired on the prompts both rows ran (exact McNemar; b: the row right, the other wrong; c: the "
+        "reverse):\n\n" + table(["row", "against", "task", "length", "prompts", "b", "c", "p"], tests, aligned=True)
     )
 
 
@@ -256,9 +263,9 @@ def experiment_dtypes() -> dict[str, list[str]]:
     for file in sorted(EXPERIMENTS.glob("*/results.json")):
         rows = read_rows(file)
         if rows:
-            dtypes.setdefault(rows[0].setting.get("row", rows[0].method), []).append(
-                rows[0].setting.get("dtype", "float32")
-            )
+            seen = dtypes.setdefault(rows[0].setting.get("row", rows[0].method), [])
+            dtype = rows[0].setting.get("dtype", "float32")
+            seen.extend([dtype] if dtype not in seen else [])
     return dtypes
 
 
