@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.gguf.test_writer import write_tiny_gguf
+from tests.helpers.gguf_files import write_tiny_gguf
 
 from hf_posext.commands.main import main
 from hf_posext.readers.doctor import READERS, VERDICTS
