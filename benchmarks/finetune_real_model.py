@@ -466,6 +466,14 @@ def main(argv: list[str] | None = None) -> int:
         help="only keys whose index is K modulo N (run N processes to fill the cells)",
     )
     parser.add_argument(
+        "--key-indices",
+        type=int,
+        nargs="+",
+        metavar="I",
+        help="only these keys of the schedule (0..KEYS-1): top up a cell from another folder of the same model, "
+        "e.g. one rebuilt from the adapter (another fingerprint: its cells go to an --experiment folder of their own)",
+    )
+    parser.add_argument(
         "--experiment",
         metavar="NAME",
         help="another checkpoint (a variant of the recipe): its cells go to results/finetune_smollm2/experiments/"
@@ -501,6 +509,13 @@ def main(argv: list[str] | None = None) -> int:
             2,
             f"{parser.prog}: error: --experiment {args.experiment!r}: NAME is one folder under "
             'results/finetune_smollm2/experiments/: no "/", not "." or ".."\n',
+        )
+    indices = args.key_indices
+    if indices is not None and (len(set(indices)) != len(indices) or not all(0 <= i < args.keys for i in indices)):
+        parser.exit(
+            2,
+            f"{parser.prog}: error: --key-indices {' '.join(map(str, indices))}: each key once, in "
+            f"0..{args.keys - 1} (--keys {args.keys})\n",
         )
     torch.set_num_threads(args.threads)
     settings = {**SETTINGS, "row": args.row, "checkpoint": model_fingerprint(str(args.checkpoint)), "dtype": args.dtype}
@@ -550,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         print(args.row, length, "ppl", cells.get(f"ppl/{args.row}/{length}", ppl), flush=True)
     for length in sorted(args.lengths):
         for index, depth in key_schedule(args.keys):
-            if index % args.shard[1] != args.shard[0]:
+            if index % args.shard[1] != args.shard[0] or (indices is not None and index not in indices):
                 continue
             found = cells.get(
                 f"passkey/{args.row}/{length}/{depth}",

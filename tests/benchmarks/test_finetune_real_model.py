@@ -164,3 +164,52 @@ def test_one_row_measured_in_two_folders_is_one_row_of_the_report(tmp_path, monk
     line = next(line for line in text.splitlines() if line.startswith(f"| {row}"))
     assert line.count("1/1") == 2 and "12.50" in line
     assert "long-short mix: float32, bfloat16" in text.replace("`", "")
+
+
+def write_ruler(folder: Path, scores: list[float]) -> None:
+    """``folder/seed0/ruler.json``: one niah_multikey_1 run at 16k, prompt i scored ``scores[i]``."""
+    samples = [{"seed": f"0/niah_multikey_1/16384/{i}", "score": s} for i, s in enumerate(scores)]
+    result = {"task": "niah_multikey_1", "length": 16384, "samples": samples}
+    (folder / "seed0").mkdir(parents=True)
+    (folder / "seed0" / "ruler.json").write_text(json.dumps({"results": {"none/niah_multikey_1/16384": result}}))
+
+
+def test_the_ruler_section_has_a_row_per_run_and_pairs_each_of_ruler_pairs_on_their_common_prompts(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(finetune, "OUT", tmp_path)
+    write_ruler(tmp_path / "ruler" / "yarn", [0, 0, 0, 1])
+    write_ruler(tmp_path / "ruler" / "fine-tuned", [1, 1, 0, 1])
+    write_ruler(tmp_path / "ruler" / "long-short-400", [1, 0, 1])  # one prompt fewer: paired on three
+    lines = [line.replace(" ", "") for line in finetune.ruler_section().splitlines()]
+    assert "|yarns=4|niah_multikey_1|16k|1/4(0.05-0.70)|" in lines
+    assert "|longshortmix,400steps|niah_multikey_1|16k|2/3(0.21-0.94)|".replace("longshort", "long-short") in lines
+    # b: the row right where the other is wrong; c: the reverse
+    assert "|yarns=4fine-tuned|yarns=4|niah_multikey_1|16k|4|2|0|0.5|" in lines
+    assert "|long-shortmix,400steps|yarns=4|niah_multikey_1|16k|3|2|0|0.5|" in lines
+    assert "|long-shortmix,400steps|yarns=4fine-tuned|niah_multikey_1|16k|3|1|1|1|" in lines
+
+
+def test_key_indices_ask_only_those_keys_of_the_schedule(tmp_path, monkeypatch):
+    from hf_posext.testing import byte_tokenizer
+
+    monkeypatch.setattr(finetune, "EXPERIMENTS", tmp_path / "experiments")
+    monkeypatch.setattr(finetune, "model_fingerprint", lambda path: "sha256:rebuilt")
+    monkeypatch.setattr(finetune, "load_model", lambda *args, **kwargs: (None, byte_tokenizer()))
+    monkeypatch.setattr(finetune, "reference_text", lambda: "text")
+    asked = []
+    monkeypatch.setattr(finetune, "passkey_found", lambda model, tok, n, i, d: asked.append(i) or i % 2 == 0)
+    argv = ["ckpt", "--experiment", "rebuilt", "--row", "r", "--lengths", "32768", "--keys", "20", "--ppl"]
+    assert finetune.main([*argv, "--key-indices", "8", "19", "10"]) == 0
+    assert asked == [8, 10, 19]
+    cells = json.loads((tmp_path / "experiments" / "rebuilt" / "results.json").read_text())["cells"]
+    assert cells.keys() == {"passkey/r/32768/0.889", "passkey/r/32768/0.05", "passkey/r/32768/0.95"}
+
+
+@pytest.mark.parametrize("indices", [["20"], ["-1"], ["3", "3"]])
+def test_a_key_index_outside_the_schedule_or_twice_is_one_line_naming_it(indices, capsys):
+    with pytest.raises(SystemExit) as stop:
+        finetune.main(["ckpt", "--keys", "20", "--key-indices", *indices])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--key-indices" in err[0] and "0..19" in err[0], err
