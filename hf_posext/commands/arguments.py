@@ -17,6 +17,7 @@ or the environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -177,6 +178,56 @@ def take_debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
     argv = list(argv)
     end = argv.index("--") if "--" in argv else len(argv)
     return "--debug" in argv[:end], [a for a in argv[:end] if a != "--debug"] + argv[end:]
+
+
+#: Modules every command imports first (comma-separated), as ``--plugin MODULE``: a plugin registers its methods.
+PLUGINS_ENV = "HF_POSEXT_PLUGINS"
+
+
+def take_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(the modules of each --plugin MODULE / --plugin=MODULE before any "--", argv without them)``.
+
+    A ``--plugin`` with no module after it is the empty name, which :func:`load_plugins` refuses.
+    """
+    argv, modules, rest = list(argv), [], []
+    end = argv.index("--") if "--" in argv else len(argv)
+    i = 0
+    while i < end:
+        if argv[i] == "--plugin":
+            modules.append(argv[i + 1] if i + 1 < end else "")
+            i += 2
+            continue
+        if argv[i].startswith("--plugin="):
+            modules.append(argv[i].partition("=")[2])
+        else:
+            rest.append(argv[i])
+        i += 1
+    return modules, rest + argv[end:]
+
+
+def load_plugins(modules: Sequence[str]) -> int:
+    """Import ``modules`` and those of :data:`PLUGINS_ENV`, each once, in order; returns 0.
+
+    They are written back to :data:`PLUGINS_ENV`, so that the processes this one starts (``accelerate
+    launch`` workers, a reader run in a subprocess) import them too.
+
+    Raises:
+        ValueError: naming a module that cannot be imported and why.
+    """
+    listed = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    names = list(dict.fromkeys([*listed, *modules]))
+    for name in names:
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"--plugin {name!r} (or {PLUGINS_ENV}): a module is named by dotted identifiers (pkg.mod)")
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            raise ValueError(
+                f"--plugin {name!r} (or {PLUGINS_ENV}): the module cannot be imported ({type(error).__name__}: {error})"
+            ) from None
+    if names:
+        os.environ[PLUGINS_ENV] = ",".join(names)
+    return 0
 
 
 def plain(text: str) -> str:

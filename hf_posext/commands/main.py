@@ -21,11 +21,13 @@ from .arguments import (
     OneLineParser,
     add_set_argument,
     check_factor,
+    load_plugins,
     method_kwargs,
     plain,
     real,
     run_command,
     take_debug,
+    take_plugins,
     whole,
 )
 
@@ -138,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show the traceback of an error; anywhere on the line (also: HF_POSEXT_DEBUG=1)",
     )
+    parser.add_argument(
+        "--plugin",
+        metavar="MODULE",
+        action="append",
+        help="import MODULE first (a plugin registering its methods: hf_posext.register_family); repeatable, "
+        "anywhere on the line (also: HF_POSEXT_PLUGINS=mod1,mod2, which the processes a command starts inherit)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("methods", help="list the position-encoding methods and their aliases")
@@ -212,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext ARGS``; returns the exit code (2: bad input, reported in one line)."""
     # --debug anywhere: each sub-command's parser (and the recipe's own) would refuse it
     debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
+    plugins, argv = take_plugins(argv)  # before the parser: a plugin's methods are among the choices
+    if code := run_command("hf-posext", lambda: load_plugins(plugins), debug=debug):
+        return code
     args = build_parser().parse_args(argv)
     args.command_argv = argv[argv.index(args.command) + 1 :]  # what followed the command's name
     return run_command("hf-posext", lambda: args.func(args), debug=debug)

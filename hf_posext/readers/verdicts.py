@@ -13,6 +13,7 @@ from typing import Any
 from ..methods.registry import method_class
 from ..methods.remapping import AttentionRemapMethod
 from ..rope_utils import REMAP_ROPE_TYPE, rotary_dim_of
+from ..validation.unknown_method import unknown_method
 from . import llamacpp, sglang, transformers4, transformers5, vllm
 from .rope import intended_rope
 
@@ -70,8 +71,10 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
             "--context-length",
         ),
     }
-    # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package)
-    method = (getattr(config, "hf_posext", None) or {}).get("method")
+    # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package). A method
+    # not registered here (a plugin not imported) is judged on its rope alone: doctor's check says so.
+    record = getattr(config, "hf_posext", None) or {}
+    method = None if unknown_method(record) else record.get("method")
     if method is not None and method_class(method).adds_weights:
         verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
     elif rope_type in transformers5.custom_rope_types():
