@@ -230,6 +230,19 @@ def load_plugins(modules: Sequence[str]) -> int:
     return 0
 
 
+def take_global_flags(prog: str, argv: Sequence[str] | None) -> tuple[int, bool, list[str]]:
+    """What every entry point does first: ``--debug`` and ``--plugin`` taken from anywhere on the line
+    (``sys.argv[1:]`` when ``argv`` is None) and the plugins imported.
+
+    Returns:
+        ``(exit code, debug, the rest of argv)``: the code is 0, or 2 after the one-line error of a plugin
+        that cannot be imported (:func:`load_plugins`).
+    """
+    debug, rest = take_debug(sys.argv[1:] if argv is None else argv)
+    plugins, rest = take_plugins(rest)  # before any parser: a plugin's methods are among the choices
+    return run_command(prog, lambda: load_plugins(plugins), debug=debug), debug, rest
+
+
 def plain(text: str) -> str:
     """``text`` without reStructuredText markup (````code````, ``:func:`name```), for terminal help."""
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")

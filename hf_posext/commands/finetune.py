@@ -23,15 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .. import integration
 from ..data import EXCLUDE_PREFIX, STDLIB
 from ..validation import path_shape
-from .arguments import (
-    load_plugins,
-    parse_bool,
-    parse_key_value,
-    parse_key_values,
-    run_command,
-    take_debug,
-    take_plugins,
-)
+from .arguments import parse_bool, parse_key_value, parse_key_values, run_command, take_global_flags
 
 if TYPE_CHECKING:
     from ..train.config import TrainConfig
@@ -242,11 +234,8 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext finetune ARGS`` and ``python -m hf_posext.commands.finetune ARGS`` (for ``accelerate launch -m``)."""
-    debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
-    plugins, argv = take_plugins(argv)  # each accelerate worker imports them: its methods are the recipe's choices
-    if code := run_command(PROG, lambda: load_plugins(plugins), debug=debug):
-        return code
-    return run_command(PROG, lambda: _run(argv), debug=debug)
+    code, debug, rest = take_global_flags(PROG, argv)  # each accelerate worker imports the plugins too
+    return code or run_command(PROG, lambda: _run(rest), debug=debug)
 
 
 def add_parser(subparsers: Any) -> None:

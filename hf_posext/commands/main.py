@@ -21,13 +21,11 @@ from .arguments import (
     OneLineParser,
     add_set_argument,
     check_factor,
-    load_plugins,
     method_kwargs,
     plain,
     real,
     run_command,
-    take_debug,
-    take_plugins,
+    take_global_flags,
     whole,
 )
 
@@ -219,10 +217,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = tuple(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hf-posext ARGS``; returns the exit code (2: bad input, reported in one line)."""
-    # --debug anywhere: each sub-command's parser (and the recipe's own) would refuse it
-    debug, argv = take_debug(sys.argv[1:] if argv is None else argv)
-    plugins, argv = take_plugins(argv)  # before the parser: a plugin's methods are among the choices
-    if code := run_command("hf-posext", lambda: load_plugins(plugins), debug=debug):
+    # --debug and --plugin anywhere: each sub-command's parser (and the recipe's own) would refuse them
+    code, debug, argv = take_global_flags("hf-posext", argv)
+    if code:
         return code
     args = build_parser().parse_args(argv)
     args.command_argv = argv[argv.index(args.command) + 1 :]  # what followed the command's name
