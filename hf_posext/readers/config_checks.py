@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..rope_utils import rotary_dim_of
+from ..rope_utils import CONFIG_KEY, rotary_dim_of
+from ..validation.unknown_method import unknown_method
 from . import transformers5
 
 #: Keys transformers 5 reads per native rope type (``rope_type``, ``type``, ``rope_theta`` and
@@ -193,9 +194,22 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
     ``config`` is transformers 5's reading of it (``None``: it could not read it). Checks: ``no-rope-fields``
     (plain RoPE at the model type's default base), ``legacy-disagrees`` (``rope_scaling`` and
     ``rope_parameters`` say different things), ``missing-original``, ``reach-mismatch``, ``unknown-key`` /
-    ``ignored-key``, ``damaged-value``.
+    ``ignored-key``, ``damaged-value``, and of the ``hf_posext`` record ``unregistered-method`` (a plugin's
+    method not imported: only the rope it wrote is judged).
     """
     out = []
+    unregistered = unknown_method(config_json.get(CONFIG_KEY))
+    if unregistered is not None:
+        out.append(
+            _check(
+                "unregistered-method",
+                "warning",
+                f"{CONFIG_KEY}['method'] is {unregistered!r}, a method this process has not registered (a plugin's "
+                "method?): the readers are judged on the rope alone, not on what the method adds to attention or "
+                "weights; name the module that registers it with --plugin MODULE (or HF_POSEXT_PLUGINS) to judge the "
+                "checkpoint as it was patched",
+            )
+        )
     rope = rope_dict(config_json)
     if not rope and config is not None:
         theta = (config.rope_parameters or {}).get("rope_theta")

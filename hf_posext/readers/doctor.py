@@ -18,8 +18,7 @@ import transformers
 
 from .. import integration
 from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, ROPE_FREQS_ARCHITECTURES, gguf_rope_for, reach_of
-from ..rope_utils import CONFIG_KEY, default_inv_freq, rotary_dim_of
-from ..validation.unknown_method import unknown_method
+from ..rope_utils import default_inv_freq, rotary_dim_of
 from . import transformers4, transformers5
 from .config_checks import check_config, rope_dict
 from .verdicts import support
@@ -261,18 +260,6 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
     """
     params = config.rope_parameters or {}
     checks = check_config(config_json, config)
-    unregistered = unknown_method(getattr(config, "hf_posext", None))
-    if unregistered is not None:
-        checks.append(
-            {
-                "check": "unregistered-method",
-                "severity": "warning",
-                "message": f"{CONFIG_KEY}['method'] is {unregistered!r}, a method this process has not registered (a "
-                "plugin's method?): the readers are judged on the rope alone, not on what the method adds to "
-                "attention or weights; name the module that registers it with --plugin MODULE (or "
-                "HF_POSEXT_PLUGINS) to judge the checkpoint as it was patched",
-            }
-        )
     rope = {"rope_type": params.get("rope_type"), "model_type": getattr(config, "model_type", None)}
     if "rope_theta" not in params:  # per-layer-type parameters (Gemma 3): no single rope to compare
         why = f"per-layer-type rope parameters ({', '.join(sorted(params))}): these rules compare a single rope"
