@@ -1,7 +1,7 @@
 """Is a passkey miss at the prompt's edge the length or the prompt? Ten keys at a few depths of one length.
 
-docs/results/finetune_smollm2.md's passkey cells put key i (seed 1000 i + 7) at one depth each
-(``training_free_real_model.key_schedule``), so a miss at depth 1.0 (the key line right before the
+docs/results/finetune_smollm2.md's passkey cells put key i (``training_free_real_model.key_seed``) at one
+depth each (``key_schedule``), so a miss at depth 1.0 (the key line right before the
 question) cannot tell the key from the depth. This asks ``--keys`` keys (the same seeds) at each of
 ``--depths`` of one ``--length``: a miss that stays at one depth for every key, at a length inside the
 model's trained context, is the prompt's, not the context extension's. Rows (``result_schema``), one per
@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from harness import Results
 
+from training_free_real_model import key_seed, passkey_sample
+
 from hf_posext.eval.evaluated_model import load_model
-from hf_posext.eval.passkey import passkey_accuracy
 
 OUT = Path(__file__).resolve().parent / "results" / "finetune_smollm2" / "passkey_edge.json"
 BENCHMARK = "passkey_edge"
@@ -57,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in range(args.keys):
             if (args.row, args.length, depth, key) in done:
                 continue
-            seed = 1000 * key + 7
-            sample = passkey_accuracy(model, tokenizer, [args.length - 10], [depth], 1, seed=seed, progress=False)
-            found = sample.samples[0]
-            setting = {"length": args.length, "depth": depth, "key": key, "seed": seed}
+            found = passkey_sample(model, tokenizer, args.length, key, depth)
+            setting = {"length": args.length, "depth": depth, "key": key, "seed": key_seed(key)}
             results.add(args.row, "passkey", bool(found["correct"]), setting=setting, output=found["continuation"])
             results.save()
     print(summary([r for r in results.rows if r.method == args.row], args.length))

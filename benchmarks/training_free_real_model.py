@@ -129,10 +129,21 @@ def shard(text: str) -> tuple[int, int]:
     return int(k), int(n)
 
 
+def key_seed(index: int) -> int:
+    """The seed of key ``index`` of the schedule (its number and filler)."""
+    return 1000 * index + 7
+
+
+def passkey_sample(model: Any, tokenizer: Any, length: int, index: int, depth: float) -> dict[str, Any]:
+    """Key ``index`` of the schedule asked at ``depth`` of a ``length``-token prompt: ``passkey_accuracy``'s sample
+    (``correct``, ``continuation``, ...)."""
+    result = passkey_accuracy(model, tokenizer, [length - 10], [depth], 1, seed=key_seed(index), progress=False)
+    return result.samples[0]
+
+
 def passkey_found(model: Any, tokenizer: Any, length: int, index: int, depth: float) -> bool:
     """Whether ``model`` retrieves key ``index`` of the schedule at ``depth`` of a ``length``-token prompt."""
-    result = passkey_accuracy(model, tokenizer, [length - 10], [depth], 1, seed=1000 * index + 7, progress=False)
-    return bool(result.samples[0]["correct"])
+    return bool(passkey_sample(model, tokenizer, length, index, depth)["correct"])
 
 
 #: What every cell of results.json shares (the rows and their key count may grow between runs).

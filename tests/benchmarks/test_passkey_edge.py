@@ -37,7 +37,7 @@ def test_a_row_per_key_and_depth_resumed_per_key_beside_other_rows(tmp_path, cap
         raise AssertionError("a key on file was asked again")
 
     with monkeypatch.context() as patch:
-        patch.setattr(passkey_edge, "passkey_accuracy", asked)
+        patch.setattr(passkey_edge, "passkey_sample", asked)
         assert passkey_edge.main([*args, "--row", "tiny", "--threads", "1"]) == 0
     assert read_rows(out) == rows
     assert passkey_edge.main([*args, "--row", "other", "--threads", "1", "--keys", "1"]) == 0
