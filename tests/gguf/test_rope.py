@@ -14,15 +14,13 @@ import math
 
 import pytest
 import torch
+from tests.helpers.gguf_files import HEAD_DIM, L_ORIG, LLAMA3
 from tests.helpers.models import tiny_config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posext
 from hf_posext.gguf.rope import GGUFRope, gguf_rope_for, rope_config_of
 from hf_posext.rope_utils import default_inv_freq, ntk_theta, rotary_dim_of
-
-L_ORIG = 64
-HEAD_DIM = 32
 
 
 def llamacpp_rope(rope: GGUFRope, rotary_dim: int) -> tuple[torch.Tensor, float]:
@@ -58,14 +56,6 @@ def transformers_rope(config) -> tuple[torch.Tensor, float]:
     return inv_freq.double(), float(attention)
 
 
-LLAMA3 = {
-    "rope_type": "llama3",
-    "rope_theta": 10000.0,
-    "factor": 4.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": L_ORIG // 4,
-}
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": L_ORIG // 2}
 CASES = {
     "linear": ({}, "linear", {}),

@@ -6,6 +6,15 @@ from hf_posext.gguf.writer import open_gguf
 
 L_ORIG = 64
 HEAD_DIM = 32
+#: A shipped llama3 scaling over the tiny context (reaching L_ORIG from L_ORIG / 4): what the tests compose on.
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": L_ORIG // 4,
+}
 
 
 def write_tiny_gguf(path, arch="llama", rope_freqs=None, **keys):

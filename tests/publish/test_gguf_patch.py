@@ -7,7 +7,7 @@ reference and tests/gguf/test_export.py's run.
 from __future__ import annotations
 
 import pytest
-from tests.helpers.gguf_files import L_ORIG, fields, write_tiny_gguf
+from tests.helpers.gguf_files import L_ORIG, LLAMA3, fields, write_tiny_gguf
 from tests.helpers.models import tiny_config
 
 import hf_posext
@@ -41,19 +41,11 @@ def test_patch_copies_tensors_and_keys_and_writes_the_rope(tmp_path):
 
 
 def test_composition_reads_the_files_own_rope_freqs_as_the_hf_rules_do(tmp_path):
-    llama3 = {
-        "rope_type": "llama3",
-        "rope_theta": 10000.0,
-        "factor": 4.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": L_ORIG // 4,
-    }
-    shipped = gguf_rope_for(tiny_config(max_positions=L_ORIG, rope_parameters=llama3), "llama")
+    shipped = gguf_rope_for(tiny_config(max_positions=L_ORIG, rope_parameters=LLAMA3), "llama")
     src = write_tiny_gguf(tmp_path / "llama3.gguf", rope_freqs=shipped.rope_freqs)
     assert read_rope(open_gguf(src)).rope_freqs == pytest.approx(shipped.rope_freqs)
     out = patch_gguf(src, tmp_path / "yarn-on-llama3.gguf", "yarn", factor=4)
-    hf = hf_posext.patch_model(tiny_config(max_positions=L_ORIG, rope_parameters=llama3), "yarn", factor=4)
+    hf = hf_posext.patch_model(tiny_config(max_positions=L_ORIG, rope_parameters=LLAMA3), "yarn", factor=4)
     expected = gguf_rope_for(hf, "llama")
     written = read_rope(open_gguf(out))
     assert written.rope_freqs == pytest.approx(expected.rope_freqs, rel=1e-6)
