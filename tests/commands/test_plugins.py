@@ -1,6 +1,6 @@
 """``--plugin MODULE`` / ``HF_POSEXT_PLUGINS``: every command imports a plugin first, so its methods are choices.
 
-The plugin is docs/methods/adding-a-method.md's ``slow`` method, written to a module file; the commands
+The plugin is docs/methods/adding-a-method.md's ``slow`` method as written, saved as a module; the commands
 run in a subprocess (a plugin's registration would stay in this process's registry).
 """
 
@@ -16,25 +16,10 @@ import pytest
 from hf_posext.commands.arguments import PLUGINS_ENV, load_plugins, take_plugins
 from tests.helpers import ROOT
 from tests.helpers.models import tiny_model
+from tests.helpers.plugins import plugin_examples
 
-PLUGIN = '''
-from dataclasses import dataclass
-
-import hf_posext
-
-
-@dataclass(frozen=True)
-class SlowConfig(hf_posext.MethodConfig):
-    """Every frequency divided by the factor, written as transformers' native ``linear`` type."""
-
-    paper = "none"
-
-    def rope_parameters(self, base):
-        return {**base.rope_parameters, "rope_type": "linear", "factor": self.factor}
-
-
-hf_posext.register_method("slow", SlowConfig)
-'''
+#: The page's one-method plugin, ``slow``, written to ``slowplug.py``.
+PLUGIN = plugin_examples()[0]
 
 
 def hf_posext_cli(tmp_path, *args, env=None):

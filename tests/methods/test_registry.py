@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tests.helpers.plugins import plugin_examples
 from transformers import modeling_rope_utils
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -335,8 +336,7 @@ def test_a_family_load_time_hook_patches_a_config_that_ships_its_method():
     assert done.returncode == 0, done.stderr
 
 
-PLUGIN_PAGE = REPO / "docs" / "methods" / "adding-a-method.md"
-#: What each plugin block of PLUGIN_PAGE must do once run: the built-in ``linear``'s logits, its page's claims.
+#: What each plugin block of adding-a-method.md must do once run: the built-in ``linear``'s logits, its page's claims.
 PLUGIN_CHECKS = textwrap.dedent("""
     import torch
     from tests.helpers.models import tiny_model, tokens
@@ -365,8 +365,7 @@ PLUGIN_CHECKS = textwrap.dedent("""
 def test_the_plugin_examples_of_the_docs_run_as_written():
     """docs/methods/adding-a-method.md's plugins (a method, a family with a rope type of its own), as written,
     in a fresh interpreter: the top level's names are all they need."""
-    fence = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
-    plugins = [body for body in fence.findall(PLUGIN_PAGE.read_text()) if "hf_posext.register_" in body]
+    plugins = plugin_examples()
     assert len(plugins) == 2
     assert all("from hf_posext" not in body and "hf_posext." in body for body in plugins)
     code = "\n".join([*plugins, PLUGIN_CHECKS])
