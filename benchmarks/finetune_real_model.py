@@ -265,7 +265,8 @@ def experiment_dtypes() -> dict[str, list[str]]:
         if rows:
             seen = dtypes.setdefault(rows[0].setting.get("row", rows[0].method), [])
             dtype = rows[0].setting.get("dtype", "float32")
-            seen.extend([dtype] if dtype not in seen else [])
+            if dtype not in seen:
+                seen.append(dtype)
     return dtypes
 
 

@@ -183,7 +183,7 @@ def test_the_ruler_section_has_a_row_per_run_and_pairs_each_of_ruler_pairs_on_th
     write_ruler(tmp_path / "ruler" / "long-short-400", [1, 0, 1])  # one prompt fewer: paired on three
     lines = [line.replace(" ", "") for line in finetune.ruler_section().splitlines()]
     assert "|yarns=4|niah_multikey_1|16k|1/4(0.05-0.70)|" in lines
-    assert "|longshortmix,400steps|niah_multikey_1|16k|2/3(0.21-0.94)|".replace("longshort", "long-short") in lines
+    assert "|long-shortmix,400steps|niah_multikey_1|16k|2/3(0.21-0.94)|" in lines
     # b: the row right where the other is wrong; c: the reverse
     assert "|yarns=4fine-tuned|yarns=4|niah_multikey_1|16k|4|2|0|0.5|" in lines
     assert "|long-shortmix,400steps|yarns=4|niah_multikey_1|16k|3|2|0|0.5|" in lines
