@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -131,3 +133,19 @@ def test_the_reference_models_are_read_from_their_config_alone():
     assert round(counts["meta-llama/Meta-Llama-3-8B"] / 1e9, 2) == 8.03
     assert round(counts["Qwen/Qwen2.5-7B"] / 1e9, 2) == 7.62
     assert round(counts["mistralai/Mistral-7B-v0.3"] / 1e9, 2) == 7.25
+
+
+def test_the_plan_is_within_20_percent_of_the_committed_cpu_measurements():
+    """Recomputes every prediction of benchmarks/plan_memory.py with today's code against its measured peaks."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from plan_memory import predict
+
+    rows = [r for r in json.loads((ROOT / "benchmarks/results/plan_memory.json").read_text())]
+    measured = [r for r in rows if r["metric"] == "measured_peak_mib"]
+    assert len(measured) >= 9
+    for row in measured:
+        setting = row["setting"]
+        predicted, _ = predict(setting["tokens"], row["method"] == "lora", setting["processes"])
+        assert abs(predicted / row["value"] - 1) <= 0.2, (row["method"], setting, predicted, row["value"])
