@@ -243,11 +243,26 @@ def _run(argv: Sequence[str] | None) -> int:
     from accelerate import PartialState
 
     from ..train.loop import train  # the heavy part (accelerate, peft), once the flags parsed
+    from .plan import check_fits
 
-    result = train(config_from_args(argv))
+    config, own = parse_recipe_args(argv, finetune_parser())
+    check_fits(config, own["memory"], own["force"])  # before the model loads
+    result = train(config)
     if PartialState().is_main_process:
         print(summary(result))
     return 0
+
+
+def finetune_parser() -> RecipeArgumentParser:
+    """:func:`build_parser` plus the flags of the memory check (``--memory``, ``--force``), which are no settings."""
+    from .plan import add_layout_arguments
+
+    parser = build_parser()
+    add_layout_arguments(parser, launched=True)
+    parser.add_argument(
+        "--force", action="store_true", help="run even when the memory plan says the run does not fit (a warning)"
+    )
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

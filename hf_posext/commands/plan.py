@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +181,62 @@ def render(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def launched_layout(config: TrainConfig) -> Layout:
+    """The layout of this process's launch: ``WORLD_SIZE`` and the strategy ``accelerate launch`` wrote."""
+    import torch
+
+    from ..train.distributed import Requested
+
+    requested = Requested.read(config)
+    strategy = "fsdp2" if requested.fsdp_version == 2 else "zero3" if requested.deepspeed else "ddp"
+    on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true"
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    return resolve_layout(config, processes, strategy, "cpu" if on_cpu else "cuda")
+
+
+def check_fits(config: TrainConfig, memory: float | None, force: bool) -> dict[str, Any] | None:
+    """``hf-posext finetune``'s first lines: the plan's peak, and a refusal when it does not fit.
+
+    The memory is ``memory`` GiB, else the CUDA device's own; on CPU without ``memory`` nothing is refused
+    (system RAM is shared with every other process, so its size says little). A model whose config the
+    plan cannot read is reported and trained anyway: loading it gives the real error.
+
+    Raises:
+        ValueError: the plan's peak is above the memory and ``force`` is not set, naming the longest
+            seq_len that fits.
+    """
+    import torch
+
+    main = os.environ.get("RANK", "0") == "0"
+    try:
+        shape = read_shape(config.model)
+    except (ValueError, OSError) as err:
+        if main:
+            print(f"memory plan: not computed ({' '.join(str(err).split())})")
+        return None
+    layout = launched_layout(config)
+    if memory is None and layout.device == "cuda":
+        memory = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory / GIB
+    plan = make_plan(config, shape, layout, memory)
+    peak = plan["peak_bytes"] / GIB
+    if main:
+        where = f"{layout.processes} process(es), {layout.strategy}, {layout.device}"
+        budget = f" of {memory:g} GiB" if memory is not None else " (no --memory: not checked on CPU)"
+        print(f"memory plan: peak {peak:.2f} GiB per process{budget} at seq_len {plan['seq_len']} ({where})")
+    if plan["fits"] is False:
+        longest = plan["longest_fit"]
+        message = (
+            f"the memory plan's peak is {peak:.2f} GiB per process, more than the {memory:g} GiB per device: "
+            f"{'the longest seq_len that fits is ' + str(longest) if longest else 'not even 128 tokens fit'} "
+            "(hf-posext plan with the same flags shows each term); --force runs it anyway"
+        )
+        if not force:
+            raise ValueError(message)
+        if main:
+            print(f"warning: --force: {message.removesuffix('; --force runs it anyway')}", file=sys.stderr)
+    return plan
+
+
 def build_parser() -> Any:
     from .finetune import build_parser as recipe_parser
 
@@ -212,5 +269,9 @@ def add_parser(subparsers: Any) -> None:
         add_help=False,
         prefix_chars="\0",
     )
-    p.add_argument("plan_args", nargs="*")
+    p.add_argument(
+        "plan_args",
+        nargs="*",
+        help="finetune's flags and --config, plus --processes, --strategy, --device, --memory, --json",
+    )
     p.set_defaults(func=lambda args: _run(args.plan_args))

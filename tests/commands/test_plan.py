@@ -99,3 +99,48 @@ def test_a_config_without_the_sizes_is_refused_naming_the_field(tmp_path, capsys
 def test_memory_per_gib_is_gib(model, capsys):
     plan = plan_json(capsys, "--model", str(model), "--memory", "1.5", "--device", "cpu")
     assert plan["memory_bytes"] == int(1.5 * GIB)
+
+
+def finetune_argv(model, tmp_path, *argv) -> list[str]:
+    return ["--model", str(model), "--dataset", "stdlib", "--output-dir", str(tmp_path / "out"), *argv]
+
+
+def test_finetune_refuses_a_run_that_cannot_fit_before_the_model_loads(model, tmp_path, capsys):
+    from hf_posext.commands.finetune import main as finetune_main
+
+    argv = finetune_argv(model, tmp_path, "--seq-len", "16384", "--mixed-precision", "no", "--memory", "0.6")
+    # the folder holds no weights: loading it would fail otherwise, so the refusal came first
+    assert finetune_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("memory plan: peak ")
+    longest = plan_json(
+        capsys, *argv[:2], "--seq-len", "16384", "--device", "cpu", "--mixed-precision", "no", "--memory", "0.6"
+    )["longest_fit"]
+    assert 128 <= longest < 16384
+    assert f"the longest seq_len that fits is {longest} " in captured.err and captured.err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_finetune_force_runs_anyway_with_a_warning(model, tmp_path, capsys, monkeypatch):
+    import hf_posext.train.loop as loop
+    from hf_posext.commands.finetune import main as finetune_main
+
+    trained = []
+    monkeypatch.setattr(
+        loop, "train", lambda config: trained.append(config) or (_ for _ in ()).throw(ValueError("stop"))
+    )
+    assert finetune_main(finetune_argv(model, tmp_path, "--seq-len", "16384", "--memory", "0.6", "--force")) == 2
+    assert len(trained) == 1 and trained[0].seq_len == 16384  # --force and --memory are no settings
+    err = capsys.readouterr().err
+    assert "warning: --force: the memory plan's peak is" in err
+
+
+def test_finetune_on_cpu_without_memory_only_reports(model, tmp_path, capsys, monkeypatch):
+    import hf_posext.train.loop as loop
+    from hf_posext.commands.finetune import main as finetune_main
+
+    monkeypatch.setattr(loop, "train", lambda config: (_ for _ in ()).throw(ValueError("stop")))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert finetune_main(finetune_argv(model, tmp_path, "--seq-len", "16384")) == 2
+    out, err = capsys.readouterr()
+    assert "memory plan: peak" in out and "not checked on CPU" in out and "stop" in err
