@@ -109,11 +109,27 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
         ValueError: a bad or unknown setting (from the YAML file or the flags).
         FileNotFoundError: a ``--config`` file that does not exist.
     """
+    return parse_recipe_args(argv, build_parser(description))[0]
+
+
+def parse_recipe_args(
+    argv: Sequence[str] | None, parser: RecipeArgumentParser, defaults: dict[str, Any] | None = None
+) -> tuple[TrainConfig, dict[str, Any]]:
+    """``(config, other flags)``: ``argv`` parsed by ``parser`` (:func:`build_parser` plus a command's own flags).
+
+    ``defaults`` stand in for settings that neither the flags nor the ``--config`` file give (``hf-posext
+    plan`` needs no dataset); a command's own flags come back in the second value, not in the config.
+
+    Raises:
+        ValueError: a bad or unknown setting (from the YAML file or the flags).
+        FileNotFoundError: a ``--config`` file that does not exist.
+    """
     from ..train.config import TrainConfig, load_yaml
 
-    parser = build_parser(description)
     config_file = parser.parse_known_args(argv)[0].config
     mappings = _mapping_fields()
+    if defaults:
+        parser.set_defaults(**defaults)
     if config_file:
         # Not HfArgumentParser.parse_yaml_file: it builds the config from the file alone, so a
         # file without e.g. `model` would fail before the flags could fill it in, and flags could
@@ -127,10 +143,12 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
         parser.set_defaults(**values)
     args: dict[str, Any] = vars(parser.parse_args(argv))
     args.pop("config")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    own = {name: args.pop(name) for name in list(args) if name not in fields}
     for name in mappings:
         args[name] = parse_key_values(args[name])
     try:
-        return TrainConfig.from_dict(args, source=config_file or "flags")
+        return TrainConfig.from_dict(args, source=config_file or "flags"), own
     except ValueError as err:
         raise ValueError(_as_written(str(err), argv, config_file)) from None
 
@@ -225,11 +243,26 @@ def _run(argv: Sequence[str] | None) -> int:
     from accelerate import PartialState
 
     from ..train.loop import train  # the heavy part (accelerate, peft), once the flags parsed
+    from .plan import check_fits
 
-    result = train(config_from_args(argv))
+    config, own = parse_recipe_args(argv, finetune_parser())
+    check_fits(config, own["memory"], own["force"])  # before the model loads
+    result = train(config)
     if PartialState().is_main_process:
         print(summary(result))
     return 0
+
+
+def finetune_parser() -> RecipeArgumentParser:
+    """:func:`build_parser` plus the flags of the memory check (``--memory``, ``--force``), which are no settings."""
+    from .plan import add_layout_arguments
+
+    parser = build_parser()
+    add_layout_arguments(parser, launched=True)
+    parser.add_argument(
+        "--force", action="store_true", help="run even when the memory plan says the run does not fit (a warning)"
+    )
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

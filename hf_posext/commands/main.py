@@ -204,6 +204,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = tuple(
     for name in (
         "eval",
         "finetune",
+        "plan",
         "demo",
         "reproduce",
         "push",
