@@ -79,6 +79,33 @@ def layer_config(config: Any, layer_type: str | None = None) -> Any:
     return config.per_layer_config[layer_type]
 
 
+def per_layer_values(config: Any, key: str) -> list[Any]:
+    """``key`` of ``config`` (``None`` when absent), or of each layer where it is per layer (Gemma 4's head_dim)."""
+    if key in (getattr(config, "per_layer_attributes", None) or ()):
+        return [getattr(layer, key, None) for layer in config.per_layer_config]
+    return [getattr(config, key, None)]
+
+
+def pair_count(config: Any, entry: dict[str, Any]) -> int | None:
+    """How many rotary pairs ``entry``'s per-pair lists need (head_dim / 2 for p-RoPE); ``None`` for a config
+    whose shapes are not positive whole numbers (their own check names them)."""
+
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    head_dim = getattr(config, "head_dim", None)
+    if not whole(head_dim):
+        hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+        if not (whole(hidden) and whole(heads)):
+            return None
+        head_dim = hidden // heads
+    if entry.get("rope_type") in P_ROPE_TYPES:
+        return head_dim // 2
+    partial = entry.get("partial_rotary_factor", 1.0)
+    real = isinstance(partial, (int, float)) and not isinstance(partial, bool) and math.isfinite(partial)
+    return int(head_dim * partial) // 2 if real and 0 < partial <= 1 else None
+
+
 def head_dim_of(config: Any, layer_type: str | None = None) -> int:
     """The attention head width of ``layer_type``'s layers: ``head_dim``, else hidden_size / heads."""
     config = layer_config(config, layer_type)

@@ -27,15 +27,8 @@ from transformers import PreTrainedConfig
 
 from .. import integration
 from ..method_names import METHODS, registered_name
-from ..rope_utils import (
-    CONFIG_KEY,
-    DYNAMIC_YARN_ROPE_TYPE,
-    KEEP_FIRST_KEY,
-    LONGROPE_KEEP_FIRST_ROPE_TYPE,
-    P_ROPE_TYPES,
-    PROPORTIONAL_ROPE_TYPE,
-    layer_config,
-)
+from ..rope_utils import CONFIG_KEY, DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
+from ..rope_utils import PROPORTIONAL_ROPE_TYPE, layer_config, pair_count, per_layer_values
 from .unknown_method import refuse_unknown_method, rope_types_of, unknown_method
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
@@ -160,36 +153,16 @@ def check_rope_entry(
         )
 
 
-def _shape_values(config: Any, key: str) -> list[Any]:
-    """``key`` of ``config``, or of each layer where it is a per-layer field (Gemma 4's head_dim)."""
-    if key in (getattr(config, "per_layer_attributes", None) or ()):
-        return [getattr(layer, key, None) for layer in config.per_layer_config]
-    return [getattr(config, key, None)]
-
-
-def _entry_layer_types(rope_parameters: Any, layer_types: list[str]) -> list[str | None]:
-    """The layer type of each of :func:`_entries`' entries (``None`` for a flat config)."""
-    return [key for key in layer_types if rope_parameters[key] is not None] if layer_types else [None]
-
-
-def _pairs(config: Any, entry: dict[str, Any]) -> int | None:
-    """How many rotary pairs ``entry``'s per-pair lists need: rotary_dim / 2 (head_dim / 2 for p-RoPE)."""
-    head_dim = getattr(config, "head_dim", None)
-    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if not _is_whole(head_dim) or head_dim < 1:
-        if not (_is_whole(hidden) and _is_whole(heads) and heads > 0):
-            return None
-        head_dim = hidden // heads
-    if entry.get("rope_type") in P_ROPE_TYPES:
-        return head_dim // 2
-    partial = entry.get("partial_rotary_factor", 1.0)
-    return int(head_dim * partial) // 2 if _is_real(partial) and 0 < partial <= 1 else None
-
-
-def _entries(rope_parameters: Any, layer_types: list[str], field: str = "rope_parameters") -> list[tuple[str, Any]]:
+def _entries(rope_parameters: Any, layer_types: list[str], field: str = "rope_parameters") -> list[tuple[Any, ...]]:
+    """``(where, entry, layer type or None)`` of each rope entry."""
     if layer_types:
-        return [(f"{field}[{key!r}]", rope_parameters[key]) for key in layer_types if rope_parameters[key] is not None]
-    return [(field, rope_parameters)]
+        keys = [key for key in layer_types if rope_parameters[key] is not None]
+        return [(f"{field}[{key!r}]", rope_parameters[key], key) for key in keys]
+    return [(field, rope_parameters, None)]
+
+
+def _entry_pairs(config: Any, entry: Any, layer_type: str | None, count: bool) -> int | None:
+    return pair_count(layer_config(config, layer_type), entry if isinstance(entry, dict) else {}) if count else None
 
 
 def check_rope_config(
@@ -209,7 +182,7 @@ def check_rope_config(
     if max_positions is not None and not (_is_whole(max_positions) and max_positions >= 1):
         raise ValueError(f"max_position_embeddings must be a positive integer, got {max_positions!r}")
     for key in _SHAPE_KEYS:  # the rotary's width comes from them (a negative head_dim built a tensor of -64 rows)
-        for value in _shape_values(config, key):
+        for value in per_layer_values(config, key):
             if value is not None and not (_is_whole(value) and value >= 1):
                 raise ValueError(f"{key} must be a positive integer (an attention shape), got {value!r}")
     params = getattr(config, "rope_parameters", None)
@@ -229,29 +202,20 @@ def check_rope_config(
             return max_positions  # what transformers reads it as when an entry lacks it
         return value
 
-    for (where, entry), layer_type in zip(
-        _entries(params, layer_types, field), _entry_layer_types(params, layer_types)
-    ):
-        check_rope_entry(
-            entry,
-            _pairs(layer_config(config, layer_type), entry if isinstance(entry, dict) else {}) if count_pairs else None,
-            where,
-            top_level,
-            unknown_types,
-        )
+    for where, entry, layer_type in _entries(params, layer_types, field):
+        check_rope_entry(entry, _entry_pairs(config, entry, layer_type, count_pairs), where, top_level, unknown_types)
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         return
     check_record(record, rope_types=rope_types_of(config))
     base = record.get("base_rope_parameters")
     if base is not None:
-        base_types = [key for key in layer_types if isinstance(base, dict) and key in base]
-        for (where, entry), layer_type in zip(_entries(base, base_types), _entry_layer_types(base, base_types)):
+        for where, entry, layer_type in _entries(
+            base, [k for k in layer_types if isinstance(base, dict) and k in base]
+        ):
             check_rope_entry(
                 entry,
-                _pairs(layer_config(config, layer_type), entry if isinstance(entry, dict) else {})
-                if count_pairs
-                else None,
+                _entry_pairs(config, entry, layer_type, count_pairs),
                 f"{CONFIG_KEY}['base_rope_parameters']" + where.removeprefix("rope_parameters"),
                 top_level,
             )
