@@ -59,16 +59,104 @@ def kept_positions(rope_parameters: dict[str, Any] | None) -> int:
     return int(params.get(KEEP_FIRST_KEY) or 0)
 
 
+#: The rope type of a method composed on p-RoPE (transformers' ``proportional``) where no native type
+#: expresses it: p-RoPE's frequencies divided pair by pair by ``factors`` (one per pair of head_dim),
+#: cos/sin times ``attention_factor`` (:func:`proportional_inv_freq`). Named like DYNAMIC_YARN_ROPE_TYPE.
+PROPORTIONAL_ROPE_TYPE = "hf_posext_proportional (requires: import hf_posext)"
+#: transformers' p-RoPE type and hf-posext's composed one: frequencies over the whole head_dim.
+P_ROPE_TYPES = ("proportional", PROPORTIONAL_ROPE_TYPE)
+
+
+def layer_config(config: Any, layer_type: str | None = None) -> Any:
+    """The config the modules of ``layer_type`` are built from.
+
+    A heterogeneous config (transformers 5's ``per_layer_config``; Gemma 4's full-attention layers have
+    their own ``head_dim``) raises on reading a per-layer field globally: read it from the layer type's
+    own view, as Gemma 4's rotary embedding does. Any other config is its own.
+    """
+    if layer_type is None or not getattr(config, "is_heterogeneous", False):
+        return config
+    return config.per_layer_config[layer_type]
+
+
+def per_layer_values(config: Any, key: str) -> list[Any]:
+    """``key`` of ``config`` (``None`` when absent), or of each layer where it is per layer (Gemma 4's head_dim)."""
+    if key in (getattr(config, "per_layer_attributes", None) or ()):
+        return [getattr(layer, key, None) for layer in config.per_layer_config]
+    return [getattr(config, key, None)]
+
+
+def pair_count(config: Any, entry: dict[str, Any]) -> int | None:
+    """How many rotary pairs ``entry``'s per-pair lists need (head_dim / 2 for p-RoPE); ``None`` for a config
+    whose shapes are not positive whole numbers (their own check names them)."""
+
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    head_dim = getattr(config, "head_dim", None)
+    if not whole(head_dim):
+        hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+        if not (whole(hidden) and whole(heads)):
+            return None
+        head_dim = hidden // heads
+    if entry.get("rope_type") in P_ROPE_TYPES:
+        return head_dim // 2
+    partial = entry.get("partial_rotary_factor", 1.0)
+    real = isinstance(partial, (int, float)) and not isinstance(partial, bool) and math.isfinite(partial)
+    return int(head_dim * partial) // 2 if real and 0 < partial <= 1 else None
+
+
+def head_dim_of(config: Any, layer_type: str | None = None) -> int:
+    """The attention head width of ``layer_type``'s layers: ``head_dim``, else hidden_size / heads."""
+    config = layer_config(config, layer_type)
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def proportional_angles(head_dim: int, partial_rotary_factor: float) -> int:
+    """How many of p-RoPE's head_dim / 2 pairs rotate: ``int(partial_rotary_factor * head_dim // 2)``
+    (transformers' ``_compute_proportional_rope_parameters``); the others have frequency 0."""
+    return int(partial_rotary_factor * head_dim // 2)
+
+
+def proportional_inv_freq(
+    theta: float,
+    head_dim: int,
+    partial_rotary_factor: float,
+    divisors: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """p-RoPE's frequencies, ``[head_dim // 2]`` (Barbero et al. 2024, "Round and Round We Go", arXiv:2410.06205).
+
+    The first :func:`proportional_angles` frequencies of full RoPE at ``head_dim``, theta^(-2i/head_dim),
+    each divided by its ``divisors[i]`` (a method applied to the full-head frequencies), the rest exactly
+    0: the lowest frequencies are removed, and a method never brings them back. fp32 as
+    :func:`default_inv_freq`; the division in float64, so composed factors round once.
+    """
+    angles = proportional_angles(head_dim, partial_rotary_factor)
+    full = default_inv_freq(theta, head_dim, device)
+    if divisors is not None:
+        full = (full.double() / divisors.to(full.device, torch.float64)).float()
+    return torch.cat((full[:angles], torch.zeros(head_dim // 2 - angles, dtype=torch.float32, device=full.device)))
+
+
 def rope_parameters_for(config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """``config.rope_parameters``, or its entry for ``layer_type`` when the config nests them by layer type."""
     params = config.rope_parameters
     return params[layer_type] if layer_type is not None and layer_type in params else params
 
 
-def rotary_dim_of(config: Any, rope_parameters: dict[str, Any] | None = None) -> int:
-    """The number of rotated channels per head: head_dim times the partial rotary factor."""
+def rotary_dim_of(config: Any, rope_parameters: dict[str, Any] | None = None, layer_type: str | None = None) -> int:
+    """The number of rotated channels per head: head_dim times the partial rotary factor.
+
+    p-RoPE (:data:`P_ROPE_TYPES`) spans the whole head_dim, its unrotated pairs at frequency 0.
+
+    Args:
+        layer_type: whose head_dim, on a config with per-layer fields (:func:`layer_config`).
+    """
     params = rope_parameters if rope_parameters is not None else config.rope_parameters
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = head_dim_of(config, layer_type)
+    if params.get("rope_type") in P_ROPE_TYPES:
+        return head_dim
     return int(head_dim * params.get("partial_rotary_factor", 1.0))
 
 
@@ -248,4 +336,34 @@ def longrope_rope_parameters(
         "factor": max_position_embeddings / original_max_position_embeddings,
         "original_max_position_embeddings": int(original_max_position_embeddings),
         "attention_factor": float(attention_factor),
+    }
+
+
+#: What a :data:`PROPORTIONAL_ROPE_TYPE` entry may carry besides ``factors``: p-RoPE's own fields and the method's.
+PROPORTIONAL_KEYS = {"attention_factor", "factor", "original_max_position_embeddings", "partial_rotary_factor"}
+
+
+def proportional_rope_parameters(
+    shipped: dict[str, Any],
+    divisors: torch.Tensor,
+    attention_factor: float,
+    factor: float,
+    original_max_position_embeddings: int,
+) -> dict[str, Any]:
+    """A method composed on a p-RoPE entry ``shipped``, as a :data:`PROPORTIONAL_ROPE_TYPE` entry.
+
+    Args:
+        divisors: per-pair divisors of full RoPE's frequencies at head_dim, ``[head_dim // 2]`` (p-RoPE's
+            own ``factor`` included).
+        attention_factor: the cos/sin multiplier.
+        factor, original_max_position_embeddings: the method's scale and the context it extends (recorded).
+    """
+    return {
+        "rope_type": PROPORTIONAL_ROPE_TYPE,
+        "rope_theta": float(shipped["rope_theta"]),
+        "partial_rotary_factor": float(shipped.get("partial_rotary_factor", 1.0)),
+        "factors": [float(c) for c in divisors],
+        "attention_factor": float(attention_factor),
+        "factor": float(factor),
+        "original_max_position_embeddings": int(original_max_position_embeddings),
     }

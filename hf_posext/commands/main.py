@@ -83,6 +83,8 @@ def _patch(args: argparse.Namespace) -> int:
     check_factor(args.method, args.factor, extra)
     if args.original_max_position_embeddings is not None:
         extra["original_max_position_embeddings"] = args.original_max_position_embeddings
+    if args.layer_types is not None:
+        extra["layer_types"] = [name for name in args.layer_types.split(",") if name]
     if args.adapter is not None and is_gguf(args.output_dir):
         raise ValueError(
             f"--adapter writes a transformers checkpoint folder, not {args.output_dir}; merge first, "
@@ -122,6 +124,10 @@ def _patch(args: argparse.Namespace) -> int:
         )
     print(f"wrote {out}")
     saved = AutoConfig.from_pretrained(out)  # what every reader will read: the engines' verdict on it
+    extended = patch_info(saved).get("layer_types")
+    if extended:
+        kept = [key for key in saved.rope_parameters if key not in extended]
+        print(f"extended layer types: {', '.join(extended)}; kept as they were: {', '.join(kept) or 'none'}")
     print_engine_warning(saved, patch_info(saved)["context_length"], args.method)
     return 0
 
@@ -177,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace a rope scaling the checkpoint already has (llama3, yarn...) by plain RoPE at its "
         "pretraining context; without it the method composes on that scaling",
+    )
+    p.add_argument(
+        "--layer-types",
+        default=None,
+        metavar="TYPE[,TYPE...]",
+        help="with per-layer-type rope parameters (Gemma 3/4, LFM3...), the layer types to extend, e.g. "
+        "full_attention,sliding_attention (default: all but the local ones: sliding, chunked)",
     )
     p.add_argument(
         "--overwrite",

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..rope_utils import CONFIG_KEY as CONFIG_KEY  # re-exported: defined below what reads a record
-from ..rope_utils import longrope_rope_parameters
+from ..rope_utils import longrope_rope_parameters, proportional_rope_parameters
 from ..post_import import deprecated_attribute
 from ..validation import real_number, whole_number  # re-exported: the methods' checks
 
@@ -140,7 +140,8 @@ class MethodConfig:
 
         The base's divisors c_i times :meth:`pair_factors`, its attention factor times
         :meth:`temperature`, written as a native ``longrope`` entry so that vanilla transformers
-        loads it (:func:`~hf_posext.rope_utils.longrope_rope_parameters`).
+        loads it (:func:`~hf_posext.rope_utils.longrope_rope_parameters`); on p-RoPE (``proportional``)
+        as :func:`~hf_posext.rope_utils.proportional_rope_parameters`, which needs the plugin.
 
         Raises:
             ValueError: for a method that has no composition rule (dynamic methods, methods that
@@ -151,6 +152,14 @@ class MethodConfig:
             raise ValueError(
                 f"{self.name} cannot be applied on top of the checkpoint's own rope_type={base.rope_type!r} (it has no "
                 "composition rule). Pass override=True to replace the checkpoint's scaling."
+            )
+        if base.rope_type == "proportional":  # p-RoPE: the divisors span head_dim, its zero pairs stay zero
+            return proportional_rope_parameters(
+                base.rope_parameters,
+                base.pair_divisors * factors,
+                base.attention_factor * self.temperature(base),
+                self.factor,
+                base.original_max_position_embeddings,
             )
         params = longrope_rope_parameters(
             base.theta,

@@ -16,8 +16,8 @@ from transformers import PreTrainedConfig
 
 from .. import integration
 from ..methods.base import CONFIG_KEY, BaseRope, MethodConfig
-from ..methods.registry import composable_methods
-from ..rope_utils import default_inv_freq, rotary_dim_of
+from ..methods.registry import available_methods, composable_methods, method_class
+from ..rope_utils import default_inv_freq, head_dim_of, layer_config, rotary_dim_of
 
 #: Shipped rope types a method can compose on: static per-pair scalings of theta's frequencies.
 COMPOSABLE_ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")
@@ -40,7 +40,7 @@ def _reach(rope_parameters: dict[str, Any], max_positions: int, config: PreTrain
 
 
 def _scaled_base(
-    config: PreTrainedConfig, rope_parameters: dict[str, Any], max_positions: int, reach: int
+    config: PreTrainedConfig, rope_parameters: dict[str, Any], max_positions: int, reach: int, layer_type: str | None
 ) -> tuple[torch.Tensor, float]:
     """The per-pair divisors and attention factor of a shipped scaling, computed by transformers itself.
 
@@ -48,7 +48,7 @@ def _scaled_base(
     length past its original context (longrope's long factors), so composition starts from
     exactly what the checkpoint runs.
     """
-    probe = copy.deepcopy(config)
+    probe = copy.deepcopy(layer_config(config, layer_type))  # the layer type's own head_dim (Gemma 4)
     probe.rope_parameters = copy.deepcopy(rope_parameters)
     probe.max_position_embeddings = max_positions
     rotary_dim = rotary_dim_of(probe, rope_parameters)
@@ -109,6 +109,8 @@ def base_rope(
     """
     shipped, max_positions, reach = shipped_rope(config, layer_type)
     rope_type = shipped.get("rope_type", shipped.get("type", "default"))
+    if rope_type == "proportional":
+        return _proportional_base(config, shipped, max_positions, reach, method, override, layer_type)
     original = reach if rope_type == "default" else _pretraining_context(shipped, max_positions, config)
     compose = rope_type != "default" and not override
     if compose:
@@ -123,12 +125,12 @@ def base_rope(
         original = reach
         if method.original_max_position_embeddings is not None:
             original = method.original_max_position_embeddings
-        divisors, attention_factor = _scaled_base(config, shipped, max_positions, original)
+        divisors, attention_factor = _scaled_base(config, shipped, max_positions, original, layer_type)
         return BaseRope(
             rope_parameters=shipped,
             max_position_embeddings=max_positions,
             original_max_position_embeddings=original,
-            rotary_dim=rotary_dim_of(config, shipped),
+            rotary_dim=rotary_dim_of(config, shipped, layer_type),
             pair_divisors=divisors,
             attention_factor=attention_factor,
         )
@@ -141,7 +143,53 @@ def base_rope(
         rope_parameters=rope_parameters,
         max_position_embeddings=max_positions,
         original_max_position_embeddings=original,
-        rotary_dim=rotary_dim_of(config, rope_parameters),
+        rotary_dim=rotary_dim_of(config, rope_parameters, layer_type),
+    )
+
+
+def p_rope_methods() -> list[str]:
+    """The registered methods that extend p-RoPE: the static ones that compose on a shipped scaling."""
+    return [name for name in available_methods() if method_class(name).composes and not method_class(name).dynamic]
+
+
+def _proportional_base(
+    config: PreTrainedConfig,
+    shipped: dict[str, Any],
+    max_positions: int,
+    reach: int,
+    method: MethodConfig,
+    override: bool,
+    layer_type: str | None,
+) -> BaseRope:
+    """p-RoPE (``proportional``) as the base a method composes on: full RoPE at head_dim, divided by its own ``factor``.
+
+    p-RoPE has no plain-RoPE form to fall back to (``default`` with its partial_rotary_factor rotates other
+    frequencies), so it is always composed on; ``override=True`` drops only its own ``factor``.
+
+    Raises:
+        ValueError: a dynamic method or one that replaces RoPE, naming the model type, the layer type and why.
+    """
+    if method.dynamic or not method.composes:
+        why = (
+            "transformers' dynamic update recomputes frequencies with rope types (dynamic, dynamic YaRN) that have no "
+            "p-RoPE form"
+            if method.dynamic
+            else "it replaces RoPE, and p-RoPE's unrotated channels are part of the checkpoint"
+        )
+        where = "" if layer_type is None else f", layer type {layer_type!r}"
+        raise ValueError(
+            f"{method.name} cannot extend rope_type='proportional' (p-RoPE, model_type {config.model_type!r}{where}): "
+            f"{why}; methods that extend p-RoPE: {', '.join(p_rope_methods())}"
+        )
+    head_dim = head_dim_of(config, layer_type)
+    own_factor = 1.0 if override else float(shipped.get("factor", 1.0))
+    parameters = {k: v for k, v in shipped.items() if k != "factor"} if override else shipped
+    return BaseRope(
+        rope_parameters=parameters,
+        max_position_embeddings=max_positions,
+        original_max_position_embeddings=method.original_max_position_embeddings or reach,
+        rotary_dim=head_dim,
+        pair_divisors=torch.full((head_dim // 2,), own_factor, dtype=torch.float64),
     )
 
 

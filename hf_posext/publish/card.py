@@ -61,10 +61,15 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
         if scales_rope
         else f"with its position encoding replaced by `{method}`"
     )
+    extended = info.get("layer_types")
+    if extended:
+        what += f" in its {', '.join(f'`{key}`' for key in extended)} layers (the other layer types kept as they were)"
     if info.get("composed_on"):
+        params = info["rope_parameters"]
+        saved = {params[key]["rope_type"] for key in extended} if extended else {params["rope_type"]}
         what += (
             f", composed on its own `{info['composed_on']}` rope scaling ({original} tokens is what that scaling "
-            f"already reached; `{method}` extends it; saved as rope_type `{info['rope_parameters']['rope_type']}`)"
+            f"already reached; `{method}` extends it; saved as rope_type {', '.join(f'`{t}`' for t in sorted(saved))})"
         )
     body = (
         f"# {card_title(config, base_model)}\n\n"

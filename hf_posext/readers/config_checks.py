@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..rope_utils import CONFIG_KEY, rotary_dim_of
+from ..rope_utils import CONFIG_KEY, rope_parameters_for, rotary_dim_of
 from ..validation.unknown_method import unknown_method
 from . import transformers5
 
@@ -33,6 +33,7 @@ TRANSFORMERS5_KEYS = {
     },
     "longrope": {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor", "factor"},
     "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+    "proportional": {"factor"},
 }
 ALWAYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 #: Keys vLLM / SGLang read that transformers 5 does not (per rope type).
@@ -62,10 +63,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _pairs(config_json: dict[str, Any], config: Any) -> int | None:
+def _pairs(config_json: dict[str, Any], config: Any, layer_type: str | None = None) -> int | None:
     """Rotated pairs per head, from transformers 5's config or, if it could not read one, from config.json."""
     if config is not None:
-        return rotary_dim_of(config, config.rope_parameters) // 2
+        return rotary_dim_of(config, rope_parameters_for(config, layer_type), layer_type) // 2
     heads, hidden = config_json.get("num_attention_heads"), config_json.get("hidden_size")
     head_dim = config_json.get("head_dim") or (
         hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
@@ -74,7 +75,9 @@ def _pairs(config_json: dict[str, Any], config: Any) -> int | None:
     return int(head_dim * partial) // 2 if isinstance(head_dim, int) else None
 
 
-def _damaged(rope: dict[str, Any], config_json: dict[str, Any], config: Any) -> list[dict[str, str]]:
+def _damaged(
+    rope: dict[str, Any], config_json: dict[str, Any], config: Any, layer_type: str | None = None
+) -> list[dict[str, str]]:
     out = []
     theta = rope.get("rope_theta")
     if theta is not None and not (_number(theta) and theta > 0):
@@ -102,7 +105,7 @@ def _damaged(rope: dict[str, Any], config_json: dict[str, Any], config: Any) -> 
             )
         )
     if rope.get("rope_type", rope.get("type")) == "longrope":
-        pairs = _pairs(config_json, config)
+        pairs = _pairs(config_json, config, layer_type)
         for name in ("short_factor", "long_factor"):
             value = rope.get(name)
             if not (isinstance(value, list) and all(_number(v) and v > 0 for v in value)):
@@ -252,4 +255,20 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
                 "so the scaling starts there; vLLM's get_rope raises KeyError",
             )
         )
+    nested = _nested_entries(rope)
+    if nested:  # per-layer-type rope parameters (Gemma 3, Gemma 4, LFM3): each entry on its own, named
+        for layer_type, entry in nested.items():
+            checks = _reach(entry, config_json, config) + _unknown_keys(entry)
+            checks += _damaged(entry, config_json, config, layer_type)
+            out += [{**check, "message": f"{layer_type}: {check['message']}"} for check in checks]
+        return out
     return out + _reach(rope, config_json, config) + _unknown_keys(rope) + _damaged(rope, config_json, config)
+
+
+def _nested_entries(rope: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{layer type: entry}`` of per-layer-type rope parameters; ``{}`` for one flat entry."""
+    if "rope_type" in rope or "type" in rope or not rope:
+        return {}
+    if not all(isinstance(entry, dict) or entry is None for key, entry in rope.items() if key != "rope_theta"):
+        return {}
+    return {key: entry for key, entry in rope.items() if isinstance(entry, dict)}

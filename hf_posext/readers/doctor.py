@@ -262,6 +262,12 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
     checks = check_config(config_json, config)
     rope = {"rope_type": params.get("rope_type"), "model_type": getattr(config, "model_type", None)}
     if "rope_theta" not in params:  # per-layer-type parameters (Gemma 3): no single rope to compare
+        record = getattr(config, "hf_posext", None) or {}
+        rope.update(
+            rope_types=", ".join(f"{key}={(entry or {}).get('rope_type')}" for key, entry in sorted(params.items())),
+            method=record.get("method"),
+            extended_layer_types=", ".join(record["layer_types"]) if record.get("layer_types") else None,
+        )
         why = f"per-layer-type rope parameters ({', '.join(sorted(params))}): these rules compare a single rope"
         readers = {key: _unknown(key if key != "llamacpp" else "converter", why) for key in READERS}
         readers["transformers5"] = _transformers5_nested(config, config_json)

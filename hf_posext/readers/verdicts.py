@@ -52,8 +52,16 @@ def _rules(reader, *args):
 
 
 def support(config: Any, context: int) -> dict[str, Verdict]:
-    """``{reader: (status, how)}`` for a patched ``config`` that reaches ``context`` tokens in transformers 5."""
+    """``{reader: (status, how)}`` for a patched ``config`` that reaches ``context`` tokens in transformers 5.
+
+    Per-layer-type rope parameters (Gemma 3/4, LFM3): transformers 5 only, whose verdict is its rope types'; the
+    other readers' rules compare one rope (``hf-posext doctor`` says so per reader).
+    """
     params = config.rope_parameters
+    if "rope_theta" not in params:
+        types = sorted({entry.get("rope_type", "default") for entry in params.values() if isinstance(entry, dict)})
+        custom = [rope_type for rope_type in types if rope_type in transformers5.custom_rope_types()]
+        return {"transformers 5": transformers5.verdict(custom[0] if custom else types[0])}
     rope_type = params.get("rope_type", "default")
     intended = intended_rope(params)
     keys = llamacpp.gguf_rope_keys(config.to_dict())

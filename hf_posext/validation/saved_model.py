@@ -28,6 +28,7 @@ from transformers import PreTrainedConfig
 from .. import integration
 from ..method_names import METHODS, registered_name
 from ..rope_utils import CONFIG_KEY, DYNAMIC_YARN_ROPE_TYPE, KEEP_FIRST_KEY, LONGROPE_KEEP_FIRST_ROPE_TYPE
+from ..rope_utils import PROPORTIONAL_ROPE_TYPE, layer_config, pair_count, per_layer_values
 from .unknown_method import refuse_unknown_method, rope_types_of, unknown_method
 
 #: The keys each rope type cannot do without (transformers' own validators require the same).
@@ -39,6 +40,7 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
     DYNAMIC_YARN_ROPE_TYPE: ("factor", "original_max_position_embeddings"),
     LONGROPE_KEEP_FIRST_ROPE_TYPE: ("short_factor", "long_factor", "original_max_position_embeddings", KEEP_FIRST_KEY),
+    PROPORTIONAL_ROPE_TYPE: ("factors",),
 }
 #: Real-valued fields: (lower bound, whether the bound itself is allowed).
 _REALS: dict[str, tuple[float, bool]] = {
@@ -57,7 +59,7 @@ _REALS: dict[str, tuple[float, bool]] = {
 #: The attention shapes a config's rope is built on (absent or None: the model's own default).
 _SHAPE_KEYS = ("head_dim", "hidden_size", "num_attention_heads", "num_key_value_heads")
 #: Per-pair lists: one positive divisor per rotated channel pair.
-_PAIR_LISTS = ("short_factor", "long_factor", "base_factors")
+_PAIR_LISTS = ("short_factor", "long_factor", "base_factors", "factors")
 
 
 def _is_real(value: Any) -> bool:
@@ -151,29 +153,27 @@ def check_rope_entry(
         )
 
 
-def _pairs(config: Any, entry: dict[str, Any]) -> int | None:
-    head_dim = getattr(config, "head_dim", None)
-    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if not _is_whole(head_dim) or head_dim < 1:
-        if not (_is_whole(hidden) and _is_whole(heads) and heads > 0):
-            return None
-        head_dim = hidden // heads
-    partial = entry.get("partial_rotary_factor", 1.0)
-    return int(head_dim * partial) // 2 if _is_real(partial) and 0 < partial <= 1 else None
-
-
-def _entries(rope_parameters: Any, layer_types: list[str], field: str = "rope_parameters") -> list[tuple[str, Any]]:
+def _entries(rope_parameters: Any, layer_types: list[str], field: str = "rope_parameters") -> list[tuple[Any, ...]]:
+    """``(where, entry, layer type or None)`` of each rope entry."""
     if layer_types:
-        return [(f"{field}[{key!r}]", rope_parameters[key]) for key in layer_types if rope_parameters[key] is not None]
-    return [(field, rope_parameters)]
+        keys = [key for key in layer_types if rope_parameters[key] is not None]
+        return [(f"{field}[{key!r}]", rope_parameters[key], key) for key in keys]
+    return [(field, rope_parameters, None)]
 
 
-def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False, field: str = "rope_parameters") -> None:
+def _entry_pairs(config: Any, entry: Any, layer_type: str | None, count: bool) -> int | None:
+    return pair_count(layer_config(config, layer_type), entry if isinstance(entry, dict) else {}) if count else None
+
+
+def check_rope_config(
+    config: PreTrainedConfig, unknown_types: bool = False, field: str = "rope_parameters", count_pairs: bool = True
+) -> None:
     """Every rope field of ``config`` and of its ``hf_posext`` record, in type, range and presence.
 
     Args:
         unknown_types: leave entries of an unregistered rope type to transformers (:func:`check_rope_entry`).
         field: how the messages name ``config.rope_parameters`` (``rope_scaling``: the legacy field of a file).
+        count_pairs: check per-pair lists' lengths (``False``: the head widths are per layer and unknown here).
 
     Raises:
         ValueError: naming the field, its value and what is allowed.
@@ -182,9 +182,9 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False, fie
     if max_positions is not None and not (_is_whole(max_positions) and max_positions >= 1):
         raise ValueError(f"max_position_embeddings must be a positive integer, got {max_positions!r}")
     for key in _SHAPE_KEYS:  # the rotary's width comes from them (a negative head_dim built a tensor of -64 rows)
-        value = getattr(config, key, None)
-        if value is not None and not (_is_whole(value) and value >= 1):
-            raise ValueError(f"{key} must be a positive integer (an attention shape), got {value!r}")
+        for value in per_layer_values(config, key):
+            if value is not None and not (_is_whole(value) and value >= 1):
+                raise ValueError(f"{key} must be a positive integer (an attention shape), got {value!r}")
     params = getattr(config, "rope_parameters", None)
     if params is None:
         if getattr(config, CONFIG_KEY, None) is not None:
@@ -202,20 +202,20 @@ def check_rope_config(config: PreTrainedConfig, unknown_types: bool = False, fie
             return max_positions  # what transformers reads it as when an entry lacks it
         return value
 
-    for where, entry in _entries(params, layer_types, field):
-        check_rope_entry(
-            entry, _pairs(config, entry if isinstance(entry, dict) else {}), where, top_level, unknown_types
-        )
+    for where, entry, layer_type in _entries(params, layer_types, field):
+        check_rope_entry(entry, _entry_pairs(config, entry, layer_type, count_pairs), where, top_level, unknown_types)
     record = getattr(config, CONFIG_KEY, None)
     if record is None:
         return
     check_record(record, rope_types=rope_types_of(config))
     base = record.get("base_rope_parameters")
     if base is not None:
-        for where, entry in _entries(base, [key for key in layer_types if isinstance(base, dict) and key in base]):
+        for where, entry, layer_type in _entries(
+            base, [k for k in layer_types if isinstance(base, dict) and k in base]
+        ):
             check_rope_entry(
                 entry,
-                _pairs(config, entry if isinstance(entry, dict) else {}),
+                _entry_pairs(config, entry, layer_type, count_pairs),
                 f"{CONFIG_KEY}['base_rope_parameters']" + where.removeprefix("rope_parameters"),
                 top_level,
             )
@@ -317,7 +317,8 @@ def check_config_file(file: Path) -> None:
             rope = {key: raw[key] for key in ("rope_theta", "partial_rotary_factor") if key in raw} | rope
         bare.__dict__["rope_parameters"] = rope
         try:
-            check_rope_config(bare, unknown_types=True, field=field)
+            # per-layer fields (Gemma 4's per_layer_config: head_dim) are resolved by transformers' reading only
+            check_rope_config(bare, unknown_types=True, field=field, count_pairs=not raw.get("per_layer_config"))
         except ValueError:
             raise
         except Exception:  # noqa: BLE001, S112

@@ -45,6 +45,8 @@ TINY = dict(
     max_position_embeddings=L_ORIG,
     original_max_position_embeddings=L_ORIG,
     sliding_window=L_ORIG // 2,  # a window shorter than the test inputs, so that sliding masks matter
+    vocab_size_per_layer_input=VOCAB,  # Gemma 3n/4's per-layer embeddings (262144 x 256 per layer by default)
+    hidden_size_per_layer_input=16,
 )
 #: Scalings a checkpoint may ship; the tiny configs replace them with plain RoPE of the same theta
 #: (composition on them is tested elsewhere; here the architecture is under test).
@@ -71,7 +73,10 @@ def candidates() -> tuple[str, ...]:
 
 def tiny_config(model_type: str, layers: int = 2, **overrides):
     default = CONFIG_MAPPING[model_type]()
-    kwargs = {key: value for key, value in TINY.items() if hasattr(default, key)}
+    kwargs = {key: value for key, value in TINY.items() if _has(default, key)}
+    if "head_dim" in (default.per_layer_attributes or ()):
+        # Gemma 4: full-attention layers have their own head_dim (global_head_dim), twice the sliding one here
+        kwargs["global_head_dim"] = 2 * TINY["head_dim"]
     if hasattr(default, "qk_rope_head_dim"):
         # MLA: the rotary head dim is qk_rope_head_dim, and keys have as many heads as queries
         kwargs.pop("head_dim", None)
@@ -92,6 +97,11 @@ def tiny_config(model_type: str, layers: int = 2, **overrides):
         kwargs["rope_parameters"] = plain_rope(default)
     kwargs.update(overrides)
     return CONFIG_MAPPING[model_type](**kwargs)
+
+
+def _has(config, key: str) -> bool:
+    """Whether ``config`` has ``key``, global or per layer (reading a per-layer one globally raises)."""
+    return key in (config.per_layer_attributes or ()) or hasattr(config, key)
 
 
 def plain_rope(config) -> dict:

@@ -73,7 +73,9 @@ def test_checkpoints_saved_under_the_old_rope_type_names_still_load():
 
 def test_the_saved_names_are_unchanged():
     families = methods.families()
-    assert set(families["yarn"].rope_types) == {"hf_posext_dynamic_yarn (requires: import hf_posext)"}
+    proportional = "hf_posext_proportional (requires: import hf_posext)"
+    assert set(families["yarn"].rope_types) == {"hf_posext_dynamic_yarn (requires: import hf_posext)", proportional}
+    assert proportional in families["longrope"].rope_types
     assert (
         set(families["alibi"].rope_types)
         == set(families["absolute"].rope_types)

@@ -35,6 +35,6 @@ class LinearConfig(MethodConfig):
         return torch.full((base.rotary_dim // 2,), self.factor, dtype=torch.float64)
 
     def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
-        if base.rope_type == "linear":
-            return {**base.rope_parameters, "factor": float(base.rope_parameters["factor"]) * self.factor}
+        if base.rope_type in ("linear", "proportional"):  # both divide every frequency by their own factor
+            return {**base.rope_parameters, "factor": float(base.rope_parameters.get("factor", 1.0)) * self.factor}
         return super().composed_rope_parameters(base)

@@ -2,6 +2,7 @@
 (with ``keep_first``, hf-posext's own rope type); docs/methods/longrope.md."""
 
 from ...rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE
+from ..proportional import PROPORTIONAL_ROPE_TYPES
 from ..registry import MethodSpec, RopeType, register_family
 from .config import LongRopeConfig, yarn_long_factors
 from ...post_import import deprecated_attribute
@@ -12,7 +13,10 @@ from .surgery import LongRopeSurgery
 register_family(
     "longrope",
     methods=[MethodSpec("longrope", LongRopeConfig, surgery=LongRopeSurgery)],
-    rope_types={LONGROPE_KEEP_FIRST_ROPE_TYPE: RopeType(compute_keep_first_parameters, validate_keep_first_parameters)},
+    rope_types={
+        LONGROPE_KEEP_FIRST_ROPE_TYPE: RopeType(compute_keep_first_parameters, validate_keep_first_parameters),
+        **PROPORTIONAL_ROPE_TYPES,
+    },
 )
 
 __all__ = ["LongRopeConfig", "LongRopeRotaryEmbedding", "pinned_factors", "yarn_long_factors"]

@@ -29,6 +29,13 @@ class NTKConfig(MethodConfig):
     def pair_factors(self, base: BaseRope) -> torch.Tensor:
         return ntk_pair_factors(self.factor, base.rotary_dim)
 
+    def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
+        if base.rope_type == "proportional":
+            # p-RoPE's rotating pairs are theta^(-2i/head_dim) / factor: a raised base divides them by
+            # s^(2i/(head_dim-2)) as on full RoPE at head_dim, natively
+            return {**base.rope_parameters, "rope_theta": ntk_theta(base.theta, self.factor, base.rotary_dim)}
+        return super().composed_rope_parameters(base)
+
 
 @dataclass(frozen=True)
 class DynamicNTKConfig(DynamicScaling):

@@ -2,6 +2,7 @@
 
 from ...rope_utils import DYNAMIC_YARN_ROPE_TYPE
 from ..dynamic import DynamicSurgery
+from ..proportional import PROPORTIONAL_ROPE_TYPES
 from ..registry import MethodSpec, RopeType, register_family
 from .config import DynamicYarnConfig, YarnConfig
 from .rope import compute_dynamic_yarn_parameters, validate_dynamic_yarn_parameters
@@ -12,7 +13,8 @@ register_family(
     rope_types={
         DYNAMIC_YARN_ROPE_TYPE: RopeType(
             compute_dynamic_yarn_parameters, validate_dynamic_yarn_parameters, old_names=("hf_posext_dynamic_yarn",)
-        )
+        ),
+        **PROPORTIONAL_ROPE_TYPES,
     },
 )
 

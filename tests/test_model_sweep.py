@@ -1,0 +1,29 @@
+"""Every rotary decoder of the installed transformers, patched by each swept family, saved and read back.
+
+tests/helpers/sweep.py does the work; the candidates are split into chunks so that pytest-xdist spreads
+them over the workers, each chunk reloading its checkpoints in one interpreter without hf_posext. It runs
+on the newest lane too, where transformers' registry holds other model types.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tests.helpers.registry import candidates
+from tests.helpers.sweep import patch_all, read_back
+
+pytestmark = [pytest.mark.slow, pytest.mark.newest, pytest.mark.usefixtures("one_thread")]
+
+CHUNKS = 6
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_rotary_decoder_extends_or_is_refused_in_one_line_and_reads_back(chunk, tmp_path):
+    """A patch either gives finite logits past L0 and a checkpoint that reads back as the same model (natively,
+    or with the plugin where doctor says it needs it), or is refused with one ValueError line naming the method."""
+    model_types = candidates()[chunk::CHUNKS]
+    refused, saved, _ = patch_all(tmp_path, model_types)
+    for outcome in refused:
+        assert outcome.method in outcome.why, outcome
+    outcomes = read_back(tmp_path, saved)
+    assert {(o.model_type, o.method) for o in outcomes} == {tuple(path.name.split("--")) for path in saved}
+    assert saved, f"no model type of chunk {chunk} ({model_types}) could be extended"
