@@ -162,8 +162,8 @@ _PATH_SETTINGS = ("output_dir", "checkpoint_dir", "cache_dir", "chat_template")
 def _relative_to(folder: Path, values: dict[str, Any]) -> dict[str, Any]:
     """A config file's relative paths read against the file's folder, not the working directory.
 
-    ``model`` and each ``dataset`` and ``short_dataset`` item only when they are paths: one that exists beside the file or
-    cannot be a Hub name (:func:`hf_posext.validation.path_shape`); ``stdlib`` and Hub names stay.
+    ``model`` and each ``dataset`` and ``short_dataset`` item only when they are paths: one that exists
+    beside the file or cannot be a Hub name (:func:`hf_posext.validation.path_shape`); ``stdlib`` and Hub names stay.
     """
 
     def local(item: Any, always: bool = False) -> Any:
