@@ -33,7 +33,7 @@ from hf_posext.train.conversations import (
 from hf_posext.train.loop import train
 from hf_posext.train.micro_batches import packed_batch
 
-from tests.helpers.finetune import train_config, write_finetune_assets
+from tests.helpers.finetune import record_forward_loss, train_config, write_finetune_assets
 from tests.helpers.ruler_tokenizers import CHATML
 from tests.train.test_loop import ROOT, SUBPROCESS_ENV
 
@@ -240,3 +240,16 @@ def test_a_bad_record_stops_the_cli_in_one_line_with_nothing_written(assets, tmp
 def test_packing_is_refused_with_pose(assets, tmp_path):
     with pytest.raises(ValueError, match="packing keeps every document at its own positions.*PoSE"):
         train_config(assets, tmp_path, packing=True, pose=True)
+
+
+def test_packing_trains_whole_text_documents_at_their_own_positions(assets, tmp_path, monkeypatch):
+    documents = write_jsonl(tmp_path / "docs.jsonl", [{"text": "w" * (5 + 3 * i)} for i in range(30)])
+    seen = record_forward_loss(
+        monkeypatch,
+        lambda model, ids, positions, pose, kw, loss: (positions.clone(), kw.get("shift_labels")),
+    )
+    train(train_config(assets, tmp_path / "out", dataset=[str(documents)], seq_len=64, packing=True))
+    for positions, labels in seen:
+        restarts = (positions[:, 1:] == 0).sum()
+        assert restarts > 0 and labels is not None, "several documents a sequence, each from position 0"
+        assert (labels[positions.roll(-1, dims=1) == 0] == -100).all(), "no document predicts the next one's start"
