@@ -12,6 +12,7 @@ log-likelihood per token of the base's answers). Every answer is appended to
     python benchmarks/chat_tax.py row base "$GGUF"                                  # the reference answers
     python benchmarks/chat_tax.py row "yarn s=4" "$GGUF" --method yarn --factor 4   # untrained static YaRN
     python benchmarks/chat_tax.py row "recipe" runs/smollm2-32k-published           # a checkpoint folder
+    python benchmarks/chat_tax.py passkey "yarn s=4" "$GGUF" --method yarn --factor 4  # 20 keys at 16k and 32k
     python benchmarks/chat_tax.py training-data examples/data/chat_smollm2.jsonl --count 400  # self-distilled
     python benchmarks/chat_tax.py --report
 """
@@ -39,12 +40,15 @@ from hf_posext.eval.agreement import (  # noqa: E402
     self_distilled_conversations,
 )
 from hf_posext.eval.evaluated_model import load_model, model_fingerprint  # noqa: E402
+from hf_posext.eval.passkey import passkey_accuracy  # noqa: E402
+from training_free_real_model import key_schedule, key_seed  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "chat_tax"
 INSTRUCTIONS = 100
 MAX_NEW_TOKENS = 32
 #: The rows in the report's order; the first is the reference.
 ROWS = ("base", "yarn s=4", "recipe", "recipe + conversations")
+PASSKEY_LENGTHS = (16384, 32768)
 
 
 def instructions() -> list[str]:
@@ -72,10 +76,7 @@ def run_row(row: str, model_path: str, method: str | None, factor: float | None)
     reference = read_cells("base") if row != "base" else {}
     if row != "base" and len(reference) < len(prompts):
         raise SystemExit(f"the base row has {len(reference)} of {len(prompts)} answers: run it first")
-    model, tokenizer = load_model(model_path, dtype="float32", device="cpu")
-    if method:
-        patch_model(model, method, factor=factor)
-    fingerprint = {"model": model_fingerprint(model_path), "method": method, "factor": factor}
+    model, tokenizer, fingerprint = load_row(model_path, method, factor)
     done = read_cells(row)
     if done and next(iter(done.values()))["fingerprint"] != fingerprint:
         raise SystemExit(f"{OUT / 'cells' / row}.jsonl was measured on another model: move it aside first")
@@ -95,6 +96,50 @@ def run_row(row: str, model_path: str, method: str | None, factor: float | None)
             }
             handle.write(json.dumps(cell) + "\n")
             handle.flush()
+
+
+def load_row(model_path: str, method: str | None, factor: float | None) -> tuple[Any, Any, dict[str, Any]]:
+    model, tokenizer = load_model(model_path, dtype="float32", device="cpu")
+    if method:
+        patch_model(model, method, factor=factor)
+    return model, tokenizer, {"model": model_fingerprint(model_path), "method": method, "factor": factor}
+
+
+def read_keys(row: str) -> dict[tuple[int, int], dict[str, Any]]:
+    path = OUT / "passkey" / f"{row}.jsonl"
+    cells = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            cell = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill: that key is asked again
+            continue
+        cells[cell["length"], cell["index"]] = cell
+    return cells
+
+
+def run_passkeys(
+    row: str, model_path: str, method: str | None, factor: float | None, lengths: list[int], keys: int
+) -> None:
+    """Passkeys through the chat template: the schedule's ``keys`` keys at each length (every row the same prompts)."""
+    model, tokenizer, fingerprint = load_row(model_path, method, factor)
+    done = read_keys(row)
+    if done and next(iter(done.values()))["fingerprint"] != fingerprint:
+        raise SystemExit(f"{OUT / 'passkey' / row}.jsonl was measured on another model: move it aside first")
+    path = OUT / "passkey" / f"{row}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        for length in lengths:
+            for index, depth in tqdm(key_schedule(keys), desc=f"{row} {length}"):
+                if (length, index) in done:
+                    continue
+                result = passkey_accuracy(
+                    model, tokenizer, [length - 10], [depth], 1, seed=key_seed(index), progress=False, chat=True
+                )
+                sample = result.samples[0]
+                cell = {"length": length, "index": index, "depth": depth, "fingerprint": fingerprint}
+                cell.update(correct=sample["correct"], continuation=sample["continuation"])
+                handle.write(json.dumps(cell) + "\n")
+                handle.flush()
 
 
 def training_data(out: Path, count: int, model_path: str) -> None:
@@ -144,6 +189,31 @@ def report() -> str:
                 )
             )
         lines.append(f"| {name} | {share:.2f} | {loglik:.3f} | {len(prompts)} |")
+    lines += ["", "Passkeys through the chat template (found / asked):", ""]
+    lines += ["| row | " + " | ".join(f"{n // 1024}k" for n in PASSKEY_LENGTHS) + " |", "|---" * 4 + "|"]
+    for name in ROWS:
+        keys = read_keys(name)
+        found = []
+        for length in PASSKEY_LENGTHS:
+            cells = [cell for (n, _), cell in keys.items() if n == length]
+            found.append(f"{sum(c['correct'] for c in cells)}/{len(cells)}" if cells else "not measured")
+            if cells:
+                setting = {"length": length, "keys": len(cells), "row": name, "chat_template": True}
+                rows.append(
+                    Row(
+                        "chat_tax",
+                        cells[0]["fingerprint"]["method"] or "none",
+                        setting,
+                        "passkey_found",
+                        sum(c["correct"] for c in cells),
+                        "keys",
+                        device_name(),
+                        current_versions(),
+                        now(),
+                        {"fingerprint": cells[0]["fingerprint"]},
+                    )
+                )
+        lines.append(f"| {name} | " + " | ".join(found) + " |")
     write_rows(OUT.parent / "chat_tax.json", rows, replace=lambda row: row.benchmark == "chat_tax")
     text = "\n".join(lines) + "\n"
     (OUT.parent / "chat_tax.md").write_text(text)
@@ -159,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     row.add_argument("model", help="a checkpoint folder or a .gguf file")
     row.add_argument("--method", default=None)
     row.add_argument("--factor", type=float, default=None)
+    keys = sub.add_parser("passkey", help="passkeys through the chat template, the same prompts for every row")
+    keys.add_argument("name", choices=ROWS)
+    keys.add_argument("model", help="a checkpoint folder or a .gguf file")
+    keys.add_argument("--method", default=None)
+    keys.add_argument("--factor", type=float, default=None)
+    keys.add_argument("--lengths", type=int, nargs="+", default=list(PASSKEY_LENGTHS))
+    keys.add_argument("--keys", type=int, default=20)
     data = sub.add_parser("training-data", help="self-distilled conversations for the recipe's short side")
     data.add_argument("out", type=Path)
     data.add_argument("--count", type=int, default=400)
@@ -166,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "row":
         run_row(args.name, args.model, args.method, args.factor)
+    elif args.command == "passkey":
+        run_passkeys(args.name, args.model, args.method, args.factor, args.lengths, args.keys)
     elif args.command == "training-data":
         training_data(args.out, args.count, args.model)
     if args.report:
