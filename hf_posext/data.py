@@ -195,7 +195,13 @@ def iter_local_documents(files: Iterable[Path], text_field: str = "text") -> Ite
             yield path.read_bytes().decode("utf-8", errors="replace")
 
 
-def _iter_hub_documents(name: str, split: str, text_field: str) -> Iterator[str]:
+def iter_hub_records(name: str, split: str) -> Iterator[dict[str, Any]]:
+    """The rows of the HF dataset ``name``, streamed.
+
+    Raises:
+        FileNotFoundError: no dataset of that name (or split) loads.
+        MissingExtra: ``datasets`` is not installed.
+    """
     datasets = _datasets(name)
     try:
         stream = datasets.load_dataset(name, split=split, streaming=True)
@@ -204,7 +210,11 @@ def _iter_hub_documents(name: str, split: str, text_field: str) -> Iterator[str]
             f"dataset {name!r}: no such local file or folder, and no HF dataset of that name loads "
             f"(split {split!r}): {err}"
         ) from err
-    for record in stream:
+    yield from stream
+
+
+def _iter_hub_documents(name: str, split: str, text_field: str) -> Iterator[str]:
+    for record in iter_hub_records(name, split):
         if text_field not in record:
             raise ValueError(f"HF dataset {name!r} has no column {text_field!r}; columns: {sorted(record)}")
         yield record[text_field]

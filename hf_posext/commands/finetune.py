@@ -174,14 +174,14 @@ def _train_config() -> type:
 
 
 #: Settings that are always local paths; ``model`` and ``dataset`` may also be Hub names.
-_PATH_SETTINGS = ("output_dir", "checkpoint_dir", "cache_dir")
+_PATH_SETTINGS = ("output_dir", "checkpoint_dir", "cache_dir", "chat_template")
 
 
 def _relative_to(folder: Path, values: dict[str, Any]) -> dict[str, Any]:
     """A config file's relative paths read against the file's folder, not the working directory.
 
-    ``model`` and each ``dataset`` item only when they are paths: one that exists beside the file or
-    cannot be a Hub name (:func:`hf_posext.validation.path_shape`); ``stdlib`` and Hub names stay.
+    ``model`` and each ``dataset`` and ``short_dataset`` item only when they are paths: one that exists
+    beside the file or cannot be a Hub name (:func:`hf_posext.validation.path_shape`); ``stdlib`` and Hub names stay.
     """
 
     def local(item: Any, always: bool = False) -> Any:
@@ -210,10 +210,11 @@ def _relative_to(folder: Path, values: dict[str, Any]) -> dict[str, Any]:
             return item if pattern.startswith("*") else EXCLUDE_PREFIX + str(local(pattern, always=True))
         return local(item)
 
-    if "dataset" in values:
-        items = values["dataset"]
-        resolved = [dataset_item(item) for item in ([items] if isinstance(items, str) else items)]
-        values["dataset"] = resolved[0] if isinstance(items, str) else resolved
+    for name in ("dataset", "short_dataset"):
+        if name in values:
+            items = values[name]
+            resolved = [dataset_item(item) for item in ([items] if isinstance(items, str) else items)]
+            values[name] = resolved[0] if isinstance(items, str) else resolved
     return values
 
 

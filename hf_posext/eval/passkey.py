@@ -62,27 +62,46 @@ def build_prompt(key: int, n_filler: int, depth: float, task: str = TASK) -> str
     return "\n".join(lines)
 
 
-def _n_tokens(tokenizer: Tokenizer, text: str) -> int:
-    return len(tokenizer.encode(text))
+def chat_text(tokenizer: Any, prompt: str) -> str:
+    """``prompt`` as one user turn rendered by the tokenizer's chat template, the assistant's answer prompted.
+
+    Instruct models are asked through their template; the prompt's last line ("... The pass key is")
+    stays, so the answer is read as from a plain prompt.
+    """
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
 
 
-def fit_filler(tokenizer: Tokenizer, length: int, task: str = TASK) -> int:
+def _encode(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    if not chat:
+        return list(tokenizer.encode(prompt))
+    # the template writes its own special tokens
+    return list(tokenizer.encode(chat_text(tokenizer, prompt), add_special_tokens=False))
+
+
+def _n_tokens(tokenizer: Tokenizer, text: str, chat: bool = False) -> int:
+    return len(_encode(tokenizer, text, chat))
+
+
+def fit_filler(tokenizer: Tokenizer, length: int, task: str = TASK, chat: bool = False) -> int:
     """The largest number of filler sentences whose prompt is at most ``length`` tokens.
 
-    The longest key (5 digits) is used, so every prompt with that filler fits.
+    The longest key (5 digits) is used, so every prompt with that filler fits; with ``chat``, the
+    prompt is counted as the chat template renders it (:func:`chat_text`).
 
     Raises:
         ValueError: if even a prompt without filler is longer than ``length``.
     """
     probe_key = KEY_RANGE[1]
-    if _n_tokens(tokenizer, build_prompt(probe_key, 0, 0.5, task)) > length:
+    if _n_tokens(tokenizer, build_prompt(probe_key, 0, 0.5, task), chat) > length:
         raise ValueError(f"length {length} is too short for the passkey prompt even without filler")
     low, high = 0, 1
-    while _n_tokens(tokenizer, build_prompt(probe_key, high, 0.5, task)) <= length:
+    while _n_tokens(tokenizer, build_prompt(probe_key, high, 0.5, task), chat) <= length:
         low, high = high, high * 2
     while high - low > 1:  # invariant: low fits, high does not
         mid = (low + high) // 2
-        if _n_tokens(tokenizer, build_prompt(probe_key, mid, 0.5, task)) <= length:
+        if _n_tokens(tokenizer, build_prompt(probe_key, mid, 0.5, task), chat) <= length:
             low = mid
         else:
             high = mid
@@ -171,6 +190,7 @@ def passkey_accuracy(
     max_new_tokens: int = 10,
     task: str = TASK,
     progress: bool = True,
+    chat: bool = False,
 ) -> PasskeyResult:
     """Passkey retrieval accuracy for each (depth, length), by greedy generation.
 
@@ -184,6 +204,7 @@ def passkey_accuracy(
         max_new_tokens: continuation length (10 in the reference).
         task: the instruction line heading the prompt (``""`` for none).
         progress: show a tqdm bar.
+        chat: ask through the tokenizer's chat template (:func:`chat_text`), as instruct models are asked.
 
     Raises:
         ValueError: bad lengths, depths or trials.
@@ -195,13 +216,13 @@ def passkey_accuracy(
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials must be a positive int, got {trials!r}")
     rng = random.Random(seed)
-    fillers = [fit_filler(tokenizer, length, task) for length in lengths]
+    fillers = [fit_filler(tokenizer, length, task, chat) for length in lengths]
     result = PasskeyResult(
         lengths=list(lengths),
         depths=[float(d) for d in depths],
         trials=trials,
         correct=[[0] * len(lengths) for _ in depths],
-        prompt_tokens=[_n_tokens(tokenizer, build_prompt(KEY_RANGE[1], n, 0.5, task)) for n in fillers],
+        prompt_tokens=[_n_tokens(tokenizer, build_prompt(KEY_RANGE[1], n, 0.5, task), chat) for n in fillers],
     )
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
@@ -220,7 +241,9 @@ def passkey_accuracy(
                 for di, depth in enumerate(result.depths):
                     for _ in range(trials):
                         key = rng.randint(*KEY_RANGE)
-                        ids = torch.tensor([tokenizer.encode(build_prompt(key, n_filler, depth, task))], device=device)
+                        ids = torch.tensor(
+                            [_encode(tokenizer, build_prompt(key, n_filler, depth, task), chat)], device=device
+                        )
                         continuation = tokenizer.decode(_generate(model, ids, max_new_tokens, pad).tolist())
                         answer = parse_answer(continuation)
                         ok = answer == key

@@ -9,6 +9,7 @@ at its own length and positions.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..data import default_cache_dir, is_local_dataset, iter_documents, resolve_local_files
 from ..files import atomic_file
+from .conversations import LossOn, RecordCounts, encoded_documents
 
 _TOKENIZE_BATCH = 256
 # 2: one reader for training and evaluation (raw bytes decoded, no newline translation).
@@ -159,69 +161,53 @@ _OPEN_BLOCKS = 64
 
 
 def _pack_documents(
-    documents: Iterable[str], tokenizer: Any, block_len: int, max_blocks: int | None, desc: str
+    documents: Iterable[tuple[np.ndarray, np.ndarray]], pad: int, block_len: int, max_blocks: int | None, desc: str
 ) -> tuple[np.ndarray, int]:
-    """Whole documents of at most ``block_len`` tokens (with BOS/EOS) packed first-fit into blocks.
+    """Whole encoded documents ``(ids, trained)`` of at most ``block_len`` tokens packed first-fit into blocks.
 
-    Returns ``([blocks, 2, block_len] int32, documents packed)``: row 0 the token ids, row 1 each
-    token's document number within its block (1, 2, ...; 0 for the padding that fills a block's end).
+    Returns ``([blocks, 3, block_len] int32, documents packed)``: row 0 the token ids, row 1 each
+    token's document number within its block (1, 2, ...; 0 for the padding that fills a block's end),
+    row 2 whether the token is a target of the loss (1) or only context (0: a conversation's prompt).
     """
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     closed: list[np.ndarray] = []
-    open_blocks: list[list[np.ndarray]] = []  # each: the documents packed so far
+    open_blocks: list[list[tuple[np.ndarray, np.ndarray]]] = []  # each: the documents packed so far
     packed = 0
     bar = tqdm(desc=desc, unit=" blocks", total=max_blocks)
 
-    def close(pieces: list[np.ndarray]) -> None:
-        block = np.zeros((2, block_len), dtype=np.int32)
+    def close(pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        block = np.zeros((3, block_len), dtype=np.int32)
         block[0] = pad
         start = 0
-        for number, ids in enumerate(pieces, 1):
+        for number, (ids, trained) in enumerate(pieces, 1):
             block[0, start : start + len(ids)] = ids
             block[1, start : start + len(ids)] = number
+            block[2, start : start + len(ids)] = trained
             start += len(ids)
         closed.append(block)
         bar.update(1)
 
-    def full() -> bool:
-        return max_blocks is not None and len(closed) >= max_blocks
+    def used(pieces: list[tuple[np.ndarray, np.ndarray]]) -> int:
+        return sum(len(ids) for ids, _ in pieces)
 
-    def add(batch: list[str]) -> None:
-        nonlocal packed
-        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
-            doc = np.asarray(([bos] if bos is not None else []) + list(ids) + ([eos] if eos is not None else []))
-            if not ids or len(doc) > block_len:
-                continue  # empty, or a long document: the long side's
-            for pieces in open_blocks:
-                if sum(map(len, pieces)) + len(doc) <= block_len:
-                    pieces.append(doc)
-                    break
-            else:
-                open_blocks.append([doc])
-            packed += 1
-            if len(open_blocks) > _OPEN_BLOCKS:
-                fullest = max(range(len(open_blocks)), key=lambda i: sum(map(len, open_blocks[i])))
-                close(open_blocks.pop(fullest))
-                if full():
-                    return
-
-    batch: list[str] = []
-    for document in documents:
-        batch.append(document)
-        if len(batch) == _TOKENIZE_BATCH:
-            add(batch)
-            batch = []
-            if full():
+    for doc in documents:
+        if not len(doc[0]) or len(doc[0]) > block_len:
+            continue  # empty, or a long document: the long side's
+        for pieces in open_blocks:
+            if used(pieces) + len(doc[0]) <= block_len:
+                pieces.append(doc)
                 break
-    else:
-        if batch:
-            add(batch)
-    while open_blocks and not full():
+        else:
+            open_blocks.append([doc])
+        packed += 1
+        if len(open_blocks) > _OPEN_BLOCKS:
+            close(open_blocks.pop(max(range(len(open_blocks)), key=lambda i: used(open_blocks[i]))))
+            if max_blocks is not None and len(closed) >= max_blocks:
+                break
+    while open_blocks and (max_blocks is None or len(closed) < max_blocks):
         close(open_blocks.pop(0))
     bar.close()
     if not closed:
-        return np.zeros((0, 2, block_len), dtype=np.int32), packed
+        return np.zeros((0, 3, block_len), dtype=np.int32), packed
     return np.stack(closed), packed
 
 
@@ -234,33 +220,63 @@ def load_document_blocks(
     text_field: str = "text",
     max_blocks: int | None = None,
     cache_dir: str | os.PathLike | None = None,
+    loss_on: LossOn = "assistant",
+    skip_bad_records: bool = False,
+    counts: RecordCounts | None = None,
 ) -> np.ndarray:
-    """The short side of a long/short mix: whole documents of at most ``block_len`` tokens, packed, or from the cache.
+    """Whole documents and conversations of at most ``block_len`` tokens, packed, or from the cache.
 
-    Each document keeps its own length and its own positions (0, 1, ...): it is never cut and
-    never continued by the next one (:func:`document_positions`, :func:`document_labels`).
-    Documents longer than a block are left out.
+    The short side of a long/short mix, and every sequence with ``packing``. Each document keeps
+    its own length and its own positions (0, 1, ...): it is never cut and never continued by the
+    next one (:func:`document_positions`, :func:`document_labels`). Text longer than a block is left
+    out; a longer conversation is cut at a turn boundary (:mod:`.conversations`).
+
+    Args:
+        loss_on: a conversation's targets: its assistant turns, or all its tokens.
+        skip_bad_records: count and leave out bad records instead of stopping at the first.
+        counts: filled with what was read (only when the blocks are built, not read from the cache,
+            so the cache keeps them beside the blocks: ``<blocks>.json``).
 
     Returns:
-        A read-only ``[blocks, 2, block_len]`` int32 array: token ids, then each token's document
-        number within its block (0: padding).
+        A read-only ``[blocks, 3, block_len]`` int32 array: token ids, each token's document number
+        within its block (0: padding), and whether it is a target (1) of the loss.
 
     Raises:
         ValueError: no document of the data fits one block.
+        BadRecord: a bad record (naming file and line), unless ``skip_bad_records``.
     """
-    key = _fingerprint(dataset, split, text_field, tokenizer, block_len, max_blocks, kind="documents")
+    template = getattr(tokenizer, "chat_template", None)
+    kind = f"documents-3:{loss_on}:{skip_bad_records}:{template}"
+    key = _fingerprint(dataset, split, text_field, tokenizer, block_len, max_blocks, kind=kind)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = cache / f"documents-{key}.npy"
+    counts_path = path.with_suffix(".json")
+    counts = counts if counts is not None else RecordCounts()
     if not path.is_file():
-        documents = iter_documents(dataset, split, text_field)
-        blocks, _ = _pack_documents(documents, tokenizer, block_len, max_blocks, desc="packing short documents")
+        documents = encoded_documents(
+            dataset,
+            tokenizer,
+            block_len,
+            split=split,
+            text_field=text_field,
+            loss_on=loss_on,
+            skip_bad_records=skip_bad_records,
+            counts=counts,
+        )
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        blocks, _ = _pack_documents(documents, pad, block_len, max_blocks, desc="packing documents")
         if len(blocks) == 0:
             raise ValueError(
-                f"dataset {dataset!r} holds no document of at most {block_len} tokens (with BOS/EOS) for the short "
-                "side of the mix; raise short_seq_len or give short documents with short_dataset"
+                f"dataset {dataset!r} holds no document of at most {block_len} tokens (with BOS/EOS) to pack; "
+                "raise short_seq_len or give short documents with short_dataset"
             )
+        with atomic_file(counts_path) as tmp:
+            tmp.write_text(json.dumps(counts.as_dict()))
         with atomic_file(path) as tmp, tmp.open("wb") as handle:
             np.save(handle, blocks)
+    elif counts_path.is_file():
+        saved = json.loads(counts_path.read_text())
+        counts.__dict__.update(saved)
     return np.load(path, mmap_mode="r")
 
 
@@ -278,13 +294,18 @@ def document_positions(segments: torch.Tensor) -> torch.Tensor:
     return index - start_index
 
 
-def document_labels(input_ids: torch.Tensor, segments: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def document_labels(
+    input_ids: torch.Tensor, segments: torch.Tensor, trained: torch.Tensor | None = None, ignore_index: int = -100
+) -> torch.Tensor:
     """The shifted targets of packed documents: the next token of the same document, else ``ignore_index``.
 
-    No token predicts the next document's BOS, and the padding predicts nothing.
+    No token predicts the next document's BOS, and the padding predicts nothing; with ``trained``
+    (``[batch, seq]``, 1 for a target), neither do the tokens before an untrained one (a prompt's).
     """
     labels = torch.full_like(input_ids, ignore_index)
     same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, :-1] != 0)
+    if trained is not None:
+        same &= trained[:, 1:] != 0
     labels[:, :-1] = torch.where(same, input_ids[:, 1:], torch.full_like(input_ids[:, 1:], ignore_index))
     return labels
 

@@ -31,6 +31,7 @@ from ..validation import (
     real_number,
     required,
 )
+from .conversations import LOSS_ON, LossOn
 from .schedule import SCHEDULES
 
 #: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
@@ -81,6 +82,25 @@ class TrainConfig:
     )
     dataset_split: str = HfArg(default="train", help="the split of an HF dataset")
     text_field: str = HfArg(default="text", help="the text column of a .jsonl file or an HF dataset")
+    packing: bool = HfArg(
+        default=False,
+        help="several whole documents per sequence, each at its own positions (0, 1, ...) and attending only to "
+        "itself, instead of the text cut into blocks that run across documents; data holding conversations "
+        "(messages or ShareGPT conversations) is always trained packed",
+    )
+    loss_on: LossOn = HfArg(
+        default="assistant",
+        help="a conversation's trained tokens: its assistant turns (the content and end of turn the chat template "
+        "writes), or all its tokens",
+    )
+    chat_template: str | None = HfArg(
+        default=None, help="a Jinja chat template file for conversations; default the tokenizer's own"
+    )
+    skip_bad_records: bool = HfArg(
+        default=False,
+        help="count and leave out bad records (no messages or text, unknown roles, empty or missing assistant "
+        "turns, malformed ShareGPT) instead of stopping at the first; the counts go into train_results.json",
+    )
     seq_len: int | None = HfArg(default=None, help="the trained context; default factor * L_orig")
     max_train_steps: int = HfArg(default=400, help="optimizer steps (the paper: 400)")
     learning_rate: float = HfArg(default=2e-5, help="peak learning rate (the paper: 2e-5)")
@@ -262,6 +282,11 @@ class TrainConfig:
                 "with positions spread over the longer seq_len"
             )
         self._check_window_schedule()
+        if self.packing and self.pose:
+            raise ValueError(
+                "packing keeps every document at its own positions (0, 1, ...), PoSE spreads one window's positions "
+                "over seq_len: use one of them (packing=False, or pose=False)"
+            )
         if self.longrope_factors != "mixed" and self.method != "longrope":
             raise ValueError(
                 f"longrope_factors={self.longrope_factors!r} chooses between LongRoPE's short and long factors; "
@@ -414,6 +439,10 @@ FIELD_CHECKS: dict[str, Check] = {
     "dataset": required("an HF dataset name or local .txt/.jsonl files (--dataset)"),
     "dataset_split": anything,
     "text_field": anything,
+    "packing": anything,
+    "loss_on": choice(LOSS_ON),
+    "chat_template": anything,
+    "skip_bad_records": anything,
     "seq_len": optional(integer(2)),
     "max_train_steps": integer(1),
     "learning_rate": number(0, low_open=True),

@@ -97,8 +97,13 @@ def save_final(
     progress: TrainProgress,
     eval_results: dict[str, float],
     save_dtype: torch.dtype,
+    records: dict[str, Any] | None = None,
 ) -> Path:
-    """Gather the weights and write the Hub-ready checkpoint atomically (main process writes)."""
+    """Gather the weights and write the Hub-ready checkpoint atomically (main process writes).
+
+    ``records``: what reading packed data did (conversations, truncated, skipped...), per dataset,
+    written to ``train_results.json``.
+    """
     unwrapped = accelerator.unwrap_model(model)
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         state_dict = accelerator.get_state_dict(model)  # gathers the shards on the main process
@@ -130,6 +135,7 @@ def save_final(
             "final_loss": progress.losses[-1] if progress.losses else None,
             "losses": progress.losses,
             "eval": eval_results,
+            "records": records or {},
             "config": config.to_dict(),
         }
         sources = [config.model] if os.path.isdir(config.model) else []

@@ -38,6 +38,7 @@ from .saved_state import (
     saved_custom_state,
 )
 from .config import TrainConfig, build_scheduler
+from .conversations import RecordCounts, check_chat_template, holds_conversations
 from .distributed import build_accelerator, data_parallel_layout, describe_strategy
 from .final_model import check_final_output, save_dtype_for, save_final
 from .lora import apply_lora, check_lora_targets
@@ -48,6 +49,7 @@ from .sequence_parallel import check_sequence_parallel, sequence_parallel_group,
 from .steps import check_finite_loss, evaluate, forward_loss
 
 StepCallback = Callable[[TrainProgress], None]
+EMPTY = RecordCounts().as_dict()
 
 
 @dataclass
@@ -120,6 +122,14 @@ class FinetuneRecipe:
         check_dataset(config.dataset, config.dataset_split)
         if config.short_dataset:
             check_dataset(config.short_dataset, config.dataset_split)
+        if not config.packing and holds_conversations(config.dataset, config.dataset_split, config.text_field):
+            if config.pose:
+                raise ValueError(
+                    f"dataset {config.dataset!r} holds conversations, which are trained packed (each at its own "
+                    "positions); PoSE spreads one window's positions: set pose=False, or give conversations as the "
+                    "short side of the mix (short_dataset)"
+                )
+            config.packing = True  # the run record says so; a resume detects the same
         if Path(config.model).is_dir():  # the tokenizer reads it first, the final save rewrites it
             check_tokenizer_config(config.model)
         resume_from: Path | None = None
@@ -143,6 +153,11 @@ class FinetuneRecipe:
             )
         set_seed(config.seed)
         model, self.tokenizer = load_model_and_tokenizer(config)
+        chat_data = [config.dataset] + ([config.short_dataset or config.dataset] if config.short_fraction else [])
+        if config.chat_template is not None or any(
+            holds_conversations(data, config.dataset_split, config.text_field) for data in chat_data
+        ):
+            check_chat_template(self.tokenizer, config.model, config.chat_template)
         pc = accelerator.parallelism_config
         cp_size = pc.cp_size if pc is not None else 1
         if cp_size > 1 and config.pose:
@@ -214,20 +229,35 @@ class FinetuneRecipe:
     def _setup_data(self) -> None:
         """Tokenized blocks, split into training and held-out ones; fails if there is not one micro-batch."""
         config, accelerator = self.config, self.accelerator
+        self.record_counts = {"dataset": RecordCounts(), "short_dataset": RecordCounts()}
         with accelerator.main_process_first():
             max_blocks = None
             if not is_local_dataset(config.dataset):
                 # Stream an HF dataset only as far as the run consumes it.
                 max_blocks = config.max_train_steps * config.global_batch_size + config.eval_blocks
-            blocks = load_blocks(
-                config.dataset,
-                self.tokenizer,
-                self.plan.window,
-                split=config.dataset_split,
-                text_field=config.text_field,
-                max_blocks=max_blocks,
-                cache_dir=config.cache_dir,
-            )
+            if config.packing:
+                blocks = load_document_blocks(
+                    config.dataset,
+                    self.tokenizer,
+                    self.plan.window,
+                    split=config.dataset_split,
+                    text_field=config.text_field,
+                    max_blocks=max_blocks,
+                    cache_dir=config.cache_dir,
+                    loss_on=config.loss_on,
+                    skip_bad_records=config.skip_bad_records,
+                    counts=self.record_counts["dataset"],
+                )
+            else:
+                blocks = load_blocks(
+                    config.dataset,
+                    self.tokenizer,
+                    self.plan.window,
+                    split=config.dataset_split,
+                    text_field=config.text_field,
+                    max_blocks=max_blocks,
+                    cache_dir=config.cache_dir,
+                )
         self.eval_blocks = blocks[len(blocks) - config.eval_blocks :] if config.eval_blocks else None
         self.train_blocks = blocks[: len(blocks) - config.eval_blocks]
         if config.eval_blocks and len(self.train_blocks) == 0:
@@ -250,6 +280,9 @@ class FinetuneRecipe:
                     if is_local_dataset(short_data)
                     else config.max_train_steps * config.global_batch_size,
                     cache_dir=config.cache_dir,
+                    loss_on=config.loss_on,
+                    skip_bad_records=config.skip_bad_records,
+                    counts=self.record_counts["short_dataset"],
                 )
             short = micro_batch_indices(
                 len(self.short_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed
@@ -346,8 +379,17 @@ class FinetuneRecipe:
         eval_results = dict(progress.eval)
         if self.eval_blocks is not None:
             eval_results["after"] = self.evaluate()
+        records = {name: counts.as_dict() for name, counts in self.record_counts.items() if counts.as_dict() != EMPTY}
         output_dir = save_final(
-            accelerator, self.model, self.tokenizer, self.config, self.plan, progress, eval_results, self.save_dtype
+            accelerator,
+            self.model,
+            self.tokenizer,
+            self.config,
+            self.plan,
+            progress,
+            eval_results,
+            self.save_dtype,
+            records,
         )
         return TrainResult(
             output_dir=output_dir,

@@ -51,14 +51,29 @@ class MicroBatch:
     factors: Literal["short", "long"] | None
 
 
+def packed_batch(
+    blocks: np.ndarray, indices: list[int], device: Any, length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, positions, labels)`` ``[batch, seq]`` of packed document blocks (blocks.load_document_blocks).
+
+    Each document at its own positions, attending to itself only (transformers reads restarting
+    position ids as packed sequences), and predicting only its own trained tokens; ``length`` cuts
+    the blocks (a window schedule's shorter window).
+    """
+    packed = torch.from_numpy(np.asarray(blocks[indices], dtype=np.int64))[..., :length].to(device)
+    input_ids, segments, trained = packed[:, 0], packed[:, 1], packed[:, 2]
+    return input_ids, document_positions(segments), document_labels(input_ids, segments, trained)
+
+
 class MicroBatches:
     """This process's micro-batches from data position ``micro_step`` on (:meth:`next`).
 
     Args:
         config: the run's settings.
         plan: its lengths, processes and window schedule.
-        train_blocks: ``[blocks, plan.window]`` token ids of the long side.
-        short_blocks: ``[blocks, 2, plan.short_len]`` packed short documents (ids, document numbers), or
+        train_blocks: ``[blocks, plan.window]`` token ids of the long side, or ``[blocks, 3, plan.window]``
+            packed documents with ``packing`` (ids, document numbers, targets: blocks.load_document_blocks).
+        short_blocks: ``[blocks, 3, plan.short_len]`` packed short documents (ids, document numbers, targets), or
             ``None`` without the long/short mix.
         device: where the tensors go.
         micro_step: micro-batches consumed before (a resumed run's data position).
@@ -91,12 +106,12 @@ class MicroBatches:
         """The next micro-batch: number ``micro_step`` of the run, part of optimizer step ``step`` (both 0-based)."""
         config, plan, device = self.config, self.plan, self.device
         if self.short_blocks is not None and self.short_order is not None and self.is_short(micro_step):
-            # whole documents at their own positions, each attending to itself (blocks.py)
-            packed = torch.from_numpy(np.asarray(self.short_blocks[next(self.short_order)], dtype=np.int64))
-            input_ids, segments = packed[:, 0].to(device), packed[:, 1].to(device)
-            positions, labels = document_positions(segments), document_labels(input_ids, segments)
+            input_ids, positions, labels = packed_batch(self.short_blocks, next(self.short_order), device)
             return MicroBatch(input_ids, positions, labels, True, self.factors(plan.short_len))
         window = plan.window_at(step)
+        if self.train_blocks.ndim == 3:  # packing: whole documents, as the short side's
+            input_ids, positions, labels = packed_batch(self.train_blocks, next(self.long_order), device, window)
+            return MicroBatch(input_ids, positions, labels, False, self.factors(window))
         # The schedule's window is the start of the block (cut at the full window): the data position stays
         # one integer, and a longer window later reads the same blocks further.
         input_ids = take_blocks(self.train_blocks, next(self.long_order))[:, :window].to(device)

@@ -48,6 +48,11 @@ def check_sequence_parallel(config: TrainConfig, model: nn.Module, sp_size: int,
             "sp_size > 1 with attn_implementation='eager': DeepSpeed Ulysses drops the attention mask, and the eager "
             "kernel without one is not causal; use attn_implementation='sdpa' (or flash_attention_2)"
         )
+    if config.packing:
+        raise ValueError(
+            "packing with sp_size > 1: packed documents are kept apart by the attention mask, which DeepSpeed "
+            "Ulysses drops (they would attend across documents); set packing=False for sequence parallelism"
+        )
     if config.short_fraction > 0:
         raise ValueError(
             f"short_fraction={config.short_fraction:g} with sp_size > 1: packed short documents are kept apart by "

@@ -59,7 +59,9 @@ def header_commands(path: Path) -> list[list[str]]:
 def test_every_expected_config_ships():
     assert sorted(p.name for p in ACCELERATE_CONFIGS) == sorted(EXPECTED)
     assert [p.name for p in RECIPE_CONFIGS] == [
+        "finetune_chat_tiny.yaml",
         "finetune_smollm2_32k.yaml",
+        "finetune_smollm2_32k_chat.yaml",
         "finetune_smollm2_32k_long.yaml",
         "finetune_tiny.yaml",
     ]
@@ -130,3 +132,22 @@ def test_tiny_recipe_config_is_a_short_cpu_run():
     config = config_from_args(["--config", str(ROOT / "examples" / "finetune_tiny.yaml")])
     assert config.dataset == ["stdlib"] and config.mixed_precision == "no"
     assert config.max_train_steps * config.global_batch_size * 64 * config.factor <= 100_000  # ~1 min on 2 cores
+
+
+def test_chat_recipe_config_reads_its_conversations_and_template_beside_it():
+    config = config_from_args(["--config", str(ROOT / "examples" / "finetune_chat_tiny.yaml")])
+    assert config.short_dataset == [str(ROOT / "examples" / "data" / "chat_tiny.jsonl")]
+    assert config.chat_template == str(ROOT / "examples" / "data" / "chatml.jinja")
+    assert config.loss_on == "assistant" and config.short_fraction == 0.5
+
+
+def test_chat_real_model_config_is_the_published_recipe_plus_a_conversation_mix():
+    def read(name):
+        return config_from_args(["--config", str(ROOT / "examples" / name), "--model", "x.gguf", "--output-dir", "o"])
+
+    published, chat = read("finetune_smollm2_32k.yaml"), read("finetune_smollm2_32k_chat.yaml")
+    # as many long windows a step (half of the micro-batches), each short one a block of conversations
+    assert chat.global_batch_size * (1 - chat.short_fraction) == published.global_batch_size
+    assert chat.short_dataset == [str(ROOT / "examples" / "data" / "chat_smollm2.jsonl")]
+    same = ("method", "factor", "seq_len", "max_train_steps", "learning_rate", "lora_rank", "pose_window", "dataset")
+    assert all(getattr(chat, name) == getattr(published, name) for name in same)

@@ -28,6 +28,7 @@ from hf_posext.train import steps
 from hf_posext.train.blocks import _pack_documents, document_labels, document_positions, load_document_blocks
 from hf_posext.train.saved_state import latest_checkpoint
 from hf_posext.train.config import TrainConfig
+from hf_posext.train.conversations import encoded_documents
 from hf_posext.train.loop import train
 from hf_posext.train.micro_batches import shorts_before
 
@@ -57,13 +58,17 @@ def make_assets(root: Path) -> Path:
     return root
 
 
-def test_documents_are_packed_whole_and_long_ones_left_out():
+def test_documents_are_packed_whole_and_long_ones_left_out(tmp_path):
     tokenizer = byte_tokenizer()
     texts = ["a" * n for n in (3, 10, 5, 40, 7, 0, 20, 1)]
-    blocks, packed = _pack_documents(texts, tokenizer, 24, None, "test")
-    assert blocks.dtype == np.int32 and blocks.shape[1:] == (2, 24)
+    records = tmp_path / "texts.jsonl"
+    records.write_text("\n".join(json.dumps({"text": text}) for text in texts))
+    documents = encoded_documents([str(records)], tokenizer, 24)
+    blocks, packed = _pack_documents(documents, tokenizer.pad_token_id, 24, None, "test")
+    assert blocks.dtype == np.int32 and blocks.shape[1:] == (3, 24)
     found = []
-    for ids, segments in blocks:
+    for ids, segments, trained in blocks:
+        assert (trained == (segments > 0)).all(), "text is trained everywhere, the padding nowhere"
         assert (np.diff(segments[segments > 0]) >= 0).all(), "a document's tokens are contiguous"
         for number in range(1, segments.max() + 1):
             doc = ids[segments == number]

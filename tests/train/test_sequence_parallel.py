@@ -182,11 +182,12 @@ def recipe_config(**overrides) -> TrainConfig:
         (dict(method="dynamic_ntk", method_kwargs={"exact_cache": False}), 2, 64, "exact_cache=False under sp_size"),
         (dict(attn_implementation="eager"), 2, 64, "the eager kernel without one is not causal"),
         (dict(short_fraction=0.5), 2, 64, "packed short documents are kept apart by the attention mask"),
+        (dict(packing=True), 2, 64, "packing with sp_size > 1: packed documents are kept apart"),
         (dict(eval_blocks=2), 2, 64, "eval_blocks=2 with sp_size > 1"),
         ({}, 3, 63, "sp_size=3 must divide the 4 attention heads"),
         ({}, 2, 63, "must divide the 63-token training sequence"),
     ],
-    ids=["native-dynamic", "eager", "short-mix", "eval", "heads", "window"],
+    ids=["native-dynamic", "eager", "short-mix", "packing", "eval", "heads", "window"],
 )
 def test_what_sequence_parallelism_cannot_run_is_refused_by_name(model_dir, overrides, sp_size, window, refused):
     from transformers import AutoConfig
