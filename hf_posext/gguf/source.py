@@ -145,7 +145,7 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
     """
     file = _gguf_file(path)
     require("gguf", "gguf", f"reading {file.name}")
-    from .reading import gguf_rope_parameters  # here: it needs the gguf package, and ``import hf_posext`` stays light
+    from .reading import gguf_rope_parameters  # here: it loads transformers' config classes (test_import_cost.py)
 
     rope = gguf_rope_parameters(file)  # a rope hf-posext cannot run is refused before a minute of dequantizing
     read = None if rope is None else rope.record()
