@@ -48,6 +48,7 @@ from .integration import check_received_keys
 from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, patched_method, unpatch_model
 from .rope_utils import default_inv_freq, rope_parameters_for, rotary_dim_of
 from .validation import real_number, whole_number
+from .verify import Mismatch, verify
 
 if _TYPE_CHECKING:
     from .longrope_search import LongRopeSearchResult, search_longrope
@@ -87,6 +88,7 @@ __all__ = [
     "DynamicSurgery",
     "LongRopeSearchResult",
     "MethodConfig",
+    "Mismatch",
     "MethodSpec",
     "NoRopeMethod",
     "RopeType",
@@ -111,6 +113,7 @@ __all__ = [
     "rotary_dim_of",
     "search_longrope",
     "unpatch_model",
+    "verify",
     "whole_number",
     *sorted(_methods.config_classes()),
 ]

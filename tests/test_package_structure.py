@@ -57,6 +57,8 @@ DEFERRED = {
     "transformers.AutoConfig",
     "transformers.AutoModelForCausalLM",
     "transformers.AutoTokenizer",
+    # a GGUF's rope as a config (it loads transformers' config classes): only a conversion reads it
+    "hf_posext.gguf.reading",
 }
 
 #: Packages whose functions may import anything: the command handlers.

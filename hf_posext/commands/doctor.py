@@ -162,6 +162,10 @@ def render(report: dict[str, Any]) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.live:  # the model loaded and its modules checked against its config (exit 1 on a mismatch)
+        from .doctor_live import main as live
+
+        return live(args)
     report = diagnose_path(args.path)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
@@ -176,4 +180,10 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("path", help="a checkpoint folder, a Hub id (org/name) or a .gguf file")
     p.add_argument("--json", action="store_true", help='print {"rope", "checks", "readers": {...}} as JSON')
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="load the model (CPU, fp32) and check that its rotary modules and attention run its config "
+        "(hf_posext.verify): one line per mismatch and exit 1, else exit 0",
+    )
     p.set_defaults(func=_main)

@@ -56,13 +56,16 @@ def model_fingerprint(model: str) -> str:
     generation config; documents and hidden files excluded), each file's digest cached by its
     inode, size and times (:func:`~hf_posext.content_digest.file_digest`), so weights rewritten
     in place are another model while a copied or moved folder resumes. A ``.gguf`` file:
-    :func:`~hf_posext.gguf.gguf_identity` (its size and the hash of its whole content). A Hub id:
+    :func:`~hf_posext.gguf.gguf_identity` (its size and the hash of its whole content), marked as read with its
+    rope keys (:mod:`hf_posext.gguf.reading`). A Hub id:
     the id (its revision is not looked up).
     """
     check_model_source(model)
     folder = Path(model)
     if is_gguf(model) and folder.is_file():
-        return f"gguf:{gguf_identity(model)}"
+        # "gguf-rope": results from before the loader read the file's rope keys (a patched GGUF evaluated as
+        # its unpatched source) are not resumed
+        return f"gguf-rope:{gguf_identity(model)}"
     if not folder.is_dir():
         return f"hub:{model}"
     digest = hashlib.sha256()

@@ -130,15 +130,25 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
         path: a local ``.gguf`` file.
         cache_dir: where conversions live; default ``$HF_POSEXT_CACHE/gguf`` or ``~/.cache/hf_posext/gguf``.
 
+    The conversion's config runs the file's rope as llama.cpp does (its ``rope.scaling.*`` keys and
+    ``rope_freqs`` tensor, which transformers' GGUF reader drops: :mod:`hf_posext.gguf.reading`), so a
+    GGUF that ``hf-posext patch`` extended loads as the patched model.
+
     Returns:
         A folder ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` read.
 
     Raises:
-        ValueError: ``path`` is not a ``.gguf`` file name.
+        ValueError: ``path`` is not a ``.gguf`` file name; rope keys hf-posext cannot run (naming the file
+            and the key).
         FileNotFoundError: no such file.
-        ImportError: the file needs converting and the ``gguf`` package is missing.
+        MissingExtra: the ``gguf`` package is missing.
     """
     file = _gguf_file(path)
+    require("gguf", "gguf", f"reading {file.name}")
+    from .reading import gguf_rope_parameters  # here: it loads transformers' config classes (test_import_cost.py)
+
+    rope = gguf_rope_parameters(file)  # a rope hf-posext cannot run is refused before a minute of dequantizing
+    read = None if rope is None else rope.record()
     folder = cached_checkpoint_path(file, cache_dir)
     if folder.exists():
         # The completion marker lists every file's size: a deleted or truncated file (or no marker)
@@ -147,11 +157,25 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
             None if (folder / SOURCE_RECORD).is_file() else f"{SOURCE_RECORD} is missing"
         )
         if damage is None:
-            return folder
-        logger.warning("the cached conversion %s of %s is damaged (%s): converting it again", folder, file.name, damage)
+            if _recorded_rope(folder) == read:
+                return folder
+            damage = "converted before hf-posext read the file's rope keys"
+        logger.warning(
+            "the cached conversion %s of %s cannot be used (%s): converting it again", folder, file.name, damage
+        )
     model, tokenizer = load_gguf(file)
-    record = {"gguf_file": str(file), "size": file.stat().st_size, "identity": gguf_identity(file)}
+    if rope is not None:
+        rope.apply(model.config)
+    record = {"gguf_file": str(file), "size": file.stat().st_size, "identity": gguf_identity(file), "rope": read}
     return save_checkpoint(model, tokenizer, folder, record)
+
+
+def _recorded_rope(folder: Path) -> Any:
+    """The rope reading a cached conversion recorded (``"missing"`` for one from before the rope was read)."""
+    try:
+        return json.loads((folder / SOURCE_RECORD).read_text()).get("rope", "missing")
+    except (OSError, ValueError, AttributeError):
+        return "missing"
 
 
 def check_model_source(source: str | os.PathLike, what: str = "model") -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import output_file
+from ..gguf.reading import rope_keys_problem
 from ..gguf.rope import REFUSED_METHODS, gguf_rope_for
 from ..gguf.writer import architecture, base_config, open_gguf, write_gguf
 from ..methods import canonical_name
@@ -54,6 +55,9 @@ def patch_gguf(
     if name in REFUSED_METHODS:
         raise ValueError(f"{method} cannot be written into a GGUF: {REFUSED_METHODS[name]}")
     reader = open_gguf(src)
+    problem = rope_keys_problem(reader)  # the one reading hf-posext's loaders take (hf_posext.gguf.reading)
+    if problem is not None:
+        raise ValueError(f"{src}: {problem}")
     arch = architecture(reader)
     config = base_config(reader, override)
     patch_model(config, method, factor=factor, override=override, **kwargs)

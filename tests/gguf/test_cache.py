@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from tests.helpers.gguf_files import write_tiny_gguf
 from tests.helpers.models import tiny_model
 
 from hf_posext.commands.main import main
@@ -20,9 +21,9 @@ from hf_posext.gguf import cached_checkpoint_path, gguf_checkpoint
 
 @pytest.fixture
 def gguf_file(tmp_path, monkeypatch):
-    """A fake .gguf file whose 'reading' gives a tiny model; counts the conversions."""
-    file = tmp_path / "tiny.gguf"
-    file.write_bytes(b"GGUF" + bytes(64))
+    """A tiny .gguf file (its rope keys are read) whose 'reading' gives a tiny model; counts the conversions."""
+    pytest.importorskip("gguf")
+    file = write_tiny_gguf(tmp_path / "tiny.gguf")
     conversions = []
 
     def load(path, dtype=None):

@@ -35,6 +35,8 @@ from hf_posext.gguf import (
     resolve_model_source,
     save_checkpoint,
 )
+from hf_posext.gguf.reading import gguf_rope_parameters
+from hf_posext.publish.gguf_patch import patch_gguf
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.loop import load_model_and_tokenizer
 from tests.helpers import ROOT
@@ -62,7 +64,10 @@ def converted(tmp_path_factory):
     """The GGUF model as transformers reads it, and its conversion in a fresh cache folder."""
     cache = tmp_path_factory.mktemp("hf_posext_cache")
     model, tokenizer = load_gguf(GGUF)
-    folder = save_checkpoint(model, tokenizer, cached_checkpoint_path(GGUF, cache / "gguf"), {"gguf_file": str(GGUF)})
+    reading = gguf_rope_parameters(GGUF)
+    reading.apply(model.config)
+    record = {"gguf_file": str(GGUF), "rope": reading.record()}  # as gguf_checkpoint records it: used as cached
+    folder = save_checkpoint(model, tokenizer, cached_checkpoint_path(GGUF, cache / "gguf"), record)
     with pytest.MonkeyPatch.context() as patcher:
         patcher.setenv("HF_POSEXT_CACHE", str(cache))
         yield model.eval(), tokenizer, folder, cache
@@ -80,6 +85,25 @@ def test_converted_checkpoint_reproduces_the_gguf_logits(converted):
     with torch.inference_mode():
         # Measured: bit-identical (max |diff| 0.0): same tensors, same kernels.
         torch.testing.assert_close(model(ids).logits, gguf_model(ids).logits, rtol=0, atol=0)
+
+
+def test_a_patched_gguf_loads_as_the_same_patch_on_its_source(converted, tmp_path):
+    """Issue 57: ``hf-posext patch model.gguf model-32k.gguf --method yarn --factor 4``, then loaded by hf-posext.
+
+    Its loaders ran the unpatched model (logits 9.1 off the patch); the patched file now converts to
+    the patched model: the same dequantized tensors with the same rope.
+    """
+    gguf_model, tokenizer, folder, _ = converted
+    out = patch_gguf(GGUF, tmp_path / "smollm2-32k.Q4_1.gguf", "yarn", factor=4)
+    patched = hf_posext.from_pretrained(out).eval()  # a new file: converted (about a minute)
+    reference = hf_posext.patch_model(AutoModelForCausalLM.from_pretrained(folder).eval(), "yarn", factor=4)
+    assert patched.config.rope_parameters["rope_type"] == "yarn"
+    ids = english_ids(tokenizer, 256)
+    with torch.inference_mode():
+        got, expected = patched(ids).logits, reference(ids).logits
+        assert (got - gguf_model(ids).logits).abs().max() > 1  # the rope is what differs from the source
+    # Measured: bit-identical, the dequantization being the same; the bound is the fp32 rounding of the rope
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
 
 def test_the_cache_is_used_and_keyed_on_the_file(converted, tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ LLAMA3 = {
 }
 
 
-def write_tiny_gguf(path, arch="llama", rope_freqs=None, **keys):
+def write_tiny_gguf(path, arch="llama", rope_freqs=None, freq_base=10000.0, **keys):
     """A GGUF with the attention shape of tests/helpers/models.py's tiny config, one F32 and one Q4_1 tensor."""
     import gguf
     import numpy as np
@@ -28,7 +28,7 @@ def write_tiny_gguf(path, arch="llama", rope_freqs=None, **keys):
     writer.add_head_count(4)
     writer.add_head_count_kv(2)
     writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(freq_base)
     writer.add_string("general.name", "tiny")
     writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
     for key, value in keys.items():
@@ -50,3 +50,59 @@ def write_tiny_gguf(path, arch="llama", rope_freqs=None, **keys):
 
 def fields(path):
     return {name: field.contents() for name, field in open_gguf(path).fields.items() if not name.startswith("GGUF.")}
+
+
+def _interleave(weight, heads):
+    """llama.cpp's order of a Llama q/k projection: transformers' GGUF reader undoes it on load."""
+    pairs = weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+    return pairs.swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_model_gguf(path, model, **keys):
+    """A whole GGUF of a tiny Llama (tests/helpers/models.py, untied): F32 tensors, a 97-token byte-level vocabulary.
+
+    transformers' GGUF reader loads it as ``model`` (logits within float rounding); ``keys`` (without ``llama.``)
+    are written as given (strings as strings, numbers as F32).
+    """
+    import gguf
+    import numpy as np
+
+    config = model.config
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([chr(0x100 + i) for i in range(config.vocab_size)])
+    writer.add_token_types([1] * config.vocab_size)
+    writer.add_token_scores([0.0] * config.vocab_size)
+    writer.add_token_merges([])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    rope_freqs = keys.pop("rope_freqs", None)
+    for key, value in keys.items():
+        kind = gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32
+        writer.add_key_value(f"llama.{key}", value, kind)
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        array = tensor.detach().float().numpy()
+        if name.endswith("q_proj.weight"):
+            array = _interleave(array, config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            array = _interleave(array, config.num_key_value_heads)
+        writer.add_tensor(names.get_name(name.removesuffix(".weight")) + ".weight", array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
