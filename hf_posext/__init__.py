@@ -5,14 +5,9 @@
 
     model = hf_posext.from_pretrained("out/llama-yarn-16k")   # a saved patched checkpoint
 
-The names in ``__all__`` are the public, stable API, the plugin API included (``register_method``,
-``register_family``, the shared bases, the helpers of a rope type: docs/methods/adding-a-method.md);
-submodules are internal and may change.
-Importing the package registers the methods' rope types and attention functions with
-transformers and installs the construction hook that redoes a method's surgery while a patched
-checkpoint is loaded (:mod:`hf_posext.loading`), and keeps the old paths of moved modules importable
-(``hf_posext.gguf_export`` is ``hf_posext.gguf.export``, with a DeprecationWarning: :mod:`hf_posext.post_import`);
-it has no other side effect.
+The public API, and what importing the package changes in a process (each change, why, and how to do
+without it), are stated once, on docs/import_effects.md; :mod:`hf_posext.import_effects` lists and makes
+those changes.
 """
 
 from importlib import import_module as _import_module
@@ -20,10 +15,9 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 from . import methods as _methods
+from .import_effects import install as _install
 from .loading import AutoPatchedModelForCausalLM, from_pretrained
-from .loading import set_construction_hook as _set_construction_hook
 from .post_import import deprecated_attribute as _deprecated_attribute
-from .post_import import keep_moved_modules as _keep_moved_modules
 from .methods import (
     NO_ROPE_TYPES,
     AttentionFunctions,
@@ -58,9 +52,7 @@ __version__ = "0.1.0"
 # Every registered method's config class at the top level (hf_posext.YarnConfig...), found, not listed.
 globals().update(_methods.config_classes())
 
-_methods.register_with_transformers()
-_set_construction_hook(True)
-_keep_moved_modules()
+_install()  # every change to the process: docs/import_effects.md
 
 
 #: Public names whose module ``import hf_posext`` does not load: LongRoPE's search scores with

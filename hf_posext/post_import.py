@@ -5,7 +5,8 @@
 ``import hf_posext`` loads neither transformers' ``modeling_utils`` nor its ``masking_utils`` (about half
 the time of ``import torch``; tests/test_import_cost.py). :func:`keep_moved_modules` keeps each old path
 of :data:`MOVED` importable as the module it moved to, with a ``DeprecationWarning`` naming the new path
-and :func:`deprecated_attribute` does the same for each old name of :data:`RENAMED`: one policy for both.
+and :func:`deprecated_attribute` does the same for each old name of :data:`RENAMED`: one policy for both, and
+one removal release, :data:`REMOVED_IN` (docs/import_effects.md).
 Imports nothing of the package, so that every module may use it. Internal: not part of the public API.
 """
 
@@ -77,6 +78,9 @@ def forget(module_name: str, callback: Callback) -> None:
         pending.remove(callback)
 
 
+#: The release that drops the old paths of :data:`MOVED` and the old names of :data:`RENAMED` and :data:`MOVED_NAMES`.
+REMOVED_IN = "0.3.0"
+
 #: Old name -> the name that replaced it (0.2), on the same module.
 RENAMED = {
     "PositionMethod": "MethodConfig",
@@ -106,12 +110,14 @@ def deprecated_attribute(module: str, name: str) -> Any:
     """
     moved = MOVED_NAMES.get(f"{module}.{name}")
     if moved is not None:
-        warnings.warn(f"{module}.{name} has moved to {moved}; import it from there", DeprecationWarning, stacklevel=3)
+        message = f"{module}.{name} has moved to {moved}; import it from there (the old name goes in {REMOVED_IN})"
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
         return getattr(importlib.import_module(moved), name)
     new = RENAMED.get(name)
     if new is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    warnings.warn(f"{module}.{name} is deprecated; use {module}.{new}", DeprecationWarning, stacklevel=3)
+    message = f"{module}.{name} is deprecated; use {module}.{new} (the old name goes in {REMOVED_IN})"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
     return getattr(sys.modules[module], new)
 
 
@@ -171,7 +177,8 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = MOVED[spec.name]
         # stacklevel 2: the frame with the import statement (warnings skips the import system's own frames).
-        warnings.warn(f"{spec.name} has moved to {new}; import {new} instead", DeprecationWarning, stacklevel=2)
+        message = f"{spec.name} has moved to {new}; import {new} instead (the old path goes in {REMOVED_IN})"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
         module = importlib.import_module(new)
         spec.loader_state = module.__spec__
         return module

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hf_posext
-from hf_posext.post_import import MOVED
+from hf_posext.post_import import MOVED, REMOVED_IN
 
 ROOT = Path(hf_posext.__file__).resolve().parents[1]
 
@@ -46,7 +46,11 @@ def _warnings_for(old: str) -> list[str]:
     """The warnings of a first ``import old``: one per moved path along it (a moved package's, then its module's)."""
     parts = old.split(".")
     paths = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
-    return [f"{p} has moved to {MOVED[p]}; import {MOVED[p]} instead" for p in paths if p in MOVED]
+    return [
+        f"{p} has moved to {MOVED[p]}; import {MOVED[p]} instead (the old path goes in {REMOVED_IN})"
+        for p in paths
+        if p in MOVED
+    ]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
@@ -102,7 +106,8 @@ RENAMED_MODULE_IMPORTS = [
 @pytest.mark.parametrize(("statement", "new", "name"), RENAMED_MODULE_IMPORTS)
 def test_a_renamed_module_old_import_gives_the_same_object_and_warns_once(statement, new, name, no_old_path_imported):
     _, old, _, old_name = statement.split()
-    renamed = [f"{new}.{old_name} is deprecated; use {new}.{name}"] if old_name != name else []
+    renamed = [f"{new}.{old_name} is deprecated; use {new}.{name} (the old name goes in {REMOVED_IN})"]
+    renamed = renamed if old_name != name else []
     namespace: dict = {}
     first = _import_here(statement, namespace)
     assert namespace[old_name] is getattr(importlib.import_module(new), name)

@@ -1,14 +1,12 @@
 """Position-encoding methods: one folder per family, each registering itself with one call.
 
 Every sub-folder (package) here is a family; importing this package imports each of them, and
-each ``<family>/__init__.py`` calls :func:`~.registry.register_method` or
+each ``<family>/__init__.py`` (imported by :mod:`.folders`) calls :func:`~.registry.register_method` or
 :func:`~.registry.register_family`. Adding a method is adding a folder. The modules beside the
 folders (:mod:`.base`, :mod:`.registry`, :mod:`.surgery`, :mod:`.dynamic`, :mod:`.norope`) are what
 families share; a family imports only those and lower layers, never another family.
 """
 
-import importlib
-import pkgutil
 from typing import Any
 
 from .base import BaseRope, MethodConfig
@@ -23,6 +21,7 @@ from .registry import (
     available_methods,
     canonical_name,
     composable_methods,
+    config_classes,
     families,
     method_aliases,
     method_class,
@@ -34,19 +33,7 @@ from .registry import (
     surgery_for,
 )
 from .surgery import NO_SURGERY, Surgery
-
-#: The family folders found here, in import order.
-FAMILY_MODULES = tuple(
-    importlib.import_module(f"{__name__}.{info.name}")
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name)
-    if info.ispkg and not info.name.startswith("_")
-)
-
-
-def config_classes() -> dict[str, type[MethodConfig]]:
-    """``{class name: config class}`` of every registered method (e.g. ``"YarnConfig"``)."""
-    return {cls.__name__: cls for cls in (method_class(name) for name in available_methods())}
-
+from .folders import FAMILY_MODULES  # last: the family folders register themselves on what is above
 
 # The config classes are attributes of this package (hf_posext.methods.YarnConfig), found, not listed.
 globals().update(config_classes())
@@ -63,6 +50,7 @@ __all__ = [
     "BaseRope",
     "DynamicScaling",
     "DynamicSurgery",
+    "FAMILY_MODULES",
     "Family",
     "MethodConfig",
     "MethodSpec",

@@ -295,6 +295,11 @@ def composable_methods() -> list[str]:
     return [name for name in available_methods() if METHODS[name].composes]
 
 
+def config_classes() -> dict[str, type[MethodConfig]]:
+    """``{class name: config class}`` of every registered method (e.g. ``"YarnConfig"``)."""
+    return {cls.__name__: cls for cls in (method_class(name) for name in available_methods())}
+
+
 __all__ = [
     "AttentionFunctions",
     "Family",
@@ -305,6 +310,7 @@ __all__ = [
     "available_methods",  # from hf_posext.method_names, below every module that checks a method name
     "canonical_name",
     "composable_methods",
+    "config_classes",
     "families",
     "method_aliases",
     "method_class",

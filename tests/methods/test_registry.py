@@ -23,6 +23,7 @@ import hf_posext
 import hf_posext.readers.transformers5
 from hf_posext import methods
 from hf_posext.methods.registry import AttentionFunctions, MethodSpec, RopeType, register_family, register_method
+from hf_posext.post_import import REMOVED_IN
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,7 +140,9 @@ def test_a_deprecated_name_works_warns_naming_its_replacement_and_is_not_exporte
     imported = importlib.import_module(module)
     with pytest.warns(DeprecationWarning) as caught:
         assert getattr(imported, old) is getattr(imported, new)
-    assert [str(w.message) for w in caught] == [f"{module}.{old} is deprecated; use {module}.{new}"]
+    assert [str(w.message) for w in caught] == [
+        f"{module}.{old} is deprecated; use {module}.{new} (the old name goes in {REMOVED_IN})"
+    ]
     assert caught[0].filename == __file__  # attributed to the caller, so Python shows it once per call site
     assert old not in getattr(imported, "__all__", ())
 
