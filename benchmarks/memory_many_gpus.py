@@ -3,7 +3,7 @@
 Llama-3-8B, Qwen2.5-7B and Mistral-7B-v0.3 (their config values: hf_posext/train/memory_reference.json)
 at 32k / 64k / 128k tokens, full fine-tune and ``--lora``, on one device and on 8 with FSDP2, judged
 against 24, 80 and 141 GiB per device; the recipe's defaults otherwise (bf16, activation checkpointing,
-the chunked loss, one sequence per process). Each cell is :func:`hf_posext.commands.plan.make_plan`,
+the chunked loss, one sequence per process). Each cell is :func:`hf_posext.commands.memory_check.make_plan`,
 what ``hf-posext plan --model DIR --seq-len N [--lora] --processes P --memory M --json`` prints.
 Prints the markdown table docs/guides/many_gpus.md holds; rows (``result_schema.py``, metric
 ``peak_gib_per_gpu``) go to ``benchmarks/results/memory_many_gpus.json``.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness import Results
 
-from hf_posext.commands.plan import make_plan
+from hf_posext.commands.memory_check import make_plan
 from hf_posext.train.config import TrainConfig
 from hf_posext.train.memory import GIB, Layout, ModelShape, reference_data
 

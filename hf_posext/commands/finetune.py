@@ -244,7 +244,7 @@ def _run(argv: Sequence[str] | None) -> int:
     from accelerate import PartialState
 
     from ..train.loop import train  # the heavy part (accelerate, peft), once the flags parsed
-    from .plan import check_fits
+    from .memory_check import check_fits
 
     config, own = parse_recipe_args(argv, finetune_parser())
     check_fits(config, own["memory"], own["force"])  # before the model loads
@@ -256,7 +256,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def finetune_parser() -> RecipeArgumentParser:
     """:func:`build_parser` plus the flags of the memory check (``--memory``, ``--force``), which are no settings."""
-    from .plan import add_layout_arguments
+    from .memory_check import add_layout_arguments
 
     parser = build_parser()
     add_layout_arguments(parser, launched=True)

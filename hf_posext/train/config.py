@@ -1,7 +1,8 @@
 """The fine-tune recipe's settings: one dataclass, filled from defaults, a YAML file and flags.
 
 Defaults are the YaRN paper's recipe (arXiv 2309.00071, section 4); every value is checked in
-``__post_init__`` before a model or dataset is touched (docs/notes/training.md).
+``__post_init__`` before a model or dataset is touched (docs/notes/training.md). Longer than ~400 lines:
+the flags are this dataclass's fields with their help texts, and each field's check sits beside them.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """How much memory one process of a fine-tune needs, predicted from the model's config.json and the run's settings.
 
 :func:`estimate_memory` adds up, per process, the tensors the recipe (:mod:`hf_posext.train.loop`) keeps
-alive at its worst moment; :func:`longest_fit` searches the longest sequence that fits a budget. Every
-term follows what the recipe does: fp32 master weights (``load_model_and_tokenizer``), AdamW's two fp32
-moments per trained value, fp32 gradients, the checkpointed residual stream of every layer, one layer
-recomputed with its backward, the chunked loss's logits (:mod:`hf_posext.train.loss`), FSDP2/ZeRO-3
-sharding and their gathered layers. The peak is the largest of four moments of a steady-state step
-(AdamW's moments exist from the first step on):
-
-* end of the forward: every checkpoint, the loss chunk's logits, the LM head's gradient (the chunked
-  loss computes it in the forward);
-* the backward: the gradients of the layers above and the checkpoints of the layers below, whichever
-  end is larger, plus the layer being recomputed;
-* the optimizer step: the gradients and AdamW's temporaries;
-* loading: the process that reads the checkpoint holds it whole once before sharding.
-
-The maths term by term, and the sweep that checks it against measured peaks on CPU
-(``benchmarks/plan_memory.py``): docs/guides/many_gpus.md.
+alive at its worst moment (end of the forward, the backward, the optimizer step, loading);
+:func:`longest_fit` searches the longest sequence that fits a budget. The maths term by term and the
+sweep that checks it against measured peaks (``benchmarks/plan_memory.py``): docs/guides/many_gpus.md.
 """
 
 from __future__ import annotations
@@ -27,6 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
+from ..methods import method_class
 from .config import TrainConfig
 
 GIB = 2**30
@@ -174,7 +162,6 @@ def training_lengths(config: TrainConfig, shape: ModelShape, seq_len: int | None
         ValueError: the settings ``plan_run`` refuses once the model is loaded (a sequence beyond the
             patched context, a PoSE window longer than the sequence).
     """
-    from ..methods import method_class
 
     original = shape.original_context or 0
     context = int(original * config.factor) if original else None
