@@ -74,9 +74,10 @@ def diagnose_path(path: str) -> dict[str, Any]:
     from ..readers import doctor
 
     if is_gguf(path):
-        from ..gguf.writer import architecture, open_gguf, read_rope
+        from ..gguf.writer import architecture, check_model_keys, open_gguf, read_rope
 
         reader = open_gguf(path)
+        check_model_keys(reader, path)
         arch = architecture(reader)
         prefix = f"{arch}.rope."
         keys = {

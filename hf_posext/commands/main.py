@@ -102,6 +102,12 @@ def _patch(args: argparse.Namespace) -> int:
         )
         print(f"wrote {out}")
         return 0
+    if is_gguf(args.output_dir):  # a folder named out.gguf would be no GGUF, and hf-posext could not read it
+        raise ValueError(
+            f"{args.output_dir!r} ends in .gguf but {args.model!r} is no .gguf file: patch writes a transformers "
+            f"checkpoint folder from it; write one, then convert it: hf-posext patch {args.model} OUT ... && "
+            f"hf-posext gguf export OUT {args.output_dir}"
+        )
     source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
     if Path(source).is_file():
         raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")

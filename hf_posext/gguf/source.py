@@ -66,16 +66,26 @@ def cached_checkpoint_path(path: str | os.PathLike, cache_dir: str | os.PathLike
     return Path(cache_dir or default_cache_dir()) / f"{file.stem}-{gguf_identity(file)}"
 
 
+def _check_complete(file: Path) -> None:
+    """Refuse a GGUF without head counts or layer tensors before transformers reads it (its errors on such a
+    file, a ``TypeError`` or a ``RuntimeError``, name neither the file nor what it lacks)."""
+    from .writer import check_model_keys, open_gguf  # here: ``import hf_posext`` does not load the writer
+
+    check_model_keys(open_gguf(file), file)
+
+
 def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, Any]:
     """transformers' own reading of a GGUF file: the dequantized model and the tokenizer.
 
     Raises:
         MissingExtra: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
         FileNotFoundError: no such file.
-        ValueError: a file transformers cannot read (truncated, damaged...), naming it.
+        ValueError: a file transformers cannot read (truncated, damaged, no head count or layer tensors...),
+            naming it.
     """
     file = _gguf_file(path)
     require("gguf", "gguf", f"reading {file.name}")  # transformers needs it; fail with the install line instead
+    _check_complete(file)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # here: ``import hf_posext`` stays light
 
@@ -134,11 +144,12 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
         A folder ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` read.
 
     Raises:
-        ValueError: ``path`` is not a ``.gguf`` file name.
+        ValueError: ``path`` is not a ``.gguf`` file name, or not a complete model (no head count, no layer tensors).
         FileNotFoundError: no such file.
         ImportError: the file needs converting and the ``gguf`` package is missing.
     """
     file = _gguf_file(path)
+    _check_complete(file)  # before its digest is cached: a partial file leaves nothing behind
     folder = cached_checkpoint_path(file, cache_dir)
     if folder.exists():
         # The completion marker lists every file's size: a deleted or truncated file (or no marker)

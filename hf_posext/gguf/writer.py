@@ -96,6 +96,38 @@ def architecture(reader: Any) -> str:
     return str(arch)
 
 
+def check_model_keys(reader: Any, path: str | os.PathLike) -> None:
+    """Refuse a GGUF that is not a whole model: no attention head count or embedding width, or no layer tensors.
+
+    transformers and :func:`base_config` read these without a check (a ``TypeError`` on ``int(None)``, a
+    ``RuntimeError`` on tensors it expects and does not find).
+
+    Raises:
+        ValueError: naming the file and what it lacks.
+    """
+    arch = architecture(reader)
+    for key in (f"{arch}.attention.head_count", f"{arch}.embedding_length", f"{arch}.block_count"):
+        value = _value(reader, key)
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            raise ValueError(
+                f"{str(path)!r} lacks the model shape key {key} (a positive integer, got {value!r}): "
+                "not a complete GGUF model"
+            )
+    blocks = int(_value(reader, f"{arch}.block_count"))
+    present = {
+        int(t.name.split(".")[1])
+        for t in reader.tensors
+        if t.name.startswith("blk.") and t.name.count(".") > 1 and t.name.split(".")[1].isdigit()
+    }
+    missing = [i for i in range(blocks) if i not in present]
+    if missing:
+        raise ValueError(
+            f"{str(path)!r} has no tensors for layers {missing[:5]}{' ...' if len(missing) > 5 else ''} of the "
+            f"{blocks} its {arch}.block_count names (blk.N.*): not a complete GGUF model"
+        )
+
+
 def read_rope(reader: Any) -> GGUFRope:
     """The rope fields of the file as llama.cpp 0.3.36 reads them (:class:`~hf_posext.gguf.rope.GGUFRope`).
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..files import output_file
 from ..gguf.rope import REFUSED_METHODS, gguf_rope_for
-from ..gguf.writer import architecture, base_config, open_gguf, write_gguf
+from ..gguf.writer import architecture, base_config, check_model_keys, open_gguf, write_gguf
 from ..methods import canonical_name
 from ..patching import patch_model
 
@@ -54,6 +54,7 @@ def patch_gguf(
     if name in REFUSED_METHODS:
         raise ValueError(f"{method} cannot be written into a GGUF: {REFUSED_METHODS[name]}")
     reader = open_gguf(src)
+    check_model_keys(reader, src)
     arch = architecture(reader)
     config = base_config(reader, override)
     patch_model(config, method, factor=factor, override=override, **kwargs)
