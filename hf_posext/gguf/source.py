@@ -183,6 +183,37 @@ def check_model_source(source: str | os.PathLike, what: str = "model") -> None:
             f"{what} {text!r} does not exist (a local path: {reason}); "
             "give an existing checkpoint folder or .gguf file, or a Hub id as org/name"
         )
+    _check_hub_answers(text, what)
+
+
+def _check_hub_answers(repo_id: str, what: str) -> None:
+    """Refuse at once a name that is no local path when the Hub cannot be asked about it (one request, 10 s).
+
+    Without this, transformers' downloads retry for 30-40 s with the network down before an error that
+    names no local path; a mistyped relative path (``models/llama`` for ``./models/llama``) looks like a Hub id.
+    The Hub answering anything (a 404, a gated repo) leaves the error to transformers.
+
+    Raises:
+        FileNotFoundError: naming the local path looked for and why the Hub was not asked.
+    """
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError
+
+    local = f"{what} {repo_id!r} is no local path (nothing at {os.path.abspath(os.path.expanduser(repo_id))})"
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+            return
+        raise FileNotFoundError(f"{local}, and as a Hub id it is not in the cache with HF_HUB_OFFLINE set")
+    try:
+        huggingface_hub.model_info(repo_id, timeout=10)
+    except HfHubHTTPError:
+        return  # the Hub answered: transformers says what it said
+    except Exception as error:  # no network: the client's own connection errors (httpx's), not OSError alone
+        if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+            return  # cached: transformers reads it without the network
+        raise FileNotFoundError(
+            f"{local}, and the Hub did not answer to look it up as a Hub id ({type(error).__name__}: {error})"
+        ) from None
 
 
 def resolve_model_source(source: str | os.PathLike) -> str:

@@ -648,3 +648,18 @@ def test_resume_invariants_are_every_setting_but_the_ones_said_not_to_change_the
     with pytest.raises(ValueError, match=r"adam_beta2: 0.999 -> 0.95; weight_decay: 0.1 -> 0.0"):
         _check_resume_config(saved, current)
     _check_resume_config({**current.to_dict(), "output_dir": "elsewhere", "report_to": "tensorboard"}, current)
+
+
+def test_a_resume_with_more_steps_says_how_to_train_longer(assets, tmp_path):
+    from hf_posext.train.resume import check_resume_config as _check_resume_config
+
+    current = config(assets, tmp_path)
+    saved = {**current.to_dict(), "max_train_steps": current.max_train_steps - 1}
+    with pytest.raises(ValueError, match="a resume cannot train longer") as error:
+        _check_resume_config(saved, current)
+    assert f"resume with the saved --max-train-steps {current.max_train_steps - 1}" in str(error.value)
+    assert "without --resume" in str(error.value)
+    fewer = {**current.to_dict(), "max_train_steps": current.max_train_steps + 1}
+    with pytest.raises(ValueError) as error:
+        _check_resume_config(fewer, current)
+    assert "train longer" not in str(error.value)
