@@ -356,8 +356,20 @@ def lora_adapter(assets, tmp_path_factory) -> Path:
         ({"num_layers": 3}, None, "model.layers.2.self_attn.q_proj"),
         ({"num_layers": 1}, None, "base_model.model.model.layers.1."),
         ({}, "adapter_model.safetensors", "adapter_model.safetensors"),
+        ({}, "r=8", "has rank 4 but"),
+        ({}, "config-not-json", "adapter_config.json is not valid JSON"),
+        ({}, "weights-truncated", "adapter_model.safetensors cannot be read"),
     ],
-    ids=["wider-base", "wider-base-lora-pair", "deeper-base", "shallower-base", "weights-missing"],
+    ids=[
+        "wider-base",
+        "wider-base-lora-pair",
+        "deeper-base",
+        "shallower-base",
+        "weights-missing",
+        "config-rank-not-the-weights",
+        "config-damaged",
+        "weights-damaged",
+    ],
 )
 def test_patch_with_an_adapter_of_another_base_is_one_line(
     assets, tmp_path, capsys, lora_adapter, base, damage, message
@@ -370,6 +382,14 @@ def test_patch_with_an_adapter_of_another_base_is_one_line(
     if damage == "lora-pairs-only":  # an adapter without trained embeddings and norms
         weights = load_file(adapter / "adapter_model.safetensors")
         save_file({k: v for k, v in weights.items() if ".lora_" in k}, adapter / "adapter_model.safetensors")
+    elif damage == "r=8":  # the config of another run beside these rank-4 weights
+        settings = json.loads((adapter / "adapter_config.json").read_text())
+        (adapter / "adapter_config.json").write_text(json.dumps({**settings, "r": 8}))
+    elif damage == "config-not-json":
+        (adapter / "adapter_config.json").write_text('{"r": 4, ')
+    elif damage == "weights-truncated":
+        weights = (adapter / "adapter_model.safetensors").read_bytes()
+        (adapter / "adapter_model.safetensors").write_bytes(weights[: len(weights) // 2])
     elif damage:
         (adapter / damage).unlink()
     base_dir = tmp_path / "base"
