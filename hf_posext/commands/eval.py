@@ -9,7 +9,8 @@ r"""``hf-posext eval ppl|passkey``: evaluate a checkpoint, optionally patched, a
 Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and
 ``ruler_{niah,tasks}.png`` under ``--out``. Results are
 saved after every method, and a rerun with the same settings on the same model content (not the
-same path: a model retrained in place is evaluated again) skips the methods already done. Every
+same path: a model retrained in place is evaluated again) skips the methods already done; passkey keeps
+each finished prompt of a method cut short (Ctrl-C, a kill) in ``passkey.prompts.jsonl`` and asks only the rest. Every
 method name, argument and length is checked before the model loads.
 """
 
@@ -190,12 +191,14 @@ def _ppl(args: argparse.Namespace) -> int:
 def _passkey(args: argparse.Namespace) -> int:
     from ..eval import evaluated_model
     from ..eval.passkey import passkey_accuracy
+    from ..eval.prompt_log import PromptLog
     from ..eval.report import ResultFile, markdown_table, plot_heatmaps, write_csv
 
     methods, extra = _checked_methods(args)
     settings = _settings(args)
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
     done = ResultFile(out / "passkey.json", settings, overwrite=args.overwrite)
+    prompts = PromptLog(out / "passkey.prompts.jsonl", settings)  # a method cut short keeps its finished prompts
     results = done.results
     model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
@@ -213,10 +216,13 @@ def _passkey(args: argparse.Namespace) -> int:
                     args.trials,
                     seed=args.seed,
                     progress=not args.no_progress,
+                    finished=prompts.finished(method),
+                    on_prompt=lambda index, sample: prompts.add(method, index, sample),
                 )
             return {"patch": info, **result.to_dict()}
 
         done.get(method, measure)
+        prompts.forget(method)
     write_csv(
         out / "passkey.csv",
         [
@@ -275,19 +281,30 @@ def _context_limit(model: str, methods: list[str], factor: float | None, extra: 
 
 
 class _MethodCells:
-    """``ruler_accuracy``'s store for one method: cells kept in the result file as ``method/task/length``."""
+    """``ruler_accuracy``'s store for one method: cells kept in the result file as ``method/task/length``, and
+    the finished prompts of a cell cut short in a :class:`~hf_posext.eval.prompt_log.PromptLog` under the same key."""
 
-    def __init__(self, done: Any, method: str, patch: dict[str, Any]) -> None:
-        self.done, self.method, self.patch = done, method, patch
+    def __init__(self, done: Any, method: str, patch: dict[str, Any], prompts: Any = None) -> None:
+        self.done, self.method, self.patch, self.prompts = done, method, patch, prompts
 
     def get(self, key: str, compute: Any) -> Any:
         return self.done.get(f"{self.method}/{key}", lambda: {"patch": self.patch, **compute()})
+
+    def finished(self, key: str) -> dict[int, Any]:
+        return self.prompts.finished(f"{self.method}/{key}")
+
+    def add(self, key: str, index: int, value: Any) -> None:
+        self.prompts.add(f"{self.method}/{key}", index, value)
+
+    def forget(self, key: str) -> None:
+        self.prompts.forget(f"{self.method}/{key}")
 
 
 def _ruler(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from ..eval import evaluated_model
+    from ..eval.prompt_log import PromptLog
     from ..eval.report import ResultFile, write_csv, write_json
     from ..eval.ruler import QUICK, TASKS, resolve_tasks, ruler_accuracy
     from ..eval.ruler.fit import minimum_length, wrapper_for
@@ -321,6 +338,7 @@ def _ruler(args: argparse.Namespace) -> int:
     } | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
     done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
+    prompts = PromptLog(out / "ruler.prompts.jsonl", settings)  # a cell cut short keeps its finished prompts
     model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
@@ -339,6 +357,7 @@ def _ruler(args: argparse.Namespace) -> int:
                 max_new_tokens=args.max_new_tokens,
                 store=_MethodCells(done, method, info),
                 progress=not args.no_progress,
+                prompts=_MethodCells(done, method, info, prompts),
             )
     results = done.results
     # The report covers every cell of the folder: earlier runs may have added other lengths, tasks, methods.
