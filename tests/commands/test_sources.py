@@ -83,13 +83,18 @@ def test_a_name_that_is_no_local_path_is_refused_at_once_when_the_hub_does_not_a
     check_model_source("models/llama")  # offline, in the cache: transformers reads it from there
 
 
-def test_a_missing_relative_path_is_one_line_through_the_command_without_hub_retries(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "argv", [["patch", "models/llama", "out", "--method", "yarn", "--factor", "2"], ["doctor", "models/llama"]]
+)
+def test_a_missing_relative_path_is_one_line_through_the_command_without_hub_retries(
+    tmp_path, capsys, monkeypatch, argv
+):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
     monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **k: (_ for _ in ()).throw(_ConnectError("down")))
     start = time.perf_counter()
-    assert main(["patch", "models/llama", "out", "--method", "yarn", "--factor", "2"]) == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'models/llama' is no local path" in err[0], err
     assert time.perf_counter() - start < 5
