@@ -6,12 +6,10 @@ r"""``hf-posext eval ppl|passkey``: evaluate a checkpoint, optionally patched, a
     hf-posext eval ruler path/to/model --lengths 4096,8192,16384 --tasks niah,vt --samples 50 \
         --method none,yarn --factor 2
 
-Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and
-``ruler_{niah,tasks}.png`` under ``--out``. Results are
-saved after every method, and a rerun with the same settings on the same model content (not the
-same path: a model retrained in place is evaluated again) skips the methods already done; passkey keeps
-each finished prompt of a method cut short (Ctrl-C, a kill) in ``passkey.prompts.jsonl`` and asks only the rest. Every
-method name, argument and length is checked before the model loads.
+Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and ``ruler_{niah,tasks}.png``
+under ``--out``. Results are saved after every method, and a rerun with the same settings on the same model content
+(not the same path) skips the methods already done; passkey and ruler keep each finished prompt of a result cut short
+(Ctrl-C, a kill) in ``*.prompts.jsonl`` and ask only the rest. Every method name, argument and length is checked first.
 """
 
 from __future__ import annotations
@@ -281,23 +279,13 @@ def _context_limit(model: str, methods: list[str], factor: float | None, extra: 
 
 
 class _MethodCells:
-    """``ruler_accuracy``'s store for one method: cells kept in the result file as ``method/task/length``, and
-    the finished prompts of a cell cut short in a :class:`~hf_posext.eval.prompt_log.PromptLog` under the same key."""
+    """``ruler_accuracy``'s store for one method: cells kept in the result file as ``method/task/length``."""
 
-    def __init__(self, done: Any, method: str, patch: dict[str, Any], prompts: Any = None) -> None:
-        self.done, self.method, self.patch, self.prompts = done, method, patch, prompts
+    def __init__(self, done: Any, method: str, patch: dict[str, Any]) -> None:
+        self.done, self.method, self.patch = done, method, patch
 
     def get(self, key: str, compute: Any) -> Any:
         return self.done.get(f"{self.method}/{key}", lambda: {"patch": self.patch, **compute()})
-
-    def finished(self, key: str) -> dict[int, Any]:
-        return self.prompts.finished(f"{self.method}/{key}")
-
-    def add(self, key: str, index: int, value: Any) -> None:
-        self.prompts.add(f"{self.method}/{key}", index, value)
-
-    def forget(self, key: str) -> None:
-        self.prompts.forget(f"{self.method}/{key}")
 
 
 def _ruler(args: argparse.Namespace) -> int:
@@ -338,7 +326,7 @@ def _ruler(args: argparse.Namespace) -> int:
     } | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
     done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
-    prompts = PromptLog(out / "ruler.prompts.jsonl", settings)  # a cell cut short keeps its finished prompts
+    prompts = PromptLog(out / "ruler.prompts.jsonl", settings)
     model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
@@ -357,7 +345,7 @@ def _ruler(args: argparse.Namespace) -> int:
                 max_new_tokens=args.max_new_tokens,
                 store=_MethodCells(done, method, info),
                 progress=not args.no_progress,
-                prompts=_MethodCells(done, method, info, prompts),
+                prompts=prompts.under(method),  # a cell cut short keeps its finished prompts
             )
     results = done.results
     # The report covers every cell of the folder: earlier runs may have added other lengths, tasks, methods.

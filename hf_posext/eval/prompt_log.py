@@ -77,12 +77,32 @@ class PromptLog:
         else:
             self.path.unlink(missing_ok=True)
 
+    def under(self, prefix: str) -> _Prefixed:
+        """This log with every key read as ``prefix/key`` (one method's cells: ``ruler_accuracy``'s ``prompts``)."""
+        return _Prefixed(self, prefix)
+
     def _rewrite(self) -> None:
         lines = [json.dumps({"settings": self.settings})]
         for key, prompts in self._done.items():
             lines += [json.dumps({"key": key, "index": i, "value": v}, default=str) for i, v in sorted(prompts.items())]
         write_text(self.path, "\n".join(lines) + "\n")  # atomic: the old file or the new, never half of one
         self._clean = True
+
+
+class _Prefixed:
+    """:meth:`PromptLog.under`: ``finished``, ``add`` and ``forget`` under ``prefix/key``."""
+
+    def __init__(self, log: PromptLog, prefix: str) -> None:
+        self.log, self.prefix = log, prefix
+
+    def finished(self, key: str) -> dict[int, Any]:
+        return self.log.finished(f"{self.prefix}/{key}")
+
+    def add(self, key: str, index: int, value: Any) -> None:
+        self.log.add(f"{self.prefix}/{key}", index, value)
+
+    def forget(self, key: str) -> None:
+        self.log.forget(f"{self.prefix}/{key}")
 
 
 __all__ = ["PromptLog"]

@@ -13,7 +13,9 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import huggingface_hub
 import torch
+from huggingface_hub.errors import HfHubHTTPError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -23,6 +25,7 @@ from ..content_digest import file_digest
 from .. import files
 from ..files import atomic_directory, verify_folder
 from ..validation import path_shape, require
+from .reader import check_model_keys, open_gguf
 
 logger = logging.getLogger("hf_posext")
 
@@ -69,8 +72,6 @@ def cached_checkpoint_path(path: str | os.PathLike, cache_dir: str | os.PathLike
 def _check_complete(file: Path) -> None:
     """Refuse a GGUF without head counts or layer tensors before transformers reads it (its errors on such a
     file, a ``TypeError`` or a ``RuntimeError``, name neither the file nor what it lacks)."""
-    from .writer import check_model_keys, open_gguf  # here: ``import hf_posext`` does not load the writer
-
     check_model_keys(open_gguf(file), file)
 
 
@@ -196,9 +197,6 @@ def _check_hub_answers(repo_id: str, what: str) -> None:
     Raises:
         FileNotFoundError: naming the local path looked for and why the Hub was not asked.
     """
-    import huggingface_hub
-    from huggingface_hub.errors import HfHubHTTPError
-
     local = f"{what} {repo_id!r} is no local path (nothing at {os.path.abspath(os.path.expanduser(repo_id))})"
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
