@@ -312,3 +312,25 @@ def test_module_docstrings_are_short():
         if len(doc.splitlines()) > MAX_DOCSTRING_LINES:
             long[str(module.relative_to(ROOT))] = len(doc.splitlines())
     assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines (move the long form to docs/): {long}"
+
+
+def test_the_install_lines_name_pyprojects_torch_minimum():
+    pinned = re.search(r'"torch>=(\d+\.\d+)', (ROOT / "pyproject.toml").read_text()).group(1)
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting_started.md"):
+        named = re.findall(r"torch >= (\d+\.\d+)", page.read_text())
+        assert named and set(named) == {pinned}, (page.name, named, pinned)
+
+
+def test_every_cache_folder_the_docs_and_ci_name_is_the_packages(monkeypatch):
+    from hf_posext.files import default_cache_dir
+
+    monkeypatch.delenv("HF_POSEXT_CACHE", raising=False)
+    name = default_cache_dir().name
+    texts = [page.read_text() for page in PAGES] + [(ROOT / ".ci" / "run").read_text()]
+    folders = {folder for text in texts for folder in re.findall(r"\.cache/(hf[-_]posext)\b", text)}
+    assert folders == {name}, folders
+
+
+def test_the_readme_says_patch_writes_a_folder_unless_the_names_end_in_gguf():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "`patch` writes a transformers checkpoint folder unless both names end in `.gguf`" in text

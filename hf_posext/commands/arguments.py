@@ -212,7 +212,7 @@ def load_plugins(modules: Sequence[str]) -> int:
     launch`` workers, a reader run in a subprocess) import them too.
 
     Raises:
-        ValueError: naming a module that cannot be imported and why.
+        ValueError: naming a module that cannot be imported, or whose import raised, and why.
     """
     listed = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
     names = list(dict.fromkeys([*listed, *modules]))
@@ -225,6 +225,11 @@ def load_plugins(modules: Sequence[str]) -> int:
             raise ValueError(
                 f"--plugin {name!r} (or {PLUGINS_ENV}): the module cannot be imported ({type(error).__name__}: {error})"
             ) from None
+        except Exception as error:  # the plugin's own code failed (SyntaxError, RuntimeError...): still bad input
+            raise ValueError(
+                f"--plugin {name!r} (or {PLUGINS_ENV}): importing the module raised {type(error).__name__}: {error} "
+                "(--debug shows where)"
+            ) from error
     if names:
         os.environ[PLUGINS_ENV] = ",".join(names)
     return 0

@@ -52,6 +52,10 @@ def _config_file(path: str) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
+    from ..gguf import check_model_source
+
+    check_model_source(path, "checkpoint")  # the Hub not answering: at once, not after the download's retries
+
     try:
         return Path(hf_hub_download(path, "config.json"))
     except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError) as error:
@@ -74,9 +78,10 @@ def diagnose_path(path: str) -> dict[str, Any]:
     from ..readers import doctor
 
     if is_gguf(path):
-        from ..gguf.writer import architecture, open_gguf, read_rope
+        from ..gguf.writer import architecture, check_model_keys, open_gguf, read_rope
 
         reader = open_gguf(path)
+        check_model_keys(reader, path)
         arch = architecture(reader)
         prefix = f"{arch}.rope."
         keys = {

@@ -6,11 +6,10 @@ r"""``hf-posext eval ppl|passkey``: evaluate a checkpoint, optionally patched, a
     hf-posext eval ruler path/to/model --lengths 4096,8192,16384 --tasks niah,vt --samples 50 \
         --method none,yarn --factor 2
 
-Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and
-``ruler_{niah,tasks}.png`` under ``--out``. Results are
-saved after every method, and a rerun with the same settings on the same model content (not the
-same path: a model retrained in place is evaluated again) skips the methods already done. Every
-method name, argument and length is checked before the model loads.
+Each writes ``ppl.{json,csv,png}``, ``passkey.{json,csv,png}`` or ``ruler.{json,csv,md}`` and ``ruler_{niah,tasks}.png``
+under ``--out``. Results are saved after every method, and a rerun with the same settings on the same model content
+(not the same path) skips the methods already done; passkey and ruler keep each finished prompt of a result cut short
+(Ctrl-C, a kill) in ``*.prompts.jsonl`` and ask only the rest. Every method name, argument and length is checked first.
 """
 
 from __future__ import annotations
@@ -190,12 +189,14 @@ def _ppl(args: argparse.Namespace) -> int:
 def _passkey(args: argparse.Namespace) -> int:
     from ..eval import evaluated_model
     from ..eval.passkey import passkey_accuracy
+    from ..eval.prompt_log import PromptLog
     from ..eval.report import ResultFile, markdown_table, plot_heatmaps, write_csv
 
     methods, extra = _checked_methods(args)
     settings = _settings(args)
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("passkey.*",), reuse_own=True)
     done = ResultFile(out / "passkey.json", settings, overwrite=args.overwrite)
+    prompts = PromptLog(out / "passkey.prompts.jsonl", settings)  # a method cut short keeps its finished prompts
     results = done.results
     model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
@@ -213,10 +214,13 @@ def _passkey(args: argparse.Namespace) -> int:
                     args.trials,
                     seed=args.seed,
                     progress=not args.no_progress,
+                    finished=prompts.finished(method),
+                    on_prompt=lambda index, sample: prompts.add(method, index, sample),
                 )
             return {"patch": info, **result.to_dict()}
 
         done.get(method, measure)
+        prompts.forget(method)
     write_csv(
         out / "passkey.csv",
         [
@@ -288,6 +292,7 @@ def _ruler(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from ..eval import evaluated_model
+    from ..eval.prompt_log import PromptLog
     from ..eval.report import ResultFile, write_csv, write_json
     from ..eval.ruler import QUICK, TASKS, resolve_tasks, ruler_accuracy
     from ..eval.ruler.fit import minimum_length, wrapper_for
@@ -321,6 +326,7 @@ def _ruler(args: argparse.Namespace) -> int:
     } | {"samples": samples}
     out = check_output_dir(args.out, overwrite=args.overwrite, owns=("ruler.*", "ruler_*"), reuse_own=True)
     done = ResultFile(out / "ruler.json", settings, overwrite=args.overwrite)
+    prompts = PromptLog(out / "ruler.prompts.jsonl", settings)
     model, tokenizer = evaluated_model.load_model(args.model, args.dtype, args.device, args.attn_implementation)
     for method in methods:
         if all(f"{method}/{t}/{n}" in done for t in tasks for n in args.lengths):
@@ -339,6 +345,7 @@ def _ruler(args: argparse.Namespace) -> int:
                 max_new_tokens=args.max_new_tokens,
                 store=_MethodCells(done, method, info),
                 progress=not args.no_progress,
+                prompts=prompts.under(method),  # a cell cut short keeps its finished prompts
             )
     results = done.results
     # The report covers every cell of the folder: earlier runs may have added other lengths, tasks, methods.

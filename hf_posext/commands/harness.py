@@ -30,6 +30,7 @@ def _metadata(text: str | None) -> dict[str, Any]:
 
 def _main(args: argparse.Namespace) -> int:
     from ..eval.harness import lm_eval_module, run_harness, write_results
+    from ..files import check_output_file
     from ..methods import method_config
 
     lm_eval_module()  # before anything loads: one line naming the extra
@@ -37,15 +38,18 @@ def _main(args: argparse.Namespace) -> int:
     if not tasks:
         raise ValueError(f"--tasks names no task, got {args.tasks!r}")
     extra = method_kwargs(args.set)
+    if args.method == "none" and (args.factor is not None or extra):
+        given = "--factor" if args.factor is not None else "--set"
+        raise ValueError(
+            f"{given} applies to --method, which is not given: add --method (hf-posext methods lists them)"
+        )
     if args.method != "none":
         check_factor(args.method, args.factor, extra)
         method_config(args.method, **({} if args.factor is None else {"factor": args.factor}), **extra)
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise FileNotFoundError(f"--include-path {args.include_path!r} is not a folder (of lm-eval task YAMLs)")
     metadata = _metadata(args.metadata)
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise ValueError(f"output file {str(out)!r} exists; pass --overwrite to replace it (nothing was run)")
+    out = check_output_file(args.out, sources=[args.model], overwrite=args.overwrite)  # before lm-eval runs
     from ..eval.evaluated_model import load_model
     from ..gguf import resolve_model_source
     from ..patching import patch_model

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..methods import available_methods, method_aliases, method_class
 from .arguments import (
@@ -91,6 +93,7 @@ def _patch(args: argparse.Namespace) -> int:
             "then hf-posext gguf export"
         )
     if is_gguf(args.model) and is_gguf(args.output_dir):  # GGUF to GGUF: rope metadata only, tensors as stored
+        from ..gguf.writer import open_gguf, read_rope
         from ..publish.gguf_patch import patch_gguf
 
         out = patch_gguf(
@@ -103,7 +106,20 @@ def _patch(args: argparse.Namespace) -> int:
             **extra,
         )
         print(f"wrote {out}")
+        before, after = read_rope(open_gguf(args.model)), read_rope(open_gguf(out))
+        if not args.override and (before.factor > 1 or before.rope_freqs is not None):
+            _note(
+                f"{args.model} already carries a {before.scaling_type} rope scaling (x{before.factor:g}, context "
+                f"{before.context_length}); {args.method} composes on it: {out} now reaches {after.context_length} "
+                "(--override starts from plain RoPE instead)"
+            )
         return 0
+    if is_gguf(args.output_dir):  # a folder named out.gguf would be no GGUF, and hf-posext could not read it
+        raise ValueError(
+            f"{args.output_dir!r} ends in .gguf but {args.model!r} is no .gguf file: patch writes a transformers "
+            f"checkpoint folder from it; write one, then convert it: hf-posext patch {args.model} OUT ... && "
+            f"hf-posext gguf export OUT {args.output_dir}"
+        )
     source = resolve_model_source(args.model)  # a .gguf file -> its cached safetensors conversion
     if Path(source).is_file():
         raise ValueError(f"{args.model} is a file; pass the checkpoint folder that holds it ({Path(source).parent})")
@@ -128,8 +144,33 @@ def _patch(args: argparse.Namespace) -> int:
     if extended:
         kept = [key for key in saved.rope_parameters if key not in extended]
         print(f"extended layer types: {', '.join(extended)}; kept as they were: {', '.join(kept) or 'none'}")
+    _note_what_it_composes_on(args, source, saved)
     print_engine_warning(saved, patch_info(saved)["context_length"], args.method)
     return 0
+
+
+def _note(text: str) -> None:
+    print(f"hf-posext: note: {text}", file=sys.stderr)
+
+
+def _note_what_it_composes_on(args: argparse.Namespace, source: str, saved: Any) -> None:
+    """One line when the patch did not start from plain RoPE: the patch ``source`` carried (replaced) or the
+    scaling it shipped (composed on), and what the output reaches now (a second patch silently reached 16x)."""
+    record = saved.hf_posext
+    config_file = Path(source) / "config.json"
+    previous = json.loads(config_file.read_text()).get("hf_posext") if config_file.is_file() else None
+    if isinstance(previous, dict) and previous.get("method"):
+        _note(
+            f"{args.model} was already patched by hf-posext ({previous['method']}, reaching "
+            f"{previous.get('context_length')}); this patch replaces it, starting from the checkpoint's own rope: "
+            f"{args.output_dir} now reaches {record['context_length']}"
+        )
+    elif "composed_on" in record:
+        _note(
+            f"{args.model} ships a {record['composed_on']} rope scaling (reaching "
+            f"{record['base_original_max_position_embeddings']}); {args.method} composes on it: {args.output_dir} "
+            f"now reaches {record['context_length']} (--override starts from plain RoPE instead)"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -191,6 +191,8 @@ def passkey_accuracy(
     task: str = TASK,
     progress: bool = True,
     chat: bool = False,
+    finished: Mapping[int, dict[str, Any]] | None = None,
+    on_prompt: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> PasskeyResult:
     """Passkey retrieval accuracy for each (depth, length), by greedy generation.
 
@@ -205,6 +207,9 @@ def passkey_accuracy(
         task: the instruction line heading the prompt (``""`` for none).
         progress: show a tqdm bar.
         chat: ask through the tokenizer's chat template (:func:`chat_text`), as instruct models are asked.
+        finished: samples of an interrupted run by prompt index (length-major, then depth, then trial), as
+            ``on_prompt`` was given them: reused where the prompt's length, depth and key are the same.
+        on_prompt: called with each new sample as its prompt finishes (to keep it: :mod:`.prompt_log`).
 
     Raises:
         ValueError: bad lengths, depths or trials.
@@ -239,25 +244,31 @@ def passkey_accuracy(
         with torch.inference_mode():
             for li, (length, n_filler) in enumerate(zip(lengths, fillers)):
                 for di, depth in enumerate(result.depths):
-                    for _ in range(trials):
-                        key = rng.randint(*KEY_RANGE)
-                        ids = torch.tensor(
-                            [_encode(tokenizer, build_prompt(key, n_filler, depth, task), chat)], device=device
-                        )
-                        continuation = tokenizer.decode(_generate(model, ids, max_new_tokens, pad).tolist())
-                        answer = parse_answer(continuation)
-                        ok = answer == key
-                        result.correct[di][li] += ok
-                        result.samples.append(
-                            {
+                    for trial in range(trials):
+                        key = rng.randint(*KEY_RANGE)  # drawn for every prompt, done or not: the same keys
+                        index = (li * len(depths) + di) * trials + trial
+                        sample = (finished or {}).get(index)
+                        if not (
+                            isinstance(sample, dict)
+                            and (sample.get("length"), sample.get("depth"), sample.get("key")) == (length, depth, key)
+                        ):
+                            ids = torch.tensor(
+                                [_encode(tokenizer, build_prompt(key, n_filler, depth, task), chat)], device=device
+                            )
+                            continuation = tokenizer.decode(_generate(model, ids, max_new_tokens, pad).tolist())
+                            answer = parse_answer(continuation)
+                            sample = {
                                 "length": length,
                                 "depth": depth,
                                 "key": key,
                                 "continuation": continuation,
                                 "answer": answer,
-                                "correct": ok,
+                                "correct": answer == key,
                             }
-                        )
+                            if on_prompt is not None:
+                                on_prompt(index, sample)
+                        result.correct[di][li] += bool(sample["correct"])
+                        result.samples.append(sample)
                         bar.update(1)
                 bar.set_postfix(L=length, acc=f"{result.accuracy_by_length()[li]:.2f}")
     finally:

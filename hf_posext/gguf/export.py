@@ -84,8 +84,8 @@ def export_gguf(
         ValueError: before converting: an ``outtype`` the converter does not take, a checkpoint whose config
             or weights are refused (:func:`~hf_posext.validation.saved_model.read_config`) or whose rope has no
             GGUF form, an output path that is a folder, lies under a file, exists (without ``overwrite``), is
-            a file of the checkpoint, or (``keep_converted``) is ``dst`` itself; a converter Python that
-            cannot run it or lacks a module it imports (:func:`~.converter.check_converter`).
+            a file of the checkpoint, or (``keep_converted``) is ``dst`` itself or in the checkpoint's folder; a
+            converter Python that cannot run it or lacks a module it imports (:func:`~.converter.check_converter`).
         FileNotFoundError: no converter (:func:`~.converter.find_converter`).
         RuntimeError: the converter failed (its last output lines are in the message).
     """
@@ -131,12 +131,18 @@ def _check_outputs(source: Path, dst: Path, keep: Path | None, overwrite: bool) 
     """Refuse the output paths before anything runs; returns the checkpoint's files (which no output may be).
 
     Raises:
-        ValueError: as :func:`hf_posext.files.check_output_file`, or ``keep`` naming the same file as ``dst``.
+        ValueError: as :func:`hf_posext.files.check_output_file`, ``keep`` naming the same file as ``dst`` or a
+            file in the checkpoint folder.
     """
     protected = sorted(path for path in source.iterdir() if path.is_file())
     check_output_file(dst, sources=protected, overwrite=overwrite)
     if keep is not None:
         check_output_file(keep, sources=protected, overwrite=overwrite, what="keep_converted")
+        if source.resolve() in keep.expanduser().resolve().parents:  # a comparison file is no part of the checkpoint
+            raise ValueError(
+                f"keep_converted {str(keep)!r} lies in the checkpoint folder {str(source)!r}; keep the converter's "
+                "own output outside it (nothing was written)"
+            )
         if same_file(keep, dst):
             raise ValueError(
                 f"keep_converted {str(keep)!r} is the output file {str(dst)!r}; give the converter's own output "

@@ -13,7 +13,9 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import huggingface_hub
 import torch
+from huggingface_hub.errors import HfHubHTTPError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -23,6 +25,7 @@ from ..content_digest import file_digest
 from .. import files
 from ..files import atomic_directory, verify_folder
 from ..validation import path_shape, require
+from .reader import check_model_keys, open_gguf
 
 logger = logging.getLogger("hf_posext")
 
@@ -66,16 +69,24 @@ def cached_checkpoint_path(path: str | os.PathLike, cache_dir: str | os.PathLike
     return Path(cache_dir or default_cache_dir()) / f"{file.stem}-{gguf_identity(file)}"
 
 
+def _check_complete(file: Path) -> None:
+    """Refuse a GGUF without head counts or layer tensors before transformers reads it (its errors on such a
+    file, a ``TypeError`` or a ``RuntimeError``, name neither the file nor what it lacks)."""
+    check_model_keys(open_gguf(file), file)
+
+
 def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, Any]:
     """transformers' own reading of a GGUF file: the dequantized model and the tokenizer.
 
     Raises:
         MissingExtra: the ``gguf`` package is missing (``pip install hf-posext[gguf]``).
         FileNotFoundError: no such file.
-        ValueError: a file transformers cannot read (truncated, damaged...), naming it.
+        ValueError: a file transformers cannot read (truncated, damaged, no head count or layer tensors...),
+            naming it.
     """
     file = _gguf_file(path)
     require("gguf", "gguf", f"reading {file.name}")  # transformers needs it; fail with the install line instead
+    _check_complete(file)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # here: ``import hf_posext`` stays light
 
@@ -138,13 +149,14 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
         A folder ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` read.
 
     Raises:
-        ValueError: ``path`` is not a ``.gguf`` file name; rope keys hf-posext cannot run (naming the file
-            and the key).
+        ValueError: ``path`` is not a ``.gguf`` file name, or not a complete model (no head count, no layer
+            tensors); rope keys hf-posext cannot run (naming the file and the key).
         FileNotFoundError: no such file.
         MissingExtra: the ``gguf`` package is missing.
     """
     file = _gguf_file(path)
     require("gguf", "gguf", f"reading {file.name}")
+    _check_complete(file)  # before its digest is cached: a partial file leaves nothing behind
     from .reading import gguf_rope_parameters  # here: it loads transformers' config classes (test_import_cost.py)
 
     rope = gguf_rope_parameters(file)  # a rope hf-posext cannot run is refused before a minute of dequantizing
@@ -196,6 +208,34 @@ def check_model_source(source: str | os.PathLike, what: str = "model") -> None:
             f"{what} {text!r} does not exist (a local path: {reason}); "
             "give an existing checkpoint folder or .gguf file, or a Hub id as org/name"
         )
+    _check_hub_answers(text, what)
+
+
+def _check_hub_answers(repo_id: str, what: str) -> None:
+    """Refuse at once a name that is no local path when the Hub cannot be asked about it (one request, 10 s).
+
+    Without this, transformers' downloads retry for 30-40 s with the network down before an error that
+    names no local path; a mistyped relative path (``models/llama`` for ``./models/llama``) looks like a Hub id.
+    The Hub answering anything (a 404, a gated repo) leaves the error to transformers.
+
+    Raises:
+        FileNotFoundError: naming the local path looked for and why the Hub was not asked.
+    """
+    local = f"{what} {repo_id!r} is no local path (nothing at {os.path.abspath(os.path.expanduser(repo_id))})"
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+            return
+        raise FileNotFoundError(f"{local}, and as a Hub id it is not in the cache with HF_HUB_OFFLINE set")
+    try:
+        huggingface_hub.model_info(repo_id, timeout=10)
+    except HfHubHTTPError:
+        return  # the Hub answered: transformers says what it said
+    except Exception as error:  # no network: the client's own connection errors (httpx's), not OSError alone
+        if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+            return  # cached: transformers reads it without the network
+        raise FileNotFoundError(
+            f"{local}, and the Hub did not answer to look it up as a Hub id ({type(error).__name__}: {error})"
+        ) from None
 
 
 def resolve_model_source(source: str | os.PathLike) -> str:

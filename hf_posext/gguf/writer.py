@@ -10,7 +10,6 @@ applied above this package, by :func:`hf_posext.publish.gguf_patch.patch_gguf`.
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,10 @@ import numpy as np
 
 from ..files import output_file
 from ..post_import import deprecated_attribute as _deprecated_attribute
-from ..validation import require
+from .reader import _gguf, _value, architecture
+from .reader import _reader_class as _reader_class  # the fast reader: tests/gguf/test_writer.py compares it
+from .reader import check_model_keys as check_model_keys
+from .reader import open_gguf as open_gguf
 from .rope import (
     ROPE_FREQS,
     GGUFRope,
@@ -28,72 +30,6 @@ from .rope import (
 
 #: Key suffixes (after ``{arch}.``) this module owns: removed from the source, written anew.
 OWNED_SUFFIXES = ("context_length", "rope.freq_base", "rope.scaling.")
-
-
-def _gguf() -> Any:
-    return require("gguf", "gguf", "writing GGUF files")
-
-
-@functools.cache
-def _reader_class() -> type:
-    """``gguf.GGUFReader`` slicing a plain ``ndarray`` view of its memory map instead of the ``np.memmap``.
-
-    The stock reader slices the ``np.memmap`` once per value read, and each slice runs numpy's memmap
-    bookkeeping: SmolLM2's 49k-token vocabulary and merges (~150k strings) took 2.4-2.7 s to open, 0.7 s this
-    way (benchmarks/bench_gguf_open.py). Same file mapping, same fields and tensors (tests/gguf/test_writer.py);
-    tensor data are ``ndarray`` views of the mapping rather than ``np.memmap`` objects.
-    """
-    gguf = _gguf()
-
-    class Reader(gguf.GGUFReader):  # type: ignore[misc, name-defined]
-        def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self._plain = self.data.view(np.ndarray)
-            dtype, count = np.dtype(dtype), int(count)
-            array = plain[offset : offset + dtype.itemsize * count].view(dtype)[:count]
-            return array.view(array.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
-
-    return Reader
-
-
-def open_gguf(path: str | os.PathLike) -> Any:
-    """A ``gguf.GGUFReader`` of ``path`` (memory-mapped, read-only).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: the file is not a GGUF file, or is truncated or damaged.
-    """
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no GGUF file at {str(path)!r}")
-    with file.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{str(path)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-    try:
-        reader = _reader_class()(file, "r")
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    except (ValueError, IndexError, OSError, KeyError, OverflowError) as err:
-        raise ValueError(f"{str(path)!r} is a damaged or truncated GGUF file ({type(err).__name__}: {err})") from err
-    if end > file.stat().st_size:
-        raise ValueError(
-            f"{str(path)!r} is a truncated GGUF file: its tensors need {end} bytes, it has {file.stat().st_size}"
-        )
-    return reader
-
-
-def _value(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def architecture(reader: Any) -> str:
-    """``general.architecture`` of the file."""
-    arch = _value(reader, "general.architecture")
-    if arch is None:
-        raise ValueError("the GGUF file has no general.architecture key")
-    return str(arch)
 
 
 def read_rope(reader: Any) -> GGUFRope:

@@ -143,8 +143,13 @@ def register_family(
             another family registered with other functions.
     """
     rope_types, attention = dict(rope_types or {}), dict(attention or {})
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a method family's name is a non-empty string, got {name!r}")
     if name in _FAMILIES:
         raise ValueError(f"method family {name!r} is already registered")
+    methods = list(methods)
+    if not methods or not all(isinstance(spec, MethodSpec) for spec in methods):
+        raise ValueError(f"method family {name!r}: methods must be a non-empty list of MethodSpec, got {methods!r}")
     keys = [key for spec in methods for key in (spec.name, *spec.aliases)]
     for key in keys:
         if not isinstance(key, str) or not key or key != key.lower():
@@ -156,6 +161,7 @@ def register_family(
             raise ValueError(f"{spec.name}: config_cls must be a MethodConfig subclass, got {spec.config_cls!r}")
         if not dataclasses.is_dataclass(spec.config_cls):
             raise ValueError(f"{spec.name}: config_cls {spec.config_cls.__name__} must be a frozen dataclass")
+    _check_functions(name, rope_types, attention, shipped_config)
     for kind, given, known in (("rope type", rope_types, _ROPE_TYPES), ("attention", attention, _ATTENTION)):
         for key, value in given.items():
             if key in known and known[key] != value:
@@ -166,22 +172,69 @@ def register_family(
             integration.check_rope_type_free(key, entry.init)
     for attention_name, functions in attention.items():
         integration.check_attention_free(attention_name, functions.forward)
-    for spec in methods:
-        spec.config_cls.name = spec.name
-        METHODS[spec.name] = spec.config_cls
-        for alias in spec.aliases:
-            ALIASES[alias] = spec.name
-        if spec.surgery is not None:
-            _SURGERY[spec.config_cls] = spec.surgery() if isinstance(spec.surgery, type) else spec.surgery
-    _ROPE_TYPES.update(rope_types)
-    _ATTENTION.update(attention)
+    surgeries = {
+        spec.config_cls: spec.surgery() if isinstance(spec.surgery, type) else spec.surgery
+        for spec in methods
+        if spec.surgery is not None
+    }  # built before anything is kept: a surgery whose constructor raises registers nothing
+    registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention, shipped_config)
+    kept = (dict(METHODS), dict(ALIASES), dict(_SURGERY), dict(_ROPE_TYPES), dict(_ATTENTION))
+    names = {spec.config_cls: spec.config_cls.__dict__.get("name") for spec in methods}
+    try:
+        for spec in methods:
+            spec.config_cls.name = spec.name
+            METHODS[spec.name] = spec.config_cls
+            for alias in spec.aliases:
+                ALIASES[alias] = spec.name
+        _SURGERY.update(surgeries)
+        _ROPE_TYPES.update(rope_types)
+        _ATTENTION.update(attention)
+        _FAMILIES[name] = registered
+        if _installed:
+            _register_family_with_transformers(registered)
+    except BaseException:  # put the registry back: a retry meets the same checks, not "already registered"
+        _FAMILIES.pop(name, None)
+        for table, before in zip((METHODS, ALIASES, _SURGERY, _ROPE_TYPES, _ATTENTION), kept):
+            table.clear()
+            table.update(before)
+        for cls, old in names.items():
+            if old is None:
+                del cls.name  # inherited again
+            else:
+                cls.name = old
+        raise
+    return registered
+
+
+def _check_functions(
+    name: str,
+    rope_types: Mapping[str, RopeType],
+    attention: Mapping[str, AttentionFunctions],
+    shipped_config: ShippedConfig | None,
+) -> None:
+    """Refuse, before anything is kept, a rope type, attention entry or load-time hook that is not callable.
+
+    Raises:
+        ValueError: naming the family, the entry and what it must be.
+    """
+    for rope_type, entry in rope_types.items():
+        if not (isinstance(rope_type, str) and isinstance(entry, RopeType)):
+            raise ValueError(
+                f"method family {name!r}: rope_types maps a name to a RopeType, got {rope_type!r}: {entry!r}"
+            )
+        if not (callable(entry.init) and callable(entry.validate)):
+            raise ValueError(f"method family {name!r}: rope type {rope_type!r} needs a callable init and validate")
+    for attention_name, functions in attention.items():
+        if not (isinstance(functions, AttentionFunctions) and callable(functions.forward)):
+            raise ValueError(
+                f"method family {name!r}: attention {attention_name!r} needs AttentionFunctions(forward, mask)"
+            )
+        if not (callable(functions.mask) or isinstance(functions.mask, str)):
+            raise ValueError(
+                f"method family {name!r}: attention {attention_name!r}'s mask must be a function or a kernel name"
+            )
     if shipped_config is not None and not callable(shipped_config):
         raise ValueError(f"method family {name!r}: shipped_config must be callable, got {shipped_config!r}")
-    registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention, shipped_config)
-    _FAMILIES[name] = registered
-    if _installed:
-        _register_family_with_transformers(registered)
-    return registered
 
 
 def register_with_transformers() -> None:

@@ -20,6 +20,7 @@ from transformers import PreTrainedConfig
 from .. import architectures, integration, readers
 from ..methods.base import BaseRope, MethodConfig
 from ..methods.registry import available_methods, method_class, method_config, surgery_for
+from ..validation.saved_model import check_rope_config
 from ..validation.unknown_method import refuse_to_build, unknown_method
 from .shipped_rope import CONFIG_KEY, base_rope, shipped_rope
 from .transaction import Snapshot, restore, snapshot
@@ -119,11 +120,15 @@ def _patch_config(
     surgery_for(method).patch_config(method, config)
     try:
         config.validate_rope()
-    except (ValueError, TypeError) as error:  # e.g. Phi3Config accepts only rope_type default or longrope
+    except (ValueError, TypeError, KeyError) as error:  # e.g. Phi3Config accepts only rope_type default or longrope
         raise ValueError(
             f"model_type {config.model_type!r} does not accept the rope parameters {method.name!r} needs "
             f"({rope_parameters}): {error}"
         ) from error
+    try:  # transformers only warns for some (a negative factor, a rope type nobody registered): a plugin's rope
+        check_rope_config(config)
+    except ValueError as error:
+        raise ValueError(f"method {method.name!r} writes rope parameters no reader can build: {error}") from None
     readers.write_reader_fields(config)  # transformers 4.x and the engines read these (hf_posext.readers)
 
 

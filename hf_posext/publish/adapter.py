@@ -37,6 +37,7 @@ def read_adapter(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Ten
     Raises:
         FileNotFoundError: no ``adapter_config.json``, or no weights file beside it (PEFT would
             look for a Hub repository named like the folder instead).
+        ValueError: a damaged ``adapter_config.json`` or weights file, naming it.
     """
     if not (adapter_dir / "adapter_config.json").is_file():
         raise FileNotFoundError(f"no PEFT adapter at {adapter_dir} (it has no adapter_config.json)")
@@ -45,10 +46,19 @@ def read_adapter(adapter_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Ten
         raise FileNotFoundError(
             f"the PEFT adapter at {adapter_dir} has no weights: {' or '.join(ADAPTER_WEIGHTS)} is missing"
         )
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    if weights.suffix == ".safetensors":
-        return config, load_file(weights)
-    return config, torch.load(weights, map_location="cpu", weights_only=True)
+    config_file = adapter_dir / "adapter_config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{config_file} is not valid JSON ({error}): a damaged adapter") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} holds {type(config).__name__}, not a JSON object: a damaged adapter")
+    try:
+        if weights.suffix == ".safetensors":
+            return config, load_file(weights)
+        return config, torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as error:  # safetensors' and torch's own errors on a damaged or truncated file
+        raise ValueError(f"{weights} cannot be read ({type(error).__name__}: {error}): a damaged adapter") from None
 
 
 def check_adapter(
@@ -81,6 +91,12 @@ def check_adapter(
                 raise ValueError(f"adapter tensor {key} adapts {owner}, no linear layer of the base {other_base}")
             adapted.add(owner)
             rank = (shape or (0,))[0 if lora.group(2) == "A" else -1]
+            declared = adapter_config.get("r")
+            if not adapter_config.get("rank_pattern") and declared is not None and rank != declared:
+                raise ValueError(
+                    f"adapter tensor {key} has rank {rank} but {where}/adapter_config.json says r={declared!r}: "
+                    "the config does not match the weights (a damaged or mixed-up adapter)"
+                )
             want = (rank, layer.in_features) if lora.group(2) == "A" else (layer.out_features, rank)
             base = f"the base's {owner} ({layer.in_features} -> {layer.out_features} features) takes"
         elif name in params:
@@ -140,7 +156,11 @@ def merge_adapter(
     del tensors  # PEFT reads the file again itself
     from peft import PeftModel  # here: hf-posext eval and hf-posext patch without --adapter never need peft
 
-    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    except (RuntimeError, ValueError, KeyError, TypeError) as error:  # what check_adapter cannot foresee
+        text = " ".join(str(error).split())
+        raise ValueError(f"the PEFT adapter at {adapter_dir} cannot be applied to the base: {text[:500]}") from error
     tokenizer = AutoTokenizer.from_pretrained(source_dir)
     owns = (*MODEL_REPO_FILES, ADAPTER_FOLDER)
     with output_folder(output_dir, overwrite=overwrite, sources=[source_dir, adapter_dir], owns=owns) as tmp:

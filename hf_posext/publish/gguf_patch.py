@@ -18,7 +18,7 @@ from typing import Any
 from ..files import output_file
 from ..gguf.reading import rope_keys_problem
 from ..gguf.rope import REFUSED_METHODS, gguf_rope_for
-from ..gguf.writer import architecture, base_config, open_gguf, write_gguf
+from ..gguf.writer import architecture, base_config, check_model_keys, open_gguf, write_gguf
 from ..methods import canonical_name
 from ..patching import patch_model
 
@@ -55,6 +55,7 @@ def patch_gguf(
     if name in REFUSED_METHODS:
         raise ValueError(f"{method} cannot be written into a GGUF: {REFUSED_METHODS[name]}")
     reader = open_gguf(src)
+    check_model_keys(reader, src)
     problem = rope_keys_problem(reader)  # the one reading hf-posext's loaders take (hf_posext.gguf.reading)
     if problem is not None:
         raise ValueError(f"{src}: {problem}")

@@ -7,6 +7,7 @@ checkpoints with the older names loadable (docs/readers/index.md).
 from __future__ import annotations
 
 from ..methods.registry import rope_types
+from ..validation.unknown_method import is_native_rope_type
 
 
 def renamed_rope_types() -> dict[str, str]:
@@ -25,7 +26,13 @@ def current_rope_type(rope_type: str) -> str:
 
 
 def verdict(rope_type: str) -> tuple[str, str]:
-    """``("right", how)``: transformers 5 reads every hf-posext checkpoint, some only after the import."""
+    """``(status, how)``: transformers 5 reads hf-posext's own rope types after ``import hf_posext`` and its native
+    ones always; a plugin's rope type, or one nobody registered, it refuses (a plugin's: unless it is imported)."""
+    current = current_rope_type(rope_type)
+    if current in rope_types() and not rope_types()[current].init.__module__.startswith("hf_posext."):
+        return "refused", f"KeyError: {rope_type!r} unless the plugin that registers it is imported first"
     if rope_type in custom_rope_types():
         return "right", f"after `import hf_posext`; without it, KeyError: {rope_type!r}"
+    if not is_native_rope_type(rope_type):
+        return "refused", f"KeyError: {rope_type!r}: no rope type of that name is registered in this process"
     return "right", "native rope type: loads with or without hf-posext"

@@ -308,10 +308,18 @@ class TrainConfig:
                 f"window_start and window_ramp_steps shape a window_schedule, which is none ({', '.join(shaping)} "
                 "given): set window_schedule to linear or step, or leave them out"
             )
-        if self.window_ramp_steps is not None and self.window_ramp_steps > self.max_train_steps:
+        if self.window_schedule != "none" and self.max_train_steps < 2:
             raise ValueError(
-                f"window_ramp_steps={self.window_ramp_steps} exceeds max_train_steps={self.max_train_steps}: the full "
-                f"window would never be trained; use at most {self.max_train_steps}"
+                f"window_schedule={self.window_schedule} needs max_train_steps >= 2 (got {self.max_train_steps}): "
+                "the window grows over the run and the full one is trained from the step the ramp ends"
+            )
+        # step i (0-based) trains the full window from i = window_ramp_steps on: the last step, max_train_steps - 1,
+        # must reach it (a ramp equal to the run trained 16, 53, 90 of 128 tokens and never the full window)
+        if self.window_ramp_steps is not None and self.window_ramp_steps >= self.max_train_steps:
+            raise ValueError(
+                f"window_ramp_steps={self.window_ramp_steps} with max_train_steps={self.max_train_steps}: the full "
+                f"window would never be trained (the window reaches it after the ramp's last step); use at most "
+                f"{self.max_train_steps - 1}"
             )
 
     @property

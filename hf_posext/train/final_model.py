@@ -130,6 +130,8 @@ def save_final(
             "seq_len": plan.seq_len,
             "window": plan.window,
             "window_schedule": plan.schedule.describe() if plan.schedule is not None else None,
+            # what each step trained (a schedule's window is a function of the step alone: WindowSchedule.window)
+            "windows": [plan.schedule.window(step) if plan.schedule else plan.window for step in range(progress.step)],
             "steps": progress.step,
             "tokens": progress.tokens,
             "final_loss": progress.losses[-1] if progress.losses else None,

@@ -56,7 +56,21 @@ def check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
     changed = [key for key in RESUME_INVARIANTS if key in saved and saved[key] != current[key]]
     if changed:
         details = "; ".join(f"{key}: {saved[key]!r} -> {current[key]!r}" for key in changed)
-        raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details})")
+        longer = (
+            changed == ["max_train_steps"]
+            and isinstance(saved["max_train_steps"], int)
+            and isinstance(current["max_train_steps"], int)
+            and current["max_train_steps"] > saved["max_train_steps"]
+        )
+        hint = (
+            f"; a resume cannot train longer: the saved state's learning-rate schedule and data order are sized for "
+            f"{saved['max_train_steps']} steps. To train {current['max_train_steps']}, start again without --resume "
+            "(into an empty --output-dir and --checkpoint-dir), or resume with the saved --max-train-steps "
+            f"{saved['max_train_steps']} to finish the run as planned"
+            if longer
+            else ""
+        )
+        raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details}){hint}")
 
 
 def process_layout(num_processes: int, dp_size: int, distributed_type: str) -> dict[str, Any]:

@@ -330,3 +330,52 @@ def test_the_dtype_choices_are_the_loaders():
 def test_load_model_is_still_importable_from_the_command_module():
     assert eval_cli.load_model is evaluated_model.load_model
     assert eval_cli.model_fingerprint is evaluated_model.model_fingerprint
+
+
+def test_an_interrupted_passkey_keeps_its_finished_prompts_and_the_same_command_resumes(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    from hf_posext.eval import passkey
+
+    path, _ = checkpoint
+    argv = ["eval", "passkey", str(path), "--lengths", "300,400", "--depths", "0,1", "--trials", "2", "--no-progress"]
+    generate, calls = passkey._generate, []
+
+    def interrupted_at_the_fourth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4 and interrupt:
+            raise KeyboardInterrupt
+        return generate(*args, **kwargs)
+
+    interrupt = True
+
+    monkeypatch.setattr(passkey, "_generate", interrupted_at_the_fourth)
+    assert main([*argv, "--out", str(tmp_path / "cut")]) == 130
+    kept = (tmp_path / "cut" / "passkey.prompts.jsonl").read_text().splitlines()
+    assert len(kept) == 1 + 3  # the settings, then one line per finished prompt
+    calls.clear()
+    interrupt = False
+    assert main([*argv, "--out", str(tmp_path / "cut")]) == 0
+    assert len(calls) == 8 - 3  # only the prompts not finished before
+    assert not (tmp_path / "cut" / "passkey.prompts.jsonl").exists()  # the result file holds them all now
+    assert main([*argv, "--out", str(tmp_path / "straight")]) == 0
+    resumed, straight = (json.loads((tmp_path / d / "passkey.json").read_text()) for d in ("cut", "straight"))
+    assert resumed["results"] == straight["results"]
+
+
+def test_a_prompt_log_cut_mid_line_or_of_other_settings_keeps_only_what_it_can_vouch_for(tmp_path):
+    from hf_posext.eval.prompt_log import PromptLog
+
+    file = tmp_path / "p.jsonl"
+    log = PromptLog(file, {"model": "a"})
+    log.add("none", 0, {"key": 1})
+    log.add("none", 1, {"key": 2})
+    file.write_text(file.read_text() + '{"key": "none", "index": 2, "va')  # killed while writing the third
+    again = PromptLog(file, {"model": "a"})
+    assert again.finished("none") == {0: {"key": 1}, 1: {"key": 2}}
+    again.add("none", 2, {"key": 3})
+    assert PromptLog(file, {"model": "a"}).finished("none") == {0: {"key": 1}, 1: {"key": 2}, 2: {"key": 3}}
+    other = PromptLog(file, {"model": "b"})
+    assert other.finished("none") == {}
+    other.add("none", 0, {"key": 9})
+    assert PromptLog(file, {"model": "a"}).finished("none") == {}

@@ -158,7 +158,7 @@ def test_the_window_schedule_and_longrope_factors_are_yaml_keys_and_flags(tmp_pa
     [
         (["--window-schedule", "cosine"], "--window-schedule"),
         (["--window-start", "8"], "--window-start"),
-        (["--window-schedule", "linear", "--window-ramp-steps", "500"], "window_ramp_steps=500 exceeds"),
+        (["--window-schedule", "linear", "--window-ramp-steps", "500"], "window_ramp_steps=500 with max_train_steps"),
         (["--longrope-factors", "long"], "longrope_factors"),
     ],
 )

@@ -30,12 +30,19 @@ def test_without_lm_eval_the_command_names_the_extra(tmp_path, capsys, monkeypat
         (["--tasks", "x", "--include-path", "no/such/dir"], "--include-path 'no/such/dir' is not a folder"),
         (["--tasks", "x", "--metadata", "[1]"], "--metadata must be a JSON object"),
         (["--tasks", "x", "--metadata", "{"], "--metadata must be a JSON object"),
+        (["--tasks", "x", "--factor", "4"], "--factor applies to --method, which is not given"),
+        (["--tasks", "x", "--set", "beta_fast=8"], "--set applies to --method, which is not given"),
+        (["--tasks", "x", "--out", "{tmp}"], "is an existing folder"),
+        (["--tasks", "x", "--out", "{tmp}/a_file/r.json"], "a_file"),
     ],
 )
 def test_bad_flags_are_one_line_before_any_model_loads(tmp_path, capsys, flags, words):
     pytest.importorskip("lm_eval")
+    (tmp_path / "a_file").write_text("")
+    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
     assert main(["eval", "harness", str(tmp_path / "no-model"), *flags]) == 2
     assert words in one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written
 
 
 def test_an_existing_out_file_is_kept(tmp_path, capsys):

@@ -188,3 +188,23 @@ def test_debug_after_a_sub_command_with_its_own_parser(tmp_path, capsys):
     assert "missing.yaml" in one_line_error(capsys)
     with pytest.raises(FileNotFoundError):
         main([*argv, "--debug"])
+
+
+def test_repatching_a_patched_checkpoint_says_it_replaces_the_patch_and_what_it_reaches(base, tmp_path, capsys):
+    assert main(["patch", str(base), str(tmp_path / "x4"), "--method", "yarn", "--factor", "4"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["patch", str(tmp_path / "x4"), str(tmp_path / "x2"), "--method", "linear", "--factor", "2"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert len(notes) == 1, notes
+    assert f"already patched by hf-posext (yarn, reaching {4 * L_ORIG})" in notes[0]
+    assert f"now reaches {2 * L_ORIG}" in notes[0]
+
+
+def test_patching_a_checkpoint_with_a_shipped_scaling_says_it_composes_on_it(tmp_path, capsys):
+    from tests.helpers.gguf_files import LLAMA3
+
+    tiny_model(max_positions=L_ORIG, rope_parameters=dict(LLAMA3)).save_pretrained(tmp_path / "llama3")
+    assert main(["patch", str(tmp_path / "llama3"), str(tmp_path / "out"), "--method", "yarn", "--factor", "2"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert len(notes) == 1 and f"ships a llama3 rope scaling (reaching {L_ORIG})" in notes[0], notes
+    assert f"now reaches {2 * L_ORIG}" in notes[0]

@@ -94,3 +94,76 @@ def test_a_plugin_that_cannot_be_imported_is_one_line_and_exit_2(tmp_path):
         "hf-posext: error: --plugin 'no_such_plugin' (or HF_POSEXT_PLUGINS): the module cannot be imported "
         "(ModuleNotFoundError: No module named 'no_such_plugin')"
     ]
+
+
+@pytest.mark.parametrize(
+    "body, raised, entry, via_env",
+    [
+        ("raise RuntimeError('boom')", "RuntimeError: boom", "hf_posext.commands.main", False),
+        ("{}['missing']", "KeyError: 'missing'", "hf_posext.commands.finetune", False),
+        ("def broken(:\n    pass", "SyntaxError", "hf_posext.commands.main", True),
+        ("raise RuntimeError('boom')", "RuntimeError: boom", "hf_posext.commands.finetune", True),
+    ],
+)
+def test_a_plugin_whose_import_raises_is_one_line_and_exit_2_through_every_entry_point(
+    tmp_path, body, raised, entry, via_env
+):
+    (tmp_path / "badplug.py").write_text(body + "\n")
+    environ = {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
+    environ.update(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), OMP_NUM_THREADS="1")
+    argv = ["methods"] if entry.endswith("main") else ["--help"]
+    if via_env:
+        environ[PLUGINS_ENV] = "badplug"
+    else:
+        argv = ["--plugin", "badplug", *argv]
+    command = [sys.executable, "-m", entry, *argv]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environ, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'badplug'" in lines[0] and raised in lines[0], lines
+
+
+#: A plugin whose methods write rope parameters no reader can build, each with the field its message names.
+HOSTILE_ROPES = {
+    "neg_factor": ({"rope_type": "linear", "factor": -2.0}, "factor"),
+    "nan_factor": ({"rope_type": "linear", "factor": float("nan")}, "factor"),
+    "neg_theta": ({"rope_type": "linear", "factor": 2.0, "rope_theta": -5.0}, "rope_theta"),
+    "yarn_no_original": ({"rope_type": "yarn", "factor": 2.0}, "original_max_position_embeddings"),
+    "nobodys_type": ({"rope_type": "nobodys_type", "factor": 2.0}, "nobodys_type"),
+}
+
+HOSTILE_PLUGIN = """
+import json, sys
+from dataclasses import dataclass
+import hf_posext
+from hf_posext.commands.main import main
+
+for name, rope in json.loads(sys.argv[1]).items():
+    @dataclass(frozen=True)
+    class Hostile(hf_posext.MethodConfig):
+        paper = "none"
+
+        def rope_parameters(self, base, rope=rope):
+            kept = {k: v for k, v in base.rope_parameters.items() if k != "original_max_position_embeddings"}
+            return {**kept, **rope}
+
+    hf_posext.register_method(name, Hostile)
+    print("CASE", name, main(["patch", "base", "out_" + name, "--method", name, "--factor", "2"]), file=sys.stderr)
+"""
+
+
+def test_a_plugins_rope_no_reader_can_build_is_refused_naming_method_and_field_before_anything_is_written(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "base")
+    ropes = json.dumps({name: rope for name, (rope, _) in HOSTILE_ROPES.items()})  # NaN as JSON's NaN
+    environ = {k: v for k, v in os.environ.items() if k != PLUGINS_ENV}
+    environ.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-c", HOSTILE_PLUGIN, ropes]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environ, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("hf-posext: error:")]
+    cases = [line.split() for line in done.stderr.splitlines() if line.startswith("CASE ")]
+    assert [(name, code) for _, name, code in cases] == [(name, "2") for name in HOSTILE_ROPES]
+    assert len(errors) == len(HOSTILE_ROPES)
+    for (name, (_, field)), error in zip(HOSTILE_ROPES.items(), errors):
+        assert f"'{name}'" in error and field in error, error
+        assert not (tmp_path / f"out_{name}").exists()

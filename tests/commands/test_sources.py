@@ -52,7 +52,53 @@ def test_a_missing_path_under_an_existing_folder_is_a_path(tmp_path, monkeypatch
 @pytest.mark.parametrize("source", ["meta-llama/Llama-2-7b-hf", "gpt2", "HuggingFaceTB/SmolLM2-135M"])
 def test_hub_ids_stay_hub_ids(source, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda repo_id, **kwargs: asked.append(repo_id))
     check_model_source(source)  # nothing local of that name, no folder it starts with: a Hub id
+    assert asked == [source]
+
+
+class _ConnectError(Exception):
+    """What the Hub client raises with the network down (httpx's ConnectError)."""
+
+
+def test_a_name_that_is_no_local_path_is_refused_at_once_when_the_hub_does_not_answer(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
+
+    def no_answer(repo_id, **kwargs):
+        assert kwargs["timeout"] <= 10
+        raise _ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", no_answer)
+    with pytest.raises(FileNotFoundError, match="nothing at .*models/llama.*the Hub did not answer") as error:
+        check_model_source("models/llama")
+    assert str(tmp_path / "models" / "llama") in str(error.value)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match="not in the cache with HF_HUB_OFFLINE set"):
+        check_model_source("models/llama")
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: "/cache/config.json")
+    check_model_source("models/llama")  # offline, in the cache: transformers reads it from there
+
+
+@pytest.mark.parametrize(
+    "argv", [["patch", "models/llama", "out", "--method", "yarn", "--factor", "2"], ["doctor", "models/llama"]]
+)
+def test_a_missing_relative_path_is_one_line_through_the_command_without_hub_retries(
+    tmp_path, capsys, monkeypatch, argv
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **k: (_ for _ in ()).throw(_ConnectError("down")))
+    start = time.perf_counter()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'models/llama' is no local path" in err[0], err
+    assert time.perf_counter() - start < 5
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["patch", "ppl", "passkey", "ruler", "finetune"])

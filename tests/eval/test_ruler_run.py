@@ -53,3 +53,36 @@ def test_bad_arguments_raise(tiny, kwargs, message):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match=message):
         ruler_accuracy(model, tokenizer, progress=False, **kwargs)
+
+
+def test_a_cell_cut_short_resumes_from_its_finished_prompts(tiny, tmp_path, monkeypatch):
+    """The prompts a stopped cell finished are kept (one line each) and not asked again; the cell is the same."""
+    from hf_posext.eval.prompt_log import PromptLog
+    from hf_posext.eval.ruler import run
+
+    model, tokenizer = tiny
+    kwargs = {"lengths": [900], "tasks": "niah_single_1", "samples": 4, "max_new_tokens": 6, "progress": False}
+    straight = ruler_accuracy(model, tokenizer, batch_size=1, **kwargs)
+    generate, asked = run._generate, []
+
+    def stopped_at_the_third(model, tokenizer, batch, *args):
+        asked.append(len(batch))
+        if len(asked) == 3 and stop:
+            raise KeyboardInterrupt
+        return generate(model, tokenizer, batch, *args)
+
+    stop = True
+    monkeypatch.setattr(run, "_generate", stopped_at_the_third)
+    log = PromptLog(tmp_path / "prompts.jsonl", {"run": 1})
+    with pytest.raises(KeyboardInterrupt):
+        ruler_accuracy(model, tokenizer, batch_size=1, prompts=log, **kwargs)
+    assert sorted(PromptLog(tmp_path / "prompts.jsonl", {"run": 1}).finished("niah_single_1/900")) == [0, 1]
+    asked.clear()
+    stop = False
+    resumed = ruler_accuracy(
+        model, tokenizer, batch_size=1, prompts=PromptLog(tmp_path / "prompts.jsonl", {"run": 1}), **kwargs
+    )
+    assert asked == [1, 1]  # prompts 2 and 3 only
+    cell, before = resumed["cells"]["niah_single_1/900"], straight["cells"]["niah_single_1/900"]
+    assert cell["samples"] == before["samples"] and cell["accuracy"] == before["accuracy"]
+    assert not (tmp_path / "prompts.jsonl").exists()

@@ -162,6 +162,8 @@ def _checkpoint_file(tmp_path, out):
         (_under_a_file, False, "which is a file, not a folder"),
         (_existing_file, False, "exists; pass --overwrite"),
         (_checkpoint_file, True, "is the source"),
+        (lambda tmp_path, out: tmp_path / "ckpt" / "converted.gguf", False, "lies in the checkpoint folder"),
+        (lambda tmp_path, out: tmp_path / "ckpt" / "sub" / "converted.gguf", True, "lies in the checkpoint folder"),
     ],
     ids=[
         "dst",
@@ -173,6 +175,8 @@ def _checkpoint_file(tmp_path, out):
         "under-a-file",
         "existing-file",
         "a-checkpoint-file",
+        "in-the-checkpoint-folder",
+        "under-the-checkpoint-folder",
     ],
 )
 def test_keep_converted_is_refused_before_the_converter_runs(checkpoint, stand_in, tmp_path, make, overwrite, message):

@@ -17,16 +17,21 @@ LLAMA3 = {
 }
 
 
-def write_tiny_gguf(path, arch="llama", rope_freqs=None, freq_base=10000.0, **keys):
-    """A GGUF with the attention shape of tests/helpers/models.py's tiny config, one F32 and one Q4_1 tensor."""
+def write_tiny_gguf(path, arch="llama", rope_freqs=None, freq_base=10000.0, heads=True, layers=True, **keys):
+    """A GGUF with the attention shape of tests/helpers/models.py's tiny config, one F32 and one Q4_1 tensor.
+
+    ``heads=False`` leaves out the head counts, ``layers=False`` the one layer's tensor (``blk.0.*``).
+    """
     import gguf
     import numpy as np
 
     writer = gguf.GGUFWriter(path, arch)
     writer.add_context_length(L_ORIG)
     writer.add_embedding_length(4 * HEAD_DIM)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
+    writer.add_block_count(1)
+    if heads:
+        writer.add_head_count(4)
+        writer.add_head_count_kv(2)
     writer.add_rope_dimension_count(HEAD_DIM)
     writer.add_rope_freq_base(freq_base)
     writer.add_string("general.name", "tiny")
@@ -38,7 +43,8 @@ def write_tiny_gguf(path, arch="llama", rope_freqs=None, freq_base=10000.0, **ke
     writer.add_tensor("token_embd.weight", np.arange(3 * 8, dtype=np.float32).reshape(3, 8))
     # 2 blocks of Q4_1 (20 bytes each: fp16 scale, fp16 min, 16 bytes of nibbles) = 64 weights
     raw = np.random.default_rng(0).integers(0, 255, (2, 40), dtype=np.uint8)
-    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    if layers:
+        writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     writer.write_header_to_file()

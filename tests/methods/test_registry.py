@@ -117,6 +117,38 @@ def test_a_refused_registration_leaves_nothing_behind():
         register_method("toy", Toy, rope_types={"linear": RopeType(print, print)})
 
 
+class _BrokenSurgery(hf_posext.Surgery):
+    def __init__(self):
+        raise RuntimeError("surgery cannot be built")
+
+
+def test_a_registration_failing_late_keeps_nothing_and_a_retry_works():
+    """Failures past the name checks (a hook, a surgery's constructor, transformers' own registration) undo it all."""
+
+    class Toy(hf_posext.YarnConfig):
+        pass
+
+    before = (hf_posext.available_methods(), hf_posext.method_aliases(), methods.families().keys())
+    with pytest.raises(ValueError, match="shipped_config must be callable"):
+        register_method("toy_late", Toy, aliases=("toy_late_alias",), shipped_config="not a function")
+    with pytest.raises(RuntimeError, match="surgery cannot be built"):
+        register_method("toy_late", Toy, surgery=_BrokenSurgery)
+    with pytest.raises(KeyError, match="no_such_kernel"):  # masking_utils is imported: the mask is looked up now
+        register_method("toy_late", Toy, attention={"hf_posext_toy_late": AttentionFunctions(print, "no_such_kernel")})
+    assert (hf_posext.available_methods(), hf_posext.method_aliases(), methods.families().keys()) == before
+    assert "name" not in Toy.__dict__
+    try:
+        register_method("toy_late", Toy, aliases=("toy_late_alias",), family="toy_late")
+        assert hf_posext.method_config("toy_late_alias", factor=2) == Toy(factor=2)
+    finally:  # this process's registry is shared by the other tests
+        from hf_posext import method_names
+        from hf_posext.methods import registry
+
+        registry._FAMILIES.pop("toy_late")
+        method_names.METHODS.pop("toy_late")
+        method_names.ALIASES.pop("toy_late_alias")
+
+
 #: Every deprecated name, its replacement, and the modules it was importable from.
 DEPRECATED = [
     (module, old, new)
@@ -358,6 +390,16 @@ PLUGIN_CHECKS = textwrap.dedent("""
     assert hf_posext.patch_model(tiny_model(max_positions=16), "my_pi", factor=2).config.rope_parameters[
         "rope_type"] == "my_pi"
     assert families()["my_pi"].methods == ("my_pi", "my_linear")
+    # transformers 5 builds my_pi only with the plugin imported: never "read as patched" on its own
+    from hf_posext.readers import transformers5, verdicts
+    from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE
+
+    my_pi = hf_posext.patch_model(tiny_model(max_positions=16), "my_pi", factor=2).config
+    status, how = verdicts.support(my_pi, 32)["transformers 5"]
+    assert status == "refused" and "'my_pi' unless the plugin" in how, how
+    assert "transformers 5" not in verdicts.engine_warning(my_pi, 32, "my_pi").partition("Read as patched by:")[2]
+    assert transformers5.verdict("nobodys_type")[0] == "refused"
+    assert transformers5.verdict(DYNAMIC_YARN_ROPE_TYPE)[0] == transformers5.verdict("yarn")[0] == "right"
     try:
         hf_posext.method_config("my_pi", attention_scale=0)
     except ValueError as error:

@@ -121,3 +121,14 @@ def test_a_files_own_scaling_factor_below_1_is_refused_naming_the_key(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"llama.rope.scaling.factor = {factor!r}" in err[0], err
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_repatching_a_patched_gguf_says_what_it_composes_on_and_reaches(tmp_path, capsys):
+    src = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert cli_main(["patch", str(src), str(tmp_path / "yarn2.gguf"), "--method", "yarn", "--factor", "2"]) == 0
+    assert "note" not in capsys.readouterr().err  # plain RoPE: nothing to say
+    argv = ["patch", str(tmp_path / "yarn2.gguf"), str(tmp_path / "yarn2x2.gguf"), "--method", "yarn", "--factor", "2"]
+    assert cli_main(argv) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hf-posext: note:"), lines
+    assert f"yarn rope scaling (x2, context {2 * L_ORIG})" in lines[0] and f"now reaches {4 * L_ORIG}" in lines[0]

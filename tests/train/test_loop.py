@@ -356,8 +356,20 @@ def lora_adapter(assets, tmp_path_factory) -> Path:
         ({"num_layers": 3}, None, "model.layers.2.self_attn.q_proj"),
         ({"num_layers": 1}, None, "base_model.model.model.layers.1."),
         ({}, "adapter_model.safetensors", "adapter_model.safetensors"),
+        ({}, "r=8", "has rank 4 but"),
+        ({}, "config-not-json", "adapter_config.json is not valid JSON"),
+        ({}, "weights-truncated", "adapter_model.safetensors cannot be read"),
     ],
-    ids=["wider-base", "wider-base-lora-pair", "deeper-base", "shallower-base", "weights-missing"],
+    ids=[
+        "wider-base",
+        "wider-base-lora-pair",
+        "deeper-base",
+        "shallower-base",
+        "weights-missing",
+        "config-rank-not-the-weights",
+        "config-damaged",
+        "weights-damaged",
+    ],
 )
 def test_patch_with_an_adapter_of_another_base_is_one_line(
     assets, tmp_path, capsys, lora_adapter, base, damage, message
@@ -370,6 +382,14 @@ def test_patch_with_an_adapter_of_another_base_is_one_line(
     if damage == "lora-pairs-only":  # an adapter without trained embeddings and norms
         weights = load_file(adapter / "adapter_model.safetensors")
         save_file({k: v for k, v in weights.items() if ".lora_" in k}, adapter / "adapter_model.safetensors")
+    elif damage == "r=8":  # the config of another run beside these rank-4 weights
+        settings = json.loads((adapter / "adapter_config.json").read_text())
+        (adapter / "adapter_config.json").write_text(json.dumps({**settings, "r": 8}))
+    elif damage == "config-not-json":
+        (adapter / "adapter_config.json").write_text('{"r": 4, ')
+    elif damage == "weights-truncated":
+        weights = (adapter / "adapter_model.safetensors").read_bytes()
+        (adapter / "adapter_model.safetensors").write_bytes(weights[: len(weights) // 2])
     elif damage:
         (adapter / damage).unlink()
     base_dir = tmp_path / "base"
@@ -648,3 +668,18 @@ def test_resume_invariants_are_every_setting_but_the_ones_said_not_to_change_the
     with pytest.raises(ValueError, match=r"adam_beta2: 0.999 -> 0.95; weight_decay: 0.1 -> 0.0"):
         _check_resume_config(saved, current)
     _check_resume_config({**current.to_dict(), "output_dir": "elsewhere", "report_to": "tensorboard"}, current)
+
+
+def test_a_resume_with_more_steps_says_how_to_train_longer(assets, tmp_path):
+    from hf_posext.train.resume import check_resume_config as _check_resume_config
+
+    current = config(assets, tmp_path)
+    saved = {**current.to_dict(), "max_train_steps": current.max_train_steps - 1}
+    with pytest.raises(ValueError, match="a resume cannot train longer") as error:
+        _check_resume_config(saved, current)
+    assert f"resume with the saved --max-train-steps {current.max_train_steps - 1}" in str(error.value)
+    assert "without --resume" in str(error.value)
+    fewer = {**current.to_dict(), "max_train_steps": current.max_train_steps + 1}
+    with pytest.raises(ValueError) as error:
+        _check_resume_config(fewer, current)
+    assert "train longer" not in str(error.value)

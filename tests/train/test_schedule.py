@@ -8,6 +8,8 @@ has the same one, and a run killed mid-schedule resumes with exactly the uninter
 
 from __future__ import annotations
 
+import json
+
 import os
 import shutil
 import signal
@@ -140,6 +142,8 @@ def test_a_scheduled_run_trains_each_step_on_its_window(assets, tmp_path, monkey
     assert result.tokens == sum(length for length, _, _ in seen)
     card = (result.output_dir / "README.md").read_text()
     assert "step from 8 to 32 tokens over 4 steps" in card
+    trained = json.loads((result.output_dir / "train_results.json").read_text())["windows"]
+    assert trained == [schedule.window(step) for step in range(6)] and trained[-2:] == [32, 32]
 
 
 def test_a_run_killed_mid_schedule_resumes_with_the_same_losses(assets, tmp_path):
@@ -155,7 +159,7 @@ def test_a_run_killed_mid_schedule_resumes_with_the_same_losses(assets, tmp_path
 
 
 def test_resuming_with_another_schedule_is_refused(assets, tmp_path):
-    train(scheduled(assets, tmp_path, max_train_steps=2, warmup_steps=0, window_ramp_steps=2, checkpointing_steps=2))
+    train(scheduled(assets, tmp_path, max_train_steps=2, warmup_steps=0, window_ramp_steps=1, checkpointing_steps=2))
     with pytest.raises(ValueError, match=r"window_schedule: 'step' -> 'linear'"):
         train(
             scheduled(
@@ -163,7 +167,7 @@ def test_resuming_with_another_schedule_is_refused(assets, tmp_path):
                 tmp_path,
                 max_train_steps=2,
                 warmup_steps=0,
-                window_ramp_steps=2,
+                window_ramp_steps=1,
                 window_schedule="linear",
                 resume="latest",
             )
@@ -176,7 +180,9 @@ def test_resuming_with_another_schedule_is_refused(assets, tmp_path):
         ({"window_schedule": "cosine"}, r"window_schedule must be one of none, linear, step; got 'cosine'"),
         ({"window_start": 1}, r"window_start must be an integer >= 2"),
         ({"window_ramp_steps": 0}, r"window_ramp_steps must be an integer >= 1"),
-        ({"window_ramp_steps": 7}, r"window_ramp_steps=7 exceeds max_train_steps=6"),
+        ({"window_ramp_steps": 7}, r"window_ramp_steps=7 with max_train_steps=6: the full window would never"),
+        ({"window_ramp_steps": 6}, r"window_ramp_steps=6 with max_train_steps=6: .* use at most 5"),
+        ({"max_train_steps": 1, "window_ramp_steps": None}, r"window_schedule=step needs max_train_steps >= 2"),
         ({"window_schedule": "none"}, r"window_start and window_ramp_steps shape a window_schedule.*none"),
     ],
 )

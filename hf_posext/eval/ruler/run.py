@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -109,11 +109,15 @@ def run_cell(
     chat_template: bool | None = None,
     max_new_tokens: int | None = None,
     bar: Any = None,
+    finished: Mapping[int, dict[str, Any]] | None = None,
+    on_prompt: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """One (task, length) cell: fit ``samples`` prompts, generate, score.
 
     ``max_new_tokens`` caps generation below the task's budget (the prompts still leave the whole
-    budget free, so they are RULER's); a cap can only lower a score, never raise it.
+    budget free, so they are RULER's); a cap can only lower a score, never raise it. ``finished``: the
+    rows of an interrupted run by prompt index, reused where the prompt's seed and depth are the same;
+    ``on_prompt(index, row)`` is called as each new row is scored (:mod:`hf_posext.eval.prompt_log`).
 
     Returns:
         ``{"task", "length", "accuracy", "n", "low", "high", "prompt_tokens", "batch_size",
@@ -140,31 +144,44 @@ def run_cell(
         prompts.append(prompt)
     size = batch_size or auto_batch_size(model, length)
     metric = METRICS[spec.metric]
-    rows: list[dict[str, Any]] = []
-    for first in range(0, samples, size):
-        batch = prompts[first : first + size]
-        for prompt, output in zip(
-            batch, _generate(model, tokenizer, batch, min(spec.max_new_tokens, max_new_tokens or spec.max_new_tokens))
-        ):
-            rows.append(
-                {
-                    "seed": prompt.seed,
-                    "depth": prompt.depth,
-                    "answers": prompt.answers,
-                    "output": output,
-                    "score": metric(output, prompt.answers),
-                }
-            )
+    rows: dict[int, dict[str, Any]] = {}
+    for i, prompt in enumerate(prompts):
+        row = (finished or {}).get(i)
+        if isinstance(row, dict) and (row.get("seed"), row.get("depth")) == (prompt.seed, prompt.depth):
+            rows[i] = row
+    if bar is not None:
+        bar.update(len(rows))
+    todo = [i for i in range(samples) if i not in rows]
+    for first in range(0, len(todo), size):
+        batch = todo[first : first + size]
+        outputs = _generate(
+            model,
+            tokenizer,
+            [prompts[i] for i in batch],
+            min(spec.max_new_tokens, max_new_tokens or spec.max_new_tokens),
+        )
+        for i, output in zip(batch, outputs):
+            prompt = prompts[i]
+            rows[i] = {
+                "seed": prompt.seed,
+                "depth": prompt.depth,
+                "answers": prompt.answers,
+                "output": output,
+                "score": metric(output, prompt.answers),
+            }
+            if on_prompt is not None:
+                on_prompt(i, rows[i])
         if bar is not None:
             bar.update(len(batch))
+    ordered = [rows[i] for i in range(samples)]
     return {
         "task": task,
         "length": length,
-        **summary([r["score"] for r in rows]),
+        **summary([r["score"] for r in ordered]),
         "prompt_tokens": len(prompts[0].input_ids),
         "batch_size": size,
         "seconds": round(time.perf_counter() - start, 1),
-        "samples": rows,
+        "samples": ordered,
     }
 
 
@@ -181,6 +198,7 @@ def ruler_accuracy(
     max_new_tokens: int | None = None,
     store: Store | None = None,
     progress: bool = True,
+    prompts: Any = None,
 ) -> dict[str, Any]:
     """RULER-style accuracy of ``model`` per task and length, with sample counts and Wilson intervals.
 
@@ -196,6 +214,9 @@ def ruler_accuracy(
         max_new_tokens: caps every task's generation budget (to save time; it can only lower scores).
         store: where finished cells are kept and looked up (``get(key, compute)``); ``"task/length"`` keys.
         progress: show a tqdm bar.
+        prompts: where each finished prompt of a cell is kept until the cell is done, by ``"task/length"`` keys
+            (a :class:`~hf_posext.eval.prompt_log.PromptLog`'s ``finished``, ``add``, ``forget``): a cell cut short
+            resumes from its finished prompts.
 
     Returns:
         ``{"cells": {"task/length": cell}, "average": {"length": summary}}``; a cell as
@@ -221,6 +242,7 @@ def ruler_accuracy(
                 for task in names:
 
                     def compute(task: str = task, length: int = length) -> dict[str, Any]:
+                        key = f"{task}/{length}"
                         return run_cell(
                             model,
                             tokenizer,
@@ -232,10 +254,14 @@ def ruler_accuracy(
                             chat_template=chat_template,
                             max_new_tokens=max_new_tokens,
                             bar=bar,
+                            finished=prompts.finished(key) if prompts is not None else None,
+                            on_prompt=(lambda i, row: prompts.add(key, i, row)) if prompts is not None else None,
                         )
 
                     before = bar.n
                     cells[f"{task}/{length}"] = cell = store.get(f"{task}/{length}", compute)
+                    if prompts is not None:
+                        prompts.forget(f"{task}/{length}")
                     if bar.n == before:
                         bar.update(samples)
                     bar.set_postfix(L=length, task=task, acc=f"{cell['accuracy']:.0f}")
