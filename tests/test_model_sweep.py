@@ -19,7 +19,8 @@ CHUNKS = 6
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_every_rotary_decoder_extends_or_is_refused_in_one_line_and_reads_back(chunk, tmp_path):
     """A patch either gives finite logits past L0 and a checkpoint that reads back as the same model (natively,
-    or with the plugin where doctor says it needs it), or is refused with one ValueError line naming the method or the family."""
+    or with the plugin where doctor says it needs it), or is refused with one ValueError line naming the method or
+    the family."""
     model_types = candidates()[chunk::CHUNKS]
     refused, saved, _ = patch_all(tmp_path, model_types)
     for outcome in refused:  # one line naming the method, or the family and why it cannot be extended
