@@ -312,6 +312,32 @@ def diagnose_unreadable(config_json: dict[str, Any], error: str) -> dict[str, An
     }
 
 
+def diagnose_damaged(config_json: dict[str, Any], damaged: list[dict[str, str]], built: str | None) -> dict[str, Any]:
+    """The readers of a config.json whose rope or sizes are damaged, contradictory or missing (``damaged``:
+    :func:`~hf_posext.readers.damage.rope_damage`'s checks): no reader runs the model meant, so none is ``same``.
+
+    Args:
+        built: what transformers 5 raised reading the config and building its model (``None``: it built one).
+    """
+    fields = ", ".join(dict.fromkeys(c["field"] for c in damaged))
+    if built is None:
+        t5 = _finding("transformers5", "misread", f"builds the model with {fields} as config.json writes it")
+    else:
+        t5 = _finding("transformers5", "refused", f"raises {built} (config.json's {fields})")
+    readers = {"transformers5": t5}
+    for key in ("transformers4", "vllm", "sglang", "converter"):
+        why = f"config.json's {fields}: it runs the value as written or fails; either way not the model meant"
+        readers["llamacpp" if key == "converter" else key] = _finding(key, "misread", why, "read from source")
+    rope = rope_dict(config_json)
+    rope_type = rope.get("rope_type", rope.get("type"))
+    summary = {"rope_type": rope_type if isinstance(rope_type, str) else None, "model_type": config_json["model_type"]}
+    return {
+        "rope": summary,
+        "checks": check_config(config_json, None),
+        "readers": {k: f.to_dict() for k, f in readers.items()},
+    }
+
+
 def _transformers5_nested(config: Any, config_json: dict[str, Any]) -> Finding:
     entries = [e for e in (config.rope_parameters or {}).values() if isinstance(e, dict)]
     custom = [e["rope_type"] for e in entries if e.get("rope_type") in transformers5.custom_rope_types()]
@@ -410,3 +436,21 @@ def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
         )
     readers["llamacpp"] = llama
     return {"rope": summary, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
+
+
+def diagnose_damaged_gguf(arch: str, damaged: list[dict[str, str]]) -> dict[str, Any]:
+    """The readers of a GGUF file whose rope keys or sizes are damaged or missing (``damaged``:
+    :func:`~hf_posext.readers.damage.gguf_damage`'s checks): no reader runs the model meant, so none is ``same``."""
+    fields = ", ".join(c["field"] for c in damaged)
+    why = f"the file's {fields}: it runs the value as written or fails; either way not the model meant"
+    rules = GGUF_TRANSFORMERS.format(version=transformers.__version__)
+    readers = {"transformers5": Finding("misread", why, rules, "read from source")}
+    for key in ("transformers4", "vllm", "sglang"):
+        readers[key] = _unknown(key, "not checked for GGUF files (these rules read config.json)")
+    rules = "llama.cpp 0.3.36 (what it reads, measured: tests/gguf/test_export.py, docs/readers/llamacpp.md)"
+    readers["llamacpp"] = Finding("misread", why, rules, "read from source")
+    return {
+        "rope": {"architecture": arch},
+        "checks": damaged,
+        "readers": {k: f.to_dict() for k, f in readers.items()},
+    }
