@@ -4,7 +4,7 @@
     hf-posext doctor Qwen/Qwen2.5-7B-Instruct     # a Hub id, through huggingface_hub's cache (HF_HUB_OFFLINE=1 works)
     hf-posext doctor model.Q4_K_M.gguf --json     # a GGUF file; --json: {"readers": {"transformers5": ...}, ...}
 
-Per reader a verdict (same, misread, refused, needs-plugin, unknown), why, and the version rules it used
+Per reader a verdict (same, misread, refused; unknown where no rule covers it), why, and the version rules it used
 (:mod:`hf_posext.readers.doctor`); then the checks of the config itself. Exit 0 once it has answered.
 """
 
@@ -85,20 +85,49 @@ def read_config_json(file: Path) -> dict[str, Any]:
     return config_json
 
 
-def _transformers5_builds(file: Path) -> str | None:
+#: Reads argv[1] with transformers 5 in a process that cannot import hf_posext and builds its model on the meta
+#: device; prints the error's type and message, or nothing where it builds one.
+_VANILLA_BUILD = """
+import sys
+sys.modules["hf_posext"] = None
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging
+logging.set_verbosity_error()
+try:
+    config = AutoConfig.from_pretrained(sys.argv[1])
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(config)
+except Exception as error:
+    print(f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
+"""
+
+
+def _transformers5_builds(file: Path) -> dict[str, str | None]:
     """What transformers 5 raises reading ``file`` and building its model on the meta device (no memory), or
-    ``None`` where it builds one: run, not ruled, for configs whose values no rule can read."""
+    ``None`` where it builds one: without hf_posext (a fresh interpreter that cannot import it) and with it (here).
+    Run, not ruled, for configs whose values no rule can read."""
+    import subprocess
+    import sys
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    done = subprocess.run(
+        [sys.executable, "-c", _VANILLA_BUILD, str(file.parent)], capture_output=True, text=True, timeout=300
+    )
+    vanilla = done.stdout.strip().replace(str(file.parent), "FOLDER") or None
+    if done.returncode != 0:
+        vanilla = f"the interpreter exited with {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+    plugin = None
     with _transformers_warnings():
         try:
             config = AutoConfig.from_pretrained(file.parent)
             with torch.device("meta"):
                 AutoModelForCausalLM.from_config(config)
         except Exception as error:  # noqa: BLE001 -- any error here is the reader's answer: refused, and which
-            return f"{type(error).__name__}: " + " ".join(str(error).split())[:300]
-    return None
+            plugin = f"{type(error).__name__}: " + " ".join(str(error).split())[:300]
+    return {"transformers5": vanilla, "transformers5_hf_posext": plugin}
 
 
 def diagnose_path(path: str) -> dict[str, Any]:
@@ -117,19 +146,20 @@ def diagnose_path(path: str) -> dict[str, Any]:
 
         reader = open_gguf(path)
         arch = architecture(reader)
+        from ..readers import gguf_doctor
         from ..readers.damage import gguf_damage
 
         prefix = f"{arch}."
         every = {name[len(prefix) :]: f.contents() for name, f in reader.fields.items() if name.startswith(prefix)}
         damaged = gguf_damage(arch, every)
         if damaged:
-            return {"path": str(path), **doctor.diagnose_damaged_gguf(arch, damaged)}
+            return {"path": str(path), **gguf_doctor.diagnose_damaged_gguf(arch, damaged)}
         try:
             rope = read_rope(reader)
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
         keys = {name: value for name, value in every.items() if name.startswith("rope.")}
-        return {"path": str(path), **doctor.diagnose_gguf(arch, rope, keys)}
+        return {"path": str(path), **gguf_doctor.diagnose_gguf(arch, rope, keys)}
     file = _config_file(path)
     config_json = read_config_json(file)
     import transformers

@@ -25,7 +25,7 @@ def current_rope_type(rope_type: str) -> str:
 
 
 def verdict(rope_type: str) -> tuple[str, str]:
-    """``("right", how)``: transformers 5 reads every hf-posext checkpoint, some only after the import."""
+    """``("same", how)``: transformers 5 reads every hf-posext checkpoint, some only after the import."""
     if rope_type in custom_rope_types():
-        return "right", f"after `import hf_posext`; without it, KeyError: {rope_type!r}"
-    return "right", "native rope type: loads with or without hf-posext"
+        return "same", f"after `import hf_posext`; without it, KeyError: {rope_type!r}"
+    return "same", "native rope type: loads with or without hf-posext"

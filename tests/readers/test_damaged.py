@@ -84,6 +84,9 @@ DAMAGED = {
     ),
     "top-level rope_theta differs": ({**rope(rope_type="linear", factor=4.0), "rope_theta": 5e5}, "rope_theta"),
 }
+#: Readers that read none of a case's damaged fields (4.57 reads neither rope_parameters nor a rope_theta inside
+#: rope_scaling): the reader matrix measures them ``same``.
+UNREAD = {"rope_theta in rope_scaling differs": ("transformers4",)}
 #: Damage in hf-posext's own record: an error, but the readers that ignore the record still run the rope.
 RECORDS = {
     "record a list": {**rope(rope_type="linear", factor=4.0), "hf_posext": [1, 2]},
@@ -115,7 +118,7 @@ def test_a_damaged_config_gets_a_report_naming_the_field_and_no_reader_is_same(t
     errors = [c for c in report["checks"] if c["severity"] == "error"]
     assert any(field in c["field"] and field in c["message"] for c in errors), report["checks"]
     verdicts = {key: finding["verdict"] for key, finding in report["readers"].items()}
-    assert "same" not in verdicts.values(), verdicts
+    assert "same" not in [v for k, v in verdicts.items() if k not in UNREAD.get(name, ())], verdicts
 
 
 @pytest.mark.parametrize("name", RECORDS)

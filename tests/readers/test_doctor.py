@@ -60,12 +60,11 @@ def test_engine_verdicts_are_the_support_rules(tmp_path, method):
     report = diagnose_path(str(saved_folder(tmp_path, method, **kwargs_of(method))))
     config = AutoConfig.from_pretrained(tmp_path / f"llama-{method}")
     expected = support(config, config.hf_posext["context_length"])
-    status = {"right": "same", "wrong": "misread", "refused": "refused"}
     assert set(report["readers"]) == set(READERS)
     for key in ("vllm", "sglang"):
-        assert report["readers"][key]["verdict"] == status[expected[READERS[key]][0]], key
+        assert report["readers"][key]["verdict"] == expected[READERS[key]][0], key
     converter = report["readers"]["llamacpp"]["routes"]["converter"]
-    assert converter["verdict"] == status[expected["llama.cpp"][0]]
+    assert converter["verdict"] == expected["llama.cpp"][0]
     for finding in report["readers"].values():
         assert finding["verdict"] in VERDICTS and finding["why"] and finding["rules"]
 
