@@ -50,8 +50,10 @@ RULES = {
     "otherwise) and llama.cpp 0.3.36 on its keys (run and measured: tests/gguf/test_export.py)",
     "export": "hf-posext gguf export, then llama.cpp 0.3.36 (run and compared: tests/gguf/test_export.py)",
 }
+RULES["transformers5_hf_posext"] = RULES["transformers5"]
 #: Whether each reader's rules were run against the real reader here; transformers 4.57: per rope type.
 CHECKED = {"transformers5": "run here", "transformers4": "run here", "vllm": "read from source"}
+CHECKED["transformers5_hf_posext"] = "run here"
 CHECKED.update(sglang="read from source", converter="run here", export="run here")
 
 

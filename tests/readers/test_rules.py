@@ -118,7 +118,9 @@ def test_engines_run_dynamic_ntk_as_a_static_rope(tmp_path):
     assert sglang.effective_rope(config, HEAD_DIM) == {"kind": "default", "theta": pytest.approx(fixed)}
     assert "rope.scaling.type" not in llamacpp.gguf_rope_keys(raw)
     verdicts = support(config, 4 * L_ORIG)
-    assert [r for r, (status, _) in verdicts.items() if status == "misread"] == ["vLLM", "SGLang", "llama.cpp"]
+    # 4.57 runs transformers' whole-sequence dynamic NTK, not the exact cache saved (the reader matrix measures it)
+    misread = ["transformers 4.57", "vLLM", "SGLang", "llama.cpp"]
+    assert [r for r, (status, _) in verdicts.items() if status == "misread"] == misread
 
 
 @pytest.mark.parametrize("method", ["dynamic_yarn", "alibi"])
@@ -175,7 +177,7 @@ def test_cli_warns_once_for_dynamic_methods_naming_the_engines(tmp_path, capsys)
     assert cli_main(["patch", str(tmp_path / "base"), str(tmp_path / "yarn"), "--method", "yarn", "--factor", "4"]) == 0
     assert "warning" not in capsys.readouterr().err
     card = (tmp_path / "dyn" / "README.md").read_text()
-    assert "| vLLM | **no: runs it wrong** |" in card and "| transformers 4.57 | yes |" in card
+    assert "| vLLM | **no: runs it wrong** |" in card and "| transformers 4.57 | **no: runs it wrong** |" in card
 
 
 def test_model_card_names_no_local_path(tmp_path):
