@@ -26,7 +26,8 @@ from hf_posext.readers.shipped import SHIPPED, shipped_config_json
 
 HEADER = [
     "checkpoint",
-    "transformers 5",
+    "transformers 5 (no `import hf_posext`)",
+    "transformers 5 + `import hf_posext`",
     "transformers 4.57",
     "vLLM",
     "SGLang",
@@ -37,7 +38,6 @@ WORDS = {
     "same": "same",
     "misread": "**misread**",
     "refused": "refused",
-    "needs-plugin": "needs `import hf_posext`",
     "unknown": "not checked",
 }
 MARK = {"run here": "run", "read from source": "source"}
@@ -110,4 +110,54 @@ def readers_table() -> str:
         merged.setdefault(tuple(cells), []).append(label)
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += [f"| {', '.join(labels)} | " + " | ".join(cells) + " |" for cells, labels in merged.items()]
+    return "\n".join(lines)
+
+
+#: The measured reader matrix (benchmarks/reader_matrix.py) and its columns, in order.
+MATRIX = Path(__file__).resolve().parent / "results" / "reader_matrix.json"
+MATRIX_COLUMNS = {
+    "transformers5": "transformers 5 (no `import hf_posext`)",
+    "transformers5_hf_posext": "transformers 5 + `import hf_posext`",
+    "hf_posext": "`hf_posext.from_pretrained`",
+    "transformers4": "transformers 4.57",
+}
+
+
+def _matrix_cell(row: Any) -> str:
+    if row.value == "same":
+        return "same"
+    if row.value == "refused":
+        return f"refused: `{row.extra['error'].split(':')[0]}`"
+    past, before = row.extra["gap_past_l0"], row.extra["gap_before_l0"]
+    if past is None:
+        return "**misread** (NaN logits)"
+    return f"**misread** ({past:.3g} past L₀, {before:.3g} before)"
+
+
+def matrix_table() -> str:
+    """The reader matrix as Markdown: a row per saved config, a column per reader run, from the committed rows."""
+    from result_schema import read_rows
+
+    if not MATRIX.is_file():
+        return "_Not measured yet: run `python benchmarks/reader_matrix.py`._"
+    cells = [r for r in read_rows(MATRIX) if r.benchmark == "reader_matrix"]
+    readers = [key for key in MATRIX_COLUMNS if any(r.setting["reader"] == key for r in cells)]
+    by_row: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in cells:
+        by_row.setdefault((row.setting["kind"], row.method), {})[row.setting["reader"]] = row
+    lines = [
+        "| saved config | kind | " + " | ".join(MATRIX_COLUMNS[k] for k in readers) + " |",
+        "|" + "---|" * (len(readers) + 2),
+    ]
+    for (kind, name), found in by_row.items():
+        lines.append(f"| {name} | {kind} | " + " | ".join(_matrix_cell(found[k]) for k in readers) + " |")
+    first = cells[0]
+    versions = ", ".join(
+        f"{k} {v}" for k, v in sorted(first.versions.items()) if k.endswith(":transformers") or k == "commit"
+    )
+    lines += [
+        "",
+        f"_{first.setting['length']} tokens, L₀ {first.setting['l0']}, fp32, {first.device}; {versions}; "
+        f"measured {first.time[:10]}._",
+    ]
     return "\n".join(lines)

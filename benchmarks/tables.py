@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from readers_table import readers_table  # noqa: E402
+from readers_table import matrix_table, readers_table  # noqa: E402
 from pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, value  # noqa: E402
 from result_schema import Row, latest, read_rows  # noqa: E402
 
@@ -844,6 +844,7 @@ LONGROPE_SWITCH = Table(
 
 TABLES: dict[str, Callable[[], str]] = {
     "readers": readers_table,
+    "reader-matrix": matrix_table,
     "real-model-ppl": block(REAL_MODEL_PPL, missing=REAL_MODEL_MISSING),
     "real-model-passkey": block(REAL_MODEL_PASSKEY, missing=REAL_MODEL_MISSING),
     "training-free-real-model": block(

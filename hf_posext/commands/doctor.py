@@ -4,7 +4,7 @@
     hf-posext doctor Qwen/Qwen2.5-7B-Instruct     # a Hub id, through huggingface_hub's cache (HF_HUB_OFFLINE=1 works)
     hf-posext doctor model.Q4_K_M.gguf --json     # a GGUF file; --json: {"readers": {"transformers5": ...}, ...}
 
-Per reader a verdict (same, misread, refused, needs-plugin, unknown), why, and the version rules it used
+Per reader a verdict (same, misread, refused; unknown where no rule covers it), why, and the version rules it used
 (:mod:`hf_posext.readers.doctor`); then the checks of the config itself. Exit 0 once it has answered.
 """
 
@@ -66,6 +66,74 @@ def _config_file(path: str) -> Path:
         ) from None
 
 
+def read_config_json(file: Path) -> dict[str, Any]:
+    """config.json as a dict.
+
+    Raises:
+        ValueError: naming the file: not UTF-8 (and where), not JSON, or JSON that is not an object.
+    """
+    data = file.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{file} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}): config.json must "
+            "be UTF-8 JSON"
+        ) from None
+    try:
+        config_json = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file} is not valid JSON ({error})") from None
+    if not isinstance(config_json, dict):
+        raise ValueError(f"{file} holds {type(config_json).__name__}, not a JSON object")
+    return config_json
+
+
+#: Reads argv[1] with transformers 5 in a process that cannot import hf_posext and builds its model on the meta
+#: device; prints the error's type and message, or nothing where it builds one.
+_VANILLA_BUILD = """
+import sys
+sys.modules["hf_posext"] = None
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging
+logging.set_verbosity_error()
+try:
+    config = AutoConfig.from_pretrained(sys.argv[1])
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(config)
+except Exception as error:
+    print(f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
+"""
+
+
+def _transformers5_builds(file: Path) -> dict[str, str | None]:
+    """What transformers 5 raises reading ``file`` and building its model on the meta device (no memory), or
+    ``None`` where it builds one: without hf_posext (a fresh interpreter that cannot import it) and with it (here).
+    Run, not ruled, for configs whose values no rule can read."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    done = subprocess.run(
+        [sys.executable, "-c", _VANILLA_BUILD, str(file.parent)], capture_output=True, text=True, timeout=300
+    )
+    vanilla = done.stdout.strip().replace(str(file.parent), "FOLDER") or None
+    if done.returncode != 0:
+        vanilla = f"the interpreter exited with {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+    plugin = None
+    with _transformers_warnings():
+        try:
+            config = AutoConfig.from_pretrained(file.parent)
+            with torch.device("meta"):
+                AutoModelForCausalLM.from_config(config)
+        except Exception as error:  # noqa: BLE001 -- any error here is the reader's answer: refused, and which
+            plugin = f"{type(error).__name__}: " + " ".join(str(error).split())[:300]
+    return {"transformers5": vanilla, "transformers5_hf_posext": plugin}
+
+
 def diagnose_path(path: str) -> dict[str, Any]:
     """:func:`hf_posext.readers.doctor.diagnose` (or ``diagnose_gguf``) of a checkpoint folder, Hub id or .gguf file.
 
@@ -83,28 +151,40 @@ def diagnose_path(path: str) -> dict[str, Any]:
         reader = open_gguf(path)
         check_model_keys(reader, path)
         arch = architecture(reader)
-        prefix = f"{arch}.rope."
-        keys = {
-            name[len(arch) + 1 :]: field.contents() for name, field in reader.fields.items() if name.startswith(prefix)
-        }
-        return {"path": str(path), **doctor.diagnose_gguf(arch, read_rope(reader), keys)}
+        from ..readers import gguf_doctor
+        from ..readers.damage import gguf_damage
+
+        prefix = f"{arch}."
+        every = {name[len(prefix) :]: f.contents() for name, f in reader.fields.items() if name.startswith(prefix)}
+        damaged = gguf_damage(arch, every)
+        if damaged:
+            return {"path": str(path), **gguf_doctor.diagnose_damaged_gguf(arch, damaged)}
+        try:
+            rope = read_rope(reader)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+        keys = {name: value for name, value in every.items() if name.startswith("rope.")}
+        return {"path": str(path), **gguf_doctor.diagnose_gguf(arch, rope, keys)}
     file = _config_file(path)
-    try:
-        config_json = json.loads(file.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{file} is not valid JSON ({error})") from None
-    if not isinstance(config_json, dict):
-        raise ValueError(f"{file} holds {type(config_json).__name__}, not a JSON object")
+    config_json = read_config_json(file)
     import transformers
     from huggingface_hub.errors import StrictDataclassClassValidationError
     from transformers import CONFIG_MAPPING, AutoConfig
 
+    from ..readers.config_checks import check_config
+    from ..readers.damage import rope_damage
+    from ..rope_utils import CONFIG_KEY
+
     model_type = config_json.get("model_type")
-    if model_type not in CONFIG_MAPPING:
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ValueError(
             f"{file}: model_type {model_type!r} is not one transformers {transformers.__version__} knows "
             "(a remote-code model?): doctor reads the configs transformers reads"
         )
+    checks = check_config(config_json, None)
+    damaged = rope_damage(checks)
+    if damaged:
+        return {"path": str(path), **doctor.diagnose_damaged(config_json, damaged, _transformers5_builds(file))}
     with _transformers_warnings() as warned:
         try:
             config = AutoConfig.from_pretrained(file.parent)
@@ -117,6 +197,8 @@ def diagnose_path(path: str) -> dict[str, Any]:
             f"{path}: model_type {config.model_type!r} has no rotary position embedding (no rope_parameters):"
             " there is no rope for a reader to misread (doctor checks rotary decoders)"
         )
+    if any(c.get("field", "").startswith(CONFIG_KEY) for c in checks):
+        config.__dict__.pop(CONFIG_KEY, None)  # a damaged record (its error is in the checks): the rope alone is judged
     report = doctor.diagnose(config_json, config)
     report["checks"] += [
         {

@@ -60,7 +60,7 @@ def base_model_id(source: str | os.PathLike | None) -> str | None:
 
 def readers_section(verdicts: dict[str, tuple[str, str]]) -> str:
     """The card's "Readers" table: which programs read this checkpoint as transformers 5 does."""
-    marks = {"right": "yes", "refused": "no (refuses it)", "wrong": "**no: runs it wrong**"}
+    marks = {"same": "yes", "refused": "no (refuses it)", "misread": "**no: runs it wrong**"}
     rows = "\n".join(f"| {reader} | {marks[status]} | {how} |" for reader, (status, how) in verdicts.items())
     return (
         "## Readers\n\n"

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..rope_utils import CONFIG_KEY, rope_parameters_for, rotary_dim_of
+from ..rope_utils import CONFIG_KEY
 from ..validation.unknown_method import unknown_method
 from . import transformers5
+from .damage import damaged_fields, theta_disagreements
 
 #: Keys transformers 5 reads per native rope type (``rope_type``, ``type``, ``rope_theta`` and
 #: ``partial_rotary_factor`` always).
@@ -63,64 +64,6 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _pairs(config_json: dict[str, Any], config: Any, layer_type: str | None = None) -> int | None:
-    """Rotated pairs per head, from transformers 5's config or, if it could not read one, from config.json."""
-    if config is not None:
-        return rotary_dim_of(config, rope_parameters_for(config, layer_type), layer_type) // 2
-    heads, hidden = config_json.get("num_attention_heads"), config_json.get("hidden_size")
-    head_dim = config_json.get("head_dim") or (
-        hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
-    )
-    partial = rope_dict(config_json).get("partial_rotary_factor") or config_json.get("partial_rotary_factor") or 1.0
-    return int(head_dim * partial) // 2 if isinstance(head_dim, int) else None
-
-
-def _damaged(
-    rope: dict[str, Any], config_json: dict[str, Any], config: Any, layer_type: str | None = None
-) -> list[dict[str, str]]:
-    out = []
-    theta = rope.get("rope_theta")
-    if theta is not None and not (_number(theta) and theta > 0):
-        out.append(_check("damaged-value", "error", f"rope_theta = {theta!r}: a positive number is required"))
-    factor = rope.get("factor")
-    if factor is not None and not (_number(factor) and factor >= 1):
-        out.append(_check("damaged-value", "error", f"factor = {factor!r}: a number >= 1 is required"))
-    original = rope.get("original_max_position_embeddings")
-    if original is not None and not (isinstance(original, int) and not isinstance(original, bool) and original > 0):
-        out.append(
-            _check(
-                "damaged-value",
-                "error",
-                f"original_max_position_embeddings = {original!r}: a positive integer is required",
-            )
-        )
-    beta_fast, beta_slow = rope.get("beta_fast", 32), rope.get("beta_slow", 1)
-    if _number(beta_fast) and _number(beta_slow) and beta_fast < beta_slow:
-        out.append(
-            _check(
-                "damaged-value",
-                "error",
-                f"beta_fast = {beta_fast} < beta_slow = {beta_slow}: YaRN's "
-                "ramp runs backwards (transformers 5 warns; the engines run it as written)",
-            )
-        )
-    if rope.get("rope_type", rope.get("type")) == "longrope":
-        pairs = _pairs(config_json, config, layer_type)
-        for name in ("short_factor", "long_factor"):
-            value = rope.get(name)
-            if not (isinstance(value, list) and all(_number(v) and v > 0 for v in value)):
-                out.append(_check("damaged-value", "error", f"{name} is not a list of positive numbers"))
-            elif pairs is not None and len(value) != pairs:
-                out.append(
-                    _check(
-                        "damaged-value",
-                        "error",
-                        f"{name} has {len(value)} entries; the rotary dimension needs {pairs} (one per pair)",
-                    )
-                )
-    return out
-
-
 def _reach(rope: dict[str, Any], config_json: dict[str, Any], config: Any) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -149,9 +92,10 @@ def _reach(rope: dict[str, Any], config_json: dict[str, Any], config: Any) -> li
                 "takes the ratio for the attention factor, transformers 5 the factor",
             )
         )
-    record = config_json.get("hf_posext") or {}
+    record = config_json.get("hf_posext")
+    record = record if isinstance(record, dict) else {}
     context = record.get("context_length")
-    if record.get("factor") is not None and _number(factor) and abs(float(record["factor"]) - factor) > 1e-9:
+    if _number(record.get("factor")) and _number(factor) and abs(float(record["factor"]) - factor) > 1e-9:
         out.append(
             _check(
                 "reach-mismatch",
@@ -165,7 +109,9 @@ def _reach(rope: dict[str, Any], config_json: dict[str, Any], config: Any) -> li
 
 def _unknown_keys(rope: dict[str, Any]) -> list[dict[str, str]]:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in transformers5.custom_rope_types() or rope_type not in TRANSFORMERS5_KEYS:
+    if not isinstance(rope_type, str) or rope_type in transformers5.custom_rope_types():
+        return []
+    if rope_type not in TRANSFORMERS5_KEYS:
         return []  # hf-posext's own types validate their fields when they load; unknown types are a refusal
     engines = ENGINE_KEYS.get(rope_type, {})
     out = []
@@ -197,8 +143,9 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
     ``config`` is transformers 5's reading of it (``None``: it could not read it). Checks: ``no-rope-fields``
     (plain RoPE at the model type's default base), ``legacy-disagrees`` (``rope_scaling`` and
     ``rope_parameters`` say different things), ``missing-original``, ``reach-mismatch``, ``unknown-key`` /
-    ``ignored-key``, ``damaged-value``, and of the ``hf_posext`` record ``unregistered-method`` (a plugin's
-    method not imported: only the rope it wrote is judged).
+    ``ignored-key``, ``damaged-value`` and ``theta-disagrees`` (:mod:`.damage`: every field's type and range,
+    the record's included), and of the ``hf_posext`` record ``unregistered-method`` (a plugin's method not
+    imported: only the rope it wrote is judged). A check about one field also names it under ``"field"``.
     """
     out = []
     unregistered = unknown_method(config_json.get(CONFIG_KEY))
@@ -213,6 +160,7 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
                 "checkpoint as it was patched",
             )
         )
+    damaged = damaged_fields(config_json) + theta_disagreements(config_json)
     rope = rope_dict(config_json)
     if not rope and config is not None:
         theta = (config.rope_parameters or {}).get("rope_theta")
@@ -223,7 +171,7 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
                 f"config.json names no rope: plain RoPE with the {config.model_type} default base {theta}",
             )
         )
-        return out
+        return out + damaged
     legacy, current = config_json.get("rope_scaling"), config_json.get("rope_parameters")
     if isinstance(legacy, dict) and isinstance(current, dict):
         differ = sorted(
@@ -246,23 +194,21 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
     top = config_json.get("original_max_position_embeddings")  # Phi-3 keeps it at the top level
     if rope_type in NEEDS_ORIGINAL and rope.get("original_max_position_embeddings") is None and top is None:
         fallback = config_json.get("max_position_embeddings")
-        out.append(
-            _check(
-                "missing-original",
-                "error",
-                f"{rope_type} without original_max_position_embeddings: "
-                f"transformers takes max_position_embeddings ({fallback}) as the pretraining length, "
-                "so the scaling starts there; vLLM's get_rope raises KeyError",
-            )
+        missing = _check(
+            "missing-original",
+            "error",
+            f"{rope_type} without original_max_position_embeddings: "
+            f"transformers takes max_position_embeddings ({fallback}) as the pretraining length, "
+            "so the scaling starts there; vLLM's get_rope raises KeyError",
         )
+        out.append({**missing, "field": "original_max_position_embeddings"})
     nested = _nested_entries(rope)
     if nested:  # per-layer-type rope parameters (Gemma 3, Gemma 4, LFM3): each entry on its own, named
         for layer_type, entry in nested.items():
             checks = _reach(entry, config_json, config) + _unknown_keys(entry)
-            checks += _damaged(entry, config_json, config, layer_type)
             out += [{**check, "message": f"{layer_type}: {check['message']}"} for check in checks]
-        return out
-    return out + _reach(rope, config_json, config) + _unknown_keys(rope) + _damaged(rope, config_json, config)
+        return out + damaged
+    return out + _reach(rope, config_json, config) + _unknown_keys(rope) + damaged
 
 
 def _nested_entries(rope: dict[str, Any]) -> dict[str, dict[str, Any]]:

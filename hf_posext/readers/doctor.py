@@ -2,9 +2,12 @@
 
 :func:`diagnose` takes a config.json and transformers 5's reading of it and gives, per reader, a
 :class:`Finding`: ``same`` (runs what transformers 5 with hf-posext runs), ``misread`` (loads it and runs
-something else, silently), ``refused`` (a loud error), ``needs-plugin`` (transformers 5: only after ``import
-hf_posext``; llama.cpp: only through ``hf-posext gguf export``) or ``unknown`` (no rule here covers it). The
-engines' verdicts are :func:`~hf_posext.readers.support`'s; which rules ran against a real reader: :data:`RULES`.
+something else, silently) or ``refused`` (a loud error), the reader matrix's vocabulary
+(:mod:`.matrix`, whose measured cells ``tests/readers/test_matrix.py`` holds these rules to), or ``unknown``
+(no rule here covers it). transformers 5 is two readers: ``transformers5`` (no ``import hf_posext``) and
+``transformers5_hf_posext``. Configs with damaged fields: :func:`diagnose_damaged`.
+The engines' verdicts are :func:`~hf_posext.readers.support`'s; which rules ran against a real reader:
+:data:`RULES`.
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ import torch
 import transformers
 
 from .. import integration
-from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, ROPE_FREQS_ARCHITECTURES, gguf_rope_for, reach_of
+from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for, reach_of
 from ..rope_utils import default_inv_freq, rotary_dim_of
 from . import transformers4, transformers5
 from .config_checks import check_config, rope_dict
-from .verdicts import support
+from .verdicts import PER_QUERY, WHOLE_SEQUENCE, support
 
-VERDICTS = ("same", "misread", "refused", "needs-plugin", "unknown")
+VERDICTS = ("same", "misread", "refused", "unknown")  # unknown: no rule here covers it (not a verdict)
 #: The readers, keyed as ``--json`` prints them, with :func:`support`'s names.
-READERS = {"transformers5": "transformers 5", "transformers4": "transformers 4.57", "vllm": "vLLM"}
+READERS = {"transformers5": "transformers 5", "transformers5_hf_posext": "transformers 5"}
+READERS.update(transformers4="transformers 4.57", vllm="vLLM")
 READERS.update(sglang="SGLang", llamacpp="llama.cpp")
 #: Rope types whose 4.57 reading was run here against a real transformers 4.57.6 (logits compared):
 #: tests/readers/test_transformers4.py and tests/readers/test_doctor_readers.py.
@@ -46,10 +50,11 @@ RULES = {
     "otherwise) and llama.cpp 0.3.36 on its keys (run and measured: tests/gguf/test_export.py)",
     "export": "hf-posext gguf export, then llama.cpp 0.3.36 (run and compared: tests/gguf/test_export.py)",
 }
+RULES["transformers5_hf_posext"] = RULES["transformers5"]
 #: Whether each reader's rules were run against the real reader here; transformers 4.57: per rope type.
 CHECKED = {"transformers5": "run here", "transformers4": "run here", "vllm": "read from source"}
+CHECKED["transformers5_hf_posext"] = "run here"
 CHECKED.update(sglang="read from source", converter="run here", export="run here")
-_STATUS = {"right": "same", "wrong": "misread", "refused": "refused"}
 
 
 @dataclass(frozen=True)
@@ -131,38 +136,28 @@ def _custom(config: Any, config_json: dict[str, Any]) -> str | None:
     return None
 
 
-def _transformers5(config: Any, config_json: dict[str, Any]) -> Finding:
+def _transformers5(config: Any, config_json: dict[str, Any]) -> dict[str, Finding]:
+    """transformers 5 without ``import hf_posext`` and with it (``transformers5``, ``transformers5_hf_posext``)."""
     rope_type = config.rope_parameters.get("rope_type", "default")
     if not _known(rope_type):
         why = f"building the model raises KeyError: {rope_type!r} (neither transformers 5 nor hf-posext knows it)"
-        return _finding("transformers5", "refused", why)
-    custom = _custom(config, config_json)
+        refused = _finding("transformers5", "refused", why)
+        return {"transformers5": refused, "transformers5_hf_posext": refused}
     with_plugin = _finding(
         "transformers5", "same", "after `import hf_posext`: hf-posext registers every type it writes"
     )
-    if custom is None:
-        why = f"native rope type {rope_type!r}: loads with or without hf-posext"
-        if (getattr(config, "hf_posext", None) or {}).get("exact_cache"):
-            why += " (hf-posext's exact cache only after `import hf_posext`; without it transformers' own dynamic rope)"
-        return Finding(
-            "same",
-            why,
-            RULES["transformers5"],
-            "run here",
-            {"with_plugin": with_plugin, "without_plugin": _finding("transformers5", "same", why)},
-        )
-    without = _finding(
-        "transformers5",
-        "refused",
-        f"without `import hf_posext` the {custom} is unknown: a KeyError or ValueError naming it",
-    )
-    return Finding(
-        "needs-plugin",
-        f"loads only after `import hf_posext` ({custom})",
-        RULES["transformers5"],
-        "run here",
-        {"with_plugin": with_plugin, "without_plugin": without},
-    )
+    custom = _custom(config, config_json)
+    record = getattr(config, "hf_posext", None) or {}
+    if custom is not None:
+        why = f"the {custom} is hf-posext's: a KeyError or ValueError naming it, which says to `import hf_posext`"
+        without = _finding("transformers5", "refused", why)
+    elif rope_type == "dynamic" and record.get("exact_cache"):
+        without = _finding("transformers5", "misread", WHOLE_SEQUENCE)
+    elif rope_type == "longrope" and record.get("factors_by") == "query":
+        without = _finding("transformers5", "misread", PER_QUERY)
+    else:
+        without = _finding("transformers5", "same", f"native rope type {rope_type!r}: loads with or without hf-posext")
+    return {"transformers5": without, "transformers5_hf_posext": with_plugin}
 
 
 def _transformers4(config: Any, config_json: dict[str, Any], reach: int, base: tuple[str, str]) -> Finding:
@@ -236,7 +231,7 @@ def _llamacpp(config: Any, base: tuple[str, str]) -> Finding:
         return Finding("same", converter.why, RULES["converter"], converter.checked, routes)
     if export.verdict == "same":
         why = f"only through `hf-posext gguf export` ({export.why}); the converter alone: {converter.why}"
-        return Finding("needs-plugin", why, RULES["export"], export.checked, routes)
+        return Finding(converter.verdict, why, RULES["converter"], converter.checked, routes)
     why = f"converter alone: {converter.why}; `hf-posext gguf export`: {export.why}"
     return Finding(converter.verdict, why, RULES["converter"], converter.checked, routes)
 
@@ -270,7 +265,7 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
         )
         why = f"per-layer-type rope parameters ({', '.join(sorted(params))}): these rules compare a single rope"
         readers = {key: _unknown(key if key != "llamacpp" else "converter", why) for key in READERS}
-        readers["transformers5"] = _transformers5_nested(config, config_json)
+        readers.update(_transformers5_nested(config))
         return {"rope": rope, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
     reach = reach_of(config)
     rope.update(
@@ -279,12 +274,10 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
         method=(getattr(config, "hf_posext", None) or {}).get("method"),
         description=describe(params),
     )
-    verdicts = {
-        key: (_STATUS[status], how)
-        for key, (status, how) in ((k, support(config, reach)[name]) for k, name in READERS.items())
-    }
+    ruled = support(config, reach)
+    verdicts = {key: ruled[name] for key, name in READERS.items()}
     readers = {
-        "transformers5": _transformers5(config, config_json),
+        **_transformers5(config, config_json),
         "transformers4": _transformers4(config, config_json, reach, verdicts["transformers4"]),
         "vllm": _engine("vllm", verdicts["vllm"]),
         "sglang": _engine("sglang", verdicts["sglang"]),
@@ -296,7 +289,9 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
 def diagnose_unreadable(config_json: dict[str, Any], error: str) -> dict[str, Any]:
     """The readers of a config.json transformers 5 refuses to read (``error``: what ``AutoConfig`` raised)."""
     refused = f"AutoConfig raises {error}"
-    readers = {"transformers5": _finding("transformers5", "refused", refused)}
+    readers = {
+        key: _finding("transformers5", "refused", refused) for key in ("transformers5", "transformers5_hf_posext")
+    }
     try:
         read = transformers4.reading(config_json)
         readers["transformers4"] = _unknown(
@@ -318,101 +313,79 @@ def diagnose_unreadable(config_json: dict[str, Any], error: str) -> dict[str, An
     }
 
 
-def _transformers5_nested(config: Any, config_json: dict[str, Any]) -> Finding:
-    entries = [e for e in (config.rope_parameters or {}).values() if isinstance(e, dict)]
-    custom = [e["rope_type"] for e in entries if e.get("rope_type") in transformers5.custom_rope_types()]
-    if custom:
-        return Finding(
-            "needs-plugin",
-            f"loads only after `import hf_posext` (rope types {custom})",
-            RULES["transformers5"],
-            "run here",
-        )
-    return Finding(
-        "same", "native per-layer-type rope: loads with or without hf-posext", RULES["transformers5"], "run here"
-    )
-
-
-#: What transformers 5 reads of a GGUF file's rope (``integrations/ggml.py``'s config mapping, 5.25.0:
-#: ``context_length`` and ``rope.freq_base`` for llama, qwen2, qwen3; ``rope.scaling.*`` for gpt-oss only).
-GGUF_TRANSFORMERS = (
-    "transformers {version}'s GGUF loader (integrations/ggml.py; run here: tests/readers/test_doctor.py)"
-)
-#: GGUF keys the converter writes that llama.cpp 0.3.36 does not read for these graphs, and their defaults.
-GGUF_UNREAD = {
-    "rope.scaling.yarn_attn_factor": None,
-    "rope.scaling.yarn_beta_fast": 32.0,
-    "rope.scaling.yarn_beta_slow": 1.0,
-}
-
-
-def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
-    """Every reader's :class:`Finding` for a GGUF file: llama.cpp reads it directly, transformers converts it.
+def diagnose_damaged(
+    config_json: dict[str, Any], damaged: list[dict[str, str]], built: dict[str, str | None]
+) -> dict[str, Any]:
+    """The readers of a config.json whose rope or sizes are damaged, contradictory or missing (``damaged``:
+    :func:`~hf_posext.readers.damage.rope_damage`'s checks): a reader that reads such a field is not ``same``.
 
     Args:
-        arch: ``general.architecture``.
-        rope: the file's :class:`~hf_posext.gguf.rope.GGUFRope` (as llama.cpp reads it).
-        keys: the file's ``{arch}.rope.*`` keys without the prefix.
+        built: per ``transformers5`` and ``transformers5_hf_posext``, what transformers 5 raised reading the
+            config and building its model, run (``None``: it built one, with the damaged value).
     """
-    scaled = (rope.scaling_type in ("linear", "yarn") and rope.factor > 1) or rope.rope_freqs is not None
-    scaled = scaled or rope.attn_factor != 1.0 or rope.scaling_type == "longrope"
-    what = f"{rope.scaling_type} x{rope.factor:g}" + (", a rope_freqs tensor" if rope.rope_freqs is not None else "")
-    summary = {
-        "architecture": arch,
-        "context_length": rope.context_length,
-        "freq_base": rope.freq_base,
-        "scaling": what if scaled else "none",
+    fields = ", ".join(dict.fromkeys(c["field"] for c in damaged))
+    readers = {}
+    for key, error in built.items():
+        if error is None:
+            readers[key] = _finding("transformers5", "misread", f"builds the model with {fields} as config.json writes")
+        else:
+            readers[key] = _finding("transformers5", "refused", f"raises {error} (config.json's {fields})")
+    readers["transformers4"] = _transformers4_damaged(config_json, damaged)
+    for key in ("vllm", "sglang", "converter"):
+        why = f"config.json's {fields}: it runs the value as written or fails; either way not the model meant"
+        readers["llamacpp" if key == "converter" else key] = _finding(key, "misread", why, "read from source")
+    rope = rope_dict(config_json)
+    rope_type = rope.get("rope_type", rope.get("type"))
+    summary = {"rope_type": rope_type if isinstance(rope_type, str) else None, "model_type": config_json["model_type"]}
+    return {
+        "rope": summary,
+        "checks": check_config(config_json, None),
+        "readers": {k: f.to_dict() for k, f in readers.items()},
     }
-    checks: list[dict[str, str]] = []
-    rules = GGUF_TRANSFORMERS.format(version=transformers.__version__)
-    if scaled:
-        why = (
-            "transformers' GGUF loader maps context_length and rope.freq_base only: plain RoPE, the file's "
-            f"{what} dropped; hf-posext's GGUF source converts through it (the same)"
-        )
-        t5 = Finding("misread", why, rules, "run here")
+
+
+def _read_by_4x(field_path: str) -> bool:
+    """Whether transformers 4.57 reads a config.json field: the top level and ``rope_scaling`` (never
+    ``rope_parameters``, nor a ``rope_theta`` inside ``rope_scaling``)."""
+    return not field_path.startswith("rope_parameters") and field_path != "rope_scaling.rope_theta"
+
+
+def _value_at(config_json: dict[str, Any], path: str) -> Any:
+    value: Any = config_json
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _transformers4_damaged(config_json: dict[str, Any], damaged: list[dict[str, str]]) -> Finding:
+    """4.57 on a damaged config: a damaged field it reads is run as written (a string raises TypeError in its rope
+    maths, run: the reader matrix); damage only where it does not look leaves its reading to compare."""
+    read = [c["field"] for c in damaged if _read_by_4x(c["field"])]
+    strings = [f for f in read if isinstance(_value_at(config_json, f), str)]
+    if strings:
+        return _finding("transformers4", "refused", f"its rope maths raises TypeError on the string in {strings[0]}")
+    if read:
+        return _finding("transformers4", "misread", f"runs {', '.join(read)} as config.json writes it")
+    try:
+        reading = transformers4.reading(config_json)
+    except ValueError as error:
+        return _finding("transformers4", "refused", str(error))
+    params = config_json.get("rope_parameters")
+    meant = {k: v for k, v in params.items() if k != "type"} if isinstance(params, dict) else {}
+    if meant and all(reading.get(k) == v for k, v in meant.items()) and set(reading) <= set(meant) | {"rope_type"}:
+        why = "it reads none of the damaged fields; its top-level rope_theta and rope_scaling are rope_parameters'"
+        return _finding("transformers4", "same", why)
+    return _finding("transformers4", "misread", f"runs {describe(reading)}, not rope_parameters' {describe(meant)}")
+
+
+def _transformers5_nested(config: Any) -> dict[str, Finding]:
+    entries = [e for e in (config.rope_parameters or {}).values() if isinstance(e, dict)]
+    custom = [e["rope_type"] for e in entries if e.get("rope_type") in transformers5.custom_rope_types()]
+    with_plugin = _finding(
+        "transformers5", "same", "after `import hf_posext`: hf-posext registers every type it writes"
+    )
+    if custom:
+        without = _finding("transformers5", "refused", f"rope types {custom} are hf-posext's: a KeyError naming them")
     else:
-        t5 = Finding("same", "plain RoPE: transformers maps context_length and rope.freq_base", rules, "run here")
-    readers = {"transformers5": t5}
-    for key in ("transformers4", "vllm", "sglang"):
-        readers[key] = _unknown(key, "not checked for GGUF files (these rules read config.json)")
-    if arch not in ARCHITECTURES:
-        readers["llamacpp"] = _unknown(
-            "converter", f"GGUF architecture {arch!r}: these rules cover the {', '.join(ARCHITECTURES)} graphs"
-        )
-        return {"rope": summary, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
-    unread = {k: v for k, v in keys.items() if k in GGUF_UNREAD and v != GGUF_UNREAD[k]}
-    rules = "llama.cpp 0.3.36 (what it reads, measured: tests/gguf/test_export.py, docs/readers/llamacpp.md)"
-    if rope.scaling_type == "longrope" and rope.rope_freqs is None:
-        llama = Finding(
-            "misread", "rope.scaling.type longrope without factor tensors: llama.cpp runs plain RoPE", rules, "run here"
-        )
-    elif rope.rope_freqs is not None and arch not in ROPE_FREQS_ARCHITECTURES:
-        llama = Finding(
-            "refused",
-            f"a rope_freqs tensor, which llama.cpp's {arch} graph does not load (wrong tensor count)",
-            rules,
-            "read from source",
-        )
-    elif unread and rope.scaling_type == "yarn":
-        llama = Finding(
-            "misread",
-            f"llama.cpp does not read {', '.join(sorted(unread))} for {arch}: it runs betas "
-            "32/1 and the attention factor (0.1 ln s + 1) x rope.scaling.attn_factor",
-            rules,
-            "run here",
-        )
-    elif rope.scaling_type not in ("none", "linear", "yarn"):
-        llama = Finding(
-            "unknown", f"rope.scaling.type {rope.scaling_type!r}: not one these rules cover", rules, "read from source"
-        )
-    else:
-        llama = Finding(
-            "same",
-            f"llama.cpp runs the file's rope ({what if scaled else 'plain RoPE'}), default "
-            f"context {rope.context_length}",
-            rules,
-            "run here",
-        )
-    readers["llamacpp"] = llama
-    return {"rope": summary, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
+        without = _finding("transformers5", "same", "native per-layer-type rope: loads with or without hf-posext")
+    return {"transformers5": without, "transformers5_hf_posext": with_plugin}

@@ -91,12 +91,12 @@ def reading(config_json: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdict(rope_type: str) -> tuple[str, str]:
-    """``("right" | "refused", how)``: how 4.57 reads a checkpoint of ``rope_type``."""
+    """``("same" | "refused", how)``: how 4.57 reads a checkpoint of ``rope_type``."""
     if rope_type == "dynamic":
-        return "right", (
+        return "same", (
             "transformers' own dynamic NTK, as transformers 5 without hf-posext (frequencies from the "
             "whole sequence's length; hf-posext's exact cache computes them per position)"
         )
     if rope_type in KNOWN_ROPE_TYPES:
-        return "right", "same logits as transformers 5, from the legacy rope_theta / rope_scaling"
+        return "same", "same logits as transformers 5, from the legacy rope_theta / rope_scaling"
     return "refused", f"building the model raises KeyError: {rope_type!r}"

@@ -32,7 +32,7 @@ def verdict(rope_type: str) -> tuple[str, str]:
     if current in rope_types() and not rope_types()[current].init.__module__.startswith("hf_posext."):
         return "refused", f"KeyError: {rope_type!r} unless the plugin that registers it is imported first"
     if rope_type in custom_rope_types():
-        return "right", f"after `import hf_posext`; without it, KeyError: {rope_type!r}"
+        return "same", f"after `import hf_posext`; without it, KeyError: {rope_type!r}"
     if not is_native_rope_type(rope_type):
         return "refused", f"KeyError: {rope_type!r}: no rope type of that name is registered in this process"
-    return "right", "native rope type: loads with or without hf-posext"
+    return "same", "native rope type: loads with or without hf-posext"

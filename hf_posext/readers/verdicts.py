@@ -22,7 +22,7 @@ READERS = ("transformers 5", "transformers 4.57", "vLLM", "SGLang", "llama.cpp")
 
 #: A reader's verdict: one of :data:`STATUSES` and how it reads the checkpoint.
 Verdict = tuple[str, str]
-STATUSES = ("right", "refused", "wrong")  # refused: an error names the rope type; wrong: silently
+STATUSES = ("same", "misread", "refused")  # refused: an error names the rope type; misread: silently
 
 
 def _runs(description: dict[str, Any], intended: dict[str, Any]) -> str:
@@ -38,10 +38,10 @@ def _engine_verdict(description: Any, intended: dict[str, Any], context: int, ta
     if isinstance(description, ValueError):
         return "refused", f"raises {description}"
     if description != intended:
-        return "wrong", _runs(description, intended)
+        return "misread", _runs(description, intended)
     if context != target:
-        return "right", f"rope right; its default context is {context}: pass {target} ({flag} {target})"
-    return "right", f"context {context}"
+        return "same", f"rope right; its default context is {context}: pass {target} ({flag} {target})"
+    return "same", f"context {context}"
 
 
 def _rules(reader, *args):
@@ -81,26 +81,41 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
     }
     # config.hf_posext is the patch record (patching.CONFIG_KEY; patching imports this package). A method
     # not registered here (a plugin not imported) is judged on its rope alone: doctor's check says so.
-    record = getattr(config, "hf_posext", None) or {}
+    record = getattr(config, "hf_posext", None)
+    record = record if isinstance(record, dict) else {}
     method = None if unknown_method(record) else record.get("method")
     if method is not None and method_class(method).adds_weights:
         verdicts["llama.cpp"] = ("refused", f"the converter cannot map the weights {method} adds (its position table)")
     elif rope_type in transformers5.custom_rope_types():
-        verdicts["llama.cpp"] = ("wrong", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
+        verdicts["llama.cpp"] = ("misread", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
     elif rope_type == "dynamic":
-        verdicts["llama.cpp"] = ("wrong", "the converter drops dynamic scaling without a word: plain RoPE")
+        verdicts["llama.cpp"] = ("misread", "the converter drops dynamic scaling without a word: plain RoPE")
     else:
         status, how = _engine_verdict(
             llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context, "-c"
         )
-        if status == "wrong":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
+        if status == "misread":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
             how += "; `hf-posext gguf export` writes the GGUF rope llama.cpp reads"
         verdicts["llama.cpp"] = (status, how)
     if method is not None and issubclass(method_class(method), AttentionRemapMethod):
         verdicts.update(_remap_verdicts(config, method))
-    if method == "longrope" and config.hf_posext.get("factors_by") == "query":
+    if method == "longrope" and record.get("factors_by") == "query":
         verdicts.update(_per_query_verdicts(verdicts))
+    if rope_type == "dynamic" and record.get("exact_cache"):
+        verdicts["transformers 4.57"] = ("misread", WHOLE_SEQUENCE)
     return verdicts
+
+
+#: What every reader but hf-posext runs for LongRoPE saved with ``factors_by="query"``.
+PER_QUERY = (
+    "past L_orig it applies the long factors to every position (transformers' longrope); factors_by='query' "
+    "keeps the rows before L_orig on the short ones, which only hf-posext computes"
+)
+#: What transformers 4.57 and 5 without hf-posext run for a dynamic checkpoint saved with hf-posext's exact cache.
+WHOLE_SEQUENCE = (
+    "transformers' own dynamic NTK: frequencies from the whole sequence's length, at every position once it passes "
+    "L_orig; this checkpoint's exact cache computes them per position, which only hf-posext does"
+)
 
 
 def _per_query_verdicts(verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
@@ -109,16 +124,12 @@ def _per_query_verdicts(verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
     Every other reader of the entry applies the long factors to all positions of a sequence past L_orig
     (docs/methods/longrope.md), so a reader that reads the rope right computes another model past the switch.
     """
-    other = (
-        "past L_orig it applies the long factors to every position (transformers' longrope); factors_by='query' "
-        "keeps the rows before L_orig on the short ones, which only hf-posext computes"
-    )
     changed: dict[str, Verdict] = {
-        "transformers 5": ("right", f"after `import hf_posext`; without it, {other}"),
+        "transformers 5": ("same", f"after `import hf_posext`; without it, {PER_QUERY}"),
     }
     for reader, (status, _) in verdicts.items():
-        if reader != "transformers 5" and status == "right":
-            changed[reader] = ("wrong", other)
+        if reader != "transformers 5" and status == "same":
+            changed[reader] = ("misread", PER_QUERY)
     return changed
 
 
@@ -136,7 +147,7 @@ def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
     """
     verdicts: dict[str, Verdict] = {
         "transformers 5": (
-            "right",
+            "same",
             "after `import hf_posext`; without it, from_pretrained refuses the "
             "attn_implementation config.json names, and with an explicit attn_implementation "
             f"building the model raises KeyError: {REMAP_ROPE_TYPE!r}",
@@ -144,7 +155,7 @@ def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
     }
     if method == "dca" and getattr(config, "model_type", None) in VLLM_DUAL_CHUNK_MODEL_TYPES:
         verdicts["vLLM"] = (
-            "right",
+            "same",
             "reads dual_chunk_attention_config before the rope type (get_rope's dual-chunk "
             "branch, DualChunkFlashAttention; plain-theta frequencies; not run here)",
         )
@@ -154,10 +165,10 @@ def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
 def engine_warning(config: Any, context: int, method: str) -> str | None:
     """One warning naming the readers that would run ``config`` wrong without an error, or ``None``."""
     verdicts = support(config, context)
-    wrong = [f"{reader} ({how})" for reader, (status, how) in verdicts.items() if status == "wrong"]
+    wrong = [f"{reader} ({how})" for reader, (status, how) in verdicts.items() if status == "misread"]
     if not wrong:
         return None
-    right = [reader for reader, (status, _) in verdicts.items() if status == "right"]
+    right = [reader for reader, (status, _) in verdicts.items() if status == "same"]
     text = (
         f"{method} checkpoints are read wrong, without an error, by: "
         + "; ".join(wrong)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from tests.helpers.gguf_files import write_tiny_gguf
@@ -31,7 +32,8 @@ def test_json_names_every_reader_with_a_verdict_and_why(tmp_path, capsys):
     folder = write_config(tmp_path / "qwen", shipped_config_json(QWEN))
     assert main(["doctor", str(folder), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert list(report["readers"]) == list(READERS) == ["transformers5", "transformers4", "vllm", "sglang", "llamacpp"]
+    assert list(report["readers"]) == list(READERS)
+    assert list(READERS) == ["transformers5", "transformers5_hf_posext", "transformers4", "vllm", "sglang", "llamacpp"]
     for finding in report["readers"].values():
         assert finding["verdict"] in VERDICTS and finding["why"] and finding["rules"]
         assert finding["checked"] in ("run here", "read from source")
@@ -44,7 +46,7 @@ def test_the_text_report_has_a_line_per_reader_and_the_checks(tmp_path, capsys):
     )
     assert main(["doctor", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "transformers4  misread" in out and "config:" in out and "[read from source]" in out
+    assert re.search(r"transformers4 +misread", out) and "config:" in out and "[read from source]" in out
 
 
 def test_a_hub_id_is_read_from_the_hub_cache_offline(tmp_path, capsys, monkeypatch):

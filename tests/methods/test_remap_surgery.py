@@ -92,7 +92,7 @@ def test_a_qwen_config_with_dual_chunk_attention_config_loads_as_dca(tmp_path):
     ("method", "arch", "vllm"),
     [
         ("self_extend", "qwen2", "refused"),
-        ("dca", "qwen2", "right"),
+        ("dca", "qwen2", "same"),
         ("dca", "llama", "refused"),
         ("string", "llama", "refused"),
         ("rerope", "qwen2", "refused"),
@@ -103,10 +103,10 @@ def test_readers_say_who_runs_the_remapped_attention(method, arch, vllm):
 
     verdicts = support(hf_posext.patch_model(tiny_model(arch), method, factor=2).config, 128)
     assert verdicts["vLLM"][0] == vllm
-    assert verdicts["transformers 5"][0] == "right" and "import hf_posext" in verdicts["transformers 5"][1]
+    assert verdicts["transformers 5"][0] == "same" and "import hf_posext" in verdicts["transformers 5"][1]
     assert REMAP_ROPE_TYPE in verdicts["transformers 5"][1]
     assert verdicts["transformers 4.57"][0] == "refused" and verdicts["SGLang"][0] == "refused"
-    assert verdicts["llama.cpp"][0] == "wrong"
+    assert verdicts["llama.cpp"][0] == "misread"
 
 
 def test_the_command_line_evaluates_and_patches_every_remapping_method(tmp_path):

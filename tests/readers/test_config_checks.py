@@ -68,9 +68,9 @@ def test_a_plain_model_is_said_to_be_one(tmp_path):
     [
         ({"factr": 4.0}, "unknown-key", "factr (4.0) is read by no reader"),
         ({"attn_factor": 1.2}, "ignored-key", "attn_factor (1.2) is read by vLLM, SGLang but not by transformers 5"),
-        ({"beta_fast": 1, "beta_slow": 2}, "damaged-value", "beta_fast = 1 < beta_slow = 2"),
-        ({"rope_theta": -1.0}, "damaged-value", "rope_theta = -1.0: a positive number"),
-        ({"factor": 0.5}, "damaged-value", "factor = 0.5: a number >= 1"),
+        ({"beta_fast": 1, "beta_slow": 2}, "damaged-value", "rope_parameters.beta_fast = 1: beta_fast < beta_slow = 2"),
+        ({"rope_theta": -1.0}, "damaged-value", "rope_parameters.rope_theta = -1.0: a positive finite number"),
+        ({"factor": 0.5}, "damaged-value", "rope_parameters.factor = 0.5: a finite number >= 1"),
         (
             {"original_max_position_embeddings": 2048},
             "reach-mismatch",
@@ -114,4 +114,5 @@ def test_longrope_factor_lists_of_the_wrong_length_are_damaged(tmp_path):
     config_json = shipped_config_json("Phi-3 mini 128k (`longrope`)")
     config_json["rope_scaling"] = {**config_json["rope_scaling"], "long_factor": [1.0] * 47}
     found = [c for c in checks_of(tmp_path, config_json) if c["check"] == "damaged-value"]
-    assert found and "long_factor has 47 entries; the rotary dimension needs 48" in found[0]["message"]
+    assert found and found[0]["field"] == "rope_scaling.long_factor"
+    assert "'... (47 entries)']: 47 entries; the rotary dimension needs 48" in found[0]["message"]

@@ -1,7 +1,7 @@
 """``hf-posext doctor``'s verdicts (hf_posext.readers.doctor) on every method's saved config and on released ones.
 
 The engines' verdicts must be :func:`hf_posext.readers.support`'s (one source of truth); transformers 5's
-``needs-plugin`` is checked against a real transformers 5 that cannot import hf_posext; the released
+``transformers5`` (no ``import hf_posext``) is checked against a real transformers 5 that cannot import it; the released
 configs' expected verdicts are what each reader's source does with them (docs/readers/index.md).
 """
 
@@ -60,33 +60,33 @@ def test_engine_verdicts_are_the_support_rules(tmp_path, method):
     report = diagnose_path(str(saved_folder(tmp_path, method, **kwargs_of(method))))
     config = AutoConfig.from_pretrained(tmp_path / f"llama-{method}")
     expected = support(config, config.hf_posext["context_length"])
-    status = {"right": "same", "wrong": "misread", "refused": "refused"}
     assert set(report["readers"]) == set(READERS)
     for key in ("vllm", "sglang"):
-        assert report["readers"][key]["verdict"] == status[expected[READERS[key]][0]], key
+        assert report["readers"][key]["verdict"] == expected[READERS[key]][0], key
     converter = report["readers"]["llamacpp"]["routes"]["converter"]
-    assert converter["verdict"] == status[expected["llama.cpp"][0]]
+    assert converter["verdict"] == expected["llama.cpp"][0]
     for finding in report["readers"].values():
         assert finding["verdict"] in VERDICTS and finding["why"] and finding["rules"]
 
 
-def test_transformers5_needs_the_plugin_exactly_where_a_transformers_without_it_refuses(tmp_path):
+def test_transformers5_without_the_plugin_refuses_exactly_where_a_transformers_without_it_refuses(tmp_path):
     folders = [saved_folder(tmp_path, m, weights=True, **kwargs_of(m)) for m in available_methods()]
     errors = vanilla_load_errors([(folder, {}) for folder in folders])
     for method, folder, error in zip(available_methods(), folders, errors):
-        verdict = diagnose_path(str(folder))["readers"]["transformers5"]["verdict"]
-        assert verdict == ("same" if error is None else "needs-plugin"), (method, error)
+        readers = diagnose_path(str(folder))["readers"]
+        assert (readers["transformers5"]["verdict"] == "refused") == (error is not None), (method, error)
+        assert readers["transformers5_hf_posext"]["verdict"] == "same"
 
 
 #: What each reader's rules say of the released configs (docs/readers/index.md): the expected verdicts.
 SHIPPED_VERDICTS = {
-    "Llama 3.1 (`llama3`)": ("same", "same", "same", "same", "same"),
-    "Qwen2.5 with YaRN (`yarn`, as its model card adds it)": ("same", "same", "same", "same", "same"),
-    "Phi-3 mini 128k (`longrope`)": ("same", "same", "same", "same", "unknown"),
-    "vicuna-13b-v1.5-16k (`linear`)": ("same", "same", "same", "same", "same"),
-    "dynamic NTK in `rope_scaling`": ("same", "same", "misread", "misread", "misread"),
-    "a plain model (no rope fields)": ("same", "same", "same", "same", "same"),
-    "YaRN saved by transformers 5 alone (`rope_parameters` only)": ("same", "misread", "same", "same", "same"),
+    "Llama 3.1 (`llama3`)": ("same", "same", "same", "same", "same", "same"),
+    "Qwen2.5 with YaRN (`yarn`, as its model card adds it)": ("same", "same", "same", "same", "same", "same"),
+    "Phi-3 mini 128k (`longrope`)": ("same", "same", "same", "same", "same", "unknown"),
+    "vicuna-13b-v1.5-16k (`linear`)": ("same", "same", "same", "same", "same", "same"),
+    "dynamic NTK in `rope_scaling`": ("same", "same", "same", "misread", "misread", "misread"),
+    "a plain model (no rope fields)": ("same", "same", "same", "same", "same", "same"),
+    "YaRN saved by transformers 5 alone (`rope_parameters` only)": ("same", "same", "misread", "same", "same", "same"),
 }
 
 
@@ -137,21 +137,21 @@ def test_phi3_rope_scaling_with_more_than_its_three_fields_is_refused_by_transfo
 
 
 @pytest.mark.parametrize(
-    "method, llamacpp", [("longrope", "needs-plugin"), ("dynamic_ntk", "misread"), ("learned", "refused")]
+    "method, llamacpp", [("longrope", "misread"), ("dynamic_ntk", "misread"), ("learned", "refused")]
 )
 def test_llamacpp_verdict_sums_up_its_two_routes(tmp_path, method, llamacpp):
     finding = diagnose_path(str(saved_folder(tmp_path, method, **kwargs_of(method))))["readers"]["llamacpp"]
     assert finding["verdict"] == llamacpp
     assert set(finding["routes"]) == {"converter", "gguf_export"}
-    if llamacpp == "needs-plugin":
+    assert finding["verdict"] == finding["routes"]["converter"]["verdict"]  # the converter is the reader
+    if method == "longrope":
         assert finding["routes"]["gguf_export"]["verdict"] == "same"
 
 
-def test_transformers5_routes_say_with_and_without_the_plugin(tmp_path):
-    finding = diagnose_path(str(saved_folder(tmp_path, "dynamic_yarn", factor=4)))["readers"]["transformers5"]
-    assert finding["verdict"] == "needs-plugin"
-    assert finding["routes"]["with_plugin"]["verdict"] == "same"
-    assert finding["routes"]["without_plugin"]["verdict"] == "refused"
+def test_transformers5_is_answered_without_and_with_the_plugin(tmp_path):
+    readers = diagnose_path(str(saved_folder(tmp_path, "dynamic_yarn", factor=4)))["readers"]
+    assert readers["transformers5"]["verdict"] == "refused"
+    assert readers["transformers5_hf_posext"]["verdict"] == "same"
 
 
 def test_vllm_and_sglang_build_llama3_rope():
@@ -163,8 +163,8 @@ def test_vllm_and_sglang_build_llama3_rope():
     assert sglang.effective_rope(config, 32)["kind"] == "llama3"
 
 
-def test_a_finding_refuses_a_verdict_outside_the_five():
-    with pytest.raises(ValueError, match="'maybe' is not one of same, misread, refused, needs-plugin, unknown"):
+def test_a_finding_refuses_a_verdict_outside_the_vocabulary():
+    with pytest.raises(ValueError, match="'maybe' is not one of same, misread, refused, unknown"):
         Finding("maybe", "why", "rules", "run here")
 
 

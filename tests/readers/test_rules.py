@@ -118,7 +118,9 @@ def test_engines_run_dynamic_ntk_as_a_static_rope(tmp_path):
     assert sglang.effective_rope(config, HEAD_DIM) == {"kind": "default", "theta": pytest.approx(fixed)}
     assert "rope.scaling.type" not in llamacpp.gguf_rope_keys(raw)
     verdicts = support(config, 4 * L_ORIG)
-    assert [r for r, (status, _) in verdicts.items() if status == "wrong"] == ["vLLM", "SGLang", "llama.cpp"]
+    # 4.57 runs transformers' whole-sequence dynamic NTK, not the exact cache saved (the reader matrix measures it)
+    misread = ["transformers 4.57", "vLLM", "SGLang", "llama.cpp"]
+    assert [r for r, (status, _) in verdicts.items() if status == "misread"] == misread
 
 
 @pytest.mark.parametrize("method", ["dynamic_yarn", "alibi"])
@@ -175,7 +177,7 @@ def test_cli_warns_once_for_dynamic_methods_naming_the_engines(tmp_path, capsys)
     assert cli_main(["patch", str(tmp_path / "base"), str(tmp_path / "yarn"), "--method", "yarn", "--factor", "4"]) == 0
     assert "warning" not in capsys.readouterr().err
     card = (tmp_path / "dyn" / "README.md").read_text()
-    assert "| vLLM | **no: runs it wrong** |" in card and "| transformers 4.57 | yes |" in card
+    assert "| vLLM | **no: runs it wrong** |" in card and "| transformers 4.57 | **no: runs it wrong** |" in card
 
 
 def test_model_card_names_no_local_path(tmp_path):
@@ -209,7 +211,7 @@ def test_vllm_reads_a_longrope_checkpoint(tmp_path):
     config, _ = saved(tmp_path, "longrope", factor=4)
     assert vllm.effective_rope(config) == intended_rope(config.rope_parameters)
     assert vllm.max_model_len(config) == 4 * L_ORIG
-    assert support(config, 4 * L_ORIG)["vLLM"][0] == "right"
+    assert support(config, 4 * L_ORIG)["vLLM"][0] == "same"
 
 
 def test_sglang_reads_a_longrope_checkpoint(tmp_path):
@@ -218,7 +220,7 @@ def test_sglang_reads_a_longrope_checkpoint(tmp_path):
     config, _ = saved(tmp_path, "longrope", factor=4)
     assert sglang.effective_rope(config, HEAD_DIM) == intended_rope(config.rope_parameters)
     assert sglang.context_length(config) == 4 * L_ORIG
-    assert support(config, 4 * L_ORIG)["SGLang"][0] == "right"
+    assert support(config, 4 * L_ORIG)["SGLang"][0] == "same"
 
 
 def test_longrope_per_query_definition_is_named_as_hf_posexts_own(tmp_path, capsys, caplog):
@@ -237,8 +239,8 @@ def test_longrope_per_query_definition_is_named_as_hf_posexts_own(tmp_path, caps
     assert all(name in err for name in ("transformers 4.57", "vLLM", "SGLang", "llama.cpp", "factors_by='query'"))
     config = AutoConfig.from_pretrained(tmp_path / "query")
     verdicts = support(config, 4 * L_ORIG)
-    assert verdicts["transformers 5"][0] == "right" and "without it" in verdicts["transformers 5"][1]
-    assert {verdicts[r][0] for r in ("transformers 4.57", "vLLM", "SGLang", "llama.cpp")} == {"wrong"}
+    assert verdicts["transformers 5"][0] == "same" and "without it" in verdicts["transformers 5"][1]
+    assert {verdicts[r][0] for r in ("transformers 4.57", "vLLM", "SGLang", "llama.cpp")} == {"misread"}
     assert "| vLLM | **no: runs it wrong** |" in (tmp_path / "query" / "README.md").read_text()
     with caplog.at_level("WARNING", logger="hf_posext"):
         hf_posext.patch_model(tiny_model(max_positions=L_ORIG), "longrope", factor=4, factors_by="query")

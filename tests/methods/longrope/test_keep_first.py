@@ -390,9 +390,9 @@ def test_readers_refuse_it_and_the_gguf_writer_names_why():
 
     config = keep_first_model().config
     verdicts = readers.support(config, FACTOR * L_ORIG)
-    assert verdicts["transformers 5"][0] == "right" and "import hf_posext" in verdicts["transformers 5"][1]
+    assert verdicts["transformers 5"][0] == "same" and "import hf_posext" in verdicts["transformers 5"][1]
     assert verdicts["transformers 4.57"][0] == verdicts["vLLM"][0] == verdicts["SGLang"][0] == "refused"
-    assert verdicts["llama.cpp"][0] == "wrong"  # the converter logs "Unknown RoPE type" and writes plain RoPE
+    assert verdicts["llama.cpp"][0] == "misread"  # the converter logs "Unknown RoPE type" and writes plain RoPE
     with pytest.raises(ValueError, match="keep_first.*no GGUF form: llama.cpp has no position-dependent"):
         gguf_rope_for(config, "llama")
     assert math.isfinite(config.rope_parameters["attention_factor"])

@@ -1,0 +1,66 @@
+"""The reader matrix (docs/readers/matrix.md): every saved config, every reader that runs here, run and compared.
+
+Rows and readers are :mod:`hf_posext.readers.matrix`'s; this script only runs them and writes one row of
+``benchmarks/results/reader_matrix.json`` per cell (``method``: the row, ``setting.reader``, ``value``: the
+verdict, ``extra``: the gaps past L0 and before it, the error). transformers 4.57 runs in the side environment
+of tests/helpers/transformers4_env.py (built under .cache/ on first use; ``--no-transformers4`` leaves its
+column out). About 2 minutes on 2 CPU cores.
+
+    python benchmarks/reader_matrix.py
+    python benchmarks/tables.py   # renders docs/readers/matrix.md from the rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # tests.helpers (the 4.57 environment); harness
+
+from harness import current_versions, device_name, now  # noqa: E402
+from result_schema import Row, write_rows  # noqa: E402
+
+from hf_posext.readers import matrix  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "reader_matrix.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="the results file (rows merged in)")
+    parser.add_argument("--no-transformers4", action="store_true", help="leave out the transformers 4.57 column")
+    args = parser.parse_args(argv)
+    pythons: dict[str, str | Path | None] = {"transformers5": None, "transformers5_hf_posext": None, "hf_posext": None}
+    if not args.no_transformers4:
+        from tests.helpers.transformers4_env import transformers4_python
+
+        pythons["transformers4"] = transformers4_python()
+    with tempfile.TemporaryDirectory() as scratch:
+        cells, ran = matrix.measure(Path(scratch), pythons)
+    versions = {**current_versions(), **ran}
+    time, device = now(), device_name()
+    rows = [
+        Row(
+            "reader_matrix",
+            cell["row"],
+            {"reader": cell["reader"], "kind": cell["kind"], "length": matrix.LENGTH, "l0": matrix.L0},
+            "verdict",
+            cell["verdict"],
+            "",
+            device,
+            versions,
+            time,
+            {k: cell[k] for k in ("gap_past_l0", "gap_before_l0", "error")},
+        )
+        for cell in cells
+    ]
+    write_rows(args.out, rows, replace=lambda row: row.benchmark == "reader_matrix")
+    print(f"{len(rows)} cells -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""The reader matrix: each saved config, each reader that runs here, run for real and compared with the model meant.
+
+A row is a tiny Llama (random weights, seed 0, L0 = :data:`L0`) written to a folder the way a user gets it:
+``patch_model`` + ``save_pretrained`` for every registered method (and each option that changes what is saved),
+transformers' own scalings written into ``rope_parameters``, and configs changed after saving (legacy fields,
+hostile values). The model meant is the one in memory before saving (hf-posext's patched model, or the clean
+config a hostile value damaged); its logits over :data:`LENGTH` tokens are the reference. Each reader loads the
+folder in a fresh interpreter (:data:`READ_SCRIPT`) and its logits are compared: ``same`` (max |diff| <=
+:data:`TOLERANCE` at every position), ``misread`` (with the gap past L0 and before it) or ``refused`` (an
+exception, its first line kept). ``benchmarks/reader_matrix.py`` runs it; docs/readers/matrix.md shows it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: The pretraining length of every row, the tokens each reader runs, and the gap that still counts as the same.
+L0 = 64
+LENGTH = 150
+TOLERANCE = 1e-4
+VERDICTS = ("same", "misread", "refused")
+#: Readers run here: key -> (label, how it loads a folder). The interpreter of each is the caller's to give.
+READERS = {
+    "transformers5": "transformers 5, in a process that never imports hf_posext",
+    "transformers5_hf_posext": "transformers 5 after `import hf_posext` (AutoModelForCausalLM.from_pretrained)",
+    "hf_posext": "hf_posext.from_pretrained on the folder",
+    "transformers4": "transformers 4.57 (a side environment without hf_posext)",
+}
+
+# argv: mode (vanilla | plugin | hf_posext), tag, ids file, folders. Writes logits-TAG.pt or error-TAG.txt per
+# folder, then prints the versions it ran as JSON.
+READ_SCRIPT = """
+import json, sys
+from pathlib import Path
+mode, tag, ids_file, *folders = sys.argv[1:]
+if mode == "vanilla":
+    sys.modules["hf_posext"] = None  # any `import hf_posext` now raises ImportError
+else:
+    import hf_posext
+import torch, transformers
+from transformers import AutoModelForCausalLM
+ids = torch.load(ids_file)
+for folder in map(Path, folders):
+    try:
+        if mode == "hf_posext":
+            model = hf_posext.from_pretrained(folder)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder)
+        with torch.no_grad():
+            logits = model.eval()(ids).logits
+        torch.save(logits, folder / f"logits-{tag}.pt")
+    except Exception as error:
+        (folder / f"error-{tag}.txt").write_text(f"{type(error).__name__}: {error}")
+print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__}))
+"""
+
+
+def tiny_config(model_type: str = "llama", **changes: Any) -> Any:
+    """The rows' tiny config: 2 layers, 4 heads of 32, vocabulary 97, L0 positions unless changed."""
+    from transformers import AutoConfig
+
+    shape = dict(
+        vocab_size=97,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=L0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return AutoConfig.for_model(model_type, **{**shape, **changes})
+
+
+Edit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One saved config: the model meant (a base rope, then a method), and the edits config.json gets after saving."""
+
+    name: str
+    kind: str  # method, scaling, layout, legacy or hostile
+    method: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    rope: dict[str, Any] | None = None  # the base config's rope_parameters (a shipped scaling)
+    config: dict[str, Any] = field(default_factory=dict)  # other changes to the base config
+    edit: Edit | None = None
+    model_type: str = "llama"
+
+
+def _set(path: str, value: Any) -> Edit:
+    def edit(config_json: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target = config_json
+        for key in parents:
+            target = target[key]
+        target[last] = value
+
+    return edit
+
+
+def _drop(path: str) -> Edit:
+    def edit(config_json: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target = config_json
+        for key in parents:
+            target = target[key]
+        target.pop(last, None)
+
+    return edit
+
+
+def _legacy_only(config_json: dict[str, Any]) -> None:
+    """As a 4.x checkpoint ships: ``rope_scaling`` and a top-level ``rope_theta``, no ``rope_parameters``."""
+    params = config_json.pop("rope_parameters")
+    config_json["rope_theta"] = params.pop("rope_theta")
+    config_json["rope_scaling"] = params
+
+
+def _both(*edits: Edit) -> Edit:
+    def edit(config_json: dict[str, Any]) -> None:
+        for one in edits:
+            one(config_json)
+
+    return edit
+
+
+def _yarn(**extra: Any) -> dict[str, Any]:
+    return {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0, "rope_theta": 1e4, **extra}
+
+
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": L0 // 4,
+    "rope_theta": 1e4,
+}
+LONGROPE = {
+    "rope_type": "longrope",
+    "factor": 4.0,
+    "original_max_position_embeddings": L0,
+    "short_factor": [1.0 + 0.02 * i for i in range(16)],
+    "long_factor": [1.0 + 0.5 * i for i in range(16)],
+    "rope_theta": 1e4,
+}
+
+
+def default_options(method: str) -> dict[str, Any]:
+    """A method's options in its row: factor 4 where it scales the rope, a position table past :data:`LENGTH`."""
+    from ..methods import method_class
+
+    if method == "learned":
+        return {"max_length": 4 * L0}
+    return {"factor": 4} if method_class(method).scales_rope else {}
+
+
+def rows() -> list[Row]:
+    """Every row, in the order the matrix shows them."""
+    from ..methods import available_methods
+
+    out = [Row(f"`{m}`", "method", m, default_options(m)) for m in available_methods()]
+    out += [
+        Row("`dynamic_ntk`, `exact_cache=False`", "method", "dynamic_ntk", {"factor": 4, "exact_cache": False}),
+        Row("`dynamic_yarn`, `exact_cache=False`", "method", "dynamic_yarn", {"factor": 4, "exact_cache": False}),
+        Row("`longrope`, `exact_cache=False`", "method", "longrope", {"factor": 4, "exact_cache": False}),
+        Row('`longrope`, `factors_by="query"`', "method", "longrope", {"factor": 4, "factors_by": "query"}),
+        Row("`longrope`, `keep_first=4`", "method", "longrope", {"factor": 4, "keep_first": 4}),
+        Row("`yarn`, `attention_factor=1.2`", "method", "yarn", {"factor": 4, "attention_factor": 1.2}),
+        Row("`yarn` on `llama3`", "method", "yarn", {"factor": 2}, LLAMA3, {"max_position_embeddings": L0}),
+        Row("`linear` on `longrope`", "method", "linear", {"factor": 2}, LONGROPE, {"max_position_embeddings": 4 * L0}),
+    ]
+    out += [
+        Row("`rope_type: linear`", "scaling", rope={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}),
+        Row("`rope_type: dynamic`", "scaling", rope={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}),
+        Row("`rope_type: yarn`", "scaling", rope=_yarn(), config={"max_position_embeddings": 4 * L0}),
+        Row(
+            "`rope_type: yarn`, `truncate: false`",
+            "scaling",
+            rope=_yarn(truncate=False),
+            config={"max_position_embeddings": 4 * L0},
+        ),
+        Row("`rope_type: yarn`, `attention_factor: 1.2`", "scaling", rope=_yarn(attention_factor=1.2)),
+        Row("`rope_type: llama3`", "scaling", rope=LLAMA3, config={"max_position_embeddings": L0}),
+        Row("`rope_type: longrope`", "scaling", rope=LONGROPE, config={"max_position_embeddings": 4 * L0}),
+        Row(
+            "Phi-3 with `partial_rotary_factor: 0.5`, `longrope`",  # transformers 5's Llama rotates every channel
+            "layout",
+            "longrope",
+            {"factor": 4},
+            config={"partial_rotary_factor": 0.5},
+            model_type="phi3",
+        ),
+        Row("`rope_type: yarn` in `rope_scaling` only (4.x style)", "legacy", rope=_yarn(), edit=_legacy_only),
+        Row(
+            "`rope_theta` in `rope_scaling` unlike `rope_parameters`'",
+            "legacy",
+            "linear",
+            {"factor": 4},
+            edit=_set("rope_scaling.rope_theta", 5e5),
+        ),
+        Row(
+            "top-level `rope_theta` unlike `rope_parameters`'",
+            "legacy",
+            "linear",
+            {"factor": 4},
+            edit=_set("rope_theta", 5e5),
+        ),
+        Row(
+            '`factor: "4"` (a string)',
+            "hostile",
+            "linear",
+            {"factor": 4},
+            edit=_both(_set("rope_parameters.factor", "4"), _set("rope_scaling.factor", "4")),
+        ),
+        Row(
+            "`factor: NaN`",
+            "hostile",
+            "linear",
+            {"factor": 4},
+            edit=_both(_set("rope_parameters.factor", math.nan), _set("rope_scaling.factor", math.nan)),
+        ),
+        Row(
+            "`factor: Infinity`",
+            "hostile",
+            "linear",
+            {"factor": 4},
+            edit=_both(_set("rope_parameters.factor", math.inf), _set("rope_scaling.factor", math.inf)),
+        ),
+        Row(
+            "`factor: -4`",
+            "hostile",
+            "linear",
+            {"factor": 4},
+            edit=_both(_set("rope_parameters.factor", -4.0), _set("rope_scaling.factor", -4.0)),
+        ),
+        Row(
+            "`rope_type: yarn` without `original_max_position_embeddings`",
+            "hostile",
+            rope=_yarn(),
+            config={"max_position_embeddings": 4 * L0},
+            edit=_drop("rope_parameters.original_max_position_embeddings"),
+        ),
+    ]
+    names = [row.name for row in out]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two rows share a name: {sorted(n for n in names if names.count(n) > 1)}")
+    return out
+
+
+def write_row(row: Row, folder: Path, ids: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Save ``row``'s checkpoint into ``folder``; the logits of the model meant for ``ids`` (``None``: not run)."""
+    import hf_posext
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(
+        row.model_type, **({"rope_parameters": copy.deepcopy(row.rope)} if row.rope else {}), **row.config
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    if row.method is not None:
+        model = hf_posext.patch_model(model, row.method, **row.options)
+    model.save_pretrained(folder)
+    logits = None
+    if ids is not None:
+        with torch.no_grad():
+            logits = model(ids).logits
+    if row.edit is not None:
+        config_json = json.loads((folder / "config.json").read_text())
+        row.edit(config_json)
+        (folder / "config.json").write_text(json.dumps(config_json, indent=2))
+    return logits
+
+
+def run_reader(python: str | Path, mode: str, tag: str, ids_file: Path, folders: list[Path]) -> dict[str, str]:
+    """Run :data:`READ_SCRIPT` under ``python``; the versions it reports.
+
+    Raises:
+        RuntimeError: the interpreter failed outside a load (the end of its standard error in the message).
+    """
+    done = subprocess.run(
+        [str(python), "-c", READ_SCRIPT, mode, tag, str(ids_file), *map(str, folders)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{python} ({mode}) failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    gap = (a - b).abs().max().item() if a.numel() else 0.0
+    return None if math.isnan(gap) else gap
+
+
+def cell(folder: Path, tag: str, intended: torch.Tensor) -> dict[str, Any]:
+    """``{"verdict", "gap_past_l0", "gap_before_l0", "error"}`` of one reader's output in ``folder``.
+
+    A gap is ``None`` where the reader's logits hold NaN (a misread).
+    """
+    error_file = folder / f"error-{tag}.txt"
+    if error_file.exists():
+        first = (error_file.read_text().strip().splitlines() or ["(no message)"])[0]
+        error = first.replace(str(folder), "FOLDER")[:300]  # the scratch folder's name is no part of the answer
+        return {"verdict": "refused", "gap_past_l0": None, "gap_before_l0": None, "error": error}
+    logits = torch.load(folder / f"logits-{tag}.pt")
+    if logits.shape != intended.shape:
+        return {"verdict": "misread", "gap_past_l0": None, "gap_before_l0": None, "error": f"shape {logits.shape}"}
+    past, before = _gap(logits[:, L0:], intended[:, L0:]), _gap(logits[:, :L0], intended[:, :L0])
+    same = past is not None and before is not None and max(past, before) <= TOLERANCE
+    return {"verdict": "same" if same else "misread", "gap_past_l0": past, "gap_before_l0": before, "error": None}
+
+
+def measure(scratch: Path, pythons: dict[str, str | Path | None]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every row x every reader of ``pythons`` (reader key -> interpreter; ``None``: this one).
+
+    Returns:
+        ``([{"row", "kind", "reader", "verdict", "gap_past_l0", "gap_before_l0", "error"}], versions)``.
+    """
+    ids = torch.randint(3, 97, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+    torch.save(ids, scratch / "ids.pt")
+    intended, folders = {}, {}
+    for i, row in enumerate(rows()):
+        folders[row.name] = scratch / f"row{i:02d}"
+        intended[row.name] = write_row(row, folders[row.name], ids)
+    modes = {"transformers5": "vanilla", "transformers5_hf_posext": "plugin", "hf_posext": "hf_posext"}
+    modes["transformers4"] = "vanilla"
+    versions: dict[str, str] = {}
+    for reader, python in pythons.items():
+        ran = run_reader(python or sys.executable, modes[reader], reader, scratch / "ids.pt", list(folders.values()))
+        versions.update({f"{reader}:{k}": v for k, v in ran.items()})
+    out = [
+        {"row": row.name, "kind": row.kind, "reader": reader, **cell(folders[row.name], reader, intended[row.name])}
+        for row in rows()
+        for reader in pythons
+    ]
+    return out, versions
+
+
+__all__ = ["L0", "LENGTH", "READERS", "TOLERANCE", "VERDICTS", "Row", "cell", "measure", "rows", "write_row"]
