@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's device calls, in order (benchmarks/gpu/PLAN.md gives the `run` parameters):
 #
-#   bash benchmarks/gpu/session.sh 1   # carry [".carry/a"]: part A + wheels; MFU, exact prefill, Self-Extend/DCA
+#   bash benchmarks/gpu/session.sh 1   # carry [".carry/a"]: part A + wheels; MFU, exact prefill, Self-Extend/DCA, plan
 #   bash benchmarks/gpu/session.sh 2   # carry [".carry/b"], right after call 1: the real fine-tune (~7 min)
 #   bash benchmarks/gpu/session.sh smoke   # every script's --cpu-smoke, here or there
 #
@@ -44,6 +44,7 @@ case "${1:-}" in
         step mfu 100 "$PY" benchmarks/gpu/mfu.py --out "$OUT/mfu" --profile
         step prefill 60 "$PY" benchmarks/gpu/prefill.py --out "$OUT/prefill" --budget-minutes 0.75
         step sedca 40 "$PY" benchmarks/gpu/sedca.py --out "$OUT/sedca" --budget-minutes 0.45
+        step plan_memory 120 "$PY" benchmarks/gpu/plan_memory.py --out "$OUT/plan_memory" --lengths 4096 16384
         ;;
     2)
         "$PY" benchmarks/gpu/carry_model.py receive b || exit 1
@@ -54,7 +55,7 @@ case "${1:-}" in
             --deadline-minutes "${DEADLINE_MINUTES:-7}"
         ;;
     smoke)
-        for script in finetune_real mfu prefill sedca; do
+        for script in finetune_real mfu prefill sedca plan_memory; do
             step "smoke_$script" 120 "$PY" "benchmarks/gpu/$script.py" --cpu-smoke --out "$OUT/smoke/$script"
         done
         ;;

@@ -203,3 +203,12 @@ def test_the_console_command_runs_the_projects_cli_without_an_installed_script()
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0 and "passkey" in done.stdout, done.stderr[-2000:]
+
+
+def test_plan_memory_compares_the_plan_with_the_measured_peak_of_each_run(tmp_path):
+    rows = smoke("plan_memory", tmp_path / "out")
+    for mode in ("full", "lora"):
+        found = {r.metric: r for r in rows if r.method == mode and r.benchmark == "plan_memory_gpu"}
+        measured, predicted = found["measured_peak_mib"].value, found["predicted_peak_mib"].value
+        assert measured > 0 and predicted > 0
+        assert found["error"].value == pytest.approx(predicted / measured - 1, abs=1e-3)
