@@ -5,7 +5,8 @@
 through the chat template. The base model's greedy answers (32 new tokens) are the reference; each
 row reports ``agreement`` (the share of answers equal to the base's) and ``answer_loglik`` (the mean
 log-likelihood per token of the base's answers). Every answer is appended to
-``results/chat_tax/cells/<row>.jsonl`` as it is computed, so a stopped run resumes where it stopped;
+``results/chat_tax/cells/<row>.jsonl`` (the row's name as a slug) as it is computed, so a stopped run
+resumes where it stopped;
 ``--report`` writes the rows to ``results/chat_tax.json`` and the table to ``results/chat_tax.md``.
 
     GGUF=$(cd benchmarks && python -c "from harness import smollm2_gguf; print(smollm2_gguf())")
@@ -51,12 +52,17 @@ ROWS = ("base", "yarn s=4", "recipe", "recipe + conversations")
 PASSKEY_LENGTHS = (16384, 32768)
 
 
+def slug(row: str) -> str:
+    """A row's file name: ``yarn s=4`` -> ``yarn-s4``, ``recipe + conversations`` -> ``recipe-conversations``."""
+    return "-".join("".join(c for c in word if c.isalnum()) for word in row.split() if any(c.isalnum() for c in word))
+
+
 def instructions() -> list[str]:
     return docstring_instructions("test", INSTRUCTIONS, seed=0)
 
 
 def read_cells(row: str) -> dict[int, dict[str, Any]]:
-    path = OUT / "cells" / f"{row}.jsonl"
+    path = OUT / "cells" / f"{slug(row)}.jsonl"
     if not path.is_file():
         return {}
     cells = {}
@@ -79,8 +85,8 @@ def run_row(row: str, model_path: str, method: str | None, factor: float | None)
     model, tokenizer, fingerprint = load_row(model_path, method, factor)
     done = read_cells(row)
     if done and next(iter(done.values()))["fingerprint"] != fingerprint:
-        raise SystemExit(f"{OUT / 'cells' / row}.jsonl was measured on another model: move it aside first")
-    path = OUT / "cells" / f"{row}.jsonl"
+        raise SystemExit(f"{OUT / 'cells' / slug(row)}.jsonl was measured on another model: move it aside first")
+    path = OUT / "cells" / f"{slug(row)}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         for index, prompt in enumerate(tqdm(prompts, desc=row)):
@@ -106,7 +112,7 @@ def load_row(model_path: str, method: str | None, factor: float | None) -> tuple
 
 
 def read_keys(row: str) -> dict[tuple[int, int], dict[str, Any]]:
-    path = OUT / "passkey" / f"{row}.jsonl"
+    path = OUT / "passkey" / f"{slug(row)}.jsonl"
     cells = {}
     for line in path.read_text().splitlines() if path.is_file() else []:
         try:
@@ -124,8 +130,8 @@ def run_passkeys(
     model, tokenizer, fingerprint = load_row(model_path, method, factor)
     done = read_keys(row)
     if done and next(iter(done.values()))["fingerprint"] != fingerprint:
-        raise SystemExit(f"{OUT / 'passkey' / row}.jsonl was measured on another model: move it aside first")
-    path = OUT / "passkey" / f"{row}.jsonl"
+        raise SystemExit(f"{OUT / 'passkey' / slug(row)}.jsonl was measured on another model: move it aside first")
+    path = OUT / "passkey" / f"{slug(row)}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         for length in lengths:
@@ -190,7 +196,8 @@ def report() -> str:
             )
         lines.append(f"| {name} | {share:.2f} | {loglik:.3f} | {len(prompts)} |")
     lines += ["", "Passkeys through the chat template (found / asked):", ""]
-    lines += ["| row | " + " | ".join(f"{n // 1024}k" for n in PASSKEY_LENGTHS) + " |", "|---" * 4 + "|"]
+    header = "| row | " + " | ".join(f"{n // 1024}k" for n in PASSKEY_LENGTHS) + " |"
+    lines += [header, "|---" * (len(PASSKEY_LENGTHS) + 1) + "|"]
     for name in ROWS:
         keys = read_keys(name)
         found = []
