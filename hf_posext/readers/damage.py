@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+#: The patch record's key in config.json (a field path prefix: the record's own fields are not modules).
+CONFIG_FIELD = "hf" + "_posext"
+
 #: Top-level sizes: a positive integer each where present (``null`` is transformers' "not set").
 SIZES = (
     "hidden_size",
@@ -145,11 +148,13 @@ def damaged_fields(config_json: dict[str, Any]) -> list[dict[str, str]]:
         out.append(_error("hf_posext", record, "hf-posext's patch record must be a JSON object"))
     elif isinstance(record, dict):
         if record.get("factor") is not None and not (number(record["factor"]) and record["factor"] > 0):
-            out.append(_error("hf_posext.factor", record["factor"], "a positive finite number is required"))
+            out.append(_error(f"{CONFIG_FIELD}.factor", record["factor"], "a positive finite number is required"))
         if record.get("context_length") is not None and not positive_int(record["context_length"]):
-            out.append(_error("hf_posext.context_length", record["context_length"], "a positive integer is required"))
+            out.append(
+                _error(f"{CONFIG_FIELD}.context_length", record["context_length"], "a positive integer is required")
+            )
         if record.get("method") is not None and not isinstance(record["method"], str):
-            out.append(_error("hf_posext.method", record["method"], "a method name (a string) is required"))
+            out.append(_error(f"{CONFIG_FIELD}.method", record["method"], "a method name (a string) is required"))
     return out
 
 

@@ -61,7 +61,8 @@ def packed_batch(
     the blocks (a window schedule's shorter window).
     """
     packed = torch.from_numpy(np.asarray(blocks[indices], dtype=np.int64))[..., :length].to(device)
-    input_ids, segments, trained = packed[:, 0], packed[:, 1], packed[:, 2]
+    input_ids, segments = packed[:, 0], packed[:, 1]
+    trained = packed[:, 2] if packed.shape[1] > 2 else None  # blocks cached before the target row: all trained
     return input_ids, document_positions(segments), document_labels(input_ids, segments, trained)
 
 

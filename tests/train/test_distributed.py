@@ -156,7 +156,12 @@ def launcher_env(config_file: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     "config_file, changes, flags, refused",
     [
-        ("deepspeed_zero3.yaml", {}, [], "asks for DeepSpeed, which accelerate runs on GPUs only"),
+        (
+            "deepspeed_zero3.yaml",
+            {},
+            [],
+            "asks for DeepSpeed, which accelerate runs on GPUs only|DeepSpeed runs on GPUs only",
+        ),
         ("fsdp2.yaml", {"FSDP_VERSION": "1"}, [], "asks for FSDP version 1, which does not run on CPU"),
         ("context_parallel.yaml", {}, [], r"context parallelism \(cp_size=8\), which has no CPU path"),
         (
@@ -165,7 +170,12 @@ def launcher_env(config_file: str) -> dict[str, str]:
             [],
             r"tensor parallelism \(tp_size=2\), which the recipe does not run",
         ),
-        ("ddp.yaml", {}, ["--sp-size", "2"], "sp_size=2: DeepSpeed Ulysses .* this run is on CPU"),
+        (
+            "ddp.yaml",
+            {},
+            ["--sp-size", "2"],
+            "sp_size=2: DeepSpeed Ulysses .* this run is on CPU|sp_size=2 runs inside DeepSpeed",
+        ),
     ],
     ids=["zero3", "fsdp1", "context-parallel", "tensor-parallel", "sequence-parallel"],
 )
