@@ -50,7 +50,6 @@ def row(
     return Row(benchmark, method, setting or {"length": 64}, metric, value, unit_of(metric), "cpu", {}, time)
 
 
-@pytest.mark.xfail(reason="broken by the 2026-12-07 merges, see that closing note", strict=False)
 def test_every_committed_results_file_but_the_cell_caches_is_rows_of_the_schema():
     files = [
         p
