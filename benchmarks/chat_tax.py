@@ -24,7 +24,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
@@ -61,19 +62,34 @@ def instructions() -> list[str]:
     return docstring_instructions("test", INSTRUCTIONS, seed=0)
 
 
-def read_cells(row: str) -> dict[int, dict[str, Any]]:
-    path = OUT / "cells" / f"{slug(row)}.jsonl"
-    if not path.is_file():
-        return {}
+def read_log(kind: str, row: str, key: Callable[[dict[str, Any]], Any]) -> dict[Any, dict[str, Any]]:
+    """The cells ``results/chat_tax/<kind>/<row>.jsonl`` holds, by ``key``; a line cut by a kill is asked again."""
+    path = log_path(kind, row)
     cells = {}
-    for line in path.read_text().splitlines():
-        if line.strip():  # a line cut by a kill is incomplete JSON: recomputed
-            try:
-                cell = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            cells[cell["index"]] = cell
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            cell = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        cells[key(cell)] = cell
     return cells
+
+
+def log_path(kind: str, row: str) -> Path:
+    return OUT / kind / f"{slug(row)}.jsonl"
+
+
+def open_log(kind: str, row: str, done: dict[Any, dict[str, Any]], fingerprint: dict[str, Any]) -> TextIO:
+    """``row``'s log opened for appending, refused when its cells were measured on another model."""
+    path = log_path(kind, row)
+    if done and next(iter(done.values()))["fingerprint"] != fingerprint:
+        raise SystemExit(f"{path} was measured on another model: move it aside first")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("a")
+
+
+def read_cells(row: str) -> dict[int, dict[str, Any]]:
+    return read_log("cells", row, lambda cell: cell["index"])
 
 
 def run_row(row: str, model_path: str, method: str | None, factor: float | None) -> None:
@@ -84,11 +100,7 @@ def run_row(row: str, model_path: str, method: str | None, factor: float | None)
         raise SystemExit(f"the base row has {len(reference)} of {len(prompts)} answers: run it first")
     model, tokenizer, fingerprint = load_row(model_path, method, factor)
     done = read_cells(row)
-    if done and next(iter(done.values()))["fingerprint"] != fingerprint:
-        raise SystemExit(f"{OUT / 'cells' / slug(row)}.jsonl was measured on another model: move it aside first")
-    path = OUT / "cells" / f"{slug(row)}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    with open_log("cells", row, done, fingerprint) as handle:
         for index, prompt in enumerate(tqdm(prompts, desc=row)):
             if index in done:
                 continue
@@ -112,15 +124,7 @@ def load_row(model_path: str, method: str | None, factor: float | None) -> tuple
 
 
 def read_keys(row: str) -> dict[tuple[int, int], dict[str, Any]]:
-    path = OUT / "passkey" / f"{slug(row)}.jsonl"
-    cells = {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            cell = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill: that key is asked again
-            continue
-        cells[cell["length"], cell["index"]] = cell
-    return cells
+    return read_log("passkey", row, lambda cell: (cell["length"], cell["index"]))
 
 
 def run_passkeys(
@@ -129,11 +133,7 @@ def run_passkeys(
     """Passkeys through the chat template: the schedule's ``keys`` keys at each length (every row the same prompts)."""
     model, tokenizer, fingerprint = load_row(model_path, method, factor)
     done = read_keys(row)
-    if done and next(iter(done.values()))["fingerprint"] != fingerprint:
-        raise SystemExit(f"{OUT / 'passkey' / slug(row)}.jsonl was measured on another model: move it aside first")
-    path = OUT / "passkey" / f"{slug(row)}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    with open_log("passkey", row, done, fingerprint) as handle:
         for length in lengths:
             for index, depth in tqdm(key_schedule(keys), desc=f"{row} {length}"):
                 if (length, index) in done:
