@@ -9,6 +9,7 @@ unknown key in an otherwise valid entry is warned about by name.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -16,7 +17,13 @@ from transformers import Gemma3TextConfig, LlamaConfig, modeling_rope_utils
 
 import hf_posext  # noqa: F401  (registers the rope types under test)
 from hf_posext.readers.transformers5 import custom_rope_types
-from hf_posext.rope_utils import LONGROPE_KEEP_FIRST_ROPE_TYPE, NO_ROPE_TYPE, REMAP_ROPE_TYPE, REMAPPED_TYPE_KEY
+from hf_posext.rope_utils import (
+    LONGROPE_KEEP_FIRST_ROPE_TYPE,
+    NO_ROPE_TYPE,
+    PROPORTIONAL_ROPE_TYPE,
+    REMAP_ROPE_TYPE,
+    REMAPPED_TYPE_KEY,
+)
 
 #: transformers' own list: parameters that belong to other rope types than ours.
 OTHER_TYPES_PARAMETERS = ("factor", "attention_factor", "beta_fast", "beta_slow", "short_factor", "long_factor")
@@ -54,7 +61,29 @@ def valid_entry(rope_type):
             "attention_factor": 1.2,
             "keep_first": 4,
         }, {}
+    if rope_type == PROPORTIONAL_ROPE_TYPE:  # p-RoPE's divisors, one per pair of head_dim
+        return {
+            "rope_type": rope_type,
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "factors": [4.0] * 32,
+            "attention_factor": 1.2,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }, {}
     return {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}, {}
+
+
+@contextlib.contextmanager
+def rope_warnings(caplog):
+    """caplog hears transformers' rope warnings: its library logger does not propagate to the root one."""
+    rope_logger = logging.getLogger("transformers.modeling_rope_utils")
+    rope_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=rope_logger.name):
+            yield
+    finally:
+        rope_logger.removeHandler(caplog.handler)
 
 
 def test_every_custom_rope_type_is_registered():
@@ -65,11 +94,6 @@ def test_every_custom_rope_type_is_registered():
 @pytest.mark.parametrize(("nested", "same"), LAYOUTS)
 @pytest.mark.parametrize("rope_type", custom_rope_types())
 def test_transformers_rope_validation_rules_hold_for_every_registered_type(rope_type, nested, same, caplog):
-    if any(
-        name in rope_type
-        for name in ("dynamic_yarn", "longrope_keep_first", "hf_posext_none", "proportional", "hf_posext_remap")
-    ):
-        pytest.xfail("broken by the 2026-12-07 merges, see that closing note")
     with pytest.raises(KeyError):
         config_with({"rope_type": rope_type, "rope_theta": 10000.0}, nested, same).validate_rope()
     for param in OTHER_TYPES_PARAMETERS:
@@ -77,7 +101,7 @@ def test_transformers_rope_validation_rules_hold_for_every_registered_type(rope_
             config_with({"rope_type": rope_type, "rope_theta": 10000.0, param: True}, nested, same).validate_rope()
     entry, extra = valid_entry(rope_type)
     config = config_with(dict(entry), nested, same, **extra)
-    with caplog.at_level(logging.WARNING, logger="transformers.modeling_rope_utils"):
+    with rope_warnings(caplog):
         caplog.clear()
         config.validate_rope()
         assert not caplog.records, [r.getMessage() for r in caplog.records]
