@@ -1,6 +1,6 @@
 """The reader matrix (docs/readers/matrix.md): every saved config, every reader that runs here, run and compared.
 
-Rows and readers are :mod:`hf_posext.readers.matrix`'s; this script only runs them and writes one row of
+Rows and readers are :mod:`hf_posext.experiments.reader_matrix`'s; this script only runs them and writes one row of
 ``benchmarks/results/reader_matrix.json`` per cell (``method``: the row, ``setting.reader``, ``value``: the
 verdict, ``extra``: the gaps past L0 and before it, the error). transformers 4.57 runs in the side environment
 of tests/helpers/transformers4_env.py (built under .cache/ on first use; ``--no-transformers4`` leaves its
@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # tests.helpers (the 4.57 
 from harness import current_versions, device_name, now  # noqa: E402
 from result_schema import Row, write_rows  # noqa: E402
 
-from hf_posext.readers import matrix  # noqa: E402
+from hf_posext.experiments import reader_matrix as matrix  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "reader_matrix.json"
 

@@ -300,8 +300,6 @@ def test_the_cycle_check_can_fail():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_inside_functions_are_optional_dependencies(name):
-    if name == "hf_posext.readers.matrix":
-        pytest.xfail("broken by the 2026-12-07 merges, see that closing note")
     if any(name == lazy or name.startswith(lazy + ".") for lazy in LAZY):
         return
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))

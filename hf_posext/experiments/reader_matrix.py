@@ -25,6 +25,9 @@ from typing import Any
 
 import torch
 
+from ..methods import available_methods, method_class
+from ..patching import patch_model
+
 #: The pretraining length of every row, the tokens each reader runs, and the gap that still counts as the same.
 L0 = 64
 LENGTH = 150
@@ -164,8 +167,6 @@ LONGROPE = {
 
 def default_options(method: str) -> dict[str, Any]:
     """A method's options in its row: factor 4 where it scales the rope, a position table past :data:`LENGTH`."""
-    from ..methods import method_class
-
     if method == "learned":
         return {"max_length": 4 * L0}
     return {"factor": 4} if method_class(method).scales_rope else {}
@@ -173,8 +174,6 @@ def default_options(method: str) -> dict[str, Any]:
 
 def rows() -> list[Row]:
     """Every row, in the order the matrix shows them."""
-    from ..methods import available_methods
-
     out = [Row(f"`{m}`", "method", m, default_options(m)) for m in available_methods()]
     out += [
         Row("`dynamic_ntk`, `exact_cache=False`", "method", "dynamic_ntk", {"factor": 4, "exact_cache": False}),
@@ -266,7 +265,6 @@ def rows() -> list[Row]:
 
 def write_row(row: Row, folder: Path, ids: torch.Tensor | None = None) -> torch.Tensor | None:
     """Save ``row``'s checkpoint into ``folder``; the logits of the model meant for ``ids`` (``None``: not run)."""
-    import hf_posext
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(
@@ -275,7 +273,7 @@ def write_row(row: Row, folder: Path, ids: torch.Tensor | None = None) -> torch.
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     if row.method is not None:
-        model = hf_posext.patch_model(model, row.method, **row.options)
+        model = patch_model(model, row.method, **row.options)
     model.save_pretrained(folder)
     logits = None
     if ids is not None:

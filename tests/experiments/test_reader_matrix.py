@@ -1,5 +1,5 @@
 """doctor's verdicts are the reader matrix's (issue 57, item 2): benchmarks/results/reader_matrix.json, measured by
-running each reader (hf_posext/readers/matrix.py), against ``hf-posext doctor`` on the same saved configs.
+running each reader (hf_posext/experiments/reader_matrix.py), against ``hf-posext doctor`` on the same saved configs.
 
 The quick test compares doctor with the committed cells; the integration test runs the readers again
 (transformers 5 without and with hf_posext, hf_posext.from_pretrained, transformers 4.57 in its side
@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import ROOT
 
 from hf_posext.commands.doctor import diagnose_path
-from hf_posext.readers import matrix
+from hf_posext.experiments import reader_matrix as matrix
 
 RESULTS = ROOT / "benchmarks" / "results" / "reader_matrix.json"
 #: The matrix's reader -> doctor's (hf_posext.from_pretrained on a folder is transformers 5 after the import).
