@@ -17,7 +17,9 @@ LLAMA3 = {
 }
 
 
-def write_tiny_gguf(path, arch="llama", rope_freqs=None, freq_base=10000.0, heads=True, layers=True, **keys):
+def write_tiny_gguf(
+    path, arch="llama", rope_freqs=None, freq_base=10000.0, heads=True, layers=True, context=L_ORIG, **keys
+):
     """A GGUF with the attention shape of tests/helpers/models.py's tiny config, one F32 and one Q4_1 tensor.
 
     ``heads=False`` leaves out the head counts, ``layers=False`` the one layer's tensor (``blk.0.*``).
@@ -26,7 +28,7 @@ def write_tiny_gguf(path, arch="llama", rope_freqs=None, freq_base=10000.0, head
     import numpy as np
 
     writer = gguf.GGUFWriter(path, arch)
-    writer.add_context_length(L_ORIG)
+    writer.add_context_length(context)
     writer.add_embedding_length(4 * HEAD_DIM)
     writer.add_block_count(1)
     if heads:

@@ -409,7 +409,6 @@ PLUGIN_CHECKS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(reason="broken by the 2026-12-07 merges, see that closing note", strict=False)
 def test_the_plugin_examples_of_the_docs_run_as_written():
     """docs/methods/adding-a-method.md's plugins (a method, a family with a rope type of its own), as written,
     in a fresh interpreter: the top level's names are all they need."""
