@@ -348,6 +348,21 @@ def micro_batch_indices(
         index += 1
 
 
+def packed_batch(
+    blocks: np.ndarray, indices: list[int], device: Any, length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, positions, labels)`` ``[batch, seq]`` of packed document blocks (blocks.load_document_blocks).
+
+    Each document at its own positions, attending to itself only (transformers reads restarting
+    position ids as packed sequences), and predicting only its own trained tokens; ``length`` cuts
+    the blocks (a window schedule's shorter window).
+    """
+    packed = torch.from_numpy(np.asarray(blocks[indices], dtype=np.int64))[..., :length].to(device)
+    input_ids, segments = packed[:, 0], packed[:, 1]
+    trained = packed[:, 2] if packed.shape[1] > 2 else None  # blocks cached before the target row: all trained
+    return input_ids, document_positions(segments), document_labels(input_ids, segments, trained)
+
+
 def take_blocks(blocks: np.ndarray, indices: list[int]) -> torch.Tensor:
     """``[len(indices), block_len]`` int64 token ids of the given blocks."""
     return torch.from_numpy(np.asarray(blocks[indices], dtype=np.int64))

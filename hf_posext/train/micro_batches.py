@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .blocks import document_labels, document_positions, micro_batch_indices, take_blocks
+from .blocks import micro_batch_indices, packed_batch, take_blocks
 from .config import TrainConfig
 from .plan import Plan
 from .pose import pose_position_ids
@@ -49,21 +49,6 @@ class MicroBatch:
     labels: torch.Tensor | None
     short: bool
     factors: Literal["short", "long"] | None
-
-
-def packed_batch(
-    blocks: np.ndarray, indices: list[int], device: Any, length: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(input_ids, positions, labels)`` ``[batch, seq]`` of packed document blocks (blocks.load_document_blocks).
-
-    Each document at its own positions, attending to itself only (transformers reads restarting
-    position ids as packed sequences), and predicting only its own trained tokens; ``length`` cuts
-    the blocks (a window schedule's shorter window).
-    """
-    packed = torch.from_numpy(np.asarray(blocks[indices], dtype=np.int64))[..., :length].to(device)
-    input_ids, segments = packed[:, 0], packed[:, 1]
-    trained = packed[:, 2] if packed.shape[1] > 2 else None  # blocks cached before the target row: all trained
-    return input_ids, document_positions(segments), document_labels(input_ids, segments, trained)
 
 
 class MicroBatches:

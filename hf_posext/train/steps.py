@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from accelerate import Accelerator
 
-from .blocks import take_blocks
+from .blocks import packed_batch, take_blocks
 from .loss import causal_lm_loss
 from .sequence_parallel import group_mean_loss, shard_sequence
 
@@ -117,10 +117,12 @@ def evaluate(
     dp_rank: int,
     micro_batch_size: int = 1,
 ) -> dict[str, float]:
-    """Mean loss and perplexity of ``blocks`` (full length, contiguous positions), over all processes.
+    """Mean loss and perplexity of ``blocks``, over all processes: the mean of each block's mean target loss.
 
-    Every process runs the same number of forwards (sharded models need that); the padding
-    repeats a block with weight 0.
+    Token blocks ``[blocks, len]`` are scored at contiguous positions; packed documents ``[blocks, 3, len]``
+    (``packing``: blocks.load_document_blocks) each at its own positions on its own targets, as they train.
+    Every process runs the same number of forwards (sharded models need that); the padding repeats a block
+    with weight 0, as does a block without a target.
     """
     model.eval()
     count = len(blocks)
@@ -128,15 +130,20 @@ def evaluate(
     total = torch.zeros(2, device=accelerator.device, dtype=torch.float64)
     for start in range(0, per_rank, micro_batch_size):
         slots = [dp_rank * per_rank + i for i in range(start, min(start + micro_batch_size, per_rank))]
-        weights = [1.0 if slot < count else 0.0 for slot in slots]
-        input_ids = take_blocks(blocks, [slot % count for slot in slots]).to(accelerator.device)
-        positions = torch.arange(input_ids.shape[1], device=accelerator.device).expand_as(input_ids)
+        indices = [slot % count for slot in slots]
+        if blocks.ndim == 3:
+            input_ids, positions, labels = packed_batch(blocks, indices, accelerator.device)
+        else:
+            input_ids = take_blocks(blocks, indices).to(accelerator.device)
+            positions = torch.arange(input_ids.shape[1], device=accelerator.device).expand_as(input_ids)
+            labels = torch.nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
         with accelerator.autocast():
             logits = model(input_ids=input_ids, position_ids=positions, use_cache=False).logits.float()
-        nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none"
-        ).mean(dim=1)
-        weight = torch.tensor(weights, device=nll.device, dtype=torch.float64)
+        targets = (labels != -100).sum(dim=1)
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none").sum(dim=1)
+        nll = nll / targets.clamp(min=1)
+        weight = torch.tensor([float(slot < count) for slot in slots], device=nll.device, dtype=torch.float64)
+        weight = weight * (targets > 0).to(weight.device, torch.float64)
         total += torch.stack([(nll.double() * weight).sum(), weight.sum()])
     total = accelerator.reduce(total, reduction="sum")
     model.train()

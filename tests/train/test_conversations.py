@@ -11,6 +11,7 @@ one; a run on conversations writes what it read into ``train_results.json``.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 
 from hf_posext.testing import byte_tokenizer
 from hf_posext.train import steps
-from hf_posext.train.blocks import load_document_blocks
+from hf_posext.train.blocks import load_document_blocks, packed_batch
 from hf_posext.train.conversations import (
     BadRecord,
     RecordCounts,
@@ -31,7 +33,6 @@ from hf_posext.train.conversations import (
     render_conversation,
 )
 from hf_posext.train.loop import train
-from hf_posext.train.micro_batches import packed_batch
 
 from tests.helpers.finetune import record_forward_loss, train_config, write_finetune_assets
 from tests.helpers.ruler_tokenizers import CHATML
@@ -168,17 +169,43 @@ def test_a_packed_block_of_conversations_scores_as_its_conversations_one_by_one(
     assert several
     ids, positions, labels = packed_batch(blocks, several, "cpu")
     together = steps.forward_loss(model, ids, positions, shift_labels=labels) * (labels != -100).sum()
-    alone = torch.zeros(())
-    for row in several:
-        ids_row, segments, trained = (torch.from_numpy(np.asarray(blocks[row, k], dtype=np.int64)) for k in range(3))
-        for number in range(1, int(segments.max()) + 1):
-            doc, targets = ids_row[segments == number][None], trained[segments == number][None]
-            doc_labels = torch.where(targets[:, 1:] == 1, doc[:, 1:], -100)
-            doc_labels = torch.nn.functional.pad(doc_labels, (0, 1), value=-100)
-            if (doc_labels != -100).any():
-                loss = steps.forward_loss(model, doc, torch.arange(doc.shape[1])[None], shift_labels=doc_labels)
-                alone = alone + loss * (doc_labels != -100).sum()
+    alone = sum(total for total, _ in (one_by_one(model, blocks[row]) for row in several))
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def one_by_one(model, block):
+    """``(summed loss, targets)`` of a packed block's documents, each alone at positions from 0."""
+    ids_row, segments, trained = (torch.from_numpy(np.asarray(block[k], dtype=np.int64)) for k in range(3))
+    total, count = torch.zeros(()), 0
+    for number in range(1, int(segments.max()) + 1):
+        doc, targets = ids_row[segments == number][None], trained[segments == number][None]
+        doc_labels = torch.where(targets[:, 1:] == 1, doc[:, 1:], -100)
+        doc_labels = torch.nn.functional.pad(doc_labels, (0, 1), value=-100)
+        if (doc_labels != -100).any():
+            loss = steps.forward_loss(model, doc, torch.arange(doc.shape[1])[None], shift_labels=doc_labels)
+            total, count = total + loss * (doc_labels != -100).sum(), count + int((doc_labels != -100).sum())
+    return total, count
+
+
+def test_held_out_packed_blocks_score_as_their_documents_one_by_one(assets):
+    """``eval_blocks`` with packing: each held-out block's loss is its documents' own, as they train."""
+    model = AutoModelForCausalLM.from_pretrained(assets / "llama", dtype=torch.float32).eval()
+    blocks = load_document_blocks([str(assets / "chat.jsonl")], chat_tokenizer(), 64, cache_dir=assets / "cache")
+    held = blocks[-3:]
+    result = steps.evaluate(model, held, Accelerator(cpu=True), dp_size=1, dp_rank=0, micro_batch_size=2)
+    with torch.no_grad():
+        means = [total / count for total, count in (one_by_one(model, block) for block in held) if count]
+    assert len(means) > 1
+    assert result["loss"] == pytest.approx(float(sum(means) / len(means)), rel=1e-5)
+
+
+def test_a_packed_run_evaluates_its_held_out_blocks(assets, tmp_path):
+    config = train_config(
+        assets, tmp_path / "out", dataset=[str(assets / "chat.jsonl")], seq_len=64, global_batch_size=2, eval_blocks=2
+    )
+    record = json.loads((train(config).output_dir / "train_results.json").read_text())
+    assert record["config"]["packing"] is True and record["config"]["eval_blocks"] == 2
+    assert all(math.isfinite(record["eval"][phase]) and record["eval"][phase] > 1 for phase in ("before", "after"))
 
 
 def test_a_run_on_conversations_trains_packed_and_records_what_it_read(assets, tmp_path):
