@@ -76,13 +76,17 @@ def valid_entry(rope_type):
 
 @contextlib.contextmanager
 def rope_warnings(caplog):
-    """caplog hears transformers' rope warnings: its library logger does not propagate to the root one."""
+    """caplog hears each of transformers' rope warnings once: some releases' library logger propagates to the
+    root one (where caplog listens) and some (5.25) does not, so it listens on the rope logger alone."""
     rope_logger = logging.getLogger("transformers.modeling_rope_utils")
+    propagate = rope_logger.propagate
     rope_logger.addHandler(caplog.handler)
+    rope_logger.propagate = False
     try:
         with caplog.at_level(logging.WARNING, logger=rope_logger.name):
             yield
     finally:
+        rope_logger.propagate = propagate
         rope_logger.removeHandler(caplog.handler)
 
 
