@@ -309,6 +309,21 @@ def _reference_rotation(x: torch.Tensor, angles: torch.Tensor, scaling: float) -
     return torch.cat((first * cos - second * sin, second * cos + first * sin, rest), dim=-1)
 
 
+def _check_rotary_built_after_attention(
+    model: nn.Module, rotary: nn.Module | None, *, purpose: str, fallback: str
+) -> None:
+    """Refuse a model that builds its rotary before its attention modules (HRM-Text): a saved checkpoint is
+    rebuilt by installing the wrapper when the rotary registers (loading.py), which then finds no attention."""
+    if rotary is None:
+        return
+    order = {id(module): index for index, module in enumerate(model.modules())}
+    if any(order[id(module)] > order[id(rotary)] for module in attention_modules(model)):
+        raise ValueError(
+            f"{purpose}: {type(model).__name__} builds its rotary embedding before its attention modules, so a "
+            f"saved checkpoint could not be rebuilt with the wrapper; {fallback}"
+        )
+
+
 def check_wrappable_attention(
     config: PreTrainedConfig,
     model: nn.Module | None,
@@ -365,6 +380,7 @@ def check_wrappable_attention(
     apply = getattr(source, "apply_rotary_pos_emb", None)
     if rotary is None:
         rotary = next((m for _, m in integration.rotary_modules(model)), None)
+        _check_rotary_built_after_attention(model, rotary, purpose=purpose, fallback=fallback)
     if apply is None or rotary is None:
         raise ValueError(
             f"{purpose}: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "

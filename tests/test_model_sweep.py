@@ -17,7 +17,6 @@ CHUNKS = 6
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-@pytest.mark.xfail(reason="broken by the 2026-12-07 merges, see that closing note", strict=False)
 def test_every_rotary_decoder_extends_or_is_refused_in_one_line_and_reads_back(chunk, tmp_path):
     """A patch either gives finite logits past L0 and a checkpoint that reads back as the same model (natively,
     or with the plugin where doctor says it needs it), or is refused with one ValueError line naming the method or

@@ -303,6 +303,28 @@ def test_unpatch_restores_the_model_bit_for_bit(method):
     assert torch.equal(logits(patched, ids), expected)
 
 
+@pytest.mark.parametrize("method", NAMES)
+def test_a_mask_per_query_head_masks_its_own_head(method):
+    """Doge's dynamic mask is one additive mask per query head ([batch, heads, seq, keys]): each head's output
+    is the one its own mask gives, that head alone (query head h reads kv head h // groups)."""
+    model = patch(tiny_model("llama", num_attention_heads=4, num_key_value_heads=2), method)
+    module = model.model.layers[0].self_attn
+    batch, heads, seq, head_dim = 2, 4, 3 * L0, module.head_dim
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(batch, heads, seq, head_dim, generator=generator)
+    key, value = (torch.randn(batch, 2, seq, head_dim, generator=generator) for _ in range(2))
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    mask = torch.randn(batch, heads, seq, seq, generator=generator).masked_fill(~causal, torch.finfo(torch.float32).min)
+    kwargs = {"position_ids": torch.arange(seq)[None], "scaling": head_dim**-0.5}
+    got, _ = remap.remap_attention(module, query, key, value, mask, **kwargs)
+    for head in range(heads):
+        kv = slice(head // 2, head // 2 + 1)
+        alone, _ = remap.remap_attention(
+            module, query[:, head : head + 1], key[:, kv], value[:, kv], mask[:, head : head + 1], **kwargs
+        )
+        torch.testing.assert_close(got[:, :, head], alone[:, :, 0], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_a_static_cache_is_refused(method):
     model = patch(tiny_model("llama"), method)
@@ -324,6 +346,17 @@ def test_interleaved_pairs_and_latent_attention_are_refused_naming_the_architect
         hf_posext.patch_model(model, method)
     assert "exact" not in str(error.value)  # the exact-cache wrapper is the dynamic methods', not theirs
     assert hf_posext.patch_info(model)["method"] is None
+
+
+@pytest.mark.parametrize("method", [*NAMES, "dynamic_ntk"])
+def test_a_model_that_builds_its_rotary_before_its_attention_is_refused(method):
+    """HRM-Text builds its rotary first: a reload installs the wrapper when the rotary registers
+    (hf_posext/loading.py), which then finds no attention to wrap, so the patch is refused up front."""
+    model = registry.tiny_model("hrm_text")
+    with pytest.raises(ValueError, match="builds its rotary embedding before its attention modules"):
+        hf_posext.patch_model(model, method)
+    assert hf_posext.patch_info(model)["method"] is None
+    hf_posext.patch_model(model, "dynamic_ntk", exact_cache=False)  # the fallback the message names
 
 
 @pytest.mark.parametrize("method", NAMES)

@@ -94,7 +94,7 @@ def remap_attention(
         module: an attention module carrying a :class:`RemapState`.
         query: rotated ``[batch, heads, seq, head_dim]``.
         key, value: rotated keys and values, cache included, ``[batch, kv_heads, kv_len, head_dim]``.
-        attention_mask: the kernel's mask ``[batch, 1, seq, kv_len]`` or ``None``.
+        attention_mask: the kernel's mask ``[batch, 1 or heads, seq, kv_len]`` or ``None``.
         **kwargs: ``position_ids`` ``[batch or 1, seq]`` and the kernel's arguments.
 
     Returns:
@@ -270,7 +270,7 @@ def segmented_attention(
         inputs: the call for these rows: the attention module (``scaling``, ``training``), the queries
             ``[rows, heads, seq, head_dim]`` (their shape: the layout holds what is scored), the keys
             ``[rows, kv_heads, kv_len, head_dim]`` (their length), the values alike, the kernel's mask for
-            these rows, ``[rows, 1, seq, >= kv_len]`` bool (True: attend) or additive float, or ``None``
+            these rows, ``[rows, 1 or heads, seq, >= kv_len]`` bool (True: attend) or additive float, or ``None``
             (causal), and the attention arguments (``scaling``, ``dropout``, ``softcap``).
         layout: the method's pieces.
         offset: the rows' position offset (:func:`row_offsets`).
@@ -315,7 +315,10 @@ def segmented_attention(
             columns = torch.arange(keys, device=value.device)
             allowed = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
         else:
-            allowed = attention_mask[:, :, start:stop, :keys][:, :, None]
+            # One mask for all heads ([rows, 1, ...]) or one per query head (Doge's dynamic mask,
+            # [rows, heads, ...]: query head h reads kv head h // groups, as repeat_kv lays them out).
+            window = attention_mask[:, :, start:stop, :keys]
+            allowed = window[:, :, None] if window.shape[1] == 1 else window.view(rows, kv_heads, groups, block, keys)
         # The floor is the dtype's own: under autocast the matmuls give bf16/fp16 scores, which fp32's
         # minimum overflows; an fp32 mask added out of place gives fp32 scores, floored as in fp32.
         if allowed.dtype == torch.bool:
