@@ -842,7 +842,66 @@ LONGROPE_SWITCH = Table(
 )
 
 
+SWEEP = RESULTS / "model_sweep.json"
+SWEEP_STATUS = {"native": "native", "plugin": "plugin"}
+
+
+def supported_model_types() -> str:
+    """``hf_posext.SUPPORTED_MODEL_TYPES`` (the model types tests/test_architectures.py passes on), wrapped."""
+    import textwrap
+
+    from hf_posext.architectures import SUPPORTED_MODEL_TYPES
+
+    return "\n".join(textwrap.wrap(", ".join(f"`{name}`" for name in SUPPORTED_MODEL_TYPES), 100))
+
+
+def supported_models() -> str:
+    """The model sweep (benchmarks/model_sweep.py): a row per model type, a column per swept method, each refusal's
+    line numbered below, and the model types that do not build as a tiny model."""
+    if not SWEEP.is_file():
+        return "_Not measured yet: run `python benchmarks/model_sweep.py`._"
+    rows = [r for r in read_rows(SWEEP) if r.benchmark == "model_sweep"]
+    unbuildable = [r for r in rows if r.value == "unbuildable"]
+    outcomes = [r for r in rows if r.value != "unbuildable"]
+    methods = list(dict.fromkeys(r.method for r in outcomes))
+    by_type: dict[str, dict[str, Row]] = {}
+    for row in outcomes:
+        by_type.setdefault(row.setting["model_type"], {})[row.method] = row
+    reasons: dict[str, int] = {}
+
+    def cell(row: Row | None) -> str:
+        if row is None:
+            return ""
+        if row.value in SWEEP_STATUS:
+            return SWEEP_STATUS[row.value]
+        number = reasons.setdefault(row.extra["why"], len(reasons) + 1)
+        return f"refused [{number}]"
+
+    lines = ["| model type | " + " | ".join(f"`{m}`" for m in methods) + " |", "|" + "---|" * (len(methods) + 1)]
+    lines += [
+        f"| `{model_type}` | " + " | ".join(cell(found.get(m)) for m in methods) + " |"
+        for model_type, found in sorted(by_type.items())
+    ]
+    every = sum(all(found[m].value in SWEEP_STATUS for m in methods if m in found) for found in by_type.values())
+    first = rows[0]
+    lines += [
+        "",
+        f"_{len(by_type)} model types built tiny; {every} extend with every swept method; "
+        f"transformers {first.versions.get('transformers')}, torch {first.versions.get('torch')}, "
+        f"commit {first.versions.get('commit')}, {first.device}, measured {first.time[:10]}._",
+    ]
+    if reasons:
+        lines += ["", "Refusals (each one `ValueError` line):", ""]
+        lines += [f"{number}. {why}" for why, number in reasons.items()]
+    if unbuildable:
+        lines += ["", "Not built as a tiny model here (the registry's defaults do not shrink to a working one):", ""]
+        lines += [f"- `{r.setting['model_type']}`: {r.extra['why']}" for r in unbuildable]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "supported-models": supported_models,
+    "supported-model-types": supported_model_types,
     "readers": readers_table,
     "reader-matrix": matrix_table,
     "real-model-ppl": block(REAL_MODEL_PPL, missing=REAL_MODEL_MISSING),
@@ -885,6 +944,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-prefill": block(GPU_PREFILL, GPU_PREFILL_DECODE),
     "gpu-sedca": block(sedca_skipped, GPU_SEDCA),
 }
+
+
+#: The blocks that are a list of names, not a table.
+LISTS = ("supported-model-types",)
 
 
 def render(name: str) -> str:

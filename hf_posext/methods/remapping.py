@@ -48,6 +48,10 @@ class AttentionRemapMethod(MethodConfig):
     """Shared by methods that leave RoPE's frequencies alone and remap positions in attention."""
 
     scales_rope: ClassVar[bool] = False
+    #: The attention wrapper runs one remapping in every layer, so per-layer-type rope parameters (sliding and
+    #: full layers) are refused (architectures.check_wrappable_attention) and other methods' refusals do not
+    #: list these as fitting.
+    per_layer_type_rope: ClassVar[bool] = False
     #: They run on top of whatever static scaling the checkpoint ships: its frequencies stay.
     composes: ClassVar[bool] = True
 

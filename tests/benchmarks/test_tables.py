@@ -25,6 +25,9 @@ def test_every_marked_block_in_the_docs_is_what_the_generator_writes_from_the_co
 @pytest.mark.parametrize("name", sorted(tables.TABLES))
 def test_every_table_renders_from_what_is_committed(name):
     text = tables.render(name)
+    if name in tables.LISTS:
+        assert re.fullmatch(r"`[^`]+`(,[ \n]`[^`]+`)*", text), text[:200]
+        return
     assert text.startswith(("_Not measured yet", "_Skipped")) or re.search(r"^\|-", text, re.M), text[:200]
 
 

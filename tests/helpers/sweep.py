@@ -5,8 +5,8 @@ each family in :data:`SWEPT_FAMILIES` is applied; it either patches or is refuse
 ``ValueError`` (any other exception is a bug the sweep reports). A patched model's forward past L0 must be
 finite; it is saved, and :func:`read_back` reloads every saved checkpoint: in one interpreter without
 hf_posext (tests/helpers/vanilla.py) where transformers reads it natively, else with
-``hf_posext.from_pretrained``, after doctor said it needs the plugin. The rows are what
-scripts/supported_models.py writes into docs/methods/index.md.
+``hf_posext.from_pretrained``, after doctor said it needs the plugin. benchmarks/model_sweep.py writes the
+outcomes into benchmarks/results/model_sweep.json, which docs/methods/supported.md shows.
 """
 
 from __future__ import annotations
