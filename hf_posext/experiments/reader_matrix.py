@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from typing import Any
 
 import torch
 
+from ..gguf.converter import run_converter
+from ..gguf.export import export_gguf
 from ..methods import available_methods, method_class
 from ..patching import patch_model
 
@@ -39,7 +42,16 @@ READERS = {
     "transformers5_hf_posext": "transformers 5 after `import hf_posext` (AutoModelForCausalLM.from_pretrained)",
     "hf_posext": "hf_posext.from_pretrained on the folder",
     "transformers4": "transformers 4.57 (a side environment without hf_posext)",
+    "llamacpp_converter": "llama.cpp 0.3.36 on the GGUF llama.cpp's own converter writes (f32)",
+    "llamacpp": "llama.cpp 0.3.36 on the GGUF `hf-posext gguf export` writes (f32)",
+    "hf_posext_gguf": "hf_posext.from_pretrained on the GGUF `hf-posext gguf export` writes",
 }
+#: The readers of a GGUF (:func:`measure_gguf`): they read each row saved with a vocabulary llama.cpp's converter
+#: knows, and llama.cpp's own arithmetic (f32, its kernels) is the same model within :data:`GGUF_TOLERANCE`.
+GGUF_READERS = ("llamacpp_converter", "llamacpp", "hf_posext_gguf")
+#: llama.cpp's f32 logits against torch's on the same weights and rope: at most 3.8e-4 where the model is the same,
+#: 3.9e-3 and more where the rope differs (YaRN's attention factor left out), in this matrix's rows.
+GGUF_TOLERANCE = 1e-3
 
 # argv: mode (vanilla | plugin | hf_posext), tag, ids file, folders. Writes logits-TAG.pt or error-TAG.txt per
 # folder, then prints the versions it ran as JSON.
@@ -166,10 +178,11 @@ LONGROPE = {
 
 
 def default_options(method: str) -> dict[str, Any]:
-    """A method's options in its row: factor 4 where it scales the rope, a position table past :data:`LENGTH`."""
+    """A method's options in its row: factor 4 where it takes one (at factor 1 the remappings are the identity),
+    a position table past :data:`LENGTH`."""
     if method == "learned":
         return {"max_length": 4 * L0}
-    return {"factor": 4} if method_class(method).scales_rope else {}
+    return {"factor": 4} if method_class(method).takes_factor else {}
 
 
 def rows() -> list[Row]:
@@ -263,18 +276,29 @@ def rows() -> list[Row]:
     return out
 
 
-def write_row(row: Row, folder: Path, ids: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Save ``row``'s checkpoint into ``folder``; the logits of the model meant for ``ids`` (``None``: not run)."""
+def write_row(
+    row: Row, folder: Path, ids: torch.Tensor | None = None, tokenizer: Path | None = None
+) -> torch.Tensor | None:
+    """Save ``row``'s checkpoint into ``folder``; the logits of the model meant for ``ids`` (``None``: not run).
+
+    ``tokenizer``: a folder whose ``tokenizer.json`` and ``tokenizer_config.json`` are saved with the row, the
+    vocabulary sized to it (for llama.cpp's converter, which refuses a vocabulary it does not know).
+    """
     from transformers import AutoModelForCausalLM
 
+    changes = dict(row.config)
+    if tokenizer is not None:
+        changes["vocab_size"] = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
     config = tiny_config(
-        row.model_type, **({"rope_parameters": copy.deepcopy(row.rope)} if row.rope else {}), **row.config
+        row.model_type, **({"rope_parameters": copy.deepcopy(row.rope)} if row.rope else {}), **changes
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     if row.method is not None:
         model = patch_model(model, row.method, **row.options)
     model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json") if tokenizer is not None else ():
+        shutil.copy(tokenizer / name, folder / name)
     logits = None
     if ids is not None:
         with torch.no_grad():
@@ -309,6 +333,11 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> float | None:
     return None if math.isnan(gap) else gap
 
 
+def token_ids() -> torch.Tensor:
+    """The :data:`LENGTH` token ids every reader runs (seed 1, inside every row's vocabulary)."""
+    return torch.randint(3, 97, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+
+
 def cell(folder: Path, tag: str, intended: torch.Tensor) -> dict[str, Any]:
     """``{"verdict", "gap_past_l0", "gap_before_l0", "error"}`` of one reader's output in ``folder``.
 
@@ -316,15 +345,8 @@ def cell(folder: Path, tag: str, intended: torch.Tensor) -> dict[str, Any]:
     """
     error_file = folder / f"error-{tag}.txt"
     if error_file.exists():
-        first = (error_file.read_text().strip().splitlines() or ["(no message)"])[0]
-        error = first.replace(str(folder), "FOLDER")[:300]  # the scratch folder's name is no part of the answer
-        return {"verdict": "refused", "gap_past_l0": None, "gap_before_l0": None, "error": error}
-    logits = torch.load(folder / f"logits-{tag}.pt")
-    if logits.shape != intended.shape:
-        return {"verdict": "misread", "gap_past_l0": None, "gap_before_l0": None, "error": f"shape {logits.shape}"}
-    past, before = _gap(logits[:, L0:], intended[:, L0:]), _gap(logits[:, :L0], intended[:, :L0])
-    same = past is not None and before is not None and max(past, before) <= TOLERANCE
-    return {"verdict": "same" if same else "misread", "gap_past_l0": past, "gap_before_l0": before, "error": None}
+        return _refused(error_file.read_text(), folder)
+    return _compare(torch.load(folder / f"logits-{tag}.pt"), intended, TOLERANCE)
 
 
 def measure(scratch: Path, pythons: dict[str, str | Path | None]) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -333,7 +355,7 @@ def measure(scratch: Path, pythons: dict[str, str | Path | None]) -> tuple[list[
     Returns:
         ``([{"row", "kind", "reader", "verdict", "gap_past_l0", "gap_before_l0", "error"}], versions)``.
     """
-    ids = torch.randint(3, 97, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+    ids = token_ids()
     torch.save(ids, scratch / "ids.pt")
     intended, folders = {}, {}
     for i, row in enumerate(rows()):
@@ -353,4 +375,125 @@ def measure(scratch: Path, pythons: dict[str, str | Path | None]) -> tuple[list[
     return out, versions
 
 
-__all__ = ["L0", "LENGTH", "READERS", "TOLERANCE", "VERDICTS", "Row", "cell", "measure", "rows", "write_row"]
+@dataclass(frozen=True)
+class GgufTools:
+    """What the GGUF readers need from outside the package: llama.cpp's converter and a way to run llama.cpp.
+
+    Attributes:
+        converter: ``convert_hf_to_gguf.py``; ``python``: the interpreter that runs it.
+        tokenizer: a folder with a tokenizer the converter knows (its vocabulary sizes the rows' models).
+        logits_files: ``(gguf files, ids) -> .npy files`` of llama.cpp's logits, ``[len(ids), vocab]`` each.
+    """
+
+    converter: Path
+    python: Path
+    tokenizer: Path
+    logits_files: Callable[[list[Path], list[int]], list[Path]]
+
+
+def measure_gguf(scratch: Path, tools: GgufTools, names: set[str] | None = None) -> list[dict[str, Any]]:
+    """Every row x :data:`GGUF_READERS`: the row saved with ``tools.tokenizer``'s vocabulary, converted by llama.cpp's
+    converter alone and by ``hf-posext gguf export``, run by llama.cpp and read back by ``hf_posext.from_pretrained``.
+
+    A row the export refuses is refused by its two readers (the export's message); one the converter refuses, by
+    all three. ``names``: these rows only (default: every row). Returns the cells as :func:`measure`'s.
+    """
+    import numpy as np
+
+    from .. import from_pretrained
+
+    ids = token_ids()
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    intended, runs = {}, {}  # runs: gguf file -> (row, reader)
+    chosen = [row for row in rows() if names is None or row.name in names]
+    for i, row in enumerate(chosen):
+        folder = scratch / f"gguf{i:02d}"
+        intended[row.name] = write_row(row, folder, ids, tools.tokenizer)
+        exported, converted = scratch / f"gguf{i:02d}-export.gguf", scratch / f"gguf{i:02d}-converter.gguf"
+        try:
+            export_gguf(
+                folder,
+                exported,
+                converter=tools.converter,
+                python=tools.python,
+                outtype="f32",
+                keep_converted=converted,
+            )
+            runs[exported], runs[converted] = (row, "llamacpp"), (row, "llamacpp_converter")
+        except Exception as error:  # refused before or by the converter: the converter alone, then
+            for reader in ("llamacpp", "hf_posext_gguf"):
+                results[(row.name, reader)] = _refused(error, scratch)
+            try:
+                run_converter(str(tools.python), tools.converter, folder, converted, ["--outtype", "f32"])
+                runs[converted] = (row, "llamacpp_converter")
+            except Exception as converter_error:
+                results[(row.name, "llamacpp_converter")] = _refused(converter_error, scratch)
+            continue
+        try:
+            model = from_pretrained(exported).eval()
+            with torch.no_grad():
+                results[(row.name, "hf_posext_gguf")] = _compare(model(ids).logits, intended[row.name], TOLERANCE)
+        except Exception as error:
+            results[(row.name, "hf_posext_gguf")] = _refused(error, scratch)
+    files = list(runs)
+    try:
+        outputs = tools.logits_files(files, ids[0].tolist())
+    except RuntimeError:  # one file llama.cpp cannot load stops its process: run them one by one
+        outputs = []
+        for gguf in files:
+            try:
+                outputs += tools.logits_files([gguf], ids[0].tolist())
+            except RuntimeError as one:
+                outputs.append(None)
+                results[(runs[gguf][0].name, runs[gguf][1])] = _refused(one, scratch)
+    for gguf, output in zip(files, outputs):
+        if output is not None:
+            row, reader = runs[gguf]
+            logits = torch.from_numpy(np.load(output))[None]
+            results[(row.name, reader)] = _compare(logits, intended[row.name], GGUF_TOLERANCE)
+    return [
+        {"row": row.name, "kind": row.kind, "reader": reader, **results[(row.name, reader)]}
+        for row in chosen
+        for reader in GGUF_READERS
+    ]
+
+
+def _refused(error: BaseException | str, scratch: Path) -> dict[str, Any]:
+    """A refusal's cell: the first line of its message, the scratch folder's name out of it (no part of the answer)."""
+    message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    lines = message.strip().splitlines() or ["(no message)"]
+    first = lines[0]
+    if first.endswith(":") and len(lines) > 1:  # "the converter failed (COMMAND):" then its output: its last line
+        first = f"{first.split(' (')[0]}: {lines[-1].strip()}"
+    return {
+        "verdict": "refused",
+        "gap_past_l0": None,
+        "gap_before_l0": None,
+        "error": first.replace(str(scratch), "FOLDER")[:300],
+    }
+
+
+def _compare(logits: torch.Tensor, intended: torch.Tensor, tolerance: float) -> dict[str, Any]:
+    if logits.shape != intended.shape:
+        return {"verdict": "misread", "gap_past_l0": None, "gap_before_l0": None, "error": f"shape {logits.shape}"}
+    past, before = _gap(logits[:, L0:], intended[:, L0:]), _gap(logits[:, :L0], intended[:, :L0])
+    same = past is not None and before is not None and max(past, before) <= tolerance
+    return {"verdict": "same" if same else "misread", "gap_past_l0": past, "gap_before_l0": before, "error": None}
+
+
+__all__ = [
+    "GGUF_READERS",
+    "GGUF_TOLERANCE",
+    "GgufTools",
+    "L0",
+    "LENGTH",
+    "READERS",
+    "TOLERANCE",
+    "VERDICTS",
+    "Row",
+    "cell",
+    "measure",
+    "measure_gguf",
+    "rows",
+    "write_row",
+]

@@ -13,6 +13,7 @@ and its Python); the outputs appear complete or not at all, and nothing else is 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -23,6 +24,7 @@ from typing import Any
 
 from ..files import check_output_file, output_file, same_file
 from ..validation import choice
+from ..validation.config_damage import damaged_fields, missing_original, rope_damage, theta_disagreements
 from ..validation.saved_model import check_weight_files, read_config
 from .converter import LLAMA_CPP_PYTHON, check_converter, find_converter, run_converter
 from .rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for
@@ -55,6 +57,22 @@ def dropped_sliding_window(config: Any) -> int | None:
 
 #: The converter's ``--outtype`` values (llama.cpp's ``convert_hf_to_gguf.py`` argparse choices).
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "tq1_0", "tq2_0", "auto")
+
+
+def _refuse_damage(config_file: Path) -> None:
+    """Refuse a config.json whose rope says two models or none (``hf-posext doctor``'s damage checks): a damaged
+    value, a ``rope_theta`` unlike ``rope_parameters``', a rope that needs L0 without it. The converter would write
+    one guess of it (the reader matrix measured each as another model in llama.cpp)."""
+    config_json = json.loads(config_file.read_text(encoding="utf-8"))
+    damaged = rope_damage(damaged_fields(config_json) + theta_disagreements(config_json))
+    problems = [c["message"] for c in damaged]
+    if missing_original(config_json):
+        problems.append("original_max_position_embeddings: missing (each reader guesses another L0)")
+    if problems:
+        raise ValueError(
+            f"{config_file}: no GGUF is written of a config whose rope is damaged or ambiguous ({'; '.join(problems)});"
+            " fix config.json (hf-posext doctor names each field)"
+        )
 
 
 def export_gguf(
@@ -95,6 +113,7 @@ def export_gguf(
     if not (source / "config.json").is_file():
         raise ValueError(f"{str(checkpoint)!r} is not a checkpoint folder (no config.json)")
     config = read_config(source)
+    _refuse_damage(source / "config.json")
     check_weight_files(source)  # the converter reads them: a missing or truncated shard is named here
     gguf_rope_for(config, _architecture_of(config))  # refuse before converting
     outputs = _check_outputs(source, Path(dst), None if keep_converted is None else Path(keep_converted), overwrite)

@@ -14,7 +14,7 @@ from typing import Any
 from ..rope_utils import CONFIG_KEY
 from ..validation.unknown_method import unknown_method
 from . import transformers5
-from .damage import damaged_fields, theta_disagreements
+from ..validation.config_damage import damaged_fields, missing_original, rope_dict, theta_disagreements
 
 #: Keys transformers 5 reads per native rope type (``rope_type``, ``type``, ``rope_theta`` and
 #: ``partial_rotary_factor`` always).
@@ -43,17 +43,6 @@ ENGINE_KEYS = {
     "longrope": {"short_mscale": "vLLM, SGLang", "long_mscale": "vLLM, SGLang"},
     "dynamic": {"alpha": "vLLM, SGLang (dynamic NTK-alpha)"},
 }
-#: Rope types whose maths needs the pretraining length L0.
-NEEDS_ORIGINAL = ("yarn", "longrope", "llama3")
-
-
-def rope_dict(config_json: dict[str, Any]) -> dict[str, Any]:
-    """The rope as config.json writes it: ``rope_parameters``, else the legacy ``rope_scaling`` plus ``rope_theta``."""
-    rope = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
-    rope = dict(rope) if isinstance(rope, dict) else {}
-    if "rope_theta" not in rope and config_json.get("rope_theta") is not None:
-        rope["rope_theta"] = config_json["rope_theta"]
-    return rope
 
 
 def _check(name: str, severity: str, message: str) -> dict[str, str]:
@@ -191,8 +180,7 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
                 )
             )
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    top = config_json.get("original_max_position_embeddings")  # Phi-3 keeps it at the top level
-    if rope_type in NEEDS_ORIGINAL and rope.get("original_max_position_embeddings") is None and top is None:
+    if missing_original(config_json):
         fallback = config_json.get("max_position_embeddings")
         missing = _check(
             "missing-original",

@@ -23,7 +23,8 @@ from .. import integration
 from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for, reach_of
 from ..rope_utils import default_inv_freq, rotary_dim_of
 from . import transformers4, transformers5
-from .config_checks import check_config, rope_dict
+from ..validation.config_damage import rope_dict
+from .config_checks import check_config
 from .verdicts import PER_QUERY, WHOLE_SEQUENCE, support
 
 VERDICTS = ("same", "misread", "refused", "unknown")  # unknown: no rule here covers it (not a verdict)
@@ -204,6 +205,14 @@ def _export_route(config: Any) -> Finding:
         rope = gguf_rope_for(config, arch)
     except ValueError as error:
         return _finding("export", "refused", str(error))
+    record = getattr(config, "hf_posext", None)
+    if isinstance(record, dict) and record.get("method") == "longrope" and record.get("factors_by") == "query":
+        return _finding(  # run here: the reader matrix
+            "export",
+            "misread",
+            "writes LongRoPE's long factors, which llama.cpp runs at every position of a sequence past L0 "
+            "(factors_by='sequence'), not per query",
+        )
     what = (
         "plain RoPE"
         if rope.scaling_type == "none" and rope.rope_freqs is None
@@ -234,6 +243,50 @@ def _llamacpp(config: Any, base: tuple[str, str]) -> Finding:
         return Finding(converter.verdict, why, RULES["converter"], converter.checked, routes)
     why = f"converter alone: {converter.why}; `hf-posext gguf export`: {export.why}"
     return Finding(converter.verdict, why, RULES["converter"], converter.checked, routes)
+
+
+def _llamacpp_damaged(config_json: dict[str, Any], damaged: list[dict[str, str]], fields: str) -> Finding:
+    """llama.cpp on a damaged config.json: its converter runs a number as written (a misread) and fails on a value
+    that is no number; ``hf-posext gguf export`` refuses the config (run here: the reader matrix)."""
+    values = [_field_value(config_json, c["field"]) for c in damaged]
+    not_numbers = [v for v in values if v is not None and not isinstance(v, (int, float))]
+    if not_numbers:
+        converter = _finding(
+            "converter",
+            "refused",
+            f"config.json's {fields}: the converter fails on a value that is no number",
+            "run here",
+        )
+    else:
+        converter = _finding(
+            "converter",
+            "misread",
+            f"config.json's {fields}: the converter writes the value as "
+            "written (or what it guesses for a missing one): not the model meant",
+            "run here",
+        )
+    export = _finding(
+        "export",
+        "refused",
+        f"refuses config.json's {fields} (hf-posext writes no GGUF of a damaged config)",
+        "run here",
+    )
+    routes = {"converter": converter, "gguf_export": export}
+    return Finding(
+        converter.verdict,
+        f"converter alone: {converter.why}; `hf-posext gguf export`: {export.why}",
+        RULES["converter"],
+        converter.checked,
+        routes,
+    )
+
+
+def _field_value(config_json: dict[str, Any], field: str) -> Any:
+    """The value at a dotted config.json path (``rope_parameters.factor``), or None."""
+    value: Any = config_json
+    for part in field.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _unknown(key: str, why: str) -> Finding:
@@ -317,7 +370,7 @@ def diagnose_damaged(
     config_json: dict[str, Any], damaged: list[dict[str, str]], built: dict[str, str | None]
 ) -> dict[str, Any]:
     """The readers of a config.json whose rope or sizes are damaged, contradictory or missing (``damaged``:
-    :func:`~hf_posext.readers.damage.rope_damage`'s checks): a reader that reads such a field is not ``same``.
+    :func:`~hf_posext.validation.config_damage.rope_damage`'s checks): a reader that reads such a field is not ``same``.
 
     Args:
         built: per ``transformers5`` and ``transformers5_hf_posext``, what transformers 5 raised reading the
@@ -331,9 +384,10 @@ def diagnose_damaged(
         else:
             readers[key] = _finding("transformers5", "refused", f"raises {error} (config.json's {fields})")
     readers["transformers4"] = _transformers4_damaged(config_json, damaged)
-    for key in ("vllm", "sglang", "converter"):
+    for key in ("vllm", "sglang"):
         why = f"config.json's {fields}: it runs the value as written or fails; either way not the model meant"
-        readers["llamacpp" if key == "converter" else key] = _finding(key, "misread", why, "read from source")
+        readers[key] = _finding(key, "misread", why, "read from source")
+    readers["llamacpp"] = _llamacpp_damaged(config_json, damaged, fields)
     rope = rope_dict(config_json)
     rope_type = rope.get("rope_type", rope.get("type"))
     summary = {"rope_type": rope_type if isinstance(rope_type, str) else None, "model_type": config_json["model_type"]}

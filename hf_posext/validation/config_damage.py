@@ -1,4 +1,5 @@
-"""config.json values no reader can run as meant: ``hf-posext doctor``'s ``damaged-value`` and ``theta-disagrees``.
+"""config.json values no reader can run as meant: ``hf-posext doctor``'s ``damaged-value``, ``theta-disagrees``
+and ``missing-original`` (read by doctor's checks and by the GGUF export, which writes no GGUF of such a config).
 
 Every field the readers' rope and context come from is checked for its type and range before any rule
 reads it (a string, NaN, inf, a zero or negative size, a LongRoPE list of the wrong length, a record that
@@ -29,6 +30,8 @@ SIZES = (
 #: Rope-dict keys and what each must hold (LongRoPE's lists are checked apart, against the rotary dimension).
 POSITIVE = ("rope_theta", "attention_factor", "low_freq_factor", "high_freq_factor")
 FINITE = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "short_mscale", "long_mscale")
+#: Rope types whose maths needs the pretraining length L0.
+NEEDS_ORIGINAL = ("yarn", "longrope", "llama3")
 #: Fields that do not change what a reader computes: damaged, they are an error but no reader runs another model.
 RECORD_FIELDS = ("hf_posext",)
 
@@ -186,6 +189,24 @@ def theta_disagreements(config_json: dict[str, Any]) -> list[dict[str, str]]:
                 )
             )
     return out
+
+
+def rope_dict(config_json: dict[str, Any]) -> dict[str, Any]:
+    """The rope as config.json writes it: ``rope_parameters``, else the legacy ``rope_scaling`` plus ``rope_theta``."""
+    rope = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
+    rope = dict(rope) if isinstance(rope, dict) else {}
+    if "rope_theta" not in rope and config_json.get("rope_theta") is not None:
+        rope["rope_theta"] = config_json["rope_theta"]
+    return rope
+
+
+def missing_original(config_json: dict[str, Any]) -> bool:
+    """Whether a rope that needs L0 (:data:`NEEDS_ORIGINAL`) has no ``original_max_position_embeddings`` in its
+    dict or at the top level (Phi-3 keeps it there): each reader then guesses another L0."""
+    rope = rope_dict(config_json)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    top = config_json.get("original_max_position_embeddings")
+    return rope_type in NEEDS_ORIGINAL and rope.get("original_max_position_embeddings") is None and top is None
 
 
 def rope_damage(checks: list[dict[str, str]]) -> list[dict[str, str]]:
