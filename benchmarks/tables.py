@@ -892,7 +892,7 @@ def supported_models() -> str:
     ]
     if reasons:
         lines += ["", "Refusals (each one `ValueError` line):", ""]
-        lines += [f"{number}. {why}" for why, number in reasons.items()]
+        lines += [f"{number}. {why if len(why) <= 300 else why[:300] + ' …'}" for why, number in reasons.items()]
     if unbuildable:
         lines += ["", "Not built as a tiny model here (the registry's defaults do not shrink to a working one):", ""]
         lines += [f"- `{r.setting['model_type']}`: {r.extra['why']}" for r in unbuildable]

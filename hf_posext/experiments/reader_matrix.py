@@ -8,6 +8,10 @@ config a hostile value damaged); its logits over :data:`LENGTH` tokens are the r
 folder in a fresh interpreter (:data:`READ_SCRIPT`) and its logits are compared: ``same`` (max |diff| <=
 :data:`TOLERANCE` at every position), ``misread`` (with the gap past L0 and before it) or ``refused`` (an
 exception, its first line kept). ``benchmarks/reader_matrix.py`` runs it; docs/readers/matrix.md shows it.
+
+Longer than ~400 lines: the rows are one declaration each (about 40, read on their own), and the two ways of
+running the readers (:func:`measure`: interpreters on folders; :func:`measure_gguf`: llama.cpp and the GGUF
+loader) share them, the model meant and the verdict rule; split, each half would import the other.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..gguf.converter import run_converter
 from ..gguf.export import export_gguf
+from ..loading import from_pretrained
 from ..methods import available_methods, method_class
 from ..patching import patch_model
 
@@ -398,10 +404,6 @@ def measure_gguf(scratch: Path, tools: GgufTools, names: set[str] | None = None)
     A row the export refuses is refused by its two readers (the export's message); one the converter refuses, by
     all three. ``names``: these rows only (default: every row). Returns the cells as :func:`measure`'s.
     """
-    import numpy as np
-
-    from .. import from_pretrained
-
     ids = token_ids()
     results: dict[tuple[str, str], dict[str, Any]] = {}
     intended, runs = {}, {}  # runs: gguf file -> (row, reader)

@@ -3,7 +3,8 @@
 :func:`diagnose` takes a config.json and transformers 5's reading of it and gives, per reader, a
 :class:`Finding`: ``same`` (runs what transformers 5 with hf-posext runs), ``misread`` (loads it and runs
 something else, silently) or ``refused`` (a loud error), the reader matrix's vocabulary
-(:mod:`.matrix`, whose measured cells ``tests/readers/test_matrix.py`` holds these rules to), or ``unknown``
+(:mod:`hf_posext.experiments.reader_matrix`, whose measured cells ``tests/experiments/test_reader_matrix.py``
+holds these rules to), or ``unknown``
 (no rule here covers it). transformers 5 is two readers: ``transformers5`` (no ``import hf_posext``) and
 ``transformers5_hf_posext``. Configs with damaged fields: :func:`diagnose_damaged`.
 The engines' verdicts are :func:`~hf_posext.readers.support`'s; which rules ran against a real reader:

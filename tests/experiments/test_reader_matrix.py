@@ -68,7 +68,8 @@ def test_the_committed_matrix_is_what_the_readers_do_today(tmp_path):
 
     pythons = {"transformers5": None, "transformers5_hf_posext": None, "hf_posext": None}
     cells, _ = matrix.measure(tmp_path, {**pythons, "transformers4": transformers4_python()})
-    assert {(c["row"], c["reader"]): c["verdict"] for c in cells} == committed()
+    expected = {key: verdict for key, verdict in committed().items() if key[1] not in matrix.GGUF_READERS}
+    assert {(c["row"], c["reader"]): c["verdict"] for c in cells} == expected
 
 
 #: The rows whose GGUF columns CI measures again (each costs ~10 s of conversion): the ropes llama.cpp reads, the
