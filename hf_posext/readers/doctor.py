@@ -319,7 +319,11 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
         )
         why = f"per-layer-type rope parameters ({', '.join(sorted(params))}): these rules compare a single rope"
         readers = {key: _unknown(key if key != "llamacpp" else "converter", why) for key in READERS}
+        converter = readers["llamacpp"]
+        routes = {"converter": converter, "gguf_export": _export_route(config)}
+        readers["llamacpp"] = Finding(converter.verdict, converter.why, converter.rules, converter.checked, routes)
         readers.update(_transformers5_nested(config))
+        readers.update(_transformers4_nested(config, config_json))
         return {"rope": rope, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
     reach = reach_of(config)
     rope.update(
@@ -431,6 +435,34 @@ def _transformers4_damaged(config_json: dict[str, Any], damaged: list[dict[str, 
         why = "it reads none of the damaged fields; its top-level rope_theta and rope_scaling are rope_parameters'"
         return _finding("transformers4", "same", why)
     return _finding("transformers4", "misread", f"runs {describe(reading)}, not rope_parameters' {describe(meant)}")
+
+
+def _transformers4_nested(config: Any, config_json: dict[str, Any]) -> dict[str, Finding]:
+    """4.57 on per-layer-type rope parameters: a model type it does not know is refused; Gemma 3's fields are
+    compared entry by entry (:func:`.transformers4.gemma3_reading`); no rule covers the other model types."""
+    model_type = config_json.get("model_type")
+    if model_type not in transformers4.NESTED_KNOWN:
+        why = f"4.57 has no model type {model_type!r}: loading raises ValueError (does not recognize this architecture)"
+        return {"transformers4": _finding("transformers4", "refused", why, "run here")}
+    if model_type not in transformers4.GEMMA3:
+        return {}
+    try:
+        read = transformers4.gemma3_reading(config_json)
+    except ValueError as error:
+        return {"transformers4": _finding("transformers4", "refused", str(error), "run here")}
+    params = config.rope_parameters
+    differ = [key for key in sorted(read) if read[key] != {k: v for k, v in params[key].items() if v is not None}]
+    if not differ:
+        why = "4.57's Gemma 3 reads rope_theta/rope_scaling (full attention) and rope_local_base_freq (sliding) alike"
+        return {"transformers4": _finding("transformers4", "same", why, "run here")}
+    runs = "; ".join(
+        f"{key}: {describe(read[key])} where transformers 5 runs {describe(params[key])}" for key in differ
+    )
+    why = (
+        "4.57's Gemma 3 reads rope_theta/rope_scaling for full attention and plain RoPE at rope_local_base_freq for "
+        f"sliding attention, never rope_parameters: {runs}"
+    )
+    return {"transformers4": _finding("transformers4", "misread", why, "run here")}
 
 
 def _transformers5_nested(config: Any) -> dict[str, Finding]:

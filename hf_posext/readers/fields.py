@@ -21,10 +21,16 @@ def _nested_entries(config: Any) -> list[str]:
 def write_reader_fields(config: Any) -> None:
     """Put the 4.x fields (:func:`.transformers4.legacy_fields`) into ``config``, for ``save_pretrained`` to write.
 
-    Per-layer-type rope parameters (Gemma 3, DeepSeek V4) have no single 4.x equivalent (4.x Gemma 3
-    reads ``rope_theta`` plus ``rope_local_base_freq``): nothing is written for them.
+    Per-layer-type rope parameters have no single 4.x equivalent: Gemma 3's get the fields 4.57's Gemma 3 reads
+    (:func:`.transformers4.gemma3_fields`: ``rope_theta`` and ``rope_scaling`` for the full-attention layers,
+    ``rope_local_base_freq`` for the sliding ones) where they express them; nothing is written for the others.
     """
     if _nested_entries(config):
+        fields = None
+        if getattr(config, "model_type", None) in transformers4.GEMMA3:
+            fields = transformers4.gemma3_fields(config.rope_parameters)
+        for name, value in (fields or {}).items():
+            integration.set_saved_attribute(config, name, value)
         return
     for name, value in transformers4.legacy_fields(config.rope_parameters).items():
         integration.set_saved_attribute(config, name, value)

@@ -15,7 +15,21 @@ KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3"
 DEFAULT_THETA = 10000.0
 
 #: Top-level config fields only 4.x (and engines reading a 4.x-style config) need.
-LEGACY_FIELDS = ("rope_theta", "rope_scaling", "partial_rotary_factor", "original_max_position_embeddings")
+LEGACY_FIELDS = (
+    "rope_theta",
+    "rope_scaling",
+    "partial_rotary_factor",
+    "original_max_position_embeddings",
+    "rope_local_base_freq",
+)
+
+#: Model types with per-layer-type rope parameters in transformers 5.25 that 4.57.6 knows (its ``CONFIG_MAPPING``,
+#: run); the others raise there ("does not recognize this architecture": the reader matrix's Gemma 4 rows).
+NESTED_KNOWN = ("gemma3", "gemma3_text", "gemma3n_text", "modernbert", "modernbert-decoder", "olmo3")
+#: 4.57.6's Gemma 3 (``Gemma3TextModel.__init__``): the full-attention layers run ``rope_theta`` (default 1e6) with
+#: ``rope_scaling``, the sliding ones plain RoPE at ``rope_local_base_freq`` (default 1e4).
+GEMMA3 = ("gemma3", "gemma3_text")
+GEMMA3_THETAS = {"full_attention": 1e6, "sliding_attention": 1e4}
 
 
 def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
@@ -36,6 +50,37 @@ def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
         # 4.57's longrope reads L0 from the top level only (else max_position_embeddings: never switches)
         fields["original_max_position_embeddings"] = rope_parameters["original_max_position_embeddings"]
     return fields
+
+
+def gemma3_fields(rope_parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """4.57's Gemma 3 fields for per-layer-type ``rope_parameters``; ``None`` where 4.57 cannot express them (sliding
+    layers with a scaling: it runs them plain).
+
+    Example:
+        >>> gemma3_fields(
+        ...     {
+        ...         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        ...         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        ...     }
+        ... )
+        {'rope_theta': 1000000.0, 'rope_scaling': {'rope_type': 'linear', 'factor': 8.0}, \
+'partial_rotary_factor': None, 'rope_local_base_freq': 10000.0}
+    """
+    sliding, full = rope_parameters.get("sliding_attention"), rope_parameters.get("full_attention")
+    if set(rope_parameters) != {"sliding_attention", "full_attention"} or not sliding or not full:
+        return None
+    if sliding.get("rope_type", "default") != "default" or set(sliding) - {"rope_type", "rope_theta"}:
+        return None
+    return {**legacy_fields(full), "rope_local_base_freq": sliding["rope_theta"]}
+
+
+def gemma3_reading(config_json: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The per-layer-type rope parameters 4.57.6's Gemma 3 runs for a config.json (:data:`GEMMA3`)."""
+    theta = config_json.get("rope_theta")
+    full = reading({**config_json, "rope_theta": GEMMA3_THETAS["full_attention"] if theta is None else theta})
+    local = config_json.get("rope_local_base_freq")
+    local = GEMMA3_THETAS["sliding_attention"] if local is None else local
+    return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": local}}
 
 
 def reading(config_json: dict[str, Any]) -> dict[str, Any]:

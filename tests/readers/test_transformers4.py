@@ -6,12 +6,15 @@ Checkpoints are written here by transformers 5 + hf-posext and loaded by a real 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import textwrap
 
 import pytest
 import torch
+from transformers import AutoConfig
 from tests.helpers.models import tiny_model, tokens
+from tests.helpers.registry import tiny_model as registry_model
 from tests.helpers.transformers4_env import transformers4_python
 
 import hf_posext
@@ -78,3 +81,31 @@ def test_transformers_4_57_gives_transformers_5_logits_or_refuses(tmp_path):
         assert not (checkpoint / "error-4.57.txt").exists(), (checkpoint / "error-4.57.txt").read_text()
         diff = (torch.load(checkpoint / "logits-4.57.pt") - logits).abs().max().item()
         assert diff <= 1e-5, f"{checkpoint.name}: max |4.57 - 5| = {diff}"
+
+
+def _saved(model, folder):
+    model.save_pretrained(folder)
+    return json.loads((folder / "config.json").read_text())
+
+
+def test_a_gemma3_extended_on_its_full_layers_carries_the_fields_4_57_reads(tmp_path):
+    """4.57's Gemma 3 reads rope_theta + rope_scaling (full attention) and rope_local_base_freq (sliding), never
+    rope_parameters: a patched Gemma 3 writes them (4.57's logits: the reader matrix, integration lane)."""
+    model = hf_posext.patch_model(registry_model("gemma3_text"), "yarn", factor=4)
+    saved = _saved(model, tmp_path / "yarn")
+    full = saved["rope_parameters"]["full_attention"]
+    assert saved["rope_scaling"] == {k: v for k, v in full.items() if k != "rope_theta"}
+    assert saved["rope_scaling"]["rope_type"] == "yarn"
+    assert saved["rope_theta"] == full["rope_theta"]
+    assert saved["rope_local_base_freq"] == saved["rope_parameters"]["sliding_attention"]["rope_theta"]
+    # transformers 5 reads the same per-layer parameters with the legacy fields beside them
+    assert AutoConfig.from_pretrained(tmp_path / "yarn").rope_parameters == model.config.rope_parameters
+    hf_posext.unpatch_model(model)
+    assert not {"rope_scaling", "rope_local_base_freq"} & set(_saved(model, tmp_path / "plain"))
+
+
+def test_a_gemma3_extended_on_its_sliding_layers_too_writes_no_4x_fields(tmp_path):
+    """4.57 runs Gemma 3's sliding layers plain: no fields express the scaling there (doctor: misread for 4.57)."""
+    both = ["sliding_attention", "full_attention"]
+    model = hf_posext.patch_model(registry_model("gemma3_text"), "yarn", factor=4, layer_types=both)
+    assert not {"rope_scaling", "rope_theta", "rope_local_base_freq"} & set(_saved(model, tmp_path))
