@@ -23,7 +23,7 @@ import transformers
 from .. import integration
 from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for, reach_of
 from ..rope_utils import default_inv_freq, rotary_dim_of
-from . import transformers4, transformers5
+from . import llamacpp, transformers4, transformers5
 from ..validation.config_damage import rope_dict
 from .config_checks import check_config
 from .verdicts import PER_QUERY, WHOLE_SEQUENCE, support
@@ -320,6 +320,9 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
         why = f"per-layer-type rope parameters ({', '.join(sorted(params))}): these rules compare a single rope"
         readers = {key: _unknown(key if key != "llamacpp" else "converter", why) for key in READERS}
         converter = readers["llamacpp"]
+        ruled = llamacpp.per_layer_converter(getattr(config, "model_type", None), params)
+        if ruled is not None:
+            converter = _finding("converter", *ruled, "run here")  # tests/readers/test_llamacpp.py
         routes = {"converter": converter, "gguf_export": _export_route(config)}
         readers["llamacpp"] = Finding(converter.verdict, converter.why, converter.rules, converter.checked, routes)
         readers.update(_transformers5_nested(config))
@@ -441,7 +444,7 @@ def _transformers4_nested(config: Any, config_json: dict[str, Any]) -> dict[str,
     """4.57 on per-layer-type rope parameters: a model type it does not know is refused; Gemma 3's fields are
     compared entry by entry (:func:`.transformers4.gemma3_reading`); no rule covers the other model types."""
     model_type = config_json.get("model_type")
-    if model_type not in transformers4.NESTED_KNOWN:
+    if model_type in transformers4.NOT_IN_4X:
         why = f"4.57 has no model type {model_type!r}: loading raises ValueError (does not recognize this architecture)"
         return {"transformers4": _finding("transformers4", "refused", why, "run here")}
     if model_type not in transformers4.GEMMA3:

@@ -86,3 +86,35 @@ def effective_rope(keys: dict[str, Any]) -> RopeDescription:
             attention_factor=None if attn is None else attn * yarn_mscale(factor),
         )
     return describe("default", theta)
+
+
+def per_layer_converter(model_type: str | None, rope_parameters: dict[str, Any]) -> tuple[str, str] | None:
+    """``(verdict, why)``: llama.cpp 0.3.36's converter on per-layer-type rope parameters, where its source decides
+    (``None``: no rule, the full-attention entry's rope would need the flat rules). Run on Gemma 3 and 4:
+    tests/readers/test_llamacpp.py; LFM3 read from its source.
+
+    - LFM3: no converter class (``conversion/lfm2.py`` has LFM2 only): refused.
+    - Gemma 4: ``Gemma4Model.generate_extra_tensors`` asserts the full-attention rope type is ``proportional``
+      (hf-posext's registered p-RoPE types: AssertionError, run in the reader matrix); ``proportional`` is not in
+      the converter's scaling list ("Unknown RoPE type"), so a ``factor`` (PI) is dropped, while a base (NTK) is
+      written.
+    - Gemma 3: the converter writes the full-attention entry's rope and the sliding entry's base
+      (``rope.freq_base_swa``); llama.cpp runs sliding layers unscaled (``rope_freq_scale_train_swa`` 1), so a
+      scaling there is dropped. Otherwise the full-attention entry would need the flat rules: no verdict.
+    """
+    full = rope_parameters.get("full_attention") or {}
+    sliding = rope_parameters.get("sliding_attention") or {}
+    if model_type == "lfm3":
+        return "refused", "llama.cpp 0.3.36's converter has no LFM3 (Lfm3ForCausalLM is not supported)"
+    if model_type in ("gemma4_text", "gemma4"):
+        if full.get("rope_type") != "proportional":
+            return "refused", (
+                f"the converter asserts Gemma 4's full-attention rope is proportional, not {full.get('rope_type')!r} "
+                "(AssertionError)"
+            )
+        if float(full.get("factor", 1.0)) != 1.0:
+            return "misread", "the converter drops proportional's factor ('Unknown RoPE type'): the unextended model"
+        return "same", "proportional's base and partial rotary are written (rope.freq_base, rope_freqs)"
+    if model_type in ("gemma3_text", "gemma3") and sliding.get("rope_type", "default") != "default":
+        return "misread", f"llama.cpp runs Gemma 3's sliding layers unscaled: {sliding['rope_type']} is dropped there"
+    return None

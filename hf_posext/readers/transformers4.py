@@ -23,9 +23,31 @@ LEGACY_FIELDS = (
     "rope_local_base_freq",
 )
 
-#: Model types with per-layer-type rope parameters in transformers 5.25 that 4.57.6 knows (its ``CONFIG_MAPPING``,
-#: run); the others raise there ("does not recognize this architecture": the reader matrix's Gemma 4 rows).
-NESTED_KNOWN = ("gemma3", "gemma3_text", "gemma3n_text", "modernbert", "modernbert-decoder", "olmo3")
+#: Model types whose default config has per-layer-type rope parameters in transformers 5.25 and that 4.57.6 does
+#: not have (its ``CONFIG_MAPPING``, run): loading raises there ("does not recognize this architecture": the reader
+#: matrix's Gemma 4 rows). Of 5.25's others, 4.57 has gemma3_text, gemma3n_text, modernbert(-decoder) and olmo3.
+NOT_IN_4X = (
+    "beam",
+    "deepseek_v4",
+    "diffusion_gemma_text",
+    "dory",
+    "dots3_note_text",
+    "embedding_gemma2_text",
+    "ergo",
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified_text",
+    "laguna",
+    "lfm3",
+    "mellum",
+    "mimo_v2_flash",
+    "neomme",
+    "step3p5",
+    "t5gemma2_decoder",
+    "t5gemma2_text",
+    "ultrabert",
+    "zaya",
+)
 #: 4.57.6's Gemma 3 (``Gemma3TextModel.__init__``): the full-attention layers run ``rope_theta`` (default 1e6) with
 #: ``rope_scaling``, the sliding ones plain RoPE at ``rope_local_base_freq`` (default 1e4).
 GEMMA3 = ("gemma3", "gemma3_text")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from tests.helpers.llamacpp_env import llamacpp_source
 from tests.helpers.models import tiny_model
+from tests.helpers.registry import tiny_model as registry_model
 
 import hf_posext
 from hf_posext.readers import llamacpp
@@ -105,3 +106,66 @@ def test_real_converter_writes_the_predicted_rope_keys(tmp_path):
         timeout=900,
     )
     assert result.returncode != 0 and "Can not map tensor 'model.hf_posext_positions.weight'" in result.stderr
+
+
+# As CONVERT, for the Gemma converters (Gemma 4's inherits Gemma 3's class and overrides set_vocab).
+CONVERT_GEMMA = CONVERT.replace(
+    "import conversion.base, conversion.llama, conversion.qwen\n",
+    "import conversion.base, conversion.gemma\n",
+).replace(
+    "(conversion.base.TextModel, conversion.llama.LlamaModel, conversion.qwen.Qwen2Model)",
+    "(conversion.base.TextModel, conversion.gemma.Gemma3Model, conversion.gemma.Gemma4Model)",
+)
+
+
+def convert_one(root: Path, folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CONVERT_GEMMA, str(root), str(folder)], capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.integration  # llama-cpp-python's sdist, as above
+def test_the_converter_on_per_layer_families_is_what_the_rules_say(tmp_path):
+    """llamacpp.per_layer_converter's rules, run: Gemma 4's converter asserts proportional (hf-posext's p-RoPE types
+    stop it), drops proportional's factor (PI) and writes its base (NTK); Gemma 3's writes the sliding base and no
+    sliding scaling."""
+    root = llamacpp_source()
+    found = {}
+    for arch, method, options in (
+        ("gemma4_text", "yarn", {}),
+        ("gemma4_text", "linear", {}),
+        ("gemma4_text", "ntk", {}),
+        ("gemma3_text", "yarn", {"layer_types": ["sliding_attention", "full_attention"]}),
+    ):
+        folder = tmp_path / f"{arch}-{method}"
+        model = hf_posext.patch_model(registry_model(arch), method, factor=4, **options)
+        model.save_pretrained(folder)
+        # Gemma's converter trims the embedding to tokenizer.json's vocabulary (the vocabulary step is skipped)
+        vocab = {str(i): i for i in range(model.config.vocab_size)}
+        (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": []}))
+        params = model.config.rope_parameters
+        found[(arch, method)] = (
+            convert_one(root, folder),
+            folder,
+            llamacpp.per_layer_converter(arch, params),
+            params,
+        )
+    result, _, (verdict, _), _ = found[("gemma4_text", "yarn")]
+    assert verdict == "refused" and result.returncode != 0 and "AssertionError" in result.stderr
+    arch = "gemma4"
+    result, folder, (verdict, _), _ = found[("gemma4_text", "linear")]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert verdict == "misread" and "Unknown RoPE type: proportional" in result.stderr
+    assert "rope.scaling.factor" not in gguf_keys(Path(f"{folder}.gguf"), arch)
+    result, folder, (verdict, _), params = found[("gemma4_text", "ntk")]
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = gguf_keys(Path(f"{folder}.gguf"), arch)
+    assert verdict == "same" and written["rope.freq_base"] == pytest.approx(params["full_attention"]["rope_theta"])
+    assert "rope.scaling.factor" not in written
+    result, folder, (verdict, _), params = found[("gemma3_text", "yarn")]
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = gguf_keys(Path(f"{folder}.gguf"), "gemma3")
+    assert verdict == "misread" and written["rope.freq_base_swa"] == params["sliding_attention"]["rope_theta"]
+    assert not [key for key in written if key.startswith("rope.scaling") and "swa" in key]
+    assert written["rope.scaling.type"] == "yarn"  # the full-attention entry's, for every layer llama.cpp marks full

@@ -18,6 +18,7 @@ from tests.helpers.registry import tiny_model as registry_model
 from tests.helpers.transformers4_env import transformers4_python
 
 import hf_posext
+from hf_posext.readers import transformers4
 from hf_posext.rope_utils import DYNAMIC_YARN_ROPE_TYPE, NO_ROPE_TYPE
 
 L_ORIG = 64
@@ -109,3 +110,18 @@ def test_a_gemma3_extended_on_its_sliding_layers_too_writes_no_4x_fields(tmp_pat
     both = ["sliding_attention", "full_attention"]
     model = hf_posext.patch_model(registry_model("gemma3_text"), "yarn", factor=4, layer_types=both)
     assert not {"rope_scaling", "rope_theta", "rope_local_base_freq"} & set(_saved(model, tmp_path))
+
+
+@pytest.mark.integration  # transformers 4.57's side environment
+def test_the_per_layer_families_doctor_calls_unknown_to_4_57_are_not_in_it():
+    script = (
+        "import json, sys; from transformers import CONFIG_MAPPING; "
+        "print(json.dumps([m for m in sys.argv[1:] if m in CONFIG_MAPPING]))"
+    )
+    found = subprocess.run(
+        [transformers4_python(), "-c", script, *transformers4.NOT_IN_4X, "gemma3_text"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(found.stdout.strip().splitlines()[-1]) == ["gemma3_text"]  # the control is there
