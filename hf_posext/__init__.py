@@ -6,7 +6,7 @@
     model = hf_posext.from_pretrained("out/llama-yarn-16k")   # a saved patched checkpoint
 
 The public API, and what importing the package changes in a process (each change, why, and how to do
-without it), are stated once, on docs/import_effects.md; :mod:`hf_posext.import_effects` lists and makes
+without it), are stated once, on docs/import_effects.md; `hf_posext.import_effects` lists and makes
 those changes.
 """
 
@@ -56,7 +56,7 @@ _install()  # every change to the process: docs/import_effects.md
 
 
 #: Public names whose module ``import hf_posext`` does not load: LongRoPE's search scores with
-#: :mod:`hf_posext.eval`, which patching does not need (tests/test_import_cost.py). Loaded on first use.
+#: `hf_posext.eval`, which patching does not need (tests/test_import_cost.py). Loaded on first use.
 _ON_FIRST_USE = {"LongRopeSearchResult": "longrope_search", "search_longrope": "longrope_search"}
 
 

@@ -2,7 +2,7 @@
 
 A decoder config with ``rope_parameters`` and rotary modules that read ``ROPE_INIT_FUNCTIONS``
 (probed); the attention wrappers (exact dynamic cache, remapping) also need rotate-half pairing.
-:data:`SUPPORTED_MODEL_TYPES` is the tested list (docs/methods/index.md).
+[`SUPPORTED_MODEL_TYPES`][hf_posext.SUPPORTED_MODEL_TYPES] is the tested list (docs/methods/index.md).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ SUPPORTED_MODEL_TYPES = (
 
 #: Model types whose attention passes the checks below but treats RoPE otherwise than the attention
 #: wrappers assume, found by tests/test_architectures.py (the exact dynamic path differed from the
-#: unpatched model within L_orig, or could not run): refused by :func:`check_wrappable_attention`.
+#: unpatched model within L_orig, or could not run): refused by `check_wrappable_attention`.
 WRAPPED_ATTENTION_UNSUPPORTED = {
     "afmoe": "some layers use no RoPE",
     "exaone4": "some layers use no RoPE",
@@ -193,8 +193,8 @@ def rope_layer_types(config: PreTrainedConfig, requested: Sequence[str] | None, 
     """The nested rope-parameter keys a patch rewrites; ``[]`` for a flat config.
 
     Args:
-        requested: the ``layer_types`` argument of :func:`~hf_posext.patch_model`; ``None``: every
-            layer type with rope parameters except local ones (:data:`LOCAL_LAYER_MARKERS`) for a
+        requested: the ``layer_types`` argument of [`patch_model`][hf_posext.patch_model]; ``None``: every
+            layer type with rope parameters except local ones (`LOCAL_LAYER_MARKERS`) for a
             rope scaling, all of them for a method that replaces rope (ALiBi, absolute encodings).
         scales_rope: whether the method rescales RoPE.
 

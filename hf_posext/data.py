@@ -1,7 +1,7 @@
 """Text for training and evaluation: local files, the Python standard library, or a Hub dataset.
 
-One front-end for the recipe (:func:`iter_documents`) and the evaluations (:func:`load_texts`,
-:func:`encode_documents`); what each source means and why local files skip ``datasets``:
+One front-end for the recipe (`iter_documents`) and the evaluations (`load_texts`,
+`encode_documents`); what each source means and why local files skip ``datasets``:
 docs/guides/evaluation.md.
 """
 
@@ -233,7 +233,7 @@ def load_texts(
     """The non-empty documents of ``data`` for evaluation: ``stdlib``, files/folders/globs, or one dataset name.
 
     Args:
-        data: as for :func:`iter_documents`; a dataset name needs the ``datasets`` package (and the
+        data: as for `iter_documents`; a dataset name needs the ``datasets`` package (and the
             network unless the dataset is cached).
         split: the stdlib split (``test`` = held out) or the dataset split.
         text_field: the ``.jsonl`` field or dataset column holding the text.

@@ -1,7 +1,7 @@
 """Output folders and atomic writes: every output appears complete or not at all.
 
-One policy for every writer (:func:`output_folder`, :func:`atomic_file`, the completion marker
-:data:`MARKER`); nothing it does not own is deleted (docs/guides/files_and_safety.md).
+One policy for every writer (`output_folder`, `atomic_file`, the completion marker
+`MARKER`); nothing it does not own is deleted (docs/guides/files_and_safety.md).
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ def _remove_tree(path: Path) -> None:
 def clean_stale(target: str | os.PathLike) -> None:
     """Remove the temporaries a killed write of ``target`` left (their process is gone).
 
-    Folders (:func:`output_folder`'s ``.NAME.tmp-PID-*``, ``.NAME.old-PID``, ``NAME/.hf_posext.tmp-PID-*``)
-    and files (:func:`atomic_file`'s ``.NAME.PID.tmp``).
+    Folders (`output_folder`'s ``.NAME.tmp-PID-*``, ``.NAME.old-PID``, ``NAME/.hf_posext.tmp-PID-*``)
+    and files (`atomic_file`'s ``.NAME.PID.tmp``).
 
     A staged folder that holds the completion marker is a finished output whose move failed:
     it is kept, and a warning says where it is.
@@ -263,7 +263,7 @@ def replace_directory(staged: str | os.PathLike, target: str | os.PathLike) -> P
     """Move the complete folder ``staged`` to ``target`` (same filesystem), replacing a previous one.
 
     Replacing takes two renames; a crash between them leaves the previous folder as
-    ``.NAME.old-PID``, which :func:`restore_orphan` puts back if it is complete.
+    ``.NAME.old-PID``, which `restore_orphan` puts back if it is complete.
     """
     staged, target = Path(staged), Path(target)
     old = None
@@ -310,7 +310,7 @@ def output_folder(
     was and removes the staging folder.
 
     Args:
-        path, overwrite, sources, owns: as for :func:`check_output_dir`.
+        path, overwrite, sources, owns: as for `check_output_dir`.
         keep_on_failure: when moving the finished files into ``path`` fails, keep the staging
             folder and name it in the error (a trained model is never deleted).
 
@@ -358,7 +358,7 @@ def output_folder(
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """A folder the caller owns whole (a cache, a fixture): :func:`output_folder` replacing it."""
+    """A folder the caller owns whole (a cache, a fixture): `output_folder` replacing it."""
     with output_folder(path, overwrite=True) as staged:
         yield staged
 
@@ -420,7 +420,7 @@ def check_output_file(
     overwrite: bool = False,
     what: str = "output file",
 ) -> Path:
-    """Refuse a file the writer must not write; returns ``path`` as a Path (the rules of :func:`output_file`).
+    """Refuse a file the writer must not write; returns ``path`` as a Path (the rules of `output_file`).
 
     ``path`` may not be one of ``sources`` (by any spelling or link), a folder, under a file, or
     (without ``overwrite``) an existing file. ``what`` names it in the messages.
@@ -447,7 +447,7 @@ def check_output_file(
 def output_file(
     path: str | os.PathLike, *, sources: Sequence[str | os.PathLike] = (), overwrite: bool = False
 ) -> Iterator[Path]:
-    """The output-folder policy for a single file: checked first (:func:`check_output_file`), then :func:`atomic_file`.
+    """The output-folder policy for a single file: checked first (`check_output_file`), then `atomic_file`.
 
     Raises:
         ValueError: naming the file and what to do instead; nothing was written.

@@ -1,9 +1,9 @@
-"""What ``import hf_posext`` changes in a process: :data:`EFFECTS` lists each change, :func:`install` makes them.
+"""What ``import hf_posext`` changes in a process: `EFFECTS` lists each change, `install` makes them.
 
-Each :class:`Effect` says what it changes, why, and how to do without it; docs/import_effects.md is the long
-form, and tests/test_import_effects.py keeps the page's list equal to :data:`EFFECTS` and :data:`EFFECTS` equal
+Each `Effect` says what it changes, why, and how to do without it; docs/import_effects.md is the long
+form, and tests/test_import_effects.py keeps the page's list equal to `EFFECTS` and `EFFECTS` equal
 to what an import really changes (it compares transformers, torch's hooks and ``sys.meta_path`` before and
-after). Only the package's ``__init__.py`` calls :func:`install`; nothing else of the package changes a
+after). Only the package's ``__init__.py`` calls `install`; nothing else of the package changes a
 process at import.
 """
 
@@ -105,7 +105,7 @@ EFFECTS = (
 
 
 def install() -> None:
-    """Make the changes of :data:`EFFECTS` (``hf_posext/__init__.py`` calls it, once)."""
+    """Make the changes of `EFFECTS` (``hf_posext/__init__.py`` calls it, once)."""
     register_with_transformers()  # rope types, attention functions, the wrapped longrope validator
     set_construction_hook(True)  # the construction hook, the wrapped from_config, DCA adoption
     keep_moved_modules()  # the moved-module aliases

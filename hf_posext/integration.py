@@ -7,10 +7,10 @@ hf-posext plugs into transformers 5.x through its documented extension points:
 * ``RotaryEmbeddingConfigMixin._validate_<rope_type>_rope_parameters``, looked up by name when a
   config is validated (transformers only *warns* for a type it has no validator for);
 * ``AttentionInterface`` / ``AttentionMaskInterface`` and ``PreTrainedModel._from_config`` (wrapped to copy a config
-  the construction hook would patch), reached when transformers imports them (:mod:`.post_import`);
+  the construction hook would patch), reached when transformers imports them (`post_import`);
 * rotary modules that are rebuilt from the patched config with ``type(module)(config=config)``;
 * ``config._attn_implementation``, ``masking_utils``' mask builders (ALiBi's masks), the private
-  field hook of ``HfArgumentParser`` (:class:`FieldArgumentParser`), ``HfArg``, ``bytes_to_unicode``.
+  field hook of ``HfArgumentParser`` (`FieldArgumentParser`), ``HfArg``, ``bytes_to_unicode``.
 ``import hf_posext`` loads no ``modeling_utils`` / ``masking_utils``; elsewhere the package imports only
 transformers' public top-level names (tests/test_package_structure.py). Internal: not part of the public API.
 """
@@ -39,7 +39,7 @@ from .post_import import forget, when_imported
 
 #: transformers' helpers that its top level does not export, and ``DynamicCache`` (whose module
 #: ``import hf_posext`` must not load: tests/test_import_cost.py), re-exported for the package from the
-#: module that defines them, imported when first asked for (:func:`__getattr__`).
+#: module that defines them, imported when first asked for (`__getattr__`).
 _LAZY = {
     "add_offsets_to_mask_function": "transformers.masking_utils",
     "and_masks": "transformers.masking_utils",
@@ -56,7 +56,7 @@ __all__ = ["HfArg", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    """A name of :data:`_LAZY`, imported from its transformers module when first asked for."""
+    """A name of `_LAZY`, imported from its transformers module when first asked for."""
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -139,7 +139,8 @@ def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator)
         init_fn: ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)``.
         validate: ``validate(config, rope_parameters, ignore_keys)``, called when a config is validated.
             transformers' contract (its own types'): a missing required key raises ``KeyError``, an
-            unknown one is warned about (:func:`check_received_keys`), a bad value raises ``ValueError``.
+            unknown one is warned about ([`check_received_keys`][hf_posext.check_received_keys]), a bad value
+            raises ``ValueError``.
     """
     check_rope_type_free(rope_type, init_fn)
     modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] = init_fn
@@ -151,12 +152,12 @@ def register_rope_type(rope_type: str, init_fn: RopeInitFn, validate: Validator)
 
 
 #: Keys hf-posext writes into transformers' own ``longrope`` entries for other readers (vLLM and SGLang read
-#: ``short_mscale`` / ``long_mscale``, not ``attention_factor``: :func:`hf_posext.rope_utils.longrope_rope_parameters`).
+#: ``short_mscale`` / ``long_mscale``, not ``attention_factor``: `hf_posext.rope_utils.longrope_rope_parameters`).
 LONGROPE_READER_KEYS = frozenset({"short_mscale", "long_mscale"})
 
 
 def accept_longrope_reader_keys() -> None:
-    """Make transformers' ``longrope`` validator accept :data:`LONGROPE_READER_KEYS` without a warning.
+    """Make transformers' ``longrope`` validator accept `LONGROPE_READER_KEYS` without a warning.
 
     transformers warns "Unrecognized keys" for them each time such a config is built (eight times for one
     demo row); after ``import hf_posext`` the plugin's own keys are known. Idempotent; other unknown keys
@@ -327,14 +328,14 @@ def cache_keyword(module: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-#: The ``Cache`` methods that change its batch rows, which :func:`follow_cache_batch_changes` extends.
+#: The ``Cache`` methods that change its batch rows, which `follow_cache_batch_changes` extends.
 CACHE_BATCH_METHODS = ("reorder_cache", "batch_select_indices", "batch_repeat_interleave")
-#: The attributes whose objects follow those methods (:func:`follow_cache_batch_changes`).
+#: The attributes whose objects follow those methods (`follow_cache_batch_changes`).
 _CACHE_FOLLOWERS: list[str] = []
 
 
 def follow_cache_batch_changes(attr: str) -> None:
-    """Make transformers' ``Cache`` methods that change its batch rows (:data:`CACHE_BATCH_METHODS`) call the
+    """Make transformers' ``Cache`` methods that change its batch rows (`CACHE_BATCH_METHODS`) call the
     same-named method of the object a cache holds as ``attr``, with the same arguments, after their own work.
 
     For state kept beside a cache that must move with its rows (beam search reorders them). Wrapping the base
@@ -375,7 +376,7 @@ def register_attention(name: str, attention_fn: Callable[..., Any], mask_fn: Cal
     ``masking_utils`` are imported (now if they already are).
 
     Raises:
-        ValueError: ``name`` is held by transformers or another plugin (:func:`check_attention_free`).
+        ValueError: ``name`` is held by transformers or another plugin (`check_attention_free`).
     """
     check_attention_free(name, attention_fn)
     _register_attention(name, attention_fn, mask_fn)
@@ -463,7 +464,7 @@ class FieldArgumentParser(HfArgumentParser):
     """``HfArgumentParser`` whose flag building per dataclass field can be extended by a public method.
 
     transformers 5.24 builds each field's flag in the private static ``_parse_dataclass_field``;
-    a subclass overrides :meth:`add_field` instead, and calls :meth:`add_default_field` for the
+    a subclass overrides `add_field` instead, and calls `add_default_field` for the
     flag HfArgumentParser would build.
     """
 

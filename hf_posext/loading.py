@@ -1,15 +1,15 @@
-"""Loading patched checkpoints: :func:`from_pretrained` and the construction hook behind it.
+"""Loading patched checkpoints: [`from_pretrained`][hf_posext.from_pretrained] and the construction hook behind it.
 
 A saved patched checkpoint carries the patch in ``config.hf_posext``. RoPE-only methods need only
 their rope type; methods with a surgery need it redone while the model is built, before its
-weights are loaded. :func:`on_submodule_registered`, a torch module-registration hook installed by
+weights are loaded. `on_submodule_registered`, a torch module-registration hook installed by
 ``import hf_posext``, does that inside a model's ``__init__`` only (the first ``embed_tokens`` or
 ``rotary_emb`` of a base model whose config carries a record), so plain
-``AutoModelForCausalLM.from_pretrained`` works too. :func:`from_pretrained` (and
-:class:`AutoPatchedModelForCausalLM`) also checks that the surgery is in place (its
-:meth:`~hf_posext.methods.surgery.Surgery.missing` hook). A record of a method this process has not
+``AutoModelForCausalLM.from_pretrained`` works too. [`from_pretrained`][hf_posext.from_pretrained] (and
+[`AutoPatchedModelForCausalLM`][hf_posext.AutoPatchedModelForCausalLM]) also checks that the surgery is in place (its
+`hf_posext.methods.surgery.Surgery.missing` hook). A record of a method this process has not
 registered (a plugin not imported) loads as transformers loads it, with a warning, where its rope types
-are transformers' own (:mod:`hf_posext.validation.unknown_method`).
+are transformers' own (`hf_posext.validation.unknown_method`).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def on_submodule_registered(parent: nn.Module, name: str, submodule: nn.Module) 
 
 def _unknown_method_loads_as_saved(config: Any) -> bool:
     """Whether ``config``'s record names a method this process has not registered, which (its rope types being
-    transformers' own: :func:`~hf_posext.validation.saved_model.check_model_config` refused the others) then
-    loads as transformers loads it, with a warning (:mod:`hf_posext.validation.unknown_method`)."""
+    transformers' own: `hf_posext.validation.saved_model.check_model_config` refused the others) then
+    loads as transformers loads it, with a warning (`hf_posext.validation.unknown_method`)."""
     method = unknown_method(getattr(config, CONFIG_KEY, None))
     if method is not None:
         warn_unknown_method(method, rope_types_of(config), config_source(config))
@@ -76,7 +76,7 @@ def _unknown_method_loads_as_saved(config: Any) -> bool:
 
 
 def _ships_method(config: Any) -> bool:
-    """Whether building a model from ``config`` patches it (:func:`_adopt_shipped_method`)."""
+    """Whether building a model from ``config`` patches it (`_adopt_shipped_method`)."""
     if getattr(config, CONFIG_KEY, None) is not None:
         return False
     try:
@@ -88,7 +88,7 @@ def _ships_method(config: Any) -> bool:
 def _adopt_shipped_method(config: Any) -> dict[str, Any] | None:
     """Patch a config without an hf-posext record with the method a family's load-time hook finds in it.
 
-    The hooks are registered with the families (:func:`hf_posext.methods.registry.shipped_method`;
+    The hooks are registered with the families (`hf_posext.methods.registry.shipped_method`;
     DCA adopts Qwen's ``dual_chunk_attention_config``). Returns the new record, or ``None``.
 
     Raises:
@@ -105,7 +105,7 @@ def set_construction_hook(enabled: bool) -> None:
     """Install (``True``, what ``import hf_posext`` does) or remove the construction hook.
 
     With it removed, models built from a patched config that needs surgery come out without it;
-    :func:`from_pretrained` then raises instead of returning such a model.
+    [`from_pretrained`][hf_posext.from_pretrained] then raises instead of returning such a model.
     """
     global _hook_handle, _undo_from_config
     if enabled and _hook_handle is None:
@@ -125,7 +125,7 @@ def from_pretrained(
 
     Args:
         pretrained_model_name_or_path: a local folder or a Hub id, as for transformers, or a local
-            ``.gguf`` file (converted once by :func:`hf_posext.gguf.gguf_checkpoint`).
+            ``.gguf`` file (converted once by `hf_posext.gguf.gguf_checkpoint`).
         model_class: the transformers class to load with (``AutoModelForCausalLM`` by default).
         *args, **kwargs: passed to ``model_class.from_pretrained`` (``torch_dtype``, ``device_map``,
             ``attn_implementation``...; for ALiBi, ``attn_implementation="sdpa"`` etc. selects the
@@ -136,7 +136,7 @@ def from_pretrained(
 
     Raises:
         ValueError: a rope field or record of the checkpoint out of range, non-finite or misshapen
-            (:func:`hf_posext.validation.saved_model.check_model_config`), naming the file and the field; a
+            (`hf_posext.validation.saved_model.check_model_config`), naming the file and the field; a
             record of a method this process has not registered whose rope type is not transformers' own.
         RuntimeError: the method's surgery is missing (the construction hook was switched off).
 
@@ -169,7 +169,8 @@ def from_pretrained(
 
 
 class AutoPatchedModelForCausalLM:
-    """``AutoModelForCausalLM`` for patched checkpoints: :func:`from_pretrained` under the Auto-class name.
+    """``AutoModelForCausalLM`` for patched checkpoints: [`from_pretrained`][hf_posext.from_pretrained] under the
+    Auto-class name.
 
     Example:
         >>> model = hf_posext.AutoPatchedModelForCausalLM.from_pretrained("out/llama-yarn-16k")
@@ -184,5 +185,5 @@ class AutoPatchedModelForCausalLM:
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any
     ) -> PreTrainedModel:
-        """:func:`from_pretrained` with ``model_class=AutoModelForCausalLM``; same arguments."""
+        """[`from_pretrained`][hf_posext.from_pretrained] with ``model_class=AutoModelForCausalLM``; same arguments."""
         return from_pretrained(pretrained_model_name_or_path, *args, **kwargs)

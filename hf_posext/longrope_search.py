@@ -44,7 +44,7 @@ STATE_VERSION = 1
 
 @dataclass
 class LongRopeSearchResult:
-    """What :func:`search_longrope` found.
+    """What [`search_longrope`][hf_posext.search_longrope] found.
 
     Attributes:
         long_factor: the best factors found, one per rotary pair, non-decreasing.
@@ -269,7 +269,7 @@ def search_longrope(
         population: candidates per round (>= 2); the best half are kept as parents.
         rounds: evolution rounds after the starting population.
         seed: the random seed (a seed gives the same search).
-        start: the factors to start from (default: YaRN's ramp, :func:`~hf_posext.methods.longrope.yarn_long_factors`).
+        start: the factors to start from (default: YaRN's ramp, `hf_posext.methods.longrope.yarn_long_factors`).
         attention_factor: the cos/sin multiplier of every candidate (default YaRN's 0.1 ln s + 1, so that
             the start is YaRN exactly past L_orig; LongRoPE's sqrt(1 + ln s / ln L_orig) is another choice).
         score_last: score the last n tokens of each window (default ``None``: all ``length - 1``, the

@@ -1,8 +1,8 @@
 """The registered method names, and which name an alias means.
 
-The names half of the method registry (:mod:`hf_posext.methods.registry` fills these tables, one
+The names half of the method registry (`hf_posext.methods.registry` fills these tables, one
 ``register_method`` or ``register_family`` call per family folder, and maps a name to its config
-class), kept below every module that checks a method name: :mod:`hf_posext.validation.saved_model`
+class), kept below every module that checks a method name: `hf_posext.validation.saved_model`
 checks the method a checkpoint's ``hf_posext`` record names, and the method families import that
 module, so the check cannot import the ``methods`` package they make up. Imports nothing of the package.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: ``{registered name: config class}``, written by :func:`hf_posext.methods.registry.register_family` only
-#: (:func:`hf_posext.methods.registry.method_class` reads it, typed).
+#: ``{registered name: config class}``, written by [`register_family`][hf_posext.register_family] only
+#: ([`method_class`][hf_posext.method_class] reads it, typed).
 METHODS: dict[str, type[Any]] = {}
-#: ``{alias: registered name}``, written by :func:`hf_posext.methods.registry.register_family` only.
+#: ``{alias: registered name}``, written by [`register_family`][hf_posext.register_family] only.
 ALIASES: dict[str, str] = {}
 
 
@@ -29,7 +29,7 @@ def method_aliases() -> dict[str, str]:
 
 
 def registered_name(name: str) -> str:
-    """The key ``name`` (a registered name or an alias) is registered under in :data:`METHODS`.
+    """The key ``name`` (a registered name or an alias) is registered under in `METHODS`.
 
     Raises:
         ValueError: for an unknown name, listing the known ones.

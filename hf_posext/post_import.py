@@ -1,12 +1,12 @@
 """Import hooks (``sys.meta_path`` finders): post-import callbacks, and the old paths of moved modules.
 
-:func:`when_imported` runs a callback once a module is imported, without importing it:
-:mod:`hf_posext.integration` registers attention functions and wraps ``from_config`` this way, so that
+`when_imported` runs a callback once a module is imported, without importing it:
+`hf_posext.integration` registers attention functions and wraps ``from_config`` this way, so that
 ``import hf_posext`` loads neither transformers' ``modeling_utils`` nor its ``masking_utils`` (about half
-the time of ``import torch``; tests/test_import_cost.py). :func:`keep_moved_modules` keeps each old path
-of :data:`MOVED` importable as the module it moved to, with a ``DeprecationWarning`` naming the new path
-and :func:`deprecated_attribute` does the same for each old name of :data:`RENAMED`: one policy for both, and
-one removal release, :data:`REMOVED_IN` (docs/import_effects.md).
+the time of ``import torch``; tests/test_import_cost.py). `keep_moved_modules` keeps each old path
+of `MOVED` importable as the module it moved to, with a ``DeprecationWarning`` naming the new path
+and `deprecated_attribute` does the same for each old name of `RENAMED`: one policy for both, and
+one removal release, `REMOVED_IN` (docs/import_effects.md).
 Imports nothing of the package, so that every module may use it. Internal: not part of the public API.
 """
 
@@ -23,12 +23,12 @@ from typing import Any
 
 Callback = Callable[[ModuleType], None]
 
-#: ``{module name: callbacks}`` to run once that module is imported (see :func:`when_imported`).
+#: ``{module name: callbacks}`` to run once that module is imported (see `when_imported`).
 _PENDING: dict[str, list[Callback]] = {}
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """A ``sys.meta_path`` entry that runs :data:`_PENDING` callbacks right after a module executes.
+    """A ``sys.meta_path`` entry that runs `_PENDING` callbacks right after a module executes.
 
     It finds the module's spec through the finders after it and wraps that spec's loader; modules
     with no callback pending are not touched (``None``: the next finder finds them as usual).
@@ -72,13 +72,13 @@ def when_imported(module_name: str, callback: Callback) -> None:
 
 
 def forget(module_name: str, callback: Callback) -> None:
-    """Drop ``callback`` if :func:`when_imported` still holds it for ``module_name`` (the module not yet imported)."""
+    """Drop ``callback`` if `when_imported` still holds it for ``module_name`` (the module not yet imported)."""
     pending = _PENDING.get(module_name, [])
     if callback in pending:
         pending.remove(callback)
 
 
-#: The release that drops the old paths of :data:`MOVED` and the old names of :data:`RENAMED` and :data:`MOVED_NAMES`.
+#: The release that drops the old paths of `MOVED` and the old names of `RENAMED` and `MOVED_NAMES`.
 REMOVED_IN = "0.3.0"
 
 #: Old name -> the name that replaced it (0.2), on the same module.
@@ -99,10 +99,10 @@ MOVED_NAMES = {"hf_posext.gguf.writer.patch_gguf": "hf_posext.publish.gguf_patch
 def deprecated_attribute(module: str, name: str) -> Any:
     """What ``module.name`` resolves to for a deprecated ``name`` (for the module's ``__getattr__``).
 
-    Each old name of :data:`RENAMED` stays importable from every module it was importable from (a module
+    Each old name of `RENAMED` stays importable from every module it was importable from (a module
     ``__getattr__`` calling this), is in no ``__all__``, and on each access warns a ``DeprecationWarning``
     attributed to the caller (so Python shows it once per call site) naming its replacement on the same
-    module; a name of :data:`MOVED_NAMES` likewise, naming the module it moved to, where it is looked up.
+    module; a name of `MOVED_NAMES` likewise, naming the module it moved to, where it is looked up.
     The package itself uses only the new names (tests/methods/test_registry.py).
 
     Raises:
@@ -165,7 +165,7 @@ MOVED = {
 
 
 class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """A ``sys.meta_path`` entry that imports an old path of :data:`MOVED` as the very module it moved to.
+    """A ``sys.meta_path`` entry that imports an old path of `MOVED` as the very module it moved to.
 
     Python asks it only while the old path is not in ``sys.modules``; once imported, the old path is
     an alias there, so a process warns once per old path.
@@ -192,7 +192,7 @@ _MOVED_FINDER = _MovedModuleFinder()
 
 
 def keep_moved_modules() -> None:
-    """Make the old paths of :data:`MOVED` importable (``hf_posext/__init__.py`` calls it; idempotent)."""
+    """Make the old paths of `MOVED` importable (``hf_posext/__init__.py`` calls it; idempotent)."""
     if _MOVED_FINDER not in sys.meta_path:
         # First: an old path always means the new module, even where another finder would find a stale file
         # (an editable install's finder maps hf_posext.* to its own checkout, whatever sys.path says).

@@ -33,14 +33,14 @@ NO_ROPE_TYPE = "hf_posext_none (requires: import hf_posext)"
 #: ``remapped_rope_type``) under a name vanilla transformers refuses even when the saved attention
 #: name is replaced by an explicit ``attn_implementation``. Named like DYNAMIC_YARN_ROPE_TYPE.
 REMAP_ROPE_TYPE = "hf_posext_remap (requires: import hf_posext)"
-#: The key of a :data:`REMAP_ROPE_TYPE` entry naming the checkpoint's own rope type.
+#: The key of a `REMAP_ROPE_TYPE` entry naming the checkpoint's own rope type.
 REMAPPED_TYPE_KEY = "remapped_rope_type"
 
 #: The rope type of LongRoPE with its first n positions kept on plain RoPE (the paper's n-hat):
-#: transformers' ``longrope`` entry plus :data:`KEEP_FIRST_KEY`, which no other reader implements, so
+#: transformers' ``longrope`` entry plus `KEEP_FIRST_KEY`, which no other reader implements, so
 #: it goes under a name they refuse (named like DYNAMIC_YARN_ROPE_TYPE; docs/methods/longrope.md).
 LONGROPE_KEEP_FIRST_ROPE_TYPE = "hf_posext_longrope_keep_first (requires: import hf_posext)"
-#: The key of a :data:`LONGROPE_KEEP_FIRST_ROPE_TYPE` entry: how many positions from 0 keep plain RoPE.
+#: The key of a `LONGROPE_KEEP_FIRST_ROPE_TYPE` entry: how many positions from 0 keep plain RoPE.
 KEEP_FIRST_KEY = "keep_first"
 #: The rope types with LongRoPE's short/long switch at ``original_max_position_embeddings``.
 LONGROPE_ROPE_TYPES = ("longrope", LONGROPE_KEEP_FIRST_ROPE_TYPE)
@@ -49,7 +49,7 @@ LONGROPE_ROPE_TYPES = ("longrope", LONGROPE_KEEP_FIRST_ROPE_TYPE)
 def kept_positions(rope_parameters: dict[str, Any] | None) -> int:
     """How many positions from 0 a flat rope entry keeps on plain RoPE once past its switch (0: none).
 
-    Only :data:`LONGROPE_KEEP_FIRST_ROPE_TYPE` keeps any: past ``original_max_position_embeddings``
+    Only `LONGROPE_KEEP_FIRST_ROPE_TYPE` keeps any: past ``original_max_position_embeddings``
     positions ``p < keep_first`` rotate by ``p * theta^(-2i/d)`` with cos/sin multiplier 1, the
     others with the long factors and the attention factor.
     """
@@ -61,7 +61,7 @@ def kept_positions(rope_parameters: dict[str, Any] | None) -> int:
 
 #: The rope type of a method composed on p-RoPE (transformers' ``proportional``) where no native type
 #: expresses it: p-RoPE's frequencies divided pair by pair by ``factors`` (one per pair of head_dim),
-#: cos/sin times ``attention_factor`` (:func:`proportional_inv_freq`). Named like DYNAMIC_YARN_ROPE_TYPE.
+#: cos/sin times ``attention_factor`` (`proportional_inv_freq`). Named like DYNAMIC_YARN_ROPE_TYPE.
 PROPORTIONAL_ROPE_TYPE = "hf_posext_proportional (requires: import hf_posext)"
 #: transformers' p-RoPE type and hf-posext's composed one: frequencies over the whole head_dim.
 P_ROPE_TYPES = ("proportional", PROPORTIONAL_ROPE_TYPE)
@@ -127,10 +127,10 @@ def proportional_inv_freq(
 ) -> torch.Tensor:
     """p-RoPE's frequencies, ``[head_dim // 2]`` (Barbero et al. 2024, "Round and Round We Go", arXiv:2410.06205).
 
-    The first :func:`proportional_angles` frequencies of full RoPE at ``head_dim``, theta^(-2i/head_dim),
+    The first `proportional_angles` frequencies of full RoPE at ``head_dim``, theta^(-2i/head_dim),
     each divided by its ``divisors[i]`` (a method applied to the full-head frequencies), the rest exactly
     0: the lowest frequencies are removed, and a method never brings them back. fp32 as
-    :func:`default_inv_freq`; the division in float64, so composed factors round once.
+    [`default_inv_freq`][hf_posext.default_inv_freq]; the division in float64, so composed factors round once.
     """
     angles = proportional_angles(head_dim, partial_rotary_factor)
     full = default_inv_freq(theta, head_dim, device)
@@ -148,10 +148,10 @@ def rope_parameters_for(config: Any, layer_type: str | None = None) -> dict[str,
 def rotary_dim_of(config: Any, rope_parameters: dict[str, Any] | None = None, layer_type: str | None = None) -> int:
     """The number of rotated channels per head: head_dim times the partial rotary factor.
 
-    p-RoPE (:data:`P_ROPE_TYPES`) spans the whole head_dim, its unrotated pairs at frequency 0.
+    p-RoPE (`P_ROPE_TYPES`) spans the whole head_dim, its unrotated pairs at frequency 0.
 
     Args:
-        layer_type: whose head_dim, on a config with per-layer fields (:func:`layer_config`).
+        layer_type: whose head_dim, on a config with per-layer fields (`layer_config`).
     """
     params = rope_parameters if rope_parameters is not None else config.rope_parameters
     head_dim = head_dim_of(config, layer_type)
@@ -181,7 +181,7 @@ def yarn_mscale(factor: float) -> float:
 
 def yarn_attention_factor(explicit: Any, factor: float) -> float:
     """The cos/sin multiplier of YaRN at scale ``factor``: an explicit ``attention_factor`` as given,
-    else :func:`yarn_mscale`."""
+    else `yarn_mscale`."""
     return float(explicit) if explicit is not None else yarn_mscale(factor)
 
 
@@ -221,7 +221,7 @@ def yarn_inv_freq(
 def yarn_inv_freq_from(
     params: dict, theta: float, rotary_dim: int, factor: Any, original: int, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """:func:`yarn_inv_freq` with the ramp options (``beta_fast``, ``beta_slow``, ``truncate``) read
+    """`yarn_inv_freq` with the ramp options (``beta_fast``, ``beta_slow``, ``truncate``) read
     from a rope-parameters dict, at transformers' defaults when absent."""
     return yarn_inv_freq(
         theta,
@@ -268,7 +268,7 @@ def pair_where_turns_cross(log_turns: list[float], turns: float) -> float:
 
     ln r_i is read as piecewise linear in i, extended beyond both ends along its first and last
     segments. On plain RoPE ln r_i is linear in i, so this is exactly YaRN's closed form
-    d ln(L / (2 pi beta)) / (2 ln theta) (:func:`yarn_inv_freq`).
+    d ln(L / (2 pi beta)) / (2 ln theta) (`yarn_inv_freq`).
     """
     target = math.log(turns)
     last = len(log_turns) - 2
@@ -290,10 +290,10 @@ def yarn_pair_factors(
 ) -> torch.Tensor:
     """YaRN on top of already-scaled frequencies as per-pair divisors, ``[pairs]`` float64.
 
-    The ramp of :func:`yarn_inv_freq` with the base's own turns r_i = reach * omega_i / (2 pi) over
+    The ramp of `yarn_inv_freq` with the base's own turns r_i = reach * omega_i / (2 pi) over
     the context it reaches: pairs past ``beta_fast`` turns keep their frequency (divisor exactly
     1), pairs under ``beta_slow`` are divided by s, the ramp between is linear in the pair index
-    between the crossings of :func:`pair_where_turns_cross` (floored / ceiled when ``truncate``).
+    between the crossings of `pair_where_turns_cross` (floored / ceiled when ``truncate``).
     """
     rotary_dim = 2 * base_inv_freq.numel()
     log_turns = [math.log(reach * float(w) / (2 * math.pi)) for w in base_inv_freq.double()]
@@ -323,7 +323,7 @@ def longrope_rope_parameters(
     sqrt(1 + ln s / ln L) default. vLLM's longrope ignores ``attention_factor`` and reads
     ``short_mscale`` / ``long_mscale`` (else the same default), so both are written too;
     transformers without the plugin loads them with an "Unrecognized keys" warning and no other effect
-    (after ``import hf_posext``, none: :func:`hf_posext.integration.accept_longrope_reader_keys`).
+    (after ``import hf_posext``, none: `hf_posext.integration.accept_longrope_reader_keys`).
     """
     factors = [float(c) for c in divisors]
     return {
@@ -339,7 +339,7 @@ def longrope_rope_parameters(
     }
 
 
-#: What a :data:`PROPORTIONAL_ROPE_TYPE` entry may carry besides ``factors``: p-RoPE's own fields and the method's.
+#: What a `PROPORTIONAL_ROPE_TYPE` entry may carry besides ``factors``: p-RoPE's own fields and the method's.
 PROPORTIONAL_KEYS = {"attention_factor", "factor", "original_max_position_embeddings", "partial_rotary_factor"}
 
 
@@ -350,7 +350,7 @@ def proportional_rope_parameters(
     factor: float,
     original_max_position_embeddings: int,
 ) -> dict[str, Any]:
-    """A method composed on a p-RoPE entry ``shipped``, as a :data:`PROPORTIONAL_ROPE_TYPE` entry.
+    """A method composed on a p-RoPE entry ``shipped``, as a `PROPORTIONAL_ROPE_TYPE` entry.
 
     Args:
         divisors: per-pair divisors of full RoPE's frequencies at head_dim, ``[head_dim // 2]`` (p-RoPE's

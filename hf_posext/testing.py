@@ -3,9 +3,9 @@
 Nothing can be downloaded on the machines this project is tested on, yet the recipe and the
 evaluations load their model and tokenizer as a user's run does (``from_pretrained(folder)``):
 
-* :func:`byte_tokenizer` - a real :class:`~transformers.PreTrainedTokenizerFast` whose token id
+* `byte_tokenizer` - a real `transformers.PreTrainedTokenizerFast` whose token id
   ``b`` is byte ``b`` (256 byte symbols, no merges), so any text round-trips exactly;
-* :func:`make_tiny_model` - a randomly initialised Llama/Mistral/Qwen2/Qwen3 checkpoint with that
+* `make_tiny_model` - a randomly initialised Llama/Mistral/Qwen2/Qwen3 checkpoint with that
   tokenizer (``hf-posext tiny-model out/tiny-llama``: ~0.2M parameters).
 
     from hf_posext.testing import byte_tokenizer
@@ -28,7 +28,7 @@ from .integration import bytes_to_unicode
 NUM_BYTES = 256
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<s>", "</s>", "<pad>"
 BOS_ID, EOS_ID, PAD_ID = NUM_BYTES, NUM_BYTES + 1, NUM_BYTES + 2
-#: ``vocab_size`` a model needs to use :func:`byte_tokenizer` (259).
+#: ``vocab_size`` a model needs to use `byte_tokenizer` (259).
 BYTE_VOCAB_SIZE = NUM_BYTES + 3
 
 
@@ -69,7 +69,7 @@ def byte_tokenizer(model_max_length: int | None = None) -> PreTrainedTokenizerFa
     )
 
 
-#: Architectures :func:`make_tiny_model` can build (the ones hf-posext supports).
+#: Architectures `make_tiny_model` can build (the ones hf-posext supports).
 TINY_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 #: The byte vocabulary padded to a multiple of 8. Padding is the usual habit for fast matmuls,
@@ -94,7 +94,7 @@ def make_tiny_model(
 
     Args:
         output_dir: the checkpoint folder, written atomically (replaced if it exists).
-        arch: one of :data:`TINY_ARCHITECTURES`.
+        arch: one of `TINY_ARCHITECTURES`.
         hidden_size: model width; the head size is ``hidden_size // num_heads``.
         num_layers: decoder layers.
         num_heads: query heads; must divide ``hidden_size``.

@@ -1,4 +1,4 @@
-"""Does a model in memory run what its config says? :func:`verify` lists where it does not.
+"""Does a model in memory run what its config says? `verify` lists where it does not.
 
     mismatches = hf_posext.verify(model)     # [] when the live modules compute the config's rope
     for mismatch in mismatches:
@@ -6,7 +6,7 @@
 
 A rotary embedding computes its frequencies once, when it is built: a rope written into
 ``config.rope_parameters`` afterwards (by a training script, a serving wrapper, a hand) is a no-op,
-and nothing says so. :func:`verify` recomputes, for each rotary module and each of its layer types,
+and nothing says so. `verify` recomputes, for each rotary module and each of its layer types,
 what transformers' rope functions (hf-posext's registered ones included) give for the config, and
 compares it with the module's ``inv_freq`` and ``attention_scaling``; it then asks the recorded
 method's surgery (``config.hf_posext``) whether its attention or modules are in place. It works on
@@ -85,7 +85,7 @@ def _expected(
 
 def _effective(rope_type: str, entry: dict[str, Any]) -> str:
     """The rope type a module runs: the remapping methods keep the checkpoint's own type under their marker
-    (:data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`), which computes the same frequencies."""
+    (`hf_posext.rope_utils.REMAP_ROPE_TYPE`), which computes the same frequencies."""
     return str(entry.get(REMAPPED_TYPE_KEY, "default")) if rope_type == REMAP_ROPE_TYPE else rope_type
 
 

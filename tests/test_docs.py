@@ -314,6 +314,26 @@ def test_module_docstrings_are_short():
     assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines (move the long form to docs/): {long}"
 
 
+# A Sphinx role (`:func:`x``): the docs site (mkdocstrings) shows it as raw text. Write [`x`][hf_posext.x] for
+# an object the API page renders, a code span `x` for anything else.
+SPHINX_ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|exc|obj|ref):`")
+
+
+def sphinx_roles(text: str) -> int:
+    return len(SPHINX_ROLE.findall(text))
+
+
+def test_no_sphinx_role_in_the_package():
+    roles = {str(m.relative_to(ROOT)): n for m in MODULES if (n := sphinx_roles(m.read_text()))}
+    assert not roles, f"Sphinx roles the docs site shows raw (write [`x`][hf_posext.x] or `x`): {roles}"
+
+
+def test_the_sphinx_role_check_can_fail():
+    text = ":func:`patch_model`, :class:`~.base.MethodConfig`, :mod:`.source`; [`x`][hf_posext.x], `y`, ``z``"
+    assert sphinx_roles(text) == 3
+    assert sphinx_roles("[`patch_model`][hf_posext.patch_model] and `hf_posext.gguf.source`") == 0
+
+
 def test_the_install_lines_name_pyprojects_torch_minimum():
     pinned = re.search(r'"torch>=(\d+\.\d+)', (ROOT / "pyproject.toml").read_text()).group(1)
     for page in (ROOT / "README.md", ROOT / "docs" / "getting_started.md"):

@@ -1,1 +1,1 @@
-"""Attention kernels shared by method families (no registration here): remapped positions, :mod:`.remap`."""
+"""Attention kernels shared by method families (no registration here): remapped positions, `remap`."""

@@ -1,8 +1,8 @@
 """The one guard of a patched model's attention implementation (ALiBi, remapping, exact dynamic scaling).
 
 ``model.set_attn_implementation`` can switch a patched model to a kernel that knows nothing of the
-method, which would then run without the method's positions, silently: :func:`check_attention_kept`
-refuses that forward, run from a forward pre-hook (:func:`install_forward_guard`) or the rotary stand-in.
+method, which would then run without the method's positions, silently: `check_attention_kept`
+refuses that forward, run from a forward pre-hook (`install_forward_guard`) or the rotary stand-in.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def check_attention_kept(
 def install_forward_guard(base: nn.Module, name: str, check: Callable[..., Any]) -> None:
     """Run ``check(module, args, kwargs)`` before every forward of ``base`` (once: a second call replaces it).
 
-    The methods whose surgery depends on the attention path use it with :func:`check_attention_kept`
+    The methods whose surgery depends on the attention path use it with `check_attention_kept`
     to refuse a later ``set_attn_implementation`` instead of running without their position scheme.
     """
     remove_forward_guard(base, name)
@@ -41,7 +41,7 @@ def install_forward_guard(base: nn.Module, name: str, check: Callable[..., Any])
 
 
 def remove_forward_guard(base: nn.Module, name: str) -> None:
-    """Undo :func:`install_forward_guard` (nothing to do if none is installed)."""
+    """Undo `install_forward_guard` (nothing to do if none is installed)."""
     handle = base.__dict__.pop(name, None)
     if handle is not None:
         handle.remove()

@@ -3,7 +3,7 @@
 DeepSpeed Ulysses exchanges ``[batch, heads, seq / n, dim]`` on each of n processes for
 ``[batch, heads / n, seq, dim]`` before attention: process r of the group holds heads
 r * H/n .. (r + 1) * H/n - 1 of the whole sequence. Attention that differs by head (ALiBi's slopes)
-must know which: :func:`shard_heads` records it on the attention modules, :func:`held_heads` reads it.
+must know which: `shard_heads` records it on the attention modules, `held_heads` reads it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def held_heads(module: nn.Module, local_heads: int) -> tuple[int, int]:
     """``(first, total)``: the first of the ``local_heads`` query heads this process holds, of ``total``.
 
     Raises:
-        ValueError: heads split without :func:`shard_heads`, or another split than recorded.
+        ValueError: heads split without `shard_heads`, or another split than recorded.
     """
     config = getattr(module, "config", None)
     total = int(getattr(config, "num_attention_heads", None) or getattr(module, "num_heads", local_heads))

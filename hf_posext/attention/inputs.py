@@ -1,7 +1,7 @@
 """One call of an attention function: the arguments of transformers' attention interface, as one frozen object.
 
-Both kernels behind hf-posext's wrappers (:mod:`.remap` and :mod:`.exact_dynamic`) hand a call's module,
-queries, keys, values, mask and keyword arguments down through their helpers; :class:`AttentionInputs`
+Both kernels behind hf-posext's wrappers (`remap` and `exact_dynamic`) hand a call's module,
+queries, keys, values, mask and keyword arguments down through their helpers; `AttentionInputs`
 carries the six as one argument (frozen: a helper that needs other tensors makes a new one). It lives
 beside the two packages because both use it.
 """

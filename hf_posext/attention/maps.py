@@ -1,8 +1,8 @@
 """Attention maps (``output_attentions=True``) through the wrappers hf-posext installs.
 
 sdpa returns no attention weights (transformers then gives ``attentions = ()``): a wrapper of sdpa
-runs eager's kernel for a forward that asks for maps (:func:`kernel_function`), on eager's additive
-form of the sdpa mask (:func:`additive_mask`). Tests: ``tests/attention/test_wrapper.py``.
+runs eager's kernel for a forward that asks for maps (`kernel_function`), on eager's additive
+form of the sdpa mask (`additive_mask`). Tests: ``tests/attention/test_wrapper.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def kernel_function(kernel: str, module: nn.Module, kwargs: dict[str, Any]) -> C
 
     sdpa returns no attention weights (transformers then warns once and ``attentions`` comes back
     empty); eager computes the same attention and returns them. It is given the sdpa mask in its own
-    additive form (:func:`additive_mask`).
+    additive form (`additive_mask`).
     """
     if kernel == "sdpa" and attention_maps_requested(module, kwargs):
         return functools.partial(_eager_on_any_mask, integration.attention_function("eager", module))

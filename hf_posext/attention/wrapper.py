@@ -1,9 +1,9 @@
-"""Installing an attention wrapper: what remapping (:mod:`.remap.install`) and exact dynamic scaling share.
+"""Installing an attention wrapper: what remapping (`remap.install`) and exact dynamic scaling share.
 
-A wrapper wraps the model's own kernel (one of :data:`SUPPORTED_KERNELS`) under the name
-``prefix + kernel``: :func:`install_wrapper` checks the kernel and the attention, registers the
+A wrapper wraps the model's own kernel (one of `SUPPORTED_KERNELS`) under the name
+``prefix + kernel``: `install_wrapper` checks the kernel and the attention, registers the
 wrapper, hands each attention module the state and refuses preallocated caches. The guard against
-a later change of attention implementation is :mod:`.guard`'s.
+a later change of attention implementation is `guard`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ SUPPORTED_KERNELS = ("eager", "sdpa")
 
 
 class WrapperState(Protocol):
-    """What the attention modules of a wrapped model hold (:func:`integration.remove_attention_state` undoes it)."""
+    """What the attention modules of a wrapped model hold (`integration.remove_attention_state` undoes it)."""
 
     kernel: str
     hooks: list[Any]
@@ -40,7 +40,7 @@ def wrapped_kernel(requested: str | None, prefix: str, *, purpose: str, fallback
     model's config) wraps that kernel; ``saved``, the name a saved checkpoint carries, wraps sdpa.
 
     Raises:
-        ValueError: a kernel outside :data:`SUPPORTED_KERNELS`, naming ``purpose`` and ``fallback``.
+        ValueError: a kernel outside `SUPPORTED_KERNELS`, naming ``purpose`` and ``fallback``.
     """
     kernel = "sdpa" if saved is not None and requested == saved else (requested or "eager").removeprefix(prefix)
     if kernel not in SUPPORTED_KERNELS:
@@ -71,15 +71,15 @@ def install_wrapper(
     Args:
         model: a causal LM or its base model (possibly being built: then pass ``rotary``).
         make_state: ``make_state(kernel)``, the state the attention modules share (under ``state_attr``).
-        prefix, saved: as :func:`wrapped_kernel`; the wrapper is registered as ``prefix + kernel``.
+        prefix, saved: as `wrapped_kernel`; the wrapper is registered as ``prefix + kernel``.
         purpose, fallback: what needs the wrapper and what to do instead, for the error messages.
         rotary: the rotary module a base model under construction is registering.
         guarded: the modules whose forward then refuses a preallocated cache
-            (:func:`integration.guard_growing_cache` with ``needs`` and ``alternative``).
+            (`integration.guard_growing_cache` with ``needs`` and ``alternative``).
 
     Raises:
         ValueError: a kernel other than eager/sdpa, or an attention the wrapper cannot rotate for
-            (:func:`hf_posext.architectures.check_wrappable_attention`).
+            (`hf_posext.architectures.check_wrappable_attention`).
     """
     config = model.config
     kernel = wrapped_kernel(

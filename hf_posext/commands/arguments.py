@@ -10,7 +10,7 @@ KEY may use ``-`` or ``_``; VALUE is read as JSON when it parses (``64``, ``0.1`
 (``--factor``) everywhere and is refused in ``--set``.
 
 Every command reports bad input (``ValueError``, ``OSError``: a missing or unreadable file, an
-invalid ``config.json``; a missing optional package) as one line and exit code 2 (:func:`run_command`); ``--debug``
+invalid ``config.json``; a missing optional package) as one line and exit code 2 (`run_command`); ``--debug``
 or the environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
 """
 
@@ -68,7 +68,7 @@ def parse_key_values(items: Iterable[str | tuple[str, Any]] | None) -> dict[str,
 
 
 def parse_bool(value: Any, name: str = "value") -> bool:
-    """:func:`hf_posext.validation.parse_bool` for flags: its error is an ``ArgumentTypeError`` argparse prints.
+    """`hf_posext.validation.parse_bool` for flags: its error is an ``ArgumentTypeError`` argparse prints.
 
     Raises:
         KeyValueError: anything but true/false/yes/no/1/0 (any case), naming ``name`` and the spellings.
@@ -80,7 +80,7 @@ def parse_bool(value: Any, name: str = "value") -> bool:
 
 
 def method_kwargs(items: Iterable[str | tuple[str, Any]] | None) -> dict[str, Any]:
-    """:func:`parse_key_values` for method arguments: a key with a flag of its own is refused.
+    """`parse_key_values` for method arguments: a key with a flag of its own is refused.
 
     Raises:
         KeyValueError: e.g. ``factor=8`` (use ``--factor 8``).
@@ -96,7 +96,7 @@ def check_factor(method: str, factor: float | None, extra: dict[str, Any] | None
     """Refuse a method (aliases included) that would silently be the identity without ``--factor``.
 
     That is every method that scales RoPE, and Self-Extend without a ``group_size`` in ``extra``
-    (``--set``'s arguments): :meth:`~hf_posext.methods.base.MethodConfig.needs_factor`.
+    (``--set``'s arguments): `hf_posext.methods.base.MethodConfig.needs_factor`.
 
     Raises:
         ValueError: an unknown method (listing the known ones), a bad argument or a missing factor.
@@ -151,7 +151,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> int:
-    """``command()``; bad input (:data:`USER_ERRORS`) is printed as one line and gives exit code 2, Ctrl-C 130.
+    """``command()``; bad input (`USER_ERRORS`) is printed as one line and gives exit code 2, Ctrl-C 130.
 
     With ``debug`` or ``HF_POSEXT_DEBUG`` set (not ``0``) the exception propagates with its traceback.
     """
@@ -187,7 +187,7 @@ PLUGINS_ENV = "HF_POSEXT_PLUGINS"
 def take_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """``(the modules of each --plugin MODULE / --plugin=MODULE before any "--", argv without them)``.
 
-    A ``--plugin`` with no module after it is the empty name, which :func:`load_plugins` refuses.
+    A ``--plugin`` with no module after it is the empty name, which `load_plugins` refuses.
     """
     argv, modules, rest = list(argv), [], []
     end = argv.index("--") if "--" in argv else len(argv)
@@ -206,9 +206,9 @@ def take_plugins(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def load_plugins(modules: Sequence[str]) -> int:
-    """Import ``modules`` and those of :data:`PLUGINS_ENV`, each once, in order; returns 0.
+    """Import ``modules`` and those of `PLUGINS_ENV`, each once, in order; returns 0.
 
-    They are written back to :data:`PLUGINS_ENV`, so that the processes this one starts (``accelerate
+    They are written back to `PLUGINS_ENV`, so that the processes this one starts (``accelerate
     launch`` workers, a reader run in a subprocess) import them too.
 
     Raises:
@@ -241,7 +241,7 @@ def take_global_flags(prog: str, argv: Sequence[str] | None) -> tuple[int, bool,
 
     Returns:
         ``(exit code, debug, the rest of argv)``: the code is 0, or 2 after the one-line error of a plugin
-        that cannot be imported (:func:`load_plugins`).
+        that cannot be imported (`load_plugins`).
     """
     debug, rest = take_debug(sys.argv[1:] if argv is None else argv)
     plugins, rest = take_plugins(rest)  # before any parser: a plugin's methods are among the choices
@@ -249,7 +249,7 @@ def take_global_flags(prog: str, argv: Sequence[str] | None) -> tuple[int, bool,
 
 
 def plain(text: str) -> str:
-    """``text`` without reStructuredText markup (````code````, ``:func:`name```), for terminal help."""
+    """``text`` without reStructuredText markup (````code````, Sphinx roles: ``:role:`name```), for terminal help."""
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text).replace("``", "")
 
 
@@ -264,7 +264,7 @@ def add_set_argument(
     dest: str = "set",
     help: str = "a method argument, e.g. beta_fast=32 (repeatable)",
 ) -> None:
-    """Add ``--set KEY=VALUE`` (repeatable; parsed to pairs, see :func:`parse_key_values`)."""
+    """Add ``--set KEY=VALUE`` (repeatable; parsed to pairs, see `parse_key_values`)."""
     parser.add_argument(
         "--set", *aliases, dest=dest, action="append", type=parse_key_value, metavar="KEY=VALUE", help=help
     )

@@ -3,7 +3,7 @@
     hf-posext demo            # 3-5 CPU-minutes the first time (one thread per free core), seconds once cached
     hf-posext demo --quick    # the same pipeline shrunk to seconds (CI)
 
-The experiment itself is :mod:`hf_posext.experiments.demo`.
+The experiment itself is `hf_posext.experiments.demo`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     hf-posext doctor model.Q4_K_M.gguf --json     # a GGUF file; --json: {"readers": {"transformers5": ...}, ...}
 
 Per reader a verdict (same, misread, refused; unknown where no rule covers it), why, and the version rules it used
-(:mod:`hf_posext.readers.doctor`); then the checks of the config itself. Exit 0 once it has answered.
+(`hf_posext.readers.doctor`); then the checks of the config itself. Exit 0 once it has answered.
 """
 
 from __future__ import annotations
@@ -135,10 +135,10 @@ def _transformers5_builds(file: Path) -> dict[str, str | None]:
 
 
 def diagnose_path(path: str) -> dict[str, Any]:
-    """:func:`hf_posext.readers.doctor.diagnose` (or ``diagnose_gguf``) of a checkpoint folder, Hub id or .gguf file.
+    """`hf_posext.readers.doctor.diagnose` (or ``diagnose_gguf``) of a checkpoint folder, Hub id or .gguf file.
 
     Raises:
-        FileNotFoundError: see :func:`_config_file`.
+        FileNotFoundError: see `_config_file`.
         ValueError: a config.json that is not JSON or that transformers cannot read, a model with no rotary
             position embedding, a damaged GGUF file.
     """

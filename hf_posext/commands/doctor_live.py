@@ -16,7 +16,7 @@ from typing import Any
 
 
 def live_report(path: str) -> dict[str, Any]:
-    """Load ``path`` as hf-posext loads it (:func:`hf_posext.from_pretrained`, fp32 on CPU) and verify it.
+    """Load ``path`` as hf-posext loads it ([`from_pretrained`][hf_posext.from_pretrained], fp32 on CPU) and verify it.
 
     Raises:
         FileNotFoundError: a path-shaped source that does not exist.

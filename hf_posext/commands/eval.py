@@ -31,7 +31,7 @@ from .arguments import check_factor, default_out, method_kwargs, real, whole
 if TYPE_CHECKING:
     from ..eval.evaluated_model import load_model, model_fingerprint
 
-#: ``--dtype`` choices: :data:`hf_posext.eval.evaluated_model.DTYPES`, spelled here so that ``--help`` does not
+#: ``--dtype`` choices: `hf_posext.eval.evaluated_model.DTYPES`, spelled here so that ``--help`` does not
 #: import the evaluation package (tests/commands/test_eval.py checks the two agree).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -67,7 +67,7 @@ def _names(text: str) -> list[str]:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything the results depend on, the model by its content (:func:`model_fingerprint`)."""
+    """Everything the results depend on, the model by its content (`model_fingerprint`)."""
     from ..eval.evaluated_model import model_fingerprint
 
     settings = {
@@ -469,7 +469,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``load_model`` and ``model_fingerprint`` (:mod:`hf_posext.eval.evaluated_model`), imported on first use."""
+    """``load_model`` and ``model_fingerprint`` (`hf_posext.eval.evaluated_model`), imported on first use."""
     if name in ("load_model", "model_fingerprint"):
         from ..eval import evaluated_model
 

@@ -4,7 +4,7 @@
     accelerate launch --config_file examples/accelerate/fsdp2.yaml -m hf_posext.commands.finetune --config run.yaml
 
 Every setting is a flag (``seq_len`` -> ``--seq-len``) and a key of the ``--config`` YAML file,
-with its help taken from the :class:`~hf_posext.train.config.TrainConfig` field; flags win over
+with its help taken from the `hf_posext.train.config.TrainConfig` field; flags win over
 the file, the file over the defaults; the file's relative paths are read against its folder. Booleans take
 ``--lora``/``--lora false``/``--no-lora``; method arguments ``--set KEY=VALUE``. The guide: docs/guides/finetune.md.
 """
@@ -103,7 +103,7 @@ def build_parser(description: str | None = DESCRIPTION, prog: str | None = PROG)
 
 
 def config_from_args(argv: Sequence[str] | None = None, description: str | None = DESCRIPTION) -> TrainConfig:
-    """Parse ``argv`` (and its ``--config`` file) into a validated :class:`TrainConfig`.
+    """Parse ``argv`` (and its ``--config`` file) into a validated `TrainConfig`.
 
     Raises:
         ValueError: a bad or unknown setting (from the YAML file or the flags).
@@ -115,7 +115,7 @@ def config_from_args(argv: Sequence[str] | None = None, description: str | None 
 def parse_recipe_args(
     argv: Sequence[str] | None, parser: RecipeArgumentParser, defaults: dict[str, Any] | None = None
 ) -> tuple[TrainConfig, dict[str, Any]]:
-    """``(config, other flags)``: ``argv`` parsed by ``parser`` (:func:`build_parser` plus a command's own flags).
+    """``(config, other flags)``: ``argv`` parsed by ``parser`` (`build_parser` plus a command's own flags).
 
     ``defaults`` stand in for settings that neither the flags nor the ``--config`` file give (``hf-posext
     plan`` needs no dataset); a command's own flags come back in the second value, not in the config.
@@ -181,7 +181,7 @@ def _relative_to(folder: Path, values: dict[str, Any]) -> dict[str, Any]:
     """A config file's relative paths read against the file's folder, not the working directory.
 
     ``model`` and each ``dataset`` and ``short_dataset`` item only when they are paths: one that exists
-    beside the file or cannot be a Hub name (:func:`hf_posext.validation.path_shape`); ``stdlib`` and Hub names stay.
+    beside the file or cannot be a Hub name (`hf_posext.validation.path_shape`); ``stdlib`` and Hub names stay.
     """
 
     def local(item: Any, always: bool = False) -> Any:
@@ -255,7 +255,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def finetune_parser() -> RecipeArgumentParser:
-    """:func:`build_parser` plus the flags of the memory check (``--memory``, ``--force``), which are no settings."""
+    """`build_parser` plus the flags of the memory check (``--memory``, ``--force``), which are no settings."""
     from .memory_check import add_layout_arguments
 
     parser = build_parser()
@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``hf-posext finetune``: the rest of the line goes to the recipe parser (:func:`build_parser`)."""
+    """Register ``hf-posext finetune``: the rest of the line goes to the recipe parser (`build_parser`)."""
     p = subparsers.add_parser(
         "finetune",
         help="fine-tune a model for a longer context (YaRN recipe); --help lists the settings",

@@ -1,7 +1,7 @@
 """``hf-posext gguf export CKPT OUT.gguf``: an extended checkpoint as a GGUF llama.cpp runs as the same model.
 
-The library side is :mod:`hf_posext.gguf.export` (llama.cpp's own converter, then the rope fix);
-where the converter comes from and what its Python needs: :mod:`hf_posext.gguf.converter`.
+The library side is `hf_posext.gguf.export` (llama.cpp's own converter, then the rope fix);
+where the converter comes from and what its Python needs: `hf_posext.gguf.converter`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     hf-posext eval harness path/to/model --method yarn --factor 4 --tasks hellaswag --out yarn.json
     hf-posext eval harness path/to/model --method yarn --factor 2 --tasks mytask --include-path tasks/   # offline
 
-Needs lm-eval 0.4.x (``pip install 'hf-posext[harness]'``); the library side is :mod:`hf_posext.eval.harness`.
+Needs lm-eval 0.4.x (``pip install 'hf-posext[harness]'``); the library side is `hf_posext.eval.harness`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     hf-posext patch model.Q4_1.gguf model-32k.Q4_1.gguf --method yarn --factor 4   # GGUF to GGUF
 
 Every other sub-command is a module of this package with ``add_parser(subparsers)``
-(:data:`SUBCOMMAND_MODULES`); handlers import their heavy modules when they run, not on ``--help``.
+(`SUBCOMMAND_MODULES`); handlers import their heavy modules when they run, not on ``--help``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The memory plan both commands use: ``hf-posext plan`` prints it, ``hf-posext finetune`` checks it first.
 
 The layout flags (``--memory``, and for ``plan`` ``--processes``, ``--strategy``, ``--device``), the model's
-shape from its config.json alone, the plan (:mod:`hf_posext.train.memory`) and its rendering, and
-:func:`check_fits`: finetune's refusal of a run that does not fit, before the model loads.
+shape from its config.json alone, the plan (`hf_posext.train.memory`) and its rendering, and
+`check_fits`: finetune's refusal of a run that does not fit, before the model loads.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def read_shape(model: str) -> ModelShape:
 
 
 def resolve_layout(config: TrainConfig, processes: int, strategy: str | None, device: str | None) -> Layout:
-    """The :class:`~hf_posext.train.memory.Layout` of the flags; ``mixed_precision`` read as the recipe reads it."""
+    """The `hf_posext.train.memory.Layout` of the flags; ``mixed_precision`` read as the recipe reads it."""
     import torch
 
     from ..train.distributed import cpu_has_native_bf16

@@ -6,7 +6,7 @@
 It takes ``hf-posext finetune``'s flags and ``--config`` (the dataset and output folder may be left
 out), plus the layout: ``--processes``, ``--strategy`` (FSDP2 by default on more than one),
 ``--device``, and ``--memory`` (GiB per device). ``--model`` needs only its config.json. It prints
-each term (:mod:`hf_posext.train.memory`), the peak, whether it fits, the longest ``seq_len`` that
+each term (`hf_posext.train.memory`), the peak, whether it fits, the longest ``seq_len`` that
 fits, and where a FLOP rate of the device is recorded, the tokens per second. The maths and how far
 it was checked: docs/guides/many_gpus.md.
 """

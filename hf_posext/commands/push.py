@@ -1,4 +1,4 @@
-"""``hf-posext push DIR REPO_ID``: upload an extended checkpoint to the Hub (:func:`hf_posext.publish.hub.push_to_hub`).
+"""``hf-posext push DIR REPO_ID``: upload an extended checkpoint to the Hub (``hf_posext.publish.hub.push_to_hub``).
 
     hf-posext push out/llama-2-7b-yarn-64k my-org/llama-2-7b-yarn-64k --dry-run  # list, upload nothing
 

@@ -5,7 +5,7 @@
     hf-posext reproduce --quick --out /tmp/repro   # seconds, for CI
 
 Writes ``<experiment>.json``, ``reproduction.md`` and ``repro_*.png`` under ``--out``; trained
-models are cached, and a rerun reuses finished experiments (:mod:`hf_posext.experiments.reproduction`).
+models are cached, and a rerun reuses finished experiments (`hf_posext.experiments.reproduction`).
 """
 
 from __future__ import annotations

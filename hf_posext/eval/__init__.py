@@ -1,7 +1,7 @@
 """Evaluation: perplexity against context length, passkey retrieval, the RULER-style suite, result files.
 
 Every function works on an in-memory model, so a notebook can call them directly; the
-``hf-posext eval ppl|passkey|ruler`` commands (:mod:`hf_posext.commands.eval`) wrap them for checkpoints.
+``hf-posext eval ppl|passkey|ruler`` commands (`hf_posext.commands.eval`) wrap them for checkpoints.
 """
 
 from ..data import encode_documents, load_texts, stdlib_files

@@ -1,10 +1,10 @@
 """The chat tax: how far an extended instruct model's short chat answers move from the base model's.
 
-Short instructions are built offline from the standard library's docstrings (:func:`docstring_instructions`:
+Short instructions are built offline from the standard library's docstrings (`docstring_instructions`:
 a function's signature and docstring, and a question about it), asked through the chat template; the
-base model's greedy answers are the reference (:func:`greedy_answers`). A model agrees with the base
+base model's greedy answers are the reference (`greedy_answers`). A model agrees with the base
 on an instruction when its first ``max_new_tokens`` greedy tokens are the base's exactly; the mean
-log-likelihood per token of the base's answers under the model (:func:`answer_loglik`) measures the
+log-likelihood per token of the base's answers under the model (`answer_loglik`) measures the
 same drift without the cliff of exact matching (static YaRN's short-prompt tax: Qwen3 and Qwen2.5
 cards; docs/results/chat_tax.md).
 """
@@ -89,7 +89,7 @@ def greedy_answer(model: Any, tokenizer: Any, instruction: str, max_new_tokens: 
 def greedy_answers(
     model: Any, tokenizer: Any, instructions: Sequence[str], max_new_tokens: int = 32
 ) -> list[list[int]]:
-    """:func:`greedy_answer` for each instruction."""
+    """`greedy_answer` for each instruction."""
     return [greedy_answer(model, tokenizer, instruction, max_new_tokens) for instruction in instructions]
 
 

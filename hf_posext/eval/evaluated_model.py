@@ -21,7 +21,7 @@ def load_model(path: str, dtype: str = "auto", device: str = "auto", attn_implem
     """Load a causal LM and its tokenizer for evaluation (eval mode, placed by ``device_map``).
 
     Args:
-        path: checkpoint folder, Hub id or local ``.gguf`` file (see :mod:`hf_posext.gguf`).
+        path: checkpoint folder, Hub id or local ``.gguf`` file (see `hf_posext.gguf`).
         dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16`` or ``float16``.
         device: ``auto`` (the layers spread over every visible GPU, so a 70B model evaluates on a
             node; CPU without one), or one device: ``cpu``, ``cuda``, ``cuda:1``...
@@ -54,10 +54,10 @@ def model_fingerprint(model: str) -> str:
 
     A local folder: a hash of the name and the bytes of every file (weights, tokenizer, config,
     generation config; documents and hidden files excluded), each file's digest cached by its
-    inode, size and times (:func:`~hf_posext.content_digest.file_digest`), so weights rewritten
+    inode, size and times (`hf_posext.content_digest.file_digest`), so weights rewritten
     in place are another model while a copied or moved folder resumes. A ``.gguf`` file:
-    :func:`~hf_posext.gguf.gguf_identity` (its size and the hash of its whole content), marked as read with its
-    rope keys (:mod:`hf_posext.gguf.reading`). A Hub id:
+    `hf_posext.gguf.gguf_identity` (its size and the hash of its whole content), marked as read with its
+    rope keys (`hf_posext.gguf.reading`). A Hub id:
     the id (its revision is not looked up).
     """
     check_model_source(model)

@@ -25,7 +25,7 @@ EXTRA = "harness"
 
 
 def lm_eval_module(why: str = "hf-posext eval harness") -> Any:
-    """``lm_eval``, or :class:`~hf_posext.validation.MissingExtra` naming ``pip install 'hf-posext[harness]'``."""
+    """``lm_eval``, or `hf_posext.validation.MissingExtra` naming ``pip install 'hf-posext[harness]'``."""
     return require("lm_eval", EXTRA, why)
 
 
@@ -51,7 +51,7 @@ def run_harness(
     """``lm_eval.simple_evaluate`` on ``model`` (patched or not), wrapped in lm-eval's ``HFLM``.
 
     Args:
-        model: a causal LM (patched with :func:`~hf_posext.patch_model` or not), on its device.
+        model: a causal LM (patched with [`patch_model`][hf_posext.patch_model] or not), on its device.
         tokenizer: its tokenizer.
         tasks: lm-eval task or group names (``lm_eval --tasks list``), or tasks under ``include_path``.
         include_path: a folder of task YAMLs (a local task: ``dataset_path: json`` and
@@ -59,7 +59,7 @@ def run_harness(
         batch_size: requests per forward.
         limit: documents per task (lm-eval also takes a fraction below 1), ``None``: all.
         num_fewshot: lm-eval's few-shot count, ``None``: each task's own.
-        max_length: the context lm-eval uses; default :func:`harness_max_length`.
+        max_length: the context lm-eval uses; default `harness_max_length`.
         seed: lm-eval's random, numpy, torch and few-shot seeds.
         metadata: given to every task (lm-eval's ``--metadata``); RULER's tasks read ``tokenizer`` (a name
             or path ``AutoTokenizer`` loads) and ``max_seq_lengths`` from it.
@@ -113,7 +113,7 @@ def write_results(results: dict[str, Any], path: str | os.PathLike, overwrite: b
     """``results`` as lm-eval's CLI writes them: ``json.dumps(indent=2, default=handle_non_serializable)``.
 
     Raises:
-        ValueError: ``path`` exists (without ``overwrite``) or is a folder (:func:`~hf_posext.files.output_file`).
+        ValueError: ``path`` exists (without ``overwrite``) or is a folder (`hf_posext.files.output_file`).
     """
     from lm_eval.utils import handle_non_serializable
 

@@ -88,7 +88,7 @@ def fit_filler(tokenizer: Tokenizer, length: int, task: str = TASK, chat: bool =
     """The largest number of filler sentences whose prompt is at most ``length`` tokens.
 
     The longest key (5 digits) is used, so every prompt with that filler fits; with ``chat``, the
-    prompt is counted as the chat template renders it (:func:`chat_text`).
+    prompt is counted as the chat template renders it (`chat_text`).
 
     Raises:
         ValueError: if even a prompt without filler is longer than ``length``.
@@ -206,10 +206,10 @@ def passkey_accuracy(
         max_new_tokens: continuation length (10 in the reference).
         task: the instruction line heading the prompt (``""`` for none).
         progress: show a tqdm bar.
-        chat: ask through the tokenizer's chat template (:func:`chat_text`), as instruct models are asked.
+        chat: ask through the tokenizer's chat template (`chat_text`), as instruct models are asked.
         finished: samples of an interrupted run by prompt index (length-major, then depth, then trial), as
             ``on_prompt`` was given them: reused where the prompt's length, depth and key are the same.
-        on_prompt: called with each new sample as its prompt finishes (to keep it: :mod:`.prompt_log`).
+        on_prompt: called with each new sample as its prompt finishes (to keep it: `prompt_log`).
 
     Raises:
         ValueError: bad lengths, depths or trials.

@@ -148,7 +148,7 @@ def truncated_perplexity(
 
     Args:
         model: a causal LM (``model(input_ids=...).logits``), in any dtype, on any device.
-        documents: token ids, ``[seq]`` each (see :func:`~hf_posext.data.encode_documents`).
+        documents: token ids, ``[seq]`` each (see `hf_posext.data.encode_documents`).
         lengths: the context lengths L to evaluate.
         score_last: score only the last n tokens of each cut (n < min(lengths)); ``None`` scores
             all L - 1 predictable tokens.
@@ -163,7 +163,7 @@ def truncated_perplexity(
         progress: show a tqdm bar.
 
     Returns:
-        One :class:`PerplexityPoint` per length, in increasing length.
+        One `PerplexityPoint` per length, in increasing length.
 
     Raises:
         ValueError: a bad length, ``score_last`` or ``batch_size``, or no document long enough.
@@ -252,7 +252,7 @@ def sliding_window_perplexity(
         progress: show a tqdm bar.
 
     Returns:
-        One :class:`PerplexityPoint` per length, in increasing length.
+        One `PerplexityPoint` per length, in increasing length.
 
     Raises:
         ValueError: a bad length or stride, or no document long enough.

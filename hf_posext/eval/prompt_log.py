@@ -1,8 +1,8 @@
 """The finished prompts of a result still being computed, kept on disk as each one finishes.
 
-A :class:`~hf_posext.eval.report.ResultFile` saves a result once it is complete (a passkey grid of one
+A `hf_posext.eval.report.ResultFile` saves a result once it is complete (a passkey grid of one
 method); the prompts of a result cut short (Ctrl-C, a kill, a lost machine) would be lost with it, minutes of
-generation each at 10k tokens. :class:`PromptLog` appends one JSON line per finished prompt, flushed and
+generation each at 10k tokens. `PromptLog` appends one JSON line per finished prompt, flushed and
 synced before the next prompt starts, so a rerun with the same settings asks only the prompts not yet done:
 
     log = PromptLog(out / "passkey.prompts.jsonl", settings)
@@ -90,7 +90,7 @@ class PromptLog:
 
 
 class _Prefixed:
-    """:meth:`PromptLog.under`: ``finished``, ``add`` and ``forget`` under ``prefix/key``."""
+    """`PromptLog.under`: ``finished``, ``add`` and ``forget`` under ``prefix/key``."""
 
     def __init__(self, log: PromptLog, prefix: str) -> None:
         self.log, self.prefix = log, prefix

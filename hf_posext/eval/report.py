@@ -154,7 +154,7 @@ def format_value(value: float | None, digits: int = 3) -> str:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub markdown table; numbers formatted by :func:`format_value`."""
+    """A GitHub markdown table; numbers formatted by `format_value`."""
     cells = [[format_value(c) if isinstance(c, float) or c is None else str(c) for c in row] for row in rows]
     widths = [max([len(str(h)), *(len(r[i]) for r in cells)]) for i, h in enumerate(header)]  # rows may be none
     lines = ["| " + " | ".join(str(h).ljust(w) for h, w in zip(header, widths)) + " |"]

@@ -129,7 +129,7 @@ def run_demo(
     """Train (or load) the tiny model, extend it with every method, measure perplexity.
 
     Args:
-        config: :data:`FULL` or :data:`QUICK` (or your own sizes).
+        config: `FULL` or `QUICK` (or your own sizes).
         cache_dir: where the trained model is cached (default ``~/.cache/hf_posext``).
         out_dir: where ``demo.{json,csv,md,png}`` go; ``None`` writes nothing.
         progress: show progress bars.

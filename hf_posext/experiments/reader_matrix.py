@@ -1,16 +1,16 @@
 """The reader matrix: each saved config, each reader that runs here, run for real and compared with the model meant.
 
-A row is a tiny Llama (random weights, seed 0, L0 = :data:`L0`) written to a folder the way a user gets it:
+A row is a tiny Llama (random weights, seed 0, L0 = `L0`) written to a folder the way a user gets it:
 ``patch_model`` + ``save_pretrained`` for every registered method (and each option that changes what is saved),
 transformers' own scalings written into ``rope_parameters``, and configs changed after saving (legacy fields,
 hostile values). The model meant is the one in memory before saving (hf-posext's patched model, or the clean
-config a hostile value damaged); its logits over :data:`LENGTH` tokens are the reference. Each reader loads the
-folder in a fresh interpreter (:data:`READ_SCRIPT`) and its logits are compared: ``same`` (max |diff| <=
-:data:`TOLERANCE` at every position), ``misread`` (with the gap past L0 and before it) or ``refused`` (an
+config a hostile value damaged); its logits over `LENGTH` tokens are the reference. Each reader loads the
+folder in a fresh interpreter (`READ_SCRIPT`) and its logits are compared: ``same`` (max |diff| <=
+`TOLERANCE` at every position), ``misread`` (with the gap past L0 and before it) or ``refused`` (an
 exception, its first line kept). ``benchmarks/reader_matrix.py`` runs it; docs/readers/matrix.md shows it.
 
 Longer than ~400 lines: the rows are one declaration each (about 40, read on their own), and the two ways of
-running the readers (:func:`measure`: interpreters on folders; :func:`measure_gguf`: llama.cpp and the GGUF
+running the readers (`measure`: interpreters on folders; `measure_gguf`: llama.cpp and the GGUF
 loader) share them, the model meant and the verdict rule; split, each half would import the other.
 """
 
@@ -52,8 +52,8 @@ READERS = {
     "llamacpp": "llama.cpp 0.3.36 on the GGUF `hf-posext gguf export` writes (f32)",
     "hf_posext_gguf": "hf_posext.from_pretrained on the GGUF `hf-posext gguf export` writes",
 }
-#: The readers of a GGUF (:func:`measure_gguf`): they read each row saved with a vocabulary llama.cpp's converter
-#: knows, and llama.cpp's own arithmetic (f32, its kernels) is the same model within :data:`GGUF_TOLERANCE`.
+#: The readers of a GGUF (`measure_gguf`): they read each row saved with a vocabulary llama.cpp's converter
+#: knows, and llama.cpp's own arithmetic (f32, its kernels) is the same model within `GGUF_TOLERANCE`.
 GGUF_READERS = ("llamacpp_converter", "llamacpp", "hf_posext_gguf")
 #: llama.cpp's f32 logits against torch's on the same weights and rope: at most 3.8e-4 where the model is the same,
 #: 3.9e-3 and more where the rope differs (YaRN's attention factor left out), in this matrix's rows.
@@ -190,7 +190,7 @@ LONGROPE = {
 
 _SLIDING_FULL = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 32}
 #: Per-layer-type rope dicts: Gemma 3 (default RoPE on both, thetas 1e4 / 1e6) and Gemma 4 (p-RoPE, p = 0.25,
-#: on its full-attention layers, whose heads are twice as wide); windows shorter than :data:`LENGTH`.
+#: on its full-attention layers, whose heads are twice as wide); windows shorter than `LENGTH`.
 GEMMA3: dict[str, Any] = {"model_type": "gemma3_text", "config": _SLIDING_FULL}
 GEMMA4: dict[str, Any] = {
     "model_type": "gemma4_text",
@@ -205,7 +205,7 @@ GEMMA4: dict[str, Any] = {
 
 def default_options(method: str) -> dict[str, Any]:
     """A method's options in its row: factor 4 where it takes one (at factor 1 the remappings are the identity),
-    a position table past :data:`LENGTH`."""
+    a position table past `LENGTH`."""
     if method == "learned":
         return {"max_length": 4 * L0}
     return {"factor": 4} if method_class(method).takes_factor else {}
@@ -356,7 +356,7 @@ def write_row(
 
 
 def run_reader(python: str | Path, mode: str, tag: str, ids_file: Path, folders: list[Path]) -> dict[str, str]:
-    """Run :data:`READ_SCRIPT` under ``python``; the versions it reports.
+    """Run `READ_SCRIPT` under ``python``; the versions it reports.
 
     Raises:
         RuntimeError: the interpreter failed outside a load (the end of its standard error in the message).
@@ -379,7 +379,7 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> float | None:
 
 
 def token_ids() -> torch.Tensor:
-    """The :data:`LENGTH` token ids every reader runs (seed 1, inside every row's vocabulary)."""
+    """The `LENGTH` token ids every reader runs (seed 1, inside every row's vocabulary)."""
     return torch.randint(3, 97, (1, LENGTH), generator=torch.Generator().manual_seed(1))
 
 
@@ -441,12 +441,12 @@ class GgufTools:
 
 
 def measure_gguf(scratch: Path, tools: GgufTools, names: set[str] | None = None) -> list[dict[str, Any]]:
-    """Every row x :data:`GGUF_READERS`: the row saved with ``tools.tokenizer``'s vocabulary, converted by llama.cpp's
+    """Every row x `GGUF_READERS`: the row saved with ``tools.tokenizer``'s vocabulary, converted by llama.cpp's
     converter alone and by ``hf-posext gguf export``, run by llama.cpp and read back by ``hf_posext.from_pretrained``.
 
     A row the export refuses is refused by its two readers (the export's message); one the converter refuses, by
-    all three. A row off :data:`GGUF_MODEL_TYPES` has no converter cell. ``names``: these rows only (default: every
-    row). Returns the cells as :func:`measure`'s.
+    all three. A row off `GGUF_MODEL_TYPES` has no converter cell. ``names``: these rows only (default: every
+    row). Returns the cells as `measure`'s.
     """
     ids = token_ids()
     results: dict[tuple[str, str], dict[str, Any]] = {}

@@ -1,7 +1,7 @@
 """A laptop-sized reproduction of the ALiBi and YaRN papers' main comparisons, in shape.
 
 Three resumable experiments (from scratch, extension, passkey) on tiny stdlib Llamas;
-:func:`write_report` turns their JSON into ``reproduction.md`` and plots
+`write_report` turns their JSON into ``reproduction.md`` and plots
 (docs/results/reproduction.md).
 """
 
@@ -33,7 +33,7 @@ EXPERIMENTS = ("scratch", "extension", "passkey")
 
 @dataclass(frozen=True)
 class ReproConfig:
-    """Sizes of the reproduction (see :data:`FULL` and :data:`QUICK`).
+    """Sizes of the reproduction (see `FULL` and `QUICK`).
 
     Args:
         model: the pretraining run shared by every from-scratch model (only ``position`` varies).
@@ -114,7 +114,7 @@ QUICK = ReproConfig(
 def _settings(config: ReproConfig, *names: str) -> dict[str, Any]:
     """The fields an experiment depends on: changing another experiment's sizes keeps its results.
 
-    A model config also contributes its cache key (:meth:`TinyLMConfig.key`), which changes with
+    A model config also contributes its cache key (`TinyLMConfig.key`), which changes with
     the training recipe's format, Python and transformers: results measured on a model trained
     another way are not reused (they were, after the scheduler change of format 3).
     """

@@ -222,7 +222,7 @@ def _cache_path(config: TinyLMConfig, root: Path) -> Path:
 
 
 def is_cached(config: TinyLMConfig, cache_dir: str | os.PathLike | None = None) -> bool:
-    """Whether :func:`pretrain` would load ``config``'s model from the cache rather than train it."""
+    """Whether `pretrain` would load ``config``'s model from the cache rather than train it."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return (_cache_path(config, root) / "train_info.json").exists()
 
@@ -239,7 +239,7 @@ def pretrain(
 
     Args:
         config: the run.
-        cache_dir: the cache root (default :func:`~hf_posext.data.default_cache_dir`); the model lives in
+        cache_dir: the cache root (default `hf_posext.data.default_cache_dir`); the model lives in
             ``cache_dir/tinylm-<config.key()>/``.
         progress: show a tqdm bar with the loss.
         retrain: ignore a cached model and train again.

@@ -1,10 +1,10 @@
 """GGUF files, both ways: in as a model source, out as a file llama.cpp runs as the patched model.
 
-:mod:`.source` converts a ``.gguf`` file once into a cached safetensors checkpoint (its names are
-re-exported here: ``from hf_posext.gguf import gguf_checkpoint``); :mod:`.rope` is the rope llama.cpp
-reads, :mod:`.writer` extends a GGUF file without touching its tensors (``patch_gguf``) and
-:mod:`.export` turns an extended checkpoint into a GGUF file through llama.cpp's converter. Only
-:mod:`.source` is imported here: ``import hf_posext`` stays light (tests/test_import_cost.py).
+`source` converts a ``.gguf`` file once into a cached safetensors checkpoint (its names are
+re-exported here: ``from hf_posext.gguf import gguf_checkpoint``); `rope` is the rope llama.cpp
+reads, `writer` extends a GGUF file without touching its tensors (``patch_gguf``) and
+`export` turns an extended checkpoint into a GGUF file through llama.cpp's converter. Only
+`source` is imported here: ``import hf_posext`` stays light (tests/test_import_cost.py).
 """
 
 from .source import HASH_CHUNK as HASH_CHUNK  # importable from here as before the move, not in __all__

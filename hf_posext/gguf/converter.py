@@ -1,11 +1,11 @@
 """llama.cpp's converter, ``convert_hf_to_gguf.py``: where it is, whether its Python can run it, running it.
 
-hf-posext has no tensor converter of its own: :mod:`.export` runs llama.cpp's. It is a Python script
+hf-posext has no tensor converter of its own: `export` runs llama.cpp's. It is a Python script
 of a llama.cpp checkout, or of llama-cpp-python's source package (``pip download --no-deps
 --no-binary :all: llama-cpp-python==0.3.36``, unpacked: ``vendor/llama.cpp/convert_hf_to_gguf.py``),
 beside its ``conversion/`` and ``gguf-py/`` folders. Its Python needs torch, transformers, numpy,
 pyyaml and, for Llama-family vocabularies, sentencepiece (read from llama-cpp-python 0.3.36's
-source). :func:`check_converter` runs the converter on the checkpoint's vocabulary alone first
+source). `check_converter` runs the converter on the checkpoint's vocabulary alone first
 (``--vocab-only``: its start-up imports and the vocabulary's, without converting a tensor), so a
 missing module is one line naming it and the interpreter before anything is converted.
 """
@@ -96,7 +96,7 @@ def check_converter(python: str, script: Path, checkpoint: Path, scratch: Path) 
     """Run the converter on the checkpoint's vocabulary alone (into ``scratch``, removed after): what it imports.
 
     Raises:
-        ValueError, RuntimeError: as :func:`run_converter`, before any tensor is converted.
+        ValueError, RuntimeError: as `run_converter`, before any tensor is converted.
     """
     vocab = scratch / "vocab-only.gguf"
     try:

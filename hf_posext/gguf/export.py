@@ -2,9 +2,9 @@
 
     hf-posext gguf export out/llama-16k llama-16k.gguf --converter llama.cpp/convert_hf_to_gguf.py
 
-llama.cpp's own ``convert_hf_to_gguf.py`` converts the tensors (:mod:`.converter`: where it comes
+llama.cpp's own ``convert_hf_to_gguf.py`` converts the tensors (`converter`: where it comes
 from, what its Python needs); then the GGUF's rope metadata and ``rope_freqs`` tensor are rewritten
-to what llama.cpp reads for the checkpoint's rope (:func:`hf_posext.gguf.rope.gguf_rope_for`): the
+to what llama.cpp reads for the checkpoint's rope (`hf_posext.gguf.rope.gguf_rope_for`): the
 converter writes YaRN's attention factor and betas under keys llama.cpp does not read, a
 composition (``longrope``) as plain RoPE, and a linear checkpoint with ``context_length`` = L0.
 Everything is checked before the converter runs (the checkpoint, the output paths, the converter
@@ -90,8 +90,8 @@ def export_gguf(
     Args:
         checkpoint: a local transformers checkpoint folder (from ``hf-posext patch`` or the recipe).
         dst: the GGUF file to write (atomically; an existing one only with ``overwrite``).
-        converter: ``convert_hf_to_gguf.py`` (:func:`~.converter.find_converter`).
-        outtype: the converter's ``--outtype`` (one of :data:`OUTTYPES`); its default if None.
+        converter: ``convert_hf_to_gguf.py`` (`converter.find_converter`).
+        outtype: the converter's ``--outtype`` (one of `OUTTYPES`); its default if None.
         python: the interpreter running the converter (default: this one).
         overwrite: replace an existing ``dst`` (and ``keep_converted``).
         keep_converted: also keep the converter's own output (its rope as it wrote it, before this function
@@ -100,11 +100,11 @@ def export_gguf(
 
     Raises:
         ValueError: before converting: an ``outtype`` the converter does not take, a checkpoint whose config
-            or weights are refused (:func:`~hf_posext.validation.saved_model.read_config`) or whose rope has no
+            or weights are refused (`hf_posext.validation.saved_model.read_config`) or whose rope has no
             GGUF form, an output path that is a folder, lies under a file, exists (without ``overwrite``), is
             a file of the checkpoint, or (``keep_converted``) is ``dst`` itself or in the checkpoint's folder; a
-            converter Python that cannot run it or lacks a module it imports (:func:`~.converter.check_converter`).
-        FileNotFoundError: no converter (:func:`~.converter.find_converter`).
+            converter Python that cannot run it or lacks a module it imports (`converter.check_converter`).
+        FileNotFoundError: no converter (`converter.find_converter`).
         RuntimeError: the converter failed (its last output lines are in the message).
     """
     if outtype is not None:
@@ -150,7 +150,7 @@ def _check_outputs(source: Path, dst: Path, keep: Path | None, overwrite: bool) 
     """Refuse the output paths before anything runs; returns the checkpoint's files (which no output may be).
 
     Raises:
-        ValueError: as :func:`hf_posext.files.check_output_file`, ``keep`` naming the same file as ``dst`` or a
+        ValueError: as `hf_posext.files.check_output_file`, ``keep`` naming the same file as ``dst`` or a
             file in the checkpoint folder.
     """
     protected = sorted(path for path in source.iterdir() if path.is_file())

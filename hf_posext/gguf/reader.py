@@ -1,8 +1,8 @@
 """Reading a GGUF file's metadata and tensor list, memory-mapped: what every GGUF command opens first.
 
-:func:`open_gguf` refuses a file that is not a whole GGUF (a wrong magic, a truncated tensor), and
-:func:`check_model_keys` one that is not a whole model (no head count, no layer tensors). Light on
-purpose (no torch or transformers model code): :mod:`hf_posext.gguf.source` checks a file with it before
+`open_gguf` refuses a file that is not a whole GGUF (a wrong magic, a truncated tensor), and
+`check_model_keys` one that is not a whole model (no head count, no layer tensors). Light on
+purpose (no torch or transformers model code): `hf_posext.gguf.source` checks a file with it before
 transformers reads it, and ``import hf_posext`` loads that module (tests/test_import_cost.py).
 """
 
@@ -87,7 +87,7 @@ def architecture(reader: Any) -> str:
 def check_model_keys(reader: Any, path: str | os.PathLike) -> None:
     """Refuse a GGUF that is not a whole model: no attention head count or embedding width, or no layer tensors.
 
-    transformers and :func:`base_config` read these without a check (a ``TypeError`` on ``int(None)``, a
+    transformers and `base_config` read these without a check (a ``TypeError`` on ``int(None)``, a
     ``RuntimeError`` on tensors it expects and does not find).
 
     Raises:

@@ -2,9 +2,9 @@
 
 transformers' GGUF reader takes ``rope.freq_base`` and ``context_length`` and drops
 ``rope.scaling.*`` and the ``rope_freqs`` tensor: a GGUF that ``hf-posext patch`` extended (yarn x4,
-say) loaded as plain RoPE. :func:`gguf_rope_parameters` reads the rope as llama.cpp runs it
-(:func:`~hf_posext.gguf.writer.base_config`, the reading a GGUF-to-GGUF patch composes on) and
-:func:`~hf_posext.gguf.source.gguf_checkpoint` writes it into the conversion, so a patched GGUF loads
+say) loaded as plain RoPE. `gguf_rope_parameters` reads the rope as llama.cpp runs it
+(`hf_posext.gguf.writer.base_config`, the reading a GGUF-to-GGUF patch composes on) and
+`hf_posext.gguf.source.gguf_checkpoint` writes it into the conversion, so a patched GGUF loads
 as the model it was written from. A file whose rope keys say two models (a key llama.cpp ignores that
 disagrees with what it runs) or one hf-posext cannot express (an unknown scaling type, a scaling on
 an architecture hf-posext does not read) is refused naming the file and the key, never run as plain RoPE.
@@ -84,7 +84,7 @@ def _is_plain(reader: Any, arch: str) -> bool:
 
 
 class GGUFReading(NamedTuple):
-    """The rope of a GGUF file as transformers config fields (:func:`gguf_rope_parameters`)."""
+    """The rope of a GGUF file as transformers config fields (`gguf_rope_parameters`)."""
 
     rope_parameters: dict[str, Any]
     max_position_embeddings: int
@@ -112,7 +112,7 @@ class GGUFReading(NamedTuple):
 def gguf_rope_parameters(path: str | os.PathLike) -> GGUFReading | None:
     """The transformers ``rope_parameters`` and ``max_position_embeddings`` that run the GGUF's rope.
 
-    ``None`` for a file of an architecture hf-posext does not read (:data:`~hf_posext.gguf.rope.ARCHITECTURES`)
+    ``None`` for a file of an architecture hf-posext does not read (`hf_posext.gguf.rope.ARCHITECTURES`)
     that carries no rope beyond ``rope.freq_base``: transformers' own reading of it is whole.
 
     Raises:

@@ -1,10 +1,10 @@
 """The rope of a GGUF file as llama.cpp runs it, and the GGUF rope that runs a transformers config.
 
-:class:`GGUFRope` holds the fields llama.cpp's loader reads (llama-cpp-python 0.3.36's
+`GGUFRope` holds the fields llama.cpp's loader reads (llama-cpp-python 0.3.36's
 ``vendor/llama.cpp``: ``llama_model::load_hparams``, ``llama_context``'s constructor and ggml's
-``rope_yarn``; re-written from them, copied from no file). :func:`gguf_rope_for` turns a
-transformers config (patched by hf-posext or not) into the :class:`GGUFRope` that makes llama.cpp
-rotate queries and keys as transformers does; :func:`rope_config_of` reads a :class:`GGUFRope`
+``rope_yarn``; re-written from them, copied from no file). `gguf_rope_for` turns a
+transformers config (patched by hf-posext or not) into the `GGUFRope` that makes llama.cpp
+rotate queries and keys as transformers does; `rope_config_of` reads a `GGUFRope`
 back as the config a method composes on. What llama.cpp reads, measured, is in
 ``docs/readers/llamacpp.md``.
 """
@@ -167,7 +167,7 @@ def gguf_rope_for(config: PreTrainedConfig, arch: str) -> GGUFRope:
         arch: the GGUF architecture (``general.architecture``).
 
     Raises:
-        ValueError: an architecture outside :data:`ARCHITECTURES`, a dynamic or attention-level
+        ValueError: an architecture outside `ARCHITECTURES`, a dynamic or attention-level
             method (the message names what llama.cpp does run), a per-pair scaling on an
             architecture without ``rope_freqs``, per-layer-type rope parameters.
     """
@@ -236,7 +236,7 @@ def rope_config_of(
     equal short and long factors (one factor set at every length, as llama.cpp applies it).
 
     Raises:
-        ValueError: an architecture outside :data:`ARCHITECTURES`; a ``rope_freqs`` tensor together
+        ValueError: an architecture outside `ARCHITECTURES`; a ``rope_freqs`` tensor together
             with yarn scaling; ``longrope`` without factor tensors (llama.cpp runs it as plain RoPE).
     """
     if arch not in ARCHITECTURES:

@@ -1,6 +1,6 @@
 """GGUF files as model sources: converted once into a cached safetensors checkpoint.
 
-:func:`gguf_checkpoint` dequantizes through transformers into an fp32 safetensors folder keyed
+`gguf_checkpoint` dequantizes through transformers into an fp32 safetensors folder keyed
 on the file's identity, usable wherever a model goes (docs/results/real_model.md).
 """
 
@@ -57,14 +57,14 @@ def gguf_identity(path: str | os.PathLike) -> str:
 
     Every byte counts: a file rewritten in place (one tensor changed) is another model, and the
     cached conversion and eval's resume fingerprint are keyed on this. 0.18-0.25 s for the 98 MB
-    SmolLM2 file here, once per version of the file (:func:`~hf_posext.content_digest.file_digest`).
+    SmolLM2 file here, once per version of the file (`hf_posext.content_digest.file_digest`).
     """
     file = _gguf_file(path)
     return file_digest(file, prefix=str(file.stat().st_size).encode())[:16]
 
 
 def cached_checkpoint_path(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where :func:`gguf_checkpoint` keeps the conversion of ``path`` (it may not exist yet)."""
+    """Where `gguf_checkpoint` keeps the conversion of ``path`` (it may not exist yet)."""
     file = _gguf_file(path)
     return Path(cache_dir or default_cache_dir()) / f"{file.stem}-{gguf_identity(file)}"
 
@@ -111,7 +111,7 @@ def save_checkpoint(
     same tensors, so the saved weights are the dequantized GGUF weights bit for bit.
 
     Args:
-        model: a model from :func:`load_gguf`.
+        model: a model from `load_gguf`.
         tokenizer: its tokenizer.
         output_dir: the checkpoint folder, replaced in one rename.
         record: written as ``gguf_source.json`` (which file it came from).
@@ -142,7 +142,7 @@ def gguf_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike | None
         cache_dir: where conversions live; default ``$HF_POSEXT_CACHE/gguf`` or ``~/.cache/hf_posext/gguf``.
 
     The conversion's config runs the file's rope as llama.cpp does (its ``rope.scaling.*`` keys and
-    ``rope_freqs`` tensor, which transformers' GGUF reader drops: :mod:`hf_posext.gguf.reading`), so a
+    ``rope_freqs`` tensor, which transformers' GGUF reader drops: `hf_posext.gguf.reading`), so a
     GGUF that ``hf-posext patch`` extended loads as the patched model.
 
     Returns:
@@ -193,7 +193,7 @@ def _recorded_rope(folder: Path) -> Any:
 def check_model_source(source: str | os.PathLike, what: str = "model") -> None:
     """Refuse a local path that does not exist before anything reads it as a Hub id.
 
-    A source that can only be a path (:func:`hf_posext.validation.path_shape`) and names nothing
+    A source that can only be a path (`hf_posext.validation.path_shape`) and names nothing
     here would otherwise go to the Hub and fail seconds later with a network error naming no path.
 
     Raises:
@@ -242,7 +242,7 @@ def resolve_model_source(source: str | os.PathLike) -> str:
     """``source`` itself, or for a ``.gguf`` file the folder of its cached conversion.
 
     Raises:
-        FileNotFoundError: a path-shaped source that does not exist (:func:`check_model_source`).
+        FileNotFoundError: a path-shaped source that does not exist (`check_model_source`).
     """
     check_model_source(source)
     return str(gguf_checkpoint(source)) if is_gguf(source) else str(source)

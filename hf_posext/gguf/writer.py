@@ -1,11 +1,11 @@
 """A GGUF file rewritten with a new rope, its tensors untouched: what ``hf-posext patch model.gguf out.gguf`` writes.
 
-:func:`base_config` reads the file's rope (plain, a raised base, linear, yarn, a ``rope_freqs``
-tensor) as llama.cpp runs it, as a transformers config a method composes on; :func:`write_gguf`
-writes a rope as the metadata and ``rope_freqs`` tensor llama.cpp reads (:mod:`hf_posext.gguf.rope`).
+`base_config` reads the file's rope (plain, a raised base, linear, yarn, a ``rope_freqs``
+tensor) as llama.cpp runs it, as a transformers config a method composes on; `write_gguf`
+writes a rope as the metadata and ``rope_freqs`` tensor llama.cpp reads (`hf_posext.gguf.rope`).
 Every other key and every tensor is copied byte for byte (a quantized file stays quantized), through
 the ``gguf`` package's reader and writer; the output appears complete or not at all. The method is
-applied above this package, by :func:`hf_posext.publish.gguf_patch.patch_gguf`.
+applied above this package, by `hf_posext.publish.gguf_patch.patch_gguf`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ OWNED_SUFFIXES = ("context_length", "rope.freq_base", "rope.scaling.")
 
 
 def read_rope(reader: Any) -> GGUFRope:
-    """The rope fields of the file as llama.cpp 0.3.36 reads them (:class:`~hf_posext.gguf.rope.GGUFRope`).
+    """The rope fields of the file as llama.cpp 0.3.36 reads them (`hf_posext.gguf.rope.GGUFRope`).
 
     llama.cpp's default scaling type is ``linear`` with factor 0 (= 1), the same as ``none``.
     """

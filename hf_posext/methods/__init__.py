@@ -1,9 +1,9 @@
 """Position-encoding methods: one folder per family, each registering itself with one call.
 
 Every sub-folder (package) here is a family; importing this package imports each of them, and
-each ``<family>/__init__.py`` (imported by :mod:`.folders`) calls :func:`~.registry.register_method` or
-:func:`~.registry.register_family`. Adding a method is adding a folder. The modules beside the
-folders (:mod:`.base`, :mod:`.registry`, :mod:`.surgery`, :mod:`.dynamic`, :mod:`.norope`) are what
+each ``<family>/__init__.py`` (imported by `folders`) calls [`register_method`][hf_posext.register_method] or
+[`register_family`][hf_posext.register_family]. Adding a method is adding a folder. The modules beside the
+folders (`base`, `registry`, `surgery`, `dynamic`, `norope`) are what
 families share; a family imports only those and lower layers, never another family.
 """
 

@@ -1,10 +1,11 @@
-"""The base class of every method's config (:class:`MethodConfig`) and what it is applied to (:class:`BaseRope`).
+"""The base class of every method's config ([`MethodConfig`][hf_posext.MethodConfig]) and what it is applied to
+([`BaseRope`][hf_posext.BaseRope]).
 
 A method config is a frozen dataclass whose fields are the method's hyper-parameters, validated in
 ``__post_init__``; it says which ``rope_parameters`` and advertised context a patched config
 carries, so that a config alone can be patched before any weights exist. What a method does to a
-model beyond that is its :class:`~hf_posext.methods.surgery.Surgery`; the name it goes by is given
-where its family registers it (:mod:`hf_posext.methods.registry`).
+model beyond that is its [`Surgery`][hf_posext.Surgery]; the name it goes by is given
+where its family registers it (`hf_posext.methods.registry`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class BaseRope:
         pair_divisors: ``None`` for plain RoPE; for a checkpoint that ships a static scaling
             (llama3, linear, yarn, longrope) the per-pair divisors c_i of its frequencies,
             theta^(-2i/d) / c_i, ``[rotary_dim // 2]`` float64. A method then composes on them
-            (:meth:`MethodConfig.composed_rope_parameters`) and ``original_max_position_embeddings``
+            (`MethodConfig.composed_rope_parameters`) and ``original_max_position_embeddings``
             is the context the checkpoint already reaches (L0).
         attention_factor: the checkpoint's own cos/sin multiplier (1 for plain RoPE and llama3).
     """
@@ -79,7 +80,7 @@ class MethodConfig:
     #: Whether ``factor`` may be set (> 1); methods without a RoPE to scale only take ``factor=1``.
     takes_factor: ClassVar[bool] = True
     #: Whether the method can be applied on top of a checkpoint's own static scaling
-    #: (:meth:`composed_rope_parameters`); the others need ``override=True`` on such a checkpoint.
+    #: (`composed_rope_parameters`); the others need ``override=True`` on such a checkpoint.
     composes: ClassVar[bool] = False
     #: Whether the method works on per-layer-type rope parameters (Gemma 3: one entry per layer type).
     per_layer_type_rope: ClassVar[bool] = True
@@ -138,10 +139,10 @@ class MethodConfig:
     def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         """The ``rope_parameters`` of this method applied on top of a base that ships a static scaling.
 
-        The base's divisors c_i times :meth:`pair_factors`, its attention factor times
-        :meth:`temperature`, written as a native ``longrope`` entry so that vanilla transformers
-        loads it (:func:`~hf_posext.rope_utils.longrope_rope_parameters`); on p-RoPE (``proportional``)
-        as :func:`~hf_posext.rope_utils.proportional_rope_parameters`, which needs the plugin.
+        The base's divisors c_i times `pair_factors`, its attention factor times
+        `temperature`, written as a native ``longrope`` entry so that vanilla transformers
+        loads it (`hf_posext.rope_utils.longrope_rope_parameters`); on p-RoPE (``proportional``)
+        as `hf_posext.rope_utils.proportional_rope_parameters`, which needs the plugin.
 
         Raises:
             ValueError: for a method that has no composition rule (dynamic methods, methods that
@@ -176,7 +177,7 @@ class MethodConfig:
         """The context the patched model reads: ``factor * L_orig`` (the one place it is computed).
 
         Raises:
-            ValueError: beyond :data:`MAX_CONTEXT` positions.
+            ValueError: beyond `MAX_CONTEXT` positions.
         """
         reach = self.factor * base.original_max_position_embeddings
         if reach > MAX_CONTEXT:
@@ -190,7 +191,7 @@ class MethodConfig:
     def max_position_embeddings(self, base: BaseRope) -> int:
         """The context length the patched config advertises.
 
-        Static methods reach :meth:`context_length`. Dynamic methods keep ``L_orig``: transformers
+        Static methods reach `context_length`. Dynamic methods keep ``L_orig``: transformers
         starts recomputing frequencies only once a sequence outgrows ``max_position_embeddings``,
         so raising it would silently switch dynamic scaling off.
         """

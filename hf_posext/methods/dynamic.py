@@ -1,7 +1,7 @@
 """What the dynamic methods (``dynamic_ntk``, ``dynamic_yarn``, ``longrope``) share: ``exact_cache`` and its surgery.
 
 Dynamic methods recompute the rotary frequencies from the current sequence length. With
-``exact_cache=True`` (the default) :mod:`hf_posext.attention.exact_dynamic` keeps KV-cached decoding equal
+``exact_cache=True`` (the default) `hf_posext.attention.exact_dynamic` keeps KV-cached decoding equal
 to a forward pass at every step; ``False`` keeps transformers' behaviour (stale cached keys), with
 YaRN's attention scaling reset along with the frequencies (docs/methods/dynamic.md).
 """
@@ -33,7 +33,7 @@ class ExactCacheOption(MethodConfig):
 
     Args:
         exact_cache: keep KV-cached decoding equal to a forward pass at every step
-            (:mod:`hf_posext.attention.exact_dynamic`); ``False`` rotates each key once before caching, as
+            (`hf_posext.attention.exact_dynamic`); ``False`` rotates each key once before caching, as
             transformers does for its dynamic types and ``longrope``, and the YaRN repository for dynamic YaRN.
     """
 

@@ -1,7 +1,7 @@
-"""The family folders of :mod:`hf_posext.methods`, found, not listed, and imported in name order.
+"""The family folders of `hf_posext.methods`, found, not listed, and imported in name order.
 
-Importing a family folder registers it (its ``__init__.py`` calls :func:`~.registry.register_method` or
-:func:`~.registry.register_family`), so importing this module registers every family; the package's face
+Importing a family folder registers it (its ``__init__.py`` calls [`register_method`][hf_posext.register_method] or
+[`register_family`][hf_posext.register_family]), so importing this module registers every family; the package's face
 imports it. Adding a method is adding a folder.
 """
 

@@ -1,6 +1,6 @@
 """What the methods that replace RoPE (ALiBi, the absolute encodings) share: rotary embeddings switched off.
 
-The rope type :data:`~hf_posext.rope_utils.NO_ROPE_TYPE` gives every rotary module ``inv_freq = 0``,
+The rope type `hf_posext.rope_utils.NO_ROPE_TYPE` gives every rotary module ``inv_freq = 0``,
 so cos = 1, sin = 0 and ``apply_rotary_pos_emb`` returns q and k unchanged, bit for bit.
 """
 
@@ -45,7 +45,7 @@ def compute_no_rope_parameters(
     seq_len: int | None = None,
     layer_type: str | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """transformers' rope-init contract for "no rotary embedding" (:data:`~hf_posext.rope_utils.NO_ROPE_TYPE`).
+    """transformers' rope-init contract for "no rotary embedding" (`hf_posext.rope_utils.NO_ROPE_TYPE`).
 
     Returns:
         ``(zeros [rotary_dim // 2] fp32, 1.0)``: every angle is 0, so the rotation is the identity.

@@ -5,7 +5,7 @@ first ``int(partial_rotary_factor * head_dim // 2)`` pairs, at full RoPE's frequ
 head_dim (theta^(-2i/head_dim)); the lowest frequencies are 0. A method on p-RoPE is the method applied
 to full RoPE at head_dim, the rotating pairs keep their scaled frequency and the zero ones stay zero
 (docs/methods/composition.md). Written natively where transformers' ``proportional`` says it exactly
-(PI: its own ``factor``; NTK: a raised ``rope_theta``), else as :data:`~hf_posext.rope_utils.PROPORTIONAL_ROPE_TYPE`
+(PI: its own ``factor``; NTK: a raised ``rope_theta``), else as `hf_posext.rope_utils.PROPORTIONAL_ROPE_TYPE`
 with the per-pair divisors, registered by the families whose methods write it.
 """
 
@@ -33,10 +33,10 @@ def compute_proportional_parameters(
     seq_len: int | None = None,
     layer_type: str | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """transformers' rope-init contract for :data:`~hf_posext.rope_utils.PROPORTIONAL_ROPE_TYPE`.
+    """transformers' rope-init contract for `hf_posext.rope_utils.PROPORTIONAL_ROPE_TYPE`.
 
     Returns:
-        ``(inv_freq [head_dim // 2], attention_factor)``: :func:`~hf_posext.rope_utils.proportional_inv_freq`
+        ``(inv_freq [head_dim // 2], attention_factor)``: `hf_posext.rope_utils.proportional_inv_freq`
         with the entry's ``factors``.
     """
     params = rope_parameters_for(config, layer_type)

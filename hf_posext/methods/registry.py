@@ -1,4 +1,5 @@
-"""The method registry: one :func:`register_method` (or :func:`register_family`) call per family folder.
+"""The method registry: one [`register_method`][hf_posext.register_method] (or
+[`register_family`][hf_posext.register_family]) call per family folder.
 
 A family folder's ``__init__.py`` registers its config classes, their surgery, the rope types
 and attention functions transformers must know, aliases, and optionally a load-time hook that
@@ -30,7 +31,7 @@ class RopeType(NamedTuple):
         init: ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)``.
         validate: ``validate(config, rope_parameters, ignore_keys)``, called when a config is validated:
             a missing required key raises ``KeyError``, an unknown one is warned about
-            (:func:`hf_posext.integration.check_received_keys`), a bad value raises ``ValueError``.
+            ([`check_received_keys`][hf_posext.check_received_keys]), a bad value raises ``ValueError``.
         old_names: earlier names of the type that saved checkpoints may still carry (registered too).
     """
 
@@ -97,7 +98,7 @@ def register_method(
     family: str | None = None,
     shipped_config: ShippedConfig | None = None,
 ) -> Family:
-    """Register a one-method family; see :func:`register_family`.
+    """Register a one-method family; see [`register_family`][hf_posext.register_family].
 
     ``family`` defaults to the folder ``config_cls`` is defined in (``hf_posext/methods/<family>/``),
     else to ``name``.
@@ -131,15 +132,15 @@ def register_family(
 ) -> Family:
     """Register a family's methods, surgery, rope types and attention functions, all or nothing.
 
-    ``shipped_config`` is the family's load-time hook (:data:`ShippedConfig`): a model built from a
+    ``shipped_config`` is the family's load-time hook (`ShippedConfig`): a model built from a
     config without an hf-posext record that the hook recognises is patched with the method it returns
-    (:func:`shipped_method`, called by :mod:`hf_posext.loading`). Sets each config class's ``name``.
+    (`shipped_method`, called by `hf_posext.loading`). Sets each config class's ``name``.
     Once ``import hf_posext`` has registered the registry with transformers, a family registered
     later (a plugin) is registered with transformers at once.
 
     Raises:
         ValueError: a name or alias taken or not lower-case, a class that is not a
-            :class:`~hf_posext.methods.base.MethodConfig`, or a rope type / attention name that
+            [`MethodConfig`][hf_posext.MethodConfig], or a rope type / attention name that
             another family registered with other functions.
     """
     rope_types, attention = dict(rope_types or {}), dict(attention or {})
@@ -329,7 +330,7 @@ def __getattr__(name: str) -> Any:  # make_method, the 0.1 name of method_config
 
 
 def surgery_for(method: MethodConfig | type[MethodConfig]) -> Surgery:
-    """The surgery registered for ``method``'s class or its nearest base class (:data:`NO_SURGERY` if none)."""
+    """The surgery registered for ``method``'s class or its nearest base class (`NO_SURGERY` if none)."""
     cls = method if isinstance(method, type) else type(method)
     for base in cls.__mro__:
         if base in _SURGERY:
@@ -339,7 +340,7 @@ def surgery_for(method: MethodConfig | type[MethodConfig]) -> Surgery:
 
 def needs_surgery(method: str | MethodConfig | type[MethodConfig]) -> bool:
     """Whether ``method`` does more to a model than new rope parameters (then a saved checkpoint
-    needs ``import hf_posext`` or :func:`hf_posext.from_pretrained` to load as saved)."""
+    needs ``import hf_posext`` or [`hf_posext.from_pretrained`][hf_posext.from_pretrained] to load as saved)."""
     return surgery_for(method_class(method) if isinstance(method, str) else method) is not NO_SURGERY
 
 

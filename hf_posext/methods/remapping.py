@@ -2,9 +2,9 @@
 
 Their config's base, their rope type and attention functions as registered, and their surgery. They
 keep the checkpoint's rotary embedding and score some (query, key) pairs at other positions: the kernel,
-its install and its rope type are :mod:`hf_posext.attention.remap`; this module is what the method
+its install and its rope type are `hf_posext.attention.remap`; this module is what the method
 registry and patching need of them (it stays in ``methods/``: ``attention/`` imports nothing above it).
-The surgery selects the remapping attention wrapper in :func:`~hf_posext.patch_model` and again while a
+The surgery selects the remapping attention wrapper in [`patch_model`][hf_posext.patch_model] and again while a
 saved checkpoint is built (so ``attn_implementation="sdpa"`` at load picks the sdpa wrapper).
 """
 
@@ -56,7 +56,7 @@ class AttentionRemapMethod(MethodConfig):
     composes: ClassVar[bool] = True
 
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
-        """The checkpoint's rope under :data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE` (same frequencies)."""
+        """The checkpoint's rope under `hf_posext.rope_utils.REMAP_ROPE_TYPE` (same frequencies)."""
         return remap_rope_parameters(base.rope_parameters)
 
     def composed_rope_parameters(self, base: BaseRope) -> dict[str, Any]:
@@ -74,7 +74,7 @@ class AttentionRemapMethod(MethodConfig):
         return {}
 
     def remapping(self, original: int) -> Any:
-        """The :class:`~hf_posext.attention.remap.Remapping` for L0 = ``original`` (validates against it)."""
+        """The `hf_posext.attention.remap.Remapping` for L0 = ``original`` (validates against it)."""
         raise NotImplementedError
 
 

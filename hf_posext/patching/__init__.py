@@ -1,7 +1,7 @@
-"""Patching: ``patch_model`` / ``unpatch_model`` / ``patch_info`` (:mod:`.patch`), and what they stand on.
+"""Patching: ``patch_model`` / ``unpatch_model`` / ``patch_info`` (`patch`), and what they stand on.
 
-:mod:`.patch` patches a transformers model (or its config) in place; :mod:`.shipped_rope` says what
-the rope a checkpoint ships with is (the base a method composes on); :mod:`.transaction` holds the
+`patch` patches a transformers model (or its config) in place; `shipped_rope` says what
+the rope a checkpoint ships with is (the base a method composes on); `transaction` holds the
 snapshot a failed patch restores (a patch is all or nothing).
 """
 

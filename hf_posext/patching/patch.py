@@ -1,9 +1,9 @@
 """``patch_model`` / ``unpatch_model`` / ``patch_info``: patch a transformers model (or its config) in place.
 
 A patch records what the checkpoint had in ``config.hf_posext`` (so patches never stack and
-:func:`unpatch_model` restores it), writes the method's ``rope_parameters`` and advertised context,
+[`unpatch_model`][hf_posext.unpatch_model] restores it), writes the method's ``rope_parameters`` and advertised context,
 rebuilds every rotary module from the patched config, and lets the method's surgery
-(:class:`~hf_posext.methods.surgery.Surgery`) do the rest. The model's forward code is never
+([`Surgery`][hf_posext.Surgery]) do the rest. The model's forward code is never
 replaced, so model classes that keep transformers' rotary contract keep working.
 """
 
@@ -75,7 +75,7 @@ def _method_rope(method: MethodConfig, base: BaseRope) -> tuple[dict[str, Any], 
 def _patch_config(
     config: PreTrainedConfig, method: MethodConfig, override: bool, layer_types: Sequence[str] | None = None
 ) -> None:
-    """Write ``method`` into ``config`` (checked by :func:`architectures.check_config`, any previous patch undone)."""
+    """Write ``method`` into ``config`` (checked by `architectures.check_config`, any previous patch undone)."""
     keys = architectures.rope_layer_types(config, layer_types, method.scales_rope)
     # The record keeps what the checkpoint itself had, whatever this patch replaces (override=True
     # included), so that unpatch restores it and a later patch starts from it.
@@ -137,7 +137,7 @@ def _swap_rotary_modules(model: nn.Module, keep_originals: bool) -> None:
 
     Args:
         keep_originals: the current modules are the checkpoint's own (the model was not patched
-            before), so keep them for :func:`unpatch_model` to put back bit for bit.
+            before), so keep them for [`unpatch_model`][hf_posext.unpatch_model] to put back bit for bit.
     """
     originals = model.__dict__.setdefault(_ORIGINAL_MODULES, {})
     found = False
@@ -171,13 +171,14 @@ def patch_model(
 
     Args:
         model: a decoder whose rotary embedding follows transformers' rope_parameters contract
-            (:mod:`hf_posext.architectures`; tested on :data:`SUPPORTED_MODEL_TYPES`), or its config.
-        method: a name from :func:`available_methods` or a method config object.
+            (`hf_posext.architectures`; tested on [`SUPPORTED_MODEL_TYPES`][hf_posext.SUPPORTED_MODEL_TYPES]), or its
+            config.
+        method: a name from [`available_methods`][hf_posext.available_methods] or a method config object.
         factor: the context scale s >= 1; ``None`` keeps the config object's (or the default 1).
         original_max_position_embeddings: the pretraining context; default: the checkpoint's.
         override: replace a scaling the checkpoint already ships (``llama3``, ``yarn``...) by plain
             RoPE at its pretraining context. Without it a static method composes on that scaling
-            and extends the context the checkpoint reaches (see :mod:`hf_posext.methods`).
+            and extends the context the checkpoint reaches (see `hf_posext.methods`).
         layer_types: with per-layer-type rope parameters (Gemma 3), the layer types to patch;
             default: all but the local ones (sliding window), whose short range needs no extension.
         **kwargs: the method's own arguments, e.g. ``beta_fast`` for YaRN.
@@ -263,8 +264,8 @@ def _replace_config(model: nn.Module, old: PreTrainedConfig, new: PreTrainedConf
 
 def _check_method_fits(config: PreTrainedConfig, method: MethodConfig, model: nn.Module | None) -> None:
     """Refuse a method where it would be wrong (before anything is changed): the method's own
-    limits (:attr:`~hf_posext.methods.base.MethodConfig.per_layer_type_rope`), then its surgery's
-    :meth:`~hf_posext.methods.surgery.Surgery.check`."""
+    limits (`hf_posext.methods.base.MethodConfig.per_layer_type_rope`), then its surgery's
+    `hf_posext.methods.surgery.Surgery.check`."""
     nested = architectures.nested_rope_keys(config)
     if nested and not method.per_layer_type_rope:
         fitting = [name for name in available_methods() if method_class(name).per_layer_type_rope]
@@ -276,7 +277,7 @@ def _check_method_fits(config: PreTrainedConfig, method: MethodConfig, model: nn
 
 
 def snapshot_model(model: nn.Module) -> Snapshot:
-    """The state :func:`~hf_posext.patching.transaction.restore` puts back: config, rotary modules, surgery, hooks.
+    """The state `hf_posext.patching.transaction.restore` puts back: config, rotary modules, surgery, hooks.
 
     Patches only ever replace configs and modules (never change them in place), so restoring it
     after any patches and unpatches gives the model as it was, patched or not, bit for bit.
@@ -289,7 +290,7 @@ def method_from_record(record: dict[str, Any]) -> MethodConfig:
 
     Raises:
         ValueError: a method this process has not registered, naming the import (a plugin's: its checkpoint
-            loads without it, :mod:`hf_posext.validation.unknown_method`, but this needs its code).
+            loads without it, `hf_posext.validation.unknown_method`, but this needs its code).
     """
     if unknown_method(record) is not None:
         refuse_to_build(record["method"])
@@ -298,9 +299,9 @@ def method_from_record(record: dict[str, Any]) -> MethodConfig:
 
 
 def unpatch_model(model: ModelOrConfig) -> ModelOrConfig:
-    """Undo :func:`patch_model`: the checkpoint's own rope parameters and rotary modules come back.
+    """Undo [`patch_model`][hf_posext.patch_model]: the checkpoint's own rope parameters and rotary modules come back.
 
-    A model gets a private copy of its config, as in :func:`patch_model`.
+    A model gets a private copy of its config, as in [`patch_model`][hf_posext.patch_model].
 
     Raises:
         ValueError: if ``model`` carries no hf-posext patch.
@@ -336,7 +337,7 @@ def patch_info(model: nn.Module | PreTrainedConfig) -> dict[str, Any]:
     Returns:
         ``{"method": name or None, "rope_parameters": ..., "max_position_embeddings": ...}`` plus,
         for a patched model, the method's arguments, ``original_max_position_embeddings`` and
-        the ``context_length`` the patch reaches: JSON-ready. :func:`patched_method` gives the
+        the ``context_length`` the patch reaches: JSON-ready. [`patched_method`][hf_posext.patched_method] gives the
         method's config object.
     """
     config = _config_of(model)
@@ -352,7 +353,7 @@ def patched_method(model: nn.Module | PreTrainedConfig) -> MethodConfig | None:
     """The method config ``model`` was patched with (``None`` for an unpatched model), with
     ``original_max_position_embeddings`` resolved to the context it was applied to.
 
-    :func:`patch_info` stays a plain dict (it is printed and written as JSON); this is the object.
+    [`patch_info`][hf_posext.patch_info] stays a plain dict (it is printed and written as JSON); this is the object.
 
     Example:
         >>> hf_posext.patched_method(hf_posext.patch_model(model, "yarn", factor=4))

@@ -1,9 +1,9 @@
 """What a checkpoint's rotary embedding already is, before a method is applied on top.
 
-:func:`base_rope` reads it from the config (or from an earlier patch's record, so patches never
+`base_rope` reads it from the config (or from an earlier patch's record, so patches never
 stack): plain RoPE with the pretraining context, or a shipped static scaling (llama3, linear, yarn,
 longrope) read as per-pair divisors and an attention factor, with L0 = the context it already
-reaches - the base a method composes on (:mod:`hf_posext.methods`).
+reaches - the base a method composes on (`hf_posext.methods`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def shipped_rope(config: PreTrainedConfig, layer_type: str | None = None) -> tup
     """The checkpoint's own rope parameters, ``max_position_embeddings`` and the context it reaches (L0).
 
     Read from an earlier patch's record when there is one (whatever that patch was, ``override``
-    included), else from the config; L0 is :func:`_reach` for a shipped static scaling and the
+    included), else from the config; L0 is `_reach` for a shipped static scaling and the
     pretraining context for plain RoPE. No method's own ``original_max_position_embeddings``
     enters it: every patch starts from the checkpoint.
     """
@@ -100,8 +100,8 @@ def base_rope(
 ) -> BaseRope:
     """What the checkpoint had before hf-posext, with ``L_orig`` resolved for ``method``.
 
-    A checkpoint that ships a static scaling (:data:`COMPOSABLE_ROPE_TYPES`) is the base the method
-    composes on, with ``L_orig`` = the context it reaches (:func:`_reach`); ``override=True``
+    A checkpoint that ships a static scaling (`COMPOSABLE_ROPE_TYPES`) is the base the method
+    composes on, with ``L_orig`` = the context it reaches (`_reach`); ``override=True``
     replaces its scaling with plain RoPE at its pretraining context instead.
 
     Args:

@@ -1,6 +1,6 @@
 """Undo for model surgery: a snapshot of modules' state that a failed patch restores exactly.
 
-:func:`hf_posext.patch_model` takes one before it touches a model and restores it on any failure,
+[`hf_posext.patch_model`][hf_posext.patch_model] takes one before it touches a model and restores it on any failure,
 so a patch is all or nothing (config, submodules, parameters, buffers, hooks, attention
 implementation).
 """
@@ -18,7 +18,7 @@ Snapshot = list[tuple[nn.Module, dict[str, Any], list[tuple[Any, Any]]]]
 def snapshot(modules: list[nn.Module]) -> Snapshot:
     """Every module's attributes and the contents of its containers (submodules, parameters, hooks).
 
-    Containers are restored in place by :func:`restore`, so hook handles taken before the
+    Containers are restored in place by `restore`, so hook handles taken before the
     snapshot keep working afterwards.
     """
     saved = []

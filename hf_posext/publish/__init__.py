@@ -1,11 +1,11 @@
 """Checkpoints for others to load: model cards, config-only context extension, adapter merges.
 
-:mod:`.config_patch` (``hf-posext patch``: a checkpoint's context extended without loading its weights),
-:mod:`.gguf_patch` (the same verb on a GGUF file: its rope rewritten, its tensors copied),
-:mod:`.adapter` (a LoRA fine-tune merged from its base and its adapter), :mod:`.card` (their model
-card), :mod:`.repository` (the files a model repository holds). Beside them, what travels with an
-extended checkpoint: its card's origin and readers table (:mod:`.hub_card`), its tokenizer's raised
-``model_max_length`` (:mod:`.tokenizer`; the fine-tune recipe writes both too), and the Hub push (:mod:`.hub`).
+`config_patch` (``hf-posext patch``: a checkpoint's context extended without loading its weights),
+`gguf_patch` (the same verb on a GGUF file: its rope rewritten, its tensors copied),
+`adapter` (a LoRA fine-tune merged from its base and its adapter), `card` (their model
+card), `repository` (the files a model repository holds). Beside them, what travels with an
+extended checkpoint: its card's origin and readers table (`hub_card`), its tokenizer's raised
+``model_max_length`` (`tokenizer`; the fine-tune recipe writes both too), and the Hub push (`hub`).
 """
 
 from .adapter import ADAPTER_WEIGHTS, check_adapter, merge_adapter, read_adapter

@@ -1,6 +1,6 @@
-"""Adapter merges: :func:`merge_adapter` rebuilds a LoRA fine-tune from its base and its PEFT adapter.
+"""Adapter merges: `merge_adapter` rebuilds a LoRA fine-tune from its base and its PEFT adapter.
 
-:func:`read_adapter` and :func:`check_adapter` refuse an adapter that does not fit its base, before
+`read_adapter` and `check_adapter` refuse an adapter that does not fit its base, before
 anything is written.
 """
 
@@ -138,7 +138,7 @@ def merge_adapter(
     Raises:
         FileNotFoundError: no checkpoint at ``source`` or no PEFT adapter (or its weights) at ``adapter``.
         ValueError: an adapter trained on another base (another width or layer count): the first
-            tensor or layer that does not fit (:func:`check_adapter`). All before anything is written.
+            tensor or layer that does not fit (`check_adapter`). All before anything is written.
     """
     adapter_dir = Path(adapter)
     adapter_config, tensors = read_adapter(adapter_dir)

@@ -1,6 +1,6 @@
-"""The Hub model card (README.md with YAML metadata) of a patched checkpoint: :func:`model_card`, :func:`card_title`.
+"""The Hub model card (README.md with YAML metadata) of a patched checkpoint: `model_card`, `card_title`.
 
-Its base model and readers table come from :mod:`.hub_card`.
+Its base model and readers table come from `hub_card`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def model_card(config: Any, base_model: str | None = None, extra: dict[str, Any]
     Args:
         config: a patched transformers config.
         base_model: the Hub id or path of the checkpoint that was extended; the card names only
-            its Hub id (:func:`~hf_posext.publish.hub_card.base_model_id`), never a local path.
+            its Hub id (`hf_posext.publish.hub_card.base_model_id`), never a local path.
         extra: more ``key: value`` lines for the card's table (data, steps, final loss, eval...).
     """
     info = patch_info(config)

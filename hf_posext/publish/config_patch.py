@@ -1,7 +1,7 @@
-"""Config-only context extension (``hf-posext patch`` on a folder): :func:`patch_checkpoint` loads no weights.
+"""Config-only context extension (``hf-posext patch`` on a folder): `patch_checkpoint` loads no weights.
 
 It copies a checkpoint's files byte for byte and rewrites only ``config.json`` and ``README.md``
-(:data:`CONFIG_ONLY_FILES`), so extending a 70B model takes seconds.
+(`CONFIG_ONLY_FILES`), so extending a 70B model takes seconds.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def patch_checkpoint(
 
     Args:
         source: a local checkpoint folder or a Hub id (downloaded through huggingface_hub).
-        output_dir: the new checkpoint folder (the policy of :func:`hf_posext.files.output_folder`:
+        output_dir: the new checkpoint folder (the policy of `hf_posext.files.output_folder`:
             refused when it is the source, inside it, or not empty).
         overwrite: write into a non-empty ``output_dir``: the checkpoint's files are replaced,
             other files are kept.
         extra_files: ``{name: text}`` written into the checkpoint with it (a search's log).
-        method, factor, **kwargs: as for :func:`hf_posext.patch_model`.
+        method, factor, **kwargs: as for [`hf_posext.patch_model`][hf_posext.patch_model].
 
     Returns:
         ``output_dir`` as a Path.
@@ -82,7 +82,7 @@ def patch_checkpoint(
 
 
 def __getattr__(name: str) -> Any:
-    """The deprecated ``extend_checkpoint`` (:data:`hf_posext.post_import.RENAMED`)."""
+    """The deprecated ``extend_checkpoint`` (`hf_posext.post_import.RENAMED`)."""
     return deprecated_attribute(__name__, name)
 
 

@@ -4,9 +4,9 @@
 
 or, in Python, ``patch_gguf("model.gguf", "out.gguf", "yarn", factor=4)``. The file's rope is read as
 llama.cpp runs it and becomes the base the method composes on, by the same rules as for a transformers
-checkpoint (:mod:`hf_posext.patching.shipped_rope`): :func:`~hf_posext.patching.patch_model` patches that
-config, and :mod:`hf_posext.gguf.writer` writes the result beside the file's own tensors. It sits here,
-beside :func:`~hf_posext.publish.config_patch.patch_checkpoint` (the same verb on a folder), above both.
+checkpoint (`hf_posext.patching.shipped_rope`): [`patch_model`][hf_posext.patch_model] patches that
+config, and `hf_posext.gguf.writer` writes the result beside the file's own tensors. It sits here,
+beside `hf_posext.publish.config_patch.patch_checkpoint` (the same verb on a folder), above both.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def patch_gguf(
     """Write ``dst``: the GGUF ``src`` with ``method``'s rope, its tensors copied byte for byte.
 
     Args:
-        src: a GGUF file of a :data:`~hf_posext.gguf.rope.ARCHITECTURES` architecture.
+        src: a GGUF file of a `hf_posext.gguf.rope.ARCHITECTURES` architecture.
         dst: the new file; neither ``src`` nor (without ``overwrite``) an existing file.
         method: a static method: linear, ntk, yarn (dynamic and attention-level methods are
             refused with what llama.cpp runs instead).

@@ -36,7 +36,7 @@ IGNORE_PATTERNS = (
 
 @dataclass(frozen=True)
 class PushResult:
-    """What :func:`push_to_hub` uploaded (or would upload, for a dry run).
+    """What `push_to_hub` uploaded (or would upload, for a dry run).
 
     Attributes:
         repo_id: the Hub repository.
@@ -123,10 +123,10 @@ def push_to_hub(
         commit_message: default: method, factor and contexts from the checkpoint's config.
         dry_run: only check the folder and list the files; needs no token and no network.
         endpoint: a Hub endpoint other than huggingface.co (default: ``HF_ENDPOINT`` or the Hub).
-        include, all_files: send more than a model repository's files (see :func:`checkpoint_files`).
+        include, all_files: send more than a model repository's files (see `checkpoint_files`).
 
     Returns:
-        A :class:`PushResult`.
+        A `PushResult`.
 
     Raises:
         FileNotFoundError: an incomplete checkpoint.

@@ -1,6 +1,6 @@
 """The tokenizer's ``model_max_length`` (``tokenizer_config.json``) in an extended checkpoint.
 
-:func:`raise_model_max_length` raises a limit below the patch's context (transformers' tokenizers
+`raise_model_max_length` raises a limit below the patch's context (transformers' tokenizers
 truncate to it); higher limits are kept (docs/readers/index.md).
 """
 
@@ -35,10 +35,10 @@ def _read(path: Path) -> dict:
 
 
 def check_tokenizer_config(folder: str | os.PathLike) -> None:
-    """Refuse, before any work, a ``tokenizer_config.json`` in ``folder`` that :func:`raise_model_max_length` would.
+    """Refuse, before any work, a ``tokenizer_config.json`` in ``folder`` that `raise_model_max_length` would.
 
     Raises:
-        ValueError: as :func:`raise_model_max_length`.
+        ValueError: as `raise_model_max_length`.
     """
     path = Path(folder) / TOKENIZER_CONFIG
     if path.is_file():
@@ -50,7 +50,7 @@ def raise_model_max_length(folder: str | os.PathLike, context: int | None) -> in
 
     Args:
         folder: a checkpoint folder being written (the file is rewritten in place: call it on the
-            temporary folder of :func:`hf_posext.files.output_folder`, never on a source).
+            temporary folder of `hf_posext.files.output_folder`, never on a source).
         context: the patched model's context; ``None`` (no fixed context, e.g. ALiBi) changes nothing.
 
     Returns:

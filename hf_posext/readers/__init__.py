@@ -1,8 +1,8 @@
 """Who reads a saved config, and what hf-posext writes so that each reads the same model.
 
-One module per reader (:mod:`.transformers4`, :mod:`.transformers5`, :mod:`.vllm`, :mod:`.sglang`,
-:mod:`.llamacpp`) holds its rules, re-written from its source; :mod:`.verdicts` applies them
-(:func:`support`) and names the silent failures (:func:`engine_warning`); :mod:`.fields` writes the
+One module per reader (`transformers4`, `transformers5`, `vllm`, `sglang`,
+`llamacpp`) holds its rules, re-written from its source; `verdicts` applies them
+(`support`) and names the silent failures (`engine_warning`); `fields` writes the
 fields those readers need into a patched config. Conventions: docs/readers/index.md.
 """
 

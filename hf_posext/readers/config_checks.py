@@ -2,7 +2,7 @@
 
 Each check names the field, its value and what the readers do with it. The keys each reader reads per
 rope type are re-written from transformers 5.25's ``RotaryEmbeddingConfigMixin._validate_*_rope_parameters``,
-vLLM's and SGLang's ``get_rope`` (the commits of :mod:`.vllm` and :mod:`.sglang`) and the fields
+vLLM's and SGLang's ``get_rope`` (the commits of `vllm` and `sglang`) and the fields
 hf-posext writes for them (docs/readers/index.md).
 """
 
@@ -132,7 +132,7 @@ def check_config(config_json: dict[str, Any], config: Any) -> list[dict[str, str
     ``config`` is transformers 5's reading of it (``None``: it could not read it). Checks: ``no-rope-fields``
     (plain RoPE at the model type's default base), ``legacy-disagrees`` (``rope_scaling`` and
     ``rope_parameters`` say different things), ``missing-original``, ``reach-mismatch``, ``unknown-key`` /
-    ``ignored-key``, ``damaged-value`` and ``theta-disagrees`` (:mod:`.damage`: every field's type and range,
+    ``ignored-key``, ``damaged-value`` and ``theta-disagrees`` (`damage`: every field's type and range,
     the record's included), and of the ``hf_posext`` record ``unregistered-method`` (a plugin's method not
     imported: only the rope it wrote is judged). A check about one field also names it under ``"field"``.
     """

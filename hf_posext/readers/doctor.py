@@ -1,14 +1,14 @@
 """``hf-posext doctor``'s answers: how each reader reads a checkpoint's config, from the readers' own rules.
 
-:func:`diagnose` takes a config.json and transformers 5's reading of it and gives, per reader, a
-:class:`Finding`: ``same`` (runs what transformers 5 with hf-posext runs), ``misread`` (loads it and runs
+`diagnose` takes a config.json and transformers 5's reading of it and gives, per reader, a
+`Finding`: ``same`` (runs what transformers 5 with hf-posext runs), ``misread`` (loads it and runs
 something else, silently) or ``refused`` (a loud error), the reader matrix's vocabulary
-(:mod:`hf_posext.experiments.reader_matrix`, whose measured cells ``tests/experiments/test_reader_matrix.py``
+(`hf_posext.experiments.reader_matrix`, whose measured cells ``tests/experiments/test_reader_matrix.py``
 holds these rules to), or ``unknown``
 (no rule here covers it). transformers 5 is two readers: ``transformers5`` (no ``import hf_posext``) and
-``transformers5_hf_posext``. Configs with damaged fields: :func:`diagnose_damaged`.
-The engines' verdicts are :func:`~hf_posext.readers.support`'s; which rules ran against a real reader:
-:data:`RULES`.
+``transformers5_hf_posext``. Configs with damaged fields: `diagnose_damaged`.
+The engines' verdicts are `hf_posext.readers.support`'s; which rules ran against a real reader:
+`RULES`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .config_checks import check_config
 from .verdicts import PER_QUERY, WHOLE_SEQUENCE, support
 
 VERDICTS = ("same", "misread", "refused", "unknown")  # unknown: no rule here covers it (not a verdict)
-#: The readers, keyed as ``--json`` prints them, with :func:`support`'s names.
+#: The readers, keyed as ``--json`` prints them, with `support`'s names.
 READERS = {"transformers5": "transformers 5", "transformers5_hf_posext": "transformers 5"}
 READERS.update(transformers4="transformers 4.57", vllm="vLLM")
 READERS.update(sglang="SGLang", llamacpp="llama.cpp")
@@ -295,7 +295,7 @@ def _unknown(key: str, why: str) -> Finding:
 
 
 def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
-    """Every reader's :class:`Finding` for a config.json, and the checks of the config itself.
+    """Every reader's `Finding` for a config.json, and the checks of the config itself.
 
     Args:
         config_json: config.json as a dict, as the readers that parse it themselves (transformers 4.x,
@@ -378,7 +378,7 @@ def diagnose_damaged(
     config_json: dict[str, Any], damaged: list[dict[str, str]], built: dict[str, str | None]
 ) -> dict[str, Any]:
     """The readers of a config.json whose rope or sizes are damaged, contradictory or missing (``damaged``:
-    :func:`~hf_posext.validation.config_damage.rope_damage`'s checks): a reader that reads such a field is not ``same``.
+    `hf_posext.validation.config_damage.rope_damage`'s checks): a reader that reads such a field is not ``same``.
 
     Args:
         built: per ``transformers5`` and ``transformers5_hf_posext``, what transformers 5 raised reading the
@@ -442,7 +442,7 @@ def _transformers4_damaged(config_json: dict[str, Any], damaged: list[dict[str, 
 
 def _transformers4_nested(config: Any, config_json: dict[str, Any]) -> dict[str, Finding]:
     """4.57 on per-layer-type rope parameters: a model type it does not know is refused; Gemma 3's fields are
-    compared entry by entry (:func:`.transformers4.gemma3_reading`); no rule covers the other model types."""
+    compared entry by entry (`transformers4.gemma3_reading`); no rule covers the other model types."""
     model_type = config_json.get("model_type")
     if model_type in transformers4.NOT_IN_4X:
         why = f"4.57 has no model type {model_type!r}: loading raises ValueError (does not recognize this architecture)"

@@ -1,8 +1,8 @@
 """What hf-posext writes into a patched config for the readers that need more than ``rope_parameters``.
 
-transformers 4.x and the engines read the legacy fields (:func:`.transformers4.legacy_fields`):
-:func:`write_reader_fields` puts them in, :func:`clear_reader_fields` takes them out at unpatch, and
-:func:`restore_on_load` writes them again after transformers 5 has consumed them. docs/readers/index.md.
+transformers 4.x and the engines read the legacy fields (`transformers4.legacy_fields`):
+`write_reader_fields` puts them in, `clear_reader_fields` takes them out at unpatch, and
+`restore_on_load` writes them again after transformers 5 has consumed them. docs/readers/index.md.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ def _nested_entries(config: Any) -> list[str]:
 
 
 def write_reader_fields(config: Any) -> None:
-    """Put the 4.x fields (:func:`.transformers4.legacy_fields`) into ``config``, for ``save_pretrained`` to write.
+    """Put the 4.x fields (`transformers4.legacy_fields`) into ``config``, for ``save_pretrained`` to write.
 
     Per-layer-type rope parameters have no single 4.x equivalent: Gemma 3's get the fields 4.57's Gemma 3 reads
-    (:func:`.transformers4.gemma3_fields`: ``rope_theta`` and ``rope_scaling`` for the full-attention layers,
+    (`transformers4.gemma3_fields`: ``rope_theta`` and ``rope_scaling`` for the full-attention layers,
     ``rope_local_base_freq`` for the sliding ones) where they express them; nothing is written for the others.
     """
     if _nested_entries(config):
@@ -37,12 +37,12 @@ def write_reader_fields(config: Any) -> None:
 
 
 def saved_fields(config: Any) -> dict[str, Any]:
-    """The fields :func:`write_reader_fields` would overwrite, as ``config`` holds them now."""
+    """The fields `write_reader_fields` would overwrite, as ``config`` holds them now."""
     return {name: config.__dict__[name] for name in transformers4.LEGACY_FIELDS if name in config.__dict__}
 
 
 def clear_reader_fields(config: Any, saved: dict[str, Any]) -> None:
-    """Undo :func:`write_reader_fields` (unpatch): put back ``saved`` (:func:`saved_fields`), remove the rest."""
+    """Undo `write_reader_fields` (unpatch): put back ``saved`` (`saved_fields`), remove the rest."""
     for name in transformers4.LEGACY_FIELDS:
         integration.set_saved_attribute(config, name, None)
         if name in saved:  # an explicit None included: the config's own __dict__ comes back as it was

@@ -1,7 +1,7 @@
 """``hf-posext doctor`` on a GGUF file: llama.cpp reads its keys directly, transformers converts it.
 
-The same :class:`~hf_posext.readers.doctor.Finding` per reader as for a config.json; a file whose rope keys or
-sizes are damaged (:func:`~hf_posext.validation.config_damage.gguf_damage`) gets :func:`diagnose_damaged_gguf`.
+The same `hf_posext.readers.doctor.Finding` per reader as for a config.json; a file whose rope keys or
+sizes are damaged (`hf_posext.validation.config_damage.gguf_damage`) gets `diagnose_damaged_gguf`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ GGUF_UNREAD = {
 
 
 def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
-    """Every reader's :class:`Finding` for a GGUF file: llama.cpp reads it directly, transformers converts it.
+    """Every reader's `Finding` for a GGUF file: llama.cpp reads it directly, transformers converts it.
 
     Args:
         arch: ``general.architecture``.
-        rope: the file's :class:`~hf_posext.gguf.rope.GGUFRope` (as llama.cpp reads it).
+        rope: the file's `hf_posext.gguf.rope.GGUFRope` (as llama.cpp reads it).
         keys: the file's ``{arch}.rope.*`` keys without the prefix.
     """
     scaled = (rope.scaling_type in ("linear", "yarn") and rope.factor > 1) or rope.rope_freqs is not None
@@ -100,7 +100,7 @@ def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
 
 def diagnose_damaged_gguf(arch: str, damaged: list[dict[str, str]]) -> dict[str, Any]:
     """The readers of a GGUF file whose rope keys or sizes are damaged or missing (``damaged``:
-    :func:`~hf_posext.validation.config_damage.gguf_damage`'s checks): no reader runs the model meant, so none is
+    `hf_posext.validation.config_damage.gguf_damage`'s checks): no reader runs the model meant, so none is
     ``same``."""
     fields = ", ".join(c["field"] for c in damaged)
     why = f"the file's {fields}: it runs the value as written or fails; either way not the model meant"

@@ -1,6 +1,6 @@
 """One description of "the rope a reader runs", so that readers can be compared with transformers 5.
 
-:func:`intended_rope` says what transformers 5 runs for a ``rope_parameters`` dict; each reader
+`intended_rope` says what transformers 5 runs for a ``rope_parameters`` dict; each reader
 module has an ``effective_rope`` that says what that reader runs for the same saved config,
 re-written from its source. Two descriptions are equal exactly when the reader rotates queries
 and keys as transformers 5 does (for the positions it accepts).

@@ -1,7 +1,7 @@
 """The rope fields of released checkpoints' config.json, the examples ``hf-posext doctor``'s rules are checked on.
 
 Each entry is what the checkpoint ships (its rope fields and ``max_position_embeddings``; LongRoPE's factor
-lists have Phi-3's length, 48 pairs, with values made up here); :func:`shipped_config_json` gives it a tiny
+lists have Phi-3's length, 48 pairs, with values made up here); `shipped_config_json` gives it a tiny
 attention shape so that it loads, and a model from it runs, in seconds (tests/readers/, the README's table).
 """
 
@@ -67,7 +67,7 @@ SHIPPED: dict[str, dict[str, Any]] = {
 
 
 def shipped_config_json(name: str, heads: int = 2, layers: int = 1, vocab_size: int = 97) -> dict[str, Any]:
-    """:data:`SHIPPED`'s ``name`` with a tiny attention shape (Phi-3's head size, 96, keeps its 48 factor pairs).
+    """`SHIPPED`'s ``name`` with a tiny attention shape (Phi-3's head size, 96, keeps its 48 factor pairs).
 
     Raises:
         ValueError: an unknown name, naming the known ones.

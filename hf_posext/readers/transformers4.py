@@ -97,7 +97,7 @@ def gemma3_fields(rope_parameters: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def gemma3_reading(config_json: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The per-layer-type rope parameters 4.57.6's Gemma 3 runs for a config.json (:data:`GEMMA3`)."""
+    """The per-layer-type rope parameters 4.57.6's Gemma 3 runs for a config.json (`GEMMA3`)."""
     theta = config_json.get("rope_theta")
     full = reading({**config_json, "rope_theta": GEMMA3_THETAS["full_attention"] if theta is None else theta})
     local = config_json.get("rope_local_base_freq")
@@ -109,7 +109,7 @@ def reading(config_json: dict[str, Any]) -> dict[str, Any]:
     """The ``rope_parameters`` 4.57.6 runs for a config.json: from its top-level ``rope_theta`` and ``rope_scaling``.
 
     4.57 never reads ``rope_parameters``: a config.json written by transformers 5 alone (``rope_scaling: null``)
-    runs plain RoPE with :data:`DEFAULT_THETA` there. ``type`` wins over ``rope_type`` (``LlamaConfig.__init__``
+    runs plain RoPE with `DEFAULT_THETA` there. ``type`` wins over ``rope_type`` (``LlamaConfig.__init__``
     copies it over); LongRoPE takes L0 from a top-level ``original_max_position_embeddings`` only, else
     ``max_position_embeddings``, and then its factor from their ratio (``_compute_longrope_parameters``,
     ``longrope_frequency_update``); YaRN without an original takes ``max_position_embeddings``. A Phi-3

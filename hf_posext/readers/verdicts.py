@@ -1,8 +1,8 @@
-"""Each reader's verdict on a saved config (:func:`support`), and the warning naming the silent failures.
+"""Each reader's verdict on a saved config (`support`), and the warning naming the silent failures.
 
-One module per reader (:mod:`.transformers4`, :mod:`.transformers5`, :mod:`.vllm`, :mod:`.sglang`,
-:mod:`.llamacpp`) holds its rules, re-written from its source; :func:`support` applies them and
-:func:`engine_warning` names the readers that run a checkpoint wrong without an error. docs/readers/index.md.
+One module per reader (`transformers4`, `transformers5`, `vllm`, `sglang`,
+`llamacpp`) holds its rules, re-written from its source; `support` applies them and
+`engine_warning` names the readers that run a checkpoint wrong without an error. docs/readers/index.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .rope import intended_rope
 #: The readers, in the order of the README's compatibility table.
 READERS = ("transformers 5", "transformers 4.57", "vLLM", "SGLang", "llama.cpp")
 
-#: A reader's verdict: one of :data:`STATUSES` and how it reads the checkpoint.
+#: A reader's verdict: one of `STATUSES` and how it reads the checkpoint.
 Verdict = tuple[str, str]
 STATUSES = ("same", "misread", "refused")  # refused: an error names the rope type; misread: silently
 
@@ -147,7 +147,7 @@ VLLM_DUAL_CHUNK_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 def _remap_verdicts(config: Any, method: str) -> dict[str, Verdict]:
     """Readers of a remapping method's checkpoint (docs/methods/training_free.md), beyond its rope type's verdicts.
 
-    Its rope type (:data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`) is one only hf-posext registers,
+    Its rope type (`hf_posext.rope_utils.REMAP_ROPE_TYPE`) is one only hf-posext registers,
     so the other readers refuse it as they refuse every custom type; vLLM's Qwen-family files take
     ``dual_chunk_attention_config`` before they look at the rope type.
     """
@@ -187,7 +187,7 @@ def engine_warning(config: Any, context: int, method: str) -> str | None:
 
 
 def print_engine_warning(config: Any, context: int, method: str, file: Any = None) -> None:
-    """Print :func:`engine_warning` as ``hf-posext: warning: ...`` to ``file`` (stderr), if there is one."""
+    """Print `engine_warning` as ``hf-posext: warning: ...`` to ``file`` (stderr), if there is one."""
     text = engine_warning(config, context, method)
     if text is not None:
         print(f"hf-posext: warning: {text}", file=file or sys.stderr)

@@ -46,7 +46,7 @@ def max_model_len(config: Any) -> int:
 
 
 def effective_rope(config: Any) -> RopeDescription:
-    """The rope ``get_rope`` builds for ``config``, described as in :mod:`hf_posext.readers.rope`.
+    """The rope ``get_rope`` builds for ``config``, described as in `hf_posext.readers.rope`.
 
     Raises:
         ValueError: for a rope type vLLM does not know, as vLLM does.

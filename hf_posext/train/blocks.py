@@ -2,7 +2,7 @@
 
 BOS + tokens + EOS per document, cut into blocks, cached as a memory-mapped ``.npy``; a seeded
 order per epoch makes the data position one integer (docs/notes/training.md). The short side of
-the long/short mix (:func:`load_document_blocks`) packs whole short documents instead, each kept
+the long/short mix (`load_document_blocks`) packs whole short documents instead, each kept
 at its own length and positions.
 """
 
@@ -131,7 +131,7 @@ def load_blocks(
         text_field: the text column of ``.jsonl`` records and HF datasets.
         max_blocks: stop after this many blocks (an HF dataset is streamed only that far);
             None tokenizes everything.
-        cache_dir: where blocks are cached; default :func:`default_cache_dir`.
+        cache_dir: where blocks are cached; default `default_cache_dir`.
 
     Returns:
         A read-only ``[blocks, block_len]`` integer array (memory-mapped from the cache).
@@ -228,8 +228,8 @@ def load_document_blocks(
 
     The short side of a long/short mix, and every sequence with ``packing``. Each document keeps
     its own length and its own positions (0, 1, ...): it is never cut and never continued by the
-    next one (:func:`document_positions`, :func:`document_labels`). Text longer than a block is left
-    out; a longer conversation is cut at a turn boundary (:mod:`.conversations`).
+    next one (`document_positions`, `document_labels`). Text longer than a block is left
+    out; a longer conversation is cut at a turn boundary (`conversations`).
 
     Args:
         loss_on: a conversation's targets: its assistant turns, or all its tokens.

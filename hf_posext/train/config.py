@@ -64,7 +64,7 @@ class TrainConfig:
     """Everything one fine-tune run needs; each field's ``help`` is its documentation.
 
     The help texts are what ``hf-posext finetune --help`` prints (through
-    ``transformers.HfArgumentParser``, :mod:`hf_posext.commands.finetune`), so code and flags cannot drift apart.
+    ``transformers.HfArgumentParser``, `hf_posext.commands.finetune`), so code and flags cannot drift apart.
     """
 
     model: str = HfArg(default="", help="a Hub id or local checkpoint folder with a tokenizer, or a local .gguf file")
@@ -252,7 +252,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad setting and what is allowed.
 
-        Each field has its check in :data:`FIELD_CHECKS` (run in field order); what no single
+        Each field has its check in `FIELD_CHECKS` (run in field order); what no single
         field can check alone (a warm-up longer than the run, the schedule's and the method's own
         arguments...) comes after.
         """
@@ -438,7 +438,7 @@ def _target_modules(name: str, value: Any) -> list[str]:
     return value
 
 
-#: Each :class:`TrainConfig` field's check (:mod:`hf_posext.validation`); a test keeps it complete.
+#: Each `TrainConfig` field's check (`hf_posext.validation`); a test keeps it complete.
 FIELD_CHECKS: dict[str, Check] = {
     "model": required("a Hub id or a local checkpoint folder (--model)"),
     "method": _method,

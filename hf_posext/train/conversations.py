@@ -298,7 +298,7 @@ def encoded_documents(
 
     Text gets BOS and EOS around it and is trained everywhere (documents longer than a block are
     the long side's, left out here); a conversation is rendered by the chat template (which
-    writes its own special tokens) and cut at a turn boundary (:func:`fit_conversation`).
+    writes its own special tokens) and cut at a turn boundary (`fit_conversation`).
 
     Raises:
         BadRecord: the first bad record, naming file and line, unless ``skip_bad_records``

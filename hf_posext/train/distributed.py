@@ -4,7 +4,7 @@ DDP, FSDP2, DeepSpeed ZeRO-3 and context parallelism are chosen by the ``acceler
 config (examples/accelerate/*.yaml); sequence parallelism (DeepSpeed Ulysses) by ``sp_size``.
 A strategy the run cannot give is refused by name, never dropped: accelerate turns FSDP and
 DeepSpeed on only for GPU-type runs, so on CPU it would silently run DDP. FSDP2 does run on CPU
-(torch's ``fully_shard`` on gloo): there the run is switched to it (:func:`build_accelerator`).
+(torch's ``fully_shard`` on gloo): there the run is switched to it (`build_accelerator`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def resolve_mixed_precision(choice: str) -> str | None:
     """``auto``: the launcher's setting if any, else bf16 where the device computes it natively, else fp32.
 
     Natively: an accelerator with bf16 (CUDA, XPU, MPS, ...), or a CPU with bf16 matrix
-    instructions (:func:`cpu_has_native_bf16`). Returns None to let ``Accelerator`` read the
+    instructions (`cpu_has_native_bf16`). Returns None to let ``Accelerator`` read the
     launcher's setting.
     """
     if choice != "auto":
@@ -129,7 +129,7 @@ def build_accelerator(config: TrainConfig, accumulation: int = 1) -> Accelerator
     """An ``Accelerator`` for ``config``; the strategy (DDP, FSDP2, ...) comes from the launcher.
 
     Raises:
-        ValueError: a strategy the run cannot give (:func:`check_requested`).
+        ValueError: a strategy the run cannot give (`check_requested`).
         RuntimeError: a launch whose process count accelerate does not see.
     """
     kwargs: dict[str, Any] = {"gradient_accumulation_steps": accumulation}

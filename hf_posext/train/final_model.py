@@ -1,8 +1,8 @@
 """The recipe's final checkpoint: gather the weights, merge LoRA, write weights, config, tokenizer,
 model card and ``train_results.json`` in one atomic folder that loads in vanilla transformers.
 
-The output folder follows :func:`hf_posext.files.output_folder`'s policy, checked before training
-(:func:`check_final_output`) so that a refused folder costs no training time; if the final move
+The output folder follows `hf_posext.files.output_folder`'s policy, checked before training
+(`check_final_output`) so that a refused folder costs no training time; if the final move
 fails, the finished checkpoint stays on disk and the error says where.
 """
 

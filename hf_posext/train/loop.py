@@ -1,8 +1,8 @@
 """The fine-tune recipe: patch -> data -> train -> save, through accelerate on one or many devices.
 
-:class:`FinetuneRecipe` runs the YaRN recipe (arXiv 2309.00071, section 4) for any registered
+`FinetuneRecipe` runs the YaRN recipe (arXiv 2309.00071, section 4) for any registered
 method in four parts (setup, train step, save, cleanup: torchtune's recipe interface);
-:func:`train` runs them. The strategy comes from the ``accelerate launch`` config. What it
+`train` runs them. The strategy comes from the ``accelerate launch`` config. What it
 guarantees and how to call it: docs/notes/training.md.
 """
 
@@ -91,15 +91,15 @@ def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]
 
 
 class FinetuneRecipe:
-    """One fine-tune run in parts: :meth:`setup`, :meth:`train_step` (or :meth:`train`), :meth:`save`, :meth:`cleanup`.
+    """One fine-tune run in parts: `setup`, `train_step` (or `train`), `save`, `cleanup`.
 
     Args:
         config: the run's settings (validated on construction).
         callbacks: called on every process after each optimizer step (and checkpoint) with the
             run's progress; e.g. to log elsewhere or to stop a job.
 
-    After :meth:`setup`, ``model``, ``optimizer``, ``scheduler``, ``accelerator``, ``plan`` and
-    ``progress`` are the run's; :func:`train` is ``setup(); train(); save()`` with ``cleanup()`` always.
+    After `setup`, ``model``, ``optimizer``, ``scheduler``, ``accelerator``, ``plan`` and
+    ``progress`` are the run's; `train` is ``setup(); train(); save()`` with ``cleanup()`` always.
     """
 
     def __init__(self, config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> None:
@@ -353,7 +353,7 @@ class FinetuneRecipe:
         return mean_loss
 
     def train(self) -> None:
-        """:meth:`train_step` until ``max_train_steps`` (from where a resumed run stopped), with a progress bar."""
+        """`train_step` until ``max_train_steps`` (from where a resumed run stopped), with a progress bar."""
         self.model.train()
         self.bar = tqdm(
             total=self.config.max_train_steps,
@@ -412,7 +412,7 @@ class FinetuneRecipe:
 
 
 def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainResult:
-    """Fine-tune ``config.model`` with ``config.method`` and write the extended checkpoint (:class:`FinetuneRecipe`).
+    """Fine-tune ``config.model`` with ``config.method`` and write the extended checkpoint (`FinetuneRecipe`).
 
     Args:
         config: the run's settings (validated on construction).
@@ -420,7 +420,7 @@ def train(config: TrainConfig, callbacks: Sequence[StepCallback] = ()) -> TrainR
             run's progress; e.g. to log elsewhere or to stop a job.
 
     Returns:
-        A :class:`TrainResult`; the checkpoint is in ``config.output_dir``.
+        A `TrainResult`; the checkpoint is in ``config.output_dir``.
 
     Raises:
         FileNotFoundError: missing dataset files or a missing ``resume`` path.

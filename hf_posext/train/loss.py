@@ -1,6 +1,6 @@
 """Next-token loss without the ``[tokens x vocabulary]`` logits: the LM head applied chunk by chunk.
 
-:func:`causal_lm_loss` equals transformers' ``ForCausalLMLoss`` and its gradients while holding
+`causal_lm_loss` equals transformers' ``ForCausalLMLoss`` and its gradients while holding
 the logits of ``chunk_size`` tokens at a time; how, and which models it refuses:
 docs/notes/training.md.
 """
@@ -150,7 +150,7 @@ def causal_lm_loss(
         input_ids: ``[batch, seq]``.
         position_ids: ``[batch or 1, seq]``, passed to the model unchanged (PoSE positions too).
         shift_labels: ``[batch, seq]``, the target of every position, ``-100`` where none.
-        chunk_size: tokens whose logits exist at once; see :func:`chunked_head_loss`.
+        chunk_size: tokens whose logits exist at once; see `chunked_head_loss`.
         **model_kwargs: further model inputs (``attention_mask``...).
 
     Returns:

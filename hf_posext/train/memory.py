@@ -1,8 +1,8 @@
 """How much memory one process of a fine-tune needs, predicted from the model's config.json and the run's settings.
 
-:func:`estimate_memory` adds up, per process, the tensors the recipe (:mod:`hf_posext.train.loop`) keeps
+`estimate_memory` adds up, per process, the tensors the recipe (`hf_posext.train.loop`) keeps
 alive at its worst moment (end of the forward, the backward, the optimizer step, loading);
-:func:`longest_fit` searches the longest sequence that fits a budget. The maths term by term and the
+`longest_fit` searches the longest sequence that fits a budget. The maths term by term and the
 sweep that checks it against measured peaks (``benchmarks/plan_memory.py``): docs/guides/many_gpus.md.
 """
 
@@ -29,7 +29,7 @@ REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num
 #: (8 hidden); k and v (2 kv); the MLP's gate, up, activation and product and the gradients of two of
 #: them (6 MLP).
 LAYER_HIDDEN, LAYER_KV, LAYER_INTERMEDIATE = 8, 2, 6
-#: The shortest and longest sequence :func:`longest_fit` searches.
+#: The shortest and longest sequence `longest_fit` searches.
 SEARCH_RANGE = (128, 1 << 24)
 
 
@@ -191,7 +191,7 @@ def estimate_memory(
     """One process's peak memory for ``config`` on ``layout`` at ``seq_len`` (default the config's).
 
     Raises:
-        ValueError: lengths the recipe would refuse (:func:`training_lengths`), or an ``sp_size`` that
+        ValueError: lengths the recipe would refuse (`training_lengths`), or an ``sp_size`` that
             does not divide the processes or the heads.
     """
     seq_len, window = training_lengths(config, shape, seq_len)

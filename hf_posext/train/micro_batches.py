@@ -41,7 +41,7 @@ class MicroBatch:
             (the next token of the same row).
         short: whole short documents (the long/short mix), not a long sample.
         factors: with ``longrope``, the factor set every position of the forward uses (``"short"`` or
-            ``"long"``, :func:`hf_posext.methods.longrope.pinned_factors`); ``None`` for other methods.
+            ``"long"``, `hf_posext.methods.longrope.pinned_factors`); ``None`` for other methods.
     """
 
     input_ids: torch.Tensor
@@ -52,7 +52,7 @@ class MicroBatch:
 
 
 class MicroBatches:
-    """This process's micro-batches from data position ``micro_step`` on (:meth:`next`).
+    """This process's micro-batches from data position ``micro_step`` on (`next`).
 
     Args:
         config: the run's settings.

@@ -1,6 +1,6 @@
 """A run's lengths and batch arithmetic, resolved against the patched model before training starts.
 
-:func:`plan_run` is where a setting only the model can judge fails (a ``seq_len`` beyond what the
+`plan_run` is where a setting only the model can judge fails (a ``seq_len`` beyond what the
 patched model takes, a PoSE window longer than the sequence, a global batch the processes do not
 divide): after the model is loaded, before an optimizer exists.
 """

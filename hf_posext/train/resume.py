@@ -2,7 +2,7 @@
 
 Both are checked before any model is built (accelerate loads the weights first, where another
 LoRA shape or another sharding would fail with a traceback, or worse load and train on): the
-settings that change the result (every field but :data:`RESUME_FREE`), and the processes (how
+settings that change the result (every field but `RESUME_FREE`), and the processes (how
 many, the data-parallel size that the data position counts in, the distributed type the state's
 files are written for).
 """
@@ -16,7 +16,7 @@ from typing import Any
 from .config import TrainConfig
 
 #: The settings a resumed run may change, each with why it leaves the result as it is; every other
-#: field of :class:`TrainConfig` (a new one included) must match the saved run (:func:`resume_invariants`).
+#: field of `TrainConfig` (a new one included) must match the saved run (`resume_invariants`).
 RESUME_FREE = {
     "output_dir": "where the final checkpoint is written",
     "overwrite": "whether an existing output may be replaced",
@@ -33,16 +33,16 @@ RESUME_FREE = {
 
 
 def resume_invariants(config_class: type = TrainConfig) -> tuple[str, ...]:
-    """Every field of ``config_class`` but :data:`RESUME_FREE`: the settings that change the result."""
+    """Every field of ``config_class`` but `RESUME_FREE`: the settings that change the result."""
     return tuple(field.name for field in dataclasses.fields(config_class) if field.name not in RESUME_FREE)
 
 
 #: Settings that must not change between a run and its resumption (they change the result).
 RESUME_INVARIANTS = resume_invariants()
 
-#: :class:`RunConfig`'s place among the checkpointed objects (its ``custom_checkpoint_<i>.pkl``).
+#: `RunConfig`'s place among the checkpointed objects (its ``custom_checkpoint_<i>.pkl``).
 RUN_CONFIG_STATE = 2
-#: The key of the process layout in :class:`RunConfig`'s saved state (no setting has this name).
+#: The key of the process layout in `RunConfig`'s saved state (no setting has this name).
 LAYOUT_KEY = "_layout"
 
 

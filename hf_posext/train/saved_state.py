@@ -1,7 +1,7 @@
 """Resumable training states, written atomically by every process of a run.
 
-``Accelerator.save_state`` plus the scheduler and :class:`TrainProgress`, staged, marked complete
-and renamed into place; :func:`latest_checkpoint` takes the newest state that verifies
+``Accelerator.save_state`` plus the scheduler and `TrainProgress`, staged, marked complete
+and renamed into place; `latest_checkpoint` takes the newest state that verifies
 (docs/notes/training.md).
 """
 
@@ -54,7 +54,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def list_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
-    """``(step, folder)`` of every ``step_*`` folder, oldest first (complete or not: see :func:`verify_checkpoint`)."""
+    """``(step, folder)`` of every ``step_*`` folder, oldest first (complete or not: see `verify_checkpoint`)."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
         return []
@@ -128,7 +128,7 @@ def save_checkpoint(accelerator: Accelerator, checkpoint_dir: str | Path, step: 
 
 
 def load_checkpoint(accelerator: Accelerator, path: str | Path) -> None:
-    """Restore a state written by :func:`save_checkpoint` into the prepared objects.
+    """Restore a state written by `save_checkpoint` into the prepared objects.
 
     Raises:
         FileNotFoundError: if ``path`` is not a complete training state (the message says why and

@@ -20,7 +20,7 @@ class WindowSchedule:
     """The window of each optimizer step: ``start`` tokens at step 0 growing to ``full`` at ``ramp_steps``.
 
     Args:
-        kind: one of :data:`SCHEDULES`. ``linear``: ``start + (full - start) * step / ramp_steps``;
+        kind: one of `SCHEDULES`. ``linear``: ``start + (full - start) * step / ramp_steps``;
             ``step``: ``start``, ``2 start``, ``4 start``... (each stage an equal share of the ramp), the
             last doubling capped at ``full``; from ``ramp_steps`` on, ``full``.
         start: the first step's window.

@@ -4,12 +4,12 @@ accelerate (``ParallelismConfig(sp_backend="deepspeed", sp_size=N)`` under a Dee
 wraps the model's attention function with Ulysses' all-to-all in ``prepare``: each of N processes
 holds a slice of the sequence, attention runs over all positions for H/N heads. The recipe does
 what accelerate's DataLoader adapter would: each process takes its slice of the input ids,
-positions and shifted labels (:func:`shard_sequence`), and the loss is the group's mean over all
-its tokens (:func:`group_mean_loss`). Every family works under head sharding (ALiBi's slopes follow
-the heads a process holds, :mod:`hf_posext.attention.head_sharding`; the remapping and exact
+positions and shifted labels (`shard_sequence`), and the loss is the group's mean over all
+its tokens (`group_mean_loss`). Every family works under head sharding (ALiBi's slopes follow
+the heads a process holds, `hf_posext.attention.head_sharding`; the remapping and exact
 dynamic kernels read the gathered positions; LongRoPE's factor set is the one the whole sequence takes,
 pinned on every micro-batch by the loop, where a slice would pick by its own length); what cannot work is
-refused (:func:`check_sequence_parallel`).
+refused (`check_sequence_parallel`).
 """
 
 from __future__ import annotations

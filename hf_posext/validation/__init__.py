@@ -1,4 +1,4 @@
-"""Checks of what users give: typed values (:mod:`.values`) and what is read from a saved model (:mod:`.saved_model`).
+"""Checks of what users give: typed values (`values`) and what is read from a saved model (`saved_model`).
 
 Each check returns the value normalised or raises ``ValueError`` naming the value and what is allowed.
 """

@@ -131,8 +131,8 @@ def _short(value: Any) -> Any:
 def damaged_fields(config_json: dict[str, Any]) -> list[dict[str, str]]:
     """The ``damaged-value`` errors of a config.json: ``{"check", "severity", "field", "message"}`` each.
 
-    Covers the sizes (:data:`SIZES`), the top-level ``rope_theta`` and ``partial_rotary_factor``, every rope
-    dict (:func:`rope_entries`) and the ``hf_posext`` record (a mapping, its ``factor`` and ``context_length``).
+    Covers the sizes (`SIZES`), the top-level ``rope_theta`` and ``partial_rotary_factor``, every rope
+    dict (`rope_entries`) and the ``hf_posext`` record (a mapping, its ``factor`` and ``context_length``).
     """
     out = []
     for key in SIZES:
@@ -201,7 +201,7 @@ def rope_dict(config_json: dict[str, Any]) -> dict[str, Any]:
 
 
 def missing_original(config_json: dict[str, Any]) -> bool:
-    """Whether a rope that needs L0 (:data:`NEEDS_ORIGINAL`) has no ``original_max_position_embeddings`` in its
+    """Whether a rope that needs L0 (`NEEDS_ORIGINAL`) has no ``original_max_position_embeddings`` in its
     dict or at the top level (Phi-3 keeps it there): each reader then guesses another L0."""
     rope = rope_dict(config_json)
     rope_type = rope.get("rope_type", rope.get("type", "default"))

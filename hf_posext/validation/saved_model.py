@@ -1,14 +1,14 @@
 """What the commands read (a checkpoint's config and weights), checked as strictly as what is typed.
 
-The checks of a model source (typed values: :mod:`hf_posext.validation`): :func:`check_rope_config`
+The checks of a model source (typed values: `hf_posext.validation`): `check_rope_config`
 (every rope field of a config, its attention shapes, and its ``hf_posext`` record, in type, range and presence),
-:func:`read_config` (a checkpoint's ``config.json`` checked as written, read by transformers and then checked,
-every error naming the file: the commands' way in), :func:`check_model_config` (the same for a model being
-built: the construction hook's and :func:`hf_posext.from_pretrained`'s way in),
-:func:`check_weight_files` (a sharded checkpoint's index against its shards, every safetensors
-header against its file's size) and :func:`check_device`. Each raises ``ValueError`` naming the
+`read_config` (a checkpoint's ``config.json`` checked as written, read by transformers and then checked,
+every error naming the file: the commands' way in), `check_model_config` (the same for a model being
+built: the construction hook's and [`hf_posext.from_pretrained`][hf_posext.from_pretrained]'s way in),
+`check_weight_files` (a sharded checkpoint's index against its shards, every safetensors
+header against its file's size) and `check_device`. Each raises ``ValueError`` naming the
 bad value and what is allowed, which the commands print as one line with exit code 2
-(:func:`hf_posext.commands.arguments.run_command`).
+(`hf_posext.commands.arguments.run_command`).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def check_rope_config(
     """Every rope field of ``config`` and of its ``hf_posext`` record, in type, range and presence.
 
     Args:
-        unknown_types: leave entries of an unregistered rope type to transformers (:func:`check_rope_entry`).
+        unknown_types: leave entries of an unregistered rope type to transformers (`check_rope_entry`).
         field: how the messages name ``config.rope_parameters`` (``rope_scaling``: the legacy field of a file).
         count_pairs: check per-pair lists' lengths (``False``: the head widths are per layer and unknown here).
 
@@ -240,7 +240,7 @@ def check_record(record: Any, rope_types: list[Any] | None = None) -> None:
 
     The method's arguments are checked by the method's config class, as the arguments a user passes
     to ``patch_model`` are (its ``__post_init__``). An unregistered method passes where the config's
-    ``rope_types`` are all transformers' own (:mod:`.unknown_method`: a plugin not imported).
+    ``rope_types`` are all transformers' own (`unknown_method`: a plugin not imported).
 
     Raises:
         ValueError: naming the record's key, its value and what is allowed.
@@ -274,8 +274,8 @@ def config_source(config: Any) -> str:
 def check_model_config(config: PreTrainedConfig, unknown_types: bool = False) -> None:
     """The check of every load path: the config a model is built from, and the ``config.json`` it was read from.
 
-    The construction hook and :func:`hf_posext.from_pretrained` run it; the commands run the same
-    checks through :func:`read_config`. The file is checked as written (:func:`check_config_file`):
+    The construction hook and [`hf_posext.from_pretrained`][hf_posext.from_pretrained] run it; the commands run the same
+    checks through `read_config`. The file is checked as written (`check_config_file`):
     transformers reads one of ``rope_parameters`` and the legacy ``rope_scaling`` when a file has both.
 
     Raises:
@@ -326,7 +326,7 @@ def check_config_file(file: Path) -> None:
 
 
 def check_checkpoint_file(source: str | os.PathLike) -> None:
-    """:func:`check_config_file` on a local checkpoint folder's ``config.json`` (else nothing), before transformers
+    """`check_config_file` on a local checkpoint folder's ``config.json`` (else nothing), before transformers
     reads it: its warnings, and its own errors (a strict field's type: two lines naming no file), come after.
 
     Raises:
@@ -341,7 +341,7 @@ def check_checkpoint_file(source: str | os.PathLike) -> None:
 
 
 def read_config(source: str | os.PathLike, **kwargs: Any) -> PreTrainedConfig:
-    """``AutoConfig.from_pretrained(source)``, checked before and after as :func:`check_model_config` does; errors
+    """``AutoConfig.from_pretrained(source)``, checked before and after as `check_model_config` does; errors
     name ``config.json``.
 
     Raises:

@@ -81,7 +81,7 @@ def refuse_to_build(method: str) -> None:
 def warn_unknown_method(method: str, rope_types: Collection[Any], source: str) -> None:
     """Warn that ``source`` loads as transformers loads it, without what the unregistered ``method`` adds.
 
-    Issued from this one line (:mod:`warnings` shows a repeated warning once), however many checks meet it.
+    Issued from this one line (`warnings` shows a repeated warning once), however many checks meet it.
     """
     warnings.warn(
         f"{source}: {CONFIG_KEY}['method'] {method!r} is not registered in this process (a plugin's method?): loaded "

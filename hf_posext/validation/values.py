@@ -2,9 +2,9 @@
 
 Each check returns the value normalised (a float, an int, a bool) or raises ``ValueError`` naming
 the value and what is allowed. Booleans are never numbers; numpy scalars are. The ``Check``
-builders (:func:`integer`, :func:`number`, :func:`choice`...) make a declarative table of them.
-Also :func:`require` (an optional dependency, or :class:`MissingExtra` naming its extra) and
-:func:`path_shape` (whether a source can only be a path).
+builders (`integer`, `number`, `choice`...) make a declarative table of them.
+Also `require` (an optional dependency, or `MissingExtra` naming its extra) and
+`path_shape` (whether a source can only be a path).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class MissingExtra(ImportError):
 
 
 def require(module: str, extra: str, why: str) -> Any:
-    """``import module``, or :class:`MissingExtra`.
+    """``import module``, or `MissingExtra`.
 
     Its message: ``"<why> needs the <module> package: pip install 'hf-posext[<extra>]'"``.
     """

@@ -1,6 +1,6 @@
 """Dynamic NTK and dynamic YaRN that stay exact with a KV cache (``exact_cache=True``).
 
-Keys are cached before RoPE (:mod:`.install`) and an attention wrapper (:mod:`.attention`) rotates
+Keys are cached before RoPE (`install`) and an attention wrapper (`attention`) rotates
 them for each query's length, with a per-forward plan. Definition, design, costs and limits:
 docs/guides/exact_dynamic.md.
 """

@@ -57,7 +57,7 @@ def exact_dynamic_attention(
     """transformers' attention-interface function for exact dynamic scaling.
 
     Args:
-        module: the attention module (carries the model's :class:`ExactDynamicRope`).
+        module: the attention module (carries the model's `ExactDynamicRope`).
         query: un-rotated ``[batch, heads, seq, head_dim]``.
         key, value: un-rotated keys and values, cache included, ``[batch, kv_heads, kv_seq, head_dim]``.
         attention_mask: the mask of the wrapped kernel, ``[batch, 1, seq, kv_seq]`` or ``None``.
@@ -247,7 +247,7 @@ def _turned(
 
 
 def _unrotate(plan: ForwardPlan, key: torch.Tensor, layer: Any, new: int) -> torch.Tensor:
-    """The keys attention was handed with the cache's rotated ones (:func:`_attend_rotated`) turned back to
+    """The keys attention was handed with the cache's rotated ones (`_attend_rotated`) turned back to
     un-rotated, as the other paths need them (a forward whose queries do not share one stable length: a prompt
     that crosses L_orig, a cache cropped back before saturation). The last ``new`` keys are this forward's own
     (un-rotated). In place, and the layer records none rotated; under autograd a copy, the cache left as it is."""
@@ -274,7 +274,7 @@ def _attend_decoding(
     0`` whatever its positions (left padding included), so one table serves every row that shares
     frequencies and all layers. In fp32 the rotation is one complex multiply; the channel pairs
     ``(i, i + rotary_dim / 2)`` then come out interleaved, and the query's are interleaved alike
-    (a dot product does not see the order). Other dtypes and devices rotate with :func:`_rotate`.
+    (a dot product does not see the order). Other dtypes and devices rotate with `_rotate`.
     """
     query, key = inputs.query, inputs.key
     kv_len, half = key.shape[2], plan.rope.rotary_dim // 2

@@ -1,7 +1,7 @@
-"""The fp32 path of :func:`~.rowwise.attend_rowwise`: each channel pair is one complex number.
+"""The fp32 path of `rowwise.attend_rowwise`: each channel pair is one complex number.
 
-Split from :mod:`.rowwise` (the dispatch, the other dtypes' path and the kernel reference stay
-there) so that each module reads in one sitting; :func:`rows_mask` and :func:`contiguous_keys`
+Split from `rowwise` (the dispatch, the other dtypes' path and the kernel reference stay
+there) so that each module reads in one sitting; `rows_mask` and `contiguous_keys`
 live here, the lower of the two modules, and both use them.
 """
 
@@ -56,20 +56,20 @@ def attend_complex(
     scaling: float,
     chunks: list[tuple[int, int]],
 ) -> None:
-    """:func:`~.rowwise.attend_rowwise` in fp32: each channel pair (i, i + rotary_dim / 2) is one complex number.
+    """`rowwise.attend_rowwise` in fp32: each channel pair (i, i + rotary_dim / 2) is one complex number.
 
     A row's rotation of its keys is then one complex multiply per pair (``_rotate`` makes seven
     passes and a concatenation); its real view interleaves the pairs, and the queries are
     interleaved alike, which leaves the dot products unchanged. Each row's multiplier (YaRN's
     mscale, squared: it scales both sides) and its query rotation go on the queries, so that the
     keys turn by unit rotations. Only the pairs whose frequency differs between rows are
-    rotated per row: the leading pairs with one frequency for all rows (:func:`kept_pairs`) are
+    rotated per row: the leading pairs with one frequency for all rows (`kept_pairs`) are
     rotated once per key and, with the channels past ``rotary_dim``, add one matmul over all rows
     of a chunk. With contiguous key positions a row's rotation of key ``j = a width + b`` is split
-    in :data:`_BLOCKS` blocks: the block's turn goes on a copy of the queries per block, so the
+    in `_BLOCKS` blocks: the block's turn goes on a copy of the queries per block, so the
     keys turn by the row's short in-block table (``width`` entries) instead of a table as long as
     the keys, written and read per row. The per-row keys, tables and scores of a chunk go to the
-    forward's scratch memory (:meth:`ForwardPlan.scratch`), laid out ``[batch, kv_heads, rows, ...]``
+    forward's scratch memory (`ForwardPlan.scratch`), laid out ``[batch, kv_heads, rows, ...]``
     so that the scores of a KV head's rows and groups are one ``[rows * groups, keys]`` matrix for
     the values.
     """
@@ -153,7 +153,7 @@ def attend_complex(
         merge(start, stop, rowwise.rows[:, start:stop], out, part)
 
 
-#: Blocks of keys in the contiguous-key path of :func:`attend_complex` (each block's share of the
+#: Blocks of keys in the contiguous-key path of `attend_complex` (each block's share of the
 #: rotation goes on one copy of the queries; more blocks, shorter per-row tables and more copies).
 _BLOCKS = 4
 
@@ -162,10 +162,10 @@ def _block_factors(
     key_positions: torch.Tensor, keys: int, inv_freq: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rotation of the first ``keys`` (contiguous) keys of rows with frequencies ``inv_freq``
-    ``[batch, rows, turned]``, in :data:`_BLOCKS` blocks of ``width = ceil(keys / _BLOCKS)`` keys.
+    ``[batch, rows, turned]``, in `_BLOCKS` blocks of ``width = ceil(keys / _BLOCKS)`` keys.
 
     Returns ``conj(exp(i (p_0 + a width) theta))`` ``[batch, rows, _BLOCKS, turned]`` (for the
-    queries: the conjugate, as the scores conjugate the keys) and :func:`grid_factors` of
+    queries: the conjugate, as the scores conjugate the keys) and `grid_factors` of
     ``exp(i b theta)``, ``b = 0 .. width - 1`` (for the keys).
     """
     width = -(-keys // _BLOCKS)
@@ -186,7 +186,7 @@ def _chunk_mask(
     query: torch.Tensor,
     kv_heads: int,
 ) -> torch.Tensor:
-    """:func:`rows_mask` as ``[batch or 1, 1 or kv_heads, rows, 1 or groups, keys]``; the causal mask for ``None``
+    """`rows_mask` as ``[batch or 1, 1 or kv_heads, rows, 1 or groups, keys]``; the causal mask for ``None``
     is built once per forward."""
     if attention_mask is not None:  # a layer's own mask (sliding-window layers differ from the others)
         mask = rows_mask(attention_mask, start, stop, keys, past, query.dtype, query.device)

@@ -1,10 +1,10 @@
 """The per-forward plan of exact dynamic attention, and the per-model frequencies it is built from.
 
-:class:`ExactDynamicRope` is one per patched model and holds nothing that changes within a
+`ExactDynamicRope` is one per patched model and holds nothing that changes within a
 forward: the config, the frequencies for each length (a bounded, locked cache) and the wrapped
 kernel. Everything a forward computes once and shares between its layers (the split of the query
-rows into kernel calls, rotation tables) lives on a :class:`ForwardPlan`, which
-:meth:`ExactDynamicRope.plan` finds by the ``position_ids`` tensor that transformers hands every
+rows into kernel calls, rotation tables) lives on a `ForwardPlan`, which
+`ExactDynamicRope.plan` finds by the ``position_ids`` tensor that transformers hands every
 layer's attention function. Two forwards running at once (threads, ``nn.DataParallel``
 replicas sharing the modules) have different ``position_ids`` tensors and so different plans.
 """
@@ -31,11 +31,11 @@ from .rotation import cos_sin, multipliers
 
 #: ``config._attn_implementation`` while exact dynamic scaling is on is this prefix plus the kernel.
 ATTENTION_PREFIX = "hf_posext_exact_dynamic_"
-#: The attribute of each attention module that holds the model's :class:`ExactDynamicRope`.
+#: The attribute of each attention module that holds the model's `ExactDynamicRope`.
 STATE_ATTR = "_hf_posext_exact_dynamic"
 #: The attribute of a cache layer saying how it stores its keys: ``(count, length)``, the first ``count``
 #: tokens from the sequence's start rotated with the frequencies of ``length`` (one of
-#: :attr:`ExactDynamicRope.stable`), the later ones un-rotated; absent: none rotated.
+#: `ExactDynamicRope.stable`), the later ones un-rotated; absent: none rotated.
 ROTATED_ATTR = "_hf_posext_rotated_keys"
 
 #: Elements of rotated-key copies the row-wise path may build at once on the CPU, and of cos/sin
@@ -50,12 +50,12 @@ TABLE_BUDGET = 1 << 25
 #: 2^27 elements are 256 MiB of bf16 keys per chunk.
 ACCELERATOR_ROWWISE_BUDGET = 1 << 27
 #: Mask elements (``[rows, keys]``) of one kernel call for rows sharing one frequency set: a longer
-#: run of rows goes to the kernel in blocks (:func:`~.attention.call_blocks`). 2^24 are 64 MiB of
+#: run of rows goes to the kernel in blocks (`attention.call_blocks`). 2^24 are 64 MiB of
 #: fp32 mask; off the CPU, where each call's launches cost more, 2^27.
 CALL_MASK_BUDGET = 1 << 24
 ACCELERATOR_CALL_MASK_BUDGET = 1 << 27
 #: Scratch buffers up to this many fp32 elements' worth are kept between forwards, one set per
-#: thread (:meth:`ForwardPlan.scratch`); bigger ones live as long as their forward.
+#: thread (`ForwardPlan.scratch`); bigger ones live as long as their forward.
 SCRATCH_KEPT = 1 << 23
 #: Plans kept alive at once per model: one per forward in flight, plus slack.
 _MAX_PLANS = 8
@@ -66,7 +66,7 @@ _FREQUENCIES_AHEAD = 32
 
 
 class Scratch:
-    """Flat buffers for temporaries, by name, reused instead of allocated anew (see :meth:`ForwardPlan.scratch`)."""
+    """Flat buffers for temporaries, by name, reused instead of allocated anew (see `ForwardPlan.scratch`)."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
@@ -113,7 +113,7 @@ class ForwardPlan:
     """What one forward's layers share: its query positions, kernel calls and rotation tables.
 
     Attributes:
-        rope: the model's :class:`ExactDynamicRope`.
+        rope: the model's `ExactDynamicRope`.
         positions: ``[batch, seq]`` query positions (a copy: the plan never keeps the caller's tensor alive).
         calls: multi-row kernel calls, each with one frequency set per batch row.
         rowwise: the rows that each need their own frequencies, or ``None``.
@@ -205,7 +205,7 @@ class ForwardPlan:
         allocator maps it anew, and this adds up to more than the arithmetic on it): the row-wise
         path's per-row key copies and a decoding step's rotated keys are written into the same
         memory by every layer and chunk instead. Buffers up to ``SCRATCH_KEPT`` elements are kept
-        by the model's :class:`ExactDynamicRope` for the next forwards of the thread; bigger ones
+        by the model's `ExactDynamicRope` for the next forwards of the thread; bigger ones
         are dropped with the plan. The contents are overwritten by the next caller.
         """
         device = self.positions.device
@@ -241,7 +241,7 @@ class ExactDynamicRope:
     One instance per patched model, shared by its attention modules.
 
     Args:
-        config: the patched model config (``rope_type`` in :data:`~.frequencies.EXACT_ROPE_TYPES`).
+        config: the patched model config (``rope_type`` in `frequencies.EXACT_ROPE_TYPES`).
         kernel: the attention implementation the wrapper delegates to.
     """
 
@@ -301,7 +301,7 @@ class ExactDynamicRope:
         self._init_caches()
 
     def frequency_length(self, lengths: torch.Tensor) -> torch.Tensor:
-        """The smallest length with the same frequencies as each of ``lengths`` (same shape); :attr:`pinned` if set."""
+        """The smallest length with the same frequencies as each of ``lengths`` (same shape); `pinned` if set."""
         if self.pinned is not None:
             return torch.full_like(lengths, self.pinned)
         return lengths.clamp(min=self.original, max=self.saturation)
@@ -327,8 +327,8 @@ class ExactDynamicRope:
         return computed[key]
 
     def frequency_table(self, lengths: list[int], device: torch.device | str) -> tuple[torch.Tensor, list[float]]:
-        """``(inv_freq [len(lengths), rotary_dim // 2] fp32, multipliers)``: :meth:`frequencies` of each length,
-        computed together where :func:`~.frequencies.frequency_rows` handles the rope type."""
+        """``(inv_freq [len(lengths), rotary_dim // 2] fp32, multipliers)``: `frequencies` of each length,
+        computed together where `frequencies.frequency_rows` handles the rope type."""
         rows = frequency_rows(self.config, self.rope_type, [int(length) for length in lengths], device)
         if rows is not None:
             return rows
@@ -363,7 +363,7 @@ class ExactDynamicRope:
         return plan
 
     def note_cache(self, cache: Any) -> None:
-        """Remember (weakly) the cache this thread's forward was given, for :meth:`cache_layer`."""
+        """Remember (weakly) the cache this thread's forward was given, for `cache_layer`."""
         self._forward.native = None  # until this forward's rotary module finds it native (mark_native)
         try:
             self._forward.cache = weakref.ref(cache) if cache is not None else None
@@ -393,7 +393,7 @@ class ExactDynamicRope:
         return None
 
     def stable_length(self, positions: torch.Tensor) -> int | None:
-        """The stable length (:attr:`stable`) every query at ``positions`` (``[batch or 1, seq]``) has, if they
+        """The stable length (`stable`) every query at ``positions`` (``[batch or 1, seq]``) has, if they
         share one, else ``None``."""
         if not self.stable or not positions.numel():
             return None
@@ -403,7 +403,7 @@ class ExactDynamicRope:
     def mark_native(self, position_ids: torch.Tensor) -> int | None:
         """For the forward at ``position_ids`` ``[batch or 1, seq]`` (this thread's, from its rotary module): the
         stable length every query has when the cache it was given stores every key rotated with its frequencies,
-        else ``None``. Then the model can rotate as a static one does, and :meth:`native_length` tells its layers."""
+        else ``None``. Then the model can rotate as a static one does, and `native_length` tells its layers."""
         self._forward.native = None
         ref = getattr(self._forward, "cache", None)
         layers = getattr(ref() if ref is not None else None, "layers", None)
@@ -424,13 +424,13 @@ class ExactDynamicRope:
         return length
 
     def native_length(self, position_ids: torch.Tensor) -> int | None:
-        """The stable length :meth:`mark_native` found for the forward at ``position_ids`` (that tensor), or None."""
+        """The stable length `mark_native` found for the forward at ``position_ids`` (that tensor), or None."""
         native = getattr(self._forward, "native", None)
         return native[1] if native is not None and native[0]() is position_ids else None
 
     def cos_sin(self, call: Call, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Half tables ``[batch, seq, rotary_dim // 2]`` of ``positions`` with ``call``'s frequencies, LongRoPE's
-        kept positions on plain RoPE in its rows past the switch (:class:`~.kept.KeptPositions`)."""
+        kept positions on plain RoPE in its rows past the switch (`kept.KeptPositions`)."""
         cos, sin = cos_sin(positions, call.inv_freq, call.scaling, dtype)
         return (cos, sin) if call.kept is None else self.kept.swap(positions, call.kept, cos, sin, dtype)
 
@@ -438,7 +438,7 @@ class ExactDynamicRope:
         self, length: int, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Half tables ``[batch, seq, rotary_dim // 2]`` of ``positions`` with the frequencies of the stable
-        ``length`` (:attr:`stable`), the kept positions on plain RoPE past saturation: :meth:`cos_sin` of a call
+        ``length`` (`stable`), the kept positions on plain RoPE past saturation: `cos_sin` of a call
         of that length, for keys the cache stores rotated."""
         device = positions.device
         inv_freq, scaling = self.frequencies(length, device)
@@ -450,7 +450,7 @@ class ExactDynamicRope:
         self, length: int, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' rotary output at the stable ``length``: ``(cos, sin)`` ``[batch, seq, rotary_dim]`` times the
-        multiplier (past saturation LongRoPE's kept positions, :attr:`kept`, with plain RoPE and multiplier 1)."""
+        multiplier (past saturation LongRoPE's kept positions, `kept`, with plain RoPE and multiplier 1)."""
         inv_freq, scaling = self.frequencies(length, positions.device)
         freqs = positions[..., None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -460,7 +460,7 @@ class ExactDynamicRope:
         return cos.to(dtype), sin.to(dtype)
 
     def scratch(self) -> Scratch:
-        """This thread's :class:`Scratch` kept between forwards (:meth:`ForwardPlan.scratch`)."""
+        """This thread's `Scratch` kept between forwards (`ForwardPlan.scratch`)."""
         scratch = getattr(self._scratch, "buffers", None)
         if scratch is None:
             scratch = self._scratch.buffers = Scratch()

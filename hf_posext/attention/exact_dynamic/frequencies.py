@@ -28,7 +28,7 @@ from ...rope_utils import (
 )
 
 #: The rope types whose frequencies depend on the sequence length, handled here (``longrope`` and
-#: its keep-first type: one switch from short to long factors past L_orig; see :func:`length_dependent`).
+#: its keep-first type: one switch from short to long factors past L_orig; see `length_dependent`).
 EXACT_ROPE_TYPES = ("dynamic", DYNAMIC_YARN_ROPE_TYPE, *LONGROPE_ROPE_TYPES)
 
 

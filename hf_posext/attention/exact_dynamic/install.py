@@ -33,13 +33,13 @@ class ExactDynamicRotaryEmbedding(nn.Module):
 
     It returns the identity rotation, so queries and keys reach the cache un-rotated, and plans
     the attention wrapper's rotations from the forward's ``position_ids`` (the layers find that
-    plan by the same tensor, :meth:`ExactDynamicRope.plan`). When every query has one stable length
+    plan by the same tensor, `ExactDynamicRope.plan`). When every query has one stable length
     (past saturation; LongRoPE before its switch too) and the cache stores every key rotated with its
     frequencies, it returns the real rotation instead (a plain cached decode).
 
     Args:
         rotary: the dynamic rotary module it replaces (kept as ``.rotary`` to be put back).
-        rope: the model's shared :class:`ExactDynamicRope`.
+        rope: the model's shared `ExactDynamicRope`.
     """
 
     def __init__(self, rotary: nn.Module, rope: ExactDynamicRope) -> None:
@@ -70,7 +70,7 @@ class ExactDynamicRotaryEmbedding(nn.Module):
 
 
 def _install(model: nn.Module, rotary: nn.Module | None, guarded: list[nn.Module]) -> ExactDynamicRope | None:
-    """Attach a new :class:`ExactDynamicRope` to ``model``'s attention and select the wrapper kernel.
+    """Attach a new `ExactDynamicRope` to ``model``'s attention and select the wrapper kernel.
 
     ``None`` (nothing done) when the config's rope type is not dynamic. The rotary modules are
     left to the caller; ``rotary`` is the one a base model being built is registering; the
@@ -79,7 +79,7 @@ def _install(model: nn.Module, rotary: nn.Module | None, guarded: list[nn.Module
 
     Raises:
         ValueError: a kernel other than eager/sdpa, or an attention that rotates otherwise than the
-            wrapper (:func:`hf_posext.architectures.check_wrappable_attention`).
+            wrapper (`hf_posext.architectures.check_wrappable_attention`).
     """
     config = model.config
     if not length_dependent(config.rope_parameters):
@@ -110,7 +110,7 @@ def enable_exact_dynamic_cache(model: nn.Module) -> None:
     """Make a model patched with ``dynamic_ntk`` / ``dynamic_yarn`` exact with a KV cache (see module docs).
 
     A no-op when the config's rope type is not dynamic (``factor=1`` patches plain RoPE).
-    Called by :func:`hf_posext.patch_model` for ``exact_cache=True``.
+    Called by [`hf_posext.patch_model`][hf_posext.patch_model] for ``exact_cache=True``.
 
     Raises:
         ValueError: an attention implementation other than ``eager``/``sdpa``, or no attention modules.
@@ -134,14 +134,14 @@ def exact_rotary_at_init(base_model: nn.Module, rotary: nn.Module) -> nn.Module 
     matching wrapper. ``None`` when the rope type is not dynamic.
 
     Raises:
-        ValueError: as :func:`enable_exact_dynamic_cache`.
+        ValueError: as `enable_exact_dynamic_cache`.
     """
     rope = _install(base_model, rotary, [base_model])
     return None if rope is None else ExactDynamicRotaryEmbedding(rotary, rope)
 
 
 def disable_exact_dynamic_cache(model: nn.Module) -> None:
-    """Undo :func:`enable_exact_dynamic_cache` (a no-op if it is not enabled)."""
+    """Undo `enable_exact_dynamic_cache` (a no-op if it is not enabled)."""
     stand_ins = [(n, m) for n, m in model.named_modules() if isinstance(m, ExactDynamicRotaryEmbedding)]
     for name, module in stand_ins:
         integration.replace_module(model, name, module.rotary)

@@ -1,8 +1,8 @@
 """LongRoPE's first positions on plain RoPE past its switch (``keep_first``, the paper's n-hat), in the exact cache.
 
 Past L_orig a keep-first entry rotates positions ``p < n`` by ``p * theta^(-2i/d)`` with cos/sin
-multiplier 1 and the others with the long factors (:mod:`hf_posext.methods.longrope.rope`). The
-exact cache builds its tables for one frequency set per kernel call; :class:`KeptPositions`
+multiplier 1 and the others with the long factors (`hf_posext.methods.longrope.rope`). The
+exact cache builds its tables for one frequency set per kernel call; `KeptPositions`
 swaps the kept positions' plain rotation into the tables of the calls past the switch. Such a
 rotation is not a function of the offset between query and key, so the offset-only decoding
 path is not taken for those calls. docs/methods/longrope.md.
@@ -41,7 +41,7 @@ class KeptPositions:
         self, lengths: Sequence[int | None], switched: int | None, device: torch.device | str
     ) -> torch.Tensor | None:
         """``[len(lengths)]`` bool: the batch rows whose frequency length is ``switched`` (past the switch), where
-        positions below :attr:`count` are kept; ``None`` when no row keeps any (the call's tables are left as built)."""
+        positions below `count` are kept; ``None`` when no row keeps any (the call's tables are left as built)."""
         if not self.count:
             return None
         past = tuple(length is not None and length == switched for length in lengths)
@@ -63,7 +63,7 @@ class KeptPositions:
         self, positions: torch.Tensor, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Half tables ``[batch, seq, rotary_dim // 2]`` with the kept positions of the batch ``rows`` ([batch or 1]
-        bool) on plain RoPE, multiplier 1 (:func:`~.rotation.cos_sin`'s arithmetic)."""
+        bool) on plain RoPE, multiplier 1 (`rotation.cos_sin`'s arithmetic)."""
         keep = (rows[:, None] & (positions < self.count))[..., None]
         plain_cos, plain_sin = cos_sin(positions, self.plain(positions.device)[None], None, dtype)
         return torch.where(keep, plain_cos, cos), torch.where(keep, plain_sin, sin)

@@ -29,7 +29,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """:func:`apply_rotary` with tables that already broadcast against ``x`` (last dim rotary_dim // 2)."""
+    """`apply_rotary` with tables that already broadcast against ``x`` (last dim rotary_dim // 2)."""
     half = cos.shape[-1]
     first, second = x[..., :half], x[..., half : 2 * half]
     parts = [first * cos - second * sin, second * cos + first * sin]
@@ -66,10 +66,10 @@ def cos_sin(
 
 def uses_complex_rotation(x: torch.Tensor, *others: torch.Tensor) -> bool:
     """Whether ``x``'s rotations take the complex-multiply path: fp32 (no complex type rounds like
-    bf16/fp16) on CPU or CUDA (other backends' complex support is partial); else :func:`rotate`.
+    bf16/fp16) on CPU or CUDA (other backends' complex support is partial); else `rotate`.
 
     Not when autograd records ``x`` or any of ``others`` (training): that path writes into scratch
-    buffers (``out=``), which autograd refuses; :func:`rotate` is the same maths, differentiable.
+    buffers (``out=``), which autograd refuses; `rotate` is the same maths, differentiable.
     """
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others)):
         return False
@@ -107,7 +107,7 @@ def grid_rotations(
         inv_freq: ``[batch or 1, *rows, rotary_dim // 2]`` fp32 frequencies (``rows``: none, or
             one dimension of query rows with their own frequencies).
         scaling: ``[batch or 1, *rows]`` fp32 multipliers, or ``None`` for 1.
-        out: a flat complex64 buffer to build the grid in (:func:`grid_size` elements), or ``None``.
+        out: a flat complex64 buffer to build the grid in (`grid_size` elements), or ``None``.
 
     Returns:
         ``[batch, *rows, count, rotary_dim // 2]`` complex64 (a view of ``out`` when given).
@@ -118,7 +118,7 @@ def grid_rotations(
 def grid_factors(
     last: torch.Tensor, count: int, inv_freq: torch.Tensor, scaling: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two short tables of :func:`grid_rotations` (same arguments), to be multiplied by :func:`grid_product`.
+    """The two short tables of `grid_rotations` (same arguments), to be multiplied by `grid_product`.
 
     Returns:
         ``exp(i (last - a B) inv_freq)`` ``[batch, *rows, A, 1, half]`` and ``scaling * exp(-i b inv_freq)``
@@ -144,7 +144,7 @@ def grid_factors(
 def grid_product(
     factors: tuple[torch.Tensor, torch.Tensor], count: int, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """:func:`grid_rotations` from its :func:`grid_factors`: ``[batch, *rows, count, half]``, in ``out`` when given."""
+    """`grid_rotations` from its `grid_factors`: ``[batch, *rows, count, half]``, in ``out`` when given."""
     coarse_part, fine_part = factors
     if out is None:
         table = coarse_part * fine_part
@@ -155,13 +155,13 @@ def grid_product(
 
 
 def _grid_split(count: int) -> tuple[int, int]:
-    """``(A, B)`` of :func:`grid_rotations`: B about ``sqrt(count)`` with B * B >= count, A * B >= count."""
+    """``(A, B)`` of `grid_rotations`: B about ``sqrt(count)`` with B * B >= count, A * B >= count."""
     fine = math.isqrt(max(count - 1, 0)) + 1
     return -(-count // fine), fine
 
 
 def grid_size(count: int) -> int:
-    """Positions in :func:`grid_rotations`' grid for ``count`` positions (a buffer holds this many per frequency)."""
+    """Positions in `grid_rotations`' grid for ``count`` positions (a buffer holds this many per frequency)."""
     coarse, fine = _grid_split(count)
     return coarse * fine
 

@@ -1,9 +1,9 @@
 """Exact dynamic attention for query rows that each need their own frequencies (a prompt past L_orig).
 
 Every row between L_orig and saturation has its own length, so its own rotation of the keys.
-:func:`attend_rowwise` writes the eager kernel's arithmetic out so that a chunk of rows is one
-batched computation (in fp32 :func:`~.complex_rowwise.attend_complex`, in its own module);
-:func:`attend_rowwise_by_kernel` sends the same rows to the kernel as a batch of single-query
+`attend_rowwise` writes the eager kernel's arithmetic out so that a chunk of rows is one
+batched computation (in fp32 `complex_rowwise.attend_complex`, in its own module);
+`attend_rowwise_by_kernel` sends the same rows to the kernel as a batch of single-query
 problems and is the reference the first is tested against.
 """
 
@@ -43,7 +43,7 @@ def _key_tables(
     stop: int,
     keys: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: :func:`_key_rotation_table`, real."""
+    """cos/sin ``[batch, rows, keys, rotary_dim // 2]`` in the query dtype: `_key_rotation_table`, real."""
 
     def build():
         rotations = _key_rotation_table(plan, key_positions, rowwise, start, stop, keys)
@@ -59,7 +59,7 @@ def _key_rotation_table(
 
     ``[batch, rows, keys, rotary_dim // 2]`` complex64 for query rows ``[start, stop)``. When every
     batch row's key positions run contiguously (no left padding, no gaps) it comes from
-    :func:`grid_rotations`; otherwise each angle is computed directly.
+    `grid_rotations`; otherwise each angle is computed directly.
     """
     inv_freq, scaling = rowwise.inv_freq[:, start:stop], rowwise.scaling[:, start:stop]
     if contiguous_keys(plan, key_positions):
@@ -94,8 +94,8 @@ def attend_rowwise(
     back, times values), written out so that a chunk of rows is one computation: each row's keys
     are rotated with its frequencies (``[batch, rows, kv_heads, keys, head_dim]``), the grouped
     queries of a KV head multiply them in one batched matmul, and the probabilities of all rows
-    share the un-copied values. fp32 takes :func:`~.complex_rowwise.attend_complex`; other dtypes (no complex type
-    rounds like them) rotate with :func:`rotate`. Equal to :func:`attend_rowwise_by_kernel` up to fp32 rounding;
+    share the un-copied values. fp32 takes `complex_rowwise.attend_complex`; other dtypes (no complex type
+    rounds like them) rotate with `rotate`. Equal to `attend_rowwise_by_kernel` up to fp32 rounding;
     it does not call the kernel, whose batch-of-single-queries layout copies the keys again for
     every query head (eager's ``repeat_kv``) and the values for every row.
     """
@@ -140,7 +140,7 @@ def attend_rowwise_by_kernel(
 
     Each (batch, row) of a chunk becomes one single-query item of a ``batch * chunk`` kernel
     call, with its own copy of the keys rotated by its frequencies. The reference for
-    :func:`attend_rowwise`, and the path for what that does not implement (dropout, sinks,
+    `attend_rowwise`, and the path for what that does not implement (dropout, sinks,
     soft-capping).
     """
     query, key, value, attention_mask = inputs.query, inputs.key, inputs.value, inputs.attention_mask

@@ -1,10 +1,10 @@
 """Attention over remapped positions: the kernel Self-Extend, DCA, STRING and ReRoPE share, and its install.
 
-A method gives a :class:`Remapping` (the pieces of each query block, a :class:`Layout`);
-:func:`remap_attention` (:mod:`.attention`) scores them by the fused CPU flash path
-(:mod:`.flash_segments`) or the score path; :mod:`.install` puts it into a model and guards it;
-:mod:`.rope_type` is the rope type a remapped config carries. The maths is in
-``docs/methods/training_free.md``; the methods' configs and surgery are :mod:`hf_posext.methods.remapping`.
+A method gives a `Remapping` (the pieces of each query block, a `Layout`);
+`remap_attention` (`attention`) scores them by the fused CPU flash path
+(`flash_segments`) or the score path; `install` puts it into a model and guards it;
+`rope_type` is the rope type a remapped config carries. The maths is in
+``docs/methods/training_free.md``; the methods' configs and surgery are `hf_posext.methods.remapping`.
 """
 
 from .attention import (

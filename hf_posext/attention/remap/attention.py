@@ -1,9 +1,9 @@
 """Attention over remapped positions: what the training-free methods (Self-Extend, DCA, STRING, ReRoPE) share.
 
-:func:`remap_attention` is transformers' attention function of a remapped model. It asks the
-method for the pieces of each query block (a :class:`~.layout.Layout`) and scores them by one of
-two paths that agree to fp32 rounding: :mod:`.flash_segments`' fused flash kernel per piece,
-merged by log-sum-exp (CPU inference without a padding mask), or :func:`segmented_attention`,
+`remap_attention` is transformers' attention function of a remapped model. It asks the
+method for the pieces of each query block (a `layout.Layout`) and scores them by one of
+two paths that agree to fp32 rounding: `flash_segments`' fused flash kernel per piece,
+merged by log-sum-exp (CPU inference without a padding mask), or `segmented_attention`,
 which concatenates each block's pieces into one ``[block, keys]`` score row under one fp32
 softmax (masks, training, accelerators). The maths is in ``docs/methods/training_free.md``.
 """
@@ -20,7 +20,7 @@ from ..maps import attention_maps_requested, kernel_function
 from .flash_segments import flash_available, flash_segmented_attention
 from .layout import Layout
 
-#: The attribute of an attention module holding its :class:`RemapState`.
+#: The attribute of an attention module holding its `RemapState`.
 STATE_ATTR = "_hf_posext_remap"
 #: ``config._attn_implementation`` of the remapping wrapper of kernel ``k``: ``ATTENTION_PREFIX + k``.
 ATTENTION_PREFIX = "hf_posext_remap_"
@@ -91,7 +91,7 @@ def remap_attention(
     returns its own (the score path; with sdpa, eager's where nothing is remapped).
 
     Args:
-        module: an attention module carrying a :class:`RemapState`.
+        module: an attention module carrying a `RemapState`.
         query: rotated ``[batch, heads, seq, head_dim]``.
         key, value: rotated keys and values, cache included, ``[batch, kv_heads, kv_len, head_dim]``.
         attention_mask: the kernel's mask ``[batch, 1 or heads, seq, kv_len]`` or ``None``.
@@ -160,7 +160,7 @@ def new_maps(inputs: AttentionInputs) -> torch.Tensor | None:
 def positioned_attention(
     inputs: AttentionInputs, position_ids: torch.Tensor, state: RemapState, maps: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """:func:`remap_attention` for position ids that jump forward (PoSE's chunks): pairs remapped from those ids.
+    """`remap_attention` for position ids that jump forward (PoSE's chunks): pairs remapped from those ids.
 
     Every row is scored on its own, each pair by the variant its two positions select; the keys
     must be the new tokens themselves (no cache: the positions of cached keys are not known).
@@ -197,7 +197,7 @@ def positioned_attention(
 def packed_attention(
     inputs: AttentionInputs, position_ids: torch.Tensor, maps: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """:func:`remap_attention` for packed sequences (position ids that restart): each sequence on its own.
+    """`remap_attention` for packed sequences (position ids that restart): each sequence on its own.
 
     Self-Extend's groups and DCA's chunks depend on a token's own position, not only on distances,
     so every sequence is remapped from its own ids (transformers' packed mask keeps the sequences
@@ -240,9 +240,9 @@ def row_offsets(position_ids: torch.Tensor, batch: int, kv_len: int) -> torch.Te
 
 
 def attend(inputs: AttentionInputs, layout: Layout, offset: int, maps: torch.Tensor | None = None) -> torch.Tensor:
-    """The layout's attention by the fused path where it runs (no mask, :func:`flash_available`), else the score path.
+    """The layout's attention by the fused path where it runs (no mask, `flash_available`), else the score path.
 
-    Arguments as :func:`segmented_attention`'s. Attention maps (``maps``) come from the score path only: the fused
+    Arguments as `segmented_attention`'s. Attention maps (``maps``) come from the score path only: the fused
     one never holds the probabilities.
     """
     if inputs.attention_mask is None and maps is None and flash_available(inputs.module, inputs.kwargs, inputs.query):
@@ -273,7 +273,7 @@ def segmented_attention(
             these rows, ``[rows, 1 or heads, seq, >= kv_len]`` bool (True: attend) or additive float, or ``None``
             (causal), and the attention arguments (``scaling``, ``dropout``, ``softcap``).
         layout: the method's pieces.
-        offset: the rows' position offset (:func:`row_offsets`).
+        offset: the rows' position offset (`row_offsets`).
         maps: ``[rows, heads, seq, >= kv_len]`` float32 that receives the probabilities (after dropout,
             as eager returns them), or ``None``.
 

@@ -1,10 +1,10 @@
 """Remapped attention's fused path: one flash-kernel call per piece, the pieces merged exactly by log-sum-exp.
 
 PyTorch's CPU flash kernel returns a call's log-sum-exp beside its output, so the pieces of a
-:class:`~.layout.Layout` (each with its own (query, key) variant over its own key columns) make one
+`layout.Layout` (each with its own (query, key) variant over its own key columns) make one
 exact softmax without any score matrix in memory, at about the FLOPs of one causal attention
-(LongLM's and ChunkLlama's flash paths merge the same way). :mod:`.attention` takes this path where
-:func:`flash_available` says so (CPU inference without a padding mask, dropout or softcap) and its
+(LongLM's and ChunkLlama's flash paths merge the same way). `attention` takes this path where
+`flash_available` says so (CPU inference without a padding mask, dropout or softcap) and its
 score path everywhere else; tests/attention/remap/test_flash_segments.py checks the two against each other.
 """
 
@@ -76,7 +76,7 @@ def flash_available(module: nn.Module, kwargs: dict[str, Any], query: torch.Tens
 
 
 def flash_segmented_attention(inputs: AttentionInputs, layout: Layout, offset: int, scale: float) -> torch.Tensor:
-    """:func:`.attention.segmented_attention` without a mask beyond causal, by :func:`flash_with_lse` per piece.
+    """`attention.segmented_attention` without a mask beyond causal, by `flash_with_lse` per piece.
 
     Args:
         inputs: the call for these rows (its mask unused): values ``[rows, kv_heads, kv_len, head_dim]``; the

@@ -1,4 +1,4 @@
-"""Switching remapped attention (:mod:`.attention`) on and off in a model, with :func:`..wrapper.install_wrapper`.
+"""Switching remapped attention (`attention`) on and off in a model, with `wrapper.install_wrapper`.
 
 And the guard that refuses a forward after the attention implementation was changed away from it.
 """
@@ -63,7 +63,7 @@ def install_remapping(model: nn.Module, remapping: Remapping, rotary: nn.Module 
 
 
 def uninstall_remapping(model: nn.Module) -> None:
-    """Undo :func:`install_remapping` (a no-op when it is not installed)."""
+    """Undo `install_remapping` (a no-op when it is not installed)."""
     integration.remove_attention_state(model, STATE_ATTR)
 
 
@@ -91,5 +91,5 @@ def install_remap_guard(base: nn.Module) -> None:
 
 
 def remove_remap_guard(base: nn.Module) -> None:
-    """Undo :func:`install_remap_guard` (nothing to do if none is installed)."""
+    """Undo `install_remap_guard` (nothing to do if none is installed)."""
     remove_forward_guard(base, _GUARD_HANDLE)

@@ -2,11 +2,11 @@
 
 In transformers 5 an attention function receives queries and keys already rotated at their true
 positions. A method that scores some (query, key) pairs at other positions turns them further by
-the difference, ``R(p' theta) x = R((p' - p) theta) R(p theta) x`` (:func:`rotate_by`, fp32); the
+the difference, ``R(p' theta) x = R((p' - p) theta) R(p theta) x`` (`rotate_by`, fp32); the
 rotary module's attention factor is already in q and k, so it is counted once. A method's
-:class:`Layout` splits each block of query rows into column :class:`Piece` s, each scored by one
+`Layout` splits each block of query rows into column `Piece` s, each scored by one
 (query, key) variant or by two or three variants chosen per pair. The kernels that score the
-pieces (:mod:`.attention`'s score path, :mod:`.flash_segments`'s fused path) read only these; the
+pieces (`attention`'s score path, `flash_segments`'s fused path) read only these; the
 maths is in ``docs/methods/training_free.md``.
 """
 
@@ -48,7 +48,7 @@ class Queries:
     Args:
         query: ``[rows, heads, seq, d]`` as the kernel receives them.
         kv_heads: key heads; the queries of one key head are grouped (GQA without repeating keys).
-        delta: ``[rows, seq]`` positions to turn each query by (:func:`rotate_by`); ``None``: as they are.
+        delta: ``[rows, seq]`` positions to turn each query by (`rotate_by`); ``None``: as they are.
         inv_freq: the rotary frequencies, with ``delta``.
         scale: multiplies the queries first: a float, or ``[rows, seq]`` per query.
     """
@@ -115,7 +115,7 @@ class Layout(Protocol):
 class SplitLayout:
     """Pairs closer than ``window`` score ``near``, farther ones ``far``: Self-Extend, STRING, ReRoPE.
 
-    Each variant is a (:class:`Queries`, keys ``[rows, kv_heads, kv_len, d]`` float32) pair; the far
+    Each variant is a (`Queries`, keys ``[rows, kv_heads, kv_len, d]`` float32) pair; the far
     key may be the near one (STRING turns only the query). For a block of at most ``window`` query rows ``[a, b)``
     keys ``j <= a - window`` are far for every row, keys ``j > b - 1 - window`` near for every row (the
     block's own keys a causal square), and the ``b - a - 1`` columns between are chosen per pair
@@ -163,10 +163,10 @@ class SplitLayout:
 
 
 class PairLayout:
-    """A :class:`Layout` where every pair picks its variant by its own positions (two or three variants).
+    """A `Layout` where every pair picks its variant by its own positions (two or three variants).
 
     Args:
-        variants: (:class:`Queries`, keys ``[1, kv_heads, seq, d]`` float32) pairs.
+        variants: (`Queries`, keys ``[1, kv_heads, seq, d]`` float32) pairs.
         choices: ``[seq, seq]`` bool masks: ``choices[0]`` picks the first variant, ``choices[1]``
             (with three variants) the second among the rest.
     """
@@ -198,5 +198,5 @@ class PairLayout:
 def positioned_split(
     window: int, positions: torch.Tensor, near: tuple[Queries, torch.Tensor], far: tuple[Queries, torch.Tensor]
 ) -> PairLayout:
-    """:class:`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near if ``i - j < window``."""
+    """`SplitLayout`'s rule for tokens at any increasing ``positions`` ``[seq]``: near if ``i - j < window``."""
     return PairLayout([near, far], [positions[:, None] - positions[None, :] < window])

@@ -1,4 +1,4 @@
-"""The remapping's rope type: the checkpoint's own rope entry kept under :data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`.
+"""The remapping's rope type: the checkpoint's own rope entry kept under `hf_posext.rope_utils.REMAP_ROPE_TYPE`.
 
 The training-free methods keep the checkpoint's rotary embedding as it is (plain, raised theta, or a
 shipped static scaling: llama3, yarn, longrope); a patched config names the remapping's rope type and
@@ -22,7 +22,7 @@ def remap_rope_parameters(shipped: dict[str, Any]) -> dict[str, Any]:
 
 
 def shipped_parameters(rope_parameters: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint's own entry back from a :func:`remap_rope_parameters` one."""
+    """The checkpoint's own entry back from a `remap_rope_parameters` one."""
     params = dict(rope_parameters)
     params["rope_type"] = params.pop(REMAPPED_TYPE_KEY, "default")
     return params
@@ -37,7 +37,7 @@ def _shipped_config(config: Any, layer_type: str | None) -> Any:
 def compute_remap_rope_parameters(
     config: Any, device: torch.device | str | None = None, seq_len: int | None = None, layer_type: str | None = None
 ) -> tuple[torch.Tensor, float]:
-    """transformers' rope-init contract for :data:`~hf_posext.rope_utils.REMAP_ROPE_TYPE`: the shipped type's own.
+    """transformers' rope-init contract for `hf_posext.rope_utils.REMAP_ROPE_TYPE`: the shipped type's own.
 
     Plain RoPE as transformers' ``compute_default_rope_parameters`` computes it (bit for bit);
     any other type by its own transformers function.

@@ -3,8 +3,8 @@
 RULER's synthetic tasks (needle-in-a-haystack variants, variable tracking, common- and
 frequent-words extraction) plus a QA stand-in, built only from what ships with Python, each
 prompt fitted to an exact token length with the model's tokenizer; accuracies come with their
-sample counts and 95% Wilson intervals. ``hf-posext eval ruler`` (:mod:`hf_posext.commands.eval`)
-wraps :func:`ruler_accuracy` for checkpoints.
+sample counts and 95% Wilson intervals. ``hf-posext eval ruler`` (`hf_posext.commands.eval`)
+wraps `ruler_accuracy` for checkpoints.
 """
 
 from .fit import Prompt, fit_prompt, wrapper_for

@@ -166,11 +166,11 @@ def fit_prompt(
 
     Args:
         tokenizer: the model's tokenizer (``encode(text, add_special_tokens=...)``).
-        task: from :data:`~hf_posext.eval.ruler.tasks.TASKS`.
+        task: from `hf_posext.eval.ruler.tasks.TASKS`.
         length: the target length in tokens, answer budget included.
         seed: any string; the same seed gives the same prompt.
         depth: the first answer's needle depth in [0, 1] (NIAH and ``qa``).
-        wrapper: from :func:`wrapper_for` (default: the tokenizer's chat template if any).
+        wrapper: from `wrapper_for` (default: the tokenizer's chat template if any).
         hint: a guess of the number of haystack units (the previous prompt's), to save tokenizer calls.
         attempts: redraws allowed before giving up.
 

@@ -7,7 +7,7 @@
   stand-in's names), in place of RULER's ``wonderwords`` lists;
 * values: 7-digit numbers, UUIDs, upper-case variable names, 6-letter coded words.
 
-Every random choice takes a :class:`random.Random`, so a prompt is a function of its seed.
+Every random choice takes a `random.Random`, so a prompt is a function of its seed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Run the RULER-style suite on an in-memory model: :func:`ruler_accuracy`.
+"""Run the RULER-style suite on an in-memory model: `ruler_accuracy`.
 
 For each length and task, ``samples`` prompts are fitted to exactly ``length - budget`` tokens
 (so a cell's prompts need no padding), generated greedily in batches with the task's token
 budget, and scored. The model is used as it is: patch it once before the call. A ``store`` (the
-CLI's :class:`~hf_posext.eval.report.ResultFile`) makes the run resume cell by cell.
+CLI's `hf_posext.eval.report.ResultFile`) makes the run resume cell by cell.
 
 Example::
 
@@ -117,7 +117,7 @@ def run_cell(
     ``max_new_tokens`` caps generation below the task's budget (the prompts still leave the whole
     budget free, so they are RULER's); a cap can only lower a score, never raise it. ``finished``: the
     rows of an interrupted run by prompt index, reused where the prompt's seed and depth are the same;
-    ``on_prompt(index, row)`` is called as each new row is scored (:mod:`hf_posext.eval.prompt_log`).
+    ``on_prompt(index, row)`` is called as each new row is scored (`hf_posext.eval.prompt_log`).
 
     Returns:
         ``{"task", "length", "accuracy", "n", "low", "high", "prompt_tokens", "batch_size",
@@ -206,21 +206,21 @@ def ruler_accuracy(
         model: a causal LM with transformers' ``generate`` (patched beforehand if wanted).
         tokenizer: its tokenizer; its chat template is applied when it has one.
         lengths: target lengths in tokens (prompt + answer budget), as RULER's ``max_seq_length``.
-        tasks: task and group names (``"all"``, ``"niah"``, ``"vt,cwe"``...), see :func:`resolve_tasks`.
+        tasks: task and group names (``"all"``, ``"niah"``, ``"vt,cwe"``...), see `resolve_tasks`.
         samples: prompts per (task, length).
         seed: seeds every prompt; two models given the same seed are asked the same questions.
-        batch_size: prompts per ``generate``; ``None``: :func:`auto_batch_size`.
+        batch_size: prompts per ``generate``; ``None``: `auto_batch_size`.
         chat_template: ``None``: use the tokenizer's if any; ``False``: plain text.
         max_new_tokens: caps every task's generation budget (to save time; it can only lower scores).
         store: where finished cells are kept and looked up (``get(key, compute)``); ``"task/length"`` keys.
         progress: show a tqdm bar.
         prompts: where each finished prompt of a cell is kept until the cell is done, by ``"task/length"`` keys
-            (a :class:`~hf_posext.eval.prompt_log.PromptLog`'s ``finished``, ``add``, ``forget``): a cell cut short
+            (a `hf_posext.eval.prompt_log.PromptLog`'s ``finished``, ``add``, ``forget``): a cell cut short
             resumes from its finished prompts.
 
     Returns:
         ``{"cells": {"task/length": cell}, "average": {"length": summary}}``; a cell as
-        :func:`run_cell`, an average over the tasks' pooled samples (accuracy, n, low, high in %).
+        `run_cell`, an average over the tasks' pooled samples (accuracy, n, low, high in %).
 
     Raises:
         ValueError: unknown tasks, bad lengths or samples, or a length too short for a task.

@@ -1,8 +1,8 @@
 """RULER's synthetic tasks (Hsieh et al. 2024, ``NVIDIA/RULER/scripts/synthetic.yaml``) as prompt drafts.
 
-A task turns ``(seed, n, depth, length)`` into a :class:`Draft`: the user message with ``n``
+A task turns ``(seed, n, depth, length)`` into a `Draft`: the user message with ``n``
 haystack units (noise paragraphs, prose words, distractor needles, list words...), the answers
-and how often each must appear. :mod:`~hf_posext.eval.ruler.fit` picks ``n`` and a few
+and how often each must appear. `hf_posext.eval.ruler.fit` picks ``n`` and a few
 characters of ``Draft.continuation`` so the prompt has exactly the wanted number of tokens.
 Templates, answer prefixes and token budgets are RULER's (``NVIDIA/RULER/scripts/data/synthetic/constants.py``);
 ``qa`` is a stand-in (RULER's SQuAD/HotpotQA cannot be downloaded): made-up facts inserted as

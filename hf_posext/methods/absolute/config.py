@@ -1,7 +1,7 @@
 """The absolute position encodings' configs (``sinusoidal``, ``learned``): baselines for training from scratch.
 
-Rotary embeddings are switched off (:mod:`hf_posext.methods.norope`); the table and the hook that
-adds it to the input embeddings are the surgery's (:mod:`.surgery`). The formulas: docs/methods/absolute.md.
+Rotary embeddings are switched off (`hf_posext.methods.norope`); the table and the hook that
+adds it to the input embeddings are the surgery's (`surgery`). The formulas: docs/methods/absolute.md.
 """
 
 from __future__ import annotations

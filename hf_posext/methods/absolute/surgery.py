@@ -1,11 +1,11 @@
 """Surgery of the absolute position encodings (``sinusoidal``, ``learned``): a position table on the base model.
 
-The table lives in the base model as the submodule :data:`POSITIONS_ATTR` (so
+The table lives in the base model as the submodule `POSITIONS_ATTR` (so
 ``model.model.hf_posext_positions.weight`` is saved in ``model.safetensors``), and a forward
 pre-hook on the base model replaces ``input_ids`` by ``embed_tokens(input_ids) + PE(positions)``
 (user-given ``inputs_embeds`` get PE added too, as in GPT-2). Positions are ``position_ids`` when
 given, else counted from the first real token of the 2D attention mask (left-padded rows see the
-positions they would see alone), else continue the cache. :func:`hf_posext.from_pretrained`
+positions they would see alone), else continue the cache. [`hf_posext.from_pretrained`][hf_posext.from_pretrained]
 re-creates both as the base model is built, so the learned table is loaded from the checkpoint
 like any other weight.
 """

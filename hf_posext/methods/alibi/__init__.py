@@ -1,7 +1,7 @@
 """ALiBi (``alibi``): rotary off, a per-head linear bias in a registered attention; docs/methods/alibi.md.
 
-:mod:`.config` holds the config, :mod:`.attention` the attention and mask functions (with
-:mod:`.folded` and :mod:`.slopes`), :mod:`.surgery` what a patch and a load do to the model.
+`config` holds the config, `attention` the attention and mask functions (with
+`folded` and `slopes`), `surgery` what a patch and a load do to the model.
 """
 
 from ..norope import NO_ROPE_TYPES

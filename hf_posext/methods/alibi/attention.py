@@ -1,13 +1,13 @@
 """ALiBi as a transformers attention implementation: the mask function and the attention paths.
 
-:func:`alibi_mask` (registered with ``AttentionMaskInterface``) builds, once per forward, the mask
+`alibi_mask` (registered with ``AttentionMaskInterface``) builds, once per forward, the mask
 form the chosen backend needs from transformers' own mask functions and absolute cache
-positions; :func:`alibi_attention_forward` (``AttentionInterface``) turns it into the per-head
-bias -m_h (i - j) and runs the path (eager, sdpa, flex, flash, folded; :func:`select_backend`).
+positions; `alibi_attention_forward` (``AttentionInterface``) turns it into the per-head
+bias -m_h (i - j) and runs the path (eager, sdpa, flex, flash, folded; `select_backend`).
 The maths and each backend: docs/methods/alibi.md. Tests: ``tests/methods/alibi/test_attention.py``.
 
 Longer than ~400 lines on purpose: the mask function and the four paths exchange one mask form
-per backend (:func:`select_backend`), and each form is built next to the path that reads it.
+per backend (`select_backend`), and each form is built next to the path that reads it.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def alibi_mask(
         eager/SDPA: fp32 ``[batch, 1, q, kv]`` holding ``-(i - j)`` where allowed, ``-inf`` elsewhere;
         flex: a ``BlockMask``; flash: the 2D padding mask or ``None``; folded: ``None`` or a
         ``[batch, 1, 1, kv]`` boolean "key is real" where SDPA's ``is_causal`` is the rest of the
-        mask (see :mod:`.alibi_folded`), else the SDPA form.
+        mask (see `alibi_folded`), else the SDPA form.
     """
     if mask_function is None:
         mask_function = masking_utils.causal_mask_function
@@ -212,7 +212,7 @@ def _cached_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
 
 def head_slopes(module: torch.nn.Module, heads: int, device: torch.device) -> torch.Tensor:
     """``[heads]`` slopes of the query heads ``module`` attends over here: all of them, or under sequence
-    parallelism the slice of the heads this process holds (:mod:`hf_posext.attention.head_sharding`)."""
+    parallelism the slice of the heads this process holds (`hf_posext.attention.head_sharding`)."""
     first, total = held_heads(module, heads)
     return _cached_slopes(total, device)[first : first + heads]
 
@@ -250,7 +250,7 @@ def eager_alibi(
 
     Args:
         query: ``[batch, heads, q, head_dim]``; key, value: ``[batch, kv_heads, kv, head_dim]``.
-        mask: :func:`distance_mask` output ``[batch, 1, q, kv]``.
+        mask: `distance_mask` output ``[batch, 1, q, kv]``.
 
     Returns:
         ``([batch, q, heads, head_dim], weights [batch, heads, q, kv])``.
@@ -293,7 +293,7 @@ _FLEX_COMPILE_FAILED: set[str] = set()
 
 
 def _flex_attention(device_type: str = "cpu"):
-    """``flex_attention``, compiled once per process when :data:`FLEX_COMPILE` (and it compiles on ``device_type``)."""
+    """``flex_attention``, compiled once per process when `FLEX_COMPILE` (and it compiles on ``device_type``)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -448,7 +448,7 @@ def alibi_attention_forward(
         module: the attention layer (its ``config`` carries the backend).
         query: ``[batch, heads, q, head_dim]``, rotary already a no-op.
         key, value: ``[batch, kv_heads, kv, head_dim]`` including the cache.
-        attention_mask: what :func:`alibi_mask` built for this forward.
+        attention_mask: what `alibi_mask` built for this forward.
         scaling: the logit scale, ``1 / sqrt(head_dim)`` for these models.
         dropout: attention dropout probability (training only).
         sliding_window: the layer's window, used by the flash path (the others get it in the mask).

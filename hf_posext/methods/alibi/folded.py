@@ -2,8 +2,8 @@
 
 The per-head bias factorises over (query, key), so it becomes five extra channels of q and k, run
 by ``scaled_dot_product_attention(..., is_causal=True)``; the slope is split in two so the fp32
-logits stay within :func:`logit_error_bound` of the exact ones. Only masks ``is_causal`` can
-express come here (:func:`query_shift`); the rest run the exact ``sdpa`` path. The derivation and
+logits stay within `logit_error_bound` of the exact ones. Only masks ``is_causal`` can
+express come here (`query_shift`); the rest run the exact ``sdpa`` path. The derivation and
 the error bound: docs/methods/alibi.md ("The folded backend").
 """
 
@@ -65,7 +65,7 @@ def folded_mask(common: dict[str, Any], options: dict[str, Any], allow_is_causal
 
 
 def is_key_padding(mask: Any, query: torch.Tensor) -> bool:
-    """Whether ``mask`` is :func:`folded_mask`'s ``[batch, 1, 1, kv]`` "key is real" form.
+    """Whether ``mask`` is `folded_mask`'s ``[batch, 1, 1, kv]`` "key is real" form.
 
     The exact path's masks for a block of queries are ``[batch, 1, q, kv]`` and fp32; the folded
     form is only made for q > 1.
@@ -123,7 +123,7 @@ def folded_operands(
         scaling: the logit scale s, folded into q'.
         key_is_real: ``[batch, kv]`` boolean, False for padding keys; None when there is none.
         heads: ``(first, total)``: the query heads are ``first ..`` of ``total`` (heads split over
-            processes, :mod:`hf_posext.attention.head_sharding`); None: all of them.
+            processes, `hf_posext.attention.head_sharding`); None: all of them.
     """
     batch, local, q_length, head_dim = query.shape
     first, total = heads if heads is not None else (0, local)

@@ -1,7 +1,7 @@
 """Dual Chunk Attention (``dca``, An et al. 2024): chunked positions; docs/methods/training_free.md.
 
-:mod:`.config` holds the config and the load-time hook that adopts Qwen's ``dual_chunk_attention_config``,
-:mod:`.remap` the positions as attention pieces; the attention and surgery are shared with Self-Extend.
+`config` holds the config and the load-time hook that adopts Qwen's ``dual_chunk_attention_config``,
+`remap` the positions as attention pieces; the attention and surgery are shared with Self-Extend.
 """
 
 from ..registry import register_method

@@ -1,4 +1,4 @@
-"""Dual Chunk Attention's positions as the pieces of a :class:`hf_posext.attention.remap.layout.Layout`.
+"""Dual Chunk Attention's positions as the pieces of a `hf_posext.attention.remap.layout.Layout`.
 
 With ``c = chunk_size - local_size`` a key at position j sits at ``j mod c``. A query at i scores
 the keys of its own chunk at ``i mod c`` (causal), those of the previous chunk at

@@ -3,7 +3,7 @@
 Ding et al. 2024, arXiv:2402.13753 (microsoft/LongRoPE). Written as transformers' native
 ``longrope`` entry, so vanilla transformers, vLLM and SGLang load the checkpoint; with
 ``keep_first=n`` (the paper's n-hat: the first n positions on plain RoPE past the switch) as
-hf-posext's own rope type (:mod:`.rope`), which needs ``import hf_posext``. The exact KV cache
+hf-posext's own rope type (`rope`), which needs ``import hf_posext``. The exact KV cache
 across the switch, the default factors and the search: docs/methods/longrope.md.
 """
 
@@ -75,7 +75,8 @@ class LongRopeConfig(ExactCacheOption):
 
     Args:
         long_factor: one divisor per rotary pair used past L_orig; ``None``: YaRN's ramp at ``factor``
-            (:func:`yarn_long_factors`), what LongRoPE's search starts from (:func:`hf_posext.search_longrope`).
+            (`yarn_long_factors`), what LongRoPE's search starts from
+            ([`hf_posext.search_longrope`][hf_posext.search_longrope]).
         short_factor: the divisors up to L_orig; ``None``: ones (the model as pretrained).
         attention_factor: the cos/sin multiplier; ``None``: transformers' sqrt(1 + ln s / ln L_orig).
         keep_first: past the switch, positions ``0 .. keep_first - 1`` rotate with plain RoPE (no factor,

@@ -3,7 +3,7 @@
 A LongRoPE model picks its factors from the forward's positions: short up to L_orig, long past it.
 A training micro-batch knows which side it stands for (a PoSE sample spread over the target
 context is a long sequence even where its largest position is within L_orig), so
-:func:`pinned_factors` makes every forward inside it use one set, wherever the rotation is
+`pinned_factors` makes every forward inside it use one set, wherever the rotation is
 computed: the exact cache (``exact_cache=True``, the default), the keep-first rotary module, or
 transformers' own rotary module (``exact_cache=False``). Shang et al. 2025, arXiv 2502.20082.
 """

@@ -1,14 +1,14 @@
 """LongRoPE's rotary module (one factor set per sequence) and its keep-first rope type.
 
-:class:`LongRopeRotaryEmbedding` runs ``longrope`` as transformers does, the sequence's length
+`LongRopeRotaryEmbedding` runs ``longrope`` as transformers does, the sequence's length
 picking the short or the long factors for all its positions, per batch or per row. The keep-first
 type (the paper's n-hat, Ding et al. 2024, arXiv:2402.13753, sec. 3.2; microsoft/LongRoPE's start
 token): once a sequence is past L_orig, positions ``p < n`` rotate by ``p * theta^(-2i/d)`` with
 cos/sin multiplier 1 (the pretrained model's own RoPE), the others with the long factors and the
 attention factor; up to L_orig every position takes the short factors. Its rope type
-(:data:`~hf_posext.rope_utils.LONGROPE_KEEP_FIRST_ROPE_TYPE`) gives transformers one frequency set per
+(`hf_posext.rope_utils.LONGROPE_KEEP_FIRST_ROPE_TYPE`) gives transformers one frequency set per
 length; the kept positions are put in by the rotary module or, with ``factors_by="query"``, by the
-exact cache (:mod:`hf_posext.attention.exact_dynamic`). docs/methods/longrope.md.
+exact cache (`hf_posext.attention.exact_dynamic`). docs/methods/longrope.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def compute_keep_first_parameters(
     """transformers' rope-init contract: ``longrope``'s ``(inv_freq, attention_factor)`` for ``seq_len``.
 
     Those of the positions from ``keep_first`` on (short factors up to L_orig, long ones past it);
-    the kept positions are plain RoPE, which :class:`LongRopeRotaryEmbedding` and the exact cache
+    the kept positions are plain RoPE, which `LongRopeRotaryEmbedding` and the exact cache
     put in per position.
     """
     return integration.rope_init_function("longrope")(config, device, seq_len=seq_len, layer_type=layer_type)
@@ -53,7 +53,7 @@ def validate_keep_first_parameters(
 
     Raises:
         KeyError: a required key missing (an unknown one is warned about).
-        ValueError: a value :class:`~hf_posext.methods.longrope.LongRopeConfig` refuses, or ``keep_first``
+        ValueError: a value [`LongRopeConfig`][hf_posext.LongRopeConfig] refuses, or ``keep_first``
             outside ``[0, original_max_position_embeddings)``.
     """
     integration.check_received_keys(config, rope_parameters, _REQUIRED_KEYS, _OPTIONAL_KEYS, ignore_keys)
@@ -74,8 +74,8 @@ class LongRopeRotaryEmbedding(nn.Module):
     position of it, as transformers' ``longrope`` update does; past L_orig the positions below
     ``keep_first`` get plain RoPE's cos/sin, multiplier 1. With ``per_row=False`` one length picks for the
     whole batch (transformers' update bit for bit, ``exact_cache=False``); with ``per_row=True`` each batch
-    row is its own sequence (a left-padded row as if alone; the default cache, :mod:`.switch`, which also
-    makes a recompute of a prefix take the factors of the length it continues to, :func:`forcing`). The
+    row is its own sequence (a left-padded row as if alone; the default cache, `switch`, which also
+    makes a recompute of a prefix take the factors of the length it continues to, `forcing`). The
     wrapped module computes the tables (its ``inv_freq`` is set to each set in turn, in place, as
     transformers' own update does), so any layout of its tables works whose second dimension is the sequence.
 
@@ -162,14 +162,14 @@ class LongRopeRotaryEmbedding(nn.Module):
         return _select(keep, plain_tables, tables, rotary)
 
 
-#: Per thread: ``rows``, the factor set a recompute forces (:func:`forcing`); ``used``, the rows the last
-#: forward of a :class:`LongRopeRotaryEmbedding` took the long factors for (:func:`last_long_rows`).
+#: Per thread: ``rows``, the factor set a recompute forces (`forcing`); ``used``, the rows the last
+#: forward of a `LongRopeRotaryEmbedding` took the long factors for (`last_long_rows`).
 _forced = threading.local()
 
 
 @contextlib.contextmanager
 def forcing(rows: torch.Tensor) -> Iterator[None]:
-    """Within the block, this thread's :class:`LongRopeRotaryEmbedding` forwards take the long factors for the
+    """Within the block, this thread's `LongRopeRotaryEmbedding` forwards take the long factors for the
     batch rows where ``rows`` ``[batch]`` holds and the short ones elsewhere, whatever their positions."""
     _forced.rows = rows
     try:
@@ -179,8 +179,8 @@ def forcing(rows: torch.Tensor) -> Iterator[None]:
 
 
 def last_long_rows() -> tuple[torch.Tensor | None, bool]:
-    """``([batch or 1] bool, pinned)``: the rows this thread's last :class:`LongRopeRotaryEmbedding` forward took
-    the long factors for (``None`` before any), and whether :func:`~.pinned.pinned_factors` chose them; read and
+    """``([batch or 1] bool, pinned)``: the rows this thread's last `LongRopeRotaryEmbedding` forward took
+    the long factors for (``None`` before any), and whether `pinned.pinned_factors` chose them; read and
     cleared."""
     used, _forced.used = getattr(_forced, "used", None), None
     return used, bool(getattr(_forced, "pinned", False))
@@ -206,7 +206,7 @@ def _rows_where(keep: torch.Tensor, plain: torch.Tensor, scaled: torch.Tensor, r
 
 
 def wrap_rotary_modules(model: nn.Module, per_row: bool = False) -> None:
-    """Put a :class:`LongRopeRotaryEmbedding` around each rotary module of ``model`` (once)."""
+    """Put a `LongRopeRotaryEmbedding` around each rotary module of ``model`` (once)."""
     for name, rotary in list(integration.rotary_modules(model)):
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
         if not isinstance(parent, LongRopeRotaryEmbedding):
@@ -214,7 +214,7 @@ def wrap_rotary_modules(model: nn.Module, per_row: bool = False) -> None:
 
 
 def unwrap_rotary_modules(model: nn.Module) -> None:
-    """Undo :func:`wrap_rotary_modules` (a no-op without wrappers)."""
+    """Undo `wrap_rotary_modules` (a no-op without wrappers)."""
     wrapped = [(name, m) for name, m in model.named_modules() if isinstance(m, LongRopeRotaryEmbedding)]
     for name, module in wrapped:
         integration.replace_module(model, name, module.rotary)

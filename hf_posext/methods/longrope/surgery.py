@@ -1,5 +1,5 @@
-"""LongRoPE's surgery: the switch's cache (the default, :mod:`.switch`), the exact dynamic cache
-(``factors_by="query"``), or transformers' own cache with, for ``keep_first``, the rotary module of :mod:`.rope`."""
+"""LongRoPE's surgery: the switch's cache (the default, `switch`), the exact dynamic cache
+(``factors_by="query"``), or transformers' own cache with, for ``keep_first``, the rotary module of `rope`."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def _switches(method: LongRopeConfig, config: PreTrainedConfig) -> bool:
 
 
 class LongRopeSurgery(DynamicSurgery):
-    """:class:`~hf_posext.methods.dynamic.DynamicSurgery` for ``factors_by="query"`` and for ``exact_cache=False``
-    (with :class:`~.rope.LongRopeRotaryEmbedding` around the rotary modules of a keep-first model); by default
-    per-row rotary modules and the switch's recompute (:mod:`.switch`)."""
+    """[`DynamicSurgery`][hf_posext.DynamicSurgery] for ``factors_by="query"`` and for ``exact_cache=False``
+    (with `rope.LongRopeRotaryEmbedding` around the rotary modules of a keep-first model); by default
+    per-row rotary modules and the switch's recompute (`switch`)."""
 
     def check(self, method: LongRopeConfig, config: PreTrainedConfig, model: nn.Module | None) -> None:  # type: ignore[override]
         if method.factors_by == "query":

@@ -6,7 +6,7 @@ and values computed with the short ones (a later layer's from the earlier layers
 the first forward whose sequence passes L_orig (or, after a crop, is back within it) the prefix runs
 through the model once more, into the same cache, with the factors of the length it continues to;
 then the forward goes on. Each row is its own sequence (left padding as if alone). The prefix's
-inputs, positions and attention mask travel with the cache (:class:`Prefix`), through its crops,
+inputs, positions and attention mask travel with the cache (`Prefix`), through its crops,
 beam reorders and batch selections. docs/methods/longrope.md.
 """
 
@@ -23,11 +23,11 @@ import torch.nn as nn
 from ... import integration
 from .rope import LongRopeRotaryEmbedding, forcing, last_long_rows, unwrap_rotary_modules, wrap_rotary_modules
 
-#: The attribute of a cache holding its :class:`Prefix`.
+#: The attribute of a cache holding its `Prefix`.
 PREFIX_ATTR = "_hf_posext_longrope_prefix"
 #: The attribute of a base model holding the hooks' handles.
 HOOKS_ATTR = "_hf_posext_longrope_switch"
-#: Segments kept apart before :meth:`Prefix.append` joins them (a decoding step adds one).
+#: Segments kept apart before `Prefix.append` joins them (a decoding step adds one).
 _SEGMENTS = 64
 
 _thread = threading.local()  # recomputing: the switch's own forward runs; pending: what a forward's hook saw
@@ -230,7 +230,7 @@ def _before(
 
 
 def _prefix_of(cache: Any, past: int, batch: int) -> Prefix:
-    """The :class:`Prefix` of a cache holding ``past`` tokens of ``batch`` rows, cut to them (a crop)."""
+    """The `Prefix` of a cache holding ``past`` tokens of ``batch`` rows, cut to them (a crop)."""
     prefix = getattr(cache, PREFIX_ATTR, None)
     if prefix is None or prefix.length < past or len(prefix.long) != batch:
         held = "no record" if prefix is None else f"a record of {prefix.length} tokens in {len(prefix.long)} rows"
@@ -284,7 +284,7 @@ def _returned_cache(output: Any) -> Any | None:
 
 def install(base: nn.Module, rotaries: tuple[LongRopeRotaryEmbedding, ...]) -> None:
     """The switch's hooks on ``base``, the module holding the rotary modules ``rotaries`` (whose ``pinned`` set,
-    :func:`~.pinned.pinned_factors`, the hooks follow); once: a second call replaces them.
+    `pinned.pinned_factors`, the hooks follow); once: a second call replaces them.
 
     Raises:
         ValueError: ``base``'s forward takes no ``input_ids`` and cache (the prefix could not be run again).
@@ -304,7 +304,7 @@ def install(base: nn.Module, rotaries: tuple[LongRopeRotaryEmbedding, ...]) -> N
 
 
 def uninstall(base: nn.Module) -> None:
-    """Undo :func:`install` (nothing to do if it is not installed)."""
+    """Undo `install` (nothing to do if it is not installed)."""
     for handle in base.__dict__.pop(HOOKS_ATTR, ()):
         handle.remove()
 
@@ -318,7 +318,7 @@ def enable(model: nn.Module) -> None:
 
 
 def disable(model: nn.Module) -> None:
-    """Undo :func:`enable` (a no-op where it is not enabled)."""
+    """Undo `enable` (a no-op where it is not enabled)."""
     for module in model.modules():
         uninstall(module)
     unwrap_rotary_modules(model)

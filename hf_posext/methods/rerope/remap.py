@@ -1,4 +1,4 @@
-"""ReRoPE's positions as a :class:`hf_posext.attention.remap.layout.SplitLayout`.
+"""ReRoPE's positions as a `hf_posext.attention.remap.layout.SplitLayout`.
 
 Pairs closer than w score at their true positions. Farther ones: ReRoPE puts the query at w and the
 key at 0 (``rerope_patch.py``); leaky ReRoPE puts the query at ``(i + w (k - 1)) / k`` and the key at

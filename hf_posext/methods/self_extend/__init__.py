@@ -1,7 +1,7 @@
 """Self-Extend (``self_extend``, Jin et al. 2024): grouped positions past a local window; docs/methods/training_free.md.
 
-:mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
-surgery are shared with DCA (:mod:`hf_posext.attention.remap`, :mod:`..remapping`).
+`config` holds the config, `remap` the positions as attention pieces; the attention and
+surgery are shared with DCA (`hf_posext.attention.remap`, `remapping`).
 """
 
 from ..registry import register_method

@@ -1,4 +1,4 @@
-"""Self-Extend's positions as a :class:`hf_posext.attention.remap.layout.SplitLayout`.
+"""Self-Extend's positions as a `hf_posext.attention.remap.layout.SplitLayout`.
 
 Pairs closer than W score at their true positions; farther ones with the key at ``j // G`` and the
 query at ``i // G + W - W // G``, as LongLM's selection merge.

@@ -1,7 +1,7 @@
 """STRING (``string``, An et al. 2024): shifted positions inside the trained window; docs/methods/training_free.md.
 
-:mod:`.config` holds the config, :mod:`.remap` the positions as attention pieces; the attention and
-surgery are shared with the other remapping methods (:mod:`hf_posext.attention.remap`, :mod:`..remapping`).
+`config` holds the config, `remap` the positions as attention pieces; the attention and
+surgery are shared with the other remapping methods (`hf_posext.attention.remap`, `remapping`).
 """
 
 from ..registry import register_method

@@ -1,4 +1,4 @@
-"""STRING's positions as a :class:`hf_posext.attention.remap.layout.SplitLayout`.
+"""STRING's positions as a `hf_posext.attention.remap.layout.SplitLayout`.
 
 Pairs closer than S score at their true positions; farther ones with the query moved back by
 ``S - W`` (the key stays), as the authors' ``position_ids - shifted_offset + small_local_value``.

@@ -1,7 +1,7 @@
 """YaRN and dynamic YaRN: the NTK-by-parts frequency ramp plus an attention temperature.
 
 Peng et al. 2023, arXiv 2309.00071. Static YaRN is native ``rope_type="yarn"``; dynamic YaRN has
-its own rope type (:mod:`.rope`). The maths, where the code departs from the paper, the bound on
+its own rope type (`rope`). The maths, where the code departs from the paper, the bound on
 s(L) and the composition rules: docs/methods/yarn.md.
 """
 

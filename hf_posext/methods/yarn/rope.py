@@ -1,7 +1,7 @@
 """Dynamic YaRN's rope type: YaRN with s(L) = min(factor, max(1, L / L_orig)) from the current length.
 
-Registered with transformers as :data:`~hf_posext.rope_utils.DYNAMIC_YARN_ROPE_TYPE` by the family
-(:mod:`hf_posext.methods.yarn`); the shared frequency maths is in :mod:`hf_posext.rope_utils`.
+Registered with transformers as `hf_posext.rope_utils.DYNAMIC_YARN_ROPE_TYPE` by the family
+(`hf_posext.methods.yarn`); the shared frequency maths is in `hf_posext.rope_utils`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def compute_dynamic_yarn_parameters(
 
     Args:
         config: a model config whose ``rope_parameters`` has ``rope_type`` =
-            :data:`~hf_posext.rope_utils.DYNAMIC_YARN_ROPE_TYPE`, ``factor`` and ``original_max_position_embeddings``.
+            `hf_posext.rope_utils.DYNAMIC_YARN_ROPE_TYPE`, ``factor`` and ``original_max_position_embeddings``.
         device: where to build ``inv_freq``.
         seq_len: the current sequence length L; ``None`` at construction (s = 1).
         layer_type: the key of per-layer-type rope parameters, when the config nests them.
@@ -73,7 +73,7 @@ def _composed_dynamic_yarn(
     """Dynamic YaRN on a checkpoint's own static scaling (``base_factors`` c_i, ``base_attention_factor``).
 
     Up to ``reach`` (s = 1) the checkpoint's own frequencies and attention factor; past it, static
-    YaRN at s(L) on top of them (:func:`~hf_posext.rope_utils.yarn_pair_factors`).
+    YaRN at s(L) on top of them (`hf_posext.rope_utils.yarn_pair_factors`).
     """
     divisors = torch.tensor(params["base_factors"], dtype=torch.float64)
     base_inv_freq = default_inv_freq(theta, rotary_dim).double() / divisors
@@ -100,7 +100,7 @@ def validate_dynamic_yarn_parameters(
 
     Raises:
         KeyError: without ``factor`` or ``original_max_position_embeddings`` (an unknown key is warned about).
-        ValueError: a value :class:`~hf_posext.methods.yarn.DynamicYarnConfig` refuses.
+        ValueError: a value [`DynamicYarnConfig`][hf_posext.DynamicYarnConfig] refuses.
     """
     integration.check_received_keys(config, rope_parameters, _REQUIRED_KEYS, _OPTIONAL_KEYS, ignore_keys)
     DynamicYarnConfig(**{k: v for k, v in rope_parameters.items() if k in _VALIDATED_KEYS})
