@@ -245,6 +245,7 @@ def rows() -> list[Row]:
             config={"partial_rotary_factor": 0.5},
             model_type="phi3",
         ),
+        Row("Qwen3, `yarn`", "layout", "yarn", {"factor": 4}, model_type="qwen3"),  # llama.cpp's qwen3 graph
         Row("Gemma 3, `yarn` (its full-attention layers)", "layout", "yarn", {"factor": 4}, **GEMMA3),
         Row(
             "Gemma 3, `yarn` on both layer types",

@@ -25,7 +25,7 @@ from ..content_digest import file_digest
 from .. import files
 from ..files import atomic_directory, verify_folder
 from ..validation import path_shape, require
-from .reader import check_model_keys, open_gguf
+from .reader import architecture, check_model_keys, open_gguf
 
 logger = logging.getLogger("hf_posext")
 
@@ -88,9 +88,11 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     require("gguf", "gguf", f"reading {file.name}")  # transformers needs it; fail with the install line instead
     _check_complete(file)
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # here: ``import hf_posext`` stays light
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # ``import hf_posext`` stays light
 
-        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+        config = AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
+        _take_head_dim(config, file)
+        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, config=config, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
     except (ValueError, struct.error, KeyError, IndexError, EOFError) as err:
         # raised deep inside the reader ("cannot reshape array of size ..."), naming neither the file nor why
@@ -99,6 +101,16 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
             f"transformers cannot read): {type(err).__name__}: {err}"
         ) from err
     return model, tokenizer
+
+
+def _take_head_dim(config: Any, file: Path) -> None:
+    """Give ``config`` the file's ``attention.key_length`` as ``head_dim`` where transformers' GGUF reader leaves the
+    config class's default (transformers 5.25 maps it for qwen3_moe but not for qwen3, whose default is 128: a Qwen3
+    GGUF with other heads was built with the wrong shapes and refused, run: the reader matrix's Qwen3 row)."""
+    reader = open_gguf(file)
+    field = reader.fields.get(f"{architecture(reader)}.attention.key_length")
+    if field is not None and getattr(config, "head_dim", None) is not None:
+        config.head_dim = int(field.contents())
 
 
 def save_checkpoint(

@@ -86,6 +86,7 @@ GGUF_ROWS = {
     "`rope_type: llama3`",
     "`longrope`",
     "`self_extend`",
+    "Qwen3, `yarn`",  # the qwen3 graph; hf_posext.from_pretrained built it with transformers' default head_dim before
 }
 
 
