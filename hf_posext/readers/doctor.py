@@ -6,7 +6,8 @@ something else, silently) or ``refused`` (a loud error), the reader matrix's voc
 (`hf_posext.experiments.reader_matrix`, whose measured cells ``tests/experiments/test_reader_matrix.py``
 holds these rules to), or ``unknown``
 (no rule here covers it). transformers 5 is two readers: ``transformers5`` (no ``import hf_posext``) and
-``transformers5_hf_posext``. Configs with damaged fields: `diagnose_damaged`.
+``transformers5_hf_posext``. Configs with damaged fields, or that transformers 5 cannot read:
+`hf_posext.readers.doctor_damaged`.
 The engines' verdicts are `hf_posext.readers.support`'s; which rules ran against a real reader:
 `RULES`.
 """
@@ -24,7 +25,6 @@ from .. import integration
 from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for, reach_of
 from ..rope_utils import default_inv_freq, rotary_dim_of
 from . import llamacpp, transformers4, transformers5
-from ..validation.config_damage import rope_dict
 from .config_checks import check_config
 from .verdicts import PER_QUERY, WHOLE_SEQUENCE, support
 
@@ -80,7 +80,7 @@ class Finding:
         return out
 
 
-def _finding(key: str, verdict: str, why: str, checked: str | None = None) -> Finding:
+def finding(key: str, verdict: str, why: str, checked: str | None = None) -> Finding:
     return Finding(verdict, why, RULES[key], checked or CHECKED[key])
 
 
@@ -143,22 +143,20 @@ def _transformers5(config: Any, config_json: dict[str, Any]) -> dict[str, Findin
     rope_type = config.rope_parameters.get("rope_type", "default")
     if not _known(rope_type):
         why = f"building the model raises KeyError: {rope_type!r} (neither transformers 5 nor hf-posext knows it)"
-        refused = _finding("transformers5", "refused", why)
+        refused = finding("transformers5", "refused", why)
         return {"transformers5": refused, "transformers5_hf_posext": refused}
-    with_plugin = _finding(
-        "transformers5", "same", "after `import hf_posext`: hf-posext registers every type it writes"
-    )
+    with_plugin = finding("transformers5", "same", "after `import hf_posext`: hf-posext registers every type it writes")
     custom = _custom(config, config_json)
     record = getattr(config, "hf_posext", None) or {}
     if custom is not None:
         why = f"the {custom} is hf-posext's: a KeyError or ValueError naming it, which says to `import hf_posext`"
-        without = _finding("transformers5", "refused", why)
+        without = finding("transformers5", "refused", why)
     elif rope_type == "dynamic" and record.get("exact_cache"):
-        without = _finding("transformers5", "misread", WHOLE_SEQUENCE)
+        without = finding("transformers5", "misread", WHOLE_SEQUENCE)
     elif rope_type == "longrope" and record.get("factors_by") == "query":
-        without = _finding("transformers5", "misread", PER_QUERY)
+        without = finding("transformers5", "misread", PER_QUERY)
     else:
-        without = _finding("transformers5", "same", f"native rope type {rope_type!r}: loads with or without hf-posext")
+        without = finding("transformers5", "same", f"native rope type {rope_type!r}: loads with or without hf-posext")
     return {"transformers5": without, "transformers5_hf_posext": with_plugin}
 
 
@@ -166,9 +164,9 @@ def _transformers4(config: Any, config_json: dict[str, Any], reach: int, base: t
     try:
         read = transformers4.reading(config_json)
     except ValueError as error:
-        return _finding("transformers4", "refused", str(error))
+        return finding("transformers4", "refused", str(error))
     if _custom(config, config_json) is not None:
-        return _finding("transformers4", *base)
+        return finding("transformers4", *base)
     ran = "run here" if read["rope_type"] in RUN_IN_TRANSFORMERS4 else "read from source"
     intended = dict(config.rope_parameters)
     original = int(intended.get("original_max_position_embeddings") or config.max_position_embeddings)
@@ -185,18 +183,18 @@ def _transformers4(config: Any, config_json: dict[str, Any], reach: int, base: t
                 f"{read['original_max_position_embeddings']}, transformers 5: {original}): another switch point and "
                 "attention factor"
             )
-        return _finding("transformers4", "misread", why, ran)
-    return _finding("transformers4", *base, ran)
+        return finding("transformers4", "misread", why, ran)
+    return finding("transformers4", *base, ran)
 
 
 def _engine(key: str, base: tuple[str, str]) -> Finding:
-    return _finding(key, *base)
+    return finding(key, *base)
 
 
 def _export_route(config: Any) -> Finding:
     arch = MODEL_TYPES.get(getattr(config, "model_type", None))
     if arch is None:
-        return _finding(
+        return finding(
             "export",
             "refused",
             f"model_type {config.model_type!r}: the export writes the rope of "
@@ -205,10 +203,10 @@ def _export_route(config: Any) -> Finding:
     try:
         rope = gguf_rope_for(config, arch)
     except ValueError as error:
-        return _finding("export", "refused", str(error))
+        return finding("export", "refused", str(error))
     record = getattr(config, "hf_posext", None)
     if isinstance(record, dict) and record.get("method") == "longrope" and record.get("factors_by") == "query":
-        return _finding(  # run here: the reader matrix
+        return finding(  # run here: the reader matrix
             "export",
             "misread",
             "writes LongRoPE's long factors, which llama.cpp runs at every position of a sequence past L0 "
@@ -219,13 +217,13 @@ def _export_route(config: Any) -> Finding:
         if rope.scaling_type == "none" and rope.rope_freqs is None
         else ("a rope_freqs tensor" if rope.rope_freqs is not None else f"{rope.scaling_type} x{rope.factor:g}")
     )
-    return _finding("export", "same", f"writes {what} with context_length {rope.context_length}, as llama.cpp reads it")
+    return finding("export", "same", f"writes {what} with context_length {rope.context_length}, as llama.cpp reads it")
 
 
 def _llamacpp(config: Any, base: tuple[str, str]) -> Finding:
     arch = MODEL_TYPES.get(getattr(config, "model_type", None))
     if arch is None:
-        converter = _finding(
+        converter = finding(
             "converter",
             "unknown",
             f"model_type {config.model_type!r}: these rules cover the "
@@ -234,7 +232,7 @@ def _llamacpp(config: Any, base: tuple[str, str]) -> Finding:
     else:
         rope_type = config.rope_parameters.get("rope_type", "default")
         ran = rope_type in RUN_IN_CONVERTER or rope_type in transformers5.custom_rope_types()
-        converter = _finding("converter", *base, "run here" if ran else "read from source")
+        converter = finding("converter", *base, "run here" if ran else "read from source")
     export = _export_route(config)
     routes = {"converter": converter, "gguf_export": export}
     if converter.verdict == "same":
@@ -246,52 +244,8 @@ def _llamacpp(config: Any, base: tuple[str, str]) -> Finding:
     return Finding(converter.verdict, why, RULES["converter"], converter.checked, routes)
 
 
-def _llamacpp_damaged(config_json: dict[str, Any], damaged: list[dict[str, str]], fields: str) -> Finding:
-    """llama.cpp on a damaged config.json: its converter runs a number as written (a misread) and fails on a value
-    that is no number; ``hf-posext gguf export`` refuses the config (run here: the reader matrix)."""
-    values = [_field_value(config_json, c["field"]) for c in damaged]
-    not_numbers = [v for v in values if v is not None and not isinstance(v, (int, float))]
-    if not_numbers:
-        converter = _finding(
-            "converter",
-            "refused",
-            f"config.json's {fields}: the converter fails on a value that is no number",
-            "run here",
-        )
-    else:
-        converter = _finding(
-            "converter",
-            "misread",
-            f"config.json's {fields}: the converter writes the value as "
-            "written (or what it guesses for a missing one): not the model meant",
-            "run here",
-        )
-    export = _finding(
-        "export",
-        "refused",
-        f"refuses config.json's {fields} (hf-posext writes no GGUF of a damaged config)",
-        "run here",
-    )
-    routes = {"converter": converter, "gguf_export": export}
-    return Finding(
-        converter.verdict,
-        f"converter alone: {converter.why}; `hf-posext gguf export`: {export.why}",
-        RULES["converter"],
-        converter.checked,
-        routes,
-    )
-
-
-def _field_value(config_json: dict[str, Any], field: str) -> Any:
-    """The value at a dotted config.json path (``rope_parameters.factor``), or None."""
-    value: Any = config_json
-    for part in field.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
-def _unknown(key: str, why: str) -> Finding:
-    return _finding(key, "unknown", why)
+def unknown(key: str, why: str) -> Finding:
+    return finding(key, "unknown", why)
 
 
 def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
@@ -318,11 +272,11 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
             extended_layer_types=", ".join(record["layer_types"]) if record.get("layer_types") else None,
         )
         why = f"per-layer-type rope parameters ({', '.join(sorted(params))}): these rules compare a single rope"
-        readers = {key: _unknown(key if key != "llamacpp" else "converter", why) for key in READERS}
+        readers = {key: unknown(key if key != "llamacpp" else "converter", why) for key in READERS}
         converter = readers["llamacpp"]
-        ruled = llamacpp.per_layer_converter(getattr(config, "model_type", None), params)
-        if ruled is not None:
-            converter = _finding("converter", *ruled, "run here")  # tests/readers/test_llamacpp.py
+        by_source = llamacpp.per_layer_converter(getattr(config, "model_type", None), params)
+        if by_source is not None:
+            converter = finding("converter", *by_source, "run here")  # tests/readers/test_llamacpp.py
         routes = {"converter": converter, "gguf_export": _export_route(config)}
         readers["llamacpp"] = Finding(converter.verdict, converter.why, converter.rules, converter.checked, routes)
         readers.update(_transformers5_nested(config))
@@ -347,117 +301,24 @@ def diagnose(config_json: dict[str, Any], config: Any) -> dict[str, Any]:
     return {"rope": rope, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
 
 
-def diagnose_unreadable(config_json: dict[str, Any], error: str) -> dict[str, Any]:
-    """The readers of a config.json transformers 5 refuses to read (``error``: what ``AutoConfig`` raised)."""
-    refused = f"AutoConfig raises {error}"
-    readers = {
-        key: _finding("transformers5", "refused", refused) for key in ("transformers5", "transformers5_hf_posext")
-    }
-    try:
-        read = transformers4.reading(config_json)
-        readers["transformers4"] = _unknown(
-            "transformers4", f"reads {describe(read)}; not compared: transformers 5 builds no rope to compare with"
-        )
-    except ValueError as err:
-        readers["transformers4"] = _finding("transformers4", "refused", str(err))
-    for key in ("vllm", "sglang"):
-        readers[key] = _finding(key, "refused", f"reads config.json through transformers 5: {refused}")
-    readers["llamacpp"] = _unknown("converter", "not evaluated: transformers 5 cannot read the config")
-    rope = {
-        "rope_type": rope_dict(config_json).get("rope_type", rope_dict(config_json).get("type")),
-        "model_type": config_json.get("model_type"),
-    }
-    return {
-        "rope": rope,
-        "checks": check_config(config_json, None),
-        "readers": {k: f.to_dict() for k, f in readers.items()},
-    }
-
-
-def diagnose_damaged(
-    config_json: dict[str, Any], damaged: list[dict[str, str]], built: dict[str, str | None]
-) -> dict[str, Any]:
-    """The readers of a config.json whose rope or sizes are damaged, contradictory or missing (``damaged``:
-    `hf_posext.validation.config_damage.rope_damage`'s checks): a reader that reads such a field is not ``same``.
-
-    Args:
-        built: per ``transformers5`` and ``transformers5_hf_posext``, what transformers 5 raised reading the
-            config and building its model, run (``None``: it built one, with the damaged value).
-    """
-    fields = ", ".join(dict.fromkeys(c["field"] for c in damaged))
-    readers = {}
-    for key, error in built.items():
-        if error is None:
-            readers[key] = _finding("transformers5", "misread", f"builds the model with {fields} as config.json writes")
-        else:
-            readers[key] = _finding("transformers5", "refused", f"raises {error} (config.json's {fields})")
-    readers["transformers4"] = _transformers4_damaged(config_json, damaged)
-    for key in ("vllm", "sglang"):
-        why = f"config.json's {fields}: it runs the value as written or fails; either way not the model meant"
-        readers[key] = _finding(key, "misread", why, "read from source")
-    readers["llamacpp"] = _llamacpp_damaged(config_json, damaged, fields)
-    rope = rope_dict(config_json)
-    rope_type = rope.get("rope_type", rope.get("type"))
-    summary = {"rope_type": rope_type if isinstance(rope_type, str) else None, "model_type": config_json["model_type"]}
-    return {
-        "rope": summary,
-        "checks": check_config(config_json, None),
-        "readers": {k: f.to_dict() for k, f in readers.items()},
-    }
-
-
-def _read_by_4x(field_path: str) -> bool:
-    """Whether transformers 4.57 reads a config.json field: the top level and ``rope_scaling`` (never
-    ``rope_parameters``, nor a ``rope_theta`` inside ``rope_scaling``)."""
-    return not field_path.startswith("rope_parameters") and field_path != "rope_scaling.rope_theta"
-
-
-def _value_at(config_json: dict[str, Any], path: str) -> Any:
-    value: Any = config_json
-    for key in path.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
-
-
-def _transformers4_damaged(config_json: dict[str, Any], damaged: list[dict[str, str]]) -> Finding:
-    """4.57 on a damaged config: a damaged field it reads is run as written (a string raises TypeError in its rope
-    maths, run: the reader matrix); damage only where it does not look leaves its reading to compare."""
-    read = [c["field"] for c in damaged if _read_by_4x(c["field"])]
-    strings = [f for f in read if isinstance(_value_at(config_json, f), str)]
-    if strings:
-        return _finding("transformers4", "refused", f"its rope maths raises TypeError on the string in {strings[0]}")
-    if read:
-        return _finding("transformers4", "misread", f"runs {', '.join(read)} as config.json writes it")
-    try:
-        reading = transformers4.reading(config_json)
-    except ValueError as error:
-        return _finding("transformers4", "refused", str(error))
-    params = config_json.get("rope_parameters")
-    meant = {k: v for k, v in params.items() if k != "type"} if isinstance(params, dict) else {}
-    if meant and all(reading.get(k) == v for k, v in meant.items()) and set(reading) <= set(meant) | {"rope_type"}:
-        why = "it reads none of the damaged fields; its top-level rope_theta and rope_scaling are rope_parameters'"
-        return _finding("transformers4", "same", why)
-    return _finding("transformers4", "misread", f"runs {describe(reading)}, not rope_parameters' {describe(meant)}")
-
-
 def _transformers4_nested(config: Any, config_json: dict[str, Any]) -> dict[str, Finding]:
     """4.57 on per-layer-type rope parameters: a model type it does not know is refused; Gemma 3's fields are
     compared entry by entry (`transformers4.gemma3_reading`); no rule covers the other model types."""
     model_type = config_json.get("model_type")
     if model_type in transformers4.NOT_IN_4X:
         why = f"4.57 has no model type {model_type!r}: loading raises ValueError (does not recognize this architecture)"
-        return {"transformers4": _finding("transformers4", "refused", why, "run here")}
+        return {"transformers4": finding("transformers4", "refused", why, "run here")}
     if model_type not in transformers4.GEMMA3:
         return {}
     try:
         read = transformers4.gemma3_reading(config_json)
     except ValueError as error:
-        return {"transformers4": _finding("transformers4", "refused", str(error), "run here")}
+        return {"transformers4": finding("transformers4", "refused", str(error), "run here")}
     params = config.rope_parameters
     differ = [key for key in sorted(read) if read[key] != {k: v for k, v in params[key].items() if v is not None}]
     if not differ:
         why = "4.57's Gemma 3 reads rope_theta/rope_scaling (full attention) and rope_local_base_freq (sliding) alike"
-        return {"transformers4": _finding("transformers4", "same", why, "run here")}
+        return {"transformers4": finding("transformers4", "same", why, "run here")}
     runs = "; ".join(
         f"{key}: {describe(read[key])} where transformers 5 runs {describe(params[key])}" for key in differ
     )
@@ -465,17 +326,15 @@ def _transformers4_nested(config: Any, config_json: dict[str, Any]) -> dict[str,
         "4.57's Gemma 3 reads rope_theta/rope_scaling for full attention and plain RoPE at rope_local_base_freq for "
         f"sliding attention, never rope_parameters: {runs}"
     )
-    return {"transformers4": _finding("transformers4", "misread", why, "run here")}
+    return {"transformers4": finding("transformers4", "misread", why, "run here")}
 
 
 def _transformers5_nested(config: Any) -> dict[str, Finding]:
     entries = [e for e in (config.rope_parameters or {}).values() if isinstance(e, dict)]
     custom = [e["rope_type"] for e in entries if e.get("rope_type") in transformers5.custom_rope_types()]
-    with_plugin = _finding(
-        "transformers5", "same", "after `import hf_posext`: hf-posext registers every type it writes"
-    )
+    with_plugin = finding("transformers5", "same", "after `import hf_posext`: hf-posext registers every type it writes")
     if custom:
-        without = _finding("transformers5", "refused", f"rope types {custom} are hf-posext's: a KeyError naming them")
+        without = finding("transformers5", "refused", f"rope types {custom} are hf-posext's: a KeyError naming them")
     else:
-        without = _finding("transformers5", "same", "native per-layer-type rope: loads with or without hf-posext")
+        without = finding("transformers5", "same", "native per-layer-type rope: loads with or without hf-posext")
     return {"transformers5": without, "transformers5_hf_posext": with_plugin}
