@@ -4,7 +4,7 @@ running each reader (hf_posext/experiments/reader_matrix.py), against ``hf-posex
 The quick test compares doctor with the committed cells; the integration test runs the readers again
 (transformers 5 without and with hf_posext, hf_posext.from_pretrained, transformers 4.57 in its side
 environment) and checks that the committed matrix is what they do today; another runs llama.cpp and the
-export again on a few rows (:data:`GGUF_ROWS`: all 37 cost ~8 minutes of conversion, `benchmarks/reader_matrix.py`).
+export again on a few rows (`GGUF_ROWS`: all rows cost ~8 minutes of conversion, `benchmarks/reader_matrix.py`).
 """
 
 from __future__ import annotations
