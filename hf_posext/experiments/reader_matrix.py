@@ -33,6 +33,7 @@ import torch
 
 from ..gguf.converter import run_converter
 from ..gguf.export import export_gguf
+from ..gguf.rope import MODEL_TYPES
 from ..loading import from_pretrained
 from ..methods import available_methods, method_class
 from ..patching import patch_model
@@ -58,11 +59,12 @@ GGUF_READERS = ("llamacpp_converter", "llamacpp", "hf_posext_gguf")
 #: llama.cpp's f32 logits against torch's on the same weights and rope: at most 3.8e-4 where the model is the same,
 #: 3.9e-3 and more where the rope differs (YaRN's attention factor left out), in this matrix's rows.
 GGUF_TOLERANCE = 1e-3
-#: The model types whose tiny models llama.cpp runs as transformers does before any rope change (doctor's llama.cpp
-#: rules cover these graphs). Others are not run through the converter: their unpatched tiny model is already
-#: another model there (Gemma 3: 0.92 off before L0; Phi-3: the converter wants a sentencepiece tokenizer.model),
-#: so a cell would measure the graph, not the rope. ``hf-posext gguf export`` is still run on them (it refuses).
-GGUF_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+#: The model types `hf-posext gguf export` writes (`hf_posext.gguf.rope.MODEL_TYPES`, the graphs doctor's llama.cpp
+#: rules cover), whose tiny models llama.cpp runs as transformers does before any rope change. Others are not run
+#: through the converter: their unpatched tiny model is already another model there (Gemma 3: 0.92 off before L0;
+#: Phi-3: the converter wants a sentencepiece tokenizer.model), so a cell would measure the graph, not the rope.
+#: ``hf-posext gguf export`` is still run on them (it refuses).
+GGUF_MODEL_TYPES = tuple(MODEL_TYPES)
 
 # argv: mode (vanilla | plugin | hf_posext), tag, ids file, folders. Writes logits-TAG.pt or error-TAG.txt per
 # folder, then prints the versions it ran as JSON.
@@ -322,6 +324,11 @@ def rows() -> list[Row]:
     return out
 
 
+def _rows_named(names: set[str] | None) -> list[Row]:
+    """The rows named in ``names``, in the matrix's order (``None``: every row)."""
+    return [row for row in rows() if names is None or row.name in names]
+
+
 def write_row(
     row: Row, folder: Path, ids: torch.Tensor | None = None, tokenizer: Path | None = None
 ) -> torch.Tensor | None:
@@ -406,7 +413,7 @@ def measure(
     """
     ids = token_ids()
     torch.save(ids, scratch / "ids.pt")
-    chosen = [row for row in rows() if names is None or row.name in names]
+    chosen = _rows_named(names)
     intended, folders = {}, {}
     for i, row in enumerate(chosen):
         folders[row.name] = scratch / f"row{i:02d}"
@@ -452,7 +459,7 @@ def measure_gguf(scratch: Path, tools: GgufTools, names: set[str] | None = None)
     ids = token_ids()
     results: dict[tuple[str, str], dict[str, Any]] = {}
     intended, runs = {}, {}  # runs: gguf file -> (row, reader)
-    chosen = [row for row in rows() if names is None or row.name in names]
+    chosen = _rows_named(names)
     for i, row in enumerate(chosen):
         folder = scratch / f"gguf{i:02d}"
         intended[row.name] = write_row(row, folder, ids, tools.tokenizer)

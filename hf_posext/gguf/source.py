@@ -25,7 +25,7 @@ from ..content_digest import file_digest
 from .. import files
 from ..files import atomic_directory, verify_folder
 from ..validation import path_shape, require
-from .reader import architecture, check_model_keys, open_gguf
+from .reader import _value, architecture, check_model_keys, open_gguf
 
 logger = logging.getLogger("hf_posext")
 
@@ -86,12 +86,13 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     """
     file = _gguf_file(path)
     require("gguf", "gguf", f"reading {file.name}")  # transformers needs it; fail with the install line instead
-    _check_complete(file)
+    reader = open_gguf(file)
+    check_model_keys(reader, file)  # as `_check_complete`, on the reader `_take_head_dim` reads too
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # ``import hf_posext`` stays light
 
         config = AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
-        _take_head_dim(config, file)
+        _take_head_dim(config, reader)
         model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, config=config, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
     except (ValueError, struct.error, KeyError, IndexError, EOFError) as err:
@@ -103,14 +104,13 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tu
     return model, tokenizer
 
 
-def _take_head_dim(config: Any, file: Path) -> None:
+def _take_head_dim(config: Any, reader: Any) -> None:
     """Give ``config`` the file's ``attention.key_length`` as ``head_dim`` where transformers' GGUF reader leaves the
     config class's default (transformers 5.25 maps it for qwen3_moe but not for qwen3, whose default is 128: a Qwen3
     GGUF with other heads was built with the wrong shapes and refused, run: the reader matrix's Qwen3 row)."""
-    reader = open_gguf(file)
-    field = reader.fields.get(f"{architecture(reader)}.attention.key_length")
-    if field is not None and getattr(config, "head_dim", None) is not None:
-        config.head_dim = int(field.contents())
+    key_length = _value(reader, f"{architecture(reader)}.attention.key_length")
+    if key_length is not None and getattr(config, "head_dim", None) is not None:
+        config.head_dim = int(key_length)
 
 
 def save_checkpoint(
