@@ -21,8 +21,10 @@ from transformers import LlamaConfig, Qwen2Config
 import hf_posext
 from hf_posext.commands.doctor import diagnose_path
 from hf_posext.methods import available_methods, method_class
-from hf_posext.readers.doctor import READERS
+from hf_posext.readers.registry import READERS as REGISTRY
 from hf_posext.readers.shipped import SHIPPED, shipped_config_json
+
+READERS = [reader.key for reader in REGISTRY]
 
 HEADER = [
     "checkpoint",

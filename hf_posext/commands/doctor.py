@@ -143,7 +143,7 @@ def diagnose_path(path: str) -> dict[str, Any]:
             position embedding, a damaged GGUF file.
     """
     from ..gguf import is_gguf
-    from ..readers import doctor, doctor_damaged
+    from ..readers import doctor
 
     if is_gguf(path):
         from ..gguf.writer import architecture, check_model_keys, open_gguf, read_rope
@@ -184,13 +184,13 @@ def diagnose_path(path: str) -> dict[str, Any]:
     checks = check_config(config_json, None)
     damaged = rope_damage(checks)
     if damaged:
-        return {"path": str(path), **doctor_damaged.diagnose_damaged(config_json, damaged, _transformers5_builds(file))}
+        return {"path": str(path), **doctor.diagnose_damaged(config_json, damaged, _transformers5_builds(file))}
     with _transformers_warnings() as warned:
         try:
             config = AutoConfig.from_pretrained(file.parent)
         except (ValueError, KeyError, TypeError, StrictDataclassClassValidationError) as error:
             text = " ".join(line.strip() for line in str(error).splitlines())
-            report = doctor_damaged.diagnose_unreadable(config_json, f"{type(error).__name__}: {text}")
+            report = doctor.diagnose_unreadable(config_json, f"{type(error).__name__}: {text}")
             return {"path": str(path), **report}
     if not isinstance(getattr(config, "rope_parameters", None), dict):
         raise ValueError(

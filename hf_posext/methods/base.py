@@ -109,6 +109,13 @@ class MethodConfig:
             )
             object.__setattr__(self, "original_max_position_embeddings", length)
 
+    @classmethod
+    def only_hf_posext_computes(cls, record: dict[str, Any]) -> str | None:
+        """What a checkpoint saved with these options (its ``hf_posext`` record) computes that no reader but
+        transformers 5 after ``import hf_posext`` does, in one line, or ``None`` (default: nothing). Every other
+        reader that reads its rope type right then runs another model (`hf_posext.readers.registry.judge`)."""
+        return None
+
     def needs_factor(self) -> bool:
         """Whether this config, given no factor, leaves every model as it is (a command then asks for one).
 

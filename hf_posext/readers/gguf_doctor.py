@@ -1,6 +1,6 @@
 """``hf-posext doctor`` on a GGUF file: llama.cpp reads its keys directly, transformers converts it.
 
-The same `hf_posext.readers.doctor.Finding` per reader as for a config.json; a file whose rope keys or
+The same `hf_posext.readers.reader.Finding` per reader as for a config.json; a file whose rope keys or
 sizes are damaged (`hf_posext.validation.config_damage.gguf_damage`) gets `diagnose_damaged_gguf`.
 """
 
@@ -11,7 +11,8 @@ from typing import Any
 import transformers
 
 from ..gguf.rope import ARCHITECTURES, ROPE_FREQS_ARCHITECTURES
-from .doctor import Finding, unknown
+from .reader import Finding
+from .registry import reader
 
 #: What transformers 5 reads of a GGUF file's rope (``integrations/ggml.py``'s config mapping, 5.25.0:
 #: ``context_length`` and ``rope.freq_base`` for llama, qwen2, qwen3; ``rope.scaling.*`` for gpt-oss only).
@@ -55,10 +56,10 @@ def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
         t5 = Finding("same", "plain RoPE: transformers maps context_length and rope.freq_base", rules, "run here")
     readers = {"transformers5": t5, "transformers5_hf_posext": t5}
     for key in ("transformers4", "vllm", "sglang"):
-        readers[key] = unknown(key, "not checked for GGUF files (these rules read config.json)")
+        readers[key] = reader(key).finding("unknown", "not checked for GGUF files (these rules read config.json)")
     if arch not in ARCHITECTURES:
-        readers["llamacpp"] = unknown(
-            "converter", f"GGUF architecture {arch!r}: these rules cover the {', '.join(ARCHITECTURES)} graphs"
+        readers["llamacpp"] = reader("llamacpp").finding(
+            "unknown", f"GGUF architecture {arch!r}: these rules cover the {', '.join(ARCHITECTURES)} graphs"
         )
         return {"rope": summary, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
     unread = {k: v for k, v in keys.items() if k in GGUF_UNREAD and v != GGUF_UNREAD[k]}
@@ -108,7 +109,7 @@ def diagnose_damaged_gguf(arch: str, damaged: list[dict[str, str]]) -> dict[str,
     t5 = Finding("misread", why, rules, "read from source")
     readers = {"transformers5": t5, "transformers5_hf_posext": t5}
     for key in ("transformers4", "vllm", "sglang"):
-        readers[key] = unknown(key, "not checked for GGUF files (these rules read config.json)")
+        readers[key] = reader(key).finding("unknown", "not checked for GGUF files (these rules read config.json)")
     rules = "llama.cpp 0.3.36 (what it reads, measured: tests/gguf/test_export.py, docs/readers/llamacpp.md)"
     readers["llamacpp"] = Finding("misread", why, rules, "read from source")
     return {

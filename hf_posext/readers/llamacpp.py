@@ -7,10 +7,15 @@ measurements: docs/readers/llamacpp.md ("What the converter writes").
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for
+from ..methods.registry import method_class
 from ..rope_utils import yarn_mscale
-from .rope import RopeDescription, describe
+from . import transformers5
+from .reader import Finding, Reader, Subject, engine_verdict
+from .rope import RopeDescription, describe, intended_rope
 
 LENGTH_KEYS = (
     "max_position_embeddings",
@@ -118,3 +123,128 @@ def per_layer_converter(model_type: str | None, rope_parameters: dict[str, Any])
     if model_type in ("gemma3_text", "gemma3") and sliding.get("rope_type", "default") != "default":
         return "misread", f"llama.cpp runs Gemma 3's sliding layers unscaled: {sliding['rope_type']} is dropped there"
     return None
+
+
+#: Rope types whose converter keys were run here through the real ``convert_hf_to_gguf.py`` (0.3.36):
+#: tests/readers/test_llamacpp.py and tests/gguf/test_export.py (hf-posext's own types: its unknown-type rule).
+RUN_IN_CONVERTER = ("default", "linear", "dynamic", "yarn", "longrope")
+#: The advice for a static rope the converter writes wrong.
+EXPORT_ADVICE = "`hf-posext gguf export` writes the GGUF rope llama.cpp reads"
+
+
+def _converter_rope(subject: Subject) -> tuple[str, str]:
+    """``(verdict, why)`` of llama.cpp 0.3.36 on the keys its converter writes for a one-rope config."""
+    params, rope_type, method = subject.params, subject.rope_type, subject.method
+    if method is not None and method_class(method).adds_weights:
+        return "refused", f"the converter cannot map the weights {method} adds (its position table)"
+    if rope_type in transformers5.custom_rope_types():
+        return "misread", "the converter logs 'Unknown RoPE type' and writes plain RoPE"
+    if rope_type == "dynamic":
+        return "misread", "the converter drops dynamic scaling without a word: plain RoPE"
+    if rope_type == "yarn" and params.get("truncate") is False:  # run here: the reader matrix
+        return "misread", (
+            "the converter drops truncate: false and llama.cpp rounds YaRN's ramp bounds (truncate: true); "
+            + EXPORT_ADVICE
+        )
+    keys = gguf_rope_keys(subject.config.to_dict())
+    status, how = engine_verdict(
+        lambda: effective_rope(keys), intended_rope(params), int(keys.get("context_length", 0)), subject.context, "-c"
+    )
+    if status == "misread":  # a static rope the converter writes under keys llama.cpp 0.3.36 does not read
+        how += f"; {EXPORT_ADVICE}"
+    return status, how
+
+
+def _converter(subject: Subject) -> Finding:
+    """The converter route: ``convert_hf_to_gguf.py``, then llama.cpp on its keys."""
+    config = subject.config
+    if subject.situation == "layered":
+        by_source = per_layer_converter(getattr(config, "model_type", None), subject.params)
+        if by_source is None:
+            return READER.one_rope_only(subject)
+        return READER.finding(*by_source, "run here")  # tests/readers/test_llamacpp.py
+    if MODEL_TYPES.get(getattr(config, "model_type", None)) is None:
+        return READER.finding(
+            "unknown",
+            f"model_type {config.model_type!r}: these rules cover the "
+            f"{', '.join(ARCHITECTURES)} GGUF graphs (model types {', '.join(sorted(MODEL_TYPES))})",
+        )
+    ran = subject.rope_type in RUN_IN_CONVERTER or subject.rope_type in transformers5.custom_rope_types()
+    return READER.finding(*_converter_rope(subject), "run here" if ran else "read from source")
+
+
+def _export(subject: Subject) -> Finding:
+    """The ``hf-posext gguf export`` route (the rope it writes, or why it refuses), then llama.cpp."""
+    config = subject.config
+    if subject.situation == "damaged":
+        why = f"refuses config.json's {subject.fields} (hf-posext writes no GGUF of a damaged config)"
+        return EXPORT.finding("refused", why)
+    if MODEL_TYPES.get(getattr(config, "model_type", None)) is None:
+        why = f"model_type {config.model_type!r}: the export writes the rope of {', '.join(sorted(MODEL_TYPES))}"
+        return EXPORT.finding("refused", f"{why} checkpoints only")
+    try:
+        rope = gguf_rope_for(config, MODEL_TYPES[config.model_type])
+    except ValueError as error:
+        return EXPORT.finding("refused", str(error))
+    what = (
+        "plain RoPE"
+        if rope.scaling_type == "none" and rope.rope_freqs is None
+        else ("a rope_freqs tensor" if rope.rope_freqs is not None else f"{rope.scaling_type} x{rope.factor:g}")
+    )
+    return EXPORT.finding("same", f"writes {what} with context_length {rope.context_length}, as llama.cpp reads it")
+
+
+def _damaged(subject: Subject) -> Finding:
+    """The converter on a damaged config.json runs a number as written (a misread) and fails on a value that is no
+    number (run here: the reader matrix)."""
+    values = [subject.value_at(check["field"]) for check in subject.damaged]
+    if any(v is not None and not isinstance(v, (int, float)) for v in values):
+        why = f"config.json's {subject.fields}: the converter fails on a value that is no number"
+        return READER.finding("refused", why, "run here")
+    why = (
+        f"config.json's {subject.fields}: the converter writes the value as written (or what it guesses for a "
+        "missing one): not the model meant"
+    )
+    return READER.finding("misread", why, "run here")
+
+
+def _judge(subject: Subject) -> Finding:
+    """llama.cpp through either route: ``same`` where the converter alone gives the model, else the converter's
+    verdict, saying whether `hf-posext gguf export` gives it."""
+    if subject.situation == "unreadable":
+        return READER.finding("unknown", "not evaluated: transformers 5 cannot read the config")
+    converter = _damaged(subject) if subject.situation == "damaged" else _converter(subject)
+    export = _export(subject)
+    if subject.only_hf_posext is not None:  # run here for LongRoPE factors_by="query": the reader matrix
+        converter, export = (
+            replace(route, verdict="misread", why=subject.only_hf_posext) if route.verdict == "same" else route
+            for route in (converter, export)
+        )
+    routes = {"converter": converter, "gguf_export": export}
+    if converter.verdict == "same":
+        why = converter.why
+    elif export.verdict == "same":
+        why = f"only through `hf-posext gguf export` ({export.why}); the converter alone: {converter.why}"
+    else:
+        why = f"converter alone: {converter.why}; `hf-posext gguf export`: {export.why}"
+    return READER.finding(converter.verdict, why, converter.checked, routes)
+
+
+#: llama.cpp 0.3.36, through its converter; the `EXPORT` route is a reader's own.
+READER = Reader(
+    "llamacpp",
+    "llama.cpp",
+    "convert_hf_to_gguf.py of llama-cpp-python 0.3.36 (run here for rope types "
+    f"{', '.join(RUN_IN_CONVERTER)} and hf-posext's own: tests/readers/test_llamacpp.py; read from its source "
+    "otherwise) and llama.cpp 0.3.36 on its keys (run and measured: tests/gguf/test_export.py)",
+    "run here",
+    _judge,
+)
+#: ``hf-posext gguf export``, then llama.cpp 0.3.36 on the GGUF it writes.
+EXPORT = Reader(
+    "gguf_export",
+    "llama.cpp via `hf-posext gguf export`",
+    "hf-posext gguf export, then llama.cpp 0.3.36 (run and compared: tests/gguf/test_export.py)",
+    "run here",
+    _export,
+)

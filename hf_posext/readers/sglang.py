@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .rope import RopeDescription, describe
+from ..rope_utils import rotary_dim_of
+from .reader import Finding, Reader, Subject, engine_verdict
+from .rope import RopeDescription, describe, intended_rope
 
 #: ``CONTEXT_LENGTH_KEYS``, in SGLang's order (the first present wins).
 LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
@@ -59,3 +61,29 @@ def effective_rope(config: Any, rotary_dim: int) -> RopeDescription:
     if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
         return describe("longrope", theta)
     raise ValueError(f"Unknown RoPE scaling type {rope_type}")
+
+
+def _judge(subject: Subject) -> Finding:
+    answer = READER.through_transformers5(subject)
+    if answer is not None:
+        return answer
+    config = subject.config
+    return READER.finding(
+        *engine_verdict(
+            lambda: effective_rope(config, rotary_dim_of(config)),
+            intended_rope(subject.params),
+            context_length(config),
+            subject.context,
+            "--context-length",
+        )
+    )
+
+
+#: SGLang, from its source.
+READER = Reader(
+    "sglang",
+    "SGLang",
+    "SGLang 0.5.x, commit 108c36c (get_context_length, get_rope): read from source, not run",
+    "read from source",
+    _judge,
+)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .reader import Finding, Reader, Subject
+from .rope import in_words, same_rope
+
 #: Rope types transformers 4.57.6 implements (``ROPE_INIT_FUNCTIONS`` plus ``default``).
 KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
@@ -167,3 +170,113 @@ def verdict(rope_type: str) -> tuple[str, str]:
     if rope_type in KNOWN_ROPE_TYPES:
         return "same", "same logits as transformers 5, from the legacy rope_theta / rope_scaling"
     return "refused", f"building the model raises KeyError: {rope_type!r}"
+
+
+#: Rope types whose 4.57 reading was run here against a real transformers 4.57.6 (logits compared):
+#: tests/readers/test_transformers4.py and tests/readers/test_doctor_readers.py.
+RUN_IN_TRANSFORMERS4 = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+def _judge(subject: Subject) -> Finding:
+    if subject.situation == "unreadable":
+        try:
+            read = reading(subject.config_json)
+        except ValueError as error:
+            return READER.finding("refused", str(error))
+        why = f"reads {in_words(read)}; not compared: transformers 5 builds no rope to compare with"
+        return READER.finding("unknown", why)
+    if subject.situation == "damaged":
+        return _damaged(subject)
+    if subject.situation == "layered":
+        return _layered(subject)
+    try:
+        read = reading(subject.config_json)
+    except ValueError as error:
+        return READER.finding("refused", str(error))
+    base = verdict(subject.rope_type)
+    if base[0] != "same":  # a rope type only transformers 5 (or hf-posext) has
+        return READER.finding(*base)
+    ran = "run here" if read["rope_type"] in RUN_IN_TRANSFORMERS4 else "read from source"
+    intended, config = subject.params, subject.config
+    original = int(intended.get("original_max_position_embeddings") or config.max_position_embeddings)
+    lengths = tuple(sorted({original, max(subject.context, original + 1)}))
+    if same_rope(config, read, intended, lengths):
+        return READER.finding(*base, ran)
+    legacy = "config.json has no rope_scaling" if not subject.config_json.get("rope_scaling") else "its legacy fields"
+    why = (
+        f"4.57 reads the top-level rope_theta/rope_scaling, never rope_parameters ({legacy}): it runs "
+        f"{in_words(read)} where transformers 5 runs {in_words(intended)}"
+    )
+    if read.get("rope_type") == "longrope":
+        why = (
+            f"4.57 takes LongRoPE's L0 from a top-level original_max_position_embeddings only (here "
+            f"{read['original_max_position_embeddings']}, transformers 5: {original}): another switch point and "
+            "attention factor"
+        )
+    return READER.finding("misread", why, ran)
+
+
+def _layered(subject: Subject) -> Finding:
+    """4.57 on per-layer-type rope parameters: a model type it does not know is refused; Gemma 3's fields are
+    compared entry by entry (`gemma3_reading`); no rule covers the other model types."""
+    model_type = subject.config_json.get("model_type")
+    if model_type in NOT_IN_4X:
+        why = f"4.57 has no model type {model_type!r}: loading raises ValueError (does not recognize this architecture)"
+        return READER.finding("refused", why, "run here")
+    if model_type not in GEMMA3:
+        return READER.one_rope_only(subject)
+    try:
+        read = gemma3_reading(subject.config_json)
+    except ValueError as error:
+        return READER.finding("refused", str(error), "run here")
+    params = subject.params
+    differ = [key for key in sorted(read) if read[key] != {k: v for k, v in params[key].items() if v is not None}]
+    if not differ:
+        why = "4.57's Gemma 3 reads rope_theta/rope_scaling (full attention) and rope_local_base_freq (sliding) alike"
+        return READER.finding("same", why, "run here")
+    runs = "; ".join(
+        f"{key}: {in_words(read[key])} where transformers 5 runs {in_words(params[key])}" for key in differ
+    )
+    why = (
+        "4.57's Gemma 3 reads rope_theta/rope_scaling for full attention and plain RoPE at rope_local_base_freq for "
+        f"sliding attention, never rope_parameters: {runs}"
+    )
+    return READER.finding("misread", why, "run here")
+
+
+def _read_by_4x(field_path: str) -> bool:
+    """Whether transformers 4.57 reads a config.json field: the top level and ``rope_scaling`` (never
+    ``rope_parameters``, nor a ``rope_theta`` inside ``rope_scaling``)."""
+    return not field_path.startswith("rope_parameters") and field_path != "rope_scaling.rope_theta"
+
+
+def _damaged(subject: Subject) -> Finding:
+    """4.57 on a damaged config: a damaged field it reads is run as written (a string raises TypeError in its rope
+    maths, run: the reader matrix); damage only where it does not look leaves its reading to compare."""
+    read = [c["field"] for c in subject.damaged if _read_by_4x(c["field"])]
+    strings = [f for f in read if isinstance(subject.value_at(f), str)]
+    if strings:
+        return READER.finding("refused", f"its rope maths raises TypeError on the string in {strings[0]}")
+    if read:
+        return READER.finding("misread", f"runs {', '.join(read)} as config.json writes it")
+    try:
+        runs = reading(subject.config_json)
+    except ValueError as error:
+        return READER.finding("refused", str(error))
+    params = subject.config_json.get("rope_parameters")
+    meant = {k: v for k, v in params.items() if k != "type"} if isinstance(params, dict) else {}
+    if meant and all(runs.get(k) == v for k, v in meant.items()) and set(runs) <= set(meant) | {"rope_type"}:
+        why = "it reads none of the damaged fields; its top-level rope_theta and rope_scaling are rope_parameters'"
+        return READER.finding("same", why)
+    return READER.finding("misread", f"runs {in_words(runs)}, not rope_parameters' {in_words(meant)}")
+
+
+#: transformers 4.57.6, in the tests' side environment.
+READER = Reader(
+    "transformers4",
+    "transformers 4.57",
+    "transformers 4.57.6 (hf_posext/readers/transformers4.py; run here against a real 4.57.6 for rope types "
+    f"{', '.join(RUN_IN_TRANSFORMERS4)} and hf-posext's own; read from its source otherwise)",
+    "run here",
+    _judge,
+)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .rope import RopeDescription, describe
+from .reader import Finding, Reader, Subject, engine_verdict
+from .rope import RopeDescription, describe, intended_rope
 
 #: ``_get_and_verify_max_len``'s ``possible_keys``, in its order (the smallest value wins).
 LENGTH_KEYS = (
@@ -74,3 +75,35 @@ def effective_rope(config: Any) -> RopeDescription:
     if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
         return describe("longrope", theta)
     raise ValueError(f"Unknown RoPE scaling type {rope_type}")
+
+
+#: Model types whose vLLM model file reads ``dual_chunk_attention_config`` (vLLM main: qwen2.py,
+#: qwen2_moe.py, qwen3.py, qwen3_moe.py).
+DUAL_CHUNK_MODEL_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+
+
+def _judge(subject: Subject) -> Finding:
+    answer = READER.through_transformers5(subject)
+    if answer is not None:
+        return answer
+    config = subject.config
+    if getattr(config, "dual_chunk_attention_config", None) and config.model_type in DUAL_CHUNK_MODEL_TYPES:
+        why = (
+            "reads dual_chunk_attention_config before the rope type (get_rope's dual-chunk branch, "
+            "DualChunkFlashAttention; plain-theta frequencies; not run here)"
+        )
+        return READER.finding("same", why)
+    intended, context = intended_rope(subject.params), max_model_len(config)
+    return READER.finding(
+        *engine_verdict(lambda: effective_rope(config), intended, context, subject.context, "--max-model-len")
+    )
+
+
+#: vLLM, from its source.
+READER = Reader(
+    "vllm",
+    "vLLM",
+    "vLLM main, commits 0052a5b (max_model_len), 07b12f1 (get_rope), 3cfbaf3 (dynamic NTK): read from source, not run",
+    "read from source",
+    _judge,
+)

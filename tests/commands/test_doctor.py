@@ -9,8 +9,11 @@ import pytest
 from tests.helpers.gguf_files import write_tiny_gguf
 
 from hf_posext.commands.main import main
-from hf_posext.readers.doctor import READERS, VERDICTS
+from hf_posext.readers import ANSWERS
+from hf_posext.readers.registry import READERS as REGISTRY
 from hf_posext.readers.shipped import shipped_config_json
+
+READERS = [reader.key for reader in REGISTRY]
 
 QWEN = "Qwen2.5 with YaRN (`yarn`, as its model card adds it)"
 
@@ -35,7 +38,7 @@ def test_json_names_every_reader_with_a_verdict_and_why(tmp_path, capsys):
     assert list(report["readers"]) == list(READERS)
     assert list(READERS) == ["transformers5", "transformers5_hf_posext", "transformers4", "vllm", "sglang", "llamacpp"]
     for finding in report["readers"].values():
-        assert finding["verdict"] in VERDICTS and finding["why"] and finding["rules"]
+        assert finding["verdict"] in ANSWERS and finding["why"] and finding["rules"]
         assert finding["checked"] in ("run here", "read from source")
     assert report["rope"]["reach"] == 131072 and isinstance(report["checks"], list)
 

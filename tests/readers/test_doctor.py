@@ -18,8 +18,12 @@ import hf_posext
 from hf_posext.commands.doctor import diagnose_path
 from hf_posext.methods import available_methods, method_class
 from hf_posext.readers import sglang, support, vllm
-from hf_posext.readers.doctor import READERS, VERDICTS, Finding, diagnose
+from hf_posext.readers import ANSWERS, Finding
+from hf_posext.readers.doctor import diagnose
+from hf_posext.readers.registry import READERS as REGISTRY
 from hf_posext.readers.shipped import SHIPPED, shipped_config_json
+
+READERS = {reader.key: reader.name for reader in REGISTRY}
 
 L_ORIG = 64
 
@@ -66,7 +70,7 @@ def test_engine_verdicts_are_the_support_rules(tmp_path, method):
     converter = report["readers"]["llamacpp"]["routes"]["converter"]
     assert converter["verdict"] == expected["llama.cpp"][0]
     for finding in report["readers"].values():
-        assert finding["verdict"] in VERDICTS and finding["why"] and finding["rules"]
+        assert finding["verdict"] in ANSWERS and finding["why"] and finding["rules"]
 
 
 def test_transformers5_without_the_plugin_refuses_exactly_where_a_transformers_without_it_refuses(tmp_path):

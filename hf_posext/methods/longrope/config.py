@@ -104,6 +104,15 @@ class LongRopeConfig(ExactCacheOption):
     keep_first: int = 0
     factors_by: str = "sequence"
 
+    @classmethod
+    def only_hf_posext_computes(cls, record: dict[str, Any]) -> str | None:
+        if record.get("factors_by") != "query":
+            return None
+        return (
+            "past L_orig it applies the long factors to every position (transformers' longrope); factors_by='query' "
+            "keeps the rows before L_orig on the short ones, which only hf-posext computes"
+        )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.factors_by not in FACTORS_BY:

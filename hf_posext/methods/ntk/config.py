@@ -44,5 +44,14 @@ class DynamicNTKConfig(DynamicScaling):
     paper = "emozilla 2023; YaRN paper arXiv:2309.00071 sec. 3.3"
     static_equivalent = "ntk"
 
+    @classmethod
+    def only_hf_posext_computes(cls, record: dict[str, Any]) -> str | None:
+        if not record.get("exact_cache"):
+            return None
+        return (
+            "transformers' own dynamic NTK: frequencies from the whole sequence's length, at every position once it "
+            "passes L_orig; this checkpoint's exact cache computes them per position, which only hf-posext does"
+        )
+
     def rope_parameters(self, base: BaseRope) -> dict[str, Any]:
         return {**base.rope_parameters, "rope_type": "dynamic", "factor": self.factor}
