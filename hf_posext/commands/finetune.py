@@ -99,7 +99,24 @@ def build_parser(description: str | None = DESCRIPTION, prog: str | None = PROG)
 
     parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog, formatter_class=_HelpFormatter)
     parser.add_argument("--config", help="a YAML file with the same keys as these flags (flags win over it)")
+    _add_old_settings(parser)
     return parser
+
+
+def _add_old_settings(parser: argparse.ArgumentParser) -> None:
+    """The flags of the settings that became a method's training option (``--longrope-factors``), kept as
+    aliases of ``--set NAME=VALUE`` until they go (`hf_posext.train.old_settings`)."""
+    from ..methods.training import REMOVED_IN, old_training_settings
+
+    for key, (method, option) in sorted(old_training_settings().items()):
+        parser.add_argument(
+            f"--{key.replace('_', '-')}",
+            f"--{key}",
+            dest=key,
+            choices=option.choices,
+            default=argparse.SUPPRESS,
+            help=f"deprecated, goes in {REMOVED_IN}: --set {option.name}=VALUE (method {method}'s training option)",
+        )
 
 
 def config_from_args(argv: Sequence[str] | None = None, description: str | None = DESCRIPTION) -> TrainConfig:
@@ -143,7 +160,7 @@ def parse_recipe_args(
         parser.set_defaults(**values)
     args: dict[str, Any] = vars(parser.parse_args(argv))
     args.pop("config")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = _settings()
     own = {name: args.pop(name) for name in list(args) if name not in fields}
     for name in mappings:
         args[name] = parse_key_values(args[name])
@@ -157,7 +174,7 @@ def _as_written(message: str, argv: Sequence[str] | None, config_file: str | Non
     """``message`` (``"seq_len must be ..."``) prefixed with where the user wrote the setting: its flag as
     spelled (``--seq-len``), else the config file."""
     name = message.split(" ", 1)[0].rstrip(":=")
-    if name not in {f.name for f in dataclasses.fields(_train_config())}:
+    if name not in _settings():
         return message
     spellings = {f"--{name}", f"--{name.replace('_', '-')}"}
     for token in reversed(list(sys.argv[1:] if argv is None else argv)):
@@ -167,10 +184,12 @@ def _as_written(message: str, argv: Sequence[str] | None, config_file: str | Non
     return f"{config_file}: {message}" if config_file else message
 
 
-def _train_config() -> type:
+def _settings() -> set[str]:
+    """The names a setting goes by: `TrainConfig`'s fields and the old settings still read."""
+    from ..methods.training import old_training_settings
     from ..train.config import TrainConfig
 
-    return TrainConfig
+    return {f.name for f in dataclasses.fields(TrainConfig)} | set(old_training_settings())
 
 
 #: Settings that are always local paths; ``model`` and ``dataset`` may also be Hub names.

@@ -3,7 +3,7 @@
 Every sub-folder (package) here is a family; importing this package imports each of them, and
 each ``<family>/__init__.py`` (imported by `folders`) calls [`register_method`][hf_posext.register_method] or
 [`register_family`][hf_posext.register_family]. Adding a method is adding a folder. The modules beside the
-folders (`base`, `registry`, `surgery`, `dynamic`, `norope`) are what
+folders (`base`, `registry`, `surgery`, `training`, `dynamic`, `norope`) are what
 families share; a family imports only those and lower layers, never another family.
 """
 
@@ -30,9 +30,12 @@ from .registry import (
     register_family,
     register_method,
     register_with_transformers,
+    split_method_kwargs,
     surgery_for,
+    training_for,
 )
 from .surgery import NO_SURGERY, Surgery
+from .training import NO_TRAINING, Training, TrainingOption
 from .folders import FAMILY_MODULES  # last: the family folders register themselves on what is above
 
 # The config classes are attributes of this package (hf_posext.methods.YarnConfig), found, not listed.
@@ -46,6 +49,7 @@ def __getattr__(name: str) -> Any:  # the deprecated names (hf_posext.post_impor
 __all__ = [
     "NO_ROPE_TYPES",
     "NO_SURGERY",
+    "NO_TRAINING",
     "AttentionFunctions",
     "BaseRope",
     "DynamicScaling",
@@ -57,6 +61,8 @@ __all__ = [
     "NoRopeMethod",
     "RopeType",
     "Surgery",
+    "Training",
+    "TrainingOption",
     "available_methods",
     "canonical_name",
     "composable_methods",
@@ -69,6 +75,8 @@ __all__ = [
     "register_family",
     "register_method",
     "register_with_transformers",
+    "split_method_kwargs",
     "surgery_for",
+    "training_for",
     *sorted(config_classes()),
 ]

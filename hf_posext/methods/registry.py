@@ -22,6 +22,7 @@ from ..method_names import ALIASES, METHODS, available_methods, method_aliases, 
 from ..post_import import deprecated_attribute
 from .base import MethodConfig
 from .surgery import NO_SURGERY, Surgery
+from .training import TRAININGS, Training, built_trainings, old_training_settings, split_method_kwargs, training_for
 
 
 class RopeType(NamedTuple):
@@ -56,12 +57,13 @@ class AttentionFunctions(NamedTuple):
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One method of a family: its name, config class, surgery and aliases."""
+    """One method of a family: its name, config class, surgery, aliases and what fine-tuning needs of it."""
 
     name: str
     config_cls: type[MethodConfig]
     surgery: Surgery | type[Surgery] | None = None
     aliases: tuple[str, ...] = ()
+    training: Training | type[Training] | None = None
 
 
 #: A family's load-time hook: ``hook(config)`` is the method a config without an hf-posext record
@@ -97,6 +99,7 @@ def register_method(
     attention: Mapping[str, AttentionFunctions] | None = None,
     family: str | None = None,
     shipped_config: ShippedConfig | None = None,
+    training: Training | type[Training] | None = None,
 ) -> Family:
     """Register a one-method family; see [`register_family`][hf_posext.register_family].
 
@@ -105,7 +108,7 @@ def register_method(
     """
     return register_family(
         family or _folder_of(config_cls) or name,
-        methods=[MethodSpec(name, config_cls, surgery, tuple(aliases))],
+        methods=[MethodSpec(name, config_cls, surgery, tuple(aliases), training)],
         rope_types=rope_types,
         attention=attention,
         shipped_config=shipped_config,
@@ -132,6 +135,8 @@ def register_family(
 ) -> Family:
     """Register a family's methods, surgery, rope types and attention functions, all or nothing.
 
+    A spec's ``training`` ([`Training`][hf_posext.Training]) is what fine-tuning needs of the method (its
+    ``--set`` training options, its hooks); the recipe asks it (`training_for`) instead of the method's name.
     ``shipped_config`` is the family's load-time hook (`ShippedConfig`): a model built from a
     config without an hf-posext record that the hook recognises is patched with the method it returns
     (`shipped_method`, called by `hf_posext.loading`). Sets each config class's ``name``.
@@ -141,7 +146,8 @@ def register_family(
     Raises:
         ValueError: a name or alias taken or not lower-case, a class that is not a
             [`MethodConfig`][hf_posext.MethodConfig], or a rope type / attention name that
-            another family registered with other functions.
+            another family registered with other functions, or a training whose options clash
+            (`hf_posext.methods.training.check_training`).
     """
     rope_types, attention = dict(rope_types or {}), dict(attention or {})
     if not isinstance(name, str) or not name:
@@ -178,8 +184,9 @@ def register_family(
         for spec in methods
         if spec.surgery is not None
     }  # built before anything is kept: a surgery whose constructor raises registers nothing
+    trainings = built_trainings([(spec.name, spec.config_cls, spec.training) for spec in methods])
     registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention, shipped_config)
-    kept = (dict(METHODS), dict(ALIASES), dict(_SURGERY), dict(_ROPE_TYPES), dict(_ATTENTION))
+    kept = (dict(METHODS), dict(ALIASES), dict(_SURGERY), dict(TRAININGS), dict(_ROPE_TYPES), dict(_ATTENTION))
     names = {spec.config_cls: spec.config_cls.__dict__.get("name") for spec in methods}
     try:
         for spec in methods:
@@ -188,6 +195,7 @@ def register_family(
             for alias in spec.aliases:
                 ALIASES[alias] = spec.name
         _SURGERY.update(surgeries)
+        TRAININGS.update(trainings)
         _ROPE_TYPES.update(rope_types)
         _ATTENTION.update(attention)
         _FAMILIES[name] = registered
@@ -195,7 +203,7 @@ def register_family(
             _register_family_with_transformers(registered)
     except BaseException:  # put the registry back: a retry meets the same checks, not "already registered"
         _FAMILIES.pop(name, None)
-        for table, before in zip((METHODS, ALIASES, _SURGERY, _ROPE_TYPES, _ATTENTION), kept):
+        for table, before in zip((METHODS, ALIASES, _SURGERY, TRAININGS, _ROPE_TYPES, _ATTENTION), kept):
             table.clear()
             table.update(before)
         for cls, old in names.items():
@@ -370,10 +378,13 @@ __all__ = [
     "method_class",
     "method_config",
     "needs_surgery",
+    "old_training_settings",
     "register_family",
     "register_method",
     "register_with_transformers",
     "rope_types",
     "shipped_method",
+    "split_method_kwargs",
     "surgery_for",
+    "training_for",
 ]

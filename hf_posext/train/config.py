@@ -8,6 +8,7 @@ the flags are this dataclass's fields with their help texts, and each field's ch
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import typing
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ import yaml
 from transformers import SchedulerType, get_scheduler
 
 from ..integration import HfArg
-from ..methods import method_class, method_config
+from ..methods import available_methods, method_class, method_config, split_method_kwargs, training_for
+from ..methods.training import old_training_settings
 from ..validation import (
     Check,
     anything,
@@ -33,6 +35,7 @@ from ..validation import (
     required,
 )
 from .conversations import LOSS_ON, LossOn
+from .old_settings import take_old_settings
 from .schedule import SCHEDULES
 
 #: transformers.get_scheduler's schedules that step on the step count alone (not reduce_lr_on_plateau
@@ -55,10 +58,32 @@ MixedPrecision = Literal[MIXED_PRECISIONS]
 SaveDtype = Literal[SAVE_DTYPES]
 ReportTo = Literal[REPORT_TO]
 WindowScheduleKind = Literal[SCHEDULES]
-LONGROPE_FACTORS = ("mixed", "long")
-LongRopeFactors = Literal[LONGROPE_FACTORS]
 
 
+def _training_options_help() -> str:
+    """The registered methods' training options, for ``--set``'s help (``longrope: factors=mixed|long``)."""
+    listed = [
+        f"{name}: {option.name}={'|'.join(option.choices)} (default {option.default})"
+        for name in available_methods()
+        for option in training_for(name).options
+    ]
+    return "; ".join(listed) or "none registered"
+
+
+def _reads_old_settings(cls: type) -> type:
+    """``cls`` (a dataclass) whose constructor also takes the old settings of `old_settings` (warned, moved)."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        default_method = cls.__dataclass_fields__["method"].default  # type: ignore[attr-defined]
+        init(self, *args, **take_old_settings(kwargs, default_method))
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+@_reads_old_settings
 @dataclass
 class TrainConfig:
     """Everything one fine-tune run needs; each field's ``help`` is its documentation.
@@ -163,7 +188,7 @@ class TrainConfig:
         default=0.0,
         help="the long/short mix (ProLong): this fraction of the micro-batches, evenly spread, holds whole short "
         "documents at their own length and positions instead of a long sample; keeps short prompts untaxed "
-        "(0: off; with longrope, short samples train the short factors: longrope_factors)",
+        "(0: off; a method may train the short side its own way: its training options, --set)",
     )
     short_seq_len: int | None = HfArg(
         default=None,
@@ -186,14 +211,6 @@ class TrainConfig:
     window_ramp_steps: int | None = HfArg(
         default=None,
         help="optimizer steps over which the window grows to its full length; default half of max_train_steps",
-    )
-    longrope_factors: LongRopeFactors = HfArg(
-        default="mixed",
-        help="method longrope: which of its factor sets each micro-batch trains. mixed (LongRoPE2): a micro-batch "
-        "standing for a sequence within the original context (the short side of the mix, a window no longer than "
-        "it) trains the short factors, every other (PoSE samples included) the long factors at every position, so "
-        "both sides of the switch are trained; long: every micro-batch the long factors (LongRoPE's own fine-tune; "
-        "short prompts then run on short factors the fine-tune never saw)",
     )
     sp_size: int = HfArg(
         default=1,
@@ -220,7 +237,8 @@ class TrainConfig:
     method_kwargs: dict[str, Any] = HfArg(
         default_factory=dict,
         aliases=["--set", "--method-arg"],
-        help="an argument of the method, e.g. beta_fast=32 (repeatable; --method-arg is the old name)",
+        help="an argument of the method, e.g. beta_fast=32, or one of its training options (what the recipe does "
+        f"for it: {_training_options_help()}) (repeatable; --method-arg is the old name)",
     )
 
     def __post_init__(self) -> None:
@@ -288,18 +306,24 @@ class TrainConfig:
                 "packing keeps every document at its own positions (0, 1, ...), PoSE spreads one window's positions "
                 "over seq_len: use one of them (packing=False, or pose=False)"
             )
-        if self.longrope_factors != "mixed" and self.method != "longrope":
-            raise ValueError(
-                f"longrope_factors={self.longrope_factors!r} chooses between LongRoPE's short and long factors; "
-                f"method {self.method!r} has none: leave it at 'mixed' (ignored) or use --method longrope"
-            )
         if "factor" in self.method_kwargs:
             raise ValueError(
                 f"method_kwargs (--set) sets factor={self.method_kwargs['factor']!r}; factor has its own setting: "
                 f"--factor {self.method_kwargs['factor']} (or factor: in the YAML file)"
             )
-        # The method's own checks (ALiBi takes factor 1 only, unknown arguments...), before any model loads.
-        method_config(self.method, factor=self.factor, **self.method_kwargs)
+        # The method's own checks (ALiBi takes factor 1 only, unknown arguments, its training options' values...),
+        # before any model loads.
+        method_config(self.method, factor=self.factor, **self.method_arguments)
+
+    @property
+    def method_arguments(self) -> dict[str, Any]:
+        """``method_kwargs`` less the method's training options: the arguments of its config."""
+        return split_method_kwargs(self.method, self.method_kwargs)[0]
+
+    @property
+    def training_options(self) -> dict[str, str]:
+        """The method's training options (`hf_posext.methods.training`): ``--set``'s, defaults filled in."""
+        return split_method_kwargs(self.method, self.method_kwargs)[1]
 
     def _check_window_schedule(self) -> None:
         shaping = [name for name in ("window_start", "window_ramp_steps") if getattr(self, name) is not None]
@@ -337,7 +361,7 @@ class TrainConfig:
         Raises:
             ValueError: for a key that is no setting, listing the settings.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | set(old_training_settings())
         normalized = {str(key).replace("-", "_"): value for key, value in values.items()}
         unknown = sorted(set(normalized) - known)
         if unknown:
@@ -353,7 +377,11 @@ class TrainConfig:
         """
         hints = typing.get_type_hints(cls)
         checked = {}
+        old = old_training_settings()
         for name, value in cls.check_keys(values, source).items():
+            if name in old:  # read with the method, which the flags may still set (`take_old_settings`)
+                checked[name] = value
+                continue
             try:
                 value = _read_text(name, hints[name], value)
                 checked[name] = value if value is None else FIELD_CHECKS[name](name, value)
@@ -484,7 +512,6 @@ FIELD_CHECKS: dict[str, Check] = {
     "window_schedule": choice(SCHEDULES),
     "window_start": optional(integer(2)),
     "window_ramp_steps": optional(integer(1)),
-    "longrope_factors": choice(LONGROPE_FACTORS),
     "sp_size": integer(1),
     "checkpointing_steps": integer(0),
     "checkpoint_dir": anything,

@@ -27,6 +27,7 @@ from ..publish import ADAPTER_FOLDER, MODEL_REPO_FILES, model_card
 from ..publish.hub_card import base_model_id
 from ..publish.tokenizer import raise_model_max_length
 from ..files import check_output_dir, output_folder
+from ..methods import training_for
 from .saved_state import TrainProgress
 from .config import TrainConfig
 from .lora import merged_state_dict
@@ -236,12 +237,7 @@ def card_for(
             f"{config.short_fraction:.0%} of the micro-batches: whole documents of up to {config.short_seq_len} tokens "
             f"at their own positions, from {source}"
         )
-    if config.method == "longrope":
-        extra["LongRoPE factors trained"] = (
-            "mixed: short factors on sequences within the original context, long ones past it (LongRoPE2)"
-            if config.longrope_factors == "mixed"
-            else "long factors on every sequence"
-        )
+    extra.update(training_for(config.method).describe(config.training_options))
     for phase in ("before", "after"):
         if phase in eval_results:
             extra[f"held-out perplexity at {plan.window} tokens, {phase} training"] = f"{eval_results[phase]:.3f}"

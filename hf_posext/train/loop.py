@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from ..data import check_dataset, is_local_dataset
 from ..publish.tokenizer import check_tokenizer_config
 from ..gguf import resolve_model_source
-from ..methods.longrope import pinned_factors
+from ..methods import training_for
 from ..patching import patch_model
 from ..readers import print_engine_warning
 from ..validation.saved_model import check_weight_files, read_config
@@ -86,7 +86,7 @@ def load_model_and_tokenizer(config: TrainConfig) -> tuple[PreTrainedModel, Any]
     model = AutoModelForCausalLM.from_pretrained(
         source, config=model_config, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
-    patch_model(model, config.method, factor=config.factor, **config.method_kwargs)
+    patch_model(model, config.method, factor=config.factor, **config.method_arguments)
     return model, tokenizer
 
 
@@ -295,9 +295,11 @@ class FinetuneRecipe:
             self.model, self.eval_blocks, self.accelerator, self.dp_size, self.dp_rank, self.config.micro_batch_size
         )["perplexity"]
 
-    def _factors(self, batch: MicroBatch) -> contextlib.AbstractContextManager:
-        """LongRoPE's factor set of ``batch`` pinned for its forward and backward; nothing for other methods."""
-        return contextlib.nullcontext() if batch.factors is None else pinned_factors(self.model, batch.factors)
+    def _pinned(self, batch: MicroBatch) -> contextlib.AbstractContextManager:
+        """``batch``'s forward and backward pinned as its method asks (LongRoPE: its factor set); else nothing."""
+        if batch.pin is None:
+            return contextlib.nullcontext()
+        return training_for(self.config.method).pinned(self.model, batch.pin)
 
     def train_step(self) -> float:
         """One optimizer step (``plan.accumulation`` micro-batches): its mean loss over all processes.
@@ -309,7 +311,7 @@ class FinetuneRecipe:
         step_loss = torch.zeros((), device=accelerator.device)
         for _ in range(self.plan.accumulation):
             batch = self.batches.next(progress.step, progress.micro_step)
-            with accelerator.accumulate(self.model), self._factors(batch):
+            with accelerator.accumulate(self.model), self._pinned(batch):
                 loss = forward_loss(
                     self.model,
                     batch.input_ids,

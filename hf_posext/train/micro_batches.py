@@ -1,4 +1,4 @@
-"""What each micro-batch of a run holds: long or short, its window, positions and labels, its LongRoPE factors.
+"""What each micro-batch of a run holds: long or short, its window, positions and labels, what the method pins.
 
 Every choice is a function of the data position (micro-batches consumed) and the optimizer step,
 never of the process or the clock: a resumed run gets the micro-batches an uninterrupted one
@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..methods import training_for
 from .blocks import micro_batch_indices, packed_batch, take_blocks
 from .config import TrainConfig
 from .plan import Plan
@@ -40,15 +42,15 @@ class MicroBatch:
         labels: ``[batch, seq]`` shifted targets (``-100``: none) of packed short documents, else ``None``
             (the next token of the same row).
         short: whole short documents (the long/short mix), not a long sample.
-        factors: with ``longrope``, the factor set every position of the forward uses (``"short"`` or
-            ``"long"``, `hf_posext.methods.longrope.pinned_factors`); ``None`` for other methods.
+        pin: what the method pins the forward and backward to (`hf_posext.methods.training.Training.pin_for`:
+            LongRoPE's factor set, ``"short"`` or ``"long"``); ``None``: nothing.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     labels: torch.Tensor | None
     short: bool
-    factors: Literal["short", "long"] | None
+    pin: Hashable | None
 
 
 class MicroBatches:
@@ -75,6 +77,7 @@ class MicroBatches:
         micro_step: int = 0,
     ) -> None:
         self.config, self.plan, self.device = config, plan, device
+        self.training, self.options = training_for(config.method), config.training_options
         self.train_blocks, self.short_blocks = train_blocks, short_blocks
         shorts = shorts_before(micro_step, config.short_fraction)
         batch, dp = config.micro_batch_size, (plan.dp_size, plan.dp_rank)
@@ -93,11 +96,11 @@ class MicroBatches:
         config, plan, device = self.config, self.plan, self.device
         if self.short_blocks is not None and self.short_order is not None and self.is_short(micro_step):
             input_ids, positions, labels = packed_batch(self.short_blocks, next(self.short_order), device)
-            return MicroBatch(input_ids, positions, labels, True, self.factors(plan.short_len))
+            return MicroBatch(input_ids, positions, labels, True, self.pin_for(plan.short_len))
         window = plan.window_at(step)
         if self.train_blocks.ndim == 3:  # packing: whole documents, as the short side's
             input_ids, positions, labels = packed_batch(self.train_blocks, next(self.long_order), device, window)
-            return MicroBatch(input_ids, positions, labels, False, self.factors(window))
+            return MicroBatch(input_ids, positions, labels, False, self.pin_for(window))
         # The schedule's window is the start of the block (cut at the full window): the data position stays
         # one integer, and a longer window later reads the same blocks further.
         input_ids = take_blocks(self.train_blocks, next(self.long_order))[:, :window].to(device)
@@ -110,21 +113,15 @@ class MicroBatches:
             positions = pose_position_ids(
                 window, plan.seq_len, config.pose_chunks, batch_size=input_ids.shape[0], generator=generator
             ).to(device)
-            return MicroBatch(input_ids, positions, None, False, self.factors(plan.seq_len))
+            return MicroBatch(input_ids, positions, None, False, self.pin_for(plan.seq_len))
         # One row broadcast over the batch, as transformers does without position ids.
         positions = torch.arange(window, device=device).unsqueeze(0)
-        return MicroBatch(input_ids, positions, None, False, self.factors(window))
+        return MicroBatch(input_ids, positions, None, False, self.pin_for(window))
 
-    def factors(self, length: int) -> Literal["short", "long"] | None:
-        """LongRoPE's factor set for a micro-batch that stands for a sequence of ``length`` tokens.
+    def pin_for(self, length: int) -> Hashable | None:
+        """What the method pins a micro-batch that stands for a sequence of ``length`` tokens to (``None``: nothing).
 
-        ``mixed`` (LongRoPE2's mixed context window training, Shang et al. 2025, arXiv 2502.20082): the
-        set inference uses at that length, the short factors up to the original context and the long
-        ones past it; a PoSE sample stands for a sequence of ``seq_len`` tokens, whatever its largest
-        position. ``long``: always the long set.
+        A PoSE sample stands for a sequence of ``seq_len`` tokens, whatever its largest position; the
+        method's `hf_posext.methods.training.Training.pin_for` decides (LongRoPE: its factor set).
         """
-        if self.config.method != "longrope":
-            return None
-        if self.config.longrope_factors == "long" or length > self.plan.original_context:
-            return "long"
-        return "short"
+        return self.training.pin_for(self.options, length=length, original_context=self.plan.original_context)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
-from ..methods import method_class
+from ..methods import method_class, training_for
 from ..patching import patch_info
 from .config import TrainConfig
 from .schedule import WindowSchedule
@@ -80,17 +80,10 @@ def plan_run(config: TrainConfig, model: PreTrainedModel, dp_size: int, dp_rank:
             f"context parallelism over {cp_size} devices needs a sequence length divisible by {2 * cp_size} "
             f"(load balancing splits it in 2 x cp_size pieces); got {window}"
         )
-    if (
-        config.method == "longrope"
-        and config.longrope_factors == "mixed"
-        and config.short_fraction
-        and short_len > original
-    ):
-        raise ValueError(
-            f"longrope_factors='mixed' trains the short micro-batches with the short factors, which hold up to the "
-            f"original context of {original} tokens; short_seq_len={short_len} would train longer documents on them: "
-            f"use short_seq_len <= {original}"
-        )
+    # the method's own limits (LongRoPE's mixed factors: short documents within the original context)
+    training_for(config.method).check_lengths(
+        config.training_options, original_context=original, short_len=short_len if config.short_fraction else None
+    )
     schedule = _schedule(config, window, cp_size)
     accumulation = config.global_batch_size // per_step
     return Plan(original, context, seq_len, window, short_len, accumulation, dp_size, dp_rank, schedule)

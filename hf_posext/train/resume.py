@@ -13,7 +13,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..methods import split_method_kwargs
 from .config import TrainConfig
+from .old_settings import take_old_settings
 
 #: The settings a resumed run may change, each with why it leaves the result as it is; every other
 #: field of `TrainConfig` (a new one included) must match the saved run (`resume_invariants`).
@@ -52,7 +54,7 @@ def check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
     Raises:
         ValueError: naming each changed setting, saved value -> new value.
     """
-    current = config.to_dict()
+    saved, current = as_trained(saved), as_trained(config.to_dict())
     changed = [key for key in RESUME_INVARIANTS if key in saved and saved[key] != current[key]]
     if changed:
         details = "; ".join(f"{key}: {saved[key]!r} -> {current[key]!r}" for key in changed)
@@ -71,6 +73,22 @@ def check_resume_config(saved: dict[str, Any], config: TrainConfig) -> None:
             else ""
         )
         raise ValueError(f"cannot resume: settings that change the result differ from the saved run ({details}){hint}")
+
+
+def as_trained(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (``TrainConfig.to_dict()``, or a run saved by an earlier release) as two runs compare them.
+
+    An old setting (``longrope_factors``) is moved into ``method_kwargs`` as the constructor moves it
+    (`hf_posext.train.old_settings`), unwarned; the method's training options are filled in with their
+    defaults, so that a run saved before a setting became an option, or one that left an option at its
+    default, compares equal to one that spells it out. Settings that cannot be read are compared as they are.
+    """
+    try:
+        settings = take_old_settings(settings, str(TrainConfig.__dataclass_fields__["method"].default), warn=False)
+        arguments, options = split_method_kwargs(settings["method"], settings.get("method_kwargs") or {})
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return settings
+    return {**settings, "method_kwargs": {**arguments, **options}}
 
 
 def process_layout(num_processes: int, dp_size: int, distributed_type: str) -> dict[str, Any]:

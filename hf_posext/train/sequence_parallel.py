@@ -58,7 +58,7 @@ def check_sequence_parallel(config: TrainConfig, model: nn.Module, sp_size: int,
             f"short_fraction={config.short_fraction:g} with sp_size > 1: packed short documents are kept apart by "
             "the attention mask, which DeepSpeed Ulysses drops; set short_fraction=0 for sequence parallelism"
         )
-    method = method_config(config.method, factor=config.factor, **config.method_kwargs)
+    method = method_config(config.method, factor=config.factor, **config.method_arguments)
     if getattr(method, "exact_cache", True) is False:
         raise ValueError(
             f"{config.method} with exact_cache=False under sp_size > 1: transformers' own length-dependent rope "

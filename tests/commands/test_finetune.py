@@ -139,18 +139,25 @@ def test_bf16_fine_tuning_of_a_remapping_method_gets_past_step_one(tmp_path, cap
 
 
 def test_the_window_schedule_and_longrope_factors_are_yaml_keys_and_flags(tmp_path):
+    """``longrope-factors`` is the old key of LongRoPE's training option ``factors``: still read, with a warning."""
     config = tmp_path / "run.yaml"
     config.write_text(
         "model: m\ndataset: d.txt\noutput-dir: out\nmethod: longrope\nfactor: 4\nwindow-schedule: step\n"
         "window-start: '512'\nwindow-ramp-steps: 100\nlongrope-factors: long\n"
     )
-    parsed = config_from_args(["--config", str(config), "--window-schedule", "linear"])
-    assert (parsed.window_schedule, parsed.window_start, parsed.window_ramp_steps, parsed.longrope_factors) == (
+    with pytest.warns(FutureWarning, match=r"longrope_factors is deprecated and goes in 0\.3\.0.*--set factors=long"):
+        parsed = config_from_args(["--config", str(config), "--window-schedule", "linear"])
+    assert (parsed.window_schedule, parsed.window_start, parsed.window_ramp_steps, parsed.training_options) == (
         "linear",
         512,
         100,
-        "long",
+        {"factors": "long"},
     )
+    assert parsed.method_kwargs == {"factors": "long"} and parsed.method_arguments == {}
+    with pytest.warns(FutureWarning):
+        assert config_from_args(["--config", str(config), "--longrope-factors", "mixed"]).training_options == {
+            "factors": "mixed"
+        }, "the flag wins over the file"
 
 
 @pytest.mark.parametrize(
@@ -160,6 +167,9 @@ def test_the_window_schedule_and_longrope_factors_are_yaml_keys_and_flags(tmp_pa
         (["--window-start", "8"], "--window-start"),
         (["--window-schedule", "linear", "--window-ramp-steps", "500"], "window_ramp_steps=500 with max_train_steps"),
         (["--longrope-factors", "long"], "longrope_factors"),
+        (["--method", "longrope", "--longrope-factors", "short"], "--longrope-factors"),
+        (["--method", "longrope", "--set", "factors=short"], "--set factors='short'"),
+        (["--method", "longrope", "--set", "factors=long", "--longrope-factors", "mixed"], "disagree"),
     ],
 )
 def test_a_bad_schedule_or_factor_setting_is_one_line(tmp_path, capsys, argv, named):

@@ -274,6 +274,8 @@ def test_the_plugin_api_is_the_top_levels():
         ("MethodConfig", methods.base.MethodConfig),
         ("BaseRope", methods.base.BaseRope),
         ("Surgery", methods.surgery.Surgery),
+        ("Training", methods.training.Training),
+        ("TrainingOption", methods.training.TrainingOption),
         ("RopeType", RopeType),
         ("AttentionFunctions", AttentionFunctions),
         ("DynamicScaling", methods.dynamic.DynamicScaling),

@@ -1,6 +1,7 @@
 """LongRoPE2's mixed-window training in the recipe: each micro-batch's LongRoPE factor set.
 
-What it promises (``longrope_factors``): ``mixed`` trains a micro-batch that stands for a sequence
+What it promises (LongRoPE's training option ``factors``, ``--set factors=...``; ``longrope_factors``
+before): ``mixed`` trains a micro-batch that stands for a sequence
 within the original context (the short side of the long/short mix, a window no longer than it)
 with the short factors and every other one (PoSE samples whatever their largest position) with
 the long factors at every position; ``long`` trains every micro-batch with the long factors. The
@@ -121,8 +122,7 @@ def test_each_micro_batch_trains_its_factor_set(
         assets,
         tmp_path,
         method="longrope",
-        method_kwargs=method_kwargs,
-        longrope_factors=choice,
+        method_kwargs={**method_kwargs, "factors": choice},
         max_train_steps=1,
         warmup_steps=0,
         global_batch_size=4,
@@ -167,7 +167,7 @@ def test_a_window_within_the_original_context_is_a_short_sequence(assets, tmp_pa
     schedule = WindowSchedule("step", 16, 128, 3)
     plan = Plan(ORIGINAL_CONTEXT, 128, 128, 128, 16, accumulation=2, dp_size=1, dp_rank=0, schedule=schedule)
     source = MicroBatches(run, plan, np.zeros((8, 128), dtype=np.int64), None, "cpu")
-    got = [(source.next(step, 2 * step).input_ids.shape[1], source.factors(plan.window_at(step))) for step in range(4)]
+    got = [(source.next(step, 2 * step).input_ids.shape[1], source.pin_for(plan.window_at(step))) for step in range(4)]
     assert got == [(16, "short"), (32, "short"), (64, "long"), (128, "long")]
 
 
@@ -175,7 +175,7 @@ def test_no_factor_set_for_other_methods(assets, tmp_path):
     run = mixed(assets, tmp_path)  # yarn
     plan = Plan(ORIGINAL_CONTEXT, 128, 128, 32, 16, accumulation=2, dp_size=1, dp_rank=0)
     source = MicroBatches(run, plan, np.zeros((8, 32), dtype=np.int64), np.ones((8, 2, 16), dtype=np.int32), "cpu")
-    assert {source.next(0, k).factors for k in range(4)} == {None}
+    assert {source.next(0, k).pin for k in range(4)} == {None}
 
 
 def test_short_documents_past_the_original_context_are_refused_for_mixed_training(assets, tmp_path):
@@ -185,5 +185,14 @@ def test_short_documents_past_the_original_context_are_refused_for_mixed_trainin
 
 
 def test_long_factors_for_a_method_without_them_is_refused(assets, tmp_path):
-    with pytest.raises(ValueError, match=r"longrope_factors='long' chooses between LongRoPE's.*method 'yarn' has none"):
+    with pytest.raises(ValueError, match=r"method 'yarn' does not take \['factors'\]"):
+        mixed(assets, tmp_path, method_kwargs={"factors": "long"})
+    with (
+        pytest.warns(FutureWarning),
+        pytest.raises(
+            ValueError,
+            match=r"longrope_factors='long' is method longrope's.*"
+            r"method 'yarn' has none",
+        ),
+    ):
         mixed(assets, tmp_path, longrope_factors="long")

@@ -9,17 +9,18 @@ from ...post_import import deprecated_attribute
 from .pinned import pinned_factors
 from .rope import LongRopeRotaryEmbedding, compute_keep_first_parameters, validate_keep_first_parameters
 from .surgery import LongRopeSurgery
+from .training import LongRopeTraining
 
 register_family(
     "longrope",
-    methods=[MethodSpec("longrope", LongRopeConfig, surgery=LongRopeSurgery)],
+    methods=[MethodSpec("longrope", LongRopeConfig, surgery=LongRopeSurgery, training=LongRopeTraining)],
     rope_types={
         LONGROPE_KEEP_FIRST_ROPE_TYPE: RopeType(compute_keep_first_parameters, validate_keep_first_parameters),
         **PROPORTIONAL_ROPE_TYPES,
     },
 )
 
-__all__ = ["LongRopeConfig", "LongRopeRotaryEmbedding", "pinned_factors", "yarn_long_factors"]
+__all__ = ["LongRopeConfig", "LongRopeRotaryEmbedding", "LongRopeTraining", "pinned_factors", "yarn_long_factors"]
 
 
 def __getattr__(name: str) -> object:
