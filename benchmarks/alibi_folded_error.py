@@ -14,7 +14,7 @@ Run (CPU, a few minutes at one thread)::
 
 It writes rows (``result_schema.py``) of ``max_slope``, ``exact_error``, ``folded_error``, ``logit_bound``
 and ``output_bound`` per head count and length to ``benchmarks/results/alibi_folded_error.json``
-(``--out``); ``python benchmarks/tables.py`` renders ``benchmarks/results/alibi_folded_error.md`` from it.
+(``--out``); ``python scripts/tables.py`` renders ``benchmarks/results/alibi_folded_error.md`` from it.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> Results:
     for heads, length in tqdm([(h, n) for h in args.heads for n in args.lengths], desc="folded error"):
         results.add_all("alibi_folded", measure(heads, length), {"heads": heads, "length": length})
     results.save()
-    print(f"wrote {args.out}; `python benchmarks/tables.py` renders benchmarks/results/alibi_folded_error.md from it")
+    print(f"wrote {args.out}; `python scripts/tables.py` renders benchmarks/results/alibi_folded_error.md from it")
     return results
 
 

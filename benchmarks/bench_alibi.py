@@ -28,7 +28,7 @@ It writes rows (``result_schema.py``) to ``benchmarks/results/alibi.json`` (``--
 ``alibi`` (per path and length: ``time_s``, ``cpu_s``, ``peak_mib``, ``time_ratio``, ``memory_ratio``,
 or a ``status`` row saying why a path was skipped) and ``alibi_kernels`` (per kernel and length:
 ``forward_s``, ``train_s`` and their ratios); ``--resume`` keeps the rows a previous run of the same
-settings wrote. ``python benchmarks/tables.py`` then renders ``benchmarks/results/alibi.md``.
+settings wrote. ``python scripts/tables.py`` then renders ``benchmarks/results/alibi.md``.
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> Results:
         for length in tqdm(sorted(args.lengths), desc="kernels"):
             kernels += kernel_rows(length, args)
     write(results, rows, kernels)
-    print(f"wrote {args.out}; `python benchmarks/tables.py` renders benchmarks/results/alibi.md from it")
+    print(f"wrote {args.out}; `python scripts/tables.py` renders benchmarks/results/alibi.md from it")
     return results
 
 

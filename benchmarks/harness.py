@@ -3,7 +3,7 @@
 Only the standard library is imported at the top: a benchmark's child process that measures its
 own imports' memory (``bench_train.py``) imports torch and hf_posext when it chooses. Results are
 rows of the one schema (``result_schema.py``), written by :class:`Results` with the device, the versions
-and the time of each measurement; ``benchmarks/tables.py`` renders the docs' tables from them.
+and the time of each measurement; ``scripts/tables.py`` renders the docs' tables from them.
 
     from harness import Clock, Results
     clock = Clock("cuda")                       # wall time, synchronised; Clock("cpu", cpu_time=True): CPU time

@@ -1,6 +1,6 @@
 """llama.cpp runs hf-posext's GGUF files as transformers runs the checkpoint: the measured gaps.
 
-Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, tests/helpers/llamacpp_env.py), then:
+Builds llama.cpp once (llama-cpp-python 0.3.36 from its sdist, scripts/llamacpp_env.py), then:
 
 1. tiny Llama (2 layers, head_dim 32, q/k scaled x4, SmolLM2's tokenizer so that llama.cpp's
    converter takes it; and a few Qwen2, Qwen3 and Mistral cases) extended to 3 x L0 = 192 tokens:
@@ -38,17 +38,17 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # tests.helpers (llama.cpp, tiny models); harness
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # scripts (llama.cpp, tiny models); harness
 
 from harness import Results  # noqa: E402
-from tests.helpers.llamacpp_env import (  # noqa: E402
+from scripts.llamacpp_env import (  # noqa: E402
     CONVERTER,
     VERSION,
     llamacpp_logits,
     llamacpp_logits_files,
     llamacpp_python,
 )
-from tests.helpers.models import tiny_model  # noqa: E402
+from scripts.tiny_models import tiny_model  # noqa: E402
 
 import hf_posext  # noqa: E402
 from hf_posext.gguf.export import export_gguf  # noqa: E402

@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' llama.cpp build (tests.helpers)
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # scripts (the llama.cpp build, the renderer)
 from finetune_real_model import llamacpp_perplexities  # noqa: E402
-from pivot import Column, Pivot, table, value  # noqa: E402
+from scripts.pivot import Column, Pivot, table, value  # noqa: E402
 from real_model import Cells, reference_text  # noqa: E402
 from result_schema import Row, read_rows  # noqa: E402
 from training_free_real_model import LONGROPE_SEARCH, SETTINGS  # noqa: E402

@@ -14,7 +14,7 @@ benchmarks/results/longrope_tiny.json: per method, factor and variant, ``perplex
 length (the last 127 bytes scored) and ``perplexity_all_tokens`` at s x 128; per search (factor,
 fitness), ``search_perplexity`` with the search's result in ``extra`` (``long_factor``,
 ``start_perplexity``, ``history``, ``seconds``); ``max_abs_logit_gap`` and ``decode_ms`` with and
-without exact_cache. docs/methods/longrope.md shows its tables (benchmarks/tables.py).
+without exact_cache. docs/methods/longrope.md shows its tables (scripts/tables.py).
 """
 
 from __future__ import annotations

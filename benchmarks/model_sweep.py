@@ -1,6 +1,6 @@
 """The model sweep (docs/methods/supported.md): each rotary decoder of the installed transformers, patched, read back.
 
-tests/helpers/sweep.py does the work, as in tests/test_model_sweep.py: each model type of transformers' registry
+scripts/sweep.py does the work, as in tests/test_model_sweep.py: each model type of transformers' registry
 that builds as a tiny model is patched by the first method of each swept family, saved, and read back (natively
 in an interpreter that never imports hf_posext, else with ``hf_posext.from_pretrained`` after doctor said it
 needs the plugin). One row of ``benchmarks/results/model_sweep.json`` per model type and method (``value``:
@@ -8,7 +8,7 @@ needs the plugin). One row of ``benchmarks/results/model_sweep.json`` per model 
 build tiny (``method``: ``(tiny model)``, ``value``: ``unbuildable``). About 3 minutes on 2 CPU cores.
 
     python benchmarks/model_sweep.py
-    python benchmarks/tables.py   # renders docs/methods/supported.md from the rows
+    python scripts/tables.py   # renders docs/methods/supported.md from the rows
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # tests.helpers (the tiny registry models); harness
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # scripts (the tiny registry models); harness
 
 from harness import current_versions, device_name, now  # noqa: E402
 from result_schema import Row, write_rows  # noqa: E402
@@ -31,7 +31,7 @@ UNBUILDABLE = "(tiny model)"
 
 def sweep(scratch: Path) -> list[tuple[str, str, str, str]]:
     """``[(model_type, method, status, why)]`` for every candidate, refusals and unbuildable types included."""
-    from tests.helpers.sweep import patch_all, read_back, sweep_methods
+    from scripts.sweep import patch_all, read_back, sweep_methods
 
     refused, saved, unbuildable = patch_all(scratch)
     outcomes = [*refused, *read_back(scratch, saved)]

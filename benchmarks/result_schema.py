@@ -17,7 +17,7 @@ plus ``extra`` (Liger-Kernel's ``all_benchmark_data.csv`` has the same columns, 
 A file of results is a JSON list of rows, one row a line. :func:`write_rows` merges rows into one
 atomically: a new row replaces the row of the same identity (benchmark, method, setting, metric)
 in place, and ``replace`` drops the rows a rerun owns; every other row is kept. Only the standard
-library is imported (``harness.py``'s children measure their own imports); ``benchmarks/tables.py``
+library is imported (``harness.py``'s children measure their own imports); ``scripts/tables.py``
 renders every table from these rows.
 
 The resumable real-model evaluations (``real_model.py``'s ``Cells``: ``real_model/``,

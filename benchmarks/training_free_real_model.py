@@ -34,10 +34,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_posext.integration import rebuild_rotary, replace_module, rotary_modules
-from pivot import found_by_depth, found_cell, table, value
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # scripts (the renderer)
 from real_model import Cells, gguf_file, reference_text
 from result_schema import Row, read_rows, rows_from_cells
+from scripts.pivot import found_by_depth, found_cell, table, value
 
 from hf_posext import patch_model, unpatch_model
 from hf_posext.eval.passkey import passkey_accuracy
@@ -45,6 +45,7 @@ from hf_posext.eval.perplexity import truncated_perplexity
 from hf_posext.eval.report import plot_curves, plot_heatmaps, write_text
 from hf_posext.eval.ruler.score import mcnemar_exact
 from hf_posext.gguf import gguf_checkpoint
+from hf_posext.integration import rebuild_rotary, replace_module, rotary_modules
 
 TRAINED = 8192
 OUT = Path(__file__).resolve().parent / "results" / "training_free"
@@ -169,15 +170,15 @@ PAIRS = (
 
 def paired_tests(rows: list[Row], lengths: list[int]) -> list[list[Any]]:
     """``[length, first, second, prompts, b, c, p]`` for each of :data:`PAIRS` on the prompts both were asked."""
-    tests = []
+    mcnemar = []
     for length in lengths:
         for first, second in PAIRS:
             mine, theirs = found_by_depth(rows, first, length), found_by_depth(rows, second, length)
             common = sorted(set(mine) & set(theirs))
             if common:
                 b, c, p = mcnemar_exact([mine[d] for d in common], [theirs[d] for d in common])
-                tests.append([f"{length // 1024}k", first, second, len(common), b, c, f"{p:.3g}"])
-    return tests
+                mcnemar.append([f"{length // 1024}k", first, second, len(common), b, c, f"{p:.3g}"])
+    return mcnemar
 
 
 def passkey_lengths(rows: list[Row], lengths: Sequence[int]) -> list[int]:
@@ -191,8 +192,8 @@ def paired_table(rows: list[Row] | None = None, lengths: Sequence[int] = PASSKEY
     ``rows``: the cells as rows (default: ``results.json`` read by ``result_schema.read_rows``).
     """
     rows = read_rows(OUT / "results.json") if rows is None else rows
-    tests = paired_tests(rows, passkey_lengths(rows, lengths))
-    return table(["length", "first", "second", "prompts", "b", "c", "p"], tests, aligned=True)
+    mcnemar = paired_tests(rows, passkey_lengths(rows, lengths))
+    return table(["length", "first", "second", "prompts", "b", "c", "p"], mcnemar, aligned=True)
 
 
 def report(cells: Cells, lengths: list[int], out: Path = OUT) -> str:

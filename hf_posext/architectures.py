@@ -22,7 +22,7 @@ from .validation.saved_model import check_rope_config
 
 #: ``config.model_type`` values on which tests/test_architectures.py passes every check
 #: (parity with transformers' own rope types, cached generation, save and reload); a test keeps it
-#: equal to what passes, and benchmarks/tables.py writes docs/methods/index.md's list from it.
+#: equal to what passes, and scripts/tables.py writes docs/methods/index.md's list from it.
 SUPPORTED_MODEL_TYPES = (
     "afmoe",
     "apertus",

@@ -1,6 +1,6 @@
 """Every causal LM in transformers' registry: supported ones pass parity, cache and reload; the others are refused.
 
-The architectures come from transformers' registry (tests/helpers/registry.py), each built from its
+The architectures come from transformers' registry (scripts/registry.py), each built from its
 config's defaults shrunk to a tiny size. Every model type in ``SUPPORTED_MODEL_TYPES`` runs the
 core checks: each native-equivalent method equals transformers' own model with the rope
 parameters written by hand (<= 1e-5, fp32), factor 1 and unpatch are bit-exact, cached greedy
@@ -19,10 +19,10 @@ import re
 
 import pytest
 import torch
-from tests.helpers.registry import L_ORIG, build, candidates, model_class, tiny_config, tiny_model
+from scripts.registry import L_ORIG, build, candidates, model_class, tiny_config, tiny_model
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-from tests.helpers.vanilla import vanilla_logits
+from scripts.vanilla import vanilla_logits
 
 import hf_posext
 from hf_posext.architectures import WRAPPED_ATTENTION_UNSUPPORTED, LOCAL_LAYER_MARKERS, SUPPORTED_MODEL_TYPES
@@ -420,9 +420,9 @@ def test_the_docs_list_the_supported_model_types():
     block = re.search(
         r"<!-- table:supported-model-types -->\n(.*?)\n<!-- /table:supported-model-types -->", readme, re.S
     )
-    assert block, "docs/methods/index.md lacks the generated block; run python benchmarks/tables.py"
+    assert block, "docs/methods/index.md lacks the generated block; run python scripts/tables.py"
     listed = re.findall(r"`([^`]+)`", block.group(1))
-    assert listed == list(SUPPORTED_MODEL_TYPES), "docs/methods/index.md is stale; run python benchmarks/tables.py"
+    assert listed == list(SUPPORTED_MODEL_TYPES), "docs/methods/index.md is stale; run python scripts/tables.py"
 
 
 #: Why factors_by="query" (the exact dynamic cache) is refused for longrope: the dynamic methods' reasons,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from tests.helpers.models import PUBLISHED, published_model, tiny_model, tokens
-from tests.helpers.vanilla import vanilla_logits
+from scripts.vanilla import vanilla_logits
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main

@@ -230,8 +230,9 @@ def exists(path: str) -> bool:
 def moved_module(path: str) -> bool:
     """Whether ``path`` is the file of a module that moved (an old path of :data:`hf_posext.post_import.MOVED`),
     the folder of a package that moved or that folder's mirror under ``tests/`` (which moved with it), a module
-    that became the package of its name (``hf_posext/attention/remap.py``), or a test file that moved to another
-    folder of ``tests/`` with its module."""
+    that became the package of its name (``hf_posext/attention/remap.py``), a test file that moved to another
+    folder of ``tests/`` with its module, or a tool that moved to ``scripts/`` from ``benchmarks/`` or
+    ``tests/helpers/`` (``benchmarks/tables.py``)."""
     if path.startswith("tests/") and path.endswith("/"):
         path = "hf_posext/" + path.removeprefix("tests/")
     if not path.endswith((".py", "/")):
@@ -241,6 +242,8 @@ def moved_module(path: str) -> bool:
     if not path.endswith(".py"):
         return False
     if (ROOT / path.removesuffix(".py") / "__init__.py").is_file():
+        return True
+    if path.startswith(("benchmarks/", "tests/helpers/")) and (ROOT / "scripts" / Path(path).name).is_file():
         return True
     return path.startswith("tests/") and any((ROOT / "tests").rglob(Path(path).name))
 
@@ -263,6 +266,8 @@ def test_the_path_check_finds_paths_and_can_fail():
     assert not exists("tests/test_no_such_file.py")
     assert moved_module("hf_posext/attention/remap.py") and moved_module("tests/test_flash_segments.py")
     assert not moved_module("tests/test_no_such_file.py") and not moved_module("hf_posext/no_such_module.py")
+    assert moved_module("benchmarks/tables.py") and moved_module("tests/helpers/vanilla.py")
+    assert not moved_module("benchmarks/no_such_tool.py")
 
 
 # A dotted name of the package (`hf_posext.eval.ruler.mcnemar_exact`), not part of a path or of a longer word.

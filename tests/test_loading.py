@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.helpers.models import tiny_model, tokens
-from tests.helpers.vanilla import vanilla_logits
+from scripts.vanilla import vanilla_logits
 from transformers import AutoModelForCausalLM
 
 import hf_posext

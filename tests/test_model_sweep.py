@@ -1,6 +1,6 @@
 """Every rotary decoder of the installed transformers, patched by each swept family, saved and read back.
 
-tests/helpers/sweep.py does the work; the candidates are split into chunks so that pytest-xdist spreads
+scripts/sweep.py does the work; the candidates are split into chunks so that pytest-xdist spreads
 them over the workers, each chunk reloading its checkpoints in one interpreter without hf_posext. It runs
 on the newest lane too, where transformers' registry holds other model types.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import transformers
-from tests.helpers.registry import candidates
-from tests.helpers.sweep import patch_all, read_back
+from scripts.registry import candidates
+from scripts.sweep import patch_all, read_back
 
 pytestmark = [pytest.mark.slow, pytest.mark.newest, pytest.mark.usefixtures("one_thread")]
 

@@ -471,7 +471,7 @@ def test_the_boundary_check_passes_public_names(source):
 
 TESTS_DIR = Path(__file__).resolve().parent
 #: Test folders that mirror the repository's other top-level folders, and the helpers' package.
-NOT_MIRRORS = {"benchmarks", "examples", "helpers"}
+NOT_MIRRORS = {"benchmarks", "examples", "helpers", "scripts"}
 
 
 def mirror_problems(tests_dir: Path, package_dir: Path) -> list[str]:

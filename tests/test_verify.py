@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from tests.helpers import registry
+from scripts import registry
 from tests.helpers.gguf_files import LLAMA3
 from tests.helpers.models import ARCHITECTURES, tiny_model, tokens
 from transformers import AutoModelForCausalLM

@@ -28,7 +28,7 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``hf-posext tiny-model`` (scripts/make_tiny_model.py is a shim for it)."""
+    """The flags of ``hf-posext tiny-model``."""
     p.add_argument("output_dir", help="the checkpoint folder to write (config, safetensors weights, byte tokenizer)")
     p.add_argument(
         "--arch",

@@ -22,8 +22,9 @@ import hf_posext
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import tables  # noqa: E402  (benchmarks/ is not a package)
-from result_schema import Row, read_rows  # noqa: E402
+from result_schema import Row, read_rows  # noqa: E402  (benchmarks/ is not a package)
+
+from scripts import tables  # noqa: E402
 
 
 def smoke(script: str, out: Path, *extra: str) -> list[Row]:

@@ -15,8 +15,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import harness  # noqa: E402  (benchmarks/ is not a package)
-import pivot  # noqa: E402
-import tables  # noqa: E402
 from result_schema import (  # noqa: E402
     FIELDS,
     Row,
@@ -28,6 +26,8 @@ from result_schema import (  # noqa: E402
     unit_of,
     write_rows,
 )
+
+from scripts import pivot, tables  # noqa: E402  (the renderer and the docs' tables)
 
 RESULTS = ROOT / "benchmarks" / "results"
 #: The resumable evaluations' cell caches: read as rows (``result_schema.rows_from_cells``), written as cells.

@@ -67,9 +67,9 @@ def test_doctor_says_what_the_matrix_measured(tmp_path, row):
 
 
 @pytest.mark.slow
-@pytest.mark.integration  # transformers 4.57's side environment (tests/helpers/transformers4_env.py)
+@pytest.mark.integration  # transformers 4.57's side environment (scripts/transformers4_env.py)
 def test_the_committed_matrix_is_what_the_readers_do_today(tmp_path):
-    from tests.helpers.transformers4_env import transformers4_python
+    from scripts.transformers4_env import transformers4_python
 
     pythons = {"transformers5": None, "transformers5_hf_posext": None, "hf_posext": None}
     cells, _ = matrix.measure(tmp_path, {**pythons, "transformers4": transformers4_python()})
@@ -91,11 +91,11 @@ GGUF_ROWS = {
 
 
 @pytest.mark.slow
-@pytest.mark.integration  # llama.cpp compiled from llama-cpp-python's sdist (tests/helpers/llamacpp_env.py)
+@pytest.mark.integration  # llama.cpp compiled from llama-cpp-python's sdist (scripts/llamacpp_env.py)
 def test_the_committed_gguf_columns_are_what_llamacpp_does_today(tmp_path):
     import sys
 
-    from tests.helpers.llamacpp_env import llamacpp_logits_files, llamacpp_python, llamacpp_source
+    from scripts.llamacpp_env import llamacpp_logits_files, llamacpp_python, llamacpp_source
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from llamacpp_gguf import tokenizer_dir

@@ -1,7 +1,7 @@
 """llama.cpp itself runs hf-posext's GGUF files as transformers runs the checkpoints.
 
 llama.cpp is llama-cpp-python 0.3.36 compiled from its sdist once into the cache
-(tests/helpers/llamacpp_env.py, ~10 min on 2 cores the first time). Tiny Llama checkpoints (q/k scaled,
+(scripts/llamacpp_env.py, ~10 min on 2 cores the first time). Tiny Llama checkpoints (q/k scaled,
 SmolLM2's tokenizer) are converted by llama.cpp's own converter and fixed by
 ``hf-posext gguf export``, or patched GGUF to GGUF; llama.cpp's logits at 3 x L0 are compared with
 transformers' (benchmarks/llamacpp_gguf.py holds the cases and writes the measured table).

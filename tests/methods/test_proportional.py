@@ -13,8 +13,8 @@ import math
 
 import pytest
 import torch
-from tests.helpers.registry import L_ORIG, model_class, tiny_config, tiny_model
-from tests.helpers.vanilla import vanilla_load_errors, vanilla_logits
+from scripts.registry import L_ORIG, model_class, tiny_config, tiny_model
+from scripts.vanilla import vanilla_load_errors, vanilla_logits
 
 import hf_posext
 from hf_posext.commands.doctor import diagnose_path

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from tests.helpers.models import tiny_model, tokens
-from tests.helpers.vanilla import vanilla_load_errors
+from scripts.vanilla import vanilla_load_errors
 from transformers import AutoModelForCausalLM
 
 import hf_posext

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from tests.helpers import registry
+from scripts import registry
 import torch
 from tests.helpers.training_free_reference import (
     dca_scores,

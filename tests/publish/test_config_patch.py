@@ -6,7 +6,7 @@ import json
 
 import torch
 from tests.helpers.models import tiny_model, tokens
-from tests.helpers.vanilla import vanilla_load_error, vanilla_logits
+from scripts.vanilla import vanilla_load_error, vanilla_logits
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main

@@ -11,7 +11,7 @@ import json
 
 import pytest
 from tests.helpers.models import tiny_model
-from tests.helpers.vanilla import vanilla_load_errors
+from scripts.vanilla import vanilla_load_errors
 from transformers import AutoConfig, LlamaConfig
 
 import hf_posext

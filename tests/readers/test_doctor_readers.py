@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import torch
-from tests.helpers.transformers4_env import transformers4_python
+from scripts.transformers4_env import transformers4_python
 from tests.readers.test_transformers4 import LOAD_WITH_4X
 from transformers import AutoConfig, AutoModelForCausalLM
 

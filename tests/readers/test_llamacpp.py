@@ -2,7 +2,7 @@
 writes the GGUF rope keys hf_posext.readers.llamacpp predicts, and they are the right ones.
 
 The source package (76 MB) is downloaded once with pip into .cache/ and unpacked
-(tests/helpers/llamacpp_env.py; nothing is compiled for this test). Its vocabulary step is skipped:
+(scripts/llamacpp_env.py; nothing is compiled for this test). Its vocabulary step is skipped:
 the tiny byte tokenizer is not one llama.cpp knows, and vocabularies have nothing to do with rope keys.
 """
 
@@ -15,9 +15,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tests.helpers.llamacpp_env import llamacpp_source
+from scripts.llamacpp_env import llamacpp_source
 from tests.helpers.models import tiny_model
-from tests.helpers.registry import tiny_model as registry_model
+from scripts.registry import tiny_model as registry_model
 
 import hf_posext
 from hf_posext.readers import llamacpp

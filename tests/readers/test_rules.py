@@ -15,7 +15,7 @@ import torch
 from huggingface_hub import ModelCard
 from tests.helpers.models import tiny_config, tiny_model, tokens
 from transformers import AutoConfig, LlamaConfig, Qwen2Config
-from tests.helpers.vanilla import vanilla_load_error
+from scripts.vanilla import vanilla_load_error
 
 import hf_posext
 from hf_posext.commands.main import main as cli_main

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 from tests.helpers.models import tiny_model, tokens
-from tests.helpers.registry import tiny_model as registry_model
-from tests.helpers.transformers4_env import transformers4_python
+from scripts.registry import tiny_model as registry_model
+from scripts.transformers4_env import transformers4_python
 
 import hf_posext
 from hf_posext.readers import transformers4

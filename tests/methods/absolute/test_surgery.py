@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from tests.helpers.models import tiny_config, tiny_model, tokens, train_steps
-from tests.helpers.vanilla import vanilla_load_error
+from scripts.vanilla import vanilla_load_error
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from tests.helpers.models import ARCHITECTURES, tiny_model, tokens, train_steps
-from tests.helpers.vanilla import vanilla_load_error
+from scripts.vanilla import vanilla_load_error
 from transformers import AutoModelForCausalLM, masking_utils
 
 import hf_posext

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 from tests.helpers.models import published_model, tiny_model, tokens
-from tests.helpers.registry import tiny_config as registry_config
+from scripts.registry import tiny_config as registry_config
 from transformers import AutoModelForCausalLM
 
 import hf_posext
@@ -255,8 +255,8 @@ def test_without_the_exact_cache_decoding_past_the_switch_equals_full_forward():
 def test_the_rotary_wrapper_keeps_each_architectures_layout(model_type):
     """exact_cache=False on any rotary layout (rotate-half, interleaved, complex tables, 3D positions, partial):
     past the switch the kept rows are the unpatched model's own tables, the others transformers' longrope's."""
-    from tests.helpers.registry import L_ORIG as REGISTRY_L_ORIG
-    from tests.helpers.registry import build
+    from scripts.registry import L_ORIG as REGISTRY_L_ORIG
+    from scripts.registry import build
 
     from hf_posext import integration
 
@@ -306,7 +306,7 @@ def test_up_to_l_orig_it_is_longrope():
 
 @pytest.mark.parametrize(("exact", "factors_by"), [(False, "sequence"), (True, "sequence"), (True, "query")])
 def test_save_reload_round_trips_and_vanilla_transformers_refuses(tmp_path, exact, factors_by):
-    from tests.helpers.vanilla import vanilla_load_error
+    from scripts.vanilla import vanilla_load_error
 
     model = keep_first_model(exact_cache=exact, factors_by=factors_by)
     model.save_pretrained(tmp_path / "kf")

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from tests.helpers.models import published_model, tiny_model, tokens
-from tests.helpers.registry import tiny_config as registry_config
+from scripts.registry import tiny_config as registry_config
 from transformers import Phi3ForCausalLM, modeling_rope_utils
 
 import hf_posext
@@ -387,7 +387,7 @@ def test_bad_arguments_are_named(kwargs, message):
 def test_saved_checkpoint_reloads_exact_and_loads_in_vanilla_transformers(tmp_path):
     """Each definition reloads as saved; vanilla transformers computes the default's (factors_by="query" is
     hf-posext's own: past L_orig a vanilla reader's logits differ from it)."""
-    from tests.helpers.vanilla import vanilla_logits
+    from scripts.vanilla import vanilla_logits
 
     ids = tokens(3 * L_ORIG)
     models = {}

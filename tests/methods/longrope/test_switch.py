@@ -60,7 +60,7 @@ def test_default_full_forward_is_transformers_longrope(arch):
 
 
 def test_the_saved_checkpoint_means_the_same_model_to_vanilla_transformers(tmp_path):
-    from tests.helpers.vanilla import vanilla_logits
+    from scripts.vanilla import vanilla_logits
 
     model = hf_posext.patch_model(tiny_model("llama", max_positions=L_ORIG), "longrope", factor=FACTOR)
     model.save_pretrained(tmp_path / "lr")

@@ -1,17 +1,16 @@
-"""The docs' benchmark tables are generated: every marked block equals what ``benchmarks/tables.py`` writes."""
+"""The docs' benchmark tables are generated: every marked block equals what ``scripts/tables.py`` writes."""
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts import tables  # its import puts benchmarks/ (not a package) on sys.path: result_schema, the reports
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import tables  # noqa: E402  (benchmarks/ is not a package)
 
 
 def test_every_marked_block_in_the_docs_is_what_the_generator_writes_from_the_committed_json():
@@ -19,7 +18,7 @@ def test_every_marked_block_in_the_docs_is_what_the_generator_writes_from_the_co
     assert pages, "no page holds a <!-- table:NAME --> block"
     cache: dict[str, str] = {}
     stale = [str(p.relative_to(ROOT)) for p in pages if tables.rewrite(p.read_text(), cache) != p.read_text()]
-    assert not stale, f"run `python benchmarks/tables.py`: stale tables in {stale}"
+    assert not stale, f"run `python scripts/tables.py`: stale tables in {stale}"
 
 
 @pytest.mark.parametrize("name", sorted(tables.TABLES))

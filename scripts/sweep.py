@@ -1,10 +1,10 @@
 """The model-type sweep: every rotary decoder of the installed transformers, patched by each method family.
 
-For each registry candidate (tests/helpers/registry.py) that builds as a tiny model: the first method of
+For each registry candidate (scripts/registry.py) that builds as a tiny model: the first method of
 each family in :data:`SWEPT_FAMILIES` is applied; it either patches or is refused with one
 ``ValueError`` (any other exception is a bug the sweep reports). A patched model's forward past L0 must be
 finite; it is saved, and :func:`read_back` reloads every saved checkpoint: in one interpreter without
-hf_posext (tests/helpers/vanilla.py) where transformers reads it natively, else with
+hf_posext (scripts/vanilla.py) where transformers reads it natively, else with
 ``hf_posext.from_pretrained``, after doctor said it needs the plugin. benchmarks/model_sweep.py writes the
 outcomes into benchmarks/results/model_sweep.json, which docs/methods/supported.md shows.
 """
@@ -18,8 +18,8 @@ import torch
 
 import hf_posext
 from hf_posext.methods.registry import families
-from tests.helpers.registry import L_ORIG, candidates, tiny_model
-from tests.helpers.vanilla import vanilla_load_errors, vanilla_logits
+from scripts.registry import L_ORIG, candidates, tiny_model
+from scripts.vanilla import vanilla_load_errors, vanilla_logits
 
 FACTOR = 2
 #: Arguments a family's first method needs beyond ``factor`` on the tiny models (L0 = 64).

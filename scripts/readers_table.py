@@ -5,7 +5,7 @@ Every registered method's config as ``patch_model`` + ``save_pretrained`` write 
 ``llama3``), and the released configs of :data:`hf_posext.readers.shipped.SHIPPED`, go through the same
 :func:`hf_posext.commands.doctor.diagnose_path` a user runs; rows with the same verdicts are merged.
 
-    python benchmarks/tables.py --print readers
+    python scripts/tables.py --print readers
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hf_posext.commands.doctor import diagnose_path
 from hf_posext.methods import available_methods, method_class
 from hf_posext.readers.registry import READERS as REGISTRY
 from hf_posext.readers.shipped import SHIPPED, shipped_config_json
+from scripts import ROOT
 
 READERS = [reader.key for reader in REGISTRY]
 
@@ -116,7 +117,7 @@ def readers_table() -> str:
 
 
 #: The measured reader matrix (benchmarks/reader_matrix.py) and its columns, in order.
-MATRIX = Path(__file__).resolve().parent / "results" / "reader_matrix.json"
+MATRIX = ROOT / "benchmarks" / "results" / "reader_matrix.json"
 MATRIX_COLUMNS = {
     "transformers5": "transformers 5 (no `import hf_posext`)",
     "transformers5_hf_posext": "transformers 5 + `import hf_posext`",
@@ -141,7 +142,7 @@ def _matrix_cell(row: Any) -> str:
 
 def matrix_table() -> str:
     """The reader matrix as Markdown: a row per saved config, a column per reader run, from the committed rows."""
-    from result_schema import read_rows
+    from scripts.pivot import read_rows  # result_schema's, importable once scripts.pivot put benchmarks/ on the path
 
     if not MATRIX.is_file():
         return "_Not measured yet: run `python benchmarks/reader_matrix.py`._"

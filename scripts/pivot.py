@@ -2,18 +2,23 @@
 
 A :class:`Table` reads one results file; each :class:`Pivot` selects rows, groups them into table
 rows by a key (the leading cells) and fills each :class:`Column` with the latest row it matches in
-the group, formatted, or with what it computes from the group. ``benchmarks/tables.py`` declares
+the group, formatted, or with what it computes from the group. ``scripts/tables.py`` declares
 every docs table with them; docs/results/benchmark_data.md shows one whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from result_schema import Row, latest, read_rows
+from scripts import ROOT
+
+if str(ROOT / "benchmarks") not in sys.path:  # result_schema.py: benchmarks/ is a folder of scripts, not a package
+    sys.path.append(str(ROOT / "benchmarks"))
+from result_schema import Row, latest, read_rows  # noqa: E402
 
 
 def table(header: list[str], rows: list[list[Any]], aligned: bool = False) -> str:

@@ -4,7 +4,7 @@ Each table has a name; a page holds it between ``<!-- table:NAME -->`` and ``<!-
 lines, which this script rewrites (any ``.md`` file under ``docs/`` or ``benchmarks/``, and README.md). Results are
 rows of one schema (``result_schema.py``) and one renderer makes every table from them
 (``pivot.py``: a pivot of one file's rows); below, each table is its rows and columns. A table whose
-file is not there yet says so in one line. ``tests/benchmarks/test_tables.py`` checks that every
+file is not there yet says so in one line. ``tests/scripts/test_tables.py`` checks that every
 committed block equals what this script writes from the committed results. The cell caches of the
 resumable real-model evaluations (``real_model/results.json``, ``training_free/results.json``) are
 read as rows too (``result_schema.rows_from_cells``, on read: a file in today's cells format needs
@@ -16,9 +16,9 @@ that each block equals its report's table.
 Longer than ~400 lines: one declaration per docs table (about 25), each read on its own; split by
 page they would scatter the registry :data:`TABLES` that the page rewriting and the test walk.
 
-    python benchmarks/tables.py              # rewrite every marked block
-    python benchmarks/tables.py --check      # exit 1 naming the stale blocks
-    python benchmarks/tables.py --print gpu-mfu
+    python scripts/tables.py              # rewrite every marked block
+    python scripts/tables.py --check      # exit 1 naming the stale blocks
+    python scripts/tables.py --print gpu-mfu
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from readers_table import matrix_table, readers_table  # noqa: E402
-from pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, value  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+# The root for scripts.*; benchmarks/ (a folder of scripts, not a package) for result_schema.py and the
+# scripts whose reports some tables are.
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from result_schema import Row, latest, read_rows  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts.pivot import Column, Pivot, Table, fmt, found_cell, kilo, lengths, ok_or, ratio, reason, value  # noqa: E402
+from scripts.readers_table import matrix_table, readers_table  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 SEARCHED = ("docs", "benchmarks")
 BLOCK = re.compile(r"(<!-- table:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.S)
@@ -673,7 +676,6 @@ def real_model_view(kind: str) -> Callable[[list[Row]], list[Row]]:
     """
 
     def derive(rows: list[Row]) -> list[Row]:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         import real_model
 
         plan = real_model.WITH_PASSKEY_4X
@@ -763,7 +765,6 @@ TRAINING_FREE_REAL_MODEL = Table(
 
 def training_free_real_model_paired() -> str:
     """The exact McNemar tests of the training-free cells (``training_free_real_model.paired_table``, from the rows)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import training_free_real_model
 
     return training_free_real_model.paired_table()
@@ -775,7 +776,6 @@ def longrope_smollm2() -> str:
     The training-free cells and llama.cpp's (``longrope_smollm2/llamacpp.json``) read as rows; ``--report`` writes
     the same table into ``longrope_smollm2/results.md``.
     """
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import longrope_real_model
 
     return longrope_real_model.ppl_table()
@@ -788,7 +788,6 @@ def finetune_smollm2() -> str:
     cells read as rows (``result_schema.rows_from_cells``), pivoted; ``--report`` writes the same tables
     into ``finetune_smollm2/results.md`` after its introduction.
     """
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import finetune_real_model
 
     return finetune_real_model.tables_text().rstrip()
