@@ -2,8 +2,8 @@
 
 A comparison of a method setting with a registered method name or alias (``config.method ==
 "longrope"``, ``method in ("alibi", ...)``) is how a method's needs leak out of its folder; its
-registered `Training` / `Surgery` / class attributes say them instead (issue 62 item 1).
-hf_posext/readers/ joins the checked folders once its own refactor lands.
+registered `Training` / `Surgery` / class attributes say them instead (issue 62 item 1); the readers ask
+``MethodConfig.only_hf_posext_computes`` and the config's own fields (issue 57).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import hf_posext
 from hf_posext.method_names import ALIASES
 
 PACKAGE = Path(hf_posext.__file__).parent
-CHECKED = ("train", "commands", "eval")
+CHECKED = ("train", "commands", "eval", "readers")
 
 
 def method_name_comparisons(source: str, names: set[str]) -> list[str]:
