@@ -200,17 +200,41 @@ def estimate_memory(
         raise ValueError(f"sp_size={sp} must divide the {layout.processes} processes and the {shape.heads} heads")
     reference = reference_data()
     cpu = layout.device == "cpu"
-    shards = layout.shards
-    # What the process computes in: bf16 under autocast or FSDP2's policy; the residual stream stays
-    # fp32 under autocast over fp32 weights and is bf16 only where the parameters themselves are.
+    # What the process computes in: bf16 under autocast or FSDP2's policy (the residual stream: see _activation_bytes).
     act = 2 if layout.bf16 else 4
-    residual = 2 if layout.bf16 and shards > 1 else 4
     tokens = window * config.micro_batch_size // sp
-    h, i_size = shape.hidden, shape.intermediate
-    kv = shape.kv_heads * shape.head_dim
-    head_trained = not config.lora or not shape.tied  # LongLoRA trains an untied embedding, never a tied one
+    head_trained = _head_trained(shape, config)
     head_params = shape.embedding if (not shape.tied or not config.lora) else 0
 
+    trainable, terms = _parameter_terms(shape, config, layout)
+    layers_saved, layer_working, stored = _activation_bytes(shape, config, layout, tokens, window)
+    terms["activations"] = stored + layer_working
+    chunk = min(config.loss_chunk_size, tokens) if config.loss_chunk_size else tokens
+    # fp32 logits (and the head's bf16 output before them), log-softmax, and their gradients
+    logits = chunk * shape.vocab * (12 + (2 if layout.bf16 else 0))
+    head_grad = 4 * head_params if config.loss_chunk_size and head_trained else 0
+    terms["loss"] = logits + head_grad + tokens * shape.hidden * act
+    overhead = reference["overhead"][layout.device]
+    terms["overhead"] = int(overhead["bytes"] + overhead.get("fraction", 0.0) * sum(terms.values()))
+
+    moments = _moments(
+        shape, config, layout, terms, trainable, tokens, stored=stored, layer_working=layer_working, head_grad=head_grad
+    )
+    notes = []
+    if config.activation_offload and not cpu:
+        notes.append(f"activation offload keeps {layers_saved / GIB:.1f} GiB of checkpoints in pinned host memory")
+    peak = max(moments.values()) + terms["overhead"]
+    return MemoryEstimate(seq_len, window, tokens, trainable, terms, moments, peak, memory_bytes, notes)
+
+
+def _head_trained(shape: ModelShape, config: TrainConfig) -> bool:
+    """Whether the head (the embedding, where tied) is trained: LongLoRA trains an untied one, never a tied one."""
+    return not config.lora or not shape.tied
+
+
+def _parameter_terms(shape: ModelShape, config: TrainConfig, layout: Layout) -> tuple[int, dict[str, int]]:
+    """``(trainable parameters, terms)``: the bytes of weights, AdamW's moments, gradients and gathered units."""
+    h, shards = shape.hidden, layout.shards
     if config.lora:
         adapters = shape.lora_adapters(config.lora_rank, config.lora_target_modules)
         norms = (2 * shape.layers + 1) * h
@@ -219,7 +243,6 @@ def estimate_memory(
         weights_count = shape.params + trainable
     else:
         trainable, weights_count = shape.params, shape.params
-    largest = max(shape.embedding if head_trained else 0, h * max(i_size, shape.heads * shape.head_dim), 1)
 
     terms: dict[str, int] = {}
     terms["weights"] = 4 * weights_count // shards
@@ -232,48 +255,75 @@ def estimate_memory(
         terms["gathered"] = gathered_bytes * (4 * shape.layer + shape.embedding)
     if layout.bf16 and shards == 1 and not config.lora:
         terms["weights"] += 2 * weights_count  # autocast's bf16 copies of the trained weights, cached in the forward
+    return trainable, terms
 
+
+def _activation_bytes(
+    shape: ModelShape, config: TrainConfig, layout: Layout, tokens: int, window: int
+) -> tuple[int, int, int]:
+    """``(layers_saved, layer_working, stored)``: every layer's checkpoint, one layer's working set, what is kept."""
+    act = 2 if layout.bf16 else 4
+    # The residual stream stays fp32 under autocast over fp32 weights and is bf16 only where the
+    # parameters themselves are.
+    residual = 2 if layout.bf16 and layout.shards > 1 else 4
+    h, kv = shape.hidden, shape.kv_heads * shape.head_dim
     layers_saved = shape.layers * tokens * h * residual if config.activation_checkpointing else 0
     # One layer's saved tensors and its backward's temporaries, per token: norm outputs, q, rotated q/k, k, v,
     # attention output and its o_proj, the gate/up/activation/product of the MLP and their gradients.
-    layer_working = tokens * (LAYER_HIDDEN * h + LAYER_KV * kv + LAYER_INTERMEDIATE * i_size) * act
+    layer_working = tokens * (LAYER_HIDDEN * h + LAYER_KV * kv + LAYER_INTERMEDIATE * shape.intermediate) * act
     if config.attn_implementation == "eager":  # the [heads, window, window] scores, their softmax and its gradient
-        layer_working += 3 * (shape.heads // sp) * window * window * config.micro_batch_size * act
+        layer_working += 3 * (shape.heads // config.sp_size) * window * window * config.micro_batch_size * act
     if config.activation_checkpointing:
-        stored = 2 * tokens * h * residual if (config.activation_offload and not cpu) else layers_saved
+        stored = 2 * tokens * h * residual if (config.activation_offload and layout.device != "cpu") else layers_saved
     else:
         stored = shape.layers * layer_working
-    terms["activations"] = stored + layer_working
-    chunk = min(config.loss_chunk_size, tokens) if config.loss_chunk_size else tokens
-    # fp32 logits (and the head's bf16 output before them), log-softmax, and their gradients
-    logits = chunk * shape.vocab * (12 + (2 if layout.bf16 else 0))
-    head_grad = 4 * head_params if config.loss_chunk_size and head_trained else 0
-    terms["loss"] = logits + head_grad + tokens * h * act
-    overhead = reference["overhead"][layout.device]
-    terms["overhead"] = int(overhead["bytes"] + overhead.get("fraction", 0.0) * sum(terms.values()))
+    return layers_saved, layer_working, stored
 
+
+def _moments(
+    shape: ModelShape,
+    config: TrainConfig,
+    layout: Layout,
+    terms: dict[str, int],
+    trainable: int,
+    tokens: int,
+    *,
+    stored: int,
+    layer_working: int,
+    head_grad: int,
+) -> dict[str, int]:
+    """The bytes alive at each worst moment: the end of the forward, the backward, the optimizer step, loading.
+
+    Args:
+        terms: the terms so far (`_parameter_terms`, activations, loss).
+        stored: what the forward keeps for the backward; layer_working: one layer's working set
+            (both from `_activation_bytes`).
+        head_grad: the bytes of the head's gradient that chunked loss computes early.
+    """
+    shards = layout.shards
+    act = 2 if layout.bf16 else 4
+    head_trained = _head_trained(shape, config)
+    largest = max(
+        shape.embedding if head_trained else 0, shape.hidden * max(shape.intermediate, shape.heads * shape.head_dim), 1
+    )
+    optimizer_temporaries = (8 * largest if layout.device == "cpu" else 4 * trainable) // shards
     static = terms["weights"] + terms["optimizer"] + terms.get("gathered", 0)
     layer_grads = terms["gradients"] - head_grad // shards
-    accumulating = config.global_batch_size // (config.micro_batch_size * max(layout.processes // sp, 1)) > 1
+    processes = max(layout.processes // config.sp_size, 1)
+    accumulating = config.global_batch_size // (config.micro_batch_size * processes) > 1
     held_grads = terms["gradients"] if accumulating else 0
-    optimizer_temporaries = (8 * largest if cpu else 4 * trainable) // shards
-    moments = {
+    return {
         "forward": static + held_grads + stored + terms["loss"],
         "backward": static
         + held_grads
         + head_grad
-        + tokens * h * act
+        + tokens * shape.hidden * act
         + (stored + layer_grads if accumulating else max(stored, layer_grads))
         + layer_working,
         "optimizer step": static + terms["gradients"] + optimizer_temporaries,
         # the loading process holds the fp32 checkpoint whole, as read, before it is sharded
         "loading": 4 * shape.params + (4 * shape.params // shards if shards > 1 else 0),
     }
-    notes = []
-    if config.activation_offload and not cpu:
-        notes.append(f"activation offload keeps {layers_saved / GIB:.1f} GiB of checkpoints in pinned host memory")
-    peak = max(moments.values()) + terms["overhead"]
-    return MemoryEstimate(seq_len, window, tokens, trainable, terms, moments, peak, memory_bytes, notes)
 
 
 def longest_fit(
