@@ -214,12 +214,7 @@ def passkey_accuracy(
     Raises:
         ValueError: bad lengths, depths or trials.
     """
-    if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
-        raise ValueError(f"lengths must be positive ints, got {list(lengths)!r}")
-    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise ValueError(f"depths must lie in [0, 1], got {list(depths)!r}")
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    _check_grid(lengths, depths, trials)
     rng = random.Random(seed)
     fillers = [fit_filler(tokenizer, length, task, chat) for length in lengths]
     result = PasskeyResult(
@@ -235,10 +230,7 @@ def passkey_accuracy(
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
-    try:
-        device = next(model.parameters()).device if hasattr(model, "parameters") else torch.device("cpu")
-    except StopIteration:
-        device = torch.device("cpu")
+    device = _model_device(model)
     bar = tqdm(total=len(lengths) * len(depths) * trials, desc="passkey", disable=not progress)
     try:
         with torch.inference_mode():
@@ -248,23 +240,11 @@ def passkey_accuracy(
                         key = rng.randint(*KEY_RANGE)  # drawn for every prompt, done or not: the same keys
                         index = (li * len(depths) + di) * trials + trial
                         sample = (finished or {}).get(index)
-                        if not (
-                            isinstance(sample, dict)
-                            and (sample.get("length"), sample.get("depth"), sample.get("key")) == (length, depth, key)
-                        ):
-                            ids = torch.tensor(
-                                [_encode(tokenizer, build_prompt(key, n_filler, depth, task), chat)], device=device
-                            )
+                        if not _same_prompt(sample, length, depth, key):
+                            prompt = build_prompt(key, n_filler, depth, task)
+                            ids = torch.tensor([_encode(tokenizer, prompt, chat)], device=device)
                             continuation = tokenizer.decode(_generate(model, ids, max_new_tokens, pad).tolist())
-                            answer = parse_answer(continuation)
-                            sample = {
-                                "length": length,
-                                "depth": depth,
-                                "key": key,
-                                "continuation": continuation,
-                                "answer": answer,
-                                "correct": answer == key,
-                            }
+                            sample = _sample(length, depth, key, continuation)
                             if on_prompt is not None:
                                 on_prompt(index, sample)
                         result.correct[di][li] += bool(sample["correct"])
@@ -276,3 +256,41 @@ def passkey_accuracy(
         if hasattr(model, "train"):
             model.train(was_training)
     return result
+
+
+def _check_grid(lengths: Sequence[int], depths: Sequence[float], trials: int) -> None:
+    """Raise `ValueError` naming the bad lengths, depths or trials."""
+    if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
+        raise ValueError(f"lengths must be positive ints, got {list(lengths)!r}")
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise ValueError(f"depths must lie in [0, 1], got {list(depths)!r}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be a positive int, got {trials!r}")
+
+
+def _model_device(model: Any) -> torch.device:
+    """The device of ``model``'s first parameter; the CPU for a model without any."""
+    try:
+        return next(model.parameters()).device if hasattr(model, "parameters") else torch.device("cpu")
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def _same_prompt(sample: Any, length: int, depth: float, key: int) -> bool:
+    """Whether a finished ``sample`` answered this prompt (its length, depth and key), so it is reused."""
+    if not isinstance(sample, dict):
+        return False
+    return (sample.get("length"), sample.get("depth"), sample.get("key")) == (length, depth, key)
+
+
+def _sample(length: int, depth: float, key: int, continuation: str) -> dict[str, Any]:
+    """One prompt's record: where the key was, the model's continuation, the integer it gave, and whether right."""
+    answer = parse_answer(continuation)
+    return {
+        "length": length,
+        "depth": depth,
+        "key": key,
+        "continuation": continuation,
+        "answer": answer,
+        "correct": answer == key,
+    }
