@@ -4,6 +4,9 @@
 method in four parts (setup, train step, save, cleanup: torchtune's recipe interface);
 `train` runs them. The strategy comes from the ``accelerate launch`` config. What it
 guarantees and how to call it: docs/notes/training.md.
+
+Over ~400 lines on purpose: the recipe is one class read top to bottom (torchtune's recipes are
+one file each), and `FinetuneRecipe.setup`'s steps share its attributes and must run in order.
 """
 
 from __future__ import annotations
@@ -112,12 +115,28 @@ class FinetuneRecipe:
     def setup(self) -> None:
         """Load, patch, read the data, build the optimizer, resume: everything that can fail, before the first step.
 
+        The steps run in this order, which seeded and resumed runs depend on (the seed is set
+        just before the model loads; LoRA's weights draw from it after the data is read).
+
         Raises:
             FileNotFoundError: missing dataset files or a missing ``resume`` path.
             ValueError: an unknown method, a sequence the patched model cannot take, LoRA targets
                 the model lacks, a global batch the processes do not divide, or a resume whose
                 settings differ from the saved run's.
         """
+        self._check_sources()
+        resume_from, saved = self._find_resume()
+        layout = self._setup_accelerator(resume_from, saved)
+        model = self._setup_model()
+        self._setup_method(model)
+        self._setup_data()
+        model = self._setup_trained_model(model)
+        optimizer = self._setup_optimizer(model)
+        self._prepare(model, optimizer, layout)
+        self._resume(resume_from)
+
+    def _check_sources(self) -> None:
+        """Check the datasets and the tokenizer files; sets ``config.packing`` for conversations."""
         config = self.config
         check_dataset(config.dataset, config.dataset_split)
         if config.short_dataset:
@@ -132,15 +151,29 @@ class FinetuneRecipe:
             config.packing = True  # the run record says so; a resume detects the same
         if Path(config.model).is_dir():  # the tokenizer reads it first, the final save rewrites it
             check_tokenizer_config(config.model)
+
+    def _find_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
+        """The training state to resume from and its saved settings (checked against ours), or Nones.
+
+        Runs before a model loads (see `RunConfig`), so a refused resume costs no loading.
+        """
+        config = self.config
         resume_from: Path | None = None
         if config.resume and config.resume != "latest":
             resume_from = check_resumable(config.resume)
         elif config.resume == "latest":
             resume_from = latest_checkpoint(config.checkpoint_path)
         saved = saved_custom_state(resume_from, RUN_CONFIG_STATE) if resume_from is not None else None
-        if saved is not None:  # before a model loads: see RunConfig
+        if saved is not None:
             check_resume_config(saved, config)
+        return resume_from, saved
 
+    def _setup_accelerator(self, resume_from: Path | None, saved: dict[str, Any] | None) -> dict[str, Any]:
+        """Set ``accelerator``, ``dp_size`` and ``dp_rank``; return the process layout a state is tied to.
+
+        Refuses a resume on other processes than the saved state's, and activation offload on a CPU.
+        """
+        config = self.config
         self.accelerator = accelerator = build_accelerator(config)
         self.dp_size, self.dp_rank = data_parallel_layout(accelerator)
         layout = process_layout(accelerator.num_processes, self.dp_size, accelerator.distributed_type.value)
@@ -151,6 +184,11 @@ class FinetuneRecipe:
                 "activation_offload moves checkpointed activations from an accelerator to host memory; "
                 "training runs on the CPU here, where it only adds copies: set activation_offload=False"
             )
+        return layout
+
+    def _setup_model(self) -> PreTrainedModel:
+        """Seed, then load and patch the model; sets ``tokenizer`` and checks its chat template if needed."""
+        config = self.config
         set_seed(config.seed)
         model, self.tokenizer = load_model_and_tokenizer(config)
         chat_data = [config.dataset] + ([config.short_dataset or config.dataset] if config.short_fraction else [])
@@ -158,6 +196,14 @@ class FinetuneRecipe:
             holds_conversations(data, config.dataset_split, config.text_field) for data in chat_data
         ):
             check_chat_template(self.tokenizer, config.model, config.chat_template)
+        return model
+
+    def _setup_method(self, model: PreTrainedModel) -> None:
+        """Plan the run against the patched ``model``: sets ``plan``, ``sequence_parallel`` and ``save_dtype``.
+
+        Also warns of engines that cannot read the method and sets the accelerator's accumulation.
+        """
+        config, accelerator = self.config, self.accelerator
         pc = accelerator.parallelism_config
         cp_size = pc.cp_size if pc is not None else 1
         if cp_size > 1 and config.pose:
@@ -173,15 +219,25 @@ class FinetuneRecipe:
         if config.lora:
             check_lora_targets(model, config.lora_target_modules)
         self.save_dtype = save_dtype_for(config, model)
-        self._setup_data()
 
+    def _setup_trained_model(self, model: PreTrainedModel) -> nn.Module:
+        """``model`` as it trains: activation checkpointing, no KV cache, and LoRA adapters if asked.
+
+        After the data is read: LoRA's initial weights draw from the seeded RNG.
+        """
+        config = self.config
         if config.activation_checkpointing:
             model.activation_checkpointing_enable(offload=config.activation_offload)
         model.config.use_cache = False
         if config.lora:
-            model = apply_lora(
+            return apply_lora(
                 model, config.lora_target_modules, config.lora_rank, config.lora_alpha, config.lora_dropout
             )
+        return model
+
+    def _setup_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """AdamW over ``model``'s trained parameters; sets ``scheduler`` (never prepared: see `_prepare`)."""
+        config = self.config
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             params,
@@ -191,6 +247,14 @@ class FinetuneRecipe:
             weight_decay=config.weight_decay,
         )
         self.scheduler = build_scheduler(config, optimizer)
+        return optimizer
+
+    def _prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, layout: dict[str, Any]) -> None:
+        """Wrap ``model`` and ``optimizer`` for the strategy: sets ``model``, ``optimizer`` and ``params``.
+
+        Also sets ``progress`` and registers it, the scheduler and the settings for checkpointing.
+        """
+        config, accelerator = self.config, self.accelerator
         ds_plugin = accelerator.state.deepspeed_plugin
         if ds_plugin is not None:
             # No dataloader goes through prepare(), so DeepSpeed learns the micro-batch here (as
@@ -205,10 +269,16 @@ class FinetuneRecipe:
         accelerator.print(describe_strategy(accelerator, self.model, self.dp_size))
         # FSDP2 swaps parameters for sharded ones in prepare(): clip the ones that are trained now.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.progress = progress = TrainProgress()
+        self.progress = TrainProgress()
         # In this order in every state saved so far: the settings are third (RUN_CONFIG_STATE).
-        accelerator.register_for_checkpointing(self.scheduler, progress, RunConfig(config, layout))
+        accelerator.register_for_checkpointing(self.scheduler, self.progress, RunConfig(config, layout))
 
+    def _resume(self, resume_from: Path | None) -> None:
+        """Load the training state, then what the first step needs: sets ``batches``; starts the trackers.
+
+        Also checks the final output folder and evaluates before training (``eval_blocks``, step 0).
+        """
+        config, accelerator, progress = self.config, self.accelerator, self.progress
         if resume_from is not None:
             load_checkpoint(accelerator, resume_from)
             accelerator.print(f"resumed from {resume_from} at step {progress.step}")
@@ -222,7 +292,7 @@ class FinetuneRecipe:
         if self.eval_blocks is not None and progress.step == 0:
             progress.eval["before"] = self.evaluate()
         self.batches = MicroBatches(
-            config, plan, self.train_blocks, self.short_blocks, accelerator.device, progress.micro_step
+            config, self.plan, self.train_blocks, self.short_blocks, accelerator.device, progress.micro_step
         )
         self._started, self._first_tokens = time.perf_counter(), progress.tokens
 
