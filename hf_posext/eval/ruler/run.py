@@ -126,29 +126,11 @@ def run_cell(
     """
     spec = TASKS[task]
     wrapper = wrapper_for(tokenizer, chat_template)
-    prompts: list[Prompt] = []
-    hint = None
     start = time.perf_counter()
-    for i in range(samples):
-        key = f"{seed}/{task}/{length}/{i}"
-        prompt = fit_prompt(
-            tokenizer,
-            spec,
-            length,
-            key,
-            stratified_depth(i, samples, f"{seed}/{task}/{length}"),
-            wrapper=wrapper,
-            hint=hint,
-        )
-        hint = prompt.units
-        prompts.append(prompt)
+    prompts = _fit_prompts(tokenizer, task, length, samples, seed, wrapper)
     size = batch_size or auto_batch_size(model, length)
     metric = METRICS[spec.metric]
-    rows: dict[int, dict[str, Any]] = {}
-    for i, prompt in enumerate(prompts):
-        row = (finished or {}).get(i)
-        if isinstance(row, dict) and (row.get("seed"), row.get("depth")) == (prompt.seed, prompt.depth):
-            rows[i] = row
+    rows = _reused_rows(prompts, finished)
     if bar is not None:
         bar.update(len(rows))
     todo = [i for i in range(samples) if i not in rows]
@@ -183,6 +165,37 @@ def run_cell(
         "seconds": round(time.perf_counter() - start, 1),
         "samples": ordered,
     }
+
+
+def _fit_prompts(tokenizer: Any, task: str, length: int, samples: int, seed: int, wrapper: Any) -> list[Prompt]:
+    """The cell's ``samples`` prompts, each fitted to its length at its stratified depth (seeded by its key)."""
+    spec = TASKS[task]
+    prompts: list[Prompt] = []
+    hint = None
+    for i in range(samples):
+        key = f"{seed}/{task}/{length}/{i}"
+        prompt = fit_prompt(
+            tokenizer,
+            spec,
+            length,
+            key,
+            stratified_depth(i, samples, f"{seed}/{task}/{length}"),
+            wrapper=wrapper,
+            hint=hint,
+        )
+        hint = prompt.units
+        prompts.append(prompt)
+    return prompts
+
+
+def _reused_rows(prompts: Sequence[Prompt], finished: Mapping[int, dict[str, Any]] | None) -> dict[int, dict[str, Any]]:
+    """The rows of an interrupted run whose prompt (seed and depth) is the same as ours, by prompt index."""
+    rows: dict[int, dict[str, Any]] = {}
+    for i, prompt in enumerate(prompts):
+        row = (finished or {}).get(i)
+        if isinstance(row, dict) and (row.get("seed"), row.get("depth")) == (prompt.seed, prompt.depth):
+            rows[i] = row
+    return rows
 
 
 def ruler_accuracy(
@@ -231,6 +244,7 @@ def ruler_accuracy(
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive int, got {samples!r}")
     store = store or _Memory()
+    options = {"seed": seed, "batch_size": batch_size, "chat_template": chat_template, "max_new_tokens": max_new_tokens}
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
@@ -240,30 +254,9 @@ def ruler_accuracy(
         with torch.inference_mode():
             for length in lengths:
                 for task in names:
-
-                    def compute(task: str = task, length: int = length) -> dict[str, Any]:
-                        key = f"{task}/{length}"
-                        return run_cell(
-                            model,
-                            tokenizer,
-                            task,
-                            length,
-                            samples,
-                            seed=seed,
-                            batch_size=batch_size,
-                            chat_template=chat_template,
-                            max_new_tokens=max_new_tokens,
-                            bar=bar,
-                            finished=prompts.finished(key) if prompts is not None else None,
-                            on_prompt=(lambda i, row: prompts.add(key, i, row)) if prompts is not None else None,
-                        )
-
-                    before = bar.n
-                    cells[f"{task}/{length}"] = cell = store.get(f"{task}/{length}", compute)
-                    if prompts is not None:
-                        prompts.forget(f"{task}/{length}")
-                    if bar.n == before:
-                        bar.update(samples)
+                    cells[f"{task}/{length}"] = cell = _stored_cell(
+                        model, tokenizer, task, length, samples, store, prompts, bar, options
+                    )
                     bar.set_postfix(L=length, task=task, acc=f"{cell['accuracy']:.0f}")
     finally:
         bar.close()
@@ -274,6 +267,46 @@ def ruler_accuracy(
         for length in lengths
     }
     return {"tasks": names, "lengths": list(lengths), "samples": samples, "cells": cells, "average": average}
+
+
+def _stored_cell(
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    length: int,
+    samples: int,
+    store: Store,
+    prompts: Any,
+    bar: Any,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """The cell ``task/length`` from ``store``, run (`run_cell` with ``options``) and kept there if it is not.
+
+    A cell's finished prompts come from and go to ``prompts`` (see `ruler_accuracy`), which forgets
+    them once the cell is stored; a cell found whole in ``store`` advances ``bar`` by its samples.
+    """
+    key = f"{task}/{length}"
+
+    def compute() -> dict[str, Any]:
+        return run_cell(
+            model,
+            tokenizer,
+            task,
+            length,
+            samples,
+            **options,
+            bar=bar,
+            finished=prompts.finished(key) if prompts is not None else None,
+            on_prompt=(lambda i, row: prompts.add(key, i, row)) if prompts is not None else None,
+        )
+
+    before = bar.n
+    cell = store.get(key, compute)
+    if prompts is not None:
+        prompts.forget(key)
+    if bar.n == before:
+        bar.update(samples)
+    return cell
 
 
 __all__ = ["auto_batch_size", "ruler_accuracy", "run_cell"]
