@@ -227,6 +227,67 @@ def is_cached(config: TinyLMConfig, cache_dir: str | os.PathLike | None = None) 
     return (_cache_path(config, root) / "train_info.json").exists()
 
 
+def _prepare_training(
+    config: TinyLMConfig, states: Path, retrain: bool
+) -> tuple[Accelerator, Any, Any, Any, _Progress]:
+    """``(accelerator, model, optimizer, scheduler, progress)`` prepared, resumed from ``states`` if it holds one.
+
+    ``retrain`` deletes ``states`` first. The model is built (seeded) before anything else draws.
+    """
+    model = build_model(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+    # Cosine from lr to 10% of it after a linear warm-up.
+    scheduler = get_scheduler(
+        "cosine_with_min_lr",
+        optimizer,
+        num_warmup_steps=config.warmup_steps,
+        num_training_steps=config.steps,
+        scheduler_specific_kwargs={"min_lr_rate": 0.1},
+    )
+    accelerator = Accelerator()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    progress_state = _Progress()
+    accelerator.register_for_checkpointing(scheduler, progress_state)
+    if retrain:
+        shutil.rmtree(states, ignore_errors=True)
+    resume_from = latest_checkpoint(states)
+    if resume_from is not None:
+        load_checkpoint(accelerator, resume_from)
+    return accelerator, model, optimizer, scheduler, progress_state
+
+
+def _training_batch(
+    config: TinyLMConfig, corpus: torch.Tensor, step: int, tokenizer: PreTrainedTokenizerFast, fillers: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, labels)`` of ``step``: corpus windows, ``passkey_fraction`` of the rows passkey sequences.
+
+    Batches depend on (seed, step) only, so a resumed run sees the same data as an uninterrupted one.
+    """
+    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    rng = random.Random(config.seed * 1_000_003 + step)
+    offsets = torch.randint(0, corpus.numel() - config.seq_len, (config.batch_size,), generator=gen)
+    batch = torch.stack([corpus[o : o + config.seq_len] for o in offsets.tolist()])
+    labels = batch.clone()
+    n_passkey = sum(rng.random() < config.passkey_fraction for _ in range(config.batch_size))
+    for row in range(n_passkey):
+        batch[row], labels[row] = _passkey_sequence(rng, config.seq_len, tokenizer, fillers)
+    return batch, labels
+
+
+def _train_info(config: TinyLMConfig, model: Any, losses: list[float], seconds: float) -> dict[str, Any]:
+    """What train_info.json records: the config, the size, the final loss (last 20 steps), time and versions."""
+    return {
+        "config": dataclasses.asdict(config),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "train_seconds": round(seconds, 1),
+        "torch_threads": torch.get_num_threads(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
 def pretrain(
     config: TinyLMConfig = TinyLMConfig(),
     cache_dir: str | os.PathLike | None = None,
@@ -255,27 +316,8 @@ def pretrain(
     if (path / "train_info.json").exists() and not retrain:
         return _load(path, config), tokenizer, json.loads((path / "train_info.json").read_text())
 
-    model = build_model(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
-    # Cosine from lr to 10% of it after a linear warm-up.
-    scheduler = get_scheduler(
-        "cosine_with_min_lr",
-        optimizer,
-        num_warmup_steps=config.warmup_steps,
-        num_training_steps=config.steps,
-        scheduler_specific_kwargs={"min_lr_rate": 0.1},
-    )
-    accelerator = Accelerator()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    progress_state = _Progress()
-    accelerator.register_for_checkpointing(scheduler, progress_state)
     states = root / f".tinylm-{config.key()}.resume"
-    if retrain:
-        shutil.rmtree(states, ignore_errors=True)
-    resume_from = latest_checkpoint(states)
-    if resume_from is not None:
-        load_checkpoint(accelerator, resume_from)
-
+    accelerator, model, optimizer, scheduler, progress_state = _prepare_training(config, states, retrain)
     corpus = stdlib_corpus("train", config.max_train_bytes)
     if corpus.numel() <= config.seq_len:
         raise ValueError(f"the training corpus has {corpus.numel()} tokens, fewer than seq_len={config.seq_len}")
@@ -289,15 +331,7 @@ def pretrain(
         total=config.steps,
     )
     for step in bar:
-        # Batches depend on (seed, step) only, so a resumed run sees the same data as an uninterrupted one.
-        gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-        rng = random.Random(config.seed * 1_000_003 + step)
-        offsets = torch.randint(0, corpus.numel() - config.seq_len, (config.batch_size,), generator=gen)
-        batch = torch.stack([corpus[o : o + config.seq_len] for o in offsets.tolist()])
-        labels = batch.clone()
-        n_passkey = sum(rng.random() < config.passkey_fraction for _ in range(config.batch_size))
-        for row in range(n_passkey):
-            batch[row], labels[row] = _passkey_sequence(rng, config.seq_len, tokenizer, fillers)
+        batch, labels = _training_batch(config, corpus, step, tokenizer, fillers)
         loss = model(input_ids=batch.to(accelerator.device), labels=labels.to(accelerator.device)).loss
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
@@ -312,16 +346,7 @@ def pretrain(
             t0 = time.perf_counter()
             save_checkpoint(accelerator, states, step + 1, keep=1)
     bar.close()
-    info = {
-        "config": dataclasses.asdict(config),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-        "train_seconds": round(progress_state.seconds + time.perf_counter() - t0, 1),
-        "torch_threads": torch.get_num_threads(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
+    info = _train_info(config, model, losses, progress_state.seconds + time.perf_counter() - t0)
     model = accelerator.unwrap_model(model).eval()
     with atomic_directory(path) as tmp:
         model.save_pretrained(tmp)
