@@ -3,6 +3,9 @@
 Three resumable experiments (from scratch, extension, passkey) on tiny stdlib Llamas;
 `write_report` turns their JSON into ``reproduction.md`` and plots
 (docs/results/reproduction.md).
+
+Over ~400 lines: the three experiments and `write_report` share `ReproConfig` and the JSON files'
+layout; the report is the part to move to a sibling module (commands/reproduce.py calls it here).
 """
 
 from __future__ import annotations
@@ -187,28 +190,44 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
     model, tokenizer, _ = pretrain(config.model, cache_dir, progress=progress)
     docs = held_out_documents(tokenizer, lengths[-1] + 1, config.documents)
 
-    def evaluate(method: str | None) -> dict[str, Any]:
-        rows = {}
-        for metric in ("last", "all"):
-            # A fresh patch per pass: transformers' dynamic rotary keeps the frequencies of the
-            # longest sequence seen (it resets only below L_orig), so a second pass starting short
-            # would run with the previous pass's s(2048). Within a pass lengths only grow.
-            if method is not None:
-                extra = {"exact_cache": False} if method_class(method).dynamic else {}
-                patch_model(model, method, factor=config.factor, **extra)
-            try:
-                rows[metric] = _ppl_rows(model, docs, lengths, train_len - 1, metric)
-            finally:
-                if method is not None:
-                    unpatch_model(model)
-        return rows
-
-    stage.get("none", lambda: evaluate(None))
+    stage.get("none", lambda: _extended_rows(model, docs, lengths, train_len, config.factor, None))
     for method in ROPE_METHODS:
-        stage.get(f"{method}", lambda method=method: evaluate(method))
+        stage.get(method, lambda method=method: _extended_rows(model, docs, lengths, train_len, config.factor, method))
 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     base_dir = root / f"tinylm-{config.model.key()}"
+    data = _finetune_data(config, out)
+    for method in config.finetune_methods:
+        if method in available_methods():
+            stage.get(
+                f"{method} + fine-tune",
+                lambda method=method: _finetuned_rows(config, out, base_dir, data, docs, lengths, method),
+            )
+    return stage.results
+
+
+def _extended_rows(
+    model: Any, docs: list[torch.Tensor], lengths: list[int], train_len: int, factor: float, method: str | None
+) -> dict[str, Any]:
+    """``{"last": rows, "all": rows}``: ``model`` patched with ``method`` at ``factor`` (None: as trained)."""
+    rows = {}
+    for metric in ("last", "all"):
+        # A fresh patch per pass: transformers' dynamic rotary keeps the frequencies of the
+        # longest sequence seen (it resets only below L_orig), so a second pass starting short
+        # would run with the previous pass's s(2048). Within a pass lengths only grow.
+        if method is not None:
+            extra = {"exact_cache": False} if method_class(method).dynamic else {}
+            patch_model(model, method, factor=factor, **extra)
+        try:
+            rows[metric] = _ppl_rows(model, docs, lengths, train_len - 1, metric)
+        finally:
+            if method is not None:
+                unpatch_model(model)
+    return rows
+
+
+def _finetune_data(config: ReproConfig, out: Path) -> Path:
+    """``out/work/finetune_data.txt``: the first ``finetune_bytes`` of the stdlib's training files, written once."""
     data = out / "work" / "finetune_data.txt"
     if not data.exists():
         data.parent.mkdir(parents=True, exist_ok=True)
@@ -220,51 +239,58 @@ def run_extension(config: ReproConfig, out: Path, cache_dir: Path | None, progre
             if total >= config.finetune_bytes:
                 break
         data.write_text("\n".join(text))
+    return data
 
-    def finetune(method: str) -> dict[str, Any]:
-        output = out / "work" / f"finetuned-{method}"
-        start = time.perf_counter()
-        result = train(
-            TrainConfig(
-                model=str(base_dir),
-                method=method,
-                factor=config.factor,
-                output_dir=str(output),
-                dataset=[str(data)],
-                seq_len=config.finetune_multiple * train_len,
-                max_train_steps=config.finetune_steps,
-                learning_rate=config.finetune_lr,
-                warmup_steps=config.finetune_warmup,
-                weight_decay=0.0,
-                adam_beta1=0.9,
-                adam_beta2=0.95,
-                global_batch_size=config.finetune_batch,
-                micro_batch_size=config.finetune_batch,
-                mixed_precision="no",
-                activation_checkpointing=False,
-                attn_implementation="sdpa",
-                cache_dir=str(out / "work" / "blocks"),
-                seed=0,
-                overwrite=True,
-            )
+
+def _finetuned_rows(
+    config: ReproConfig,
+    out: Path,
+    base_dir: Path,
+    data: Path,
+    docs: list[torch.Tensor],
+    lengths: list[int],
+    method: str,
+) -> dict[str, Any]:
+    """Fine-tune ``base_dir`` with ``method`` by the recipe (`train`); its training numbers and perplexity rows."""
+    train_len = config.model.seq_len
+    output = out / "work" / f"finetuned-{method}"
+    start = time.perf_counter()
+    result = train(
+        TrainConfig(
+            model=str(base_dir),
+            method=method,
+            factor=config.factor,
+            output_dir=str(output),
+            dataset=[str(data)],
+            seq_len=config.finetune_multiple * train_len,
+            max_train_steps=config.finetune_steps,
+            learning_rate=config.finetune_lr,
+            warmup_steps=config.finetune_warmup,
+            weight_decay=0.0,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            global_batch_size=config.finetune_batch,
+            micro_batch_size=config.finetune_batch,
+            mixed_precision="no",
+            activation_checkpointing=False,
+            attn_implementation="sdpa",
+            cache_dir=str(out / "work" / "blocks"),
+            seed=0,
+            overwrite=True,
         )
-        seconds = time.perf_counter() - start
-        tuned = AutoModelForCausalLM.from_pretrained(output, attn_implementation="sdpa").eval()
-        rows = _both_metrics(tuned, docs, lengths, train_len - 1)
-        return {
-            "train": {
-                "steps": result.steps,
-                "tokens": result.tokens,
-                "final_loss": result.final_loss,
-                "seconds": round(seconds, 1),
-            },
-            **rows,
-        }
-
-    for method in config.finetune_methods:
-        if method in available_methods():
-            stage.get(f"{method} + fine-tune", lambda method=method: finetune(method))
-    return stage.results
+    )
+    seconds = time.perf_counter() - start
+    tuned = AutoModelForCausalLM.from_pretrained(output, attn_implementation="sdpa").eval()
+    rows = _both_metrics(tuned, docs, lengths, train_len - 1)
+    return {
+        "train": {
+            "steps": result.steps,
+            "tokens": result.tokens,
+            "final_loss": result.final_loss,
+            "seconds": round(seconds, 1),
+        },
+        **rows,
+    }
 
 
 def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress: bool = True) -> dict[str, Any]:
