@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..gguf.rope import ARCHITECTURES, MODEL_TYPES, gguf_rope_for
 from ..methods.registry import method_class
 from ..rope_utils import yarn_mscale
 from . import transformers5
@@ -157,6 +156,8 @@ def _converter_rope(subject: Subject) -> tuple[str, str]:
 
 def _converter(subject: Subject) -> Finding:
     """The converter route: ``convert_hf_to_gguf.py``, then llama.cpp on its keys."""
+    from ..gguf.rope import ARCHITECTURES, MODEL_TYPES  # gguf.rope loads transformers' models: ~4 s not at import
+
     config = subject.config
     if subject.situation == "layered":
         by_source = per_layer_converter(getattr(config, "model_type", None), subject.params)
@@ -175,6 +176,8 @@ def _converter(subject: Subject) -> Finding:
 
 def _export(subject: Subject) -> Finding:
     """The ``hf-posext gguf export`` route (the rope it writes, or why it refuses), then llama.cpp."""
+    from ..gguf.rope import MODEL_TYPES, gguf_rope_for  # as in _converter: not at `import hf_posext`
+
     config = subject.config
     if subject.situation == "damaged":
         why = f"refuses config.json's {subject.fields} (hf-posext writes no GGUF of a damaged config)"
