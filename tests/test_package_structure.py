@@ -59,6 +59,8 @@ DEFERRED = {
     "transformers.AutoTokenizer",
     # a GGUF's rope as a config (it loads transformers' config classes): only a conversion reads it
     "hf_posext.gguf.reading",
+    # the export's rope and model types (the same config classes): only doctor's llama.cpp routes judge them
+    "hf_posext.gguf.rope",
 }
 
 #: Packages whose functions may import anything: the command handlers.

@@ -244,7 +244,7 @@ def passkey_accuracy(
                             prompt = build_prompt(key, n_filler, depth, task)
                             ids = torch.tensor([_encode(tokenizer, prompt, chat)], device=device)
                             continuation = tokenizer.decode(_generate(model, ids, max_new_tokens, pad).tolist())
-                            sample = _sample(length, depth, key, continuation)
+                            sample = _key_record(length, depth, key, continuation)
                             if on_prompt is not None:
                                 on_prompt(index, sample)
                         result.correct[di][li] += bool(sample["correct"])
@@ -283,7 +283,7 @@ def _same_prompt(sample: Any, length: int, depth: float, key: int) -> bool:
     return (sample.get("length"), sample.get("depth"), sample.get("key")) == (length, depth, key)
 
 
-def _sample(length: int, depth: float, key: int, continuation: str) -> dict[str, Any]:
+def _key_record(length: int, depth: float, key: int, continuation: str) -> dict[str, Any]:
     """One prompt's record: where the key was, the model's continuation, the integer it gave, and whether right."""
     answer = parse_answer(continuation)
     return {

@@ -5,7 +5,7 @@ method in four parts (setup, train step, save, cleanup: torchtune's recipe inter
 `train` runs them. The strategy comes from the ``accelerate launch`` config. What it
 guarantees and how to call it: docs/notes/training.md.
 
-Over ~400 lines on purpose: the recipe is one class read top to bottom (torchtune's recipes are
+Longer than ~400 lines on purpose: the recipe is one class read top to bottom (torchtune's recipes are
 one file each), and `FinetuneRecipe.setup`'s steps share its attributes and must run in order.
 """
 
