@@ -11,7 +11,7 @@ from typing import Any
 import transformers
 
 from ..gguf.rope import ARCHITECTURES, ROPE_FREQS_ARCHITECTURES
-from .reader import Finding
+from .reader import NO_RULE, Finding
 from .registry import reader
 
 #: What transformers 5 reads of a GGUF file's rope (``integrations/ggml.py``'s config mapping, 5.25.0:
@@ -56,10 +56,10 @@ def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
         t5 = Finding("same", "plain RoPE: transformers maps context_length and rope.freq_base", rules, "run here")
     readers = {"transformers5": t5, "transformers5_hf_posext": t5}
     for key in ("transformers4", "vllm", "sglang"):
-        readers[key] = reader(key).finding("unknown", "not checked for GGUF files (these rules read config.json)")
+        readers[key] = reader(key).finding(NO_RULE, "not checked for GGUF files (these rules read config.json)")
     if arch not in ARCHITECTURES:
         readers["llamacpp"] = reader("llamacpp").finding(
-            "unknown", f"GGUF architecture {arch!r}: these rules cover the {', '.join(ARCHITECTURES)} graphs"
+            NO_RULE, f"GGUF architecture {arch!r}: these rules cover the {', '.join(ARCHITECTURES)} graphs"
         )
         return {"rope": summary, "checks": checks, "readers": {k: f.to_dict() for k, f in readers.items()}}
     unread = {k: v for k, v in keys.items() if k in GGUF_UNREAD and v != GGUF_UNREAD[k]}
@@ -85,7 +85,7 @@ def diagnose_gguf(arch: str, rope: Any, keys: dict[str, Any]) -> dict[str, Any]:
         )
     elif rope.scaling_type not in ("none", "linear", "yarn"):
         llama = Finding(
-            "unknown", f"rope.scaling.type {rope.scaling_type!r}: not one these rules cover", rules, "read from source"
+            NO_RULE, f"rope.scaling.type {rope.scaling_type!r}: not one these rules cover", rules, "read from source"
         )
     else:
         llama = Finding(
@@ -109,7 +109,7 @@ def diagnose_damaged_gguf(arch: str, damaged: list[dict[str, str]]) -> dict[str,
     t5 = Finding("misread", why, rules, "read from source")
     readers = {"transformers5": t5, "transformers5_hf_posext": t5}
     for key in ("transformers4", "vllm", "sglang"):
-        readers[key] = reader(key).finding("unknown", "not checked for GGUF files (these rules read config.json)")
+        readers[key] = reader(key).finding(NO_RULE, "not checked for GGUF files (these rules read config.json)")
     rules = "llama.cpp 0.3.36 (what it reads, measured: tests/gguf/test_export.py, docs/readers/llamacpp.md)"
     readers["llamacpp"] = Finding("misread", why, rules, "read from source")
     return {

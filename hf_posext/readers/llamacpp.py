@@ -13,7 +13,7 @@ from typing import Any
 from ..methods.registry import method_class
 from ..rope_utils import yarn_mscale
 from . import transformers5
-from .reader import Finding, Reader, Subject, engine_verdict
+from .reader import NO_RULE, Finding, Reader, Subject, engine_verdict
 from .rope import RopeDescription, describe, intended_rope
 
 LENGTH_KEYS = (
@@ -166,7 +166,7 @@ def _converter(subject: Subject) -> Finding:
         return READER.finding(*by_source, "run here")  # tests/readers/test_llamacpp.py
     if MODEL_TYPES.get(getattr(config, "model_type", None)) is None:
         return READER.finding(
-            "unknown",
+            NO_RULE,
             f"model_type {config.model_type!r}: these rules cover the "
             f"{', '.join(ARCHITECTURES)} GGUF graphs (model types {', '.join(sorted(MODEL_TYPES))})",
         )
@@ -215,7 +215,7 @@ def _judge(subject: Subject) -> Finding:
     """llama.cpp through either route: ``same`` where the converter alone gives the model, else the converter's
     verdict, saying whether `hf-posext gguf export` gives it."""
     if subject.situation == "unreadable":
-        return READER.finding("unknown", "not evaluated: transformers 5 cannot read the config")
+        return READER.finding(NO_RULE, "not evaluated: transformers 5 cannot read the config")
     converter = _damaged(subject) if subject.situation == "damaged" else _converter(subject)
     export = _export(subject)
     if subject.only_hf_posext is not None:  # run here for LongRoPE factors_by="query": the reader matrix

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..method_names import ALIASES, METHODS
 from ..methods.registry import method_class
 from ..rope_utils import CONFIG_KEY
+from ..validation.unknown_method import unknown_method
 from .rope import RopeDescription
 
 #: A reader's verdict on a checkpoint, as the reader matrix measures it.
@@ -104,7 +104,7 @@ class Subject:
         """The record's method where this process has it registered (a plugin not imported: ``None``, and the
         rope alone is judged: doctor's check says so)."""
         method = self.record.get("method")
-        return method if isinstance(method, str) and (method in METHODS or method in ALIASES) else None
+        return None if not isinstance(method, str) or unknown_method(self.record) else method
 
     @property
     def only_hf_posext(self) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .reader import Finding, Reader, Subject
+from .reader import NO_RULE, Finding, Reader, Subject
 from .rope import in_words, same_rope
 
 #: Rope types transformers 4.57.6 implements (``ROPE_INIT_FUNCTIONS`` plus ``default``).
@@ -184,7 +184,7 @@ def _judge(subject: Subject) -> Finding:
         except ValueError as error:
             return READER.finding("refused", str(error))
         why = f"reads {in_words(read)}; not compared: transformers 5 builds no rope to compare with"
-        return READER.finding("unknown", why)
+        return READER.finding(NO_RULE, why)
     if subject.situation == "damaged":
         return _damaged(subject)
     if subject.situation == "layered":

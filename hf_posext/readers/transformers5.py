@@ -97,10 +97,12 @@ def _with(subject: Subject) -> Finding:
     if subject.situation == "layered":
         return WITH.finding("same", "after `import hf_posext`: hf-posext registers every type it writes")
     status, how = verdict(subject.rope_type)
+    if status != "same":
+        return WITH.finding(status, how)
+    if subject.only_hf_posext is not None:
+        return WITH.finding(status, f"after `import hf_posext`; without it, {subject.only_hf_posext}")
     without = _without(subject)
-    if status == "same" and subject.only_hf_posext is not None:
-        how = f"after `import hf_posext`; without it, {subject.only_hf_posext}"
-    elif status == "same" and without.verdict != "same":
+    if without.verdict != "same":
         how = f"after `import hf_posext`; without it, {without.why}"
     return WITH.finding(status, how)
 

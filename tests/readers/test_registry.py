@@ -13,9 +13,9 @@ import json
 
 import pytest
 from tests.helpers.models import GEMMA3_ROPE_PARAMETERS, tiny_config
-from transformers import Gemma3TextConfig
 
 import hf_posext
+from hf_posext.experiments import reader_matrix as matrix
 from hf_posext.readers import ANSWERS, VERDICTS, Finding, Reader, Subject, doctor, engine_warning, registry, support
 
 L_ORIG = 64
@@ -31,16 +31,10 @@ SITUATIONS = {
 }
 
 
-def _gemma3() -> Gemma3TextConfig:
-    return Gemma3TextConfig(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=L_ORIG,
+def _gemma3():
+    """The reader matrix's tiny Gemma 3: one sliding and one full-attention layer, google/gemma-3's rope."""
+    return matrix.tiny_config(
+        "gemma3_text",
         sliding_window=16,
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters=copy.deepcopy(GEMMA3_ROPE_PARAMETERS),
