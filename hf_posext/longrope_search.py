@@ -8,6 +8,8 @@ the last ``score_last`` of each window. The start is YaRN exactly past L_orig: i
 attention factor 0.1 ln s + 1. ``keep_first=n`` scores every candidate with its first n positions on
 plain RoPE (the paper's n-hat, fixed for the search). Resumable: the state is written atomically
 after every round. Algorithm, defaults and measured results: docs/methods/longrope.md.
+Over 400 lines: the population (`_Search`), its state file and the search's checks are one
+unit, used by `search_longrope` alone; apart, each would be a module of one caller.
 
     result = hf_posext.search_longrope(model, ids, factor=8, length=1024, population=16, rounds=8)
     hf_posext.patch_model(model, "longrope", factor=8, long_factor=result.long_factor,
@@ -33,6 +35,7 @@ from .patching.shipped_rope import base_rope
 from .eval.perplexity import sequence_nll
 from .files import write_text
 from .methods import method_config
+from .methods.base import BaseRope
 from .methods.longrope import yarn_long_factors
 from .patching import patch_model, patched_method, unpatch_model
 from .rope_utils import yarn_mscale
@@ -173,6 +176,59 @@ class _Search:
         factors = min(self.evaluated, key=lambda k: self.evaluated[k])
         return factors, self.evaluated[factors]
 
+    def seed(self, start: tuple[float, ...], population: int) -> None:
+        """The starting population: ``start`` and distinct mutants of it, up to ``population`` (fewer if
+        only repeats come); none of them evaluated yet."""
+        self.population = [start]
+        while len(self.population) < population:
+            child = self.mutate(start)
+            if child is None:
+                break
+            self.population.append(child)
+            self.evaluated[child] = float("nan")  # reserved: no duplicate while filling
+        for key in [k for k, v in self.evaluated.items() if math.isnan(v)]:
+            del self.evaluated[key]
+
+    def next_generation(self, population: int) -> None:
+        """One round: the best half of the population are kept as parents, then mutants and crossovers of
+        them, each evaluated, fill it up to ``population`` (fewer if only repeats come)."""
+        parents = sorted(self.population, key=lambda k: self.evaluated[k])[: max(1, population // 2)]
+        children: list[tuple[float, ...]] = []
+        mutations = math.ceil((population - len(parents)) / 2)
+        while len(parents) + len(children) < population:
+            child = None
+            if len(children) >= mutations and len(parents) > 1:
+                one, two = sorted(self.rng.sample(range(len(parents)), 2))
+                child = self.crossover(parents[one], parents[two])
+            if child is None:
+                child = self.mutate(parents[self.rng.randrange(len(parents))])
+            if child is None:
+                break
+            self.perplexity(child)
+            children.append(child)
+        self.population = parents + children
+
+    def state(self, fingerprint: str, round_index: int, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The state file's content after ``round_index`` rounds (JSON-ready)."""
+        rng = self.rng.getstate()
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": fingerprint,
+            "round": round_index,
+            "rng": [rng[0], list(rng[1]), rng[2]],
+            "history": history,
+            "population": [list(k) for k in self.population],
+            "evaluated": [[list(k), v] for k, v in self.evaluated.items()],
+        }
+
+    def restore(self, saved: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+        """Take the population, evaluations and random state of a state file's content (`state`);
+        returns its history and how many rounds it had run."""
+        self.evaluated = {tuple(f): p for f, p in saved["evaluated"]}
+        self.population = [tuple(f) for f in saved["population"]]
+        self.rng.setstate((saved["rng"][0], tuple(saved["rng"][1]), saved["rng"][2]))
+        return saved["history"], saved["round"]
+
 
 def _fingerprint(model: nn.Module, documents: torch.Tensor, settings: dict[str, Any]) -> str:
     """What a state file must match to be resumed: the text, the model's weights' shapes and sums, the settings."""
@@ -296,11 +352,7 @@ def search_longrope(
     documents, factor, length, population, rounds, step, score_last, attention_factor, keep_first = _check(
         model, input_ids, factor, length, population, rounds, step, original, score_last, attention_factor, keep_first
     )
-    pairs = base.rotary_dim // 2
-    first = start if start is not None else yarn_long_factors(base.theta, base.rotary_dim, original, factor)
-    method_config("longrope", factor=factor, long_factor=first)  # validates start
-    if len(first) != pairs:
-        raise ValueError(f"search_longrope: start has {len(first)} factors; the model has {pairs} rotary pairs")
+    first = _start_factors(base, original, factor, start)
     settings = {
         "factor": factor,
         "length": length,
@@ -323,64 +375,19 @@ def search_longrope(
     try:
         start_key = search.key(list(first))
         if state is not None and state.exists():
-            saved = json.loads(state.read_text())
-            if saved.get("version") != STATE_VERSION or saved.get("fingerprint") != fingerprint:
-                raise ValueError(
-                    f"search_longrope: {str(state)!r} holds the state of another search (other model, "
-                    "text or settings); remove it or choose another state_path"
-                )
-            search.evaluated = {tuple(f): p for f, p in saved["evaluated"]}
-            search.population = [tuple(f) for f in saved["population"]]
-            history, done = saved["history"], saved["round"]
-            search.rng.setstate((saved["rng"][0], tuple(saved["rng"][1]), saved["rng"][2]))
+            history, done = search.restore(_read_state(state, fingerprint))
         else:
-            search.population = [start_key]
-            while len(search.population) < population:
-                child = search.mutate(start_key)
-                if child is None:
-                    break
-                search.population.append(child)
-                search.evaluated[child] = float("nan")  # reserved: no duplicate while filling
-            for key in [k for k, v in search.evaluated.items() if math.isnan(v)]:
-                del search.evaluated[key]
+            search.seed(start_key, population)
         start_perplexity = search.perplexity(start_key)
         bar = tqdm(total=rounds, initial=min(done, rounds), desc="longrope search", disable=not progress)
         for candidate in search.population:
             search.perplexity(candidate)
         for round_index in range(done, rounds):
-            parents = sorted(search.population, key=lambda k: search.evaluated[k])[: max(1, population // 2)]
-            children: list[tuple[float, ...]] = []
-            mutations = math.ceil((population - len(parents)) / 2)
-            while len(parents) + len(children) < population:
-                child = None
-                if len(children) >= mutations and len(parents) > 1:
-                    one, two = sorted(search.rng.sample(range(len(parents)), 2))
-                    child = search.crossover(parents[one], parents[two])
-                if child is None:
-                    child = search.mutate(parents[search.rng.randrange(len(parents))])
-                if child is None:
-                    break
-                search.perplexity(child)
-                children.append(child)
-            search.population = parents + children
+            search.next_generation(population)
             best_factors, best = search.best()
             history.append({"round": round_index + 1, "best_perplexity": best, "evaluated": len(search.evaluated)})
             if state is not None:
-                rng = search.rng.getstate()
-                write_text(
-                    state,
-                    json.dumps(
-                        {
-                            "version": STATE_VERSION,
-                            "fingerprint": fingerprint,
-                            "round": round_index + 1,
-                            "rng": [rng[0], list(rng[1]), rng[2]],
-                            "history": history,
-                            "population": [list(k) for k in search.population],
-                            "evaluated": [[list(k), v] for k, v in search.evaluated.items()],
-                        }
-                    ),
-                )
+                write_text(state, json.dumps(search.state(fingerprint, round_index + 1, history)))
             bar.update(1)
             bar.set_postfix(best_ppl=f"{best:.4g}")
         bar.close()
@@ -400,3 +407,25 @@ def search_longrope(
         score_last=score_last,
         keep_first=keep_first,
     )
+
+
+def _start_factors(base: BaseRope, original: int, factor: float, start: list[float] | None) -> list[float]:
+    """The factors the search starts from: ``start`` (checked as LongRoPE's ``long_factor``, one per rotary
+    pair of ``base``, the model's plain rope), by default YaRN's ramp at scale ``factor``."""
+    pairs = base.rotary_dim // 2
+    first = start if start is not None else yarn_long_factors(base.theta, base.rotary_dim, original, factor)
+    method_config("longrope", factor=factor, long_factor=first)  # validates start
+    if len(first) != pairs:
+        raise ValueError(f"search_longrope: start has {len(first)} factors; the model has {pairs} rotary pairs")
+    return first
+
+
+def _read_state(state: Path, fingerprint: str) -> dict[str, Any]:
+    """The content of the state file ``state``, refused unless it was written by this same search."""
+    saved = json.loads(state.read_text())
+    if saved.get("version") != STATE_VERSION or saved.get("fingerprint") != fingerprint:
+        raise ValueError(
+            f"search_longrope: {str(state)!r} holds the state of another search (other model, "
+            "text or settings); remove it or choose another state_path"
+        )
+    return saved
