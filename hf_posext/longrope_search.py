@@ -8,7 +8,7 @@ the last ``score_last`` of each window. The start is YaRN exactly past L_orig: i
 attention factor 0.1 ln s + 1. ``keep_first=n`` scores every candidate with its first n positions on
 plain RoPE (the paper's n-hat, fixed for the search). Resumable: the state is written atomically
 after every round. Algorithm, defaults and measured results: docs/methods/longrope.md.
-Over 400 lines: the population (`_Search`), its state file and the search's checks are one
+Longer than ~400 lines: the population (`_Search`), its state file and the search's checks are one
 unit, used by `search_longrope` alone; apart, each would be a module of one caller.
 
     result = hf_posext.search_longrope(model, ids, factor=8, length=1024, population=16, rounds=8)
