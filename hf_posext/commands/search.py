@@ -42,6 +42,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _longrope(args: argparse.Namespace) -> int:
+    """``hf-posext search longrope``: check, search (resuming a state left beside OUT), write OUT (module docs)."""
     from ..gguf import resolve_model_source
 
     _check_args(args)
@@ -53,10 +54,15 @@ def _longrope(args: argparse.Namespace) -> int:
     documents = _documents(args, source)
     result = _search(args, source, documents, original)
     out = _write_checkpoint(args, source, len(documents), result)
-    Path(f"{str(args.out).rstrip('/')}.search-state.json").unlink(missing_ok=True)
+    _state_path(args).unlink(missing_ok=True)
     print(f"perplexity at {args.length}: {result.start_perplexity:.4g} (YaRN's factors) -> {result.perplexity:.4g}")
     print(f"wrote {out} and {out / 'longrope_search.json'}")
     return 0
+
+
+def _state_path(args: argparse.Namespace) -> Path:
+    """The search's state file: ``OUT.search-state.json`` beside OUT."""
+    return Path(f"{str(args.out).rstrip('/')}.search-state.json")
 
 
 def _original_context(args: argparse.Namespace, source: Path) -> int:
@@ -130,7 +136,7 @@ def _search(
         population=args.population,
         rounds=args.rounds,
         seed=args.seed,
-        state_path=Path(f"{str(args.out).rstrip('/')}.search-state.json"),
+        state_path=_state_path(args),
         score_last=args.score_last,
         attention_factor=attention_factor,
         keep_first=args.keep_first,
