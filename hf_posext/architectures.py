@@ -3,6 +3,7 @@
 A decoder config with ``rope_parameters`` and rotary modules that read ``ROPE_INIT_FUNCTIONS``
 (probed); the attention wrappers (exact dynamic cache, remapping) also need rotate-half pairing.
 [`SUPPORTED_MODEL_TYPES`][hf_posext.SUPPORTED_MODEL_TYPES] is the tested list (docs/methods/index.md).
+Longer than ~400 lines: some 120 of them are that list and the wrappers' refusals, data the checks here read.
 """
 
 from __future__ import annotations
@@ -352,6 +353,25 @@ def check_wrappable_attention(
     Raises:
         ValueError: naming what does not fit, ``purpose`` and ``fallback``.
     """
+    _check_wrappable_config(config, purpose=purpose, fallback=fallback)
+    if model is None:
+        return []
+    attention = attention_modules(model)
+    if not attention:
+        raise ValueError(
+            f"{purpose}: {type(model).__name__} has no attention module (a ...Attention class "
+            f"with layer_idx) to wrap; {fallback}"
+        )
+    if rotary is None:
+        rotary = next((m for _, m in integration.rotary_modules(model)), None)
+        _check_rotary_built_after_attention(model, rotary, purpose=purpose, fallback=fallback)
+    _check_rotate_half(attention[0], rotary, purpose=purpose, fallback=fallback)
+    return attention
+
+
+def _check_wrappable_config(config: PreTrainedConfig, *, purpose: str, fallback: str) -> None:
+    """What the config alone rules out: per-layer-type rope parameters, the model types in
+    `WRAPPED_ATTENTION_UNSUPPORTED`, and multi-head latent attention."""
     model_type = getattr(config, "model_type", None)
     if nested_rope_keys(config):
         raise ValueError(
@@ -368,19 +388,13 @@ def check_wrappable_attention(
             f"{purpose} does not support multi-head latent attention (model_type={model_type!r}: rope on "
             f"qk_rope_head_dim={config.qk_rope_head_dim} channels after the un-rotated ones); {fallback}"
         )
-    if model is None:
-        return []
-    attention = attention_modules(model)
-    if not attention:
-        raise ValueError(
-            f"{purpose}: {type(model).__name__} has no attention module (a ...Attention class "
-            f"with layer_idx) to wrap; {fallback}"
-        )
-    source = sys.modules[type(attention[0]).__module__]
+
+
+def _check_rotate_half(attention: nn.Module, rotary: nn.Module | None, *, purpose: str, fallback: str) -> None:
+    """Refuse unless the ``apply_rotary_pos_emb`` of ``attention``'s modeling module, with ``rotary``'s tables for
+    7 positions, rotates channel pairs ``(i, i + rotary_dim / 2)`` as the wrappers do (`_reference_rotation`)."""
+    source = sys.modules[type(attention).__module__]
     apply = getattr(source, "apply_rotary_pos_emb", None)
-    if rotary is None:
-        rotary = next((m for _, m in integration.rotary_modules(model)), None)
-        _check_rotary_built_after_attention(model, rotary, purpose=purpose, fallback=fallback)
     if apply is None or rotary is None:
         raise ValueError(
             f"{purpose}: {source.__name__} has no apply_rotary_pos_emb (or the model no rotary "
@@ -409,7 +423,6 @@ def check_wrappable_attention(
             f"{purpose}: {source.__name__}.apply_rotary_pos_emb does not rotate channel pairs (i, i + "
             f"rotary_dim / 2) as the wrapper does (e.g. interleaved pairs, as in Cohere); {fallback}"
         )
-    return attention
 
 
 def __getattr__(name: str) -> Any:  # EXACT_DYNAMIC_UNSUPPORTED, the 0.1 name of WRAPPED_ATTENTION_UNSUPPORTED

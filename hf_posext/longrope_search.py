@@ -27,19 +27,16 @@ from typing import Any
 import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
-from transformers.utils import logging as transformers_logging
 
 from .patching.shipped_rope import base_rope
-from .eval.perplexity import sequence_nll
 from .files import write_text
+from .longrope_population import STATE_VERSION, Population
 from .methods import method_config
+from .methods.base import BaseRope
 from .methods.longrope import yarn_long_factors
-from .patching import patch_model, patched_method, unpatch_model
+from .patching import patched_method, unpatch_model
 from .rope_utils import yarn_mscale
 from .validation import real_number, whole_number
-
-#: Version of the state file's layout (a state of another version is refused, not misread).
-STATE_VERSION = 1
 
 
 @dataclass
@@ -72,106 +69,6 @@ class LongRopeSearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class _Search:
-    """The population, every candidate evaluated so far, and the random state: what a state file holds."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        documents: torch.Tensor,
-        factor: float,
-        length: int,
-        step: float,
-        rng: random.Random,
-        attention_factor: float,
-        score_last: int,
-        keep_first: int,
-    ) -> None:
-        self.model, self.documents, self.factor, self.length, self.step, self.rng = (
-            model,
-            documents,
-            factor,
-            length,
-            step,
-            rng,
-        )
-        self.attention_factor, self.score_last, self.keep_first = attention_factor, score_last, keep_first
-        self.evaluated: dict[tuple[float, ...], float] = {}
-        self.population: list[tuple[float, ...]] = []
-
-    def key(self, factors: list[float]) -> tuple[float, ...]:
-        return tuple(round(f, 6) for f in factors)
-
-    def perplexity(self, factors: tuple[float, ...]) -> float:
-        """Perplexity of the last ``score_last`` tokens of ``documents[:, :length]`` with these long factors
-        (memoised: repeats are never re-run)."""
-        if factors in self.evaluated:
-            return self.evaluated[factors]
-        verbosity = transformers_logging.get_verbosity()
-        transformers_logging.set_verbosity_error()  # its note on the mscale keys vLLM reads, once per candidate
-        try:
-            patch_model(
-                self.model,
-                "longrope",
-                factor=self.factor,
-                long_factor=list(factors),
-                attention_factor=self.attention_factor,
-                keep_first=self.keep_first,
-                exact_cache=False,
-                override=True,
-            )
-        finally:
-            transformers_logging.set_verbosity(verbosity)
-        with torch.inference_mode():
-            device = next(self.model.parameters()).device
-            nll = sum(
-                float(sequence_nll(self.model, row[None, : self.length].to(device), self.score_last))
-                for row in self.documents
-            )
-        value = math.exp(nll / (len(self.documents) * self.score_last))
-        self.evaluated[factors] = value
-        return value
-
-    def grid(self, low: float, high: float) -> list[float]:
-        """The values ``low, low + step, ...`` up to ``high`` (LongRoPE's search space), ends included."""
-        count = int(math.floor((high - low) / self.step + 1e-9))
-        return [round(low + k * self.step, 6) for k in range(count + 1)] + (
-            [high] if high - low > count * self.step + 1e-9 else []
-        )
-
-    def mutate(self, parent: tuple[float, ...], tries: int = 100) -> tuple[float, ...] | None:
-        """Each factor, with probability 0.3, resampled on the grid between its neighbours (the first
-        from 1, the last up to ``factor``): non-decreasing by construction; ``None`` if only repeats came."""
-        for _ in range(tries):
-            child = list(parent)
-            for i in range(len(child)):
-                if self.rng.random() < 0.3:
-                    low = child[i - 1] if i > 0 else 1.0
-                    high = child[i + 1] if i + 1 < len(child) else max(self.factor, child[i])
-                    child[i] = self.rng.choice(self.grid(low, max(low, high)))
-            key = self.key(child)
-            if key not in self.evaluated and key != parent:
-                return key
-        return None
-
-    def crossover(
-        self, first: tuple[float, ...], second: tuple[float, ...], tries: int = 100
-    ) -> tuple[float, ...] | None:
-        """Each factor from either parent with equal chance; kept if non-decreasing and new."""
-        if first == second:
-            return None
-        for _ in range(tries):
-            child = [b if self.rng.random() < 0.5 else a for a, b in zip(first, second, strict=True)]
-            key = self.key(child)
-            if all(x <= y for x, y in zip(key, key[1:])) and key not in self.evaluated:
-                return key
-        return None
-
-    def best(self) -> tuple[tuple[float, ...], float]:
-        factors = min(self.evaluated, key=lambda k: self.evaluated[k])
-        return factors, self.evaluated[factors]
 
 
 def _fingerprint(model: nn.Module, documents: torch.Tensor, settings: dict[str, Any]) -> str:
@@ -285,105 +182,23 @@ def search_longrope(
     Raises:
         ValueError: a bad value, named; a state file of another search.
     """
-    previous = patched_method(model)
-    if previous is not None:
-        raise ValueError(
-            f"search_longrope needs an unpatched model; this one is patched with {previous.name!r} "
-            "(hf_posext.unpatch_model first)"
-        )
-    base = base_rope(model.config, method_config("longrope"), override=True)
+    base = _unpatched_base(model)
     original = base.original_max_position_embeddings
     documents, factor, length, population, rounds, step, score_last, attention_factor, keep_first = _check(
         model, input_ids, factor, length, population, rounds, step, original, score_last, attention_factor, keep_first
     )
-    pairs = base.rotary_dim // 2
-    first = start if start is not None else yarn_long_factors(base.theta, base.rotary_dim, original, factor)
-    method_config("longrope", factor=factor, long_factor=first)  # validates start
-    if len(first) != pairs:
-        raise ValueError(f"search_longrope: start has {len(first)} factors; the model has {pairs} rotary pairs")
-    settings = {
-        "factor": factor,
-        "length": length,
-        "population": population,
-        "seed": seed,
-        "step": step,
-        "start": [float(f) for f in first],
-        "attention_factor": attention_factor,
-        "score_last": score_last,
-    }
-    if keep_first:  # absent at 0, so that states written before the option still resume
-        settings["keep_first"] = keep_first
+    first = _start_factors(base, original, factor, start)
+    settings = _settings(factor, length, population, seed, step, first, attention_factor, score_last, keep_first)
     fingerprint = _fingerprint(model, documents[:, :length], settings)
-    search = _Search(
+    search = Population(
         model, documents, factor, length, step, random.Random(seed), attention_factor, score_last, keep_first
     )
-    history: list[dict[str, Any]] = []
-    done = 0
     state = Path(state_path) if state_path is not None else None
     try:
         start_key = search.key(list(first))
-        if state is not None and state.exists():
-            saved = json.loads(state.read_text())
-            if saved.get("version") != STATE_VERSION or saved.get("fingerprint") != fingerprint:
-                raise ValueError(
-                    f"search_longrope: {str(state)!r} holds the state of another search (other model, "
-                    "text or settings); remove it or choose another state_path"
-                )
-            search.evaluated = {tuple(f): p for f, p in saved["evaluated"]}
-            search.population = [tuple(f) for f in saved["population"]]
-            history, done = saved["history"], saved["round"]
-            search.rng.setstate((saved["rng"][0], tuple(saved["rng"][1]), saved["rng"][2]))
-        else:
-            search.population = [start_key]
-            while len(search.population) < population:
-                child = search.mutate(start_key)
-                if child is None:
-                    break
-                search.population.append(child)
-                search.evaluated[child] = float("nan")  # reserved: no duplicate while filling
-            for key in [k for k, v in search.evaluated.items() if math.isnan(v)]:
-                del search.evaluated[key]
+        history, done = _resume_or_seed(search, state, fingerprint, start_key, population)
         start_perplexity = search.perplexity(start_key)
-        bar = tqdm(total=rounds, initial=min(done, rounds), desc="longrope search", disable=not progress)
-        for candidate in search.population:
-            search.perplexity(candidate)
-        for round_index in range(done, rounds):
-            parents = sorted(search.population, key=lambda k: search.evaluated[k])[: max(1, population // 2)]
-            children: list[tuple[float, ...]] = []
-            mutations = math.ceil((population - len(parents)) / 2)
-            while len(parents) + len(children) < population:
-                child = None
-                if len(children) >= mutations and len(parents) > 1:
-                    one, two = sorted(search.rng.sample(range(len(parents)), 2))
-                    child = search.crossover(parents[one], parents[two])
-                if child is None:
-                    child = search.mutate(parents[search.rng.randrange(len(parents))])
-                if child is None:
-                    break
-                search.perplexity(child)
-                children.append(child)
-            search.population = parents + children
-            best_factors, best = search.best()
-            history.append({"round": round_index + 1, "best_perplexity": best, "evaluated": len(search.evaluated)})
-            if state is not None:
-                rng = search.rng.getstate()
-                write_text(
-                    state,
-                    json.dumps(
-                        {
-                            "version": STATE_VERSION,
-                            "fingerprint": fingerprint,
-                            "round": round_index + 1,
-                            "rng": [rng[0], list(rng[1]), rng[2]],
-                            "history": history,
-                            "population": [list(k) for k in search.population],
-                            "evaluated": [[list(k), v] for k, v in search.evaluated.items()],
-                        }
-                    ),
-                )
-            bar.update(1)
-            bar.set_postfix(best_ppl=f"{best:.4g}")
-        bar.close()
+        _evolve(search, population, done, rounds, history, state, fingerprint, progress)
         best_factors, best = search.best()
     finally:
         if patched_method(model) is not None:
@@ -400,3 +215,101 @@ def search_longrope(
         score_last=score_last,
         keep_first=keep_first,
     )
+
+
+def _unpatched_base(model: nn.Module) -> BaseRope:
+    """The plain rope of ``model`` the factors are searched over (a shipped scaling's own frequencies left
+    out); refuses a model hf-posext has patched."""
+    previous = patched_method(model)
+    if previous is not None:
+        raise ValueError(
+            f"search_longrope needs an unpatched model; this one is patched with {previous.name!r} "
+            "(hf_posext.unpatch_model first)"
+        )
+    return base_rope(model.config, method_config("longrope"), override=True)
+
+
+def _settings(
+    factor: float,
+    length: int,
+    population: int,
+    seed: int,
+    step: float,
+    first: list[float],
+    attention_factor: float,
+    score_last: int,
+    keep_first: int,
+) -> dict[str, Any]:
+    """The search's settings as its state file's fingerprint holds them."""
+    settings = {
+        "factor": factor,
+        "length": length,
+        "population": population,
+        "seed": seed,
+        "step": step,
+        "start": [float(f) for f in first],
+        "attention_factor": attention_factor,
+        "score_last": score_last,
+    }
+    if keep_first:  # absent at 0, so that states written before the option still resume
+        settings["keep_first"] = keep_first
+    return settings
+
+
+def _resume_or_seed(
+    search: Population, state: Path | None, fingerprint: str, start: tuple[float, ...], population: int
+) -> tuple[list[dict[str, Any]], int]:
+    """The population, evaluations and random state of ``state``'s search where that file exists (its history
+    and rounds run returned), else the starting population around ``start`` (no history, no round run)."""
+    if state is not None and state.exists():
+        return search.restore(_read_state(state, fingerprint))
+    search.seed(start, population)
+    return [], 0
+
+
+def _evolve(
+    search: Population,
+    population: int,
+    done: int,
+    rounds: int,
+    history: list[dict[str, Any]],
+    state: Path | None,
+    fingerprint: str,
+    progress: bool,
+) -> None:
+    """Evaluate the population, then run the rounds after the ``done`` ones (a resumed search) up to ``rounds``,
+    appending each round's entry to ``history`` and writing the state file after each."""
+    bar = tqdm(total=rounds, initial=min(done, rounds), desc="longrope search", disable=not progress)
+    for candidate in search.population:
+        search.perplexity(candidate)
+    for round_index in range(done, rounds):
+        search.next_generation(population)
+        _, best = search.best()
+        history.append({"round": round_index + 1, "best_perplexity": best, "evaluated": len(search.evaluated)})
+        if state is not None:
+            write_text(state, json.dumps(search.state(fingerprint, round_index + 1, history)))
+        bar.update(1)
+        bar.set_postfix(best_ppl=f"{best:.4g}")
+    bar.close()
+
+
+def _start_factors(base: BaseRope, original: int, factor: float, start: list[float] | None) -> list[float]:
+    """The factors the search starts from: ``start`` (checked as LongRoPE's ``long_factor``, one per rotary
+    pair of ``base``, the model's plain rope), by default YaRN's ramp at scale ``factor``."""
+    pairs = base.rotary_dim // 2
+    first = start if start is not None else yarn_long_factors(base.theta, base.rotary_dim, original, factor)
+    method_config("longrope", factor=factor, long_factor=first)  # validates start
+    if len(first) != pairs:
+        raise ValueError(f"search_longrope: start has {len(first)} factors; the model has {pairs} rotary pairs")
+    return first
+
+
+def _read_state(state: Path, fingerprint: str) -> dict[str, Any]:
+    """The content of the state file ``state``, refused unless it was written by this same search."""
+    saved = json.loads(state.read_text())
+    if saved.get("version") != STATE_VERSION or saved.get("fingerprint") != fingerprint:
+        raise ValueError(
+            f"search_longrope: {str(state)!r} holds the state of another search (other model, "
+            "text or settings); remove it or choose another state_path"
+        )
+    return saved

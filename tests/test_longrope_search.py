@@ -17,7 +17,7 @@ from tests.helpers.models import tiny_model, tokens
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posext
-from hf_posext import longrope_search
+from hf_posext import longrope_population, longrope_search
 from hf_posext.commands.main import main
 from hf_posext.testing import make_tiny_model
 
@@ -35,14 +35,14 @@ def test_search_properties_and_determinism(monkeypatch):
     model = tiny_model("llama", max_positions=L_ORIG)
     ids = tokens(64, batch=2)
     seen: list[tuple[float, ...]] = []
-    evaluate = longrope_search._Search.perplexity
+    evaluate = longrope_population.Population.perplexity
 
     def recording(self, factors):
         if factors not in self.evaluated:
             seen.append(factors)
         return evaluate(self, factors)
 
-    monkeypatch.setattr(longrope_search._Search, "perplexity", recording)
+    monkeypatch.setattr(longrope_population.Population, "perplexity", recording)
     result = search(model, ids)
     assert len(seen) == len(set(seen)) > 6  # repeats are skipped
     for factors in seen:

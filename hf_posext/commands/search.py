@@ -16,10 +16,15 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..files import check_output_dir
 from .arguments import real, whole
+
+if TYPE_CHECKING:  # torch and the search load on first use: the CLI's start stays light
+    import torch
+
+    from ..longrope_search import LongRopeSearchResult
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -37,6 +42,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _longrope(args: argparse.Namespace) -> int:
+    """``hf-posext search longrope``: check, search (resuming a state left beside OUT), write OUT (module docs)."""
     from ..gguf import resolve_model_source
 
     _check_args(args)
@@ -44,17 +50,27 @@ def _longrope(args: argparse.Namespace) -> int:
     if not (source / "config.json").is_file():
         raise ValueError(f"MODEL {args.model!r} is not a checkpoint folder with a config.json (or a .gguf file)")
     check_output_dir(args.out, overwrite=args.overwrite, sources=[source])
-    import torch
-    from transformers import AutoTokenizer
+    original = _original_context(args, source)
+    documents = _documents(args, source)
+    result = _search(args, source, documents, original)
+    out = _write_checkpoint(args, source, len(documents), result)
+    _state_path(args).unlink(missing_ok=True)
+    print(f"perplexity at {args.length}: {result.start_perplexity:.4g} (YaRN's factors) -> {result.perplexity:.4g}")
+    print(f"wrote {out} and {out / 'longrope_search.json'}")
+    return 0
 
+
+def _state_path(args: argparse.Namespace) -> Path:
+    """The search's state file: ``OUT.search-state.json`` beside OUT."""
+    return Path(f"{str(args.out).rstrip('/')}.search-state.json")
+
+
+def _original_context(args: argparse.Namespace, source: Path) -> int:
+    """The model's original context L_orig, read from ``source``'s config; refuses a model that ships another
+    scaling without ``--override``, and ``--length`` or ``--keep-first`` that do not fit L_orig."""
+    from ..methods import method_config
     from ..patching.shipped_rope import base_rope, shipped_rope
     from ..validation.saved_model import read_config
-    from ..data import encode_documents, load_texts
-    from ..eval.evaluated_model import load_model
-    from ..publish import patch_checkpoint
-    from ..longrope_search import search_longrope
-    from ..methods import method_config
-    from ..methods.longrope.config import longrope_attention_factor
 
     config = read_config(source)
     shipped = shipped_rope(config)[0]
@@ -77,6 +93,16 @@ def _longrope(args: argparse.Namespace) -> int:
             f"--keep-first must be in [0, {original - 1}] (positions kept on plain RoPE, within the "
             f"model's original context {original}), got {args.keep_first}"
         )
+    return original
+
+
+def _documents(args: argparse.Namespace, source: Path) -> list[torch.Tensor]:
+    """The first ``--length`` tokens of the first ``--documents`` documents of ``--data`` that are that long
+    (token id tensors, ``source``'s tokenizer); refuses text with none."""
+    from transformers import AutoTokenizer
+
+    from ..data import encode_documents, load_texts
+
     documents = encode_documents(load_texts(args.data, split=args.split), AutoTokenizer.from_pretrained(source))
     long_enough = [d[: args.length] for d in documents if len(d) >= args.length][: args.documents]
     if not long_enough:
@@ -84,29 +110,49 @@ def _longrope(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--length {args.length} is beyond the text: the longest document of --data has {longest} tokens"
         )
+    return long_enough
+
+
+def _search(
+    args: argparse.Namespace, source: Path, documents: list[torch.Tensor], original: int
+) -> LongRopeSearchResult:
+    """`search_longrope` on the model at ``source`` and ``documents``, its state beside OUT (resumed from there);
+    ``--attention-factor longrope`` is LongRoPE's for L_orig ``original``."""
+    import torch
+
+    from ..eval.evaluated_model import load_model
+    from ..longrope_search import search_longrope
+    from ..methods.longrope.config import longrope_attention_factor
+
     attention_factor = args.attention_factor
     if attention_factor == "longrope":
         attention_factor = longrope_attention_factor(args.factor, original)
     model, _ = load_model(str(source), args.dtype, args.device)
-    state = Path(f"{str(args.out).rstrip('/')}.search-state.json")
-    result = search_longrope(
+    return search_longrope(
         model,
-        torch.stack(long_enough),
+        torch.stack(documents),
         factor=args.factor,
         length=args.length,
         population=args.population,
         rounds=args.rounds,
         seed=args.seed,
-        state_path=state,
+        state_path=_state_path(args),
         score_last=args.score_last,
         attention_factor=attention_factor,
         keep_first=args.keep_first,
         progress=not args.no_progress,
     )
+
+
+def _write_checkpoint(args: argparse.Namespace, source: Path, documents: int, result: LongRopeSearchResult) -> Path:
+    """OUT: ``source`` patched with the searched factors, and ``longrope_search.json`` (settings and ``result``,
+    a `LongRopeSearchResult`, over ``documents`` documents) in it."""
+    from ..publish import patch_checkpoint
+
     log: dict[str, Any] = {
         "model": str(source),
         "data": list(args.data),
-        "documents": len(long_enough),
+        "documents": documents,
         "settings": {
             "factor": args.factor,
             "length": args.length,
@@ -119,7 +165,7 @@ def _longrope(args: argparse.Namespace) -> int:
         },
         "result": result.to_dict(),
     }
-    out = patch_checkpoint(
+    return patch_checkpoint(
         source,
         args.out,
         "longrope",
@@ -131,10 +177,6 @@ def _longrope(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         extra_files={"longrope_search.json": json.dumps(log, indent=2)},
     )
-    state.unlink(missing_ok=True)
-    print(f"perplexity at {args.length}: {result.start_perplexity:.4g} (YaRN's factors) -> {result.perplexity:.4g}")
-    print(f"wrote {out} and {out / 'longrope_search.json'}")
-    return 0
 
 
 def _attention_factor(text: str) -> float | str:

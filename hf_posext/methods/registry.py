@@ -6,7 +6,8 @@ and attention functions transformers must know, aliases, and optionally a load-t
 recognises the method in a config that ships it in another form (DCA: Qwen's
 ``dual_chunk_attention_config``). Everything else (CLIs, the loader,
 tests, ``import hf_posext``'s registration with transformers) reads this registry instead of
-writing method names down.
+writing method names down. Longer than ~400 lines: the registration's checks and its all-or-nothing
+keep read and restore the registry's own tables, so they live beside them.
 """
 
 from __future__ import annotations
@@ -150,6 +151,27 @@ def register_family(
             (`hf_posext.methods.training.check_training`).
     """
     rope_types, attention = dict(rope_types or {}), dict(attention or {})
+    methods = _checked_specs(name, methods)
+    _check_functions(name, rope_types, attention, shipped_config)
+    _check_names_free(rope_types, attention)
+    surgeries = {
+        spec.config_cls: spec.surgery() if isinstance(spec.surgery, type) else spec.surgery
+        for spec in methods
+        if spec.surgery is not None
+    }  # built before anything is kept: a surgery whose constructor raises registers nothing
+    trainings = built_trainings([(spec.name, spec.config_cls, spec.training) for spec in methods])
+    registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention, shipped_config)
+    _keep(registered, methods, surgeries, trainings)
+    return registered
+
+
+def _checked_specs(name: str, methods: Sequence[MethodSpec]) -> list[MethodSpec]:
+    """The family's specs as a list, refused unless ``name`` is new and every spec a `MethodSpec` with new,
+    lower-case names and aliases and a frozen dataclass `MethodConfig` subclass.
+
+    Raises:
+        ValueError: naming the family, the name or the class.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a method family's name is a non-empty string, got {name!r}")
     if name in _FAMILIES:
@@ -168,24 +190,31 @@ def register_family(
             raise ValueError(f"{spec.name}: config_cls must be a MethodConfig subclass, got {spec.config_cls!r}")
         if not dataclasses.is_dataclass(spec.config_cls):
             raise ValueError(f"{spec.name}: config_cls {spec.config_cls.__name__} must be a frozen dataclass")
-    _check_functions(name, rope_types, attention, shipped_config)
+    return methods
+
+
+def _check_names_free(rope_types: dict[str, RopeType], attention: dict[str, AttentionFunctions]) -> None:
+    """Refuse rope types and attention names that another family, or transformers itself, registered with
+    other functions (checked before anything is kept: a registration is all or nothing)."""
     for kind, given, known in (("rope type", rope_types, _ROPE_TYPES), ("attention", attention, _ATTENTION)):
         for key, value in given.items():
             if key in known and known[key] != value:
                 raise ValueError(f"{kind} {key!r} is already registered with other functions")
-    # transformers' own names too, before anything is kept: a registration is all or nothing.
     for rope_type, entry in rope_types.items():
         for key in (rope_type, *entry.old_names):
             integration.check_rope_type_free(key, entry.init)
     for attention_name, functions in attention.items():
         integration.check_attention_free(attention_name, functions.forward)
-    surgeries = {
-        spec.config_cls: spec.surgery() if isinstance(spec.surgery, type) else spec.surgery
-        for spec in methods
-        if spec.surgery is not None
-    }  # built before anything is kept: a surgery whose constructor raises registers nothing
-    trainings = built_trainings([(spec.name, spec.config_cls, spec.training) for spec in methods])
-    registered = Family(name, tuple(spec.name for spec in methods), rope_types, attention, shipped_config)
+
+
+def _keep(
+    registered: Family,
+    methods: list[MethodSpec],
+    surgeries: dict[type[MethodConfig], Surgery],
+    trainings: dict[type, Training],
+) -> None:
+    """Keep a checked family in the registry (and with transformers once installed); on any failure, put
+    the registry and the config classes' ``name`` back as they were and raise."""
     kept = (dict(METHODS), dict(ALIASES), dict(_SURGERY), dict(TRAININGS), dict(_ROPE_TYPES), dict(_ATTENTION))
     names = {spec.config_cls: spec.config_cls.__dict__.get("name") for spec in methods}
     try:
@@ -196,13 +225,13 @@ def register_family(
                 ALIASES[alias] = spec.name
         _SURGERY.update(surgeries)
         TRAININGS.update(trainings)
-        _ROPE_TYPES.update(rope_types)
-        _ATTENTION.update(attention)
-        _FAMILIES[name] = registered
+        _ROPE_TYPES.update(registered.rope_types)
+        _ATTENTION.update(registered.attention)
+        _FAMILIES[registered.name] = registered
         if _installed:
             _register_family_with_transformers(registered)
     except BaseException:  # put the registry back: a retry meets the same checks, not "already registered"
-        _FAMILIES.pop(name, None)
+        _FAMILIES.pop(registered.name, None)
         for table, before in zip((METHODS, ALIASES, _SURGERY, TRAININGS, _ROPE_TYPES, _ATTENTION), kept):
             table.clear()
             table.update(before)
@@ -212,7 +241,6 @@ def register_family(
             else:
                 cls.name = old
         raise
-    return registered
 
 
 def _check_functions(

@@ -24,6 +24,7 @@ from .forward_plan import (
     Call,
     ExactDynamicRope,
     ForwardPlan,
+    RowWise,
 )
 from .rotation import apply_rotary, grid_rotations, interleave, rotate, uses_complex_rotation
 from .rowwise import KERNEL_ONLY, attend_rowwise, attend_rowwise_by_kernel, rows_mask
@@ -67,34 +68,16 @@ def exact_dynamic_attention(
     Returns:
         ``(output [batch, seq, heads, head_dim], attention weights [batch, heads, seq, kv_seq] or None)``.
     """
-    rope: ExactDynamicRope | None = getattr(module, STATE_ATTR, None)
-    if rope is None:
-        raise ValueError(
-            f"{type(module).__name__} is not set up for exact dynamic attention; use hf_posext.patch_model "
-            f"rather than setting attn_implementation={ATTENTION_PREFIX}... by hand"
-        )
-    position_ids = kwargs.get("position_ids")
-    if not isinstance(position_ids, torch.Tensor):
-        raise ValueError(
-            f"exact dynamic attention needs the forward's position_ids among the attention arguments, got "
-            f"{type(position_ids).__name__}; call the model (or its decoder layers with position_ids), not a bare "
-            f"attention function"
-        )
+    rope, position_ids = _rope_and_positions(module, kwargs)
     kernel = rope.kernel_for(module, kwargs)
     batch, _, seq, _ = query.shape
     kv_len = key.shape[2]
     native = rope.native_length(position_ids)
     if native is not None:  # queries and keys rotated by the layer, the cache's keys rotated before: plain attention
-        layer = rope.cache_layer(module, key)
-        if layer is None:
-            raise RuntimeError(
-                f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
-                "(a cache layer of another kind); patch with exact_cache=False for this cache"
-            )
-        setattr(layer, ROTATED_ATTR, (_stored(layer, kv_len, seq)[0] + kv_len, native))
+        _record_native(rope, module, key, seq, native)
         return kernel(module, query, key, value, attention_mask, **kwargs)
     plan = rope.plan(position_ids, batch)
-    positions, calls, rowwise = plan.positions, plan.calls, plan.rowwise
+    positions, calls = plan.positions, plan.calls
     if positions.shape != (batch, seq):
         raise ValueError(f"position_ids of shape {tuple(positions.shape)} for a layer with {batch} x {seq} query rows")
     layer = rope.cache_layer(module, key) if rope.stable else None
@@ -108,14 +91,74 @@ def exact_dynamic_attention(
     if plan.single and seq == 1 and calls[0].kept is None:  # kept positions break the offset-only rotation
         return _attend_decoding(plan, kernel, inputs, calls[0])
     key_positions = plan.memo(("key positions", kv_len), lambda: key_positions_of(positions, kv_len))
-    dtype = query.dtype
     if plan.single:
-        call = calls[0]
-        q_cos, q_sin = plan.tables(("q", 0), lambda: rope.cos_sin(call, positions, dtype))
-        k_cos, k_sin = plan.tables(("k", 0, kv_len), lambda: rope.cos_sin(call, key_positions, dtype))
-        return kernel(
-            module, apply_rotary(query, q_cos, q_sin), apply_rotary(key, k_cos, k_sin), value, attention_mask, **kwargs
+        return _attend_single(plan, kernel, inputs, key_positions)
+    return _attend_calls(plan, kernel, inputs, key_positions)
+
+
+def _rope_and_positions(module: nn.Module, kwargs: dict[str, Any]) -> tuple[ExactDynamicRope, torch.Tensor]:
+    """The model's `ExactDynamicRope` that ``module`` carries and the forward's ``position_ids`` among the
+    attention arguments ``kwargs``; a clear error when either is missing (attention called by hand)."""
+    rope: ExactDynamicRope | None = getattr(module, STATE_ATTR, None)
+    if rope is None:
+        raise ValueError(
+            f"{type(module).__name__} is not set up for exact dynamic attention; use hf_posext.patch_model "
+            f"rather than setting attn_implementation={ATTENTION_PREFIX}... by hand"
         )
+    position_ids = kwargs.get("position_ids")
+    if not isinstance(position_ids, torch.Tensor):
+        raise ValueError(
+            f"exact dynamic attention needs the forward's position_ids among the attention arguments, got "
+            f"{type(position_ids).__name__}; call the model (or its decoder layers with position_ids), not a bare "
+            f"attention function"
+        )
+    return rope, position_ids
+
+
+def _record_native(rope: ExactDynamicRope, module: nn.Module, key: torch.Tensor, seq: int, native: int) -> None:
+    """A forward at a native length (the layer rotated queries and keys itself): the cache layer of ``module``
+    records its ``key.shape[2]`` keys, the ``seq`` new ones included, as rotated with ``native``'s frequencies."""
+    kv_len = key.shape[2]
+    layer = rope.cache_layer(module, key)
+    if layer is None:
+        raise RuntimeError(
+            f"exact cache: layer {getattr(module, 'layer_idx', '?')} lost track of its rotated keys "
+            "(a cache layer of another kind); patch with exact_cache=False for this cache"
+        )
+    setattr(layer, ROTATED_ATTR, (_stored(layer, kv_len, seq)[0] + kv_len, native))
+
+
+def _attend_single(
+    plan: ForwardPlan, kernel: Any, inputs: AttentionInputs, key_positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One frequency set for every query row (`ForwardPlan.single`): queries and keys rotated with it,
+    ``key_positions`` ``[batch, kv_len]``, then one call of the wrapped kernel."""
+    query, key, rope, call = inputs.query, inputs.key, plan.rope, plan.calls[0]
+    kv_len, dtype = key.shape[2], query.dtype
+    q_cos, q_sin = plan.tables(("q", 0), lambda: rope.cos_sin(call, plan.positions, dtype))
+    k_cos, k_sin = plan.tables(("k", 0, kv_len), lambda: rope.cos_sin(call, key_positions, dtype))
+    return kernel(
+        inputs.module,
+        apply_rotary(query, q_cos, q_sin),
+        apply_rotary(key, k_cos, k_sin),
+        inputs.value,
+        inputs.attention_mask,
+        **inputs.kwargs,
+    )
+
+
+def _attend_calls(
+    plan: ForwardPlan, kernel: Any, inputs: AttentionInputs, key_positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Query rows of several frequency sets (a prompt that crosses L_orig): the kernel once per block of
+    each of the plan's calls (`call_blocks`), then the row-wise rows (`_attend_rowwise_rows`), each
+    merged into one output for the rows it answers for. ``key_positions`` ``[batch, kv_len]``."""
+    module, query, key, value = inputs.module, inputs.query, inputs.key, inputs.value
+    attention_mask, kwargs = inputs.attention_mask, inputs.kwargs
+    rope, positions = plan.rope, plan.positions
+    batch, _, seq, _ = query.shape
+    kv_len = key.shape[2]
+    dtype = query.dtype
     past = kv_len - seq
     output = query.new_zeros(batch, seq, query.shape[1], value.shape[-1])
     weights: list[torch.Tensor | None] = [None]
@@ -129,7 +172,7 @@ def exact_dynamic_attention(
             target = weights[0][:, :, start:stop, : part.shape[-1]]
             target.copy_(torch.where(rows[:, None, :, None], part, target))
 
-    for index, call in enumerate(calls):
+    for index, call in enumerate(plan.calls):
         keys = past + call.stop
         q_pos, k_pos = positions[:, call.start : call.stop], key_positions[:, :keys]
         q_cos, q_sin = plan.tables(("q", index), lambda: rope.cos_sin(call, q_pos, dtype))
@@ -147,24 +190,34 @@ def exact_dynamic_attention(
                 **kwargs,
             )
             merge(start, stop, call.rows[:, first:last], out, part)  # a forward of many calls: rows never None
-    if rowwise is not None:
-        if query.device.type != "cpu" and not rope.warned_rowwise_on_accelerator:
-            rope.warned_rowwise_on_accelerator = True
-            logger.warning(
-                "exact dynamic scaling: %d prompt rows past L_orig=%d on %s each attend to their own rotated "
-                "copy of the keys (no fused kernel yet); on a GPU this prefill is many times slower than "
-                "transformers' (hf-posext docs: results/gpu.md, the GPU check). "
-                "Patch with exact_cache=False for fast long-prompt prefill.",
-                rowwise.stop - rowwise.start,
-                rope.original,
-                query.device.type,
-            )
-        # the batched rows return eager's weights only for eager: maps for another kernel go through eager's
-        batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
-        batched = batched and (rope.kernel == "eager" or not attention_maps_requested(module, kwargs))
-        attend = attend_rowwise if batched else attend_rowwise_by_kernel
-        attend(plan, kernel, inputs, key_positions, rowwise, merge)
+    if plan.rowwise is not None:
+        _attend_rowwise_rows(plan, kernel, inputs, key_positions, plan.rowwise, merge)
     return output, weights[0]
+
+
+def _attend_rowwise_rows(
+    plan: ForwardPlan, kernel: Any, inputs: AttentionInputs, key_positions: torch.Tensor, rowwise: RowWise, merge: Any
+) -> None:
+    """The prompt rows that each attend to their own rotation of the keys (`ForwardPlan.rowwise`), batched
+    in one pass where the kernel's arguments allow (`attend_rowwise`), else by the kernel row by row; each
+    answer goes to ``merge``. Warns once on an accelerator, where this prefill is slow."""
+    rope, query, kwargs = plan.rope, inputs.query, inputs.kwargs
+    if query.device.type != "cpu" and not rope.warned_rowwise_on_accelerator:
+        rope.warned_rowwise_on_accelerator = True
+        logger.warning(
+            "exact dynamic scaling: %d prompt rows past L_orig=%d on %s each attend to their own rotated "
+            "copy of the keys (no fused kernel yet); on a GPU this prefill is many times slower than "
+            "transformers' (hf-posext docs: results/gpu.md, the GPU check). "
+            "Patch with exact_cache=False for fast long-prompt prefill.",
+            rowwise.stop - rowwise.start,
+            rope.original,
+            query.device.type,
+        )
+    # the batched rows return eager's weights only for eager: maps for another kernel go through eager's
+    batched = kwargs.get("dropout", 0.0) == 0.0 and not any(kwargs.get(k) is not None for k in KERNEL_ONLY)
+    batched = batched and (rope.kernel == "eager" or not attention_maps_requested(inputs.module, kwargs))
+    attend = attend_rowwise if batched else attend_rowwise_by_kernel
+    attend(plan, kernel, inputs, key_positions, rowwise, merge)
 
 
 def call_blocks(call: Call, keys: int, device: torch.device) -> Iterator[tuple[int, int]]:

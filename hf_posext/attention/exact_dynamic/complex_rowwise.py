@@ -7,7 +7,7 @@ live here, the lower of the two modules, and both use them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -73,9 +73,8 @@ def attend_complex(
     so that the scores of a KV head's rows and groups are one ``[rows * groups, keys]`` matrix for
     the values.
     """
-    query, key, value, attention_mask = inputs.query, inputs.key, inputs.value, inputs.attention_mask
-    positions = plan.positions
-    batch, heads, seq, dim = query.shape
+    query, key = inputs.query, inputs.key
+    batch, heads, seq, _ = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups, past = heads // kv_heads, kv_len - seq
     half = plan.rope.rotary_dim // 2
@@ -83,79 +82,164 @@ def attend_complex(
     turned = half - kept
     most = max(stop - start for start, stop in chunks)
     contiguous = contiguous_keys(plan, key_positions)
-    # the keys' turned pairs as complex numbers, then _BLOCKS finite (zero) pairs, so that whole blocks
-    # of keys can be read (the scores past a chunk's keys are dropped); the kept pairs and the
-    # channels past rotary_dim are rotated once for every row
-    padded = plan.scratch("pairs", batch * kv_heads * (kv_len + _BLOCKS) * turned, torch.complex64)
-    padded = padded.view(batch, kv_heads, kv_len + _BLOCKS, turned)
-    torch.complex(key[..., kept:half], key[..., half + kept : 2 * half], out=padded[:, :, :kv_len])
-    padded[:, :, kv_len:].zero_()
+    padded = _padded_pairs(plan, key, kept, half)
     shared = _shared_keys(plan, key, key_positions, rowwise, kept)  # [batch, kv_heads, kv_len, 2 kept + rest] or None
-    width = -(-kv_len // _BLOCKS)
-    table_size = batch * most * (grid_size(width) if contiguous else kv_len) * turned
-    table_buffer = plan.scratch("table", table_size, torch.complex64)
-    rotated_buffer = plan.scratch("rotated", batch * kv_heads * most * (kv_len + _BLOCKS) * turned, torch.complex64)
-    scores_buffer = plan.scratch("scores", batch * heads * most * (kv_len + _BLOCKS), torch.float32)
-    blocks_buffer = plan.scratch("block scores", batch * heads * most * (kv_len + _BLOCKS), torch.float32)
-    probs_buffer = plan.scratch("probs", batch * heads * most * kv_len, torch.float32)
-    queries, rest_queries = _rotated_queries(plan, query, kv_heads, positions, rowwise, kept, scaling)
+    buffers = _buffers(plan, batch, heads, kv_heads, kv_len, most, turned, contiguous)
+    queries, rest_queries = _rotated_queries(plan, query, kv_heads, plan.positions, rowwise, kept, scaling)
     for start, stop in chunks:
         rows, keys = stop - start, past + stop
         first, last = start - rowwise.start, stop - rowwise.start
         inv_freq = rowwise.inv_freq[:, start:stop, kept:]
-        scores = scores_buffer[: batch * heads * rows * keys].view(batch, kv_heads, rows, groups, keys)
         if contiguous:
-            width = -(-keys // _BLOCKS)
-            # key j = a * width + b turns by exp(i (p_0 + a width) theta) exp(i b theta): the first
-            # factor goes on a copy of the queries per block a, the second, short, on the keys
-            coarse, *factors = plan.tables(  # keyed by the rows: layers with other KV shapes chunk otherwise
-                ("k-blocks", _BLOCKS, start, stop, keys), lambda: _block_factors(key_positions, keys, inv_freq)
+            scores = _blocked_scores(
+                plan, buffers, padded, queries[:, :, first:last], key_positions, inv_freq, start, keys
             )
-            fine = grid_product(factors, width, out=table_buffer)  # [batch, rows, width, turned]
-            size = batch * kv_heads * rows * _BLOCKS * width * turned
-            rotated = rotated_buffer[:size].view(batch, kv_heads, rows, _BLOCKS, width, turned)
-            blocked_keys = padded[:, :, None, : _BLOCKS * width].unflatten(3, (_BLOCKS, width))
-            torch.mul(blocked_keys, fine[:, None, :, None], out=rotated)
-            block_queries = torch.view_as_complex(queries[:, :, first:last].unflatten(-1, (turned, 2)))
-            block_queries = block_queries[:, :, :, None] * coarse[:, None, :, :, None]  # [..., blocks, groups, turned]
-            size = batch * heads * rows * _BLOCKS * width
-            blocked = blocks_buffer[:size].view(batch, kv_heads, rows, _BLOCKS, groups, width)
-            rotated = torch.view_as_real(rotated).flatten(-2).transpose(-1, -2)
-            torch.matmul(torch.view_as_real(block_queries).flatten(-2), rotated, out=blocked)
-            # [..., groups, blocks * width] in one copy; the keys past the chunk's are left out of the view
-            scores = scores_buffer[:size].view(batch, kv_heads, rows, groups, _BLOCKS, width)
-            scores = scores.copy_(blocked.transpose(3, 4)).flatten(-2)[..., :keys]
         else:
-            angles = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]
-            table = torch.complex(angles.cos(), angles.sin())  # [batch, rows, keys, turned]
-            rotated = rotated_buffer[: batch * kv_heads * rows * keys * turned]
-            rotated = rotated.view(batch, kv_heads, rows, keys, turned)
-            torch.mul(padded[:, :, None, :keys], table[:, None], out=rotated)
-            rotated = torch.view_as_real(rotated).flatten(-2).transpose(-1, -2)
-            torch.matmul(queries[:, :, first:last], rotated, out=scores)
+            scores = _gathered_scores(buffers, padded, queries[:, :, first:last], key_positions, inv_freq, keys)
         if shared is not None:
             rest = rest_queries[:, :, first:last].flatten(2, 3).flatten(0, 1)  # [batch * kv_heads, rows * groups, c]
             scores.view(batch * kv_heads, rows * groups, keys).baddbmm_(
                 rest, shared[:, :, :keys].flatten(0, 1).transpose(-1, -2)
             )
-        mask = _chunk_mask(plan, attention_mask, start, stop, keys, past, query, kv_heads)
-        if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
-            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
-        else:
-            scores.add_(mask)
-        probs = probs_buffer[: batch * heads * rows * keys].view(batch, kv_heads, rows * groups, keys)
-        torch.softmax(scores.view(batch, kv_heads, rows * groups, keys), dim=-1, out=probs)
-        out = torch.matmul(probs, value[:, :, :keys])  # [batch, kv_heads, rows * groups, dim]
-        out = out.view(batch, kv_heads, rows, groups, -1).permute(0, 2, 1, 3, 4).reshape(batch, rows, heads, -1)
-        part = None
-        if plan.rope.kernel == "eager":  # eager returns its weights: [batch, heads, rows, keys]; merge copies them
-            part = probs.view(batch, kv_heads, rows, groups, keys).transpose(2, 3).reshape(batch, heads, rows, keys)
+        out, part = _weighted_values(plan, inputs, buffers.probs, scores, start, past)
         merge(start, stop, rowwise.rows[:, start:stop], out, part)
 
 
 #: Blocks of keys in the contiguous-key path of `attend_complex` (each block's share of the
 #: rotation goes on one copy of the queries; more blocks, shorter per-row tables and more copies).
 _BLOCKS = 4
+
+
+class _Buffers(NamedTuple):
+    """`attend_complex`'s scratch memory, flat and sized for its largest chunk (each chunk views its share)."""
+
+    table: torch.Tensor  # the keys' per-row rotation tables
+    rotated: torch.Tensor  # the rotated keys, complex
+    scores: torch.Tensor
+    blocks: torch.Tensor  # the contiguous path's scores per block of keys
+    probs: torch.Tensor
+
+
+def _buffers(
+    plan: ForwardPlan, batch: int, heads: int, kv_heads: int, kv_len: int, most: int, turned: int, contiguous: bool
+) -> _Buffers:
+    """The forward's scratch buffers for chunks of at most ``most`` rows over ``kv_len`` keys, ``turned`` pairs
+    rotated per row (tables of `grid_size` entries per row when the keys are ``contiguous``, else ``kv_len``)."""
+    width = -(-kv_len // _BLOCKS)
+    table_size = batch * most * (grid_size(width) if contiguous else kv_len) * turned
+    return _Buffers(
+        table=plan.scratch("table", table_size, torch.complex64),
+        rotated=plan.scratch("rotated", batch * kv_heads * most * (kv_len + _BLOCKS) * turned, torch.complex64),
+        scores=plan.scratch("scores", batch * heads * most * (kv_len + _BLOCKS), torch.float32),
+        blocks=plan.scratch("block scores", batch * heads * most * (kv_len + _BLOCKS), torch.float32),
+        probs=plan.scratch("probs", batch * heads * most * kv_len, torch.float32),
+    )
+
+
+def _padded_pairs(plan: ForwardPlan, key: torch.Tensor, kept: int, half: int) -> torch.Tensor:
+    """The keys' turned pairs (``kept .. half``) as complex numbers, then `_BLOCKS` finite (zero) pairs, so that
+    whole blocks of keys can be read (the scores past a chunk's keys are dropped); the kept pairs and the
+    channels past rotary_dim are rotated once for every row (`_shared_keys`).
+
+    ``[batch, kv_heads, kv_len + _BLOCKS, half - kept]`` complex64, in the forward's scratch memory.
+    """
+    batch, kv_heads, kv_len = key.shape[0], key.shape[1], key.shape[2]
+    turned = half - kept
+    padded = plan.scratch("pairs", batch * kv_heads * (kv_len + _BLOCKS) * turned, torch.complex64)
+    padded = padded.view(batch, kv_heads, kv_len + _BLOCKS, turned)
+    torch.complex(key[..., kept:half], key[..., half + kept : 2 * half], out=padded[:, :, :kv_len])
+    padded[:, :, kv_len:].zero_()
+    return padded
+
+
+def _blocked_scores(
+    plan: ForwardPlan,
+    buffers: _Buffers,
+    padded: torch.Tensor,
+    queries: torch.Tensor,
+    key_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    start: int,
+    keys: int,
+) -> torch.Tensor:
+    """The turned pairs' scores of a chunk's rows (from ``start``) against the first ``keys`` contiguous keys.
+
+    Key ``j = a * width + b`` turns by ``exp(i (p_0 + a width) theta) exp(i b theta)``: the first factor goes
+    on a copy of the ``queries`` ``[batch, kv_heads, rows, groups, 2 * turned]`` per block ``a``, the second,
+    short, on the ``padded`` keys (`_padded_pairs`). ``inv_freq`` ``[batch, rows, turned]``.
+
+    Returns ``[batch, kv_heads, rows, groups, keys]``, a view of ``buffers.scores``.
+    """
+    batch, kv_heads, _, turned = padded.shape
+    rows, groups = queries.shape[2], queries.shape[3]
+    width = -(-keys // _BLOCKS)
+    coarse, *factors = plan.tables(  # keyed by the rows: layers with other KV shapes chunk otherwise
+        ("k-blocks", _BLOCKS, start, start + rows, keys), lambda: _block_factors(key_positions, keys, inv_freq)
+    )
+    fine = grid_product(factors, width, out=buffers.table)  # [batch, rows, width, turned]
+    size = batch * kv_heads * rows * _BLOCKS * width * turned
+    rotated = buffers.rotated[:size].view(batch, kv_heads, rows, _BLOCKS, width, turned)
+    blocked_keys = padded[:, :, None, : _BLOCKS * width].unflatten(3, (_BLOCKS, width))
+    torch.mul(blocked_keys, fine[:, None, :, None], out=rotated)
+    block_queries = torch.view_as_complex(queries.unflatten(-1, (turned, 2)))
+    block_queries = block_queries[:, :, :, None] * coarse[:, None, :, :, None]  # [..., blocks, groups, turned]
+    size = batch * kv_heads * groups * rows * _BLOCKS * width
+    blocked = buffers.blocks[:size].view(batch, kv_heads, rows, _BLOCKS, groups, width)
+    rotated = torch.view_as_real(rotated).flatten(-2).transpose(-1, -2)
+    torch.matmul(torch.view_as_real(block_queries).flatten(-2), rotated, out=blocked)
+    # [..., groups, blocks * width] in one copy; the keys past the chunk's are left out of the view
+    scores = buffers.scores[:size].view(batch, kv_heads, rows, groups, _BLOCKS, width)
+    return scores.copy_(blocked.transpose(3, 4)).flatten(-2)[..., :keys]
+
+
+def _gathered_scores(
+    buffers: _Buffers,
+    padded: torch.Tensor,
+    queries: torch.Tensor,
+    key_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    keys: int,
+) -> torch.Tensor:
+    """`_blocked_scores` for key positions that do not run contiguously (left padding): each row's rotation
+    table covers all its ``keys`` keys. Returns ``[batch, kv_heads, rows, groups, keys]`` in ``buffers.scores``."""
+    batch, kv_heads, _, turned = padded.shape
+    rows, groups = queries.shape[2], queries.shape[3]
+    scores = buffers.scores[: batch * kv_heads * groups * rows * keys].view(batch, kv_heads, rows, groups, keys)
+    angles = key_positions[:, None, :keys, None].float() * inv_freq[:, :, None, :]
+    table = torch.complex(angles.cos(), angles.sin())  # [batch, rows, keys, turned]
+    rotated = buffers.rotated[: batch * kv_heads * rows * keys * turned]
+    rotated = rotated.view(batch, kv_heads, rows, keys, turned)
+    torch.mul(padded[:, :, None, :keys], table[:, None], out=rotated)
+    rotated = torch.view_as_real(rotated).flatten(-2).transpose(-1, -2)
+    torch.matmul(queries, rotated, out=scores)
+    return scores
+
+
+def _weighted_values(
+    plan: ForwardPlan, inputs: AttentionInputs, probs_buffer: torch.Tensor, scores: torch.Tensor, start: int, past: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A chunk's rows from ``start`` on: ``scores`` ``[batch, kv_heads, rows, groups, keys]`` masked (in place),
+    their softmax (into ``probs_buffer``) times the values.
+
+    Returns ``out`` ``[batch, rows, heads, head_dim]`` and, for eager (which returns its weights), the
+    probabilities ``[batch, heads, rows, keys]``, else ``None``.
+    """
+    query, value = inputs.query, inputs.value
+    batch, kv_heads, rows, groups, keys = scores.shape
+    heads = query.shape[1]
+    mask = _chunk_mask(plan, inputs.attention_mask, start, start + rows, keys, past, query, kv_heads)
+    if mask.dtype == torch.bool:  # sdpa's boolean masks: True attends
+        scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+    else:
+        scores.add_(mask)
+    probs = probs_buffer[: batch * heads * rows * keys].view(batch, kv_heads, rows * groups, keys)
+    torch.softmax(scores.view(batch, kv_heads, rows * groups, keys), dim=-1, out=probs)
+    out = torch.matmul(probs, value[:, :, :keys])  # [batch, kv_heads, rows * groups, dim]
+    out = out.view(batch, kv_heads, rows, groups, -1).permute(0, 2, 1, 3, 4).reshape(batch, rows, heads, -1)
+    part = None
+    if plan.rope.kernel == "eager":  # eager returns its weights: [batch, heads, rows, keys]; merge copies them
+        part = probs.view(batch, kv_heads, rows, groups, keys).transpose(2, 3).reshape(batch, heads, rows, keys)
+    return out, part
 
 
 def _block_factors(

@@ -295,56 +295,80 @@ def segmented_attention(
     inplace = not torch.is_grad_enabled()
     for start, stop in layout.blocks(past, seq, offset, _block_size(heads, kv_len)):
         block, keys = stop - start, past + stop
-        parts = []
-        for piece in layout.pieces(start, stop):
-            part = torch.matmul(piece.query, piece.key.transpose(-1, -2))
-            if piece.other is not None:
-                alternative = torch.matmul(piece.other[0], piece.other[1].transpose(-1, -2))
-                if piece.third is not None:
-                    third = torch.matmul(piece.third[0], piece.third[1].transpose(-1, -2))
-                    alternative = torch.where(piece.second.repeat(groups, 1), alternative, third)
-                part = torch.where(piece.first.repeat(groups, 1), part, alternative)
-            parts.append(part)
-        scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        scores = _block_scores(layout, start, stop, groups)
         scores = scores.mul_(scaling) if inplace else scores * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap)
             scores = scores.mul_(softcap) if inplace else scores * softcap
-        scores = scores.view(rows, kv_heads, groups, block, keys)
-        if attention_mask is None:
-            columns = torch.arange(keys, device=value.device)
-            allowed = columns[None, :] <= torch.arange(past + start, past + stop, device=value.device)[:, None]
-        else:
-            # One mask for all heads ([rows, 1, ...]) or one per query head (Doge's dynamic mask,
-            # [rows, heads, ...]: query head h reads kv head h // groups, as repeat_kv lays them out).
-            window = attention_mask[:, :, start:stop, :keys]
-            allowed = window[:, :, None] if window.shape[1] == 1 else window.view(rows, kv_heads, groups, block, keys)
-        # The floor is the dtype's own: under autocast the matmuls give bf16/fp16 scores, which fp32's
-        # minimum overflows; an fp32 mask added out of place gives fp32 scores, floored as in fp32.
-        if allowed.dtype == torch.bool:
-            lowest = torch.finfo(scores.dtype).min
-            scores = scores.masked_fill_(~allowed, lowest) if inplace else scores.masked_fill(~allowed, lowest)
-        else:
-            scores = scores.add_(allowed) if inplace else scores + allowed.to(torch.float32)
-            lowest = torch.finfo(scores.dtype).min
-            scores = scores.clamp_(min=lowest) if inplace else scores.clamp(min=lowest)
-        values = value32[:, :, None, :keys]
-        if inplace:
-            scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-            total = scores.sum(dim=-1, keepdim=True)
-            if dropout:
-                scores = nn.functional.dropout(scores, p=dropout, training=True)
-            out = torch.matmul(scores, values).div_(total)  # [rows, kv_heads, groups, block, dim]
-            probs = scores.div_(total) if maps is not None else None
-        else:
-            probs = torch.softmax(scores, dim=-1)
-            if dropout:
-                probs = nn.functional.dropout(probs, p=dropout, training=True)
-            out = torch.matmul(probs, values)
+        scores = _masked(scores.view(rows, kv_heads, groups, block, keys), attention_mask, start, past, inplace)
+        out, probs = _weighted_values(scores, value32[:, :, None, :keys], dropout, inplace, maps is not None)
         if maps is not None and probs is not None:
             maps[:, :, start:stop, :keys] = probs.reshape(rows, heads, block, keys)
         output[:, start:stop] = out.reshape(rows, heads, block, -1).transpose(1, 2)
     return output
+
+
+def _block_scores(layout: Layout, start: int, stop: int, groups: int) -> torch.Tensor:
+    """The raw scores ``q . k`` of query rows ``[start, stop)``, the layout's pieces side by side:
+    ``[rows, heads, stop - start, keys]``, each piece's position choice (``first``, ``second``) per row."""
+    parts = []
+    for piece in layout.pieces(start, stop):
+        part = torch.matmul(piece.query, piece.key.transpose(-1, -2))
+        if piece.other is not None:
+            alternative = torch.matmul(piece.other[0], piece.other[1].transpose(-1, -2))
+            if piece.third is not None:
+                third = torch.matmul(piece.third[0], piece.third[1].transpose(-1, -2))
+                alternative = torch.where(piece.second.repeat(groups, 1), alternative, third)
+            part = torch.where(piece.first.repeat(groups, 1), part, alternative)
+        parts.append(part)
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
+def _masked(
+    scores: torch.Tensor, attention_mask: torch.Tensor | None, start: int, past: int, inplace: bool
+) -> torch.Tensor:
+    """``scores`` ``[rows, kv_heads, groups, block, keys]`` of query rows from ``start`` on, masked: causally for
+    ``attention_mask`` ``None``, else by its window (bool: True attends; float: added, floored at the dtype's
+    minimum). In place when ``inplace``."""
+    rows, kv_heads, groups, block, keys = scores.shape
+    if attention_mask is None:
+        columns = torch.arange(keys, device=scores.device)
+        allowed = columns[None, :] <= torch.arange(past + start, past + start + block, device=scores.device)[:, None]
+    else:
+        # One mask for all heads ([rows, 1, ...]) or one per query head (Doge's dynamic mask,
+        # [rows, heads, ...]: query head h reads kv head h // groups, as repeat_kv lays them out).
+        window = attention_mask[:, :, start : start + block, :keys]
+        allowed = window[:, :, None] if window.shape[1] == 1 else window.view(rows, kv_heads, groups, block, keys)
+    # The floor is the dtype's own: under autocast the matmuls give bf16/fp16 scores, which fp32's
+    # minimum overflows; an fp32 mask added out of place gives fp32 scores, floored as in fp32.
+    if allowed.dtype == torch.bool:
+        lowest = torch.finfo(scores.dtype).min
+        return scores.masked_fill_(~allowed, lowest) if inplace else scores.masked_fill(~allowed, lowest)
+    scores = scores.add_(allowed) if inplace else scores + allowed.to(torch.float32)
+    lowest = torch.finfo(scores.dtype).min
+    return scores.clamp_(min=lowest) if inplace else scores.clamp(min=lowest)
+
+
+def _weighted_values(
+    scores: torch.Tensor, values: torch.Tensor, dropout: float, inplace: bool, want_probs: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The softmax of masked ``scores`` ``[rows, kv_heads, groups, block, keys]`` times ``values``
+    ``[rows, kv_heads, 1, keys, dim]`` (float32), after dropout. In place (``inplace``): exp of the shifted
+    scores, the division by their sum after the matmul, and the probabilities only when ``want_probs``.
+
+    Returns ``(out [rows, kv_heads, groups, block, dim], probabilities or None)``.
+    """
+    if inplace:
+        scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+        total = scores.sum(dim=-1, keepdim=True)
+        if dropout:
+            scores = nn.functional.dropout(scores, p=dropout, training=True)
+        out = torch.matmul(scores, values).div_(total)
+        return out, scores.div_(total) if want_probs else None
+    probs = torch.softmax(scores, dim=-1)
+    if dropout:
+        probs = nn.functional.dropout(probs, p=dropout, training=True)
+    return torch.matmul(probs, values), probs
 
 
 def refuse_unsupported(module: nn.Module, kwargs: dict[str, Any], name: str) -> None:
