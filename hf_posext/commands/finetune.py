@@ -12,9 +12,11 @@ the file, the file over the defaults; the file's relative paths are read against
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 import sys
+import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +48,7 @@ class RecipeArgumentParser(integration.FieldArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the settings)\n")
 
     def add_field(self, parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        field = _without_check(field)
         if typing.get_origin(field.type) is dict:
             metadata = dict(field.metadata)
             flags = [*metadata.pop("aliases", []), f"--{field.name.replace('_', '-')}"]
@@ -79,6 +82,18 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+def _without_check(field: dataclasses.Field) -> dataclasses.Field:
+    """``field`` less the check it carries (`hf_posext.train.settings.setting`): the rest of its metadata
+    (help, aliases, nargs...) is ``add_argument``'s; the check runs when the `TrainConfig` is built."""
+    from ..train.settings import CHECK
+
+    if CHECK not in field.metadata:
+        return field
+    bare = copy.copy(field)
+    bare.metadata = types.MappingProxyType({k: v for k, v in field.metadata.items() if k != CHECK})
+    return bare
+
+
 def _flag_bool(name: str):
     def parse(text: str) -> bool:
         return parse_bool(text, name)
@@ -95,9 +110,10 @@ def _mapping_fields() -> set[str]:
 
 def build_parser(description: str | None = DESCRIPTION, prog: str | None = PROG) -> RecipeArgumentParser:
     """The recipe's argument parser: ``--config`` plus one flag per ``TrainConfig`` field."""
-    from ..train.config import TrainConfig
+    from ..train.settings import SETTING_GROUPS
 
-    parser = RecipeArgumentParser(TrainConfig, description=description, prog=prog, formatter_class=_HelpFormatter)
+    # One flag per TrainConfig field, listed under its group (model, method, data, ...) by --help.
+    parser = RecipeArgumentParser(SETTING_GROUPS, description=description, prog=prog, formatter_class=_HelpFormatter)
     parser.add_argument("--config", help="a YAML file with the same keys as these flags (flags win over it)")
     _add_old_settings(parser)
     return parser
@@ -152,7 +168,7 @@ def parse_recipe_args(
         # file without e.g. `model` would fail before the flags could fill it in, and flags could
         # not win over the file. The file's values become the parser's defaults instead.
         values = _relative_to(
-            Path(config_file).parent, TrainConfig.check_file_values(load_yaml(config_file), source=config_file)
+            Path(config_file).parent, TrainConfig.read_file_values(load_yaml(config_file), source=config_file)
         )
         for name in mappings & set(values):
             # Kept as pairs, so that --set KEY=VALUE appends to them and wins key by key.

@@ -12,6 +12,7 @@ from hf_posext import available_methods
 from hf_posext.methods import method_class
 from hf_posext.commands.finetune import build_parser, config_from_args
 from hf_posext.train.config import FIELD_CHECKS, TrainConfig, build_scheduler
+from hf_posext.train.settings import CHECK, SETTING_GROUPS, ScheduleSettings
 
 REQUIRED = dict(model="m", output_dir="o", dataset=["d.txt"])
 
@@ -256,6 +257,46 @@ def test_schedules_through_get_scheduler_keep_the_recipe_shapes(scheduler):
     assert rates == pytest.approx(expected)
 
 
-def test_every_setting_has_a_check():
-    # A new field without an entry would fail on construction; this names the missing ones instead.
+def test_every_setting_is_in_one_group_and_carries_its_check():
+    # A field declared with a plain HfArg has no check: this names it instead of a KeyError on construction.
+    grouped = [f.name for group in SETTING_GROUPS for f in dataclasses.fields(group)]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(TrainConfig))
+    assert len(set(grouped)) == len(grouped)
+    for group in SETTING_GROUPS:
+        for item in dataclasses.fields(group):
+            assert callable(item.metadata.get(CHECK)), f"{group.__name__}.{item.name} has no check"
     assert list(FIELD_CHECKS) == [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def test_help_lists_each_flag_under_its_group():
+    parser = build_parser()
+    titles = {group.title: group for group in parser._action_groups}
+    for group in SETTING_GROUPS:
+        section = titles[group._argument_group_name]
+        dests = {action.dest for action in section._group_actions}
+        assert dests == {f.name for f in dataclasses.fields(group)}, group.__name__
+
+
+def test_a_yaml_value_is_checked_once_and_a_flag_wins_over_a_bad_one(tmp_path, monkeypatch):
+    calls = []
+    check = FIELD_CHECKS["seq_len"]
+
+    def counted(name, value):
+        calls.append(value)
+        return check(name, value)
+
+    monkeypatch.setitem(FIELD_CHECKS, "seq_len", counted)
+    (tmp_path / "run.yaml").write_text("model: m\ndataset: d.txt\noutput_dir: o\nseq_len: 64\nwarmup_steps: -3\n")
+    assert config_from_args(["--config", str(tmp_path / "run.yaml"), "--warmup-steps", "2"]).seq_len == 64
+    assert calls == [64]  # once, when the TrainConfig was built; the file's warmup_steps lost to the flag
+    with pytest.raises(ValueError, match=r"run\.yaml: warmup_steps must be"):
+        config_from_args(["--config", str(tmp_path / "run.yaml")])
+
+
+def test_a_group_is_the_runs_settings_of_that_group():
+    config = TrainConfig(**REQUIRED, max_train_steps=30, lr_scheduler="cosine")
+    schedule = config.group(ScheduleSettings)
+    assert isinstance(schedule, ScheduleSettings) and not isinstance(schedule, TrainConfig)
+    assert (schedule.max_train_steps, schedule.lr_scheduler, schedule.warmup_steps) == (30, "cosine", 3)
+    with pytest.raises(ValueError, match="not a settings group; the groups are"):
+        config.group(TrainConfig)
