@@ -44,7 +44,7 @@ from .integration import check_received_keys
 from .patching import SUPPORTED_MODEL_TYPES, patch_info, patch_model, patched_method, unpatch_model
 from .rope_utils import default_inv_freq, rope_parameters_for, rotary_dim_of
 from .validation import real_number, whole_number
-from .verify import Mismatch, verify
+from .verification import Mismatch, verify
 
 if _TYPE_CHECKING:
     from .longrope_search import LongRopeSearchResult, search_longrope

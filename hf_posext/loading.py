@@ -144,8 +144,8 @@ def from_pretrained(
         UserWarning: a record of a method this process has not registered, on transformers' own rope types:
             the checkpoint loads as transformers loads it.
 
-    Example:
-        >>> model = hf_posext.from_pretrained("out/llama-yarn-16k", torch_dtype="auto")
+    Examples:
+        >>> model = hf_posext.from_pretrained("out/llama-yarn-16k", torch_dtype="auto")  # doctest: +SKIP
     """
     if model_class is None:
         from transformers import AutoModelForCausalLM  # here: transformers' Auto classes load when used
@@ -172,8 +172,8 @@ class AutoPatchedModelForCausalLM:
     """``AutoModelForCausalLM`` for patched checkpoints: [`from_pretrained`][hf_posext.from_pretrained] under the
     Auto-class name.
 
-    Example:
-        >>> model = hf_posext.AutoPatchedModelForCausalLM.from_pretrained("out/llama-yarn-16k")
+    Examples:
+        >>> model = hf_posext.AutoPatchedModelForCausalLM.from_pretrained("out/llama-yarn-16k")  # doctest: +SKIP
     """
 
     def __init__(self) -> None:

@@ -28,7 +28,7 @@ def live_report(path: str) -> dict[str, Any]:
     from .. import integration
     from ..gguf import check_model_source
     from ..loading import from_pretrained
-    from ..verify import verify
+    from ..verification import verify
 
     check_model_source(path)
     try:
@@ -44,7 +44,7 @@ def live_report(path: str) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     """Print the live report (``--json``: as JSON); 1 when the model does not run its config, else 0."""
-    from ..verify import Mismatch
+    from ..verification import Mismatch
 
     report = live_report(args.path)
     if args.json:

@@ -341,7 +341,7 @@ def method_class(name: str) -> type[MethodConfig]:
 def method_config(method: str | MethodConfig, **kwargs: Any) -> MethodConfig:
     """A method config from a name (or alias) and keyword arguments; a config passes through (with ``kwargs`` replaced).
 
-    Example:
+    Examples:
         >>> hf_posext.method_config("yarn", factor=4)  # doctest: +NORMALIZE_WHITESPACE
         YarnConfig(factor=4.0, original_max_position_embeddings=None, beta_fast=32.0, beta_slow=1.0,
                    attention_factor=None)

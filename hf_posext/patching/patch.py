@@ -191,7 +191,7 @@ def patch_model(
             or, when ``override`` is False, a checkpoint scaling the method cannot compose on
             (a dynamic one, or any under a dynamic method or one that replaces RoPE).
 
-    Example:
+    Examples:
         >>> model = hf_posext.patch_model(model, "yarn", factor=4)  # 4k -> 16k
     """
     if factor is not None:
@@ -355,8 +355,8 @@ def patched_method(model: nn.Module | PreTrainedConfig) -> MethodConfig | None:
 
     [`patch_info`][hf_posext.patch_info] stays a plain dict (it is printed and written as JSON); this is the object.
 
-    Example:
-        >>> hf_posext.patched_method(hf_posext.patch_model(model, "yarn", factor=4))
+    Examples:
+        >>> hf_posext.patched_method(hf_posext.patch_model(model, "yarn", factor=4))  # doctest: +ELLIPSIS
         YarnConfig(factor=4.0, ...)
     """
     record = getattr(_config_of(model), CONFIG_KEY, None)

@@ -60,7 +60,7 @@ GEMMA3_THETAS = {"full_attention": 1e6, "sliding_attention": 1e4}
 def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
     """The 4.x fields equivalent to a flat ``rope_parameters`` dict; ``None`` values are left out of config.json.
 
-    Example:
+    Examples:
         >>> legacy_fields({"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0})
         {'rope_theta': 10000.0, 'rope_scaling': {'rope_type': 'linear', 'factor': 4.0}, 'partial_rotary_factor': None}
     """
@@ -81,7 +81,7 @@ def gemma3_fields(rope_parameters: dict[str, Any]) -> dict[str, Any] | None:
     """4.57's Gemma 3 fields for per-layer-type ``rope_parameters``; ``None`` where 4.57 cannot express them (sliding
     layers with a scaling: it runs them plain).
 
-    Example:
+    Examples:
         >>> gemma3_fields(
         ...     {
         ...         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},

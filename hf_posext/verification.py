@@ -175,8 +175,8 @@ def verify(model: nn.Module) -> list[Mismatch]:
     Returns:
         The mismatches, in module order; ``[]`` when the model runs its config.
 
-    Example:
-        >>> model.config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, ...}   # after construction
+    Examples:
+        >>> model.config.rope_parameters = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}  # after construction
         >>> [m.field for m in hf_posext.verify(model)]
         ['rope_type', 'inv_freq', 'attention_scaling']
     """
