@@ -17,6 +17,7 @@ or the environment variable ``HF_POSEXT_DEBUG=1`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -24,7 +25,8 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .. import validation
@@ -157,7 +159,8 @@ def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> i
     """
     keep_traceback = debug or os.environ.get("HF_POSEXT_DEBUG", "0") not in ("", "0")
     try:
-        return command()
+        with contextlib.nullcontext() if keep_traceback else one_line_warnings(prog):
+            return command()
     except KeyboardInterrupt:  # Ctrl-C: what was saved stays saved (a fine-tune resumes with --resume)
         if keep_traceback:
             raise
@@ -171,6 +174,28 @@ def run_command(prog: str, command: Callable[[], int], debug: bool = False) -> i
         message = " ".join(str(err).split()) or type(err).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def one_line_warnings(prog: str) -> Iterator[None]:
+    """The package's own warnings as one line, ``<prog>: <Category>: <message>``, for a command's user.
+
+    Python's format adds the file and the source line that warned (``return cls(**...)``): noise on a command
+    line. Warnings from elsewhere (torch, transformers) keep that format; ``--debug`` keeps it for all.
+    """
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    default = warnings.formatwarning
+
+    def formatwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line=None) -> str:
+        if os.path.abspath(filename).startswith(package + os.sep):
+            return f"{prog}: {category.__name__}: {' '.join(str(message).split())}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatwarning  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
 
 
 def take_debug(argv: Sequence[str]) -> tuple[bool, list[str]]:

@@ -104,6 +104,19 @@ def test_python_dash_m_is_the_command():
     assert done.returncode == 0 and done.stdout.startswith("usage: hf-posext")
 
 
+def test_a_deprecation_warning_is_one_line_naming_the_command_and_debug_keeps_pythons_format(tmp_path):
+    model = tmp_path / "tiny"
+    tiny_model().save_pretrained(model)
+    argv = [sys.executable, "-m", "hf_posext", "plan", "--model", str(model), "--method", "longrope"]
+    argv += ["--seq-len", "128", "--longrope-factors", "mixed"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "deprecated" in line or "return " in line]
+    assert warned == [warned[0]] and warned[0].startswith("hf-posext: FutureWarning: longrope_factors is deprecated")
+    debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, timeout=120)
+    assert "config.py:" in debug.stderr and "FutureWarning: longrope_factors" in debug.stderr
+
+
 def _commands(parser: argparse.ArgumentParser, prefix: str = "hf-posext") -> dict[str, argparse.ArgumentParser]:
     """Every (sub-)sub-command's parser by its full name."""
     found = {}
