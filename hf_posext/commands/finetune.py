@@ -12,11 +12,9 @@ the file, the file over the defaults; the file's relative paths are read against
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import os
 import sys
-import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,7 +46,6 @@ class RecipeArgumentParser(integration.FieldArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the settings)\n")
 
     def add_field(self, parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
-        field = _without_check(field)
         if typing.get_origin(field.type) is dict:
             metadata = dict(field.metadata)
             flags = [*metadata.pop("aliases", []), f"--{field.name.replace('_', '-')}"]
@@ -80,18 +77,6 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return action.help if action.default is None else super()._get_help_string(action)
-
-
-def _without_check(field: dataclasses.Field) -> dataclasses.Field:
-    """``field`` less the check it carries (`hf_posext.train.settings.setting`): the rest of its metadata
-    (help, aliases, nargs...) is ``add_argument``'s; the check runs when the `TrainConfig` is built."""
-    from ..train.settings import CHECK
-
-    if CHECK not in field.metadata:
-        return field
-    bare = copy.copy(field)
-    bare.metadata = types.MappingProxyType({k: v for k, v in field.metadata.items() if k != CHECK})
-    return bare
 
 
 def _flag_bool(name: str):

@@ -22,6 +22,7 @@ from ..methods.training import old_training_settings
 from ..validation import Check, parse_bool
 from .old_settings import take_old_settings
 from .settings import (
+    CHECKS,
     DEFAULT_FACTOR,
     SETTING_GROUPS,
     CheckpointSettings,
@@ -33,7 +34,6 @@ from .settings import (
     OptimisationSettings,
     ScheduleSettings,
     build_scheduler,
-    field_check,
 )
 
 __all__ = ["DEFAULT_FACTOR", "FIELD_CHECKS", "TrainConfig", "build_scheduler", "load_yaml"]
@@ -77,6 +77,9 @@ class TrainConfig(
     field's ``help`` is its documentation: ``hf-posext finetune --help`` prints it (through
     ``transformers.HfArgumentParser``, `hf_posext.commands.finetune`), so code and flags cannot drift apart.
     """
+
+    # HfArgumentParser(TrainConfig) lists every flag in one section, not under the first base's group name.
+    _argument_group_name = "settings"
 
     def __post_init__(self) -> None:
         self._read_text_values()
@@ -225,4 +228,4 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 #: Each `TrainConfig` field's check, in field order (`hf_posext.train.settings.setting`).
-FIELD_CHECKS: dict[str, Check] = {field.name: field_check(field) for field in dataclasses.fields(TrainConfig)}
+FIELD_CHECKS: dict[str, Check] = {field.name: CHECKS[field.name] for field in dataclasses.fields(TrainConfig)}

@@ -13,6 +13,7 @@ object, as the recipe reads them (``config.seq_len``). Defaults are the YaRN pap
 from __future__ import annotations
 
 import dataclasses
+import types
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,8 +48,8 @@ REPORT_TO = ("none", "tensorboard", "wandb", "all")
 DEFAULT_FACTOR = 16.0
 #: The YaRN paper's warm-up (20 steps); a run shorter than 200 steps warms up for a tenth of its steps.
 DEFAULT_WARMUP_STEPS = 20
-#: The metadata key of a field's check (`setting`); the flag parser leaves it out of ``add_argument``.
-CHECK = "check"
+#: The metadata key a field's check is declared under (`setting`) until `_take_checks` moves it to `CHECKS`.
+_CHECK = "check"
 # Literal types give the flags their choices (HfArgumentParser reads them).
 Scheduler = Literal[SCHEDULERS]
 MixedPrecision = Literal[MIXED_PRECISIONS]
@@ -58,14 +59,13 @@ WindowScheduleKind = Literal[SCHEDULES]
 
 
 def setting(*, check: Check, **kwargs: Any) -> Any:
-    """A settings field: ``HfArg(**kwargs)`` (default, help, aliases...) that carries its ``check``."""
-    metadata = {**kwargs.pop("metadata", {}), CHECK: check}
+    """A settings field: ``HfArg(**kwargs)`` (default, help, aliases...) declared with its ``check``.
+
+    The check is declared beside the field and kept in `CHECKS` (`_take_checks`), not in the field's metadata:
+    ``HfArgumentParser`` hands all metadata to ``argparse.add_argument``, which takes no ``check``.
+    """
+    metadata = {**kwargs.pop("metadata", {}), _CHECK: check}
     return HfArg(metadata=metadata, **kwargs)
-
-
-def field_check(field: dataclasses.Field) -> Check:
-    """The check a settings field carries (`setting`)."""
-    return field.metadata[CHECK]
 
 
 def _training_options_help() -> str:
@@ -439,6 +439,21 @@ SETTING_GROUPS: tuple[type, ...] = (
     CheckpointSettings,
     EvaluationSettings,
 )
+
+
+def _take_checks(groups: tuple[type, ...]) -> dict[str, Check]:
+    """Each field's check (`setting`), by field name, taken out of the field's metadata."""
+    checks = {}
+    for group in groups:
+        for field in dataclasses.fields(group):
+            metadata = dict(field.metadata)
+            checks[field.name] = metadata.pop(_CHECK)
+            field.metadata = types.MappingProxyType(metadata)
+    return checks
+
+
+#: Each setting's check (`hf_posext.validation`), by field name, as `setting` declared it.
+CHECKS: dict[str, Check] = _take_checks(SETTING_GROUPS)
 
 
 def build_scheduler(config: ScheduleSettings, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:

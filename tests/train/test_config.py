@@ -12,7 +12,7 @@ from hf_posext import available_methods
 from hf_posext.methods import method_class
 from hf_posext.commands.finetune import build_parser, config_from_args
 from hf_posext.train.config import FIELD_CHECKS, TrainConfig, build_scheduler
-from hf_posext.train.settings import CHECK, SETTING_GROUPS, ScheduleSettings
+from hf_posext.train.settings import CHECKS, SETTING_GROUPS, DataSettings, ScheduleSettings
 
 REQUIRED = dict(model="m", output_dir="o", dataset=["d.txt"])
 
@@ -257,14 +257,14 @@ def test_schedules_through_get_scheduler_keep_the_recipe_shapes(scheduler):
     assert rates == pytest.approx(expected)
 
 
-def test_every_setting_is_in_one_group_and_carries_its_check():
-    # A field declared with a plain HfArg has no check: this names it instead of a KeyError on construction.
+def test_every_setting_is_in_one_group_and_has_its_check():
+    # A field declared with a plain HfArg has no check: settings.py's import fails with a KeyError naming it.
     grouped = [f.name for group in SETTING_GROUPS for f in dataclasses.fields(group)]
     assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(TrainConfig))
     assert len(set(grouped)) == len(grouped)
     for group in SETTING_GROUPS:
         for item in dataclasses.fields(group):
-            assert callable(item.metadata.get(CHECK)), f"{group.__name__}.{item.name} has no check"
+            assert callable(CHECKS[item.name]), f"{group.__name__}.{item.name} has no check"
     assert list(FIELD_CHECKS) == [f.name for f in dataclasses.fields(TrainConfig)]
 
 
@@ -291,6 +291,18 @@ def test_a_yaml_value_is_checked_once_and_a_flag_wins_over_a_bad_one(tmp_path, m
     assert calls == [64]  # once, when the TrainConfig was built; the file's warmup_steps lost to the flag
     with pytest.raises(ValueError, match=r"run\.yaml: warmup_steps must be"):
         config_from_args(["--config", str(tmp_path / "run.yaml")])
+
+
+def test_transformers_hf_argument_parser_takes_the_config_and_its_groups():
+    from transformers import HfArgumentParser
+
+    argv = ["--model", "m", "--dataset", "d.txt", "--output_dir", "o", "--seq_len", "64"]
+    (config,) = HfArgumentParser(TrainConfig).parse_args_into_dataclasses(argv)
+    assert isinstance(config, TrainConfig) and config.seq_len == 64 and config.warmup_steps == 20
+    data, schedule = HfArgumentParser((DataSettings, ScheduleSettings)).parse_args_into_dataclasses(
+        ["--seq_len", "64", "--max_train_steps", "9"], return_remaining_strings=True
+    )[:2]
+    assert (data.seq_len, schedule.max_train_steps) == (64, 9)
 
 
 def test_a_group_is_the_runs_settings_of_that_group():
