@@ -126,6 +126,17 @@ def whole(minimum: int, multiple_of: int = 1) -> Callable[[str], int]:
     return parse
 
 
+def positive_number(text: str, allowed: str) -> float:
+    """``text`` as a finite number > 0 (nan and inf refused), else argparse's message ``{allowed}, got {text!r}``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{allowed}, got {text!r}")
+    return value
+
+
 def real(low: float, high: float = float("inf")) -> Callable[[str], float]:
     """An argparse ``type``: a finite number in ``[low, high]`` (nan and inf refused), else argparse's message."""
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .arguments import whole
+from .arguments import positive_number, whole
 
 if TYPE_CHECKING:
     from ..train.config import TrainConfig
@@ -25,13 +24,7 @@ GIB = 2**30
 
 def memory_gib(text: str) -> float:
     """``--memory``: GiB per device, a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be > 0 (GiB of memory per device), got {text!r}")
-    return value
+    return positive_number(text, "must be > 0 (GiB of memory per device)")
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser, launched: bool = False) -> None:

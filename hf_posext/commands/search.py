@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..files import check_output_dir
-from .arguments import real, whole
+from .arguments import positive_number, real, whole
 
 if TYPE_CHECKING:  # torch and the search load on first use: the CLI's start stays light
     import torch
@@ -183,13 +182,7 @@ def _attention_factor(text: str) -> float | str:
     """``--attention-factor``: ``longrope``, or a finite number > 0 (argparse's message otherwise)."""
     if text == "longrope":
         return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0 or 'longrope', got {text!r}")
-    return value
+    return positive_number(text, "expected a finite number > 0 or 'longrope'")
 
 
 _attention_factor.checked = True  # type: ignore[attr-defined]  # a declared range (tests/commands/test_numeric_flags.py)

@@ -178,6 +178,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt: Any, fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
+    """Write ``fig`` to ``path`` as a 120-dpi PNG, atomically, and close it."""
+    path = Path(path)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png", **savefig)
+    plt.close(fig)
+    return path
+
+
 def plot_curves(
     path: str | os.PathLike,
     curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
@@ -193,8 +202,7 @@ def plot_curves(
     Returns:
         The PNG's path, or ``None`` when matplotlib is missing.
     """
-    plt = _pyplot()
-    if plt is None:
+    if (plt := _pyplot()) is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, (xs, ys) in curves.items():
@@ -208,11 +216,7 @@ def plot_curves(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_heatmaps(
@@ -226,8 +230,7 @@ def plot_heatmaps(
     Returns:
         The PNG's path, or ``None`` when matplotlib is missing.
     """
-    plt = _pyplot()
-    if plt is None:
+    if (plt := _pyplot()) is None:
         return None
     fig, axes = plt.subplots(1, len(grids), figsize=(1.2 + 3.6 * len(grids), 3.6), squeeze=False)
     image = None
@@ -241,11 +244,7 @@ def plot_heatmaps(
                 ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7)
     fig.suptitle(title)
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
-    path = Path(path)
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, bbox_inches="tight")
 
 
 def plot_grid(
@@ -267,8 +266,7 @@ def plot_grid(
     Returns:
         The PNG's path, or ``None`` when matplotlib is missing.
     """
-    plt = _pyplot()
-    if plt is None:
+    if (plt := _pyplot()) is None:
         return None
     from matplotlib.colors import LinearSegmentedColormap
 
@@ -289,8 +287,4 @@ def plot_grid(
                     ax.text(j, i, label, ha="center", va="center", fontsize=7)
     fig.suptitle(title, y=1.04)
     fig.colorbar(image, ax=axes[0].tolist(), label="score")
-    path = Path(path)
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, bbox_inches="tight")

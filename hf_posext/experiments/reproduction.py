@@ -337,8 +337,23 @@ def run_passkey(config: ReproConfig, out: Path, cache_dir: Path | None, progress
     return stage.results
 
 
-def _curve(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    return [r["length"] for r in rows], [r["perplexity"] for r in rows]
+def _perplexity_tables(heading: str, header: list[str], results: dict[str, Any]) -> list[str]:
+    """One experiment's perplexity tables, ``last`` then ``all`` (one row per model, one column per length)."""
+    return [
+        part
+        for metric in ("last", "all")
+        for part in (
+            f"## {heading} ({metric})\n",
+            markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in results.items()]) + "\n",
+        )
+    ]
+
+
+def _perplexity_plot(path: Path, caption: str, results: dict[str, Any], title: str, train_len: int) -> str:
+    """Plots each model's ``last`` perplexity by length to ``path``; returns the report's image line."""
+    curves = {k: ([r["length"] for r in v["last"]], [r["perplexity"] for r in v["last"]]) for k, v in results.items()}
+    plot_curves(path, curves, title=title, vline=train_len)
+    return f"![{caption}]({path.name})\n"
 
 
 def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: float) -> str:
@@ -370,25 +385,12 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
     scratch_path, ext_path, pk_path = (out / f"{n}.json" for n in EXPERIMENTS)
     if scratch_path.exists():
         scratch = json.loads(scratch_path.read_text())["results"]
-        for metric in ("last", "all"):
-            parts.append(f"## 1. Trained from scratch at {train_len} bytes ({metric})\n")
-            parts.append(
-                markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in scratch.items()]) + "\n"
-            )
-        plot_curves(
-            out / "repro_scratch.png",
-            {k: _curve(v["last"]) for k, v in scratch.items()},
-            title=f"trained from scratch at {train_len} bytes (last {train_len - 1} bytes)",
-            vline=train_len,
-        )
-        parts.append("![from scratch](repro_scratch.png)\n")
+        parts += _perplexity_tables(f"1. Trained from scratch at {train_len} bytes", header, scratch)
+        title = f"trained from scratch at {train_len} bytes (last {train_len - 1} bytes)"
+        parts.append(_perplexity_plot(out / "repro_scratch.png", "from scratch", scratch, title, train_len))
     if ext_path.exists():
         ext = json.loads(ext_path.read_text())["results"]
-        for metric in ("last", "all"):
-            parts.append(f"## 2. RoPE model extended to s = {config.factor:g} ({metric})\n")
-            parts.append(
-                markdown_table(header, [[k, *[r["perplexity"] for r in v[metric]]] for k, v in ext.items()]) + "\n"
-            )
+        parts += _perplexity_tables(f"2. RoPE model extended to s = {config.factor:g}", header, ext)
         tuned = {k: v["train"] for k, v in ext.items() if "train" in v}
         if tuned:
             parts.append(
@@ -399,13 +401,8 @@ def write_report(config: ReproConfig, out: Path, command: str, wall_seconds: flo
                 + "; ".join(f"{k}: final loss {v['final_loss']:.3f} in {v['seconds']} s" for k, v in tuned.items())
                 + ".\n"
             )
-        plot_curves(
-            out / "repro_extension.png",
-            {k: _curve(v["last"]) for k, v in ext.items()},
-            title=f"RoPE model extended to s = {config.factor:g}",
-            vline=train_len,
-        )
-        parts.append("![extension](repro_extension.png)\n")
+        title = f"RoPE model extended to s = {config.factor:g}"
+        parts.append(_perplexity_plot(out / "repro_extension.png", "extension", ext, title, train_len))
     if pk_path.exists():
         pk = json.loads(pk_path.read_text())["results"]
         base = config.passkey_model

@@ -258,16 +258,3 @@ def resolve_model_source(source: str | os.PathLike) -> str:
     """
     check_model_source(source)
     return str(gguf_checkpoint(source)) if is_gguf(source) else str(source)
-
-
-__all__ = [
-    "cached_checkpoint_path",
-    "check_model_source",
-    "default_cache_dir",
-    "gguf_checkpoint",
-    "gguf_identity",
-    "is_gguf",
-    "load_gguf",
-    "resolve_model_source",
-    "save_checkpoint",
-]

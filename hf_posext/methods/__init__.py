@@ -9,8 +9,9 @@ families share; a family imports only those and lower layers, never another fami
 
 from typing import Any
 
-from .base import BaseRope, MethodConfig
+from ..method_names import available_methods, method_aliases
 from ..post_import import deprecated_attribute
+from .base import BaseRope, MethodConfig
 from .dynamic import DynamicScaling, DynamicSurgery
 from .norope import NO_ROPE_TYPES, NoRopeMethod
 from .registry import (
@@ -18,24 +19,20 @@ from .registry import (
     Family,
     MethodSpec,
     RopeType,
-    available_methods,
     canonical_name,
     composable_methods,
     config_classes,
     families,
-    method_aliases,
     method_class,
     method_config,
     needs_surgery,
     register_family,
     register_method,
     register_with_transformers,
-    split_method_kwargs,
     surgery_for,
-    training_for,
 )
 from .surgery import NO_SURGERY, Surgery
-from .training import NO_TRAINING, Training, TrainingOption
+from .training import NO_TRAINING, Training, TrainingOption, split_method_kwargs, training_for
 from .folders import FAMILY_MODULES  # last: the family folders register themselves on what is above
 
 # The config classes are attributes of this package (hf_posext.methods.YarnConfig), found, not listed.

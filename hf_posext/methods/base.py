@@ -99,15 +99,12 @@ class MethodConfig:
                 f"{self.name}: factor must be >= 1 (a factor below 1 would shrink the context), got {factor!r}"
             )
         object.__setattr__(self, "factor", factor)
-        if self.original_max_position_embeddings is not None:
-            length = whole_number(
-                self.name,
-                "original_max_position_embeddings",
-                self.original_max_position_embeddings,
-                minimum=1,
-                allowed="a positive int or None",
-            )
-            object.__setattr__(self, "original_max_position_embeddings", length)
+        self._check_whole("original_max_position_embeddings", 1, "a positive int or None")
+
+    def _check_whole(self, field: str, minimum: int, allowed: str) -> None:
+        """An optional int ``field``, when given, normalised to an int >= ``minimum`` (`whole_number`'s message)."""
+        if getattr(self, field) is not None:
+            object.__setattr__(self, field, whole_number(self.name, field, getattr(self, field), minimum, allowed))
 
     @classmethod
     def only_hf_posext_computes(cls, record: dict[str, Any]) -> str | None:

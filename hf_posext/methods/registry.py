@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import integration
-from ..method_names import ALIASES, METHODS, available_methods, method_aliases, registered_name
+from ..method_names import ALIASES, METHODS, available_methods, registered_name
 from ..post_import import deprecated_attribute
 from .base import MethodConfig
 from .surgery import NO_SURGERY, Surgery
-from .training import TRAININGS, Training, built_trainings, old_training_settings, split_method_kwargs, training_for
+from .training import TRAININGS, Training, built_trainings
 
 
 class RopeType(NamedTuple):
@@ -388,31 +388,3 @@ def composable_methods() -> list[str]:
 def config_classes() -> dict[str, type[MethodConfig]]:
     """``{class name: config class}`` of every registered method (e.g. ``"YarnConfig"``)."""
     return {cls.__name__: cls for cls in (method_class(name) for name in available_methods())}
-
-
-__all__ = [
-    "AttentionFunctions",
-    "Family",
-    "MethodSpec",
-    "RopeType",
-    "ShippedConfig",
-    "attention_functions",
-    "available_methods",  # from hf_posext.method_names, below every module that checks a method name
-    "canonical_name",
-    "composable_methods",
-    "config_classes",
-    "families",
-    "method_aliases",
-    "method_class",
-    "method_config",
-    "needs_surgery",
-    "old_training_settings",
-    "register_family",
-    "register_method",
-    "register_with_transformers",
-    "rope_types",
-    "shipped_method",
-    "split_method_kwargs",
-    "surgery_for",
-    "training_for",
-]

@@ -65,9 +65,34 @@ class AttentionRemapMethod(MethodConfig):
     def max_position_embeddings(self, base: BaseRope) -> int:
         return self.reach(base.original_max_position_embeddings)
 
-    def reach(self, original: int) -> int:
-        """The context the patched model advertises, for the checkpoint's context ``original`` (L0)."""
+    def resolve(self, original: int) -> Any:
+        """The method's sizes for the checkpoint's context ``original`` (L0), checked against it.
+
+        Raises:
+            ValueError: a size that does not fit L0.
+        """
         raise NotImplementedError
+
+    def _fit(self, field: str, value: int, low: int, high: int, bound: str, *, at_most: bool = False) -> int:
+        """``value``, the resolved ``field``, if it lies in ``[low, high)`` (``[low, high]`` when ``at_most``).
+
+        Raises:
+            ValueError: ``"{name}: {field} must be an int in [low, high) (below {bound}), got {value}"``.
+        """
+        if low <= value < high or (at_most and value == high):
+            return value
+        closing, relation = ("]", "at most") if at_most else (")", "below")
+        raise ValueError(
+            f"{self.name}: {field} must be an int in [{low}, {high}{closing} ({relation} {bound}), got {value!r}"
+        )
+
+    def reach(self, original: int) -> int:
+        """The context the patched model advertises, for the checkpoint's context ``original`` (L0).
+
+        Default: ``factor * L0``, once `resolve` accepts the method's sizes for L0.
+        """
+        self.resolve(original)
+        return round(self.factor * original)
 
     def config_fields(self, original: int) -> dict[str, Any]:
         """Config keys beyond rope parameters that a patched config carries (what engines read)."""

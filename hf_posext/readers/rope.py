@@ -36,16 +36,41 @@ def intended_rope(rope_parameters: dict[str, Any]) -> RopeDescription:
     if rope_type in ("linear", "dynamic"):
         return describe(rope_type, theta, factor=rope_parameters["factor"])
     if rope_type == "yarn":
-        return describe(
-            "yarn",
-            theta,
-            factor=rope_parameters["factor"],
-            original=rope_parameters["original_max_position_embeddings"],
-            beta_fast=rope_parameters.get("beta_fast", 32.0),
-            beta_slow=rope_parameters.get("beta_slow", 1.0),
-            attention_factor=rope_parameters.get("attention_factor"),
-        )
+        return _yarn(theta, rope_parameters, attention_factor=rope_parameters.get("attention_factor"))
     return {"kind": rope_type, "theta": float(theta)}
+
+
+def _yarn(theta: float, rope: dict[str, Any], **params: Any) -> RopeDescription:
+    return describe(
+        "yarn",
+        theta,
+        factor=rope["factor"],
+        original=rope["original_max_position_embeddings"],
+        beta_fast=rope.get("beta_fast", 32),
+        beta_slow=rope.get("beta_slow", 1),
+        **params,
+    )
+
+
+def engine_rope(rope_type: str, theta: float, rope: dict[str, Any]) -> RopeDescription:
+    """What vLLM's and SGLang's ``get_rope`` build for the types they build alike (all but ``dynamic``).
+
+    SGLang's rotary embeddings are adapted from vLLM's: the same classes for the same types.
+
+    Raises:
+        ValueError: for a rope type neither knows, as they do.
+    """
+    if rope_type == "default":
+        return describe("default", theta)
+    if rope_type == "linear":
+        return describe("linear", theta, factor=rope["factor"])
+    if rope_type == "yarn":
+        return _yarn(theta, rope)
+    if rope_type == "llama3":  # Llama3RotaryEmbedding: factor, low/high_freq_factor, original as written
+        return {"kind": "llama3", "theta": float(theta)}
+    if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
+        return describe("longrope", theta)
+    raise ValueError(f"Unknown RoPE scaling type {rope_type}")
 
 
 def in_words(params: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..rope_utils import rotary_dim_of
 from .reader import Finding, Reader, Subject, engine_verdict
-from .rope import RopeDescription, describe, intended_rope
+from .rope import RopeDescription, describe, engine_rope, intended_rope
 
 #: ``CONTEXT_LENGTH_KEYS``, in SGLang's order (the first present wins).
 LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
@@ -40,27 +40,10 @@ def effective_rope(config: Any, rotary_dim: int) -> RopeDescription:
     rope = config.rope_parameters or {}
     theta = rope.get("rope_theta", 10000)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type == "default":
-        return describe("default", theta)
-    if rope_type == "linear":
-        return describe("linear", theta, factor=rope["factor"])
     if rope_type == "dynamic":
         s = float(rope["factor"])
         return describe("default", theta * (s * s - (s - 1)) ** (rotary_dim / (rotary_dim - 2)))
-    if rope_type == "yarn":
-        return describe(
-            "yarn",
-            theta,
-            factor=rope["factor"],
-            original=rope["original_max_position_embeddings"],
-            beta_fast=rope.get("beta_fast", 32),
-            beta_slow=rope.get("beta_slow", 1),
-        )
-    if rope_type == "llama3":  # Llama3RotaryEmbedding: factor, low/high_freq_factor, original as written
-        return {"kind": "llama3", "theta": float(theta)}
-    if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
-        return describe("longrope", theta)
-    raise ValueError(f"Unknown RoPE scaling type {rope_type}")
+    return engine_rope(rope_type, theta, rope)
 
 
 def _judge(subject: Subject) -> Finding:

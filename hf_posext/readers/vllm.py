@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .reader import Finding, Reader, Subject, engine_verdict
-from .rope import RopeDescription, describe, intended_rope
+from .rope import RopeDescription, describe, engine_rope, intended_rope
 
 #: ``_get_and_verify_max_len``'s ``possible_keys``, in its order (the smallest value wins).
 LENGTH_KEYS = (
@@ -55,26 +55,9 @@ def effective_rope(config: Any) -> RopeDescription:
     rope = config.rope_parameters or {}
     theta = rope.get("rope_theta", 10000)
     rope_type = rope.get("rope_type", "default")
-    if rope_type == "default":
-        return describe("default", theta)
-    if rope_type == "linear":
-        return describe("linear", theta, factor=rope["factor"])
     if rope_type == "dynamic":
         return describe("default", theta)  # base * (s - (s - 1))^(d/(d-2)) = base
-    if rope_type == "yarn":
-        return describe(
-            "yarn",
-            theta,
-            factor=rope["factor"],
-            original=rope["original_max_position_embeddings"],
-            beta_fast=rope.get("beta_fast", 32),
-            beta_slow=rope.get("beta_slow", 1),
-        )
-    if rope_type == "llama3":  # Llama3RotaryEmbedding: factor, low/high_freq_factor, original as written
-        return {"kind": "llama3", "theta": float(theta)}
-    if rope_type == "longrope":  # Phi3LongRoPEScaledRotaryEmbedding: the factors as written, short/long_mscale
-        return describe("longrope", theta)
-    raise ValueError(f"Unknown RoPE scaling type {rope_type}")
+    return engine_rope(rope_type, theta, rope)
 
 
 #: Model types whose vLLM model file reads ``dual_chunk_attention_config`` (vLLM main: qwen2.py,

@@ -300,6 +300,9 @@ class FinetuneRecipe:
         """Tokenized blocks, split into training and held-out ones; fails if there is not one micro-batch."""
         config, accelerator = self.config, self.accelerator
         self.record_counts = {"dataset": RecordCounts(), "short_dataset": RecordCounts()}
+        # How every dataset of the run is read, and how its documents are packed (packing, the short side).
+        source = {"split": config.dataset_split, "text_field": config.text_field, "cache_dir": config.cache_dir}
+        packed = {"loss_on": config.loss_on, "skip_bad_records": config.skip_bad_records}
         with accelerator.main_process_first():
             max_blocks = None
             if not is_local_dataset(config.dataset):
@@ -310,24 +313,13 @@ class FinetuneRecipe:
                     config.dataset,
                     self.tokenizer,
                     self.plan.window,
-                    split=config.dataset_split,
-                    text_field=config.text_field,
                     max_blocks=max_blocks,
-                    cache_dir=config.cache_dir,
-                    loss_on=config.loss_on,
-                    skip_bad_records=config.skip_bad_records,
                     counts=self.record_counts["dataset"],
+                    **source,
+                    **packed,
                 )
             else:
-                blocks = load_blocks(
-                    config.dataset,
-                    self.tokenizer,
-                    self.plan.window,
-                    split=config.dataset_split,
-                    text_field=config.text_field,
-                    max_blocks=max_blocks,
-                    cache_dir=config.cache_dir,
-                )
+                blocks = load_blocks(config.dataset, self.tokenizer, self.plan.window, max_blocks=max_blocks, **source)
         self.eval_blocks = blocks[len(blocks) - config.eval_blocks :] if config.eval_blocks else None
         self.train_blocks = blocks[: len(blocks) - config.eval_blocks]
         if config.eval_blocks and len(self.train_blocks) == 0:
@@ -344,15 +336,12 @@ class FinetuneRecipe:
                     short_data,
                     self.tokenizer,
                     self.plan.short_len,
-                    split=config.dataset_split,
-                    text_field=config.text_field,
                     max_blocks=None
                     if is_local_dataset(short_data)
                     else config.max_train_steps * config.global_batch_size,
-                    cache_dir=config.cache_dir,
-                    loss_on=config.loss_on,
-                    skip_bad_records=config.skip_bad_records,
                     counts=self.record_counts["short_dataset"],
+                    **source,
+                    **packed,
                 )
             short = micro_batch_indices(
                 len(self.short_blocks), config.micro_batch_size, self.dp_size, self.dp_rank, config.seed

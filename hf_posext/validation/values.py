@@ -188,23 +188,3 @@ def mapping(what: str = "a mapping") -> Check:
 def anything(name: str, value: Any) -> Any:
     """A check that accepts every value (a setting whose type is its only rule)."""
     return value
-
-
-__all__ = [
-    "BOOLEANS",
-    "FILE_SUFFIXES",
-    "Check",
-    "MissingExtra",
-    "anything",
-    "choice",
-    "integer",
-    "mapping",
-    "number",
-    "optional",
-    "parse_bool",
-    "path_shape",
-    "real_number",
-    "require",
-    "required",
-    "whole_number",
-]

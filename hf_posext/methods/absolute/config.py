@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import BaseRope, real_number, whole_number
+from ..base import BaseRope, real_number
 from ..norope import NoRopeMethod
 
 
@@ -54,9 +54,7 @@ class LearnedConfig(_AbsoluteMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.max_length is not None:
-            length = whole_number(self.name, "max_length", self.max_length, minimum=1, allowed="a positive int or None")
-            object.__setattr__(self, "max_length", length)
+        self._check_whole("max_length", 1, "a positive int or None")
 
     def max_position_embeddings(self, base: BaseRope) -> int:
         return self.max_length or base.max_position_embeddings

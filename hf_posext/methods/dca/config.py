@@ -33,30 +33,8 @@ class DualChunkConfig(AttentionRemapMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size is not None:
-            object.__setattr__(
-                self,
-                "chunk_size",
-                whole_number(
-                    self.name,
-                    "chunk_size",
-                    self.chunk_size,
-                    minimum=2,
-                    allowed="an int >= 2, at most L0 (or None: 3 L0 // 4)",
-                ),
-            )
-        if self.local_size is not None:
-            object.__setattr__(
-                self,
-                "local_size",
-                whole_number(
-                    self.name,
-                    "local_size",
-                    self.local_size,
-                    minimum=1,
-                    allowed="an int >= 1 below chunk_size (or None: L0 // 8)",
-                ),
-            )
+        self._check_whole("chunk_size", 2, "an int >= 2, at most L0 (or None: 3 L0 // 4)")
+        self._check_whole("local_size", 1, "an int >= 1 below chunk_size (or None: L0 // 8)")
 
     def needs_factor(self) -> bool:
         """Without a factor or a ``chunk_size`` DCA advertises no longer context, yet its default chunks
@@ -71,20 +49,8 @@ class DualChunkConfig(AttentionRemapMethod):
         """
         chunk = self.chunk_size if self.chunk_size is not None else 3 * original // 4
         local = self.local_size if self.local_size is not None else max(1, original // 8)
-        if not 2 <= chunk <= original:
-            raise ValueError(
-                f"{self.name}: chunk_size must be an int in [2, {original}] (at most the original context "
-                f"L0={original}), got {chunk!r}"
-            )
-        if not 1 <= local < chunk:
-            raise ValueError(
-                f"{self.name}: local_size must be an int in [1, {chunk}) (below chunk_size={chunk}), got {local!r}"
-            )
-        return chunk, local
-
-    def reach(self, original: int) -> int:
-        self.resolve(original)
-        return round(self.factor * original)
+        chunk = self._fit("chunk_size", chunk, 2, original, f"the original context L0={original}", at_most=True)
+        return chunk, self._fit("local_size", local, 1, chunk, f"chunk_size={chunk}")
 
     def config_fields(self, original: int) -> dict[str, Any]:
         """vLLM's ``dual_chunk_attention_config`` (as Qwen2.5-1M ships it), which vLLM runs for the Qwen2 family."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import real_number, whole_number
+from ..base import real_number
 from ..remapping import AttentionRemapMethod
 from .remap import ReRopeRemapping
 
@@ -38,14 +38,7 @@ class ReRopeConfig(AttentionRemapMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.window is not None:
-            object.__setattr__(
-                self,
-                "window",
-                whole_number(
-                    self.name, "window", self.window, minimum=1, allowed="an int >= 1 below L0 (or None: L0 // 8)"
-                ),
-            )
+        self._check_whole("window", 1, "an int >= 1 below L0 (or None: L0 // 8)")
         if self.leak is not None:
             allowed = "> 1 (or None: plain ReRoPE)"
             leak = real_number(self.name, "leak", self.leak, allowed)
@@ -62,16 +55,7 @@ class ReRopeConfig(AttentionRemapMethod):
             ValueError: ``window >= L0``.
         """
         window = self.window if self.window is not None else max(1, original // WINDOW_SHARE)
-        if not 1 <= window < original:
-            raise ValueError(
-                f"{self.name}: window must be an int in [1, {original}) (below the original context "
-                f"L0={original}), got {window!r}"
-            )
-        return window
-
-    def reach(self, original: int) -> int:
-        self.resolve(original)
-        return round(self.factor * original)
+        return self._fit("window", window, 1, original, f"the original context L0={original}")
 
     def remapping(self, original: int) -> ReRopeRemapping:
         return ReRopeRemapping(self.resolve(original), self.leak, original if self.log_scale else None)

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import whole_number
 from ..remapping import AttentionRemapMethod
 from .remap import SelfExtendRemapping
 
@@ -37,30 +36,8 @@ class SelfExtendConfig(AttentionRemapMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.group_size is not None:
-            object.__setattr__(
-                self,
-                "group_size",
-                whole_number(
-                    self.name,
-                    "group_size",
-                    self.group_size,
-                    minimum=1,
-                    allowed="an int >= 1 (or None: derived from factor)",
-                ),
-            )
-        if self.window_size is not None:
-            object.__setattr__(
-                self,
-                "window_size",
-                whole_number(
-                    self.name,
-                    "window_size",
-                    self.window_size,
-                    minimum=1,
-                    allowed="an int >= 1 below the original context (or None: L0 // 4)",
-                ),
-            )
+        self._check_whole("group_size", 1, "an int >= 1 (or None: derived from factor)")
+        self._check_whole("window_size", 1, "an int >= 1 below the original context (or None: L0 // 4)")
         if self.factor > 1 and self.group_size is not None and self.window_size is not None:
             raise ValueError(
                 f"{self.name}: give factor or (group_size, window_size), not all three (the reach (L0 - W) G + W is "
@@ -89,11 +66,7 @@ class SelfExtendConfig(AttentionRemapMethod):
                 window = int((self.group_size - self.factor) * original // (self.group_size - 1))
             else:
                 window = max(1, original // 4)
-        if not 1 <= window < original:
-            raise ValueError(
-                f"{self.name}: window_size must be an int in [1, {original}) (below the original "
-                f"context L0={original}), got {window!r}"
-            )
+        self._fit("window_size", window, 1, original, f"the original context L0={original}")
         group = self.group_size
         if group is None:
             group = max(1, math.ceil((self.factor * original - window) / (original - window)))

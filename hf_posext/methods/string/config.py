@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..base import whole_number
 from ..remapping import AttentionRemapMethod
 from .remap import StringRemapping
 
@@ -46,26 +45,8 @@ class StringConfig(AttentionRemapMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.shift is not None:
-            object.__setattr__(
-                self,
-                "shift",
-                whole_number(
-                    self.name, "shift", self.shift, minimum=1, allowed="an int >= 1 below L0 (or None: 0.33 L0)"
-                ),
-            )
-        if self.local_window is not None:
-            object.__setattr__(
-                self,
-                "local_window",
-                whole_number(
-                    self.name,
-                    "local_window",
-                    self.local_window,
-                    minimum=1,
-                    allowed="an int >= 1 below shift (or None: 128)",
-                ),
-            )
+        self._check_whole("shift", 1, "an int >= 1 below L0 (or None: 0.33 L0)")
+        self._check_whole("local_window", 1, "an int >= 1 below shift (or None: 128)")
         if not isinstance(self.qk_scale, bool):
             raise ValueError(f"{self.name}: qk_scale must be True or False, got {self.qk_scale!r}")
         if self.shift is not None and self.local_window is not None and self.local_window >= self.shift:
@@ -80,21 +61,9 @@ class StringConfig(AttentionRemapMethod):
             ValueError: ``shift >= L0`` or ``local_window >= shift``.
         """
         shift = self.shift if self.shift is not None else int(SHIFT_SHARE * original)
-        if not 2 <= shift < original:
-            raise ValueError(
-                f"{self.name}: shift must be an int in [2, {original}) (below the original context "
-                f"L0={original}), got {shift!r}"
-            )
+        self._fit("shift", shift, 2, original, f"the original context L0={original}")
         window = self.local_window if self.local_window is not None else min(LOCAL_WINDOW, shift // 2)
-        if not 1 <= window < shift:
-            raise ValueError(
-                f"{self.name}: local_window must be an int in [1, {shift}) (below shift={shift}), got {window!r}"
-            )
-        return shift, window
-
-    def reach(self, original: int) -> int:
-        self.resolve(original)
-        return round(self.factor * original)
+        return shift, self._fit("local_window", window, 1, shift, f"shift={shift}")
 
     def config_fields(self, original: int) -> dict[str, Any]:
         """``string_config``, which the authors' vLLM fork (HKUNLP/STRING ``vllm_string``) reads for Llama."""
