@@ -1,5 +1,5 @@
 """The docstrings' examples run: each module's ``>>>`` examples, with ``hf_posext`` imported and ``model`` a
-fresh tiny Llama (``LlamaForCausalLM``, 1 layer, context 64). An example that needs a saved checkpoint is
+fresh tiny Llama (`tests.helpers.models.tiny_model`). An example that needs a saved checkpoint is
 marked ``# doctest: +SKIP`` where it stands; this test lists every module that has examples, so a new one runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import importlib
 import pathlib
 
 import pytest
-import transformers
+from tests.helpers.models import tiny_model
 
 import hf_posext
 
@@ -24,19 +24,6 @@ def _modules_with_examples() -> list[str]:
     )
 
 
-def _tiny_llama() -> transformers.PreTrainedModel:
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config)
-
-
 def test_the_modules_with_examples_are_found():
     assert "hf_posext.methods.registry" in _modules_with_examples()
 
@@ -48,7 +35,7 @@ def test_the_examples_of_a_module_run(name):
     tests = [test for test in doctest.DocTestFinder().find(module, name) if test.examples]
     assert tests, f"{name} has '>>>' but no example doctest finds"
     for test in tests:
-        test.globs.update(hf_posext=hf_posext, model=_tiny_llama())
+        test.globs.update(hf_posext=hf_posext, model=tiny_model())
         runner.run(test)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed (output above)"

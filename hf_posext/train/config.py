@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ..methods import split_method_kwargs
 from ..methods.training import old_training_settings
 from ..validation import Check, parse_bool
 from .old_settings import take_old_settings
@@ -132,16 +131,6 @@ class TrainConfig(
         return group(**{field.name: getattr(self, field.name) for field in dataclasses.fields(group)})
 
     @property
-    def method_arguments(self) -> dict[str, Any]:
-        """``method_kwargs`` less the method's training options: the arguments of its config."""
-        return split_method_kwargs(self.method, self.method_kwargs)[0]
-
-    @property
-    def training_options(self) -> dict[str, str]:
-        """The method's training options (`hf_posext.methods.training`): ``--set``'s, defaults filled in."""
-        return split_method_kwargs(self.method, self.method_kwargs)[1]
-
-    @property
     def checkpoint_path(self) -> Path:
         """The folder training states are saved to and resumed from."""
         return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{self.output_dir}-checkpoints")
@@ -227,5 +216,6 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return values
 
 
-#: Each `TrainConfig` field's check, in field order (`hf_posext.train.settings.setting`).
-FIELD_CHECKS: dict[str, Check] = {field.name: CHECKS[field.name] for field in dataclasses.fields(TrainConfig)}
+#: Each `TrainConfig` field's check, in field order: `hf_posext.train.settings.CHECKS` (the groups' order is
+#: the fields' order), under the name the recipe and its tests use.
+FIELD_CHECKS: dict[str, Check] = CHECKS

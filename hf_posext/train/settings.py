@@ -154,7 +154,17 @@ class MethodSettings:
                 f"method_kwargs (--set) sets factor={self.method_kwargs['factor']!r}; factor has its own setting: "
                 f"--factor {self.method_kwargs['factor']} (or factor: in the YAML file)"
             )
-        method_config(self.method, factor=self.factor, **split_method_kwargs(self.method, self.method_kwargs)[0])
+        method_config(self.method, factor=self.factor, **self.method_arguments)
+
+    @property
+    def method_arguments(self) -> dict[str, Any]:
+        """``method_kwargs`` less the method's training options: the arguments of its config."""
+        return split_method_kwargs(self.method, self.method_kwargs)[0]
+
+    @property
+    def training_options(self) -> dict[str, str]:
+        """The method's training options (`hf_posext.methods.training`): ``--set``'s, defaults filled in."""
+        return split_method_kwargs(self.method, self.method_kwargs)[1]
 
 
 @dataclass
